@@ -1,0 +1,54 @@
+# The kit's front door. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+VENV := .venv
+PY := $(VENV)/bin/python
+CONFIGS ?=
+TIMEOUT ?= 120
+EXTRAS ?=
+FORCE ?=
+
+# uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
+UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
+
+.PHONY: help setup test lab-% labs list configs student-notebooks check-student-notebooks bench clean
+
+help: ## show this help
+	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 28
+
+.tools/bin/uv:
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen $(if $(EXTRAS),--extra $(EXTRAS))
+	@touch $@
+
+setup: $(VENV)/.synced ## create .venv from uv.lock (EXTRAS=tpu on a TPU VM)
+
+lab-%: setup ## run lab N on each device configuration: make lab-3 [CONFIGS=cpu-8] [TIMEOUT=120]
+	@$(PY) -m labkit lab $* $(if $(CONFIGS),--configs $(CONFIGS)) --timeout $(TIMEOUT)
+
+list: setup ## list the labs
+	@$(PY) -m labkit list
+
+configs: setup ## list the device configurations and whether each runs here
+	@$(PY) -m labkit configs
+
+student-notebooks: setup ## generate labs/ from reference/ (never overwrites an edited notebook unless FORCE=1)
+	@$(PY) -m labkit student-notebooks $(if $(FORCE),--force)
+
+check-student-notebooks: setup ## fail when labs/ is out of date with reference/
+	@$(PY) -m labkit student-notebooks --check
+
+test: setup check-student-notebooks ## the kit's own test suite
+	$(PY) -m pytest
+
+bench: setup ## benchmarks: wall time of the student loop against plain python
+	$(PY) benchmarks/bench_lab.py
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf build

@@ -1,0 +1,87 @@
+"""Where the labs are: their notebooks, public tests and hidden tests, found by one path scheme.
+
+    reference/lab-<N>.ipynb       the solution, the single source of each lab
+    labs/lab-<N>.ipynb            the student version, generated from the reference
+    tests/public/lab_<N>/         tests students run with `make lab-N`
+    tests/hidden/lab_<N>/         tests only grading runs; a student release leaves them out
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(os.environ.get("LABKIT_ROOT") or Path(__file__).resolve().parent.parent)
+NOTEBOOK_NAME = re.compile(r"^lab-([1-9][0-9]*)\.ipynb$")
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: int
+    root: Path = ROOT
+
+    @property
+    def name(self) -> str:
+        return f"lab-{self.number}"
+
+    @property
+    def reference(self) -> Path:
+        return self.root / "reference" / f"{self.name}.ipynb"
+
+    @property
+    def student(self) -> Path:
+        return self.root / "labs" / f"{self.name}.ipynb"
+
+    @property
+    def public_tests(self) -> Path:
+        return self.root / "tests" / "public" / f"lab_{self.number}"
+
+    @property
+    def hidden_tests(self) -> Path:
+        return self.root / "tests" / "hidden" / f"lab_{self.number}"
+
+    def test_dirs(self, hidden: bool = False) -> list[Path]:
+        dirs = [self.public_tests] + ([self.hidden_tests] if hidden else [])
+        return [d for d in dirs if d.is_dir()]
+
+    @property
+    def title(self) -> str:
+        """The first heading of the reference (or student) notebook."""
+        for path in (self.reference, self.student):
+            try:
+                cells = json.loads(path.read_text())["cells"]
+            except (OSError, ValueError, KeyError):
+                continue
+            for cell in cells:
+                if cell.get("cell_type") == "markdown":
+                    for line in "".join(cell.get("source", "")).splitlines():
+                        if line.startswith("#"):
+                            return line.lstrip("#").strip()
+        return self.name
+
+
+def labs(root: Path = ROOT) -> list[Lab]:
+    """Every lab that has a reference or a student notebook, by number."""
+    numbers = set()
+    for folder in ("reference", "labs"):
+        for path in (root / folder).glob("lab-*.ipynb"):
+            m = NOTEBOOK_NAME.match(path.name)
+            if m:
+                numbers.add(int(m.group(1)))
+    return [Lab(n, root) for n in sorted(numbers)]
+
+
+class UnknownLab(ValueError):
+    pass
+
+
+def lab(number: int | str, root: Path = ROOT) -> Lab:
+    text = str(number).removeprefix("lab-").removeprefix("lab")
+    known = labs(root)
+    if not text.isdigit() or int(text) not in {lab.number for lab in known}:
+        listing = ", ".join(str(lab.number) for lab in known) or "none"
+        raise UnknownLab(f"there is no lab {number!r}; the labs are: {listing}")
+    return Lab(int(text), root)

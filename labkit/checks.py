@@ -1,0 +1,316 @@
+"""How a lab's tests are written: the calls to make in the student's process, and the checks on what came back.
+
+A lab test names the student's function and the inputs to call it with, and then states
+what must hold of the value that came back. The call happens in the student's own
+process; the test body runs here, in the judge, on plain data::
+
+    X = np.arange(16, dtype=np.float32)
+
+    @check(got=call("shard_map_double", X))
+    def test_doubles_every_element(got):
+        expect_close(got, 2 * X)
+
+The test receives a `plaindata.Value` for each call, and `run` (a `LabRun`) if it asks for
+it. The `expect_*` helpers raise `Mismatch` with a message written for students: what was
+expected against what came back, and, with `hint=`, the likely mistake.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from labkit import plaindata
+from labkit.configs import DeviceConfig
+
+
+# ----------------------------------------------------------------------------------------
+# Outcomes other than a plain pass: each carries a message for the student.
+# ----------------------------------------------------------------------------------------
+
+class Mismatch(AssertionError):
+    """The student's value is not what the test expects."""
+
+
+class NotDone(Exception):
+    """The exercise still raises NotImplementedError."""
+
+
+class CallFailed(Exception):
+    """The student's function raised, or is missing."""
+
+
+class RunProblem(Exception):
+    """The notebook run itself did not finish (timeout, crash, unreadable notebook)."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------------------
+# Calls into the student's process.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Call:
+    function: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def encoded(self) -> dict:
+        return {"function": self.function, "args": [_encode_input(a) for a in self.args],
+                "kwargs": {k: _encode_input(v) for k, v in self.kwargs.items()}}
+
+    @functools.cached_property
+    def id(self) -> str:
+        """Equal calls share one id, so a call used by several tests runs once."""
+        text = json.dumps(self.encoded(), sort_keys=True)
+        return f"{self.function}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class Placed:
+    """An input that arrives in the student's process already sharded over a mesh of all its devices."""
+
+    value: Any
+    spec: tuple
+    axes: tuple = ("data",)
+    mesh_shape: tuple | None = None  # None: one axis over every device
+
+
+@dataclass(frozen=True)
+class AsNumpy:
+    """An input that arrives as a numpy array rather than a JAX array."""
+
+    value: Any
+
+
+def call(function: str, *args, **kwargs) -> Call:
+    """A call of the student's `function` on these inputs. Arrays arrive as JAX arrays on the default device."""
+    return Call(function, tuple(args), dict(kwargs))
+
+
+def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
+    """An input already placed on the student's devices: `placed(x, ("data", None))`."""
+    return Placed(np.asarray(value), tuple(spec), tuple(axes), tuple(mesh_shape) if mesh_shape else None)
+
+
+def _encode_input(value) -> dict:
+    if isinstance(value, Placed):
+        enc = plaindata.encode(np.asarray(value.value))
+        enc["place"] = {"spec": [list(e) if isinstance(e, tuple) else e for e in value.spec],
+                        "axes": list(value.axes), "shape": list(value.mesh_shape) if value.mesh_shape else None}
+        return enc
+    if isinstance(value, AsNumpy):
+        enc = plaindata.encode(np.asarray(value.value))
+        enc["as"] = "numpy"
+        return enc
+    if isinstance(value, (list, tuple)):
+        return {"kind": type(value).__name__, "items": [_encode_input(v) for v in value]}
+    if isinstance(value, dict):
+        return {"kind": "dict", "items": [[str(k), _encode_input(v)] for k, v in value.items()]}
+    return plaindata.encode(value)
+
+
+# ----------------------------------------------------------------------------------------
+# The run a test looks at.
+# ----------------------------------------------------------------------------------------
+
+@dataclass
+class LabRun:
+    """One notebook run on one configuration, as the judge sees it."""
+
+    label: str  # how the run is named in reports: the configuration, or "student/configuration"
+    config: DeviceConfig
+    record: Any  # execute.RunRecord
+
+    @property
+    def device_count(self) -> int:
+        return int(self.record.environment.get("device_count") or self.config.devices or 1)
+
+    @property
+    def environment(self) -> dict:
+        return self.record.environment
+
+    def value(self, c: Call) -> plaindata.Value:
+        """What the student's function returned for `c`, or the right exception when it did not return."""
+        rec = self.record
+        if rec.status != "ok":
+            raise RunProblem(rec.message or f"the notebook run ended with {rec.status}", rec.status)
+        env_error = rec.environment.get("error")
+        if env_error:
+            raise RunProblem(f"JAX could not start in the notebook: {env_error.get('type')}: "
+                             f"{env_error.get('message')}", "error")
+        result = rec.results.get(c.id)
+        if result is None:
+            raise RunProblem(f"no result came back for `{c.function}`", "error")
+        if "error" in result:
+            raise _call_error(c.function, result["error"])
+        return plaindata.decode(result.get("value"))
+
+
+def _call_error(function: str, err: dict) -> Exception:
+    kind, message, where = err.get("type", ""), err.get("message", ""), err.get("where")
+    if kind == "NotImplementedError":
+        return NotDone("not implemented yet")
+    if kind == "Missing":
+        return CallFailed(f"`{function}` is not defined: is its cell still in the notebook, and does it run?")
+    if kind == "NotCallable":
+        return CallFailed(message)
+    at = f" at line {where['line']} of its cell: `{where['code']}`" if where and where.get("code") else ""
+    return CallFailed(f"`{function}` raised {kind}{at}: {message}" if message else f"`{function}` raised {kind}{at}")
+
+
+# ----------------------------------------------------------------------------------------
+# The decorator.
+# ----------------------------------------------------------------------------------------
+
+def check(**calls: Call):
+    """Declare the student calls a test needs; the test receives their values by the same names."""
+
+    for name, c in calls.items():
+        if not isinstance(c, Call):
+            raise TypeError(f"check({name}=...) takes call(...), not {type(c).__name__}")
+
+    def decorate(body):
+        wants = set(inspect.signature(body).parameters)
+        unknown = wants - set(calls) - {"run"}
+        if unknown:
+            raise TypeError(f"{body.__name__} asks for {sorted(unknown)}, which no call provides")
+
+        @functools.wraps(body)
+        def test(lab_run: LabRun):
+            values = {name: lab_run.value(c) for name, c in calls.items()}
+            if "run" in wants:
+                values["run"] = lab_run
+            body(**{k: v for k, v in values.items() if k in wants})
+
+        test.__signature__ = inspect.Signature([inspect.Parameter("lab_run", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+        test.__labkit_calls__ = dict(calls)
+        test.__labkit_exercise__ = next(iter(calls.values())).function if calls else ""
+        return test
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------------------
+# Expectations, with messages for students.
+# ----------------------------------------------------------------------------------------
+
+def _fmt(x) -> str:
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        return np.format_float_positional(arr.item(), trim="-") if arr.dtype.kind == "f" else repr(arr.item())
+    return np.array2string(arr, precision=4, threshold=12, edgeitems=3, separator=", ").replace("\n", "")
+
+
+def _with_hint(message: str, hint: str | None) -> str:
+    return f"{message}. {hint}" if hint else message
+
+
+def describe(got: plaindata.Value) -> str:
+    if got.kind == "array":
+        return f"an array of shape {got.shape} and dtype {got.dtype}"
+    if got.kind in ("int", "float", "bool", "str"):
+        return f"the {got.kind} {got.value!r}"
+    if got.kind == "none":
+        return "None (did the function forget to `return`?)"
+    if got.kind in ("list", "tuple"):
+        return f"a {got.kind} of {len(got.value)} items"
+    return got.description or got.kind
+
+
+def expect_array(got: plaindata.Value, *, hint: str | None = None) -> np.ndarray:
+    """The value must be an array (a Python or numpy number counts as a 0-d array)."""
+    if got.kind == "array":
+        return got.value
+    if got.kind in ("int", "float", "bool"):
+        return np.asarray(got.value)
+    raise Mismatch(_with_hint(f"expected an array, got {describe(got)}", hint))
+
+
+def expect_shape(got: plaindata.Value, shape, *, hint: str | None = None) -> None:
+    arr = expect_array(got, hint=hint)
+    if tuple(arr.shape) != tuple(shape):
+        raise Mismatch(_with_hint(f"expected shape {tuple(shape)}, got shape {tuple(arr.shape)}", hint))
+
+
+def expect_dtype(got: plaindata.Value, dtype, *, hint: str | None = None) -> None:
+    arr = expect_array(got, hint=hint)
+    want = str(np.dtype(dtype)) if dtype != "bfloat16" else "bfloat16"
+    have = got.dtype or str(arr.dtype)
+    if have != want:
+        raise Mismatch(_with_hint(f"expected dtype {want}, got {have}", hint))
+
+
+def expect_close(got: plaindata.Value, want, *, rtol: float = 1e-5, atol: float = 1e-6,
+                 hint: str | None = None) -> None:
+    """Same shape, and every value equal within rtol/atol. Says where the first difference is."""
+    want = np.asarray(want)
+    arr = expect_array(got, hint=hint)
+    if arr.shape != want.shape:
+        raise Mismatch(_with_hint(f"expected shape {want.shape}, got shape {arr.shape}", hint))
+    if arr.dtype.kind not in "biufc":
+        raise Mismatch(_with_hint(f"expected numbers, got values of dtype {arr.dtype}", hint))
+    ok = np.isclose(arr, want, rtol=rtol, atol=atol, equal_nan=True)
+    if ok.all():
+        return
+    bad = np.argwhere(~ok)
+    first = tuple(int(i) for i in bad[0]) if arr.ndim else ()
+    where = f" at index {list(first)}" if first else ""
+    if arr.ndim == 0:
+        message = f"expected {_fmt(want)}, got {_fmt(arr)}"
+    else:
+        message = (f"{len(bad)} of {arr.size} values differ; first{where}: expected {_fmt(want[first])}, "
+                   f"got {_fmt(arr[first])} (expected {_fmt(want)}, got {_fmt(arr)})")
+    raise Mismatch(_with_hint(message, hint))
+
+
+def expect_equal(got: plaindata.Value, want, *, hint: str | None = None) -> None:
+    """A plain Python value (int, str, bool, ...) equal to `want`."""
+    missing = object()
+    value = got.value if got.kind in ("int", "float", "bool", "str", "none") else missing
+    if got.kind == "array" and got.value.ndim == 0:
+        value = got.value.item()
+    if value is missing or value != want:
+        raise Mismatch(_with_hint(f"expected {want!r}, got {describe(got)}", hint))
+
+
+def expect_split_across(got: plaindata.Value, devices: int, *, axis: int = 0, hint: str | None = None) -> None:
+    """The array must be split along `axis` into `devices` pieces, one on each device."""
+    arr = expect_array(got, hint=hint)
+    sh = got.sharding
+    if sh is None:
+        raise Mismatch(_with_hint("expected a JAX array placed on devices, got a plain (numpy or Python) value",
+                                  hint))
+    if sh.num_devices != devices:
+        raise Mismatch(_with_hint(
+            f"expected the result on all {devices} devices, but it lives on {sh.num_devices} "
+            f"(devices {list(sh.device_ids)})", hint))
+    if devices == 1:
+        return
+    pieces = {tuple(map(tuple, s["index"])) for s in sh.shards}
+    cuts = {p[axis] for p in pieces if len(p) > axis}
+    if sh.fully_replicated or len(cuts) != devices:
+        layout = "a full copy on every device" if sh.fully_replicated else f"{len(cuts)} distinct pieces along axis {axis}"
+        raise Mismatch(_with_hint(
+            f"expected axis {axis} (length {arr.shape[axis] if arr.ndim > axis else '?'}) split into {devices} "
+            f"pieces, one per device; got {layout} ({sh.describe()})", hint))
+
+
+def expect_replicated(got: plaindata.Value, devices: int, *, hint: str | None = None) -> None:
+    """Every one of `devices` devices must hold the whole value."""
+    expect_array(got, hint=hint)
+    sh = got.sharding
+    if sh is None:
+        raise Mismatch(_with_hint("expected a JAX array placed on devices, got a plain (numpy or Python) value",
+                                  hint))
+    if sh.num_devices != devices or not sh.fully_replicated:
+        raise Mismatch(_with_hint(f"expected a full copy on each of {devices} devices, got {sh.describe()}", hint))

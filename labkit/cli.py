@@ -1,0 +1,88 @@
+"""`python -m labkit COMMAND`: the commands behind the Makefile and the nox sessions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from labkit import authoring, catalog, configs, execute
+
+
+def _lab(args) -> int:
+    from labkit.student import run_lab
+
+    try:
+        ok = run_lab(args.lab, notebook=args.notebook, config_names=args.configs, timeout=args.timeout,
+                     hidden=args.hidden)
+    except (catalog.UnknownLab, configs.UnknownConfig) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0 if ok else 1
+
+
+def _list(args) -> int:
+    console = Console()
+    for lab in catalog.labs():
+        console.print(f"{lab.number:>3}  {lab.title}")
+    return 0
+
+
+def _configs(args) -> int:
+    for c in configs.CONFIGS.values():
+        ok, reason = c.availability()
+        print(f"{c.name:<8} {c.summary}" + ("" if ok else f"  [unavailable here: {reason}]"))
+    return 0
+
+
+def _student_notebooks(args) -> int:
+    """Generate labs/lab-N.ipynb from reference/ (or, with --check, fail when labs/ is out of date)."""
+    stale = []
+    for lab in catalog.labs():
+        if not lab.reference.exists():
+            continue
+        if args.check:
+            if authoring.stale(lab.reference, lab.student):
+                stale.append(lab.student)
+            continue
+        try:
+            if authoring.generate(lab.reference, lab.student, force=args.force):
+                print(f"wrote {lab.student.relative_to(catalog.ROOT)}")
+        except authoring.EditedNotebook as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    if stale:
+        print("out of date with reference/ (run `make student-notebooks`): "
+              + ", ".join(str(p.relative_to(catalog.ROOT)) for p in stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="labkit", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="run one lab on each device configuration and show what passed where")
+    lab.add_argument("lab", help="the lab number, e.g. 3")
+    lab.add_argument("--notebook", type=Path, help="the notebook to run (default: labs/lab-N.ipynb)")
+    lab.add_argument("--configs", default=None, help=f"comma-separated, from: {', '.join(configs.CONFIGS)}")
+    lab.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
+                     help="seconds one notebook may run on one configuration (default %(default)s)")
+    lab.add_argument("--hidden", action="store_true", help="also run the hidden tests (course staff)")
+    lab.set_defaults(func=_lab)
+
+    sub.add_parser("list", help="the labs").set_defaults(func=_list)
+    sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
+
+    gen = sub.add_parser("student-notebooks", help="generate labs/ from reference/")
+    gen.add_argument("--check", action="store_true", help="only check that labs/ is up to date")
+    gen.add_argument("--force", action="store_true", help="overwrite notebooks that were edited")
+    gen.set_defaults(func=_student_notebooks)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,116 @@
+"""The last cell of every executed notebook: call the student's functions on the judge's inputs.
+
+This runs inside the student's kernel, after the student's own cells. It reads the calls
+to make, calls each function, and writes back plain data (see `plaindata`): what came back,
+or what was raised. It decides nothing: the judge, in another process, compares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+from labkit import plaindata
+
+_STUDENT_FILE_MARKERS = ("/ipykernel_", "<ipython-input", "<cell")
+
+
+def _first_line(text: str, limit: int = 400) -> str:
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return ""
+
+
+def describe_exception(exc: BaseException) -> dict:
+    """The type, first line of the message, and the student's own line that raised, if any."""
+    where = None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if any(m in (frame.filename or "") for m in _STUDENT_FILE_MARKERS):
+            where = {"line": frame.lineno, "code": (frame.line or "").strip()[:200]}
+            break
+    return {"type": type(exc).__name__, "message": _first_line(exc) or "", "where": where}
+
+
+def _materialise(enc: dict):
+    """An input, decoded in the student's process: arrays become JAX arrays unless asked otherwise."""
+    value = plaindata.decode(enc).value
+    kind = enc.get("kind")
+    if kind in ("list", "tuple"):
+        items = [_materialise(v) for v in enc["items"]]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {k: _materialise(v) for k, v in enc["items"]}
+    if kind == "array":
+        if enc.get("as") == "numpy":
+            return value
+        import jax
+        import jax.numpy as jnp
+
+        placement = enc.get("place")
+        if placement:
+            import numpy as np
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+            names = tuple(placement["axes"])
+            shape = tuple(placement.get("shape") or (jax.device_count(),))
+            mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
+            spec = PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in placement["spec"]])
+            return jax.device_put(value, NamedSharding(mesh, spec))
+        return jnp.asarray(value)
+    return value
+
+
+def environment() -> dict:
+    try:
+        import jax
+
+        devices = jax.devices()
+        return {
+            "jax_version": jax.__version__,
+            "backend": jax.default_backend(),
+            "device_count": jax.device_count(),
+            "local_device_count": jax.local_device_count(),
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "device_kind": devices[0].device_kind if devices else "",
+        }
+    except Exception as e:  # JAX could not start: say so, the judge reports it
+        return {"error": describe_exception(e)}
+
+
+def run(namespace: dict, calls_path: str, results_path: str) -> None:
+    with open(calls_path) as f:
+        calls = json.load(f)["calls"]
+    results = []
+    for call in calls:
+        name = call["function"]
+        record = {"id": call["id"]}
+        fn = namespace.get(name)
+        if fn is None:
+            record["error"] = {"type": "Missing", "message": f"`{name}` is not defined", "where": None}
+        elif not callable(fn):
+            record["error"] = {"type": "NotCallable", "message": f"`{name}` is a {type(fn).__name__}, not a function",
+                               "where": None}
+        else:
+            try:
+                args = [_materialise(a) for a in call.get("args", [])]
+                kwargs = {k: _materialise(v) for k, v in call.get("kwargs", {}).items()}
+                out = fn(*args, **kwargs)
+                try:
+                    import jax
+
+                    out = jax.block_until_ready(out)
+                except Exception:
+                    pass
+                record["value"] = plaindata.encode(out)
+            except BaseException as e:  # noqa: BLE001 - the student's code may raise anything
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                record["error"] = describe_exception(e)
+        results.append(record)
+    payload = {"environment": environment(), "results": results}
+    with open(results_path, "w") as f:
+        json.dump(payload, f)
+    sys.stdout.flush()

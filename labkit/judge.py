@@ -1,0 +1,164 @@
+"""The judge: one pytest session that runs a lab's tests on plain data from notebook runs.
+
+`judge()` collects the lab's tests, gathers the calls they declare, runs the notebooks
+(each run in processes of its own, several at a time), then runs every test once per
+run. It returns one `Outcome` per test and run. Pass or fail is decided here, in the
+trusted process, never in the student's.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from labkit import execute
+from labkit.checks import CallFailed, LabRun, Mismatch, NotDone, RunProblem
+from labkit.configs import DeviceConfig
+
+STATUSES = ("passed", "failed", "todo", "error", "timeout", "skipped")
+
+
+@dataclass
+class RunSpec:
+    """One notebook to run on one configuration, or an already finished run (`record`)."""
+
+    label: str
+    notebook: Path
+    config: DeviceConfig
+    workdir: Path
+    record: execute.RunRecord | None = None
+
+
+@dataclass
+class Outcome:
+    test: str
+    exercise: str
+    run: str
+    config: str
+    status: str  # one of STATUSES
+    message: str = ""
+    hidden: bool = False
+    file: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Judgement:
+    outcomes: list[Outcome] = field(default_factory=list)
+    records: dict[str, execute.RunRecord] = field(default_factory=dict)
+
+
+class KitError(RuntimeError):
+    """The kit itself could not judge (a lab's tests do not import, say): not the student's fault."""
+
+
+def classify(excinfo) -> tuple[str, str]:
+    exc = excinfo.value if excinfo else None
+    if isinstance(exc, Mismatch):
+        return "failed", str(exc)
+    if isinstance(exc, NotDone):
+        return "todo", str(exc)
+    if isinstance(exc, CallFailed):
+        return "failed", str(exc)
+    if isinstance(exc, RunProblem):
+        return exc.status if exc.status in STATUSES else "error", str(exc)
+    if isinstance(exc, AssertionError):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "assertion failed"
+        return "failed", first
+    if exc is None:
+        return "failed", "failed"
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return "failed", f"the result could not be checked ({type(exc).__name__}{': ' + first if first else ''})"
+
+
+class _Plugin:
+    def __init__(self, runs: list[RunSpec], hidden_dirs: list[Path], jobs: int, timeout: float):
+        self.runs = {r.label: r for r in runs}
+        self.hidden_dirs = [d.resolve() for d in hidden_dirs]
+        self.jobs = jobs
+        self.timeout = timeout
+        self.judgement = Judgement()
+        self.collect_errors: list[str] = []
+
+    # -- collection: parametrise every lab test over the runs, then run the notebooks ----
+    def pytest_generate_tests(self, metafunc):
+        if "lab_run" in metafunc.fixturenames:
+            metafunc.parametrize("lab_run", list(self.runs), indirect=True)
+
+    @pytest.fixture
+    def lab_run(self, request) -> LabRun:
+        spec = self.runs[request.param]
+        record = self.judgement.records[spec.label]
+        if record.status == "skipped":
+            pytest.skip(record.message)
+        return LabRun(spec.label, spec.config, record)
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.collect_errors.append(f"{report.nodeid}: {str(report.longrepr).strip().splitlines()[-1]}")
+
+    def pytest_collection_finish(self, session):
+        calls = {}
+        for item in session.items:
+            for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values():
+                calls[c.id] = c
+        encoded = [{"id": cid, **c.encoded()} for cid, c in calls.items()]
+
+        def run(spec: RunSpec) -> execute.RunRecord:
+            if spec.record is not None:
+                return spec.record
+            return execute.run_notebook(spec.notebook, spec.config, encoded, spec.workdir, timeout=self.timeout)
+
+        with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
+            for spec, record in zip(self.runs.values(), pool.map(run, self.runs.values())):
+                self.judgement.records[spec.label] = record
+
+    # -- reporting: one Outcome per test and run -------------------------------------------
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        result = yield
+        report = result.get_result()
+        if not hasattr(item, "callspec") or "lab_run" not in item.callspec.params:
+            return
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            if report.passed:
+                status, message = "passed", ""
+            elif report.skipped:
+                status = "skipped"
+                message = report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
+            else:
+                status, message = classify(call.excinfo)
+            label = item.callspec.params["lab_run"]
+            path = Path(item.path).resolve()
+            self.judgement.outcomes.append(Outcome(
+                test=item.originalname,
+                exercise=getattr(item.function, "__labkit_exercise__", ""),
+                run=label,
+                config=self.runs[label].config.name,
+                status=status,
+                message=message,
+                hidden=any(path.is_relative_to(d) for d in self.hidden_dirs),
+                file=path.name,
+            ))
+
+
+def judge(test_dirs: list[Path], runs: list[RunSpec], *, hidden_dirs: list[Path] = (),
+          jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT) -> Judgement:
+    """Run the notebooks of `runs` and the tests in `test_dirs` against them."""
+    plugin = _Plugin(runs, list(hidden_dirs), jobs or os.cpu_count() or 1, timeout)
+    args = [str(d) for d in test_dirs] + [
+        "-p", "no:cacheprovider", "-p", "no:terminal", "-p", "no:randomly",
+        "--import-mode=importlib", "-o", "python_files=test_*.py", "-W", "ignore::DeprecationWarning",
+    ]
+    code = pytest.main(args, plugins=[plugin])
+    if plugin.collect_errors:
+        raise KitError("the lab's tests could not be collected:\n" + "\n".join(plugin.collect_errors))
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+        raise KitError(f"pytest stopped with {code!r}")
+    return plugin.judgement

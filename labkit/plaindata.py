@@ -1,0 +1,229 @@
+"""Values that cross the boundary between a student's process and the judge, as plain JSON.
+
+The student's process encodes what its functions returned: numbers, strings, arrays as
+nested lists with their dtype and shape, and, for JAX arrays, which devices hold which
+shard. The judge decodes that into `Value` objects. Nothing is pickled, so no object from
+the student's process can run code in the judge or claim to equal anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# An array larger than this is not carried across; the judge sees it as too large.
+MAX_ELEMENTS = 2_000_000
+
+
+# ----------------------------------------------------------------------------------------
+# Encoding: runs in the student's process, for inputs in the judge too.
+# ----------------------------------------------------------------------------------------
+
+def _number(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": repr(v)}  # nan, inf, -inf
+    return v
+
+
+def _array_payload(arr: np.ndarray) -> dict:
+    if arr.size > MAX_ELEMENTS:
+        return {"kind": "too-large", "shape": list(arr.shape), "dtype": str(arr.dtype)}
+    dtype = str(arr.dtype)
+    if arr.dtype.kind == "c":
+        flat = [[_number(float(z.real)), _number(float(z.imag))] for z in arr.ravel()]
+    elif arr.dtype.kind == "f" or dtype == "bfloat16":
+        flat = [_number(float(v)) for v in arr.astype(np.float64).ravel()]
+    elif arr.dtype.kind in "iub":
+        flat = arr.ravel().tolist()
+    else:
+        return {"kind": "object", "type": f"array of {dtype}", "repr": repr(arr)[:300]}
+    return {"kind": "array", "dtype": dtype, "shape": list(arr.shape), "data": flat}
+
+
+def _spec_entry(e):
+    if e is None or isinstance(e, str):
+        return e
+    return [str(a) for a in e]
+
+
+def sharding_of(x) -> dict | None:
+    """Where a JAX array lives: its devices, shards and, for a NamedSharding, mesh and spec."""
+    s = getattr(x, "sharding", None)
+    if s is None or not hasattr(s, "device_set"):
+        return None
+    info: dict[str, Any] = {
+        "type": type(s).__name__,
+        "device_ids": sorted(int(d.id) for d in s.device_set),
+        "fully_replicated": bool(s.is_fully_replicated),
+        "fully_addressable": bool(s.is_fully_addressable),
+    }
+    mesh = getattr(s, "mesh", None)
+    spec = getattr(s, "spec", None)
+    if mesh is not None and spec is not None:
+        info["mesh"] = {str(k): int(v) for k, v in mesh.shape.items()}
+        info["spec"] = [_spec_entry(e) for e in spec]
+    shards = []
+    for sh in getattr(x, "addressable_shards", []):
+        index = []
+        for sl, dim in zip(sh.index, x.shape):
+            start, stop, _ = sl.indices(dim)
+            index.append([start, stop])
+        shards.append({"device": int(sh.device.id), "index": index, "replica_id": int(sh.replica_id)})
+    info["shards"] = shards
+    return info
+
+
+def encode(value, depth: int = 0) -> dict:
+    """Encode a value as plain JSON-able data. Never raises for odd values: they become "object"."""
+    if depth > 20:
+        return {"kind": "object", "type": "nested too deeply", "repr": ""}
+    if value is None:
+        return {"kind": "none"}
+    if isinstance(value, (bool, np.bool_)):
+        return {"kind": "bool", "value": bool(value)}
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return {"kind": "int", "value": int(value)}
+    if isinstance(value, (float, np.floating)) and type(value).__module__ in ("builtins", "numpy"):
+        return {"kind": "float", "value": _number(float(value))}
+    if isinstance(value, str):
+        return {"kind": "str", "value": value[:100_000]}
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return {"kind": type(value).__name__, "items": [encode(v, depth + 1) for v in value]}
+    if isinstance(value, dict) and type(value) is dict:
+        return {"kind": "dict", "items": [[str(k), encode(v, depth + 1)] for k, v in value.items()]}
+    if _is_jax_array(value):
+        try:
+            payload = _array_payload(np.asarray(value))
+        except Exception as e:  # e.g. not fully addressable from this process
+            payload = {"kind": "object", "type": "jax.Array", "repr": f"could not read values: {e}"[:300]}
+        payload["jax"] = True
+        payload["sharding"] = sharding_of(value)
+        return payload
+    if type(value) is np.ndarray:
+        return _array_payload(value)
+    return {"kind": "object", "type": type(value).__name__, "repr": _safe_repr(value)}
+
+
+def _is_jax_array(value) -> bool:
+    try:
+        import jax
+    except Exception:
+        return False
+    return isinstance(value, jax.Array)
+
+
+def _safe_repr(value) -> str:
+    try:
+        return repr(value)[:300]
+    except Exception:
+        return "<unprintable>"
+
+
+# ----------------------------------------------------------------------------------------
+# Decoding: runs in the judge.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sharding:
+    """Where an array lived in the student's process."""
+
+    type: str
+    device_ids: tuple[int, ...]
+    fully_replicated: bool
+    fully_addressable: bool
+    mesh: dict[str, int] | None
+    spec: tuple | None
+    shards: tuple[dict, ...]
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_ids)
+
+    def describe(self) -> str:
+        where = f"{self.num_devices} device{'s' if self.num_devices != 1 else ''}"
+        if self.spec is not None:
+            spec = ", ".join(repr(e) if not isinstance(e, list) else repr(tuple(e)) for e in self.spec)
+            mesh = ", ".join(f"'{k}': {v}" for k, v in (self.mesh or {}).items())
+            return f"{self.type}(mesh={{{mesh}}}, spec=P({spec})) on {where}"
+        return f"{self.type} on {where}"
+
+
+@dataclass(frozen=True)
+class Value:
+    """A decoded value: `.value` is a Python or numpy value; arrays also carry shape, dtype and sharding."""
+
+    kind: str
+    value: Any = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    sharding: Sharding | None = None
+    is_jax: bool = False
+    description: str = field(default="")
+
+    def __repr__(self) -> str:
+        if self.kind == "array":
+            return f"Value({self.value!r}, dtype={self.dtype}, shape={self.shape})"
+        return f"Value({self.kind}: {self.description or self.value!r})"
+
+
+def _unnumber(v):
+    if isinstance(v, dict) and "float" in v:
+        return float(v["float"])
+    return v
+
+
+def _decode_array(data: dict) -> np.ndarray:
+    dtype = data["dtype"]
+    shape = tuple(int(s) for s in data["shape"])
+    flat = data["data"]
+    if dtype.startswith("complex"):
+        arr = np.array([complex(_unnumber(a), _unnumber(b)) for a, b in flat], dtype=dtype)
+    else:
+        np_dtype = "float32" if dtype == "bfloat16" else dtype
+        arr = np.array([_unnumber(v) for v in flat], dtype=np_dtype)
+    return arr.reshape(shape)
+
+
+def decode(data: dict) -> Value:
+    if not isinstance(data, dict):
+        return Value("object", description="malformed value")
+    kind = data.get("kind")
+    if kind == "none":
+        return Value("none", None)
+    if kind in ("bool", "int", "str"):
+        return Value(kind, {"bool": bool, "int": int, "str": str}[kind](data["value"]))
+    if kind == "float":
+        return Value("float", float(_unnumber(data["value"])))
+    if kind in ("list", "tuple"):
+        items = tuple(decode(v) for v in data.get("items", []))
+        return Value(kind, list(items) if kind == "list" else items)
+    if kind == "dict":
+        return Value("dict", {str(k): decode(v) for k, v in data.get("items", [])})
+    if kind == "array":
+        sh = data.get("sharding")
+        sharding = None
+        if sh:
+            sharding = Sharding(
+                type=str(sh.get("type")),
+                device_ids=tuple(int(i) for i in sh.get("device_ids", [])),
+                fully_replicated=bool(sh.get("fully_replicated")),
+                fully_addressable=bool(sh.get("fully_addressable", True)),
+                mesh=sh.get("mesh"),
+                spec=tuple(sh["spec"]) if sh.get("spec") is not None else None,
+                shards=tuple(sh.get("shards", [])),
+            )
+        return Value(
+            "array",
+            _decode_array(data),
+            dtype=data["dtype"],
+            shape=tuple(int(s) for s in data["shape"]),
+            sharding=sharding,
+            is_jax=bool(data.get("jax")),
+        )
+    if kind == "too-large":
+        return Value("too-large", dtype=data.get("dtype"), shape=tuple(data.get("shape", ())),
+                     description=f"an array of shape {tuple(data.get('shape', ()))}, too large to check")
+    return Value("object", description=f"a {data.get('type', 'value')}: {data.get('repr', '')}"[:300])

@@ -1,0 +1,48 @@
+"""nox sessions: thin wrappers over `python -m labkit`, run in the locked environment `.venv`.
+
+Every session reuses `.venv` (made by `make setup` from uv.lock); nothing is resolved again.
+Run them as `.venv/bin/nox -s NAME -- ARGS` (or plain `nox` with the environment activated).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+PY = str(ROOT / ".venv" / "bin" / "python")
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests"]
+
+
+def _kit(session: nox.Session, *args: str) -> None:
+    if not Path(PY).exists():
+        subprocess.run(["make", "-C", str(ROOT), "setup"], check=True)
+    session.run(PY, "-m", "labkit", *args, external=True)
+
+
+@nox.session
+def lab(session: nox.Session) -> None:
+    """Run one lab on each device configuration: nox -s lab -- 3 [--configs cpu-8]."""
+    _kit(session, "lab", *(session.posargs or ["3"]))
+
+
+@nox.session
+def student_notebooks(session: nox.Session) -> None:
+    """Generate labs/ from reference/: nox -s student_notebooks [-- --check]."""
+    _kit(session, "student-notebooks", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The kit's own test suite."""
+    session.run(PY, "-m", "pytest", *session.posargs, external=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: the student loop against plain python, as medians and ratios."""
+    session.run(PY, str(ROOT / "benchmarks" / "bench_lab.py"), *session.posargs, external=True)

@@ -1,0 +1,45 @@
+"""Helpers for the kit's own tests: run the real CLI, and make notebook variants from the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def kit():
+    """Run `python -m labkit ...` as a user would; returns the CompletedProcess (text)."""
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        env = dict(os.environ, COLUMNS="160", NO_COLOR="1")
+        return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
+                              capture_output=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def variant(tmp_path):
+    """A copy of a reference notebook with text replaced in its code cells: variant(3, old, new)."""
+
+    def make(lab: int, *replacements: tuple[str, str], name: str = "variant") -> Path:
+        nb = json.loads((ROOT / "reference" / f"lab-{lab}.ipynb").read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            for old, new in replacements:
+                source = source.replace(old, new)
+            cell["source"] = source
+        path = tmp_path / f"{name}.ipynb"
+        path.write_text(json.dumps(nb))
+        return path
+
+    return make

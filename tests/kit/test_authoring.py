@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+from labkit import authoring, catalog
+
+SOLVED = """def f(x):
+    ### BEGIN SOLUTION
+    return x * 2
+    ### END SOLUTION
+"""
+
+
+def test_a_solution_region_becomes_a_stub_with_the_same_indent():
+    out = authoring.strip_source(SOLVED)
+    assert "return x * 2" not in out
+    assert '    raise NotImplementedError("write your solution here")' in out
+    assert out.startswith("def f(x):")
+
+
+@pytest.mark.parametrize("source", [
+    "### BEGIN SOLUTION\nx = 1\n",
+    "x = 1\n### END SOLUTION\n",
+    "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n",
+])
+def test_unbalanced_markers_are_refused(source):
+    with pytest.raises(authoring.MarkerError):
+        authoring.strip_source(source)
+
+
+@pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
+def test_student_notebooks_are_up_to_date_with_the_references(lab):
+    assert not authoring.stale(lab.reference, lab.student), f"run `make student-notebooks` for {lab.name}"
+
+
+@pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
+def test_notebooks_in_git_carry_no_outputs_and_no_solutions(lab):
+    for path in (lab.reference, lab.student):
+        for cell in json.loads(path.read_text())["cells"]:
+            assert not cell.get("outputs"), f"{path} has outputs"
+    assert "BEGIN SOLUTION" not in lab.student.read_text()
+
+
+def test_generation_never_overwrites_a_notebook_a_student_edited(tmp_path):
+    lab = catalog.labs()[0]
+    student = tmp_path / "lab.ipynb"
+    assert authoring.generate(lab.reference, student)
+    nb = json.loads(student.read_text())
+    nb["cells"][-1]["source"] = "my own work"
+    student.write_text(json.dumps(nb))
+    before = student.read_text()
+    ref = tmp_path / "ref.ipynb"
+    ref_nb = json.loads(lab.reference.read_text())
+    ref_nb["cells"][0]["source"] = "# A changed heading"
+    ref.write_text(json.dumps(ref_nb))
+    with pytest.raises(authoring.EditedNotebook):
+        authoring.generate(ref, student)
+    assert student.read_text() == before
+
+
+def test_an_unedited_generated_notebook_is_regenerated(tmp_path):
+    lab = catalog.labs()[0]
+    student = tmp_path / "lab.ipynb"
+    authoring.generate(lab.reference, student)
+    ref = tmp_path / "ref.ipynb"
+    ref_nb = json.loads(lab.reference.read_text())
+    ref_nb["cells"][0]["source"] = "# A changed heading"
+    ref.write_text(json.dumps(ref_nb))
+    assert authoring.generate(ref, student)
+    assert "A changed heading" in student.read_text()

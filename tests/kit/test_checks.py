@@ -1,0 +1,100 @@
+"""The expectations a lab test states, and the messages a student reads when they fail."""
+
+import numpy as np
+import pytest
+
+from labkit import plaindata
+from labkit.checks import (Mismatch, call, check, expect_close, expect_dtype, expect_equal, expect_replicated,
+                           expect_shape, expect_split_across)
+
+
+def value(x):
+    return plaindata.decode(plaindata.encode(x))
+
+
+def sharded(n_pieces, devices, length=16, replicated=False):
+    """A decoded jax-like value whose shards are described by hand."""
+    step = length // n_pieces
+    shards = [{"device": d, "index": [[0, length]] if replicated else [[(d % n_pieces) * step, (d % n_pieces + 1) * step]],
+               "replica_id": 0} for d in range(devices)]
+    data = plaindata.encode(np.zeros(length, np.float32))
+    data["jax"] = True
+    data["sharding"] = {"type": "NamedSharding", "device_ids": list(range(devices)), "fully_replicated": replicated,
+                        "fully_addressable": True, "mesh": {"data": devices}, "spec": [] if replicated else ["data"],
+                        "shards": shards}
+    return plaindata.decode(data)
+
+
+def message(fn, *args, **kwargs) -> str:
+    with pytest.raises(Mismatch) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def test_close_values_pass():
+    expect_close(value(np.array([1.0, 2.0])), [1.0, 2.0 + 1e-7])
+
+
+def test_a_value_mismatch_says_where_and_what():
+    text = message(expect_close, value(np.array([0.0, 2.0, 3.0])), [0.0, 2.0, 6.0])
+    assert "1 of 3 values differ" in text and "index [2]" in text and "expected 6" in text and "got 3" in text
+
+
+def test_a_shape_mismatch_names_both_shapes():
+    text = message(expect_close, value(np.zeros(8)), np.zeros(16))
+    assert "expected shape (16,)" in text and "got shape (8,)" in text
+
+
+def test_none_is_explained():
+    assert "forget to `return`" in message(expect_close, value(None), [1.0])
+
+
+def test_a_hint_follows_the_mismatch():
+    text = message(expect_shape, value(np.zeros(2)), (3,), hint="Did you psum?")
+    assert text.endswith("Did you psum?")
+
+
+def test_dtype():
+    expect_dtype(value(np.zeros(2, np.float32)), "float32")
+    assert "expected dtype float32, got float64" in message(expect_dtype, value(np.zeros(2)), "float32")
+
+
+def test_equal_on_plain_values():
+    expect_equal(value(3), 3)
+    assert "expected 3" in message(expect_equal, value("3"), 3)
+    assert "expected None" in message(expect_equal, value([1]), None)
+
+
+def test_split_across_every_device():
+    expect_split_across(sharded(8, 8), 8)
+
+
+def test_a_result_on_one_device_is_not_split():
+    text = message(expect_split_across, sharded(1, 1), 8)
+    assert "all 8 devices" in text and "lives on 1" in text
+
+
+def test_a_replicated_result_is_not_split():
+    assert "full copy on every device" in message(expect_split_across, sharded(1, 8, replicated=True), 8)
+
+
+def test_a_numpy_result_has_no_sharding():
+    assert "plain (numpy or Python) value" in message(expect_split_across, value(np.zeros(8)), 8)
+
+
+def test_replicated():
+    expect_replicated(sharded(1, 8, replicated=True), 8)
+    assert "full copy" in message(expect_replicated, sharded(8, 8), 8)
+
+
+def test_equal_calls_share_an_id_and_different_inputs_do_not():
+    a = call("f", np.arange(3.0))
+    assert a.id == call("f", np.arange(3.0)).id
+    assert a.id != call("f", np.arange(4.0)).id
+
+
+def test_check_refuses_parameters_no_call_provides():
+    with pytest.raises(TypeError):
+        @check(got=call("f"))
+        def test_x(got, other):
+            pass

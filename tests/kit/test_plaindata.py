@@ -1,0 +1,57 @@
+import math
+
+import numpy as np
+
+from labkit import plaindata
+
+
+def roundtrip(value):
+    return plaindata.decode(plaindata.encode(value))
+
+
+def test_arrays_keep_values_shape_and_dtype():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    got = roundtrip(x)
+    assert got.kind == "array" and got.shape == (3, 4) and got.dtype == "float32"
+    np.testing.assert_array_equal(got.value, x)
+
+
+def test_nan_and_infinities_survive():
+    got = roundtrip(np.array([np.nan, np.inf, -np.inf, 1.5]))
+    assert math.isnan(got.value[0]) and got.value[1] == np.inf and got.value[2] == -np.inf
+
+
+def test_containers_and_scalars():
+    got = roundtrip({"a": (1, 2.5, "s", None, True)})
+    assert got.kind == "dict"
+    items = got.value["a"].value
+    assert [i.value for i in items] == [1, 2.5, "s", None, True]
+
+
+def test_objects_that_claim_to_equal_anything_become_descriptions():
+    class Liar:
+        def __eq__(self, other):
+            return True
+
+    got = roundtrip(Liar())
+    assert got.kind == "object" and got.value is None and "Liar" in got.description
+
+
+def test_subclasses_of_builtin_containers_are_not_trusted():
+    class SneakyList(list):
+        pass
+
+    assert roundtrip(SneakyList([1])).kind == "object"
+
+
+def test_jax_arrays_carry_their_sharding():
+    import jax.numpy as jnp
+
+    got = roundtrip(jnp.arange(4.0))
+    assert got.is_jax and got.sharding is not None and got.sharding.num_devices >= 1
+    assert got.sharding.shards[0]["index"][0][0] == 0
+
+
+def test_huge_arrays_are_not_carried():
+    got = roundtrip(np.zeros(plaindata.MAX_ELEMENTS + 1, dtype=np.int8))
+    assert got.kind == "too-large"

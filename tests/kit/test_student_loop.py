@@ -1,0 +1,87 @@
+"""`make lab-N` end to end: real papermill, real kernels, real JAX on one and on eight CPU devices."""
+
+import json
+
+import pytest
+
+from labkit import catalog
+
+
+@pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
+def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(kit, lab):
+    done = kit("lab", str(lab.number), "--notebook", str(lab.reference), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout
+
+
+@pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
+def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit, lab):
+    done = kit("lab", str(lab.number), "--configs", "cpu-1,cpu-8")
+    assert done.returncode == 1
+    assert "not implemented yet" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    report = json.loads((catalog.ROOT / "build" / lab.name / "report.json").read_text())
+    assert report["outcomes"] and {o["status"] for o in report["outcomes"]} == {"todo"}
+
+
+def test_a_mesh_over_one_device_passes_on_cpu_1_and_fails_on_cpu_8(kit, variant):
+    buggy = variant(3, ('Mesh(np.array(jax.devices()), ("data",))\n    double', 'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double'))
+    done = kit("lab", "3", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8")
+    assert done.returncode == 1
+    outcomes = json.loads((catalog.ROOT / "build" / "lab-3" / "report.json").read_text())["outcomes"]
+    by_config = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    assert all(o["status"] == "passed" for o in by_config["cpu-1"].values())
+    split = by_config["cpu-8"]["test_result_is_split_across_every_device"]
+    assert split["status"] == "failed"
+    assert "all 8 devices" in split["message"] and "jax.devices()[:1]" in split["message"]
+    assert by_config["cpu-8"]["test_doubles_every_element"]["status"] == "passed"
+
+
+def test_the_table_shows_each_test_on_each_configuration(kit):
+    done = kit("lab", "3", "--notebook", str(catalog.lab(3).reference), "--configs", "cpu-1,cpu-8,tpu")
+    header = next(line for line in done.stdout.splitlines() if "exercise" in line)
+    assert "cpu-1" in header and "cpu-8" in header and "tpu" in header
+    assert "tpu skipped (no TPU" in done.stdout
+    assert done.returncode == 0
+
+
+def test_an_unknown_lab_lists_the_labs_that_exist(kit):
+    done = kit("lab", "99")
+    assert done.returncode == 2
+    assert "no lab '99'" in done.stderr and "3" in done.stderr
+
+
+def test_an_unknown_configuration_is_refused(kit):
+    done = kit("lab", "3", "--configs", "gpu-8")
+    assert done.returncode == 2 and "gpu-8" in done.stderr
+
+
+def test_a_notebook_that_is_not_json_is_named_and_left_untouched(kit, tmp_path):
+    broken = tmp_path / "lab-3.ipynb"
+    broken.write_text('{"cells": [')
+    done = kit("lab", "3", "--notebook", str(broken), "--configs", "cpu-1")
+    assert done.returncode == 1
+    assert str(broken) in done.stdout.replace("\n", "") and "not valid notebook JSON" in done.stdout
+    assert broken.read_text() == '{"cells": ['
+
+
+def test_a_cell_that_never_ends_is_stopped_and_reported_as_a_timeout(kit, variant):
+    hang = variant(3, ("# Try it.", "import time\nwhile True:\n    time.sleep(1)\n# Try it."))
+    done = kit("lab", "3", "--notebook", str(hang), "--configs", "cpu-1", "--timeout", "20")
+    assert done.returncode == 1
+    assert "timeout" in done.stdout and "did not finish within 20 s" in done.stdout
+
+
+def test_the_students_notebook_is_never_written(kit, variant):
+    nb = variant(3)
+    before = nb.read_bytes()
+    kit("lab", "3", "--notebook", str(nb), "--configs", "cpu-1")
+    assert nb.read_bytes() == before
+
+
+def test_a_stray_cell_that_raises_does_not_stop_grading_of_the_exercises(kit, variant):
+    stray = variant(3, ("# Try it.", "raise RuntimeError('leftover experiment')\n# Try it."))
+    done = kit("lab", "3", "--notebook", str(stray), "--configs", "cpu-1")
+    assert "RuntimeError: leftover experiment" in done.stdout
+    outcomes = json.loads((catalog.ROOT / "build" / "lab-3" / "report.json").read_text())["outcomes"]
+    assert {o["status"] for o in outcomes} == {"passed"}
