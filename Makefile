@@ -14,7 +14,7 @@ FORCE ?=
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
-.PHONY: help setup test lab-% labs list configs student-notebooks check-student-notebooks bench clean
+.PHONY: help setup system-deps test lab-% labs list configs student-notebooks check-student-notebooks bench clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 28
@@ -44,7 +44,16 @@ student-notebooks: setup ## generate labs/ from reference/ (never overwrites an 
 check-student-notebooks: setup ## fail when labs/ is out of date with reference/
 	@$(PY) -m labkit student-notebooks --check
 
-test: setup check-student-notebooks ## the kit's own test suite
+APT_PACKAGES := $(shell grep -v '^\#' .ci/apt-packages.txt 2>/dev/null)
+system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packages.txt), when missing
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: setup system-deps check-student-notebooks ## the kit's own test suite
 	$(PY) -m pytest
 
 bench: setup ## benchmarks: wall time of the student loop against plain python

@@ -171,7 +171,8 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(output_path), str(timeout)]
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=config.environment(), stdin=subprocess.DEVNULL,
+        env = config.environment() | {"LABKIT_RUN": config.name}
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout)

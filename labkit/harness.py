@@ -80,36 +80,38 @@ def environment() -> dict:
         return {"error": describe_exception(e)}
 
 
+def call_one(namespace: dict, call: dict) -> dict:
+    """Call one student function as `call` says; the record says what came back or what was raised."""
+    name = call["function"]
+    record = {"id": call["id"]}
+    fn = namespace.get(name)
+    if fn is None:
+        record["error"] = {"type": "Missing", "message": f"`{name}` is not defined", "where": None}
+        return record
+    if not callable(fn):
+        record["error"] = {"type": "NotCallable", "message": f"`{name}` is a {type(fn).__name__}, not a function",
+                           "where": None}
+        return record
+    try:
+        args = [_materialise(a) for a in call.get("args", [])]
+        kwargs = {k: _materialise(v) for k, v in call.get("kwargs", {}).items()}
+        out = fn(*args, **kwargs)
+        try:
+            import jax
+
+            out = jax.block_until_ready(out)
+        except Exception:
+            pass
+        record["value"] = plaindata.encode(out)
+    except Exception as e:  # noqa: BLE001 - the student's code may raise anything
+        record["error"] = describe_exception(e)
+    return record
+
+
 def run(namespace: dict, calls_path: str, results_path: str) -> None:
     with open(calls_path) as f:
         calls = json.load(f)["calls"]
-    results = []
-    for call in calls:
-        name = call["function"]
-        record = {"id": call["id"]}
-        fn = namespace.get(name)
-        if fn is None:
-            record["error"] = {"type": "Missing", "message": f"`{name}` is not defined", "where": None}
-        elif not callable(fn):
-            record["error"] = {"type": "NotCallable", "message": f"`{name}` is a {type(fn).__name__}, not a function",
-                               "where": None}
-        else:
-            try:
-                args = [_materialise(a) for a in call.get("args", [])]
-                kwargs = {k: _materialise(v) for k, v in call.get("kwargs", {}).items()}
-                out = fn(*args, **kwargs)
-                try:
-                    import jax
-
-                    out = jax.block_until_ready(out)
-                except Exception:
-                    pass
-                record["value"] = plaindata.encode(out)
-            except BaseException as e:  # noqa: BLE001 - the student's code may raise anything
-                if isinstance(e, KeyboardInterrupt):
-                    raise
-                record["error"] = describe_exception(e)
-        results.append(record)
+    results = [call_one(namespace, call) for call in calls]
     payload = {"environment": environment(), "results": results}
     with open(results_path, "w") as f:
         json.dump(payload, f)

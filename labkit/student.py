@@ -10,18 +10,21 @@ from rich.console import Console
 from labkit import catalog, configs, execute, report
 from labkit.judge import RunSpec, judge
 
-BUILD = catalog.ROOT / "build"
+import os
+
+# Where executed copies and reports go; LABKIT_BUILD moves it (the kit's own tests use a temporary folder).
+BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
 
 
 def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
             timeout: float = execute.DEFAULT_TIMEOUT, hidden: bool = False, console: Console | None = None,
-            build: Path = BUILD) -> bool:
+            build: Path | None = None) -> bool:
     """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed."""
     console = console or Console()
     lab = catalog.lab(number)
     notebook = Path(notebook) if notebook else lab.student
     chosen = configs.parse(config_names)
-    out = build / lab.name
+    out = Path(build or BUILD) / lab.name
     runs = [RunSpec(c.name, notebook, c, out / c.name) for c in chosen]
     console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
     judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout)

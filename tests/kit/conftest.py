@@ -14,15 +14,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def kit():
+def build(tmp_path) -> Path:
+    """The build folder of this test's runs (LABKIT_BUILD), so that tests never share one."""
+    return tmp_path / "build"
+
+
+@pytest.fixture
+def kit(build):
     """Run `python -m labkit ...` as a user would; returns the CompletedProcess (text)."""
 
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        env = dict(os.environ, COLUMNS="160", NO_COLOR="1")
+        env = dict(os.environ, COLUMNS="160", NO_COLOR="1", LABKIT_BUILD=str(build))
         return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
                               capture_output=True, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def lab_report(build):
+    """The report.json of the last `lab` run of lab N in this test."""
+
+    def read(lab: int) -> dict:
+        return json.loads((build / f"lab-{lab}" / "report.json").read_text())
+
+    return read
 
 
 @pytest.fixture

@@ -1,7 +1,5 @@
 """`make lab-N` end to end: real papermill, real kernels, real JAX on one and on eight CPU devices."""
 
-import json
-
 import pytest
 
 from labkit import catalog
@@ -15,20 +13,20 @@ def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(k
 
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
-def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit, lab):
+def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit, lab_report, lab):
     done = kit("lab", str(lab.number), "--configs", "cpu-1,cpu-8")
     assert done.returncode == 1
     assert "not implemented yet" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
-    report = json.loads((catalog.ROOT / "build" / lab.name / "report.json").read_text())
+    report = lab_report(lab.number)
     assert report["outcomes"] and {o["status"] for o in report["outcomes"]} == {"todo"}
 
 
-def test_a_mesh_over_one_device_passes_on_cpu_1_and_fails_on_cpu_8(kit, variant):
+def test_a_mesh_over_one_device_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_report, variant):
     buggy = variant(3, ('Mesh(np.array(jax.devices()), ("data",))\n    double', 'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double'))
     done = kit("lab", "3", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8")
     assert done.returncode == 1
-    outcomes = json.loads((catalog.ROOT / "build" / "lab-3" / "report.json").read_text())["outcomes"]
+    outcomes = lab_report(3)["outcomes"]
     by_config = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
     assert all(o["status"] == "passed" for o in by_config["cpu-1"].values())
     split = by_config["cpu-8"]["test_result_is_split_across_every_device"]
@@ -79,9 +77,9 @@ def test_the_students_notebook_is_never_written(kit, variant):
     assert nb.read_bytes() == before
 
 
-def test_a_stray_cell_that_raises_does_not_stop_grading_of_the_exercises(kit, variant):
+def test_a_stray_cell_that_raises_does_not_stop_grading_of_the_exercises(kit, lab_report, variant):
     stray = variant(3, ("# Try it.", "raise RuntimeError('leftover experiment')\n# Try it."))
     done = kit("lab", "3", "--notebook", str(stray), "--configs", "cpu-1")
     assert "RuntimeError: leftover experiment" in done.stdout
-    outcomes = json.loads((catalog.ROOT / "build" / "lab-3" / "report.json").read_text())["outcomes"]
+    outcomes = lab_report(3)["outcomes"]
     assert {o["status"] for o in outcomes} == {"passed"}
