@@ -1,0 +1,96 @@
+"""Benchmark: the student loop against plain python.
+
+For one lab (default 3) it measures, in the same run, alternating so that load on the
+machine falls on both alike:
+
+* kit: `python -m labkit lab N --notebook reference/lab-N.ipynb --configs cpu-1,cpu-8`,
+  the command behind `make lab-N` (papermill, one kernel per configuration, the judge);
+* baseline: the same lab code as a plain python script, once per configuration, one after
+  the other: the reference notebook's code cells, then the exercise functions called on the
+  tests' inputs.
+
+It prints the medians and their ratio. Usage: python benchmarks/bench_lab.py [--lab 3] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labkit import catalog, configs  # noqa: E402
+
+CONFIGS = ("cpu-1", "cpu-8")
+
+
+def calls_of(lab: catalog.Lab) -> list[dict]:
+    """The calls the lab's public tests make, collected the way the judge collects them."""
+    import importlib.util
+
+    calls = {}
+    for path in sorted(lab.public_tests.glob("test_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for fn in vars(module).values():
+            for c in getattr(fn, "__labkit_calls__", {}).values():
+                calls[c.id] = {"id": c.id, **c.encoded()}
+    return list(calls.values())
+
+
+def baseline_script(lab: catalog.Lab, folder: Path) -> Path:
+    nb = json.loads(lab.reference.read_text())
+    code = "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    (folder / "calls.json").write_text(json.dumps({"calls": calls_of(lab)}))
+    script = folder / "lab.py"
+    script.write_text(
+        code
+        + "\n\nimport labkit.harness as _h\n"
+        + f"_h.run(globals(), {str(folder / 'calls.json')!r}, {str(folder / 'results.json')!r})\n"
+    )
+    return script
+
+
+def timed(cmd: list[str], env: dict | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lab", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    lab = catalog.lab(args.lab)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        script = baseline_script(lab, tmp)
+        kit_cmd = [sys.executable, "-m", "labkit", "lab", str(lab.number), "--notebook", str(lab.reference),
+                   "--configs", ",".join(CONFIGS)]
+        kit_env = dict(os.environ, LABKIT_BUILD=str(tmp / "build"))
+        kit, base = [], []
+        timed(kit_cmd, kit_env)  # warm the file cache once; not counted
+        for _ in range(args.repeat):
+            kit.append(timed(kit_cmd, kit_env))
+            base.append(sum(timed([sys.executable, str(script)],
+                                  configs.CONFIGS[c].environment() | {"LABKIT_RUN": c}) for c in CONFIGS))
+    k, b = statistics.median(kit), statistics.median(base)
+    print(f"lab {lab.number} on {', '.join(CONFIGS)}, {args.repeat} repeats, medians:")
+    print(f"  kit (python -m labkit lab {lab.number}):        {k:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in kit)})")
+    print(f"  plain python, once per configuration: {b:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in base)})")
+    print(f"  ratio kit / plain python: {k / b:.2f}x   (target: at most 2x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
