@@ -109,6 +109,7 @@ class _Plugin:
             for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values():
                 calls[c.id] = c
         encoded = [{"id": cid, **c.encoded()} for cid, c in calls.items()]
+        self.calls = encoded
 
         def run(spec: RunSpec) -> execute.RunRecord:
             if spec.record is not None:
@@ -148,15 +149,33 @@ class _Plugin:
             ))
 
 
+def _args(test_dirs: list[Path]) -> list[str]:
+    return [str(d) for d in test_dirs] + [
+        "-p", "no:cacheprovider", "-p", "no:terminal", "-p", "no:randomly",
+        "--import-mode=importlib", "-o", "python_files=test_*.py", "-W", "ignore::DeprecationWarning",
+    ]
+
+
+def collect_calls(test_dirs: list[Path]) -> list[dict]:
+    """The calls the tests in `test_dirs` declare, encoded for the harness, without running anything.
+
+    Grading runs notebooks itself (to keep each run's record as soon as it ends) and then
+    judges the finished runs; these are the calls those runs must make.
+    """
+    plugin = _Plugin([], [], 1, execute.DEFAULT_TIMEOUT)
+    code = pytest.main(_args(test_dirs) + ["--collect-only"], plugins=[plugin])
+    if plugin.collect_errors:
+        raise KitError("the lab's tests could not be collected:\n" + "\n".join(plugin.collect_errors))
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        raise KitError(f"pytest stopped with {code!r}")
+    return getattr(plugin, "calls", [])
+
+
 def judge(test_dirs: list[Path], runs: list[RunSpec], *, hidden_dirs: list[Path] = (),
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT) -> Judgement:
     """Run the notebooks of `runs` and the tests in `test_dirs` against them."""
     plugin = _Plugin(runs, list(hidden_dirs), jobs or os.cpu_count() or 1, timeout)
-    args = [str(d) for d in test_dirs] + [
-        "-p", "no:cacheprovider", "-p", "no:terminal", "-p", "no:randomly",
-        "--import-mode=importlib", "-o", "python_files=test_*.py", "-W", "ignore::DeprecationWarning",
-    ]
-    code = pytest.main(args, plugins=[plugin])
+    code = pytest.main(_args(test_dirs), plugins=[plugin])
     if plugin.collect_errors:
         raise KitError("the lab's tests could not be collected:\n" + "\n".join(plugin.collect_errors))
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
