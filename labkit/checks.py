@@ -314,3 +314,29 @@ def expect_replicated(got: plaindata.Value, devices: int, *, hint: str | None = 
                                   hint))
     if sh.num_devices != devices or not sh.fully_replicated:
         raise Mismatch(_with_hint(f"expected a full copy on each of {devices} devices, got {sh.describe()}", hint))
+
+
+def expect_close_naming_mistakes(got: plaindata.Value, want, mistakes: dict, *, rtol: float = 1e-5,
+                                 atol: float = 1e-6, hint: str | None = None) -> None:
+    """Like `expect_close`; when the value is instead what a known mistake gives, the message names the mistake.
+
+    `mistakes` maps a sentence that names a mistake (and its cure) to the value that mistake gives on
+    the same inputs and devices, computed by the test. A mistake whose value equals `want` (as many do
+    on one device) cannot be told apart from the right answer and is never named.
+    """
+    want = np.asarray(want)
+    try:
+        expect_close(got, want, rtol=rtol, atol=atol)
+        return
+    except Mismatch as wrong:
+        base = str(wrong)
+    arr = expect_array(got, hint=hint)
+    for mistake, value in mistakes.items():
+        value = np.asarray(value)
+        if value.shape != arr.shape or arr.dtype.kind not in "biufc":
+            continue
+        if value.shape == want.shape and np.allclose(value, want, rtol=rtol, atol=atol, equal_nan=True):
+            continue
+        if np.allclose(arr, value, rtol=rtol, atol=atol, equal_nan=True):
+            raise Mismatch(f"{base}. {mistake}")
+    raise Mismatch(_with_hint(base, hint))

@@ -98,3 +98,22 @@ def test_check_refuses_parameters_no_call_provides():
         @check(got=call("f"))
         def test_x(got, other):
             pass
+
+
+def test_a_value_that_a_known_mistake_gives_is_named_by_that_mistake():
+    from labkit.checks import expect_close_naming_mistakes
+
+    mistakes = {"You kept one block's sum": np.float32(1.0), "You averaged": np.float32(0.5)}
+    expect_close_naming_mistakes(value(np.float32(4.0)), 4.0, mistakes)
+    text = message(expect_close_naming_mistakes, value(np.float32(1.0)), 4.0, mistakes, hint="try psum")
+    assert "expected 4, got 1" in text and text.endswith("You kept one block's sum") and "try psum" not in text
+    other = message(expect_close_naming_mistakes, value(np.float32(3.0)), 4.0, mistakes, hint="try psum")
+    assert "mistake" not in other and "You" not in other and other.endswith("try psum")
+
+
+def test_a_mistake_that_gives_the_right_answer_is_never_named():
+    from labkit.checks import expect_close_naming_mistakes
+
+    text = message(expect_close_naming_mistakes, value(np.arange(4.0)), np.ones(4),
+                   {"Same as right": np.ones(4), "Wrong shape": np.arange(8.0), "Off by one": np.arange(4.0)})
+    assert text.endswith("Off by one") and "Same as right" not in text
