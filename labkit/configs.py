@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 # Variables that decide which devices JAX sees. A run never inherits them from the
 # caller: the configuration alone sets them.
-_DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS", "TPU_")
+_DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS", "TPU_",
+                     "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", "LABKIT_COORDINATOR", "LABKIT_NUM_PROCESSES",
+                     "LABKIT_PROCESS_ID", "LABKIT_LOCAL_DEVICE_IDS", "LABKIT_CPU_COLLECTIVES")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class DeviceConfig:
     env: dict[str, str] = field(default_factory=dict)
     devices: int | None = None  # how many devices the run must see; None: whatever the host has
     processes: int = 1
+    # For processes > 1: the environment of each process, joined with jax.distributed (see process_env).
+    distributed: dict[str, str] = field(default_factory=dict)
 
     def availability(self) -> tuple[bool, str]:
         """(True, "") when this configuration can run here, else (False, reason)."""
@@ -39,6 +43,16 @@ class DeviceConfig:
         env = {k: v for k, v in base.items() if not k.startswith(_DEVICE_VARIABLES)}
         env.update(self.env)
         return env
+
+    def process_env(self, process_id: int, coordinator: str) -> dict[str, str]:
+        """What process `process_id` of a multi-process run adds to `environment()`: how to join the others.
+
+        The kit's first cell (`harness.join_distributed`) reads these before the student's cells run.
+        """
+        if self.processes <= 1:
+            return {}
+        return {**self.distributed, "LABKIT_COORDINATOR": coordinator,
+                "LABKIT_NUM_PROCESSES": str(self.processes), "LABKIT_PROCESS_ID": str(process_id)}
 
 
 def tpu_available() -> tuple[bool, str]:
@@ -67,6 +81,15 @@ CONFIGS: dict[str, DeviceConfig] = {
             platform="cpu",
             env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"},
             devices=8,
+        ),
+        DeviceConfig(
+            name="cpu-2x4",
+            summary="two JAX processes of four CPU devices each, joined over localhost",
+            platform="cpu",
+            env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"},
+            devices=8,
+            processes=2,
+            distributed={"LABKIT_CPU_COLLECTIVES": "gloo", "LABKIT_LOCAL_DEVICE_IDS": "0,1,2,3"},
         ),
         DeviceConfig(
             name="tpu",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,10 @@ from labkit.configs import DeviceConfig
 
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook on one configuration
 HARNESS_TAG = "labkit-harness"
+SETUP_TAG = "labkit-setup"
+# The first cell of each process of a multi-process run: join the others before the student's cells.
+JOIN_CELL = "import labkit.harness as _labkit_harness\n_labkit_harness.join_distributed()"
+PEER_GRACE = 5.0  # seconds the other processes get to finish once one process of a run has failed
 
 
 class BadNotebook(Exception):
@@ -42,6 +47,8 @@ class RunRecord:
     results: dict = field(default_factory=dict)  # call id -> {"value": ...} or {"error": ...}
     cell_errors: list = field(default_factory=list)  # errors raised by the student's own cells
     workdir: str = ""
+    # A multi-process run: what every process returned (process 0's is also `results` and `environment`).
+    processes: list = field(default_factory=list)  # [{"process", "exit", "environment", "results"}]
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -77,8 +84,11 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict]) -> Path:
-    """Write the copy to run: the student's cells, outputs cleared, and the harness cell last."""
+def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: str | None = None) -> Path:
+    """Write the copy to run: the student's cells, outputs cleared, and the harness cell last.
+
+    `first`, when given, is a cell of the kit's that runs before the student's (a multi-process
+    run joins the other processes there)."""
     workdir.mkdir(parents=True, exist_ok=True)
     calls_path = workdir / "calls.json"
     results_path = workdir / "results.json"
@@ -87,10 +97,12 @@ def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict]) -> Path
         results_path.unlink()
     copy = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                              "language": "python"}})
+    if first:
+        copy.cells.append(nbformat.v4.new_code_cell(first, metadata={"tags": [SETUP_TAG]}))
     for number, cell in enumerate(nb.cells, start=1):
         if cell.cell_type == "code":
-            if HARNESS_TAG in cell.get("metadata", {}).get("tags", []):
-                continue  # a submission cannot bring its own harness
+            if {HARNESS_TAG, SETUP_TAG} & set(cell.get("metadata", {}).get("tags", [])):
+                continue  # a submission cannot bring its own harness or setup
             copy.cells.append(nbformat.v4.new_code_cell(cell.source, metadata={"labkit_cell": number}))
         else:
             copy.cells.append(nbformat.v4.new_markdown_cell(cell.source))
@@ -132,6 +144,16 @@ def kill_tree(pid: int) -> None:
                 pass
 
 
+def launch(cmd: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen:
+    """Start one process of a run, in a session of its own, its output into `log`.
+
+    Every process a run starts goes through here: one for a one-process configuration, one per
+    JAX process for a multi-process one (whose processes must reach each other on localhost).
+    """
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
     """Errors raised by the student's cells, and the index of the last cell that started."""
     try:
@@ -165,6 +187,8 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
         nb = read_notebook(notebook)
     except BadNotebook as e:
         return RunRecord(config.name, "error", str(e), workdir=str(workdir))
+    if config.processes > 1:
+        return _run_processes(nb, config, calls, workdir, timeout)
     input_path = prepare(nb, workdir, calls)
     output_path = workdir / "executed.ipynb"
     log_path = workdir / "run.log"
@@ -172,8 +196,7 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     start = time.monotonic()
     with open(log_path, "wb") as log:
         env = config.environment() | {"LABKIT_RUN": config.name}
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = launch(cmd, workdir, env, log)
         try:
             proc.wait(timeout=timeout)
             timed_out = False
@@ -205,8 +228,107 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     return record
 
 
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now (the coordinator of a multi-process run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_payload(path: Path) -> tuple[dict, dict] | None:
+    """(environment, results by call id) from a harness's results.json, or None when unreadable."""
+    try:
+        payload = json.loads(path.read_text())
+        return dict(payload.get("environment", {})), {str(r["id"]): r for r in payload.get("results", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> tuple[bool, int | None]:
+    """Wait for every process of a run: (timed out, the first process that failed, if any).
+
+    A process that ends with an error stops the run: its peers would wait for it in a
+    collective until the timeout, so they get PEER_GRACE seconds to finish, then are ended.
+    """
+    deadline = time.monotonic() + timeout
+    failed, grace_until = None, None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return False, failed
+        if failed is None:
+            failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None:
+                grace_until = time.monotonic() + PEER_GRACE
+        now = time.monotonic()
+        if grace_until is not None and now >= grace_until:
+            return False, failed
+        if now >= deadline:
+            return True, failed
+        time.sleep(0.1)
+
+
+def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[dict], workdir: Path,
+                   timeout: float) -> RunRecord:
+    """A run of `config.processes` JAX processes, each running the notebook, joined on a free localhost port.
+
+    Process i works in `workdir/process-i/`; the run's results are process 0's, and every
+    process's results are kept in `RunRecord.processes`. However it ends, no process outlives it.
+    """
+    coordinator = f"127.0.0.1:{free_port()}"
+    dirs = [workdir / f"process-{i}" for i in range(config.processes)]
+    procs, logs = [], []
+    start = time.monotonic()
+    try:
+        for i, pdir in enumerate(dirs):
+            input_path = prepare(nb, pdir, calls, first=JOIN_CELL)
+            cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(pdir / "executed.ipynb"), str(timeout)]
+            env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
+                   | config.process_env(i, coordinator))
+            logs.append(open(pdir / "run.log", "wb"))
+            procs.append(launch(cmd, pdir, env, logs[-1]))
+        timed_out, failed = _wait_all(procs, timeout)
+    finally:
+        for proc in procs:
+            kill_tree(proc.pid)
+        for proc in procs:
+            proc.wait()
+        for log in logs:
+            log.close()
+    seconds = time.monotonic() - start
+    cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
+    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir))
+    for i, (proc, pdir) in enumerate(zip(procs, dirs)):
+        payload = _read_payload(pdir / "results.json")
+        record.processes.append({"process": i, "exit": proc.returncode, "environment": payload[0] if payload else {},
+                                 "results": payload[1] if payload else {}})
+    of = f"of {config.processes}"
+    if failed is not None:
+        record.status = "error"
+        why = _why_no_results(dirs[failed] / "run.log", procs[failed].returncode)
+        record.message = f"process {failed} {of} stopped early, so the others were ended too: {why}"
+        return record
+    if timed_out:
+        record.status = "timeout"
+        where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
+        record.message = f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
+        return record
+    missing = [i for i, p in enumerate(record.processes) if not p["results"] and not (dirs[i] / "results.json").exists()]
+    if missing:
+        record.status = "error"
+        record.message = (f"process {missing[0]} {of} stopped before its functions could be called: "
+                          + _why_no_results(dirs[missing[0]] / "run.log", procs[missing[0]].returncode))
+        return record
+    record.environment = record.processes[0]["environment"]
+    record.results = record.processes[0]["results"]
+    return record
+
+
 def _why_no_results(log_path: Path, returncode: int) -> str:
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    joined = [ln for ln in text.splitlines() if ln.startswith("labkit: process ")]
+    if joined:
+        return joined[-1].removeprefix("labkit: ")
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the Python kernel died while running the notebook (a crash, or out of memory)"
     lines = [ln for ln in text.splitlines() if ln.strip()]

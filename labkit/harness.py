@@ -7,7 +7,10 @@ or what was raised. It decides nothing: the judge, in another process, compares.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import sys
 import traceback
 
@@ -62,6 +65,53 @@ def _materialise(enc: dict):
     return value
 
 
+def join_distributed() -> None:
+    """Join the other processes of a multi-process run (the kit's first cell, before the student's).
+
+    The configuration sets LABKIT_COORDINATOR, LABKIT_NUM_PROCESSES, LABKIT_PROCESS_ID,
+    LABKIT_LOCAL_DEVICE_IDS and LABKIT_CPU_COLLECTIVES; without them (one process) this does nothing.
+    A process that cannot join ends its kernel: a run that pretends to be one process of two
+    would only produce results that look right and are not.
+    """
+    coordinator = os.environ.get("LABKIT_COORDINATOR")
+    if not coordinator:
+        return
+    import jax
+
+    try:
+        if os.environ.get("LABKIT_CPU_COLLECTIVES"):
+            jax.config.update("jax_cpu_collectives_implementation", os.environ["LABKIT_CPU_COLLECTIVES"])
+        local = os.environ.get("LABKIT_LOCAL_DEVICE_IDS")
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=int(os.environ["LABKIT_NUM_PROCESSES"]),
+            process_id=int(os.environ["LABKIT_PROCESS_ID"]),
+            local_device_ids=[int(i) for i in local.split(",")] if local else None,
+            initialization_timeout=int(os.environ.get("LABKIT_JOIN_TIMEOUT", "60")),
+        )
+    except Exception as e:  # noqa: BLE001 - whatever stopped the join, say so and stop this process
+        print(f"labkit: process {os.environ.get('LABKIT_PROCESS_ID')} could not join the others at "
+              f"{coordinator}: {type(e).__name__}: {_first_line(e)}", file=sys.__stderr__, flush=True)
+        os._exit(3)
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the notebook's stdout and keeps a copy (what one call printed)."""
+
+    def __init__(self, out, limit: int = 4000):
+        self.out, self.limit, self.kept = out, limit, []
+        self.size = 0
+
+    def write(self, text):
+        if self.size < self.limit:
+            self.kept.append(text[: self.limit - self.size])
+            self.size += len(self.kept[-1])
+        return self.out.write(text)
+
+    def flush(self):
+        self.out.flush()
+
+
 def environment() -> dict:
     try:
         import jax
@@ -92,10 +142,12 @@ def call_one(namespace: dict, call: dict) -> dict:
         record["error"] = {"type": "NotCallable", "message": f"`{name}` is a {type(fn).__name__}, not a function",
                            "where": None}
         return record
+    printed = _Tee(sys.stdout)
     try:
         args = [_materialise(a) for a in call.get("args", [])]
         kwargs = {k: _materialise(v) for k, v in call.get("kwargs", {}).items()}
-        out = fn(*args, **kwargs)
+        with contextlib.redirect_stdout(printed):
+            out = fn(*args, **kwargs)
         try:
             import jax
 
@@ -105,6 +157,7 @@ def call_one(namespace: dict, call: dict) -> dict:
         record["value"] = plaindata.encode(out)
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything
         record["error"] = describe_exception(e)
+    record["stdout"] = "".join(printed.kept)  # what the call printed in this process
     return record
 
 

@@ -67,13 +67,43 @@ def sharding_of(x) -> dict | None:
         info["spec"] = [_spec_entry(e) for e in spec]
     shards = []
     for sh in getattr(x, "addressable_shards", []):
-        index = []
-        for sl, dim in zip(sh.index, x.shape):
-            start, stop, _ = sl.indices(dim)
-            index.append([start, stop])
-        shards.append({"device": int(sh.device.id), "index": index, "replica_id": int(sh.replica_id)})
+        shards.append({"device": int(sh.device.id), "index": _index(sh.index, x.shape),
+                       "replica_id": int(sh.replica_id), "process": int(sh.device.process_index)})
+    if not s.is_fully_addressable:
+        # Several processes hold the array: this process sees only its own shards, but the sharding
+        # knows every device's block, and which process that device belongs to.
+        shards, seen = [], {}
+        for device, index in s.devices_indices_map(tuple(x.shape)).items():
+            block = _index(index, x.shape)
+            replica = seen.setdefault(str(block), 0)
+            seen[str(block)] += 1
+            shards.append({"device": int(device.id), "index": block, "replica_id": replica,
+                           "process": int(device.process_index)})
+        shards.sort(key=lambda sh: (sh["process"], sh["device"]))
     info["shards"] = shards
+    info["processes"] = sorted({sh["process"] for sh in shards})
     return info
+
+
+def _index(index, shape) -> list[list[int]]:
+    out = []
+    for sl, dim in zip(index, shape):
+        start, stop, _ = sl.indices(dim)
+        out.append([start, stop])
+    return out
+
+
+def _host_value(x) -> np.ndarray:
+    """The whole value of a JAX array, in this process.
+
+    An array spread over several processes cannot be read from one of them: every process
+    gathers it (a collective: the harness encodes the same values in the same order everywhere).
+    """
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def encode(value, depth: int = 0) -> dict:
@@ -96,8 +126,8 @@ def encode(value, depth: int = 0) -> dict:
         return {"kind": "dict", "items": [[str(k), encode(v, depth + 1)] for k, v in value.items()]}
     if _is_jax_array(value):
         try:
-            payload = _array_payload(np.asarray(value))
-        except Exception as e:  # e.g. not fully addressable from this process
+            payload = _array_payload(_host_value(value))
+        except Exception as e:  # e.g. a value the backend cannot fetch
             payload = {"kind": "object", "type": "jax.Array", "repr": f"could not read values: {e}"[:300]}
         payload["jax"] = True
         payload["sharding"] = sharding_of(value)
@@ -137,6 +167,10 @@ class Sharding:
     mesh: dict[str, int] | None
     spec: tuple | None
     shards: tuple[dict, ...]
+    processes: tuple[int, ...] = (0,)  # the JAX processes whose devices hold a shard
+
+    def process_of(self, device_id: int) -> int | None:
+        return next((int(sh.get("process", 0)) for sh in self.shards if sh.get("device") == device_id), None)
 
     @property
     def num_devices(self) -> int:
@@ -144,6 +178,8 @@ class Sharding:
 
     def describe(self) -> str:
         where = f"{self.num_devices} device{'s' if self.num_devices != 1 else ''}"
+        if len(self.processes) > 1:
+            where += f" of {len(self.processes)} processes"
         if self.spec is not None:
             spec = ", ".join(repr(e) if not isinstance(e, list) else repr(tuple(e)) for e in self.spec)
             mesh = ", ".join(f"'{k}': {v}" for k, v in (self.mesh or {}).items())
@@ -214,6 +250,7 @@ def decode(data: dict) -> Value:
                 mesh=sh.get("mesh"),
                 spec=tuple(sh["spec"]) if sh.get("spec") is not None else None,
                 shards=tuple(sh.get("shards", [])),
+                processes=tuple(int(p) for p in sh.get("processes", [0])),
             )
         return Value(
             "array",
