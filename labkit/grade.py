@@ -1,0 +1,662 @@
+"""Grade a class: every student, lab and device configuration, through the student loop's own pipeline.
+
+    submissions/<student_id>/lab-<N>.ipynb   what the TA collected
+    OUT/units/<student_id>/lab-<N>/<config>.json      one graded unit (student, lab, configuration)
+    OUT/units/<student_id>/lab-<N>/<config>.run.json  its notebook run, kept as soon as the run ends
+    OUT/work/<student_id>/lab-<N>/<config>/           the run's folder: executed notebook, log
+    OUT/reference/...                                 the same for the reference solutions
+    OUT/scoreboard.{csv,json,md,html}, OUT/feedback/  drawn by `scoreboard` from the graded units
+
+Every unit runs its notebook with `execute.run_notebook` (a process of its own, on its
+configuration) and is judged by `judge.judge` with the lab's public and hidden tests: the
+same two stages as `make lab-N`. Runs go on `jobs` at a time; the main thread keeps each
+run's record the moment it ends, and judges finished runs in batches, one pytest session
+per lab for many students at once. Every file is written atomically, so a run stopped
+half way keeps what it finished, and the next run grades only what is left.
+
+Each unit has a key: a digest of the submission's bytes, the lab's tests and reference,
+the configuration, the timeout, and the kit's grading code and locked environment. A unit
+whose key has not changed is not graded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from labkit import catalog, configs, execute, judge
+from labkit.configs import DeviceConfig
+
+ROW_STATUSES = ("ok", "failed", "error", "timeout", "missing", "skipped")
+FORMAT = 1  # of the unit files; part of every key
+LARGE_BYTES = 10_000_000  # a notebook this large is graded, with a note (its outputs are not run)
+MAX_BYTES = 200_000_000  # a file larger than this is not read at all
+REFERENCE = "reference"  # how the reference solution's runs are labelled
+
+# Modules of the kit that draw or drive, and do not change a grade: editing them regrades nothing.
+_NOT_GRADING = {"__init__.py", "__main__.py", "cli.py", "report.py", "scoreboard.py", "student.py",
+                "authoring.py", "notebook.py"}
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+_LOOSE_NAME = re.compile(r"lab[\s_.-]*0*([1-9][0-9]*)", re.IGNORECASE)
+
+
+class GradeError(RuntimeError):
+    """The kit could not grade (bad arguments, a reference failing its own tests): exit non-zero."""
+
+
+class ReferenceBroken(GradeError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------
+# What there is to grade.
+# ----------------------------------------------------------------------------------------
+
+@dataclass
+class Submissions:
+    students: dict[str, dict[int, Path]] = field(default_factory=dict)  # student -> lab -> path
+    notes: dict[str, list[str]] = field(default_factory=dict)  # student -> what was ignored, and why
+    class_notes: list[str] = field(default_factory=list)  # entries of the folder that are not students
+
+
+def discover(folder: Path, known_labs: list[int]) -> Submissions:
+    """Read the submissions folder: DIR/<student_id>/lab-<N>.ipynb. Anything else is noted and ignored."""
+    subs = Submissions()
+    for entry in sorted(Path(folder).iterdir()):
+        if entry.name.startswith("."):
+            continue  # .DS_Store, .ipynb_checkpoints, .git
+        if not entry.is_dir():
+            subs.class_notes.append(f"{entry.name}: ignored, not a student folder "
+                                    "(submissions go in <student_id>/lab-<N>.ipynb)")
+            continue
+        student = entry.name
+        found: dict[int, Path] = {}
+        notes: list[str] = []
+        for item in sorted(entry.iterdir()):
+            if item.name.startswith("."):
+                continue
+            m = catalog.NOTEBOOK_NAME.match(item.name)
+            if m:
+                number = int(m.group(1))
+                if number in known_labs:
+                    found[number] = item
+                else:
+                    notes.append(f"{item.name}: ignored, there is no lab {number}")
+                continue
+            loose = _LOOSE_NAME.search(item.name)
+            hint = ""
+            if loose and item.name.lower().endswith(".ipynb") and int(loose.group(1)) in known_labs:
+                hint = f" (rename it lab-{int(loose.group(1))}.ipynb to have it graded)"
+            kind = "folder" if item.is_dir() else "file"
+            notes.append(f"{item.name}: {kind} ignored, its name is not lab-<N>.ipynb{hint}")
+        if not found:
+            notes.insert(0, "no notebook named lab-<N>.ipynb in this folder")
+        subs.students[student] = found
+        subs.notes[student] = notes
+    return subs
+
+
+def shard_of(student: str, count: int) -> int:
+    """Which of `count` shards grades `student` (1-based): fixed by the id alone, on every machine."""
+    return int(hashlib.sha256(student.encode()).hexdigest()[:12], 16) % count + 1
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", text)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise GradeError(f"--shard takes i/N with 1 <= i <= N, e.g. 1/4; got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class Unit:
+    student: str
+    lab: int
+    config: str
+    path: Path | None  # the submission; None when it was not handed in
+
+    @property
+    def label(self) -> str:
+        return f"{self.student}/{self.config}"
+
+    @property
+    def where(self) -> Path:
+        return Path(self.student) / f"lab-{self.lab}" / self.config
+
+
+# ----------------------------------------------------------------------------------------
+# Keys: what a unit's grade depends on.
+# ----------------------------------------------------------------------------------------
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def kit_digest(root: Path = catalog.ROOT) -> str:
+    """The kit's grading code and its locked environment."""
+    parts = [sys.version]
+    for path in sorted((Path(__file__).parent).glob("*.py")):
+        if path.name not in _NOT_GRADING:
+            parts.append(f"{path.name}:{_file_digest(path)}")
+    lock = root / "uv.lock"
+    parts.append(_file_digest(lock) if lock.exists() else "no lock")
+    return _sha("\n".join(parts).encode())
+
+
+def lab_digest(lab: catalog.Lab) -> str:
+    """The lab's reference and every file of its public and hidden tests."""
+    parts = [f"reference:{_file_digest(lab.reference) if lab.reference.exists() else 'none'}"]
+    for folder in lab.test_dirs(hidden=True):
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                parts.append(f"{path.relative_to(lab.root)}:{_file_digest(path)}")
+    return _sha("\n".join(parts).encode())
+
+
+def submission_digest(path: Path | None) -> str:
+    if path is None or not path.exists():
+        return "missing"
+    if path.is_dir():
+        return "folder:" + _sha("\n".join(sorted(p.name for p in path.iterdir())).encode())
+    if path.stat().st_size > MAX_BYTES:
+        return f"too-large:{path.stat().st_size}"
+    return _file_digest(path)
+
+
+def config_digest(config: DeviceConfig) -> str:
+    return _sha(json.dumps(asdict(config), sort_keys=True, default=str).encode())
+
+
+# ----------------------------------------------------------------------------------------
+# From a run and the judge's outcomes to one row of the scoreboard.
+# ----------------------------------------------------------------------------------------
+
+def submission_notes(path: Path | None) -> list[str]:
+    """What is worth saying about a file that can still be graded: its size, an old nbformat."""
+    if path is None or not path.is_file():
+        return []
+    notes = []
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        return notes
+    if size > LARGE_BYTES:
+        notes.append(f"the notebook is {size / 1e6:.0f} MB, mostly saved outputs: they are cleared before "
+                     "grading; clear them before handing in (Kernel > Restart & Clear Output)")
+    try:
+        with open(path, "rb") as f:
+            version = json.load(f).get("nbformat")
+    except (OSError, ValueError, AttributeError):
+        return notes
+    if isinstance(version, int) and version < 4:
+        notes.append(f"the notebook is in the old nbformat {version}; it was converted to nbformat 4 to be "
+                     "graded: save it from a current Jupyter")
+    return notes
+
+
+def _clean(text: str, unit: Unit, out: Path) -> str:
+    """Messages name files relative to the class, never by this machine's paths."""
+    if unit.path is not None:
+        text = text.replace(str(unit.path), f"{unit.student}/{unit.path.name}")
+    text = text.replace(str(out) + os.sep, "").replace(str(out), ".")
+    return _ADDRESS.sub("0x…", text)  # "<object at 0x7f3e...>" differs on every run
+
+
+def make_row(student: str, lab: int, config: str, record: execute.RunRecord | None,
+             outcomes: list[judge.Outcome], notes: list[str] = (), expected_total: int = 0) -> dict:
+    """One row: the run's status and the judge's per-test outcomes folded into one of ROW_STATUSES."""
+    tests = [{"test": o.test, "exercise": o.exercise, "file": o.file, "hidden": bool(o.hidden),
+              "status": o.status, "message": o.message} for o in outcomes]
+    counted = [t for t in tests if t["status"] != "skipped"]
+    passed = sum(t["status"] == "passed" for t in counted)
+    row = {"student": student, "lab": lab, "config": config, "status": "ok", "passed": passed,
+           "total": len(counted), "message": "", "tests": tests, "cell_errors": [], "notes": list(notes)}
+    if record is None:
+        row.update(status="missing", total=expected_total, tests=[],
+                   message=f"lab-{lab}.ipynb was not handed in")
+        return row
+    row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
+    if record.status == "skipped":
+        row.update(status="skipped", total=0, passed=0, message=record.message)
+    elif record.status in ("timeout", "error"):
+        row.update(status=record.status, passed=0, message=record.message or f"the run ended with {record.status}")
+    elif not counted:
+        row.update(status="error", message="no test ran on this configuration")
+    elif any(t["status"] in ("error", "timeout") for t in counted):
+        bad = next(t for t in counted if t["status"] in ("error", "timeout"))
+        row.update(status="timeout" if bad["status"] == "timeout" else "error", message=bad["message"])
+    elif passed < len(counted):
+        failing = [t for t in counted if t["status"] != "passed"]
+        first = next((t for t in failing if not t["hidden"]), failing[0])
+        what = "not implemented yet" if first["status"] == "todo" else first["message"]
+        row.update(status="failed", message=f"{len(failing)} of {len(counted)} tests did not pass; "
+                                            f"first: {first['test'].removeprefix('test_')}: {what}")
+    return row
+
+
+# ----------------------------------------------------------------------------------------
+# Where graded units are kept.
+# ----------------------------------------------------------------------------------------
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Store:
+    """Graded units and finished runs under one folder, each file written atomically, each with its key."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _read(self, path: Path, key: str) -> dict | None:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("key") == key else None
+
+    def row(self, unit: Unit, key: str) -> dict | None:
+        data = self._read(self.root / "units" / f"{unit.where}.json", key)
+        return data.get("row") if data else None
+
+    def record(self, unit: Unit, key: str) -> execute.RunRecord | None:
+        data = self._read(self.root / "units" / f"{unit.where}.run.json", key)
+        return execute.RunRecord.from_json(data["record"]) if data else None
+
+    def save_row(self, unit: Unit, key: str, row: dict, seconds: float) -> None:
+        write_atomic(self.root / "units" / f"{unit.where}.json",
+                     json.dumps({"key": key, "seconds": seconds, "row": row}, indent=1))
+
+    def save_record(self, unit: Unit, key: str, record: execute.RunRecord) -> None:
+        write_atomic(self.root / "units" / f"{unit.where}.run.json",
+                     json.dumps({"key": key, "record": record.to_json()}))
+
+    def workdir(self, unit: Unit) -> Path:
+        return self.root / "work" / unit.where
+
+
+# ----------------------------------------------------------------------------------------
+# Progress: a bar with an ETA on a terminal, plain lines otherwise.
+# ----------------------------------------------------------------------------------------
+
+class Progress:
+    def __init__(self, total: int, title: str, stream=None, terminal: bool | None = None):
+        self.total, self.done, self.start = total, 0, time.monotonic()
+        self.stream = stream or sys.stderr
+        self.terminal = self.stream.isatty() if terminal is None else terminal
+        self.bar = None
+        if self.terminal and total:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                           console=Console(file=self.stream), auto_refresh=False, transient=False)
+            self.task = self.bar.add_task(title, total=total)
+            self.bar.start()
+        elif total:
+            print(f"{title}: {total} to grade", file=self.stream, flush=True)
+
+    def advance(self, unit: Unit, row: dict) -> None:
+        self.done += 1
+        line = f"{unit.student} lab-{unit.lab} {unit.config}: {row['status']} {row['passed']}/{row['total']}"
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=line)
+            self.bar.refresh()
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        width = len(str(self.total))
+        print(f"[{self.done:>{width}}/{self.total}] {line}  (elapsed {elapsed:.0f} s, eta {eta:.0f} s)",
+              file=self.stream, flush=True)
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+# ----------------------------------------------------------------------------------------
+# The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.
+# ----------------------------------------------------------------------------------------
+
+class _Stop(Exception):
+    pass
+
+
+class Grader:
+    def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
+                 timeout: float, stream=None, terminal: bool | None = None, batch_seconds: float = 3.0):
+        self.out = Path(out)
+        self.labs = {lab.number: lab for lab in labs}
+        self.configs = {c.name: c for c in chosen}
+        self.jobs = max(1, jobs)
+        self.timeout = timeout
+        self.stream = stream or sys.stderr
+        self.terminal = terminal
+        self.batch_seconds = batch_seconds
+        self._calls: dict[int, list[dict]] = {}
+        self._kit = kit_digest()
+        self._labs = {n: lab_digest(lab) for n, lab in self.labs.items()}
+        self.graded = 0  # units graded (not taken from a previous run) in this process
+
+    def calls(self, lab: int) -> list[dict]:
+        if lab not in self._calls:
+            self._calls[lab] = judge.collect_calls(self.labs[lab].test_dirs(hidden=True))
+        return self._calls[lab]
+
+    def key(self, unit: Unit) -> str:
+        return _sha(json.dumps([FORMAT, self._kit, self._labs[unit.lab], config_digest(self.configs[unit.config]),
+                                submission_digest(unit.path), float(self.timeout)]).encode())
+
+    def _judge(self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]],
+               expected: dict) -> list[tuple[Unit, str, dict, float]]:
+        """One pytest session per lab for every finished run of that lab in `batch`."""
+        rows = []
+        by_lab: dict[int, list] = {}
+        for item in batch:
+            by_lab.setdefault(item[0].lab, []).append(item)
+        for number, items in by_lab.items():
+            lab = self.labs[number]
+            specs = [judge.RunSpec(u.label, u.path, self.configs[u.config], store.workdir(u), record=rec)
+                     for u, _, rec, _ in items]
+            judgement = judge.judge(lab.test_dirs(hidden=True), specs, hidden_dirs=[lab.hidden_tests], jobs=1,
+                                    timeout=self.timeout)
+            by_run: dict[str, list[judge.Outcome]] = {}
+            for o in judgement.outcomes:
+                by_run.setdefault(o.run, []).append(o)
+            for unit, key, record, seconds in items:
+                outcomes = by_run.get(unit.label, [])
+                for o in outcomes:
+                    o.message = _clean(o.message, unit, store.root)
+                record.message = _clean(record.message, unit, store.root)
+                for e in record.cell_errors:
+                    e["message"] = _clean(str(e.get("message", "")), unit, store.root)
+                row = make_row(unit.student, unit.lab, unit.config, record, outcomes,
+                               submission_notes(unit.path), expected.get((unit.lab, unit.config), 0))
+                rows.append((unit, key, row, seconds))
+        return rows
+
+    def run(self, units: list[Unit], store: Store, title: str, expected: dict | None = None) -> list[dict]:
+        """Grade `units` (skipping those already graded with the same key); their rows, in the order given."""
+        expected = expected or {}
+        rows: dict[Unit, dict] = {}
+        todo: list[tuple[Unit, str]] = []
+        unchanged = 0
+        for unit in units:
+            if unit.path is None:
+                rows[unit] = make_row(unit.student, unit.lab, unit.config, None, [], [],
+                                      expected.get((unit.lab, unit.config), 0))
+                continue
+            key = self.key(unit)
+            cached = store.row(unit, key)
+            if cached is not None:
+                rows[unit] = cached
+                unchanged += 1
+            else:
+                todo.append((unit, key))
+        if unchanged:
+            print(f"{title}: {unchanged} of {len(units)} unchanged since the last run, not graded again",
+                  file=self.stream, flush=True)
+        progress = Progress(len(todo), title, self.stream, self.terminal)
+        queue: list[tuple[Unit, str, execute.RunRecord, float]] = []
+
+        def finish(done_rows):
+            for unit, key, row, seconds in done_rows:
+                if key:
+                    store.save_row(unit, key, row, seconds)
+                rows[unit] = row
+                self.graded += 1
+                progress.advance(unit, row)
+
+        def start(unit: Unit, key: str) -> execute.RunRecord:
+            if unit.path.is_file() and unit.path.stat().st_size > MAX_BYTES:
+                return execute.RunRecord(unit.config, "error", f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
+                                         f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
+                                         workdir=str(store.workdir(unit)))
+            workdir = store.workdir(unit)
+            return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
+                                        timeout=self.timeout)
+
+        for unit, _ in todo:
+            self.calls(unit.lab)  # collect in this thread, before any run starts
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
+        running: dict[Future, tuple[Unit, str, float]] = {}
+        previous = _install_stop()
+        try:
+            for unit, key in todo:
+                record = store.record(unit, key)
+                if record is not None:
+                    queue.append((unit, key, record, record.seconds))  # ran before the last stop: judge only
+                else:
+                    running[pool.submit(start, unit, key)] = (unit, key, time.monotonic())
+            last_judged = time.monotonic()
+            while running or queue:
+                if running:
+                    done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        unit, key, began = running.pop(fut)
+                        try:
+                            record = fut.result()
+                            store.save_record(unit, key, record)
+                        except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
+                            record = execute.RunRecord(unit.config, "error", f"the kit could not run this notebook "
+                                                       f"({type(e).__name__}: {e}); grade again to retry")
+                            key = ""  # never matches: graded again next time
+                        queue.append((unit, key, record, round(time.monotonic() - began, 2)))
+                progress.tick()
+                due = time.monotonic() - last_judged >= self.batch_seconds or len(queue) >= 4 * self.jobs
+                if queue and (not running or due):
+                    batch, queue = queue, []
+                    finish(self._judge(store, batch, expected))
+                    last_judged = time.monotonic()
+        except BaseException as e:
+            _stop_children()  # the runs still going would otherwise go on writing into OUT
+            pool.shutdown(wait=True, cancel_futures=True)
+            if isinstance(e, _Stop):
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            _restore_stop(previous)
+            progress.close()
+        pool.shutdown(wait=True)
+        return [rows[u] for u in units]
+
+
+def _install_stop():
+    """SIGTERM stops a grading run like Ctrl-C does: the notebooks still running are ended, the rest is kept."""
+    def handler(signum, frame):
+        raise _Stop()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
+def _restore_stop(previous) -> None:
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except ValueError:
+            pass
+
+
+def _stop_children() -> None:
+    """End the runs this process started (and their kernels), so that a stopped grading run leaves nothing behind."""
+    me = os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                execute.kill_tree(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+# ----------------------------------------------------------------------------------------
+# The command.
+# ----------------------------------------------------------------------------------------
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def choose_labs(text: str | None) -> list[catalog.Lab]:
+    if text:
+        try:
+            chosen = [catalog.lab(t.strip()) for t in str(text).split(",") if t.strip()]
+        except catalog.UnknownLab as e:
+            raise GradeError(str(e)) from None
+    else:
+        chosen = catalog.labs()
+    chosen = [lab for lab in dict.fromkeys(chosen)]
+    without = [lab.name for lab in chosen if not lab.reference.exists()]
+    if without:
+        raise GradeError(f"no reference solution for {', '.join(without)}: grading needs reference/lab-N.ipynb")
+    if not chosen:
+        raise GradeError("there are no labs to grade")
+    return chosen
+
+
+def choose_configs(text: str | None) -> list[DeviceConfig]:
+    if text:
+        try:
+            return configs.parse(text)
+        except configs.UnknownConfig as e:
+            raise GradeError(str(e)) from None
+    return [c for c in configs.CONFIGS.values() if c.availability()[0]]
+
+
+def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
+    """Every reference must pass every test on every configuration that ran; else say which test is broken."""
+    broken = []
+    for row in rows:
+        if row["status"] in ("ok", "skipped"):
+            continue
+        lab = labs[row["lab"]]
+        bad = [t for t in row["tests"] if t["status"] not in ("passed", "skipped")]
+        if not bad:
+            broken.append(f"{lab.reference.relative_to(lab.root)} on {row['config']}: {row['status']}: {row['message']}")
+        for t in bad:
+            where = "hidden" if t["hidden"] else "public"
+            broken.append(f"{lab.reference.relative_to(lab.root)} on {row['config']}: {t['test']} "
+                          f"({where}, {t['file']}) {t['status']}: {t['message']}")
+    if broken:
+        raise ReferenceBroken("the reference solution does not pass its own tests, so grading stops here:\n  "
+                              + "\n  ".join(broken))
+
+
+def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceConfig], subs: Submissions,
+               students: list[str]) -> dict:
+    """The plain data the scoreboard is drawn from (nothing in it depends on when or where it ran)."""
+    return {
+        "format": FORMAT,
+        "labs": [{"number": lab.number, "name": lab.name, "title": lab.title} for lab in labs],
+        "configs": [{"name": c.name, "summary": c.summary, "devices": c.devices} for c in chosen],
+        "students": {s: {"notes": subs.notes.get(s, [])} for s in students},
+        "notes": list(subs.class_notes),
+        "rows": rows,
+    }
+
+
+def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None,
+          jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
+          stream=None, terminal: bool | None = None) -> dict:
+    """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
+    from labkit import scoreboard
+
+    stream = stream or sys.stderr
+    submissions, out = Path(submissions), Path(out)
+    if not submissions.is_dir():
+        raise GradeError(f"the submissions folder {submissions} does not exist "
+                         "(expected <student_id>/lab-<N>.ipynb inside it)")
+    if timeout <= 0:
+        raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    part = parse_shard(shard)
+    chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
+    grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, stream=stream,
+                    terminal=terminal)
+
+    # The reference solutions first: they must pass everything, or nothing else is worth grading.
+    ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
+    ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions")
+    check_reference(ref_rows, grader.labs)
+    expected = {(r["lab"], r["config"]): r["total"] for r in ref_rows}
+
+    subs = discover(submissions, [lab.number for lab in catalog.labs()])
+    students = sorted(subs.students)
+    if part:
+        students = [s for s in students if shard_of(s, part[1]) == part[0]]
+    units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
+             for s in students for lab in chosen_labs for c in chosen]
+    rows = grader.run(units, Store(out), f"grading {len(students)} students")
+    results = results_of(rows, chosen_labs, chosen, subs, students)
+    scoreboard.write(results, out)
+    return results
+
+
+# ----------------------------------------------------------------------------------------
+# The student's own view: their last `make lab-N` runs, as results.
+# ----------------------------------------------------------------------------------------
+
+def student_results(build: Path, student: str = "you") -> dict:
+    """Results (as the class scoreboard takes them) from build/lab-N/report.json of `make lab-N`."""
+    build = Path(build)
+    rows, labs, seen = [], [], {}
+    for lab in catalog.labs():
+        path = build / lab.name / "report.json"
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        labs.append(lab)
+        outcomes = [judge.Outcome(**{k: o[k] for k in judge.Outcome.__dataclass_fields__ if k in o})
+                    for o in report.get("outcomes", [])]
+        for label, rec in report.get("runs", {}).items():
+            record = execute.RunRecord.from_json(rec | {"results": {}})
+            config = configs.CONFIGS.get(record.config or label)
+            seen.setdefault(label, config)
+            mine = [o for o in outcomes if o.run == label]
+            rows.append(make_row(student, lab.number, label, record, mine))
+    order = list(configs.CONFIGS)
+    rows.sort(key=lambda r: (r["lab"], order.index(r["config"]) if r["config"] in order else len(order)))
+    names = sorted(seen, key=lambda n: order.index(n) if n in order else len(order))
+    return {
+        "format": FORMAT,
+        "labs": [{"number": lab.number, "name": lab.name, "title": lab.title} for lab in labs],
+        "configs": [{"name": n, "summary": seen[n].summary if seen[n] else "", "devices": seen[n].devices if seen[n]
+                     else None} for n in names],
+        "students": {student: {"notes": []}} if rows else {},
+        "notes": [],
+        "rows": rows,
+    }
