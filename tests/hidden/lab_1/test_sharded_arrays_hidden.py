@@ -1,0 +1,47 @@
+"""Lab 1, hidden tests: shapes the student has not seen, and placements that only look right on one device."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from labkit.checks import call, check, expect_close, expect_replicated, expect_split_across, placed
+
+# The public tests' helpers, loaded by path so that this folder needs no package of its own.
+_spec = importlib.util.spec_from_file_location(
+    "_lab1_public", Path(__file__).resolve().parents[2] / "public" / "lab_1" / "test_sharded_arrays.py")
+_public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_public)
+
+RNG = np.random.default_rng(1)
+TALL = RNG.normal(size=(64, 3)).astype(np.float32)
+SQUARE = RNG.normal(size=(32, 24)).astype(np.float32)
+VECTOR = RNG.normal(size=(40,)).astype(np.float32)
+
+
+@check(got=call("shard_rows", TALL))
+def test_shard_rows_of_a_tall_random_matrix(got, run):
+    expect_close(got, TALL)
+    expect_split_across(got, run.device_count, axis=0, hint=_public.ONE_DEVICE)
+
+
+@check(got=call("replicate", VECTOR))
+def test_replicate_gives_every_device_a_copy_not_only_device_0(got, run):
+    expect_close(got, VECTOR)
+    expect_replicated(
+        got, run.device_count,
+        hint="A mesh over jax.devices()[:1] (or an array never passed to jax.device_put) is replicated on one "
+             "device and lives on device 0 alone when there are eight: build the mesh from jax.devices()")
+
+
+@check(got=call("shard_grid", SQUARE))
+def test_shard_grid_of_a_rectangular_matrix(got, run):
+    expect_close(got, SQUARE)
+    _public.expect_tiles(got, run.device_count, SQUARE.shape)
+
+
+@check(got=call("block_owners", placed(TALL, ("data", None))))
+def test_block_owners_of_a_tall_matrix(got, run):
+    step = TALL.shape[0] // run.device_count
+    _public.expect_owners(got, [[d, d * step, (d + 1) * step] for d in range(run.device_count)],
+                          "Read the rows from shard.index[0].indices(x.shape[0]) of every addressable shard")

@@ -1,0 +1,121 @@
+"""Lab 1, public tests: placing arrays with a Mesh, a PartitionSpec and a NamedSharding, and reading shards."""
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, expect_close, expect_replicated, expect_split_across, placed
+
+M = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+TILES = np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)
+ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """The notebook's grid: (2, n // 2) when n is even, else (1, n)."""
+    return (2, n // 2) if n % 2 == 0 else (1, n)
+
+
+def expect_tiles(got, n: int, shape) -> None:
+    """Each of n devices holds one tile of the grid, all tiles different, each of shape R/a x C/b."""
+    a, b = grid_shape(n)
+    sh = got.sharding
+    if sh is None:
+        raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
+    if sh.mesh != {"rows": a, "cols": b}:
+        raise Mismatch(f"expected a mesh of {a} x {b} devices with axes ('rows', 'cols'), got {sh.describe()}. "
+                       "Arrange jax.devices() with .reshape(grid_shape(jax.device_count()))")
+    want = (shape[0] // a, shape[1] // b)
+    tiles = {tuple(map(tuple, s["index"])) for s in sh.shards}
+    sizes = {tuple(stop - start for start, stop in t) for t in tiles}
+    if len(tiles) != n or sizes != {want}:
+        raise Mismatch(f"expected {n} different tiles of shape {want}, one per device; got {len(tiles)} "
+                       f"different tile(s) of shape(s) {sorted(sizes)} ({sh.describe()}). "
+                       "Cut axis 0 along 'rows' and axis 1 along 'cols': P('rows', 'cols')")
+
+
+def as_rows(got) -> list:
+    """The student's list of [device, start, stop] entries as plain Python lists."""
+    if got.kind == "array":
+        return got.value.tolist()
+    if got.kind not in ("list", "tuple"):
+        raise Mismatch(f"expected a list of [device_id, row_start, row_stop] entries, got a {got.kind}")
+    rows = []
+    for item in got.value:
+        if item.kind == "array":
+            rows.append(item.value.tolist())
+        elif item.kind in ("list", "tuple") and all(v.kind == "int" for v in item.value):
+            rows.append([v.value for v in item.value])
+        else:
+            raise Mismatch(f"each entry must be [device_id, row_start, row_stop] as ints, got {item!r}. "
+                           "A slice of an axis that is not cut has start None: use sl.indices(length)")
+    return rows
+
+
+def expect_owners(got, want: list, hint: str) -> None:
+    rows = as_rows(got)
+    if rows != want:
+        raise Mismatch(f"expected {want}, got {rows}. {hint}")
+
+
+# -- shard_rows ----------------------------------------------------------------------------
+
+@check(got=call("shard_rows", M))
+def test_shard_rows_keeps_the_values(got):
+    expect_close(got, M)
+
+
+@check(got=call("shard_rows", M))
+def test_shard_rows_splits_the_rows_across_every_device(got, run):
+    expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
+
+
+@check(got=call("shard_rows", M))
+def test_shard_rows_uses_a_named_sharding_over_data(got, run):
+    sh = got.sharding
+    if sh is None or sh.type != "NamedSharding" or sh.mesh != {"data": run.device_count} or sh.spec[:1] != ("data",):
+        raise Mismatch(f"expected NamedSharding(mesh={{'data': {run.device_count}}}, spec=P('data', None)), got "
+                       f"{sh.describe() if sh else 'a plain value'}")
+
+
+# -- replicate -----------------------------------------------------------------------------
+
+@check(got=call("replicate", M))
+def test_replicate_keeps_the_values(got):
+    expect_close(got, M)
+
+
+@check(got=call("replicate", M))
+def test_replicate_puts_a_full_copy_on_every_device(got, run):
+    expect_replicated(got, run.device_count, hint="Place it with P(), a spec that cuts no axis, over a mesh of "
+                                                  "every device")
+
+
+# -- shard_grid ----------------------------------------------------------------------------
+
+@check(got=call("shard_grid", TILES))
+def test_shard_grid_keeps_the_values(got):
+    expect_close(got, TILES)
+
+
+@check(got=call("shard_grid", TILES))
+def test_shard_grid_gives_each_device_its_own_tile(got, run):
+    expect_tiles(got, run.device_count, TILES.shape)
+
+
+# -- block_owners --------------------------------------------------------------------------
+
+@check(got=call("block_owners", placed(M, ("data", None))))
+def test_block_owners_of_rows_split_across_the_devices(got, run):
+    n, step = run.device_count, M.shape[0] // run.device_count
+    expect_owners(got, [[d, d * step, (d + 1) * step] for d in range(n)],
+                  "Read each shard's device id and shard.index[0] from x.addressable_shards")
+
+
+@check(got=call("block_owners", placed(M, (None, None))))
+def test_block_owners_of_a_replicated_array(got, run):
+    expect_owners(got, [[d, 0, M.shape[0]] for d in range(run.device_count)],
+                  "A replicated array has one shard per device, each covering every row")
+
+
+@check(got=call("block_owners", M))
+def test_block_owners_of_an_array_on_one_device(got):
+    expect_owners(got, [[0, 0, M.shape[0]]], "A fresh array has a single shard on device 0, covering every row")
