@@ -60,6 +60,49 @@ def _student_notebooks(args) -> int:
     return 0
 
 
+def _grade(args) -> int:
+    from labkit import grade, scoreboard
+
+    try:
+        results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
+                              jobs=args.jobs, timeout=args.timeout, shard=args.shard)
+    except grade.GradeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if not isinstance(e, grade.ReferenceBroken) else 1
+    except KeyboardInterrupt:
+        print(f"stopped: what was graded is kept in {args.out}; the same command grades the rest", file=sys.stderr)
+        return 130
+    Console().print(scoreboard.terminal(results))
+    print(f"scoreboard: {args.out / 'scoreboard.csv'} (and .json, .md, .html; feedback/ for each student)")
+    return 0
+
+
+def _scoreboard(args) -> int:
+    from labkit import grade, scoreboard
+    from labkit.student import BUILD
+
+    if args.action == "merge":
+        try:
+            results = scoreboard.merge([scoreboard.read(d) for d in args.parts])
+        except scoreboard.MergeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        scoreboard.write(results, args.out)
+        Console().print(scoreboard.terminal(results))
+        print(f"merged {len(args.parts)} parts into {args.out / 'scoreboard.csv'}")
+        return 0
+    build = args.build or BUILD
+    results = grade.student_results(build)
+    if not results["rows"]:
+        print(f"no results yet in {build}: run `make lab-N` first", file=sys.stderr)
+        return 1
+    out = args.out or Path(build) / "scoreboard"
+    scoreboard.write(results, out)
+    Console().print(scoreboard.terminal(results))
+    print(f"details: {out / 'scoreboard.html'}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -80,6 +123,28 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--check", action="store_true", help="only check that labs/ is up to date")
     gen.add_argument("--force", action="store_true", help="overwrite notebooks that were edited")
     gen.set_defaults(func=_student_notebooks)
+
+    grd = sub.add_parser("grade", help="grade a class on every device configuration into a scoreboard (TAs)")
+    grd.add_argument("--submissions", type=Path, default=Path("submissions"),
+                     help="folder of <student_id>/lab-<N>.ipynb (default %(default)s)")
+    grd.add_argument("--out", type=Path, default=Path("scoreboard"), help="where results go (default %(default)s)")
+    grd.add_argument("--labs", default=None, help="comma-separated lab numbers (default: every lab)")
+    grd.add_argument("--configs", default=None,
+                     help=f"comma-separated, from: {', '.join(configs.CONFIGS)} (default: every one available here)")
+    grd.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: one per core)")
+    grd.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
+                     help="seconds one notebook may run on one configuration (default %(default)s)")
+    grd.add_argument("--shard", default=None, help="i/N: grade only the i-th of N parts of the class")
+    grd.set_defaults(func=_grade)
+
+    board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")
+    board.add_argument("--build", type=Path, default=None, help="the build folder of `make lab-N` (default build/)")
+    board.add_argument("--out", type=Path, default=None, help="where to write it (default BUILD/scoreboard)")
+    board.set_defaults(func=_scoreboard, action=None)
+    actions = board.add_subparsers(dest="action")
+    merge = actions.add_parser("merge", help="merge the --out folders of sharded grading runs into one scoreboard")
+    merge.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
+    merge.add_argument("--out", type=Path, required=True, help="where the merged scoreboard goes")
     return p
 
 

@@ -602,6 +602,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
                          "(expected <student_id>/lab-<N>.ipynb inside it)")
     if timeout <= 0:
         raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if jobs is not None and jobs < 1:
+        raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, stream=stream,
