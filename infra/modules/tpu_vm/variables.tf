@@ -1,0 +1,135 @@
+variable "project" {
+  description = "Google Cloud project that owns the TPU VMs."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.project))
+    error_message = "project must be a project ID: 6 to 30 lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
+variable "zone" {
+  description = "Zone of the TPU VMs; it must offer the accelerator type (see `gcloud compute tpus accelerator-types list --zone ZONE`)."
+  type        = string
+  default     = "us-central1-a"
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", var.zone))
+    error_message = "zone must look like us-central1-a."
+  }
+}
+
+variable "workshop" {
+  description = "Name of the workshop: prefix of every VM name and the value of the `workshop` label used for cost tracking and cleanup."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,19}$", var.workshop))
+    error_message = "workshop must be 1 to 20 lowercase letters, digits or hyphens, starting with a letter (it becomes part of VM names and a label value)."
+  }
+}
+
+variable "vm_count" {
+  description = "How many TPU VMs (slices) to create: one per student or team."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.vm_count >= 0 && var.vm_count <= 100 && floor(var.vm_count) == var.vm_count
+    error_message = "vm_count must be a whole number from 0 to 100."
+  }
+}
+
+variable "accelerator_type" {
+  description = "TPU type of each VM. The default, v5litepod-8, is 8 TPU v5e chips on one host: `jax.devices()` shows 8 devices, as the cpu-8 configuration does. Types with more chips than one host holds are multi-host slices."
+  type        = string
+  default     = "v5litepod-8"
+
+  validation {
+    condition     = can(regex("^(v2|v3|v4|v5p|v5litepod|v6e)-[0-9]+$", var.accelerator_type))
+    error_message = "accelerator_type must be a Cloud TPU type such as v5litepod-8, v6e-8, v4-8 or v5p-8."
+  }
+}
+
+variable "runtime_version" {
+  description = "TPU VM software version (the image); it must match the TPU generation: v2-alpha-tpuv5-lite for v5e, v2-alpha-tpuv6e for v6e, tpu-ubuntu2204-base for v2 to v4 and v5p."
+  type        = string
+  default     = "v2-alpha-tpuv5-lite"
+
+  validation {
+    condition     = length(var.runtime_version) > 0
+    error_message = "runtime_version must not be empty."
+  }
+}
+
+variable "spot" {
+  description = "Create Spot TPU VMs: much cheaper, but Google Cloud may stop them at any time. Right for a rehearsal; think twice for the session itself."
+  type        = bool
+  default     = false
+}
+
+variable "preemptible" {
+  description = "Create preemptible TPU VMs (the older form of Spot, stopped after at most 24 hours). Use spot or preemptible, not both."
+  type        = bool
+  default     = false
+
+  validation {
+    condition     = !(var.preemptible && var.spot)
+    error_message = "choose either spot or preemptible, not both."
+  }
+}
+
+variable "network" {
+  description = "VPC network the TPU VMs join."
+  type        = string
+  default     = "default"
+
+  validation {
+    condition     = length(var.network) > 0
+    error_message = "network must name a VPC network, e.g. default."
+  }
+}
+
+variable "subnetwork" {
+  description = "Subnetwork in the zone's region; null lets Google Cloud choose the network's subnetwork."
+  type        = string
+  default     = null
+}
+
+variable "external_ips" {
+  description = "Give each VM an external IP address. Students reach the VM through `gcloud compute tpus tpu-vm ssh`, which needs one unless the network has IAP or a NAT and bastion set up."
+  type        = bool
+  default     = true
+}
+
+variable "startup_script" {
+  description = "Text of the startup script run on every worker of every VM at boot (infra/startup.sh)."
+  type        = string
+}
+
+variable "kit_repo" {
+  description = "Git URL the VM clones the kit from; the startup script reads it from the labkit-repo metadata key."
+  type        = string
+
+  validation {
+    condition     = length(var.kit_repo) > 0
+    error_message = "kit_repo must be a git URL."
+  }
+}
+
+variable "kit_ref" {
+  description = "Branch, tag or commit of the kit to install (metadata key labkit-ref)."
+  type        = string
+  default     = "main"
+}
+
+variable "labels" {
+  description = "Extra labels for cost tracking (billing reports group by label), added to workshop, kit and role."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for k, v in var.labels : can(regex("^[a-z][a-z0-9_-]{0,62}$", k)) && can(regex("^[a-z0-9_-]{0,63}$", v))])
+    error_message = "label keys and values must be lowercase letters, digits, underscores or hyphens (keys start with a letter), at most 63 characters."
+  }
+}
