@@ -139,6 +139,38 @@ class LabRun:
     def environment(self) -> dict:
         return self.record.environment
 
+    @property
+    def process_count(self) -> int:
+        """How many JAX processes ran the notebook (2 on cpu-2x4); the values tests read are process 0's."""
+        return int(self.record.environment.get("process_count") or self.config.processes or 1)
+
+    def _per_process(self, c: Call) -> list[dict]:
+        self.value(c)  # raises what a test should see when the run or process 0's call failed
+        processes = getattr(self.record, "processes", None) or []
+        if not processes:
+            return [self.record.results[c.id]]
+        out = []
+        for p in processes:
+            result = p.get("results", {}).get(c.id)
+            if result is None:
+                raise RunProblem(f"no result came back for `{c.function}` from process {p.get('process')}", "error")
+            out.append(result)
+        return out
+
+    def each_process(self, c: Call) -> list[plaindata.Value]:
+        """What `c` returned in every process of the run, process 0 first (one item when there is one process)."""
+        values = []
+        for number, result in enumerate(self._per_process(c)):
+            if "error" in result:
+                err = _call_error(c.function, result["error"])
+                raise type(err)(f"{err} (on process {number})") if isinstance(err, CallFailed) else err
+            values.append(plaindata.decode(result.get("value")))
+        return values
+
+    def printed(self, c: Call) -> list[str]:
+        """What the call printed in each process, process 0 first."""
+        return [str(result.get("stdout", "")) for result in self._per_process(c)]
+
     def value(self, c: Call) -> plaindata.Value:
         """What the student's function returned for `c`, or the right exception when it did not return."""
         rec = self.record
@@ -166,6 +198,27 @@ def _call_error(function: str, err: dict) -> Exception:
         return CallFailed(message)
     at = f" at line {where['line']} of its cell: `{where['code']}`" if where and where.get("code") else ""
     return CallFailed(f"`{function}` raised {kind}{at}: {message}" if message else f"`{function}` raised {kind}{at}")
+
+
+# ----------------------------------------------------------------------------------------
+# A lab that only makes sense in one JAX process.
+# ----------------------------------------------------------------------------------------
+
+SINGLE_PROCESS_MARK = "labkit_single_process"
+
+
+def single_process(reason: str):
+    """Declare tests meaningless across several JAX processes, in a test module::
+
+        pytestmark = single_process("its inputs live in one process; lab 11 builds global arrays")
+
+    On a multi-process configuration (cpu-2x4) those tests are `skipped` with `reason`, and a lab
+    whose tests all say so is not run there at all. The declaration lives with the tests (trusted),
+    never in the notebook a student hands in.
+    """
+    import pytest
+
+    return getattr(pytest.mark, SINGLE_PROCESS_MARK)(reason)
 
 
 # ----------------------------------------------------------------------------------------

@@ -300,7 +300,8 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir))
     for i, (proc, pdir) in enumerate(zip(procs, dirs)):
         payload = _read_payload(pdir / "results.json")
-        record.processes.append({"process": i, "exit": proc.returncode, "environment": payload[0] if payload else {},
+        record.processes.append({"process": i, "exit": proc.returncode, "coordinator": coordinator,
+                                 "environment": payload[0] if payload else {},
                                  "results": payload[1] if payload else {}})
     of = f"of {config.processes}"
     if failed is not None:

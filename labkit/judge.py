@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from labkit import execute
-from labkit.checks import CallFailed, LabRun, Mismatch, NotDone, RunProblem
+from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, NotDone, RunProblem
 from labkit.configs import DeviceConfig
 
 STATUSES = ("passed", "failed", "todo", "error", "timeout", "skipped")
@@ -91,12 +91,18 @@ class _Plugin:
         if "lab_run" in metafunc.fixturenames:
             metafunc.parametrize("lab_run", list(self.runs), indirect=True)
 
+    def pytest_configure(self, config):
+        config.addinivalue_line("markers", f"{SINGLE_PROCESS_MARK}(reason): meaningless across several JAX processes")
+
     @pytest.fixture
     def lab_run(self, request) -> LabRun:
         spec = self.runs[request.param]
         record = self.judgement.records[spec.label]
         if record.status == "skipped":
             pytest.skip(record.message)
+        single = request.node.get_closest_marker(SINGLE_PROCESS_MARK)
+        if single and spec.config.processes > 1:
+            pytest.skip(_single_process_message(single))
         return LabRun(spec.label, spec.config, record)
 
     def pytest_collectreport(self, report):
@@ -110,8 +116,11 @@ class _Plugin:
                 calls[c.id] = c
         encoded = [{"id": cid, **c.encoded()} for cid, c in calls.items()]
         self.calls = encoded
+        self.single_process = single_process_reason(session.items)
 
         def run(spec: RunSpec) -> execute.RunRecord:
+            if self.single_process and spec.config.processes > 1:
+                return execute.RunRecord(spec.config.name, "skipped", self.single_process, workdir=str(spec.workdir))
             if spec.record is not None:
                 return spec.record
             return execute.run_notebook(spec.notebook, spec.config, encoded, spec.workdir, timeout=self.timeout)
@@ -147,6 +156,20 @@ class _Plugin:
                 hidden=any(path.is_relative_to(d) for d in self.hidden_dirs),
                 file=path.name,
             ))
+
+
+def _single_process_message(mark) -> str:
+    reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+    return f"runs in one JAX process only: {reason}" if reason else "runs in one JAX process only"
+
+
+def single_process_reason(items) -> str | None:
+    """Why a lab is not run on multi-process configurations: set when every one of its tests says so."""
+    marks = [item.get_closest_marker(SINGLE_PROCESS_MARK) for item in items
+             if "lab_run" in getattr(item, "fixturenames", ())]
+    if marks and all(marks):
+        return _single_process_message(marks[0])
+    return None
 
 
 def _args(test_dirs: list[Path]) -> list[str]:

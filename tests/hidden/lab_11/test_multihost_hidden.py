@@ -1,0 +1,70 @@
+"""Lab 11, hidden tests: other shapes, and the mistakes that only show across processes."""
+
+import numpy as np
+
+from labkit.checks import AsNumpy, Mismatch, call, check, expect_close, expect_shape, placed
+
+RNG = np.random.default_rng(11)
+DATA = RNG.normal(size=(32, 5)).astype(np.float32)
+TARGETS = (DATA @ RNG.normal(size=5) + 0.1 * RNG.normal(size=32)).astype(np.float32)
+W0 = RNG.normal(size=5).astype(np.float32)
+VECTOR = RNG.normal(size=24).astype(np.float32)
+
+
+def sgd_step(w, x, y, lr=0.1):
+    return w - lr * 2.0 / len(y) * x.T @ (x @ w - y)
+
+
+@check(got=call("process_rows", 32))
+def test_rows_of_a_larger_batch_are_split_between_the_processes(got, run):
+    got_blocks = []
+    for v in run.each_process(call("process_rows", 32)):
+        got_blocks.append(tuple(i.value for i in v.value) if v.kind in ("tuple", "list") else v.value)
+    per = 32 // run.process_count
+    want = [(i * per, (i + 1) * per) for i in range(run.process_count)]
+    if got_blocks != want:
+        raise Mismatch(f"expected the processes to load {want}, got {got_blocks}: each process loads only its own "
+                       "block, picked with jax.process_index()")
+
+
+@check(got=call("load_global_batch", AsNumpy(DATA)))
+def test_each_process_contributes_only_its_rows(got, run):
+    for number, value in enumerate(run.each_process(call("load_global_batch", AsNumpy(DATA)))):
+        expect_shape(value, DATA.shape, hint=f"on process {number}: a batch of {run.process_count} times the rows means "
+                                             "every process passed the whole dataset, not its own rows")
+        expect_close(value, DATA)
+
+
+@check(got=call("load_global_batch", AsNumpy(TARGETS)))
+def test_a_one_dimensional_batch_loads_too(got, run):
+    expect_close(got, TARGETS)
+
+
+@check(got=call("gather_to_every_host", placed(VECTOR, ("data",))))
+def test_gather_reads_shards_that_live_on_other_processes(got, run):
+    for number, value in enumerate(run.each_process(call("gather_to_every_host", placed(VECTOR, ("data",))))):
+        expect_close(value, VECTOR, hint=f"on process {number}: np.asarray(x) or x.addressable_shards only see this "
+                                         "process's shards; multihost_utils.process_allgather(x, tiled=True) sees all")
+
+
+@check(got=call("log_progress", 12, 1 / 3))
+def test_only_process_0_prints(got, run):
+    printed = [t.strip() for t in run.printed(call("log_progress", 12, 1 / 3))]
+    want = ["step 12: loss 0.3333"] + [""] * (run.process_count - 1)
+    if printed != want:
+        raise Mismatch(f"expected the processes to print {want}, they printed {printed}: guard the print with "
+                       "`if jax.process_index() == 0:`")
+
+
+@check(got=call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
+def test_a_step_on_unseen_data_uses_every_row_once(got, run):
+    expect_close(got, sgd_step(W0, DATA, TARGETS), rtol=1e-4, atol=1e-5,
+                 hint="the gradient must average over all rows of every process: when every process loads the same "
+                      "block the step sees only part of the batch")
+
+
+@check(got=call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
+def test_every_process_ends_the_step_with_the_same_weights(got, run):
+    for number, value in enumerate(run.each_process(call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA),
+                                                         AsNumpy(TARGETS)))):
+        expect_close(value, sgd_step(W0, DATA, TARGETS), rtol=1e-4, atol=1e-5, hint=f"on process {number}")
