@@ -1,0 +1,48 @@
+"""Lab 2, hidden tests: inputs the student has not seen, and answers that are only right on one device."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, expect_close, expect_split_across, placed
+
+# The public tests' helpers, loaded by path so that this folder needs no package of its own.
+_spec = importlib.util.spec_from_file_location(
+    "_lab2_public", Path(__file__).resolve().parents[2] / "public" / "lab_2" / "test_automatic_parallelism.py")
+_public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_public)
+
+RNG = np.random.default_rng(2)
+WIDE = RNG.normal(size=(8, 32)).astype(np.float32)
+TALL = RNG.normal(size=(64, 4)).astype(np.float32)
+
+
+@check(got=call("follow_data", placed(TALL, ("data", None))))
+def test_follow_data_on_a_tall_random_matrix(got, run):
+    expect_close(got, 2 * np.sin(TALL) + 1, rtol=1e-5, atol=1e-5)
+    expect_split_across(got, run.device_count, axis=0)
+
+
+@check(got=call("column_sums", WIDE))
+def test_column_sums_of_a_wide_random_matrix(got, run):
+    expect_close(got, WIDE.sum(axis=0), rtol=1e-5, atol=1e-5)
+    _public.expect_partially_replicated(got, run.device_count)
+
+
+@check(got=call("column_sums_split", WIDE))
+def test_column_sums_split_is_not_left_partially_replicated(got, run):
+    expect_close(got, WIDE.sum(axis=0), rtol=1e-5, atol=1e-5)
+    expect_split_across(got, run.device_count, axis=0,
+                        hint=_public.NO_CONSTRAINT + ": two copies of each piece rather than one piece per device. "
+                        "On one device every layout is the same, so only a run on several devices shows it")
+
+
+@check(got=call("collectives_of_sum", placed(TALL, ("data", None))))
+def test_collectives_are_read_from_the_compiled_not_the_lowered_program(got, run):
+    want = _public.collectives(run.device_count)
+    have = [v.value for v in got.value] if got.kind == "list" else None
+    if have != want:
+        raise Mismatch(f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
+                       "An empty list is right on one device but not on eight: "
+                       + _public.LOWERED_NOT_COMPILED)

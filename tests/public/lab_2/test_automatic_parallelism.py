@@ -1,0 +1,101 @@
+"""Lab 2, public tests: jit on sharded inputs, partially replicated sums, sharding constraints, collectives in HLO."""
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, expect_close, expect_split_across, placed
+
+M = np.linspace(-3.0, 3.0, 16 * 8, dtype=np.float32).reshape(16, 8)
+TILES = np.arange(16 * 16, dtype=np.float32).reshape(16, 16) / 16.0
+NO_CONSTRAINT = ("Without jax.lax.with_sharding_constraint(sums, NamedSharding(grid, P(('rows', 'cols')))) "
+                 "inside the jitted function, the column sums stay partially replicated")
+LOWERED_NOT_COMPILED = ("jax.jit(f).lower(x).as_text() is the program before partitioning and has no collectives "
+                        "yet: read jax.jit(f).lower(x).compile().as_text()")
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """The notebook's grid: (2, n // 2) when n is even, else (1, n)."""
+    return (2, n // 2) if n % 2 == 0 else (1, n)
+
+
+def expect_partially_replicated(got, n: int) -> None:
+    """On an a x b grid, column sums come back as b distinct pieces, each held by a devices: all n hold one."""
+    a, b = grid_shape(n)
+    sh = got.sharding
+    if sh is None:
+        raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
+    holders: dict = {}
+    for s in sh.shards:
+        holders.setdefault(tuple(map(tuple, s["index"])), set()).add(s["device"])
+    copies = sorted({len(d) for d in holders.values()})
+    if sh.num_devices != n or len(holders) != b or copies != [a]:
+        raise Mismatch(
+            f"expected the sums on all {n} devices as {b} distinct piece(s), each held by {a} device(s) "
+            f"(cut along 'cols', copied along 'rows'); got {len(holders)} piece(s) held by {copies} device(s) each, "
+            f"on {sh.num_devices} device(s) ({sh.describe()}). Place x on grid_mesh() with P('rows', 'cols') "
+            "before the jitted sum")
+
+
+def collectives(n: int) -> list[str]:
+    """What the compiled total of an array split by rows contains on n devices."""
+    return ["all-reduce"] if n > 1 else []
+
+
+# -- follow_data ---------------------------------------------------------------------------
+
+@check(got=call("follow_data", placed(M, ("data", None))))
+def test_follow_data_computes_two_sin_plus_one(got):
+    expect_close(got, 2 * np.sin(M) + 1, rtol=1e-5, atol=1e-5)
+
+
+@check(got=call("follow_data", placed(M, ("data", None))))
+def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
+    expect_split_across(got, run.device_count, axis=0,
+                        hint="jit on a sharded input computes where the data is: return its result as it is")
+
+
+# -- column_sums ---------------------------------------------------------------------------
+
+@check(got=call("column_sums", TILES))
+def test_column_sums_are_the_sums_of_each_column(got):
+    expect_close(got, TILES.sum(axis=0), rtol=1e-5, atol=1e-4)
+
+
+@check(got=call("column_sums", TILES))
+def test_column_sums_come_back_partially_replicated(got, run):
+    expect_partially_replicated(got, run.device_count)
+
+
+# -- column_sums_split ---------------------------------------------------------------------
+
+@check(got=call("column_sums_split", TILES))
+def test_column_sums_split_are_the_sums_of_each_column(got):
+    expect_close(got, TILES.sum(axis=0), rtol=1e-5, atol=1e-4)
+
+
+@check(got=call("column_sums_split", TILES))
+def test_column_sums_split_one_piece_per_device(got, run):
+    expect_split_across(got, run.device_count, axis=0, hint=NO_CONSTRAINT)
+
+
+# -- collectives_of_sum --------------------------------------------------------------------
+
+@check(got=call("collectives_of_sum", M))
+def test_collectives_of_a_sum_on_one_device(got):
+    if got.kind != "list" or got.value:
+        raise Mismatch(f"expected [] (an array on one device needs no communication), got {got!r}")
+
+
+@check(got=call("collectives_of_sum", placed(M, ("data", None))))
+def test_collectives_of_a_sum_over_rows_split_across_the_devices(got, run):
+    want = collectives(run.device_count)
+    have = [v.value for v in got.value] if got.kind == "list" else None
+    if have != want:
+        raise Mismatch(f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
+                       + ("Partial sums on different devices must be added together. " if want else "")
+                       + LOWERED_NOT_COMPILED)
+
+
+@check(got=call("collectives_of_sum", placed(M, (None, None))))
+def test_collectives_of_a_sum_of_a_replicated_array(got):
+    if got.kind != "list" or got.value:
+        raise Mismatch(f"expected [] (every device already holds every element), got {got!r}")
