@@ -69,6 +69,9 @@ def _grade(args) -> int:
     except grade.GradeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if not isinstance(e, grade.ReferenceBroken) else 1
+    except grade.judge.KitError as e:
+        print(f"error: the kit could not grade: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"stopped: what was graded is kept in {args.out}; the same command grades the rest", file=sys.stderr)
         return 130

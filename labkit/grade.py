@@ -310,8 +310,14 @@ class Progress:
         self.bar = None
         if self.terminal and total:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
 
             self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
@@ -346,10 +352,6 @@ class Progress:
 # ----------------------------------------------------------------------------------------
 # The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.
 # ----------------------------------------------------------------------------------------
-
-class _Stop(Exception):
-    pass
-
 
 class Grader:
     def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
@@ -449,7 +451,7 @@ class Grader:
             self.calls(unit.lab)  # collect in this thread, before any run starts
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
         running: dict[Future, tuple[Unit, str, float]] = {}
-        previous = _install_stop()
+        stop = _StopRequest()
         try:
             for unit, key in todo:
                 record = store.record(unit, key)
@@ -459,6 +461,7 @@ class Grader:
                     running[pool.submit(start, unit, key)] = (unit, key, time.monotonic())
             last_judged = time.monotonic()
             while running or queue:
+                stop.check()
                 if running:
                     done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in done:
@@ -471,42 +474,50 @@ class Grader:
                                                        f"({type(e).__name__}: {e}); grade again to retry")
                             key = ""  # never matches: graded again next time
                         queue.append((unit, key, record, round(time.monotonic() - began, 2)))
+                stop.check()
                 progress.tick()
                 due = time.monotonic() - last_judged >= self.batch_seconds or len(queue) >= 4 * self.jobs
                 if queue and (not running or due):
                     batch, queue = queue, []
                     finish(self._judge(store, batch, expected))
                     last_judged = time.monotonic()
-        except BaseException as e:
+        except BaseException:
             _stop_children()  # the runs still going would otherwise go on writing into OUT
             pool.shutdown(wait=True, cancel_futures=True)
-            if isinstance(e, _Stop):
-                raise KeyboardInterrupt from None
             raise
         finally:
-            _restore_stop(previous)
+            stop.restore()
             progress.close()
         pool.shutdown(wait=True)
         return [rows[u] for u in units]
 
 
-def _install_stop():
-    """SIGTERM stops a grading run like Ctrl-C does: the notebooks still running are ended, the rest is kept."""
-    def handler(signum, frame):
-        raise _Stop()
+class _StopRequest:
+    """Ctrl-C and SIGTERM stop a grading run between two steps, never inside the judge's pytest session.
 
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        return None
+    The handler only notes the request; the main loop sees it within half a second, ends the
+    notebooks still running and raises KeyboardInterrupt. What was kept stays kept.
+    """
 
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[sig] = signal.signal(sig, self._note)
+            except ValueError:  # not the main thread: leave signals alone
+                break
 
-def _restore_stop(previous) -> None:
-    if previous is not None:
-        try:
-            signal.signal(signal.SIGTERM, previous)
-        except ValueError:
-            pass
+    def _note(self, signum, frame):
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _stop_children() -> None:
@@ -621,7 +632,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         students = [s for s in students if shard_of(s, part[1]) == part[0]]
     units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
              for s in students for lab in chosen_labs for c in chosen]
-    rows = grader.run(units, Store(out), f"grading {len(students)} students")
+    rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
     results = results_of(rows, chosen_labs, chosen, subs, students)
     scoreboard.write(results, out)
     return results

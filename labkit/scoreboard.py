@@ -116,7 +116,7 @@ def multi_device_bugs(results: dict, top: int = 10) -> list[dict]:
             entry["messages"][t["message"]] += 1
     found = sorted(hits.values(), key=lambda e: (-len(e["students"]), e["lab"], e["test"], e["config"]))
     return [e | {"students": sorted(e["students"]),
-                 "message": sorted(e["messages"].items(), key=lambda kv: (-kv[1], kv[0]))[0][0]}
+                 "message": min(e["messages"].items(), key=lambda kv: (-kv[1], kv[0]))[0]}
             for e in found[:top]]
 
 
@@ -395,8 +395,12 @@ def write(results: dict, out: Path) -> None:
     write_atomic(out / "scoreboard.json", to_json(results))
     write_atomic(out / "scoreboard.md", to_markdown(results))
     write_atomic(out / "scoreboard.html", to_html(results))
-    for student in _students(results):
-        write_atomic(out / "feedback" / f"{student}.md", feedback(results, student))
+    names = {f"{student.replace('/', '_')}.md": student for student in _students(results)}
+    for name, student in names.items():
+        write_atomic(out / "feedback" / name, feedback(results, student))
+    for old in (out / "feedback").glob("*.md"):
+        if old.name not in names:
+            old.unlink()  # a student of an earlier run in this folder, no longer in these results
 
 
 def read(folder: Path) -> dict:

@@ -1,0 +1,463 @@
+"""`nox -s grade` end to end: a small class graded through the real pipeline, with every bad input of the issue.
+
+One class is graded once (module fixture) and the tests read what it wrote; the tests
+that need another run (regrade, a changed submission, shards, a stopped run) start from a
+copy of its graded units, so that they grade little or nothing again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import execute, grade, judge
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "reference" / "lab-3.ipynb"
+TIMEOUT = "45"  # seconds per notebook: the endless loop of one student ends there
+ARGS = ("--labs", "3", "--configs", "cpu-1,cpu-8", "--jobs", "2", "--timeout", TIMEOUT)
+EVIL = "<img src=x onerror=alert(1)>"
+ONE_DEVICE_MESH = ('Mesh(np.array(jax.devices()), ("data",))\n    double',
+                   'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double')
+
+
+def run_grade(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="160", NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------------------
+# Notebooks for the class, made from the reference.
+# ----------------------------------------------------------------------------------------
+
+def reference_nb() -> dict:
+    return json.loads(REFERENCE.read_text())
+
+
+def with_code(nb: dict, *replacements: tuple[str, str]) -> dict:
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            for old, new in replacements:
+                source = source.replace(old, new)
+            cell["source"] = source
+    return nb
+
+
+def code_cell(source: str) -> dict:
+    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
+
+
+def exercise_index(nb: dict) -> int:
+    return next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
+
+
+def as_nbformat_3(nb: dict) -> dict:
+    cells = [{"cell_type": "code", "input": "".join(c["source"]), "language": "python", "outputs": [],
+              "metadata": {}} if c["cell_type"] == "code" else
+             {"cell_type": "markdown", "source": "".join(c["source"]), "metadata": {}} for c in nb["cells"]]
+    return {"nbformat": 3, "nbformat_minor": 0, "metadata": {"name": "lab-3"},
+            "worksheets": [{"cells": cells, "metadata": {}}]}
+
+
+def write(path: Path, nb: dict | str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(nb, dict):
+        path.write_text(json.dumps(nb))
+    elif isinstance(nb, bytes):
+        path.write_bytes(nb)
+    else:
+        path.write_text(nb)
+
+
+def make_class(folder: Path) -> Path:
+    subs = folder / "submissions"
+    write(subs / "alice" / "lab-3.ipynb", reference_nb())
+    write(subs / "bob" / "lab-3.ipynb", with_code(reference_nb(), ONE_DEVICE_MESH))
+    write(subs / "carol" / "lab-3.ipynb", (ROOT / "labs" / "lab-3.ipynb").read_text())
+    write(subs / "dave" / "README.txt", "I will hand in later")
+    write(subs / "erin" / "lab-3.ipynb", "")
+    write(subs / "erin" / "Lab3.ipynb", reference_nb())
+    write(subs / "frank" / "lab-3.ipynb", '{"cells": [{"cell_type": "code", "source": "x = ')
+    write(subs / "gina" / "lab-3.ipynb", as_nbformat_3(reference_nb()))
+    (subs / "hank" / "lab-3.ipynb").mkdir(parents=True)
+    big = reference_nb()
+    big["cells"][1]["outputs"] = [{"output_type": "display_data", "metadata": {},
+                                   "data": {"text/plain": "x" * 30_000_000}}]
+    write(subs / "ivan" / "lab-3.ipynb", big)
+    nb = reference_nb()
+    del nb["cells"][exercise_index(nb)]
+    write(subs / "judy" / "lab-3.ipynb", nb)
+    nb = reference_nb()
+    at = exercise_index(nb)
+    nb["cells"].insert(at + 1, code_cell("raise RuntimeError('left over after the exercise')"))
+    nb["cells"].insert(at, code_cell("raise KeyError('left over before the exercise')"))
+    write(subs / "kim" / "lab-3.ipynb", nb)
+    nb = reference_nb()
+    nb["cells"].insert(1, code_cell("import time\nimport jax\nif jax.device_count() > 1:\n"
+                                    "    while True:\n        time.sleep(1)"))
+    write(subs / "lena" / "lab-3.ipynb", nb)
+    nb = reference_nb()
+    nb["cells"].insert(1, code_cell("raise RuntimeError(\"<script>document.title='pwned'</script>\")"))
+    write(subs / EVIL / "lab-3.ipynb", nb)
+    write(subs / "notes.txt", "a stray file at the top of the folder")
+    return subs
+
+
+STUDENTS = ["alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan", "judy", "kim", "lena", EVIL]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class, graded once: (submissions, out, the finished process)."""
+    folder = tmp_path_factory.mktemp("class")
+    subs = make_class(folder)
+    out = folder / "out"
+    done = run_grade("grade", "--submissions", str(subs), "--out", str(out), *ARGS)
+    return subs, out, done
+
+
+@pytest.fixture(scope="module")
+def rows(graded) -> dict:
+    _, out, done = graded
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(out / "scoreboard.csv", newline="") as f:
+        return {(r["student"].removeprefix("'"), r["config"]): r for r in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def results(graded) -> dict:
+    return json.loads((graded[1] / "scoreboard.json").read_text())
+
+
+def row_of(results: dict, student: str, config: str) -> dict:
+    return next(r for r in results["rows"] if r["student"] == student and r["config"] == config)
+
+
+def copy_cache(src: Path, dst: Path) -> Path:
+    for part in ("units", "reference"):
+        shutil.copytree(src / part, dst / part)
+    return dst
+
+
+# ----------------------------------------------------------------------------------------
+# The scoreboard's rows: the interface of the issue.
+# ----------------------------------------------------------------------------------------
+
+def test_the_run_completes_with_exit_status_0_whatever_the_students_scored(graded):
+    assert graded[2].returncode == 0, graded[2].stdout + graded[2].stderr
+
+
+def test_the_csv_starts_with_the_fixed_columns_and_has_one_row_per_student_lab_and_configuration(graded, rows):
+    header = (graded[1] / "scoreboard.csv").read_text().splitlines()[0]
+    assert header.startswith("student,lab,config,passed,total,status")
+    assert set(rows) == {(s, c) for s in STUDENTS for c in ("cpu-1", "cpu-8")}
+    assert {r["status"] for r in rows.values()} <= set(grade.ROW_STATUSES)
+
+
+def test_passed_and_total_count_public_and_hidden_tests(rows, results):
+    assert rows["alice", "cpu-1"]["status"] == "ok"
+    assert rows["alice", "cpu-1"]["passed"] == rows["alice", "cpu-1"]["total"] == "6"
+    tests = row_of(results, "alice", "cpu-8")["tests"]
+    assert {t["hidden"] for t in tests} == {True, False} and len(tests) == 6
+
+
+def test_a_one_device_mesh_passes_on_cpu_1_and_fails_on_cpu_8(rows):
+    assert rows["bob", "cpu-1"]["status"] == "ok"
+    assert rows["bob", "cpu-8"]["status"] == "failed"
+    assert "all 8 devices" in rows["bob", "cpu-8"]["message"]
+
+
+def test_an_unmodified_student_notebook_fails_as_not_implemented(rows):
+    assert rows["carol", "cpu-1"]["status"] == "failed"
+    assert rows["carol", "cpu-1"]["passed"] == "0" and "not implemented yet" in rows["carol", "cpu-1"]["message"]
+
+
+def test_a_student_folder_without_notebooks_is_missing_with_a_message(rows, results):
+    assert rows["dave", "cpu-1"]["status"] == "missing"
+    assert rows["dave", "cpu-1"]["total"] == "6"  # the tests the lab has, none passed
+    assert "not handed in" in rows["dave", "cpu-1"]["message"]
+    assert any("no notebook" in n for n in results["students"]["dave"]["notes"])
+
+
+def test_a_misnamed_notebook_is_reported_and_ignored(results):
+    notes = results["students"]["erin"]["notes"]
+    assert any(n.startswith("Lab3.ipynb") and "rename it lab-3.ipynb" in n for n in notes)
+
+
+def test_an_empty_file_is_an_error_with_a_message(rows):
+    assert rows["erin", "cpu-1"]["status"] == "error"
+    assert "empty" in rows["erin", "cpu-1"]["message"]
+
+
+def test_a_file_that_is_not_json_is_an_error_named_relative_to_the_class(rows, graded):
+    message = rows["frank", "cpu-8"]["message"]
+    assert rows["frank", "cpu-8"]["status"] == "error"
+    assert "not valid notebook JSON" in message and "frank/lab-3.ipynb" in message
+    assert str(graded[0]) not in message
+
+
+def test_an_old_nbformat_notebook_is_converted_graded_and_noted(rows, results):
+    assert rows["gina", "cpu-8"]["status"] == "ok"
+    assert any("old nbformat 3" in n for n in row_of(results, "gina", "cpu-8")["notes"])
+
+
+def test_a_folder_named_like_a_notebook_is_an_error(rows):
+    assert rows["hank", "cpu-1"]["status"] == "error"
+    assert "is a folder" in rows["hank", "cpu-1"]["message"]
+
+
+def test_a_notebook_tens_of_megabytes_large_is_graded_with_a_note(rows, results):
+    assert rows["ivan", "cpu-1"]["status"] == "ok"
+    assert any("30 MB" in n for n in row_of(results, "ivan", "cpu-1")["notes"])
+
+
+def test_a_deleted_exercise_cell_fails_its_tests_saying_the_function_is_not_defined(rows):
+    assert rows["judy", "cpu-1"]["status"] == "failed"
+    assert "is not defined" in rows["judy", "cpu-1"]["message"]
+
+
+def test_stray_cells_that_raise_before_and_after_the_exercise_do_not_stop_its_grading(rows, results):
+    assert rows["kim", "cpu-8"]["status"] == "ok"
+    raised = {e["type"] for e in row_of(results, "kim", "cpu-8")["cell_errors"]}
+    assert raised == {"KeyError", "RuntimeError"}
+
+
+def test_a_notebook_that_never_ends_is_a_timeout_on_that_configuration_only(rows):
+    assert rows["lena", "cpu-1"]["status"] == "ok"
+    assert rows["lena", "cpu-8"]["status"] == "timeout"
+    assert f"did not finish within {TIMEOUT} s" in rows["lena", "cpu-8"]["message"]
+
+
+def test_a_stray_file_next_to_the_student_folders_is_noted(results):
+    assert any(n.startswith("notes.txt") for n in results["notes"])
+
+
+def test_the_json_has_every_tests_outcome_and_message(results):
+    bob = row_of(results, "bob", "cpu-8")
+    split = next(t for t in bob["tests"] if t["test"] == "test_result_is_split_across_every_device")
+    assert split["status"] == "failed" and "jax.devices()[:1]" in split["message"]
+
+
+def test_the_summary_names_the_multi_device_bug_most_often_hit(graded):
+    md = (graded[1] / "scoreboard.md").read_text()
+    bugs = md.split("## Multi-device bugs most often hit")[1]
+    assert "result is split across every device" in bugs and "cpu-8" in bugs
+
+
+def test_feedback_gives_public_messages_and_hidden_tests_by_name_and_outcome_only(graded, results):
+    text = (graded[1] / "feedback" / "bob.md").read_text()
+    assert "all 8 devices" in text  # the public test's message
+    hidden = next(t for t in row_of(results, "bob", "cpu-8")["tests"] if t["hidden"] and t["status"] == "failed")
+    assert hidden["test"].removeprefix("test_").replace("_", " ") in text
+    assert hidden["message"] and hidden["message"] not in text
+    assert "Each device should double its own block" not in text
+
+
+def test_every_student_gets_a_feedback_file_even_with_markup_in_the_name(graded):
+    assert sorted(p.stem for p in (graded[1] / "feedback").glob("*.md")) == sorted(STUDENTS)
+
+
+def test_markup_from_a_submission_is_escaped_in_the_html(graded):
+    page = (graded[1] / "scoreboard.html").read_text()
+    assert "<img src=x" not in page and "<script>document" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
+
+
+def test_the_reference_is_graded_first(graded):
+    err = graded[2].stderr
+    assert err.index("reference") < err.index("alice")
+    assert sorted(p.name for p in (graded[1] / "reference" / "units" / "reference" / "lab-3").glob("*.json")) == [
+        "cpu-1.json", "cpu-1.run.json", "cpu-8.json", "cpu-8.run.json"]
+
+
+def test_progress_is_plain_lines_with_an_eta_when_output_is_not_a_terminal(graded):
+    lines = [ln for ln in graded[2].stderr.splitlines() if ln.startswith("[")]
+    assert lines and all("eta" in ln for ln in lines)
+    assert any("bob lab-3 cpu-8: failed" in ln for ln in lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Grading again: unchanged, changed, sharded, stopped half way.
+# ----------------------------------------------------------------------------------------
+
+def test_regrading_an_unchanged_class_grades_nothing_and_writes_the_same_scoreboard(graded, tmp_path):
+    subs, out, _ = graded
+    again = copy_cache(out, tmp_path / "again")
+    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), *ARGS)
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr and "unchanged since the last run" in done.stderr
+    for name in ("scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html"):
+        assert (again / name).read_text() == (out / name).read_text(), name
+
+
+def test_a_changed_submission_is_the_only_one_graded_again(graded, tmp_path):
+    subs, out, _ = graded
+    mine = tmp_path / "submissions"
+    shutil.copytree(subs, mine, symlinks=True)
+    nb = reference_nb()
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": "I added a note."})
+    write(mine / "alice" / "lab-3.ipynb", nb)
+    again = copy_cache(out, tmp_path / "again")
+    done = run_grade("grade", "--submissions", str(mine), "--out", str(again), *ARGS)
+    graded_now = [ln for ln in done.stderr.splitlines() if ln.startswith("[")]
+    assert [ln.split(":")[0].split("] ")[1] for ln in graded_now] == ["alice lab-3 cpu-1", "alice lab-3 cpu-8"]
+
+
+def test_shards_partition_the_class_and_merge_into_the_single_runs_scoreboard(graded, tmp_path):
+    subs, out, _ = graded
+    parts = []
+    for i in (1, 2):
+        part = copy_cache(out, tmp_path / f"part{i}")
+        done = run_grade("grade", "--submissions", str(subs), "--out", str(part), "--shard", f"{i}/2", *ARGS)
+        assert done.returncode == 0 and "to grade" not in done.stderr, done.stderr
+        parts.append(part)
+    students = [set(json.loads((p / "scoreboard.json").read_text())["students"]) for p in parts]
+    assert students[0] and students[1] and not students[0] & students[1]
+    assert students[0] | students[1] == set(STUDENTS)
+    merged = tmp_path / "merged"
+    done = run_grade("scoreboard", "merge", *map(str, parts), "--out", str(merged))
+    assert done.returncode == 0, done.stderr
+    for name in ("scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html"):
+        assert (merged / name).read_text() == (out / name).read_text(), name
+    for student in STUDENTS:
+        name = f"{student}.md"
+        assert (merged / "feedback" / name).read_text() == (out / "feedback" / name).read_text()
+
+
+def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_the_rest(graded, tmp_path):
+    subs = tmp_path / "submissions"
+    for s in ("amy", "ben", "cal"):
+        write(subs / s / "lab-3.ipynb", reference_nb())
+    out = tmp_path / "out"
+    shutil.copytree(graded[1] / "reference", out / "reference")  # the reference is graded already
+    args = ("grade", "--submissions", str(subs), "--out", str(out), "--labs", "3", "--configs", "cpu-1",
+            "--jobs", "1", "--timeout", TIMEOUT)
+    env = dict(os.environ, NO_COLOR="1")
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not list((out / "units").glob("*/lab-3/cpu-1.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "what was graded is kept" in err
+    kept = {p.parts[-3]: p.stat().st_mtime_ns for p in (out / "units").glob("*/lab-3/cpu-1.json")}
+    assert 1 <= len(kept) < 3
+    done = run_grade(*args)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(kept)} of 3 unchanged since the last run" in done.stderr
+    assert {p.parts[-3]: p.stat().st_mtime_ns for p in (out / "units").glob("*/lab-3/cpu-1.json")
+            if p.parts[-3] in kept} == kept
+    with open(out / "scoreboard.csv", newline="") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["ok", "ok", "ok"]
+
+
+# ----------------------------------------------------------------------------------------
+# When the kit itself cannot grade.
+# ----------------------------------------------------------------------------------------
+
+def test_a_reference_failing_its_own_tests_stops_the_run_and_names_the_test(tmp_path):
+    root = tmp_path / "kit"
+    for part in ("tests/public/lab_3", "tests/hidden/lab_3"):
+        shutil.copytree(ROOT / part, root / part)
+    write(root / "reference" / "lab-3.ipynb", with_code(reference_nb(), ("block * 2.0", "block * 3.0")))
+    write(tmp_path / "submissions" / "alice" / "lab-3.ipynb", reference_nb())
+    env = dict(os.environ, LABKIT_ROOT=str(root), NO_COLOR="1")
+    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(tmp_path / "submissions"),
+                           "--out", str(tmp_path / "out"), "--configs", "cpu-1", "--timeout", TIMEOUT],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
+    assert done.returncode == 1
+    assert "reference/lab-3.ipynb on cpu-1: test_doubles_every_element" in done.stderr
+    assert not (tmp_path / "out" / "scoreboard.csv").exists()
+    assert not (tmp_path / "out" / "units").exists()  # no student was graded
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--labs", "99"), "no lab '99'"),
+    (("--configs", "gpu-8"), "gpu-8"),
+    (("--shard", "3/2"), "--shard"),
+    (("--jobs", "0"), "--jobs"),
+], ids=["unknown lab", "unknown configuration", "bad shard", "no jobs"])
+def test_bad_arguments_exit_2_before_grading_anything(tmp_path, args, says):
+    (tmp_path / "submissions").mkdir()
+    done = run_grade("grade", "--submissions", str(tmp_path / "submissions"), "--out", str(tmp_path / "out"), *args)
+    assert done.returncode == 2 and says in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_submissions_folder_that_does_not_exist_exits_2(tmp_path):
+    done = run_grade("grade", "--submissions", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+# ----------------------------------------------------------------------------------------
+# Pieces, without running notebooks.
+# ----------------------------------------------------------------------------------------
+
+def test_a_shard_is_fixed_by_the_student_id_alone():
+    ids = [f"student{i:03d}" for i in range(200)]
+    first = [grade.shard_of(s, 4) for s in ids]
+    assert first == [grade.shard_of(s, 4) for s in reversed(ids)][::-1]
+    assert set(first) == {1, 2, 3, 4}
+    assert all(grade.shard_of(s, 1) == 1 for s in ids)
+
+
+def test_a_run_that_timed_out_or_failed_to_start_maps_to_its_row_status():
+    def outcome(status):
+        return [judge.Outcome("test_x", "f", "s/cpu-1", "cpu-1", status, "m", file="t.py")]
+
+    timeout = execute.RunRecord("cpu-1", "timeout", "the notebook did not finish within 5 s")
+    assert grade.make_row("s", 3, "cpu-1", timeout, outcome("timeout"))["status"] == "timeout"
+    skipped = execute.RunRecord("tpu", "skipped", "no TPU on this machine")
+    row = grade.make_row("s", 3, "tpu", skipped, outcome("skipped"))
+    assert (row["status"], row["total"], row["message"]) == ("skipped", 0, "no TPU on this machine")
+    ok = execute.RunRecord("cpu-1", "ok")
+    assert grade.make_row("s", 3, "cpu-1", ok, outcome("todo"))["status"] == "failed"
+    assert grade.make_row("s", 3, "cpu-1", ok, outcome("passed"))["status"] == "ok"
+
+
+def test_the_key_changes_with_the_submission_the_configuration_and_the_timeout(tmp_path):
+    from labkit import catalog, configs
+
+    a, b = tmp_path / "a.ipynb", tmp_path / "b.ipynb"
+    a.write_text("one")
+    b.write_text("two")
+    grader = grade.Grader(tmp_path, [catalog.lab(3)], configs.parse("cpu-1,cpu-8"), jobs=1, timeout=10)
+    key = grader.key(grade.Unit("s", 3, "cpu-1", a))
+    assert key == grader.key(grade.Unit("someone else", 3, "cpu-1", a))
+    assert key != grader.key(grade.Unit("s", 3, "cpu-1", b))
+    assert key != grader.key(grade.Unit("s", 3, "cpu-8", a))
+    longer = grade.Grader(tmp_path, [catalog.lab(3)], configs.parse("cpu-1,cpu-8"), jobs=1, timeout=20)
+    assert key != longer.key(grade.Unit("s", 3, "cpu-1", a))
+
+
+def test_a_terminal_gets_a_progress_bar_with_an_eta(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    progress = grade.Progress(3, "grading", stream, terminal=True)
+    progress.advance(grade.Unit("alice", 3, "cpu-1", None), {"status": "ok", "passed": 6, "total": 6})
+    progress.close()
+    text = stream.getvalue()
+    assert "1/3" in text and "eta" in text and "alice lab-3 cpu-1: ok 6/6" in text
+
+
+def test_the_calls_grading_makes_are_the_ones_the_labs_tests_declare():
+    from labkit import catalog
+
+    calls = judge.collect_calls(catalog.lab(3).test_dirs(hidden=True))
+    assert calls and all(c["function"] == "shard_map_double" for c in calls)
+    assert len({c["id"] for c in calls}) == len(calls)
