@@ -38,6 +38,15 @@ list: setup ## list the labs
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs
 
+.PHONY: grade scoreboard
+grade: setup ## grade a class: make grade [SUBMISSIONS=submissions] [OUT=scoreboard] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4]
+	@$(PY) -m labkit grade --submissions $(or $(SUBMISSIONS),submissions) --out $(or $(OUT),scoreboard) \
+	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
+	  $(if $(SHARD),--shard $(SHARD)) --timeout $(TIMEOUT)
+
+scoreboard: setup ## your results across labs and configurations, from your last `make lab-N` runs
+	@$(PY) -m labkit scoreboard
+
 student-notebooks: setup ## generate labs/ from reference/ (never overwrites an edited notebook unless FORCE=1)
 	@$(PY) -m labkit student-notebooks $(if $(FORCE),--force)
 
@@ -56,8 +65,9 @@ system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packag
 test: setup system-deps check-student-notebooks ## the kit's own test suite
 	$(PY) -m pytest
 
-bench: setup ## benchmarks: wall time of the student loop against plain python
+bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_lab.py
+	$(PY) benchmarks/bench_grade.py
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf build

@@ -31,6 +31,19 @@ def lab(session: nox.Session) -> None:
 
 
 @nox.session
+def grade(session: nox.Session) -> None:
+    """Grade a class: nox -s grade -- [--submissions DIR] [--out DIR] [--labs 3,5] [--configs ..] [--jobs N]
+    [--timeout S] [--shard i/N]."""
+    _kit(session, "grade", *session.posargs)
+
+
+@nox.session
+def scoreboard(session: nox.Session) -> None:
+    """Your own results across labs (no arguments), or: nox -s scoreboard -- merge DIR... --out DIR."""
+    _kit(session, "scoreboard", *session.posargs)
+
+
+@nox.session
 def student_notebooks(session: nox.Session) -> None:
     """Generate labs/ from reference/: nox -s student_notebooks [-- --check]."""
     _kit(session, "student-notebooks", *session.posargs)
@@ -44,5 +57,6 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: the student loop against plain python, as medians and ratios."""
+    """Benchmarks: the student loop and grading, each against plain python (arguments go to bench_lab.py)."""
     session.run(PY, str(ROOT / "benchmarks" / "bench_lab.py"), *session.posargs, external=True)
+    session.run(PY, str(ROOT / "benchmarks" / "bench_grade.py"), external=True)

@@ -1,0 +1,106 @@
+"""Lab 8, hidden tests: new data, and the mistakes that one device cannot show.
+
+On one device a sum over devices, a mean over devices and device 0's own value are all the
+same number. On eight they are not, and these tests say which of them came back.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, expect_close, expect_replicated
+
+_spec = importlib.util.spec_from_file_location(
+    "lab8_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py")
+public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(public)
+NAMES, leaf, pair, loss_and_grads, train = public.NAMES, public.leaf, public.pair, public.loss_and_grads, public.train
+
+PARAMS = public.make_params(81, d_in=6, d_hidden=24, d_out=3)
+X, Y = public.make_batch(82, batch=64, d_in=6, d_out=3)
+STEPS, LR = 6, 0.03
+
+
+def close(a, b) -> bool:
+    return np.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def slice_of_device_0(n):
+    return X[: len(X) // n], Y[: len(Y) // n]
+
+
+def summed_gradient(n, layer, key):
+    return (f"[{layer!r}][{key!r}] is {n} times the whole batch's gradient: the {n} devices' gradients were "
+            f"summed, not averaged. With check_vma on, jax.grad of parameters passed in with P() comes back "
+            f"already summed over 'data', and a pmean after it changes nothing: give each device its own copy "
+            f"with jax.lax.pcast(state, 'data', to='varying') before jax.grad, then pmean (pmean, not psum)")
+
+
+def local_gradient(n, layer, key):
+    return (f"[{layer!r}][{key!r}] is the gradient of device 0's slice alone (1/{n} of the batch): the devices "
+            f"never averaged. Did you leave out the pmean over 'data'? With check_vma=False, out_specs=P() "
+            f"keeps device 0's value without a word")
+
+
+@check(got=call("global_gradients", PARAMS, X, Y))
+def test_gradient_is_the_mean_over_devices_not_a_sum_or_one_device(got, run):
+    n = run.device_count
+    _, grads = pair(got, "(loss, grads)")
+    want = loss_and_grads(PARAMS, X, Y)[1]
+    local = loss_and_grads(PARAMS, *slice_of_device_0(n))[1]
+    for layer, key in NAMES:
+        arr = np.asarray(leaf(grads, layer, key).value)
+        if arr.shape == want[layer][key].shape and not close(arr, want[layer][key]) and n > 1:
+            if close(arr, n * want[layer][key]):
+                raise Mismatch(summed_gradient(n, layer, key))
+            if close(arr, local[layer][key]):
+                raise Mismatch(local_gradient(n, layer, key))
+        expect_close(leaf(grads, layer, key), want[layer][key], rtol=1e-4, atol=1e-6,
+                     hint=f"(gradient of [{layer!r}][{key!r}] for the whole batch)")
+
+
+@check(got=call("global_gradients", PARAMS, X, Y))
+def test_loss_is_the_mean_over_devices_not_device_0s(got, run):
+    n = run.device_count
+    loss, _ = pair(got, "(loss, grads)")
+    want = loss_and_grads(PARAMS, X, Y)[0]
+    if n > 1 and close(loss.value, loss_and_grads(PARAMS, *slice_of_device_0(n))[0]) and not close(loss.value, want):
+        raise Mismatch(f"the loss is device 0's local loss, {float(loss.value):.6g}, not the whole batch's "
+                       f"{want:.6g}: pmean the loss over 'data' as well as the gradient")
+    expect_close(loss, want, rtol=1e-4, atol=1e-6)
+
+
+@check(got=call("global_gradients", PARAMS, X, Y))
+def test_gradient_is_replicated_on_every_device(got, run):
+    _, grads = pair(got, "(loss, grads)")
+    for layer, key in NAMES:
+        expect_replicated(leaf(grads, layer, key), run.device_count,
+                          hint="every device should end with the same, whole gradient")
+
+
+@check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
+def test_training_follows_the_single_device_loss_curve_on_every_device_count(got, run):
+    n = run.device_count
+    losses, _ = pair(got, "(losses, final_params)")
+    want = train(PARAMS, X, Y, STEPS, LR)[0]
+    arr = np.asarray(losses.value)
+    if n > 1 and arr.shape == want.shape and not close(arr, want):
+        if close(arr, train(PARAMS, X, Y, STEPS, LR, grad_scale=n)[0]):
+            raise Mismatch(f"the first loss is right but the curve then follows steps {n} times too large "
+                           f"(got {np.round(arr, 4).tolist()}, expected {np.round(want, 4).tolist()}): the gradient "
+                           f"was summed over the {n} devices instead of averaged. Without "
+                           f"jax.lax.pcast(state, 'data', to='varying'), jax.grad of replicated parameters is "
+                           f"already a sum and pmean cannot undo it")
+    expect_close(losses, want, rtol=1e-4, atol=1e-6,
+                 hint="the curve should not depend on the number of devices: average local gradients with pmean")
+
+
+@check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
+def test_final_parameters_are_the_same_on_every_device(got, run):
+    _, final = pair(got, "(losses, final_params)")
+    want = train(PARAMS, X, Y, STEPS, LR)[1]
+    for layer, key in NAMES:
+        expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5)
+        expect_replicated(leaf(final, layer, key), run.device_count,
+                          hint="every device's copy should take the same step and stay identical")

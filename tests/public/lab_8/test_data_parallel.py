@@ -1,0 +1,139 @@
+"""Lab 8, public tests: the global batch's gradient from per-device gradients, and data-parallel training.
+
+The expected values are computed here, on one device, in float64 numpy: the loss and gradient of
+the two-layer perceptron on the whole batch, and SGD with momentum 0.9 on the whole batch.
+"""
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, describe, expect_close, expect_replicated, expect_shape, placed
+
+MOMENTUM = 0.9
+NAMES = (("hidden", "kernel"), ("hidden", "bias"), ("out", "kernel"), ("out", "bias"))
+
+
+# ---- the single-device computation the tests compare with --------------------------------
+
+def make_params(seed, d_in=4, d_hidden=16, d_out=2):
+    rng = np.random.default_rng(seed)
+    return {"hidden": {"kernel": (rng.normal(size=(d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32),
+                       "bias": (0.1 * rng.normal(size=d_hidden)).astype(np.float32)},
+            "out": {"kernel": (rng.normal(size=(d_hidden, d_out)) / np.sqrt(d_hidden)).astype(np.float32),
+                    "bias": (0.1 * rng.normal(size=d_out)).astype(np.float32)}}
+
+
+def make_batch(seed, batch=32, d_in=4, d_out=2):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, d_in)).astype(np.float32)
+    y = np.stack([np.sin(x.sum(axis=1)), np.cos(x[:, 0])] + [x[:, 1]] * (d_out - 2), axis=1)[:, :d_out]
+    return x, y.astype(np.float32)
+
+
+def loss_and_grads(params, x, y):
+    """The mse of the batch and its gradient, by hand, in float64."""
+    p = {layer: {k: np.asarray(v, np.float64) for k, v in d.items()} for layer, d in params.items()}
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    h = np.tanh(x @ p["hidden"]["kernel"] + p["hidden"]["bias"])
+    pred = h @ p["out"]["kernel"] + p["out"]["bias"]
+    loss = np.mean((pred - y) ** 2)
+    d_pred = 2.0 * (pred - y) / pred.size
+    d_pre = (d_pred @ p["out"]["kernel"].T) * (1.0 - h ** 2)
+    grads = {"hidden": {"kernel": x.T @ d_pre, "bias": d_pre.sum(axis=0)},
+             "out": {"kernel": h.T @ d_pred, "bias": d_pred.sum(axis=0)}}
+    return loss, grads
+
+
+def train(params, x, y, steps, learning_rate, grad_scale=1.0):
+    """SGD with momentum on the whole batch; grad_scale lets a test ask what a wrong gradient would give."""
+    p = {layer: {k: np.asarray(v, np.float64) for k, v in d.items()} for layer, d in params.items()}
+    trace = {layer: {k: np.zeros_like(v) for k, v in d.items()} for layer, d in p.items()}
+    losses = []
+    for _ in range(steps):
+        loss, g = loss_and_grads(p, x, y)
+        losses.append(loss)
+        for layer, key in NAMES:
+            trace[layer][key] = grad_scale * g[layer][key] + MOMENTUM * trace[layer][key]
+            p[layer][key] = p[layer][key] - learning_rate * trace[layer][key]
+    return np.array(losses), p
+
+
+# ---- reading what came back ---------------------------------------------------------------
+
+def pair(got, what):
+    if got.kind not in ("tuple", "list") or len(got.value) != 2:
+        raise Mismatch(f"expected a pair {what}, got {describe(got)}")
+    return got.value
+
+
+def leaf(got, layer, key):
+    """params[layer][key] of a nested dict that came back."""
+    if got.kind != "dict" or layer not in got.value or got.value[layer].kind != "dict" \
+            or key not in got.value[layer].value:
+        raise Mismatch(f"expected a nested dict with [{layer!r}][{key!r}] like the parameters "
+                       f"(nnx.to_pure_dict gives one), got {describe(got)}")
+    return got.value[layer].value[key]
+
+
+PARAMS = make_params(1)
+X, Y = make_batch(2)
+STEPS, LR = 5, 0.05
+REPLICATED = ("Every device should hold the whole gradient: pmean over 'data' and out_specs=P() with a mesh "
+              "over all of jax.devices()")
+
+
+@check(got=call("global_gradients", PARAMS, X, Y))
+def test_loss_is_the_whole_batch_loss(got):
+    loss, _ = pair(got, "(loss, grads)")
+    expect_close(loss, loss_and_grads(PARAMS, X, Y)[0], rtol=1e-4, atol=1e-6)
+
+
+@check(got=call("global_gradients", PARAMS, X, Y))
+def test_gradient_is_the_whole_batch_gradient(got):
+    _, grads = pair(got, "(loss, grads)")
+    want = loss_and_grads(PARAMS, X, Y)[1]
+    for layer, key in NAMES:
+        expect_close(leaf(grads, layer, key), want[layer][key], rtol=1e-4, atol=1e-6,
+                     hint=f"(gradient of [{layer!r}][{key!r}])")
+
+
+@check(got=call("global_gradients", PARAMS, X, Y))
+def test_every_device_holds_the_whole_gradient(got, run):
+    _, grads = pair(got, "(loss, grads)")
+    for layer, key in NAMES:
+        expect_replicated(leaf(grads, layer, key), run.device_count, hint=REPLICATED)
+
+
+@check(got=call("global_gradients", PARAMS, placed(X, ("data", None)), placed(Y, ("data", None))))
+def test_accepts_a_batch_that_is_already_split(got):
+    _, grads = pair(got, "(loss, grads)")
+    want = loss_and_grads(PARAMS, X, Y)[1]
+    for layer, key in NAMES:
+        expect_close(leaf(grads, layer, key), want[layer][key], rtol=1e-4, atol=1e-6)
+
+
+@check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
+def test_loss_curve_equals_single_device_training(got):
+    losses, _ = pair(got, "(losses, final_params)")
+    expect_shape(losses, (STEPS,), hint="one loss per step, the loss before that step's update")
+    expect_close(losses, train(PARAMS, X, Y, STEPS, LR)[0], rtol=1e-4, atol=1e-6,
+                 hint="losses[i] is the whole batch's loss before step i, with optax.sgd(learning_rate, momentum=0.9)")
+
+
+@check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
+def test_final_parameters_equal_single_device_training(got):
+    _, final = pair(got, "(losses, final_params)")
+    want = train(PARAMS, X, Y, STEPS, LR)[1]
+    for layer, key in NAMES:
+        expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5,
+                     hint=f"(final [{layer!r}][{key!r}])")
+
+
+@check(got=call("train_data_parallel", PARAMS, X, Y, 1, LR))
+def test_one_step_is_one_sgd_update(got):
+    losses, final = pair(got, "(losses, final_params)")
+    expect_shape(losses, (1,), hint="steps=1 gives one loss")
+    loss, grads = loss_and_grads(PARAMS, X, Y)
+    expect_close(losses, [loss], rtol=1e-4, atol=1e-6)
+    for layer, key in NAMES:
+        expect_close(leaf(final, layer, key), PARAMS[layer][key] - LR * grads[layer][key], rtol=1e-4, atol=1e-6,
+                     hint="the first step of SGD with momentum is params - learning_rate * grads")
