@@ -1,0 +1,108 @@
+"""Lab 5, hidden tests: inputs the student has not seen, and the mistakes only several devices reveal.
+
+On one device every collective is the identity, so each of these mistakes passes there: a psum
+left out behind check_vma=False, a local mean or maximum, a ring that turns the wrong way, a
+running total that restarts at every block. On eight devices each gives a value of its own, and
+the message names it.
+"""
+
+import numpy as np
+
+from labkit.checks import call, check, expect_close_naming_mistakes, expect_split_across, placed
+
+RNG = np.random.default_rng(5)
+
+
+def blocks(x, n):
+    return np.split(np.asarray(x, np.float64), n)
+
+
+FORGOT_PSUM = ("On {n} devices that is the sum of device 0's block alone: the per-device sums were never added. "
+               "Call jax.lax.psum(local, 'data'); with check_vma=False, shard_map does not catch a missing psum")
+
+
+PSUM = RNG.normal(1.0, 2.0, size=64).astype(np.float32)
+
+
+@check(got=call("shard_map_psum", PSUM))
+def test_psum_of_a_random_vector_adds_the_blocks_of_every_device(got, run):
+    x = PSUM
+    n = run.device_count
+    expect_close_naming_mistakes(got, x.sum(), {FORGOT_PSUM.format(n=n): blocks(x, n)[0].sum()}, rtol=1e-4)
+
+
+SQUARES = np.linspace(0.0, 9.0, 48, dtype=np.float32) ** 2
+
+
+@check(got=call("shard_map_center", placed(SQUARES, ("data",))))
+def test_center_subtracts_the_global_mean_not_each_blocks_own(got, run):
+    x = SQUARES
+    n = run.device_count
+    local = np.concatenate([b - b.mean() for b in blocks(x, n)])
+    expect_close_naming_mistakes(got, x - x.astype(np.float64).mean(), {
+        f"On {n} devices each block had its own mean subtracted (jnp.mean of the block is a local mean): "
+        "average the block means across devices with jax.lax.pmean(..., 'data')": local,
+    }, rtol=1e-4, atol=1e-3)
+
+
+SOFT = np.concatenate([np.linspace(-2.0, 2.0, 24), np.linspace(5.0, 9.0, 8)]).astype(np.float32)
+
+
+@check(got=call("shard_map_softmax", SOFT))
+def test_softmax_normalises_over_the_whole_vector(got, run):
+    n = run.device_count
+    parts = blocks(SOFT, n)
+    e = np.exp(SOFT.astype(np.float64) - SOFT.max())
+    shifted = [np.exp(b - b.max()) for b in parts]
+    local_max = np.concatenate(shifted) / sum(s.sum() for s in shifted)
+    local_sum = np.concatenate([b / b.sum() for b in np.split(e, n)])
+    expect_close_naming_mistakes(got, e / e.sum(), {
+        f"On {n} devices each block was shifted by its own maximum: use jax.lax.pmax(jnp.max(block), 'data')":
+            local_max,
+        f"On {n} devices each block sums to 1 by itself: the denominator needs jax.lax.psum over 'data'": local_sum,
+    }, atol=1e-6)
+
+
+RING = RNG.integers(-50, 50, size=40).astype(np.float32)
+
+
+@check(got=call("shard_map_ring_shift", RING))
+def test_ring_shift_turns_towards_the_next_device(got, run):
+    n = run.device_count
+    step = len(RING) // n
+    expect_close_naming_mistakes(got, np.roll(RING, step), {
+        f"On {n} devices the blocks went the wrong way round the ring (to device i - 1): ppermute's pairs are "
+        "(source, destination), so write (i, (i + 1) % n)": np.roll(RING, -step),
+    })
+    expect_split_across(got, n, axis=0)
+
+
+WIDE = RNG.integers(0, 5, size=(24, 32)).astype(np.float32)
+
+
+@check(got=call("shard_map_column_sums", placed(WIDE, ("data", None))))
+def test_column_sums_of_a_wide_matrix_are_reduced_and_scattered(got, run):
+    n = run.device_count
+    partial = np.concatenate([b.sum(axis=0) for b in np.split(WIDE, n)])
+    expect_close_naming_mistakes(got, WIDE.sum(axis=0), {
+        f"On {n} devices those are each device's column sums of its own rows, never added together: "
+        "jax.lax.psum_scatter(..., 'data', scatter_dimension=0, tiled=True) adds them and scatters the result":
+            partial,
+        f"On {n} devices that is {n} copies of the column sums: psum with out_specs=P('data') joins every "
+        "device's full copy; psum_scatter leaves each device one slice": np.tile(WIDE.sum(axis=0), n),
+    })
+    expect_split_across(got, n, axis=0, hint="psum_scatter(..., tiled=True) with out_specs=P('data') leaves "
+                                             "each device its own slice of the sums")
+
+
+CUM = RNG.normal(0.5, 1.0, size=56).astype(np.float32)
+
+
+@check(got=call("shard_map_cumsum", CUM))
+def test_cumsum_continues_from_the_blocks_before(got, run):
+    n = run.device_count
+    restart = np.concatenate([np.cumsum(b) for b in blocks(CUM, n)])
+    expect_close_naming_mistakes(got, np.cumsum(CUM.astype(np.float64)), {
+        f"On {n} devices every block's running total starts again from zero: add the totals of the devices "
+        "before yours (jax.lax.all_gather of the block sums, and jax.lax.axis_index('data'))": restart,
+    }, rtol=1e-4, atol=1e-4)

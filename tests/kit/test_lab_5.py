@@ -1,0 +1,48 @@
+"""Lab 5 through the real pipeline: a solution that leaves out every collective's effect is right on
+one device, and on eight the hidden tests name each mistake."""
+
+import json
+
+from labkit import catalog
+
+# (text in the reference, the mistake put in its place)
+MISTAKES = [
+    # shard_map_psum: no psum, its check silenced
+    ('return jax.lax.psum(jnp.sum(block), "data")', "return jnp.sum(block)"),
+    ('in_specs=P("data"), out_specs=P())(x)', 'in_specs=P("data"), out_specs=P(), check_vma=False)(x)'),
+    # shard_map_center: the block's own mean
+    ('block - jax.lax.pmean(jnp.mean(block), "data")', "block - jnp.mean(block)"),
+    # shard_map_softmax: the block's own maximum
+    ('top = jax.lax.pmax(jnp.max(block), "data")', "top = jnp.max(block)"),
+    # shard_map_ring_shift: pairs written (destination, source)
+    ("ring = [(i, (i + 1) % n) for i in range(n)]", "ring = [((i + 1) % n, i) for i in range(n)]"),
+    # shard_map_column_sums: psum where psum_scatter belongs
+    ('jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)',
+     'jax.lax.psum(jnp.sum(rows, axis=0), "data")'),
+    # shard_map_cumsum: no offset from the blocks before
+    ("return jnp.cumsum(block) + before", "return jnp.cumsum(block)"),
+]
+
+NAMED = {
+    "test_psum_of_a_random_vector_adds_the_blocks_of_every_device": "sum of device 0's block alone",
+    "test_center_subtracts_the_global_mean_not_each_blocks_own": "its own mean subtracted",
+    "test_softmax_normalises_over_the_whole_vector": "shifted by its own maximum",
+    "test_ring_shift_turns_towards_the_next_device": "wrong way round the ring",
+    "test_column_sums_of_a_wide_matrix_are_reduced_and_scattered": "8 copies of the column sums",
+    "test_cumsum_continues_from_the_blocks_before": "starts again from zero",
+}
+
+
+def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_report, variant):
+    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
+    assert all(old in reference for old, _ in MISTAKES), "a mistake replaces nothing: the reference changed"
+    buggy = variant(5, *MISTAKES)
+    done = kit("lab", "5", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcomes = lab_report(5)["outcomes"]
+    by_config = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    for test, phrase in NAMED.items():
+        outcome = by_config["cpu-8"][test]
+        assert outcome["hidden"] and outcome["status"] == "failed", outcome
+        assert phrase in outcome["message"], outcome["message"]
