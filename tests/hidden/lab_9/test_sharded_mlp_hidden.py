@@ -1,0 +1,83 @@
+"""Lab 9, hidden tests: new shapes, and the mistakes that one device cannot show.
+
+On one device a bias added before the psum is added once, a psum_scatter's sum is a mean, and
+device 0's partial output is the whole output. On eight none of that holds.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, expect_close, expect_split_across
+
+_spec = importlib.util.spec_from_file_location(
+    "lab9_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_9" / "test_sharded_mlp.py")
+public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(public)
+WEIGHTS, items, mlp, mse_gradients = public.WEIGHTS, public.items, public.mlp, public.mse_gradients
+
+X, Y, W = public.make_case(90, batch=32, d_in=16, d_hidden=64, d_out=8)
+
+
+def close(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("tensor_parallel_mlp", X, *W))
+def test_tensor_parallel_adds_the_output_bias_once_not_once_per_device(got, run):
+    n = run.device_count
+    want = mlp(X, *W)
+    if n > 1 and close(got.value, want + (n - 1) * W[3]):
+        raise Mismatch(f"the output is the MLP's plus {n - 1} extra copies of b2: b2 was added on each of the {n} "
+                       f"devices before the psum, which then summed {n} copies of it. Add b2 once, after "
+                       f"jax.lax.psum(h @ w2, 'model')")
+    expect_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("tensor_parallel_mlp", X, *W))
+def test_tensor_parallel_sums_every_devices_partial_output(got, run):
+    n = run.device_count
+    w1, b1, w2, b2 = (np.asarray(w, np.float64) for w in W)
+    k = w1.shape[1] // n
+    device_0 = np.tanh(X @ w1[:, :k] + b1[:k]) @ w2[:k] + b2
+    if n > 1 and close(got.value, device_0):
+        raise Mismatch(f"the output is device 0's partial output alone, from 1/{n} of the hidden units: the "
+                       f"partial outputs were never added up. Did you leave out jax.lax.psum over 'model'? "
+                       f"check_vma=False lets out_specs=P() keep device 0's value without a word")
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("fsdp_mlp", X, *W))
+def test_fsdp_equals_the_unsplit_mlp_on_a_wider_layer(got, run):
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+    expect_split_across(got, run.device_count, axis=0)
+
+
+@check(got=call("fsdp_gradients", X, Y, *W))
+def test_fsdp_gradient_is_the_mean_of_the_devices_gradients_not_their_sum(got, run):
+    n = run.device_count
+    wants = mse_gradients(X, Y, *W)
+    for name, g, want in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"), wants):
+        if n > 1 and close(g.value, n * want):
+            raise Mismatch(f"the gradient of {name} is {n} times the whole batch's: psum_scatter adds up the {n} "
+                           f"devices' gradients, and the loss is a mean over the batch. Divide by the number of "
+                           f"devices, jax.lax.axis_size('data')")
+        expect_close(g, want, rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")
+
+
+@check(got=call("fsdp_gradients", X, Y, *W))
+def test_fsdp_gradient_combines_every_devices_slice_of_the_batch(got, run):
+    n = run.device_count
+    b = len(X) // n
+    local = [mse_gradients(X[i * b:(i + 1) * b], Y[i * b:(i + 1) * b], *W) for i in range(n)]
+    for j, (name, g) in enumerate(zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"))):
+        rows = len(local[0][j]) // n
+        own_piece_only = np.concatenate([local[i][j][i * rows:(i + 1) * rows] for i in range(n)])
+        if n > 1 and close(g.value, own_piece_only):
+            raise Mismatch(f"each device's piece of the gradient of {name} comes from its own slice of the batch "
+                           f"only: the devices' gradients were cut into pieces but never summed. "
+                           f"jax.lax.psum_scatter(g, 'data', scatter_dimension=0, tiled=True) sums and cuts in one "
+                           f"step")
+        expect_close(g, mse_gradients(X, Y, *W)[j], rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")

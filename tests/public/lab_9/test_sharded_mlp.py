@@ -1,0 +1,94 @@
+"""Lab 9, public tests: the MLP with tensor-parallel and fully sharded weights equals the unsplit MLP.
+
+The expected values are the unsplit MLP and its gradient, computed here in float64 numpy.
+"""
+
+import numpy as np
+
+from labkit.checks import (Mismatch, call, check, describe, expect_close, expect_replicated, expect_split_across,
+                           placed)
+
+WEIGHTS = ("w1", "b1", "w2", "b2")
+
+
+# ---- the unsplit computation the tests compare with ----------------------------------------
+
+def make_case(seed, batch=16, d_in=8, d_hidden=32, d_out=8):
+    rng = np.random.default_rng(seed)
+    f32 = lambda a: np.asarray(a, np.float32)
+    x = f32(rng.normal(size=(batch, d_in)))
+    w1 = f32(rng.normal(size=(d_in, d_hidden)) / np.sqrt(d_in))
+    b1 = f32(0.5 * rng.normal(size=d_hidden))
+    w2 = f32(rng.normal(size=(d_hidden, d_out)) / np.sqrt(d_hidden))
+    b2 = f32(1.0 + rng.normal(size=d_out))  # well away from zero: a bias counted twice shows
+    y = f32(rng.normal(size=(batch, d_out)))
+    return x, y, (w1, b1, w2, b2)
+
+
+def mlp(x, w1, b1, w2, b2):
+    f64 = lambda a: np.asarray(a, np.float64)
+    return np.tanh(f64(x) @ f64(w1) + f64(b1)) @ f64(w2) + f64(b2)
+
+
+def mse_gradients(x, y, w1, b1, w2, b2):
+    """The gradient of mean((mlp(x) - y) ** 2) with respect to (w1, b1, w2, b2), by hand."""
+    x, y, w1, b1, w2, b2 = (np.asarray(a, np.float64) for a in (x, y, w1, b1, w2, b2))
+    h = np.tanh(x @ w1 + b1)
+    d_out = 2.0 * (h @ w2 + b2 - y) / y.size
+    d_pre = (d_out @ w2.T) * (1.0 - h ** 2)
+    return x.T @ d_pre, d_pre.sum(axis=0), h.T @ d_out, d_out.sum(axis=0)
+
+
+def items(got, count, what):
+    if got.kind not in ("tuple", "list") or len(got.value) != count:
+        raise Mismatch(f"expected a tuple {what}, got {describe(got)}")
+    return got.value
+
+
+X, Y, W = make_case(9)
+ON_EVERY_DEVICE = "Build the mesh from all of jax.devices() and return with out_specs=P() after the psum"
+SPLIT = "Build the mesh from all of jax.devices() and keep out_specs=P('data')"
+
+
+@check(got=call("tensor_parallel_mlp", X, *W))
+def test_tensor_parallel_equals_the_unsplit_mlp(got):
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("tensor_parallel_mlp", X, *W))
+def test_tensor_parallel_output_is_whole_on_every_device(got, run):
+    expect_replicated(got, run.device_count, hint=ON_EVERY_DEVICE)
+
+
+@check(got=call("tensor_parallel_mlp", X, placed(W[0], (None, "model"), axes=("model",)),
+                placed(W[1], ("model",), axes=("model",)), placed(W[2], ("model", None), axes=("model",)), W[3]))
+def test_tensor_parallel_accepts_weights_already_split(got):
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("fsdp_mlp", X, *W))
+def test_fsdp_equals_the_unsplit_mlp(got):
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("fsdp_mlp", X, *W))
+def test_fsdp_output_is_split_by_rows_across_every_device(got, run):
+    expect_split_across(got, run.device_count, axis=0, hint=SPLIT)
+
+
+@check(got=call("fsdp_mlp", placed(X, ("data",)), *(placed(w, ("data",)) for w in W)))
+def test_fsdp_accepts_weights_already_in_pieces(got):
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("fsdp_gradients", X, Y, *W))
+def test_fsdp_gradients_equal_the_whole_batch_gradient(got):
+    for name, g, want in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"), mse_gradients(X, Y, *W)):
+        expect_close(g, want, rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")
+
+
+@check(got=call("fsdp_gradients", X, Y, *W))
+def test_each_fsdp_gradient_is_split_like_its_weight(got, run):
+    for name, g in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)")):
+        expect_split_across(g, run.device_count, axis=0,
+                            hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')")
