@@ -11,8 +11,13 @@ the functions returned. It judges nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
+import hashlib
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +28,9 @@ from pathlib import Path
 
 import nbformat
 
+from labkit import sandbox
 from labkit.configs import DeviceConfig
+from labkit.sandbox import DEFAULT_LIMITS, Limits
 
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook on one configuration
 HARNESS_TAG = "labkit-harness"
@@ -31,6 +38,7 @@ SETUP_TAG = "labkit-setup"
 # The first cell of each process of a multi-process run: join the others before the student's cells.
 JOIN_CELL = "import labkit.harness as _labkit_harness\n_labkit_harness.join_distributed()"
 PEER_GRACE = 5.0  # seconds the other processes get to finish once one process of a run has failed
+RESULTS_MAX_BYTES = 256 << 20  # a results file larger than this is not read
 
 
 class BadNotebook(Exception):
@@ -49,6 +57,8 @@ class RunRecord:
     workdir: str = ""
     # A multi-process run: what every process returned (process 0's is also `results` and `environment`).
     processes: list = field(default_factory=list)  # [{"process", "exit", "environment", "results"}]
+    isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
+    limits: dict = field(default_factory=dict)  # the Limits the run had
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -144,14 +154,55 @@ def kill_tree(pid: int) -> None:
                 pass
 
 
-def launch(cmd: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen:
-    """Start one process of a run, in a session of its own, its output into `log`.
+def launch(cmd: list[str], cwd: Path, env: dict[str, str], log, limits: Limits | None = None,
+           key: str | None = None) -> sandbox.Sandboxed:
+    """Start one process of a run, sandboxed and under `limits`, its output into `log` (see `sandbox.launch`).
 
     Every process a run starts goes through here: one for a one-process configuration, one per
-    JAX process for a multi-process one (whose processes must reach each other on localhost).
+    JAX process for a multi-process one (whose processes must reach each other on localhost, so
+    they share the host's network). `key`, the run's private key, reaches the child on its stdin.
     """
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    limits = limits or DEFAULT_LIMITS
+    if env.get("LABKIT_COORDINATOR"):
+        limits = dataclasses.replace(limits, network=True)
+    return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None)
+
+
+def new_key() -> str:
+    """A run's private key: the harness signs its results with it; nothing else in the run can."""
+    return secrets.token_hex(32)
+
+
+class ForgedResults(Exception):
+    """A results file the sealed harness did not write."""
+
+
+def read_results(path: Path, key: str | None) -> tuple[dict, dict]:
+    """(environment, results by call id) from a run's results file, read once, right after the run.
+
+    With a `key`, only a file signed with it is accepted (ForgedResults otherwise): a file
+    written or rewritten by the notebook itself, or by a process it left behind, is refused.
+    Raises OSError, ValueError, KeyError, TypeError or AttributeError when it cannot be read.
+    """
+    path = Path(path)
+    if path.stat().st_size > RESULTS_MAX_BYTES:
+        raise ValueError(f"the results file is larger than {RESULTS_MAX_BYTES >> 20} MiB")
+    outer = json.loads(path.read_text())
+    if key is not None:
+        text, mac = outer.get("payload"), outer.get("mac")
+        if not isinstance(text, str) or not isinstance(mac, str):
+            raise ForgedResults("the results file was not written by the kit's harness")
+        expected = hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, mac):
+            raise ForgedResults("the results file was not written by the kit's harness")
+        payload = json.loads(text)
+    else:
+        payload = json.loads(outer["payload"]) if isinstance(outer.get("payload"), str) else outer
+    return dict(payload.get("environment", {})), {str(r["id"]): r for r in payload.get("results", [])}
+
+
+FORGED = ("the run's results were not written by the kit's harness (a cell or a process it started wrote or "
+          "replaced them): nothing from this run is graded")
 
 
 def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
@@ -176,10 +227,23 @@ def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
     return errors, last_started
 
 
-def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdir: Path,
-                 timeout: float = DEFAULT_TIMEOUT) -> RunRecord:
-    """Run `notebook` on `config` in a child process and return what came back, as plain data."""
+def fresh_workdir(workdir: Path) -> None:
+    """Empty a run's scratch folder: nothing an earlier run left there (a module, a results file) is kept."""
     workdir = Path(workdir)
+    if workdir.is_dir() and any((workdir / name).exists() for name in ("input.ipynb", "run.log", "process-0")):
+        shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+
+def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdir: Path,
+                 timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None) -> RunRecord:
+    """Run `notebook` on `config` in a child process and return what came back, as plain data.
+
+    The child runs sandboxed and under `limits` (see `sandbox`); its results are read once,
+    right after it ended, and only when the run's sealed harness signed them.
+    """
+    workdir = Path(workdir)
+    limits = limits or DEFAULT_LIMITS
     available, reason = config.availability()
     if not available:
         return RunRecord(config.name, "skipped", reason, workdir=str(workdir))
@@ -187,16 +251,18 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
         nb = read_notebook(notebook)
     except BadNotebook as e:
         return RunRecord(config.name, "error", str(e), workdir=str(workdir))
+    fresh_workdir(workdir)
     if config.processes > 1:
-        return _run_processes(nb, config, calls, workdir, timeout)
+        return _run_processes(nb, config, calls, workdir, timeout, limits)
     input_path = prepare(nb, workdir, calls)
     output_path = workdir / "executed.ipynb"
     log_path = workdir / "run.log"
-    cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(output_path), str(timeout)]
+    cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(output_path), str(timeout), str(limits.output)]
+    key = new_key()
     start = time.monotonic()
     with open(log_path, "wb") as log:
         env = config.environment() | {"LABKIT_RUN": config.name}
-        proc = launch(cmd, workdir, env, log)
+        proc = launch(cmd, workdir, env, log, limits, key)
         try:
             proc.wait(timeout=timeout)
             timed_out = False
@@ -207,7 +273,8 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
             proc.wait()
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(output_path)
-    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir))
+    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
+                       isolation=proc.isolation, limits=limits.to_json())
     if timed_out:
         record.status = "timeout"
         where = f" (still running cell {last_started})" if last_started is not None else ""
@@ -219,10 +286,11 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
         record.message = _why_no_results(log_path, proc.returncode)
         return record
     try:
-        payload = json.loads(results_path.read_text())
-        record.environment = dict(payload.get("environment", {}))
-        record.results = {str(r["id"]): r for r in payload.get("results", [])}
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        record.environment, record.results = read_results(results_path, key)
+    except ForgedResults:
+        record.status = "error"
+        record.message = FORGED
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.status = "error"
         record.message = f"the run's results could not be read ({type(e).__name__})"
     return record
@@ -235,12 +303,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _read_payload(path: Path) -> tuple[dict, dict] | None:
-    """(environment, results by call id) from a harness's results.json, or None when unreadable."""
+def _read_payload(path: Path, key: str | None = None) -> tuple[dict, dict] | None:
+    """(environment, results by call id) from a harness's results.json, or None when unreadable or not signed."""
     try:
-        payload = json.loads(path.read_text())
-        return dict(payload.get("environment", {})), {str(r["id"]): r for r in payload.get("results", [])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return read_results(path, key)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ForgedResults):
         return None
 
 
@@ -269,7 +336,7 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float) -> tuple[bool, int 
 
 
 def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[dict], workdir: Path,
-                   timeout: float) -> RunRecord:
+                   timeout: float, limits: Limits | None = None) -> RunRecord:
     """A run of `config.processes` JAX processes, each running the notebook, joined on a free localhost port.
 
     Process i works in `workdir/process-i/`; the run's results are process 0's, and every
@@ -278,15 +345,17 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     coordinator = f"127.0.0.1:{free_port()}"
     dirs = [workdir / f"process-{i}" for i in range(config.processes)]
     procs, logs = [], []
+    limits, key = limits or DEFAULT_LIMITS, new_key()
     start = time.monotonic()
     try:
         for i, pdir in enumerate(dirs):
             input_path = prepare(nb, pdir, calls, first=JOIN_CELL)
-            cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(pdir / "executed.ipynb"), str(timeout)]
+            cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(pdir / "executed.ipynb"), str(timeout),
+                   str(limits.output)]
             env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
                    | config.process_env(i, coordinator))
             logs.append(open(pdir / "run.log", "wb"))
-            procs.append(launch(cmd, pdir, env, logs[-1]))
+            procs.append(launch(cmd, pdir, env, logs[-1], limits, key))
         timed_out, failed = _wait_all(procs, timeout)
     finally:
         for proc in procs:
@@ -297,9 +366,10 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
             log.close()
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
-    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir))
+    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
+                       isolation=procs[0].isolation if procs else "", limits=limits.to_json())
     for i, (proc, pdir) in enumerate(zip(procs, dirs)):
-        payload = _read_payload(pdir / "results.json")
+        payload = _read_payload(pdir / "results.json", key)
         record.processes.append({"process": i, "exit": proc.returncode, "coordinator": coordinator,
                                  "environment": payload[0] if payload else {},
                                  "results": payload[1] if payload else {}})
@@ -337,12 +407,77 @@ def _why_no_results(log_path: Path, returncode: int) -> str:
     return f"the notebook stopped before its functions could be called: {tail}"
 
 
+def _not_dumpable() -> None:
+    """Keep this process's memory (it holds the run's key) from the kernel's eyes: no /proc/PID/mem, no ptrace."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass
+
+
+def _seal_at_kernel_start(key: str, folder: Path) -> None:
+    """Have the kernel seal the harness before any cell runs: an IPython start-up file in a private IPYTHONDIR."""
+    import tempfile
+
+    private = Path(tempfile.mkdtemp(prefix="labkit-"))
+    key_file = private / "key.json"
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": key, "calls": str(folder / "calls.json"), "results": str(folder / "results.json")}, f)
+    startup = private / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-labkit-seal.py").write_text(
+        f"import labkit.harness\nlabkit.harness.seal({str(key_file)!r})\ndel labkit\n")
+    os.environ["IPYTHONDIR"] = str(private / "ipython")
+
+
+def _cap_outputs(limit: int) -> None:
+    """Keep at most `limit` bytes of cell outputs in the executed notebook; a note says where they were cut.
+
+    Errors are always kept (shortened), so that a cell that raised is still reported.
+    """
+    from nbclient.client import NotebookClient
+
+    original = NotebookClient.output
+    state = {"kept": 0, "cut": False}
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        if msg.get("msg_type") == "error":
+            content["traceback"] = list(content.get("traceback", []))[-20:]
+            content["evalue"] = str(content.get("evalue", ""))[:2000]
+            return original(self, outs, msg, display_id, cell_index)
+        size = len(json.dumps(content, default=str))
+        if state["kept"] + size > limit:
+            if not state["cut"]:
+                state["cut"] = True
+                outs.append(nbformat.v4.new_output(
+                    "stream", name="stderr",
+                    text=f"[labkit: output cut here: the run's outputs passed {sandbox.format_size(limit)}]\n"))
+            return None
+        state["kept"] += size
+        return original(self, outs, msg, display_id, cell_index)
+
+    NotebookClient.output = output
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The child process: execute IN into OUT with papermill, letting every cell run even after an error."""
+    """The child process: execute IN into OUT with papermill, letting every cell run even after an error.
+
+    A first line on stdin is the run's key: the kernel then seals the harness with it at start-up.
+    """
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    input_path, output_path, timeout = (argv or sys.argv[1:])[:3]
+    args = (argv or sys.argv[1:])
+    input_path, output_path, timeout = args[:3]
+    _cap_outputs(int(args[3]) if len(args) > 3 else DEFAULT_LIMITS.output)
+    key = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.readline().strip()
+    if key:
+        _not_dumpable()
+        _seal_at_kernel_start(key, Path(input_path).resolve().parent)
     try:
         papermill.execute_notebook(
             input_path, output_path, kernel_name="python3", progress_bar=False, cwd=str(Path(input_path).parent),

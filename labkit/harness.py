@@ -130,8 +130,12 @@ def environment() -> dict:
         return {"error": describe_exception(e)}
 
 
-def call_one(namespace: dict, call: dict) -> dict:
-    """Call one student function as `call` says; the record says what came back or what was raised."""
+def call_one(namespace: dict, call: dict, settle=None) -> dict:
+    """Call one student function as `call` says; the record says what came back or what was raised.
+
+    `settle`, when given, runs after the student's function returns and before its value is
+    encoded (the sealed harness puts back whatever the function patched).
+    """
     name = call["function"]
     record = {"id": call["id"]}
     fn = namespace.get(name)
@@ -148,6 +152,8 @@ def call_one(namespace: dict, call: dict) -> dict:
         kwargs = {k: _materialise(v) for k, v in call.get("kwargs", {}).items()}
         with contextlib.redirect_stdout(printed):
             out = fn(*args, **kwargs)
+        if settle is not None:
+            settle()
         try:
             import jax
 
@@ -162,6 +168,10 @@ def call_one(namespace: dict, call: dict) -> dict:
 
 
 def run(namespace: dict, calls_path: str, results_path: str) -> None:
+    """The harness cell. In a run the kit made, the harness sealed at kernel start does the work."""
+    if _SEALED is not None:
+        _SEALED(namespace)
+        return
     with open(calls_path) as f:
         calls = json.load(f)["calls"]
     results = [call_one(namespace, call) for call in calls]
@@ -169,3 +179,99 @@ def run(namespace: dict, calls_path: str, results_path: str) -> None:
     with open(results_path, "w") as f:
         json.dump(payload, f)
     sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------------------
+# The sealed harness: bound when the kernel starts, before any of the student's cells.
+# ----------------------------------------------------------------------------------------
+
+_SEALED = None
+_MISSING = object()
+# Modules whose attributes the harness relies on: a patch made by the student's cells is undone
+# before every value is encoded. Classes likewise (a property of jax.Array patched to lie).
+_GUARDED_MODULES = ("builtins", "json", "math", "io", "contextlib", "traceback", "hmac", "hashlib", "numpy",
+                    "jax", "jax.numpy", "jax.sharding", "jax._src.array", "jax.experimental.multihost_utils",
+                    "labkit", "labkit.plaindata", "labkit.harness")
+
+
+class _World:
+    """What the harness relies on, as it was when the kernel started; `restore()` puts it back."""
+
+    def __init__(self, modules, classes):
+        self.modules = {name: (sys.modules[name], dict(vars(sys.modules[name]))) for name in modules
+                        if name in sys.modules}
+        self.classes = {}
+        for cls in classes:
+            self.classes[cls] = dict(vars(cls))
+
+    def restore(self) -> None:
+        for name, (module, saved) in self.modules.items():
+            sys.modules[name] = module
+            d = vars(module)
+            for k, v in saved.items():
+                if d.get(k, _MISSING) is not v:
+                    d[k] = v
+        for cls, saved in self.classes.items():
+            now = dict(vars(cls))
+            for k, v in saved.items():
+                if now.get(k, _MISSING) is not v:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(cls, k, v)
+            for k in now.keys() - saved.keys():
+                with contextlib.suppress(AttributeError, TypeError):
+                    delattr(cls, k)
+
+
+def _guarded_classes() -> list:
+    import jax
+    import jax.sharding
+    from jax._src import array
+
+    classes = [array.ArrayImpl, array.Shard, jax.Device]
+    classes += [v for v in vars(jax.sharding).values() if isinstance(v, type)]
+    return list(dict.fromkeys(classes))
+
+
+def seal(key_file: str) -> None:
+    """Kernel start-up, before the student's cells: bind the harness to the run's calls, paths and key.
+
+    `key_file` (JSON: key, calls, results) is read and removed. The sealed harness writes
+    results with an HMAC under the run's key, which only it holds in this kernel: a results
+    file written by anything else (a cell, a process left behind) is refused by the kit.
+    Before encoding each value it puts back every module attribute and class attribute the
+    harness relies on, so patches made by the student's cells cannot change what is reported.
+    """
+    global _SEALED
+    import hashlib
+    import hmac
+
+    import jax  # noqa: F401 - imported now, before the student's cells, so that its classes are the real ones
+    import jax.numpy  # noqa: F401
+    import jax.sharding  # noqa: F401
+    import numpy  # noqa: F401
+    from jax._src import array  # noqa: F401
+    from jax.experimental import multihost_utils  # noqa: F401
+
+    with open(key_file) as f:
+        spec = json.load(f)
+    os.unlink(key_file)
+    key = spec["key"].encode()
+    results_path = spec["results"]
+    with open(spec["calls"]) as f:
+        calls = json.load(f)["calls"]
+    json_dumps, hmac_new, sha256, opener, dump_one = json.dumps, hmac.new, hashlib.sha256, open, call_one
+    environment_of = environment
+
+    def sealed(namespace: dict) -> None:
+        world.restore()
+        results = [dump_one(namespace, call, settle=world.restore) for call in calls]
+        world.restore()
+        payload = {"environment": environment_of(), "results": results}
+        text = json_dumps(payload, sort_keys=True, separators=(",", ":"))
+        mac = hmac_new(key, text.encode(), sha256).hexdigest()
+        with opener(results_path, "w") as f:
+            f.write(json_dumps({"payload": text, "mac": mac}))
+        sys.stdout.flush()
+
+    _SEALED = sealed
+    world = _World(_GUARDED_MODULES, _guarded_classes())

@@ -138,11 +138,12 @@ def encode(value, depth: int = 0) -> dict:
 
 
 def _is_jax_array(value) -> bool:
+    """Only JAX's own array type: an object that subclasses or registers as `jax.Array` is not one."""
     try:
-        import jax
+        from jax._src.array import ArrayImpl
     except Exception:
         return False
-    return isinstance(value, jax.Array)
+    return type(value) is ArrayImpl
 
 
 def _safe_repr(value) -> str:

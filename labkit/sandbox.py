@@ -1,0 +1,447 @@
+"""Isolation and limits for a notebook run: a student's notebook is untrusted code.
+
+`launch(cmd, workdir, env, limits, log=...)` starts one process of a run and returns a
+`Sandboxed` handle (a `subprocess.Popen` look-alike). Every process the kit starts for a
+notebook goes through it, whatever the configuration.
+
+Where bubblewrap (`bwrap`) can make a sandbox, the process and everything it starts run in
+one, with fresh namespaces (no network, its own process ids, no capabilities) and a file
+system made only of what a run needs: the system folders and the kit's Python
+environment read-only, a private `/tmp`, and one writable folder, the run's own `workdir`.
+`reference/`, the hidden tests, other students' submissions and runs, the scoreboard and
+the home folders are simply not there. When the run's first process ends, bubblewrap ends
+every other one (a pid namespace): nothing a notebook starts outlives its run.
+
+Where bubblewrap cannot work (an unprivileged container, a machine without it), the run
+gets the limits and its scratch folder only: `isolation` says "limits-only" and the kit
+warns once. The limits hold in both cases:
+
+* memory: the address space of each process (`RLIMIT_AS`), and the whole run's memory when
+  this process may create a memory cgroup;
+* processes: a pids cgroup when one can be created, else `RLIMIT_NPROC` (which does not bind
+  root: see the README);
+* output: the run's log is cut at `limits.output` bytes (the child process cuts the cells'
+  outputs kept in the executed notebook at the same size);
+* file size (`RLIMIT_FSIZE`) and no core dumps.
+
+`python -m labkit.sandbox SPEC CMD...` is the small first step of every launch: it joins
+the run's cgroups, sets the resource limits, and becomes CMD.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+BUBBLEWRAP = "bubblewrap"
+LIMITS_ONLY = "limits-only"
+
+# The variables a run's environment keeps from the caller's; everything else (tokens, keys,
+# the TA's own settings) stays out of the student's process.
+_KEEP_VARIABLES = ("PATH", "LANG", "LANGUAGE", "LC_", "TZ", "TERM", "NO_COLOR", "COLUMNS", "JAX_", "XLA_", "TPU_",
+                   "LIBTPU", "LABKIT_", "OMP_", "MKL_", "OPENBLAS_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED",
+                   "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "JUPYTER_PLATFORM_DIRS")
+# System folders a run sees read-only (when they exist).
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one notebook run may use. Each has a default and a flag of `python -m labkit lab`."""
+
+    memory: int = 4 * GiB  # bytes: each process's address space, and the whole run's where cgroups allow
+    processes: int = 256  # processes and threads the run may have at once
+    output: int = 10 * MiB  # bytes of output kept: in the executed notebook, and in the run's log
+    file_size: int = 1 * GiB  # the largest file a run may write
+    network: bool = False  # True only where a run's processes must reach each other (see README)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from '4G', '512M', '1.5GiB', '64k' or a plain number of bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (write e.g. 4G, 512M or a number of bytes)")
+    scale = {"": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}[m.group(2).lower()]
+    value = int(float(m.group(1)) * scale)
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return value
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
+# ----------------------------------------------------------------------------------------
+# Can bubblewrap make a sandbox here?
+# ----------------------------------------------------------------------------------------
+
+def _namespace_args(network: bool) -> list[str]:
+    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    return args + (["--share-net"] if network else [])
+
+
+@functools.lru_cache(maxsize=None)
+def bubblewrap() -> tuple[str | None, str]:
+    """(the bwrap program, "") when it can make the kit's sandbox here, else (None, why not)."""
+    wanted = os.environ.get("LABKIT_SANDBOX", "auto").strip().lower()
+    if wanted in ("none", "off", "limits-only", "0", "no"):
+        return None, f"LABKIT_SANDBOX={wanted} asks for resource limits only"
+    program = shutil.which("bwrap")
+    if not program:
+        return None, "bubblewrap (bwrap) is not installed (`make system-deps` installs it)"
+    probe = [program, *_namespace_args(False), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"bwrap could not be started ({type(e).__name__})"
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]
+        return None, f"bwrap cannot make a sandbox here ({first[:200]}), e.g. in an unprivileged container"
+    return program, ""
+
+
+_warned = False
+_warn_lock = threading.Lock()
+
+
+def isolation() -> tuple[str, str]:
+    """(BUBBLEWRAP or LIMITS_ONLY, why not bubblewrap); warns once, on stderr, when it is the weaker one."""
+    global _warned
+    program, reason = bubblewrap()
+    if program:
+        return BUBBLEWRAP, ""
+    with _warn_lock:
+        if not _warned:
+            _warned = True
+            print(f"labkit: warning: notebooks run with resource limits only, not in a sandbox: {reason}. "
+                  "A notebook can then read what this user can read and use the network; see the README, "
+                  "'Isolation and limits'.", file=sys.stderr, flush=True)
+    return LIMITS_ONLY, reason
+
+
+# ----------------------------------------------------------------------------------------
+# What a sandboxed run sees.
+# ----------------------------------------------------------------------------------------
+
+def _kit_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _visible(extra: tuple[str | Path, ...] = ()) -> list[str]:
+    """Folders a run reads: the interpreter, its environment, the kit's package; never the kit's repository."""
+    root, package = _kit_root(), Path(__file__).resolve().parent
+    found = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    found.add(Path(sys.executable).resolve().parent.parent)
+    for entry in sys.path:
+        if not entry:
+            continue
+        p = Path(entry).resolve()
+        if not p.is_dir():
+            continue
+        if p == root or root.is_relative_to(p):
+            found.add(package)  # an editable install: only labkit/, not reference/ or tests/hidden/ beside it
+        else:
+            found.add(p)
+    found.update(Path(p).resolve() for p in extra)
+    keep = sorted(str(p) for p in found if p.exists() and str(p) != "/")
+    # a folder inside another one already bound needs no bind of its own
+    return [p for i, p in enumerate(keep) if not any(p.startswith(q.rstrip("/") + "/") for q in keep[:i])]
+
+
+def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
+                  extra_ro: tuple[str | Path, ...] = ()) -> list[str]:
+    args = [program, *_namespace_args(limits.network)]
+    for p in _SYSTEM:
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            args += ["--ro-bind", p, p]
+    args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    for p in _visible(extra_ro):
+        if not any(p == s or p.startswith(s + "/") for s in _SYSTEM):
+            args += ["--ro-bind", p, p]
+    work = str(Path(workdir).resolve())
+    args += ["--bind", work, work, "--chdir", work, "--hostname", "labkit", "--"]
+    return args + list(cmd)
+
+
+def run_environment(env: dict[str, str], workdir: Path, sandboxed: bool) -> dict[str, str]:
+    """The environment a run gets: the caller's device and locale settings, nothing private, a home of its own."""
+    kept = {k: v for k, v in env.items() if k.startswith(_KEEP_VARIABLES)}
+    home = "/tmp/home" if sandboxed else str(Path(workdir).resolve() / ".home")
+    if not sandboxed:
+        Path(home).mkdir(parents=True, exist_ok=True)
+    return kept | {"HOME": home, "TMPDIR": "/tmp" if sandboxed else home, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+                   "MPLCONFIGDIR": f"{home}/.matplotlib", "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter-runtime"}
+
+
+# ----------------------------------------------------------------------------------------
+# cgroups: a hard limit on processes and on the run's memory, where this process may make them.
+# ----------------------------------------------------------------------------------------
+
+def _own_cgroup(controller: str) -> str | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                return path
+    except OSError:
+        pass
+    return None
+
+
+def make_cgroups(limits: Limits) -> list[Path]:
+    """New v1 cgroups (pids, memory) for one run, when they can be made here; [] otherwise."""
+    if os.geteuid() != 0 or os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+        return []
+    made = []
+    name = f"labkit-{uuid.uuid4().hex[:12]}"
+    for controller, settings in (("pids", {"pids.max": limits.processes}),
+                                 ("memory", {"memory.limit_in_bytes": limits.memory})):
+        own = _own_cgroup(controller)
+        base = Path("/sys/fs/cgroup") / controller
+        if own is None or not (base / "cgroup.procs").exists():
+            continue
+        group = base / own.lstrip("/") / name
+        try:
+            group.mkdir()
+            for key, value in settings.items():
+                (group / key).write_text(str(value))
+            made.append(group)
+        except OSError:
+            remove_cgroup(group)
+    return made
+
+
+def remove_cgroup(group: Path) -> None:
+    """End every process left in `group`, then remove it."""
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            break
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    try:
+        group.rmdir()
+    except OSError:
+        pass
+
+
+def _session_members(sid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and int(stat.parent.name) != sid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _user_tasks() -> int:
+    """Processes and threads this user has now (RLIMIT_NPROC counts them all)."""
+    uid, count = os.getuid(), 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+            if int(text.split("Uid:")[1].split()[0]) == uid:
+                count += int(text.split("Threads:")[1].split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+# ----------------------------------------------------------------------------------------
+# Launching.
+# ----------------------------------------------------------------------------------------
+
+class _Drain(threading.Thread):
+    """Copies a run's output into its log, up to `cap` bytes; the rest is read and thrown away."""
+
+    def __init__(self, pipe, log, cap: int):
+        super().__init__(daemon=True)
+        self.pipe, self.log, self.cap, self.kept, self.seen = pipe, log, cap, 0, 0
+
+    def run(self):
+        try:
+            while True:
+                chunk = self.pipe.read1(1 << 16) if hasattr(self.pipe, "read1") else self.pipe.read(1 << 16)
+                if not chunk:
+                    break
+                self.seen += len(chunk)
+                if self.kept < self.cap:
+                    part = chunk[: self.cap - self.kept]
+                    self.kept += len(part)
+                    self.log.write(part)
+                    if self.kept >= self.cap:
+                        self.log.write(f"\n[labkit: the run's log was cut at {format_size(self.cap)}]\n".encode())
+                    self.log.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                self.pipe.close()
+            except OSError:
+                pass
+
+
+class Sandboxed:
+    """A launched process, used like `subprocess.Popen`: `pid`, `poll()`, `wait(timeout)`, `returncode`.
+
+    Once its first process has ended, `wait()` also ends whatever else of the run is left
+    (its session, its cgroups) and finishes copying its output to the log.
+    """
+
+    def __init__(self, popen: subprocess.Popen, isolation: str, reason: str, cgroups: list[Path],
+                 drain: _Drain | None, limits: Limits):
+        self.popen, self.isolation, self.reason, self.cgroups, self.drain = popen, isolation, reason, cgroups, drain
+        self.limits = limits
+        self.pid = popen.pid
+        self._finished = False
+
+    @property
+    def returncode(self):
+        return self.popen.returncode
+
+    @property
+    def output_cut(self) -> bool:
+        return bool(self.drain and self.drain.seen > self.drain.cap)
+
+    def poll(self):
+        code = self.popen.poll()
+        if code is not None:
+            self._finish()
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.popen.wait(timeout=timeout)
+        self._finish()
+        return code
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.popen.kill()
+        except OSError:
+            pass
+        self._end_rest()
+
+    def _end_rest(self) -> None:
+        for pid in _session_members(self.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for group in self.cgroups:
+            remove_cgroup(group)
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._end_rest()
+        if self.drain is not None:
+            self.drain.join(timeout=10)
+
+    def describe(self) -> dict:
+        """What the run record keeps about this launch."""
+        return {"isolation": self.isolation, "reason": self.reason, "cgroups": [g.parent.parent.name
+                                                                                 for g in self.cgroups]}
+
+
+def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
+           stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = ()) -> Sandboxed:
+    """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
+
+    `env` is the run's intended environment (the configuration's); it is reduced to what a run
+    needs (`run_environment`). `stdin`, when given, is written to the process's standard input,
+    which is then closed (how a run's private key reaches it without touching the disk).
+    `extra_ro` names more folders the run may read.
+    """
+    limits = limits or DEFAULT_LIMITS
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    kind, reason = isolation()
+    program = bubblewrap()[0]
+    run_env = run_environment(env, workdir, sandboxed=kind == BUBBLEWRAP)
+    cmd = list(cmd)
+    if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
+        cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's
+    inner = bwrap_command(program, cmd, workdir, limits, extra_ro) if kind == BUBBLEWRAP else cmd
+    cgroups = make_cgroups(limits)
+    rlimits = {"AS": limits.memory, "FSIZE": limits.file_size, "CORE": 0}
+    if not cgroups and os.geteuid() != 0:
+        rlimits["NPROC"] = _user_tasks() + limits.processes
+    spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]})
+    # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
+    full = [sys.executable, "-P", "-m", "labkit.sandbox", spec, *inner]
+    popen = subprocess.Popen(full, cwd=workdir, env=run_env,
+                             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    drain = _Drain(popen.stdout, log, limits.output)
+    drain.start()
+    if stdin is not None:
+        try:
+            popen.stdin.write(stdin)
+            popen.stdin.close()
+        except OSError:
+            pass
+    return Sandboxed(popen, kind, reason, cgroups, drain, limits)
+
+
+def _exec(argv: list[str]) -> int:
+    """The first step of every launch: join the cgroups, set the limits, become the command."""
+    import resource
+
+    spec, cmd = json.loads(argv[0]), argv[1:]
+    for procs in spec.get("cgroups", []):
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    for name, value in spec.get("rlimits", {}).items():
+        which = getattr(resource, f"RLIMIT_{name}")
+        soft, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+    os.execvp(cmd[0], cmd)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(_exec(sys.argv[1:]))
