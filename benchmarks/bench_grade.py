@@ -1,0 +1,158 @@
+"""Benchmark: grading a synthetic class against the same code run as plain python scripts.
+
+The class: `--students` students (default 20), each handing in every lab from 3 to 6 that
+exists with a reference solution, made in turn of the reference, the unmodified student
+notebook, and a buggy version (the reference with its meshes built over `jax.devices()[:1]`);
+each notebook gets a markdown cell with the student's id, so no two are the same file.
+
+It measures, on `cpu-1` and `cpu-8`, with `--jobs` (default: the cores) at a time:
+
+* first: `python -m labkit grade` on the class into an empty folder (the reference solutions
+  graded first, then every unit: papermill, a kernel per run, the judge with hidden tests);
+* baseline: the same notebooks (students' and references) as plain python scripts, each cell
+  run in turn (a cell that raises does not stop the script, as in a graded run), then the
+  exercises called on the tests' inputs, `--jobs` at a time, each in its configuration's
+  environment;
+* regrade: the same `grade` command again, on the unchanged class.
+
+It prints seconds per graded unit, the ratio first / baseline (target: at most 1.5x), and
+regrade / first (target: under 5%).
+
+Usage: python benchmarks/bench_grade.py [--students 20] [--labs 3,4,5,6] [--jobs N] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labkit import catalog, configs, grade, judge  # noqa: E402
+
+CONFIGS = ("cpu-1", "cpu-8")
+KINDS = ("reference", "student", "buggy")
+
+
+def labs_to_grade(wanted: str | None) -> list[catalog.Lab]:
+    numbers = [int(n) for n in wanted.split(",")] if wanted else list(range(3, 7))
+    have = {lab.number: lab for lab in catalog.labs()}
+    return [have[n] for n in numbers if n in have and have[n].reference.exists() and have[n].public_tests.is_dir()]
+
+
+def notebook_of(lab: catalog.Lab, kind: str, student: str) -> dict:
+    source = lab.student if kind == "student" else lab.reference
+    nb = json.loads(source.read_text())
+    if kind == "buggy":
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                cell["source"] = "".join(cell["source"]).replace("jax.devices()", "jax.devices()[:1]")
+    nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": f"Handed in by {student}."})
+    return nb
+
+
+def make_class(folder: Path, labs: list[catalog.Lab], students: int) -> dict[str, dict[int, str]]:
+    kinds = {}
+    for i in range(students):
+        sid = f"s{i:03d}"
+        for j, lab in enumerate(labs):
+            kind = KINDS[(i + j) % len(KINDS)]
+            path = folder / sid / f"{lab.name}.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(notebook_of(lab, kind, sid)))
+            kinds.setdefault(sid, {})[lab.number] = kind
+    return kinds
+
+
+def script_of(notebook: Path, calls: list[dict], folder: Path) -> Path:
+    """The notebook's code cells as one python script: each cell in turn, errors printed, then the harness."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    calls_path, results_path = folder / "calls.json", folder / "results.json"
+    calls_path.write_text(json.dumps({"calls": calls}))
+    lines = ["import traceback as _tb", "_cells = " + repr(["".join(c["source"]) for c in cells]),
+             "for _i, _src in enumerate(_cells):",
+             "    try:",
+             "        exec(compile(_src, f'<cell {_i}>', 'exec'), globals())",
+             "    except Exception:",
+             "        _tb.print_exc()",
+             "import labkit.harness as _h",
+             f"_h.run(globals(), {str(calls_path)!r}, {str(results_path)!r})"]
+    script = folder / "run.py"
+    script.write_text("\n".join(lines) + "\n")
+    return script
+
+
+def baseline(units: list[tuple[Path, catalog.Lab, str]], jobs: int, folder: Path) -> float:
+    calls = {lab.number: judge.collect_calls(lab.test_dirs(hidden=True)) for _, lab, _ in units}
+    scripts = []
+    for i, (notebook, lab, config) in enumerate(units):
+        work = folder / f"u{i:04d}"
+        work.mkdir(parents=True)
+        scripts.append((script_of(notebook, calls[lab.number], work), config, work))
+
+    def run(item):
+        script, config, work = item
+        env = configs.CONFIGS[config].environment() | {"LABKIT_RUN": config}
+        subprocess.run([sys.executable, str(script)], cwd=work, env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(run, scripts))
+    return time.perf_counter() - start
+
+
+def timed_grade(subs: Path, out: Path, labs: list[catalog.Lab], jobs: int) -> float:
+    cmd = [sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
+           "--labs", ",".join(str(lab.number) for lab in labs), "--configs", ",".join(CONFIGS), "--jobs", str(jobs)]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"grading failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--students", type=int, default=20)
+    ap.add_argument("--labs", default=None, help="comma-separated (default: those of 3, 4, 5, 6 that exist)")
+    ap.add_argument("--jobs", type=int, default=grade.default_jobs())
+    ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
+    args = ap.parse_args()
+    labs = labs_to_grade(args.labs)
+    if not labs:
+        raise SystemExit("no lab to grade among the ones asked for")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        subs, out = work / "submissions", work / "scoreboard"
+        kinds = make_class(subs, labs, args.students)
+        units = [(lab.reference, lab, c) for lab in labs for c in CONFIGS]  # the sanity pass
+        units += [(subs / s / f"{lab.name}.ipynb", lab, c) for s in sorted(kinds) for lab in labs for c in CONFIGS]
+        # Warm the file cache (python, jax, the kit) once; not counted.
+        subprocess.run([sys.executable, "-c", "import jax, papermill, labkit.judge"], check=True)
+        first = timed_grade(subs, out, labs, args.jobs)
+        plain = baseline(units, args.jobs, work / "plain")
+        again = timed_grade(subs, out, labs, args.jobs)
+    n = len(units)
+    print(f"class: {args.students} students x labs {', '.join(str(lab.number) for lab in labs)} x "
+          f"{', '.join(CONFIGS)} = {n - len(labs) * len(CONFIGS)} units, plus {len(labs) * len(CONFIGS)} for the "
+          f"reference solutions; {args.jobs} jobs on {os.cpu_count()} cores")
+    print(f"  grade, first run:   {first:8.1f} s  ({first / n:.2f} s per unit)")
+    print(f"  plain python:       {plain:8.1f} s  ({plain / n:.2f} s per unit)")
+    print(f"  ratio grade / plain python: {first / plain:.2f}x   (target: at most 1.5x)")
+    print(f"  regrade, unchanged: {again:8.1f} s  = {100 * again / first:.1f}% of the first run   (target: under 5%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
