@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from labkit import authoring, catalog, configs, execute
+from labkit import authoring, catalog, configs, execute, sandbox
 
 
 def _lab(args) -> int:
@@ -16,7 +16,7 @@ def _lab(args) -> int:
 
     try:
         ok = run_lab(args.lab, notebook=args.notebook, config_names=args.configs, timeout=args.timeout,
-                     hidden=args.hidden)
+                     hidden=args.hidden, limits=sandbox.limits_from_args(args))
     except (catalog.UnknownLab, configs.UnknownConfig) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -106,6 +106,21 @@ def _scoreboard(args) -> int:
     return 0
 
 
+def _release(args) -> int:
+    """Build the student release: a folder and a .tar.gz with no reference solution and no hidden test."""
+    from labkit import release
+    from labkit.student import BUILD
+
+    out = args.out or BUILD / "student-release"
+    try:
+        archive = release.build(out)
+    except release.ReleaseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}/ and {archive}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -117,6 +132,7 @@ def parser() -> argparse.ArgumentParser:
     lab.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
                      help="seconds one notebook may run on one configuration (default %(default)s)")
     lab.add_argument("--hidden", action="store_true", help="also run the hidden tests (course staff)")
+    sandbox.add_arguments(lab)
     lab.set_defaults(func=_lab)
 
     sub.add_parser("list", help="the labs").set_defaults(func=_list)
@@ -148,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
     merge = actions.add_parser("merge", help="merge the --out folders of sharded grading runs into one scoreboard")
     merge.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
     merge.add_argument("--out", type=Path, required=True, help="where the merged scoreboard goes")
+
+    rel = sub.add_parser("release", help="build the student release (no solutions, no hidden tests)")
+    rel.add_argument("--out", type=Path, default=None,
+                     help="the release folder; OUT.tar.gz is written next to it (default build/student-release)")
+    rel.set_defaults(func=_release)
     return p
 
 

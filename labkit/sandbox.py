@@ -64,7 +64,7 @@ class Limits:
     """What one notebook run may use. Each has a default and a flag of `python -m labkit lab`."""
 
     memory: int = 4 * GiB  # bytes: each process's address space, and the whole run's where cgroups allow
-    processes: int = 256  # processes and threads the run may have at once
+    processes: int = 1024  # processes and threads the run may have at once (JAX starts threads per core)
     output: int = 10 * MiB  # bytes of output kept: in the executed notebook, and in the run's log
     file_size: int = 1 * GiB  # the largest file a run may write
     network: bool = False  # True only where a run's processes must reach each other (see README)
@@ -88,6 +88,21 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")
     return value
+
+
+def add_arguments(parser) -> None:
+    """The limit flags of a command that runs notebooks (`lab`, `grade`)."""
+    d = DEFAULT_LIMITS
+    parser.add_argument("--memory", type=parse_size, default=d.memory, metavar="SIZE",
+                        help=f"memory one notebook run may use, e.g. 4G (default {format_size(d.memory)})")
+    parser.add_argument("--max-processes", type=int, default=d.processes, metavar="N",
+                        help=f"processes and threads one run may have at once (default {d.processes})")
+    parser.add_argument("--max-output", type=parse_size, default=d.output, metavar="SIZE",
+                        help=f"output of one run that is kept; the rest is cut (default {format_size(d.output)})")
+
+
+def limits_from_args(args) -> Limits:
+    return Limits(memory=args.memory, processes=args.max_processes, output=args.max_output)
 
 
 def format_size(n: int) -> str:
@@ -187,7 +202,7 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
         if not any(p == s or p.startswith(s + "/") for s in _SYSTEM):
             args += ["--ro-bind", p, p]
     work = str(Path(workdir).resolve())
-    args += ["--bind", work, work, "--chdir", work, "--hostname", "labkit", "--"]
+    args += ["--bind", work, work, "--chdir", work, "--"]
     return args + list(cmd)
 
 

@@ -18,7 +18,7 @@ BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
 
 def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
             timeout: float = execute.DEFAULT_TIMEOUT, hidden: bool = False, console: Console | None = None,
-            build: Path | None = None) -> bool:
+            build: Path | None = None, limits=None) -> bool:
     """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed."""
     console = console or Console()
     lab = catalog.lab(number)
@@ -27,7 +27,8 @@ def run_lab(number: int | str, *, notebook: Path | None = None, config_names: st
     out = Path(build or BUILD) / lab.name
     runs = [RunSpec(c.name, notebook, c, out / c.name) for c in chosen]
     console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
-    judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout)
+    judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
+                      limits=limits)
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
     out.mkdir(parents=True, exist_ok=True)
