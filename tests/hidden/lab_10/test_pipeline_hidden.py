@@ -1,0 +1,93 @@
+"""Lab 10, hidden tests: other depths and microbatch counts, and the mistakes one stage cannot show.
+
+With one stage, a ppermute in either direction is (0, 0), the last stage is the first, and the
+pipeline delay is zero. With eight stages each of those mistakes changes the output; the tests
+replay the schedule with the mistake in it to say which one happened.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from labkit.checks import Mismatch, call, check, expect_close
+
+_spec = importlib.util.spec_from_file_location(
+    "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py")
+public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(public)
+sequential, rolled = public.sequential, public.rolled
+
+RNG = np.random.default_rng(100)
+LONG = RNG.normal(size=(64, 2)).astype(np.float32)
+DEEP = public.make_stack(101, layers=16, d=6, microbatches=4, rows=8)  # fewer microbatches than 8 stages
+MANY = public.make_stack(102, layers=8, d=4, microbatches=12, rows=1)
+
+
+def close(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def replay(weights, biases, microbatches, stages, step=1, delay=None):
+    """The schedule of the lab, stage by stage in numpy: stage s receives from stage s - step (around the ring)
+    and the last stage's output at step t is kept as microbatch t - delay."""
+    delay = stages - 1 if delay is None else delay
+    per = len(weights) // stages
+    count = len(microbatches)
+    mbs = np.asarray(microbatches, np.float64)
+    received = [np.zeros_like(mbs[0]) for _ in range(stages)]
+    outputs = np.zeros_like(mbs)
+    for t in range(count + stages - 1):
+        outs = []
+        for s in range(stages):
+            h = mbs[min(t, count - 1)] if s == 0 else received[s]
+            outs.append(public.run_layers(weights[s * per:(s + 1) * per], biases[s * per:(s + 1) * per], h))
+        if 0 <= t - delay < count:
+            outputs[t - delay] = outs[-1]
+        received = [outs[(s - step) % stages] for s in range(stages)]
+    return outputs
+
+
+def diagnose(got, stack, n):
+    weights, biases, microbatches = stack
+    if n == 1 or close(got.value, sequential(*stack)):
+        return
+    if close(got.value, replay(*stack, n, step=-1)):
+        raise Mismatch(f"on {n} stages the activations travelled backwards: each stage sent its output to the "
+                       f"stage before it. ppermute's pairs are (source, destination); forward is "
+                       f"(i, (i + 1) % {n}), not ((i + 1) % {n}, i)")
+    if close(got.value, replay(*stack, n, delay=0)):
+        raise Mismatch(f"on {n} stages microbatch m was taken from the last stage at step m, before it got "
+                       f"there: it leaves the last stage at step m + {n - 1} (m + S - 1)")
+    if close(got.value, np.zeros_like(got.value)):
+        raise Mismatch(f"on {n} stages the output is all zeros, stage 0's empty buffer: only the last stage "
+                       f"holds the result. Keep its outputs, psum them over 'stage' (check_vma=False lets "
+                       f"out_specs=P() return stage 0's value without a word)")
+
+
+@check(got=call("pass_to_next_stage", LONG))
+def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
+    n = run.device_count
+    if n > 1 and close(got.value, rolled(LONG, n, step=-1)):
+        raise Mismatch(f"every block moved to the previous device, not the next: ppermute's pairs are "
+                       f"(source, destination), so forward is (i, (i + 1) % {n}), not ((i + 1) % {n}, i)")
+    if n > 1 and close(got.value, LONG):
+        raise Mismatch("every block stayed where it was: nothing was sent. Is the mesh over all of "
+                       "jax.devices(), and does perm pair each device with the next one?")
+    expect_close(got, rolled(LONG, n))
+
+
+@check(got=call("pipeline_forward", *DEEP))
+def test_pipeline_with_fewer_microbatches_than_stages_equals_the_sequence(got, run):
+    diagnose(got, DEEP, run.device_count)
+    expect_close(got, sequential(*DEEP), rtol=1e-4, atol=1e-5,
+                 hint="16 layers, 4 microbatches: each stage runs L / S consecutive layers")
+
+
+@check(got=call("pipeline_forward", *MANY))
+def test_pipeline_sends_activations_forward_through_every_stage(got, run):
+    diagnose(got, MANY, run.device_count)
+    expect_close(got, sequential(*MANY), rtol=1e-4, atol=1e-5,
+                 hint="stage s must work on what stage s - 1 sent it, microbatch m leaving the last stage at "
+                      "step m + S - 1")

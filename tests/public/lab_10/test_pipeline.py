@@ -1,0 +1,72 @@
+"""Lab 10, public tests: a ring step with ppermute, and a pipeline with one stage per device.
+
+The expected values are computed here in float64 numpy: the blocks rolled one device forward,
+and every microbatch run through every layer in sequence.
+"""
+
+import numpy as np
+
+from labkit.checks import call, check, expect_close, expect_replicated, expect_split_across, placed
+
+
+# ---- the sequential computation the tests compare with -------------------------------------
+
+def make_stack(seed, layers=8, d=4, microbatches=8, rows=2):
+    rng = np.random.default_rng(seed)
+    weights = (rng.normal(size=(layers, d, d)) * 1.2 / np.sqrt(d)).astype(np.float32)
+    biases = (0.3 * rng.normal(size=(layers, d))).astype(np.float32)
+    inputs = rng.normal(size=(microbatches, rows, d)).astype(np.float32)
+    return weights, biases, inputs
+
+
+def run_layers(weights, biases, h):
+    for w, b in zip(np.asarray(weights, np.float64), np.asarray(biases, np.float64)):
+        h = np.tanh(h @ w + b)
+    return h
+
+
+def sequential(weights, biases, microbatches):
+    return np.stack([run_layers(weights, biases, np.asarray(mb, np.float64)) for mb in microbatches])
+
+
+def rolled(x, devices, step=1):
+    """What device i holds moved to device i + step (around the ring)."""
+    return np.roll(x, step * (len(x) // devices), axis=0)
+
+
+X = np.arange(48, dtype=np.float32).reshape(16, 3)
+WEIGHTS, BIASES, MICROBATCHES = make_stack(10)
+NEXT = "Send with perm pairs (i, (i + 1) % n): (source, destination)"
+
+
+@check(got=call("pass_to_next_stage", X))
+def test_each_block_moves_to_the_next_device(got, run):
+    expect_close(got, rolled(X, run.device_count), hint=NEXT)
+
+
+@check(got=call("pass_to_next_stage", X))
+def test_the_result_stays_split_across_every_device(got, run):
+    expect_split_across(got, run.device_count, axis=0,
+                        hint="Build the mesh from all of jax.devices(), with out_specs=P('stage')")
+
+
+@check(got=call("pass_to_next_stage", placed(X, ("stage",), axes=("stage",))))
+def test_accepts_an_input_already_split_over_stages(got, run):
+    expect_close(got, rolled(X, run.device_count), hint=NEXT)
+
+
+@check(got=call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
+def test_pipeline_equals_running_the_layers_in_sequence(got):
+    expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
+def test_every_device_holds_the_whole_output(got, run):
+    expect_replicated(got, run.device_count,
+                      hint="Keep the last stage's outputs, psum them over 'stage' and return with out_specs=P()")
+
+
+@check(got=call("pipeline_forward", placed(WEIGHTS, ("stage",), axes=("stage",)),
+                placed(BIASES, ("stage",), axes=("stage",)), MICROBATCHES))
+def test_accepts_layers_already_placed_on_their_stages(got):
+    expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
