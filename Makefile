@@ -38,6 +38,7 @@ help: ## show this help
 ifneq ($(SELECTION),$(strip $(shell cat $(VENV)/.synced 2>/dev/null)))
 $(VENV)/.synced: .selection-changed
 endif
+.selection-changed: ;
 $(VENV)/.synced: pyproject.toml uv.lock
 	@test -x "$(UV)" || $(MAKE) --no-print-directory .tools/bin/uv OFFLINE=$(OFFLINE)
 ifeq ($(OFFLINE),)
@@ -90,6 +91,10 @@ student-notebooks: setup ## generate labs/ from reference/ (never overwrites an 
 
 check-student-notebooks: setup ## fail when labs/ is out of date with reference/
 	@$(PY) -m labkit student-notebooks --check
+
+.PHONY: release
+release: setup ## the student release, a folder and a .tar.gz without solutions or hidden tests [RELEASE=build/student-release]
+	@$(PY) -m labkit release $(if $(RELEASE),--out $(RELEASE))
 
 APT_PACKAGES := $(shell grep -v '^\#' .ci/apt-packages.txt 2>/dev/null)
 system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packages.txt), when missing

