@@ -50,6 +50,12 @@ def student_notebooks(session: nox.Session) -> None:
 
 
 @nox.session
+def release(session: nox.Session) -> None:
+    """The student release, without solutions or hidden tests: nox -s release [-- --out DIR]."""
+    _kit(session, "release", *session.posargs)
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """The kit's own test suite."""
     session.run(PY, "-m", "pytest", *session.posargs, external=True)
