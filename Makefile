@@ -134,7 +134,8 @@ docker-lab: ## JupyterLab in the course image on http://localhost:8888, with lab
 docker-grade: ## grade SUBMISSIONS into GRADES in the course image, with no network
 	@mkdir -p "$(GRADES)"
 	$(DOCKER) run --rm --network none $(DOCKER_USER) -v "$(abspath $(SUBMISSIONS)):/submissions:ro" \
-	  -v "$(abspath $(GRADES)):/grades" -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
+	  -v "$(abspath $(GRADES)):/grades" -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
+	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
 	  nox -s grade -- --submissions /submissions --out /grades
 
 clean: ## remove build outputs (keeps .venv)

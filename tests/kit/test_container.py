@@ -135,7 +135,7 @@ def test_the_tpu_variant_is_a_build_argument_that_installs_the_tpu_extra():
     assert "--build-arg EXTRAS=tpu" in plan.stdout and "-t labkit:tpu" in plan.stdout
 
 
-def test_the_build_context_leaves_out_environments_outputs_and_hidden_tests():
+def test_the_build_context_leaves_out_environments_outputs_solutions_and_hidden_tests():
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
 
@@ -143,10 +143,11 @@ def test_the_build_context_leaves_out_environments_outputs_and_hidden_tests():
         return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in ignored)
 
     for path in (".venv/bin/python", ".tools/bin/uv", "build/lab-3/report.json", "wheelhouse/x.whl",
-                 ".git/HEAD", "tests/hidden/lab_3/test_more.py", "infra/terraform.tfstate"):
+                 ".git/HEAD", "reference/lab-3.ipynb", "tests/hidden/lab_3/test_more.py", "tests/kit/conftest.py",
+                 "infra/terraform.tfstate"):
         assert is_ignored(path), path
-    for path in ("uv.lock", "pyproject.toml", "Makefile", "labkit/cli.py", "reference/lab-3.ipynb",
-                 "labs/lab-3.ipynb", "tests/public/lab_3/test_lab_3.py", "noxfile.py"):
+    for path in ("uv.lock", "pyproject.toml", "Makefile", "README.md", "labkit/cli.py", "labs/lab-3.ipynb",
+                 "tests/public/lab_3/test_lab_3.py", "noxfile.py"):
         assert not is_ignored(path), path
 
 
@@ -162,7 +163,7 @@ def test_docker_grade_runs_nox_grade_with_the_network_off(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
     assert "--network none" in plan
     assert f"{tmp_path}/subs:/submissions:ro" in plan and f"{tmp_path}/out:/grades" in plan
-    assert "tests/hidden:/home/student/kit/tests/hidden:ro" in plan
+    assert "tests/hidden:/home/student/kit/tests/hidden:ro" in plan and "reference:/home/student/kit/reference:ro" in plan
     assert "nox -s grade -- --submissions /submissions --out /grades" in plan
 
 
