@@ -20,6 +20,7 @@
 #   LABKIT_SMOKE_LAB  the lab whose reference is the smoke test               (default: 3)
 #   LABKIT_SMOKE_TIMEOUT  seconds the smoke notebook may run                  (default: 300)
 #   LABKIT_SYSTEM_PACKAGES  0 skips apt-get (git, make, python3-venv)         (default: 1)
+#   LABKIT_WORKERS    hosts in this TPU slice     (default: from the metadata key worker-network-endpoints)
 #
 # A TA reads how it went with:
 #   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all --command 'cat /var/lib/labkit/status'
@@ -77,7 +78,7 @@ LABKIT_SYSTEM_PACKAGES=${LABKIT_SYSTEM_PACKAGES:-1}
 # On a multi-host TPU slice every worker runs this script on its own; JAX's multi-process start
 # needs all workers in one run, which `workshop.sh run` does (--worker=all). Here each worker
 # smokes the CPU configuration instead of waiting for its peers.
-WORKERS=$(metadata worker-network-endpoints | tr ',' '\n' | grep -c . || true)
+WORKERS=${LABKIT_WORKERS:-$(metadata worker-network-endpoints | tr ',' '\n' | grep -c . || true)}
 echo "repo=$LABKIT_REPO ref=$LABKIT_REF mode=$LABKIT_MODE home=$LABKIT_HOME workers=${WORKERS:-0}"
 if [[ -z "$LABKIT_REPO" ]]; then
   STEP="settings: LABKIT_REPO (metadata labkit-repo) is not set"

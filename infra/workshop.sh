@@ -230,14 +230,18 @@ cmd_collect() {
     [[ -n "$name" ]] || continue
     mkdir -p "$out/vms/$name"
     gcloud compute tpus tpu-vm scp --project "$PROJECT" --zone "$ZONE" --worker=0 --recurse \
-      "$name:$KIT_HOME/labs" "$name:$KIT_HOME/scoreboard" "$out/vms/$name/" || echo "  $name: copy failed"
+      "$name:$KIT_HOME/labs" "$out/vms/$name/" || echo "  $name: its notebooks could not be copied"
+    gcloud compute tpus tpu-vm scp --project "$PROJECT" --zone "$ZONE" --worker=0 --recurse \
+      "$name:$KIT_HOME/scoreboard" "$out/vms/$name/" || echo "  $name: no results there (not graded yet?)"
     n=$((n + 1))
   done < <(tpu_names)
   while read -r name; do
     [[ -n "$name" ]] || continue
     mkdir -p "$out/vms/$name"
     gcloud compute scp --project "$PROJECT" --zone "$CPU_ZONE" --recurse \
-      "$name:$KIT_HOME/labs" "$name:$KIT_HOME/scoreboard" "$out/vms/$name/" || echo "  $name: copy failed"
+      "$name:$KIT_HOME/labs" "$out/vms/$name/" || echo "  $name: its notebooks could not be copied"
+    gcloud compute scp --project "$PROJECT" --zone "$CPU_ZONE" --recurse \
+      "$name:$KIT_HOME/scoreboard" "$out/vms/$name/" || echo "  $name: no results there (not graded yet?)"
     n=$((n + 1))
   done < <(cpu_names)
   ((n)) || die "no VMs: run \`make workshop-up\` first"
