@@ -1,0 +1,218 @@
+"""cpu-2x4: two JAX processes of four CPU devices, joined over localhost, both running the notebook.
+
+Lab 11's reference passes there; mistakes that are harmless in one process (every process loading
+the same rows or the whole batch, printing from every host, reading another host's shard) pass on
+cpu-1 and fail on cpu-2x4; a peer that crashes or hangs ends the run with `error` or `timeout`,
+with no process left behind and the coordinator's port free again.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labkit import configs, execute
+from labkit.checks import AsNumpy, call
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO_BY_FOUR = configs.CONFIGS["cpu-2x4"]
+
+
+def outcomes_by_config(report: dict) -> dict[str, dict[str, dict]]:
+    by: dict[str, dict[str, dict]] = {}
+    for o in report["outcomes"]:
+        by.setdefault(o["config"], {})[o["test"]] = o
+    return by
+
+
+def processes_under(folder: Path, settle: float = 10.0) -> list[str]:
+    """Live processes (not zombies) still running from `folder`, by working directory or command line.
+
+    A process killed a moment ago may take a little while to go; `settle` seconds are allowed for that.
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        found = []
+        ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
+        for line in ps.splitlines():
+            pid, stat, args = (line.split(None, 2) + ["", ""])[:3]
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                cwd = ""
+            if int(pid) != os.getpid() and not stat.startswith("Z") and (str(folder) in args or cwd.startswith(str(folder))):
+                found.append(line.strip())
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def port_is_free(address: str) -> bool:
+    """Nothing listens on `address`: a new coordinator could bind it (as servers do, with SO_REUSEADDR)."""
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------
+# The configuration, as data.
+# ----------------------------------------------------------------------------------------
+
+def test_cpu_2x4_is_two_processes_of_four_cpu_devices():
+    assert TWO_BY_FOUR.processes == 2 and TWO_BY_FOUR.devices == 8
+    assert TWO_BY_FOUR.env["JAX_NUM_CPU_DEVICES"] == "4" and TWO_BY_FOUR.env["JAX_PLATFORMS"] == "cpu"
+    assert TWO_BY_FOUR.availability() == (True, "")
+
+
+def test_each_process_is_told_its_index_and_the_same_coordinator():
+    envs = [TWO_BY_FOUR.process_env(i, "127.0.0.1:5000") for i in range(2)]
+    assert [e["LABKIT_PROCESS_ID"] for e in envs] == ["0", "1"]
+    assert {e["LABKIT_COORDINATOR"] for e in envs} == {"127.0.0.1:5000"}
+    assert all(e["LABKIT_NUM_PROCESSES"] == "2" and e["LABKIT_CPU_COLLECTIVES"] == "gloo" for e in envs)
+    assert configs.CONFIGS["cpu-8"].process_env(0, "127.0.0.1:5000") == {}
+
+
+def test_a_run_never_inherits_a_coordinator_from_the_caller():
+    env = configs.CONFIGS["cpu-8"].environment({"LABKIT_COORDINATOR": "10.0.0.1:1", "LABKIT_PROCESS_ID": "1",
+                                                "JAX_COORDINATOR_ADDRESS": "10.0.0.1:1", "HOME": "/h"})
+    assert set(env) == {"HOME", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES"}
+
+
+# ----------------------------------------------------------------------------------------
+# Lab 11 on two processes.
+# ----------------------------------------------------------------------------------------
+
+def test_the_lab_11_reference_passes_its_public_and_hidden_tests_on_cpu_2x4(kit, lab_report):
+    done = kit("lab", "11", "--notebook", str(ROOT / "reference" / "lab-11.ipynb"), "--configs", "cpu-2x4", "--hidden")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = lab_report(11)
+    assert {o["status"] for o in report["outcomes"]} == {"passed"}
+    assert len(report["runs"]["cpu-2x4"]["processes"]) == 2
+
+
+def test_every_process_runs_the_notebook_and_the_record_says_which_process_holds_which_rows(tmp_path):
+    data = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+    c = call("load_global_batch", AsNumpy(data))
+    record = execute.run_notebook(ROOT / "reference" / "lab-11.ipynb", TWO_BY_FOUR, [{"id": c.id, **c.encoded()}],
+                                  tmp_path / "run", timeout=300)
+    assert record.status == "ok", record.message
+    assert record.environment["process_count"] == 2 and record.environment["device_count"] == 8
+    assert [p["environment"]["process_index"] for p in record.processes] == [0, 1]
+    value = record.results[c.id]["value"]
+    assert np.array_equal(np.array(value["data"], np.float32).reshape(value["shape"]), data)  # gathered from both
+    shards = value["sharding"]["shards"]
+    assert value["sharding"]["processes"] == [0, 1] and not value["sharding"]["fully_addressable"]
+    rows_of = {p: sorted(r for sh in shards if sh["process"] == p for r in range(*sh["index"][0])) for p in (0, 1)}
+    assert rows_of == {0: list(range(8)), 1: list(range(8, 16))}
+
+
+def test_mistakes_harmless_in_one_process_pass_on_cpu_1_and_fail_on_cpu_2x4(kit, lab_report, variant):
+    buggy = variant(
+        11,
+        # every process loads the first block of rows
+        ("    start = jax.process_index() * per_process\n    return start, start + per_process",
+         "    return 0, per_process"),
+        # reading an array spread over processes as if this process held all of it
+        ("return np.asarray(multihost_utils.process_allgather(x, tiled=True))", "return np.asarray(x)"),
+        # printing from every host
+        ('    if jax.process_index() == 0:\n        print(f"step {step}', '    if True:\n        print(f"step {step}'),
+        # counting the job's devices as this process's
+        ('"local_devices": jax.local_device_count()', '"local_devices": len(jax.devices())'),
+    )
+    done = kit("lab", "11", "--notebook", str(buggy), "--configs", "cpu-1,cpu-2x4", "--hidden")
+    assert done.returncode == 1
+    by = outcomes_by_config(lab_report(11))
+    assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
+    two = by["cpu-2x4"]
+    expected_failures = {
+        "test_local_devices_count_only_this_process": "jax.local_device_count()",
+        "test_the_processes_load_disjoint_blocks_that_cover_the_batch": "every process is loading the same rows",
+        "test_the_global_batch_has_the_shape_and_values_of_the_dataset": "use jax.process_index()",
+        "test_a_step_on_unseen_data_uses_every_row_once": "every process loads the same block",
+        "test_gather_returns_the_whole_array_as_numpy": "non-addressable",
+        "test_the_line_is_printed_once_for_the_whole_job": "process 1 printed 'step 3: loss 0.2500' too",
+        "test_only_process_0_prints": "jax.process_index() == 0",
+    }
+    for test, phrase in expected_failures.items():
+        assert two[test]["status"] == "failed", (test, two[test])
+        assert phrase in two[test]["message"], (test, two[test]["message"])
+    assert two["test_device_summary_counts_processes_and_global_devices"]["status"] == "passed"
+
+
+def test_every_process_loading_the_whole_batch_passes_on_cpu_1_and_fails_on_cpu_2x4(kit, lab_report, variant):
+    buggy = variant(11, ("    return start, start + per_process", "    return 0, num_rows"))
+    done = kit("lab", "11", "--notebook", str(buggy), "--configs", "cpu-1,cpu-2x4", "--hidden")
+    assert done.returncode == 1
+    by = outcomes_by_config(lab_report(11))
+    assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
+    batch = by["cpu-2x4"]["test_the_global_batch_has_the_shape_and_values_of_the_dataset"]
+    assert batch["status"] == "failed"
+    assert "expected shape (16, 3), got shape (32, 3)" in batch["message"] and "whole dataset" in batch["message"]
+    assert by["cpu-2x4"]["test_each_process_contributes_only_its_rows"]["status"] == "failed"
+
+
+# ----------------------------------------------------------------------------------------
+# A peer that crashes or hangs.
+# ----------------------------------------------------------------------------------------
+
+SETUP_LINE = "check = Checker(11)"
+
+
+def test_a_peer_that_crashes_ends_the_run_with_an_error_and_leaves_nothing_running(tmp_path, variant):
+    crash = variant(11, (SETUP_LINE, SETUP_LINE + "\nimport os\nif jax.process_index() == 1:\n    os._exit(1)"))
+    c = call("device_summary")
+    record = execute.run_notebook(crash, TWO_BY_FOUR, [{"id": c.id, **c.encoded()}], tmp_path / "run", timeout=300)
+    assert record.status == "error"
+    assert record.message.startswith("process 1 of 2 stopped early"), record.message
+    assert "kernel died" in record.message
+    assert processes_under(tmp_path) == []
+    assert port_is_free(record.processes[0]["coordinator"])
+
+
+def test_a_peer_that_hangs_ends_the_run_with_a_timeout_and_leaves_nothing_running(tmp_path, variant):
+    hang = variant(11, (SETUP_LINE, SETUP_LINE + "\nimport time\nif jax.process_index() == 1:\n    time.sleep(3600)"))
+    c = call("device_summary")
+    record = execute.run_notebook(hang, TWO_BY_FOUR, [{"id": c.id, **c.encoded()}], tmp_path / "run", timeout=40)
+    assert record.status == "timeout"
+    assert "did not finish within 40 s on all 2 processes" in record.message
+    assert processes_under(tmp_path) == []
+    assert port_is_free(record.processes[0]["coordinator"])
+
+
+# ----------------------------------------------------------------------------------------
+# A lab that runs in one process only.
+# ----------------------------------------------------------------------------------------
+
+def test_a_lab_whose_tests_declare_one_process_is_skipped_on_cpu_2x4_with_the_reason(tmp_path):
+    root = tmp_path / "course"
+    (root / "reference").mkdir(parents=True)
+    shutil.copy(ROOT / "reference" / "lab-3.ipynb", root / "reference" / "lab-3.ipynb")
+    tests = root / "tests" / "public" / "lab_3"
+    shutil.copytree(ROOT / "tests" / "public" / "lab_3", tests)
+    for path in tests.glob("test_*.py"):
+        path.write_text(path.read_text() + '\nfrom labkit.checks import single_process\n'
+                        'pytestmark = single_process("its inputs are arrays of one process")\n')
+    build = tmp_path / "build"
+    env = dict(os.environ, COLUMNS="160", NO_COLOR="1", LABKIT_BUILD=str(build), LABKIT_ROOT=str(root))
+    done = subprocess.run([sys.executable, "-m", "labkit", "lab", "3", "--notebook", str(root / "reference" / "lab-3.ipynb"),
+                           "--configs", "cpu-1,cpu-2x4"], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cpu-2x4 skipped (runs in one JAX process only: its inputs are arrays of one process)" in done.stdout
+    report = json.loads((build / "lab-3" / "report.json").read_text())
+    by = outcomes_by_config(report)
+    assert {o["status"] for o in by["cpu-2x4"].values()} == {"skipped"}
+    assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
+    assert not (build / "lab-3" / "cpu-2x4" / "process-0").exists()  # not even started
