@@ -135,13 +135,14 @@ def test_the_tpu_variant_is_a_build_argument_that_installs_the_tpu_extra():
     assert "--build-arg EXTRAS=tpu" in plan.stdout and "-t labkit:tpu" in plan.stdout
 
 
-def test_the_build_context_leaves_out_environments_outputs_solutions_and_hidden_tests():
+def is_ignored(path: str) -> bool:
+    """Whether the build context leaves `path` out (the .dockerignore patterns this kit uses)."""
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
+    return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in ignored)
 
-    def is_ignored(path: str) -> bool:
-        return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in ignored)
 
+def test_the_build_context_leaves_out_environments_outputs_solutions_and_hidden_tests():
     for path in (".venv/bin/python", ".tools/bin/uv", "build/lab-3/report.json", "wheelhouse/x.whl",
                  ".git/HEAD", "reference/lab-3.ipynb", "tests/hidden/lab_3/test_more.py", "tests/kit/conftest.py",
                  "infra/terraform.tfstate"):
@@ -210,3 +211,22 @@ def test_make_lab_in_the_image_finds_the_environment_up_to_date(replayed_build):
     (replayed_build / ".venv" / ".synced").touch()
     plan = subprocess.run(["make", "-n", "setup"], cwd=replayed_build, env=env, capture_output=True, text=True)
     assert "Nothing to be done" in plan.stdout, plan.stdout + plan.stderr
+
+
+def test_the_images_own_check_passes_on_the_replayed_environment(replayed_build):
+    """The course stage's check (the student loop on lab 3, every test "not implemented yet"), run as written."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file() and not is_ignored(name) and not (replayed_build / name).exists():
+            (replayed_build / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, replayed_build / name)
+    assert not (replayed_build / "reference").exists()
+    check = next(rest for stage, word, rest in instructions() if stage == "course" and word == "RUN" and "labkit lab" in rest)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "LABKIT_", "JAX_", "XLA_"))}
+    env.update(stage_env("course"), EXTRAS="")
+    env["PATH"] = env["PATH"].replace("/home/student/kit", str(replayed_build))
+    env["HOME"] = str(replayed_build.parent)
+    done = subprocess.run(["bash", "-c", check.replace("/tmp/check", str(replayed_build.parent / "check"))],
+                          cwd=replayed_build, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
