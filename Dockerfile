@@ -48,7 +48,8 @@ ARG EXTRAS=
 ENV DEP_GROUPS=notebook \
     EXTRAS=${EXTRAS} \
     PATH=/home/student/kit/.venv/bin:${PATH} \
-    HOME=/home/student
+    HOME=/home/student \
+    USER=student
 COPY --from=build /home/student/kit /home/student/kit
 # The environment stays read-only (root's); the kit's folder, build/ and the home folder take
 # the files of whoever runs the image (`docker run --user "$(id -u):$(id -g)"` keeps files
