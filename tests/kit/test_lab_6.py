@@ -1,0 +1,56 @@
+"""Lab 6 through the real pipeline: the mistakes of data parallelism with a Flax NNX layer, and what
+the tests say about each."""
+
+import json
+
+from labkit import catalog
+
+# shard_map_linear on a mesh of one device; shard_map_mse with a local mean, its check silenced.
+ONE_DEVICE_ONLY = [
+    ('mesh = Mesh(np.array(jax.devices()), ("data",))\n\n    def forward(state, block):',
+     'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n\n    def forward(state, block):'),
+    ('return jax.lax.pmean(jnp.mean(error ** 2), "data")', "return jnp.mean(error ** 2)"),
+    ("out_specs=P())\n    return mapped(state, x, y)", "out_specs=P(), check_vma=False)\n    return mapped(state, x, y)"),
+]
+
+# shard_map_simulate building a new layer for every shard from one shared nnx.Rngs.
+REBUILT_PER_SHARD = [
+    ("model = nnx.Linear(x.shape[-1], features, rngs=nnx.Rngs(seed))\n    chunk", "rngs = nnx.Rngs(seed)\n    chunk"),
+    ("outs.append(model(x_shard))", "outs.append(nnx.Linear(x.shape[-1], features, rngs=rngs)(x_shard))"),
+]
+
+
+def reference_code() -> str:
+    cells = json.loads(catalog.lab(6).reference.read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def by_config(outcomes, configs):
+    return {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in configs}
+
+
+def test_a_one_device_mesh_and_a_local_mean_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_report, variant):
+    assert all(old in reference_code() for old, _ in ONE_DEVICE_ONLY), "a mistake replaces nothing"
+    done = kit("lab", "6", "--notebook", str(variant(6, *ONE_DEVICE_ONLY)), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    runs = by_config(lab_report(6)["outcomes"], ("cpu-1", "cpu-8"))
+    assert runs["cpu-1"] and all(o["status"] == "passed" for o in runs["cpu-1"].values()), runs["cpu-1"]
+    split = runs["cpu-8"]["test_linear_keeps_each_devices_rows_on_that_device"]
+    assert split["hidden"] and split["status"] == "failed"
+    assert "all 8 devices" in split["message"] and "jax.devices()[:1]" in split["message"]
+    loss = runs["cpu-8"]["test_mse_is_the_mean_over_the_rows_of_every_device"]
+    assert loss["hidden"] and loss["status"] == "failed"
+    assert "local mean" in loss["message"] and "pmean" in loss["message"]
+    assert runs["cpu-8"]["test_simulate_builds_the_model_once_for_eight_shards"]["status"] == "passed"
+
+
+def test_a_layer_rebuilt_for_every_shard_is_named_even_on_one_device(kit, lab_report, variant):
+    assert all(old in reference_code() for old, _ in REBUILT_PER_SHARD), "a mistake replaces nothing"
+    done = kit("lab", "6", "--notebook", str(variant(6, *REBUILT_PER_SHARD)), "--configs", "cpu-1", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    runs = by_config(lab_report(6)["outcomes"], ("cpu-1",))["cpu-1"]
+    for test in ("test_simulate_equals_the_layer_on_the_whole_batch",
+                 "test_simulate_builds_the_model_once_for_eight_shards"):
+        assert runs[test]["status"] == "failed" and "built inside the loop" in runs[test]["message"], runs[test]
+    assert runs["test_linear_equals_the_simulation"]["status"] == "failed"
+    assert runs["test_linear_applies_the_seeded_layer_to_every_row"]["status"] == "passed"

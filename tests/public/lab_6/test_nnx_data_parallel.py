@@ -1,0 +1,112 @@
+"""Lab 6, public tests: one nnx.Linear, simulated shard by shard, then through jax.shard_map.
+
+The expected values come from Flax itself, here in the judge: nnx.Linear with the same seed gives
+the same parameters the student's model starts with. JAX is kept on the CPU for that, so the judge
+never takes an accelerator that a notebook run needs.
+"""
+
+import numpy as np
+
+from labkit.checks import (call, check, expect_close, expect_close_naming_mistakes, expect_dtype, expect_replicated,
+                           expect_shape, expect_split_across)
+
+ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
+
+
+def nnx_linears(seed, in_dim, features, count=1):
+    """The (kernel, bias) of `count` nnx.Linear layers drawn one after another from one nnx.Rngs(seed)."""
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():  # the judge: keep off any accelerator a notebook run needs
+        jax.config.update("jax_platforms", "cpu")
+    from flax import nnx
+
+    rngs = nnx.Rngs(int(seed))
+    layers = [nnx.Linear(int(in_dim), int(features), rngs=rngs) for _ in range(count)]
+    return [(np.asarray(m.kernel[...], np.float64), np.asarray(m.bias[...], np.float64)) for m in layers]
+
+
+def layer(seed, x, features):
+    (kernel, bias), = nnx_linears(seed, x.shape[-1], features)
+    return x.astype(np.float64) @ kernel + bias
+
+
+def rebuilt_per_shard(seed, x, num_shards, features):
+    """What the loop gives when it builds a new layer for every shard from one shared nnx.Rngs."""
+    shards = np.split(x.astype(np.float64), int(num_shards))
+    params = nnx_linears(seed, x.shape[-1], features, count=int(num_shards))
+    return np.concatenate([s @ k + b for s, (k, b) in zip(shards, params)]).reshape(-1)
+
+
+REBUILT = ("Each shard ran a different model: the layer was built inside the loop, drawing new parameters "
+           "for every shard. Build it once, before the loop, and call that same model on every shard")
+NOT_FLAT = "That is the (N, features) output before flattening: return out.reshape(-1)"
+
+X = (np.arange(16 * 4, dtype=np.float32).reshape(16, 4) % 5 - 2.0) / 2
+
+
+# -- shard_map_simulate ---------------------------------------------------------------------
+
+@check(got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
+def test_simulate_equals_the_layer_on_the_whole_batch(got):
+    want = layer(3, X, 3)
+    expect_close_naming_mistakes(got, want.reshape(-1), {REBUILT: rebuilt_per_shard(3, X, 4, 3), NOT_FLAT: want},
+                                 atol=1e-5)
+
+
+@check(got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
+def test_simulate_returns_one_flat_float32_vector(got):
+    expect_shape(got, (16 * 3,), hint="Join the shards with jnp.concatenate(outs, axis=0), then reshape(-1)")
+    expect_dtype(got, "float32")
+
+
+@check(one=call("shard_map_simulate", 1.0, X, 1.0, 2.0), eight=call("shard_map_simulate", 1.0, X, 8.0, 2.0))
+def test_simulate_gives_the_same_answer_for_any_number_of_shards(one, eight):
+    expect_close_naming_mistakes(eight, layer(1, X, 2).reshape(-1), {REBUILT: rebuilt_per_shard(1, X, 8, 2)},
+                                 atol=1e-5)
+    expect_close(eight, one.value, atol=1e-5, hint="With one model the split cannot change the answer")
+
+
+# -- shard_map_linear -----------------------------------------------------------------------
+
+@check(got=call("shard_map_linear", 4, X, 3))
+def test_linear_applies_the_seeded_layer_to_every_row(got):
+    expect_close(got, layer(4, X, 3), atol=1e-5, hint="Build nnx.Linear(x.shape[-1], features, "
+                                                      "rngs=nnx.Rngs(seed)) and give its state in_specs=P()")
+
+
+@check(got=call("shard_map_linear", 4, X, 3))
+def test_linear_rows_are_split_across_every_device(got, run):
+    expect_shape(got, (16, 3))
+    expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
+
+
+@check(real=call("shard_map_linear", 2.0, X, 5.0), simulated=call("shard_map_simulate", 2.0, X, 8.0, 5.0))
+def test_linear_equals_the_simulation(real, simulated):
+    expect_shape(real, (16, 5))
+    expect_close(simulated, real.value.reshape(-1), atol=1e-5,
+                 hint="Both run nnx.Linear with the same seed on the same rows: they must agree")
+
+
+# -- shard_map_mse --------------------------------------------------------------------------
+
+Y = np.linspace(-1.0, 1.0, 16 * 3, dtype=np.float32).reshape(16, 3) ** 3 * 4
+
+
+@check(got=call("shard_map_mse", 6, X, Y, 3))
+def test_mse_averages_over_the_whole_batch(got, run):
+    errors = (layer(6, X, 3) - Y) ** 2
+    first = np.split(errors, run.device_count)[0].mean()
+    expect_close_naming_mistakes(got, errors.mean(), {
+        "That is the loss of device 0's rows alone: average the per-device means with jax.lax.pmean(..., 'data')":
+            first,
+    }, rtol=1e-5, atol=1e-6)
+
+
+@check(got=call("shard_map_mse", 6, X, Y, 3))
+def test_mse_is_a_scalar_held_by_every_device(got, run):
+    expect_shape(got, (), hint="Reduce each device's errors to one number with jnp.mean")
+    expect_dtype(got, "float32")
+    expect_replicated(got, run.device_count, hint="After pmean every device holds the loss: out_specs=P(), "
+                                                  "on a mesh built from jax.devices()")
