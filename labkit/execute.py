@@ -402,7 +402,11 @@ def _why_no_results(log_path: Path, returncode: int) -> str:
         return joined[-1].removeprefix("labkit: ")
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the Python kernel died while running the notebook (a crash, or out of memory)"
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if returncode is not None and (returncode < 0 or returncode > 128):
+        signum = -returncode if returncode < 0 else returncode - 128
+        return (f"the notebook stopped before its functions could be called: the process running it was killed "
+                f"(signal {signum})")
+    lines = [ln for ln in text.splitlines() if ln.strip() and "Kernel is running over TCP without encryption" not in ln]
     tail = lines[-1][:300] if lines else f"exit status {returncode}"
     return f"the notebook stopped before its functions could be called: {tail}"
 

@@ -179,8 +179,9 @@ def _visible(extra: tuple[str | Path, ...] = ()) -> list[str]:
         p = Path(entry).resolve()
         if not p.is_dir():
             continue
-        if p == root or root.is_relative_to(p):
-            found.add(package)  # an editable install: only labkit/, not reference/ or tests/hidden/ beside it
+        inside_env = any(p.is_relative_to(Path(prefix).resolve()) for prefix in (sys.prefix, sys.base_prefix))
+        if p == root or root.is_relative_to(p) or (p.is_relative_to(root) and not inside_env):
+            found.add(package)  # an editable install, or a test's folder: only labkit/, never the rest of the kit
         else:
             found.add(p)
     found.update(Path(p).resolve() for p in extra)
@@ -287,6 +288,19 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
+def _marked(token: str) -> list[int]:
+    """Processes whose environment carries a run's token: what is left of the run, even in a session of its own."""
+    needle = f"LABKIT_RUN_TOKEN={token}".encode()
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                out.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def _user_tasks() -> int:
     """Processes and threads this user has now (RLIMIT_NPROC counts them all)."""
     uid, count = os.getuid(), 0
@@ -342,9 +356,9 @@ class Sandboxed:
     """
 
     def __init__(self, popen: subprocess.Popen, isolation: str, reason: str, cgroups: list[Path],
-                 drain: _Drain | None, limits: Limits):
+                 drain: _Drain | None, limits: Limits, token: str = ""):
         self.popen, self.isolation, self.reason, self.cgroups, self.drain = popen, isolation, reason, cgroups, drain
-        self.limits = limits
+        self.limits, self.token = limits, token
         self.pid = popen.pid
         self._finished = False
 
@@ -379,7 +393,8 @@ class Sandboxed:
         self._end_rest()
 
     def _end_rest(self) -> None:
-        for pid in _session_members(self.pid):
+        left = _session_members(self.pid) + (_marked(self.token) if self.token else [])
+        for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -397,8 +412,8 @@ class Sandboxed:
 
     def describe(self) -> dict:
         """What the run record keeps about this launch."""
-        return {"isolation": self.isolation, "reason": self.reason, "cgroups": [g.parent.parent.name
-                                                                                 for g in self.cgroups]}
+        return {"isolation": self.isolation, "reason": self.reason,
+                "cgroups": [g.relative_to("/sys/fs/cgroup").parts[0] for g in self.cgroups]}
 
 
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
@@ -415,7 +430,8 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     workdir.mkdir(parents=True, exist_ok=True)
     kind, reason = isolation()
     program = bubblewrap()[0]
-    run_env = run_environment(env, workdir, sandboxed=kind == BUBBLEWRAP)
+    token = uuid.uuid4().hex
+    run_env = run_environment(env, workdir, sandboxed=kind == BUBBLEWRAP) | {"LABKIT_RUN_TOKEN": token}
     cmd = list(cmd)
     if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
         cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's
@@ -438,7 +454,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
             popen.stdin.close()
         except OSError:
             pass
-    return Sandboxed(popen, kind, reason, cgroups, drain, limits)
+    return Sandboxed(popen, kind, reason, cgroups, drain, limits, token)
 
 
 def _exec(argv: list[str]) -> int:

@@ -1,0 +1,6 @@
+# Asks to exit with status 0 the polite ways: SystemExit and exit().
+import sys
+try:
+    sys.exit(0)
+finally:
+    exit(0)

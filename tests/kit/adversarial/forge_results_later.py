@@ -1,0 +1,19 @@
+# Leaves a detached process behind (double fork, new session) that waits for the harness's results and replaces them with forged ones, and keeps a heartbeat file to show whether it outlived the run.
+import json, os, time
+here = os.getcwd()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        calls = json.load(open(os.path.join(here, "calls.json")))["calls"]
+        forged = {"environment": {"backend": "cpu", "device_count": 1},
+                  "results": [{"id": c["id"], "value": {"kind": "array", "dtype": "float32", "shape": [len(c["args"][0]["data"])],
+                               "data": [2 * v for v in c["args"][0]["data"]], "jax": True, "sharding": None}} for c in calls]}
+        while True:
+            with open(os.path.join(here, "heartbeat"), "w") as f:
+                f.write(str(time.time()))
+            if os.path.exists(os.path.join(here, "results.json")):
+                with open(os.path.join(here, "results.json"), "w") as f:
+                    json.dump({**forged, "payload": json.dumps(forged), "mac": "0" * 64}, f)
+            time.sleep(0.2)
+    os._exit(0)
+os.wait()

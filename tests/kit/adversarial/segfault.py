@@ -1,0 +1,3 @@
+# Crashes the kernel with a segmentation fault.
+import ctypes
+ctypes.string_at(0)

@@ -1,0 +1,425 @@
+"""Grading untrusted code: the sandbox, the limits, and verdicts a submission cannot forge.
+
+The battery runs lab 3's student notebook with one adversarial cell added (tests/kit/adversarial/),
+all in one judge session beside an honest submission, on cpu-1 with short limits. Each test
+reads one submission's outcome: its score may not beat the unmodified student notebook's
+(nothing passes), and the honest submission in the same session still passes everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from labkit import catalog, configs, execute, sandbox
+from labkit.judge import RunSpec, judge
+from labkit.sandbox import MiB, Limits
+
+ADVERSARIAL = Path(__file__).parent / "adversarial"
+LAB = catalog.lab(3)
+TIMEOUT = 150.0  # seconds: generous, the machine may be busy; the cell that never returns takes all of it
+LIMITS = Limits(memory=3 << 30, processes=160, output=2 * MiB)
+SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
+NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
+# Tricks that would harm the machine running the tests without a sandbox around them.
+ONLY_IN_SANDBOX = {"kill_parents"}
+
+
+def _with_cell(source: str, path: Path) -> Path:
+    """Lab 3's student notebook with `source` as a new cell right after the exercise's cell."""
+    nb = json.loads(LAB.student.read_text())
+    at = next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
+    nb["cells"].insert(at + 1, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                                "source": source})
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def _fork_limit_holds() -> bool:
+    """A fork bomb is stopped only by a pids cgroup, or by RLIMIT_NPROC for a user other than root."""
+    groups = sandbox.make_cgroups(LIMITS)
+    for g in groups:
+        sandbox.remove_cgroup(g)
+    return any("pids" in g.parts for g in groups) or os.geteuid() != 0
+
+
+FORK_LIMIT = _fork_limit_holds()
+
+
+@dataclass
+class Battery:
+    judgement: object
+    out: Path
+
+    def outcomes(self, label: str) -> list:
+        return [o for o in self.judgement.outcomes if o.run == label]
+
+    def passed(self, label: str) -> int:
+        return sum(o.status == "passed" for o in self.outcomes(label))
+
+    def record(self, label: str) -> execute.RunRecord:
+        return self.judgement.records[label]
+
+    def workdir(self, label: str) -> Path:
+        return self.out / label
+
+
+@pytest.fixture(scope="module")
+def battery(tmp_path_factory) -> Battery:
+    out = tmp_path_factory.mktemp("battery")
+    cpu1 = configs.CONFIGS["cpu-1"]
+    runs = [RunSpec("honest", LAB.reference, cpu1, out / "honest"),
+            RunSpec("student", LAB.student, cpu1, out / "student"),
+            RunSpec("identity", _with_cell((ADVERSARIAL / "identity.control").read_text(), out / "identity.ipynb"),
+                    cpu1, out / "identity")]
+    for trick in sorted(ADVERSARIAL.glob("*.py")):
+        if trick.stem in ONLY_IN_SANDBOX and not SANDBOXED:
+            continue
+        if trick.stem == "fork_bomb" and not FORK_LIMIT:
+            continue
+        runs.append(RunSpec(trick.stem, _with_cell(trick.read_text(), out / f"{trick.stem}.ipynb"), cpu1,
+                            out / trick.stem))
+    judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=3, timeout=TIMEOUT,
+                      limits=LIMITS)
+    return Battery(judgement, out)
+
+
+def scores_nothing(battery: Battery, label: str) -> None:
+    outcomes = battery.outcomes(label)
+    assert outcomes, f"{label}: no outcomes"
+    assert battery.passed(label) <= battery.passed("student") == 0, [(o.test, o.status) for o in outcomes]
+
+
+# ----------------------------------------------------------------------------------------
+# The baseline, and the honest submission that shares every run with the tricks.
+# ----------------------------------------------------------------------------------------
+
+def test_the_honest_submission_passes_everything_beside_the_tricks(battery):
+    assert battery.record("honest").status == "ok", battery.record("honest").message
+    assert {o.status for o in battery.outcomes("honest")} == {"passed"}
+    assert len(battery.outcomes("honest")) == 6
+
+
+def test_the_unmodified_student_notebook_scores_nothing_and_says_not_implemented(battery):
+    assert {o.status for o in battery.outcomes("student")} == {"todo"}
+
+
+def test_every_run_records_its_isolation_and_limits(battery):
+    record = battery.record("honest")
+    assert record.isolation == (sandbox.BUBBLEWRAP if SANDBOXED else sandbox.LIMITS_ONLY)
+    assert record.limits["memory"] == LIMITS.memory and record.limits["processes"] == LIMITS.processes
+
+
+# ----------------------------------------------------------------------------------------
+# Forging the results.
+# ----------------------------------------------------------------------------------------
+
+def test_a_results_file_the_notebook_wrote_itself_is_refused(battery):
+    record = battery.record("forge_results_now")
+    assert record.status == "error" and record.message == execute.FORGED
+    assert record.results == {}
+    scores_nothing(battery, "forge_results_now")
+
+
+def test_a_process_left_behind_neither_forges_the_results_nor_outlives_the_run(battery):
+    record = battery.record("forge_results_later")  # it rewrote the results before the run ended: refused
+    assert record.status == "ok" or record.message == execute.FORGED
+    scores_nothing(battery, "forge_results_later")
+    heartbeat = battery.workdir("forge_results_later") / "heartbeat"
+    assert heartbeat.exists(), "the trick never started its process"
+    before = heartbeat.read_text()
+    time.sleep(1.5)
+    assert heartbeat.read_text() == before, "a process the notebook started is still running after its run"
+
+
+def test_patching_the_harness_and_the_encoder_changes_nothing_reported(battery):
+    record = battery.record("patch_harness_internals")
+    assert record.status == "ok"
+    assert {o.status for o in battery.outcomes("patch_harness_internals")} == {"todo"}
+
+
+def test_a_fake_harness_module_writes_results_that_are_refused(battery):
+    record = battery.record("replace_harness_module")
+    assert record.status == "error" and record.message == execute.FORGED
+    scores_nothing(battery, "replace_harness_module")
+
+
+def test_patched_comparisons_in_the_kernel_do_not_reach_the_judge(battery):
+    scores_nothing(battery, "patch_comparisons")
+    assert any("shape" in o.message for o in battery.outcomes("patch_comparisons"))
+
+
+def test_objects_that_claim_to_equal_anything_are_not_arrays(battery):
+    scores_nothing(battery, "claims_equal")
+    record = battery.record("claims_equal")
+    assert all(r["value"]["kind"] == "object" for r in record.results.values())
+
+
+def test_patching_jax_arrays_and_numpy_does_not_change_the_values_reported(battery):
+    doubled = {"test_doubles_every_element", "test_doubles_a_longer_random_vector"}
+    trick = {o.test: o.status for o in battery.outcomes("patch_jax_array")}
+    assert all(trick[t] == "failed" for t in doubled), trick
+    assert battery.passed("patch_jax_array") <= battery.passed("identity")
+
+
+def test_printed_fake_test_output_is_only_output(battery):
+    assert battery.record("fake_test_output").status == "ok"
+    scores_nothing(battery, "fake_test_output")
+
+
+# ----------------------------------------------------------------------------------------
+# Ending early, killing the parents.
+# ----------------------------------------------------------------------------------------
+
+def test_asking_to_exit_with_status_0_is_an_error_not_a_pass(battery):
+    record = battery.record("exit_sys")  # SystemExit is caught by IPython; exit() then ends the kernel
+    assert record.status == "error" and "kernel died" in record.message
+    assert any(e["type"] == "SystemExit" for e in record.cell_errors)
+    scores_nothing(battery, "exit_sys")
+
+
+def test_ending_the_kernel_with_status_0_is_an_error_not_a_pass(battery):
+    record = battery.record("exit_os")
+    assert record.status == "error" and "kernel died" in record.message
+    assert {o.status for o in battery.outcomes("exit_os")} == {"error"}
+
+
+@NEEDS_SANDBOX
+def test_killing_the_parent_processes_ends_only_its_own_run(battery):
+    record = battery.record("kill_parents")
+    assert record.status == "error" and "stopped before its functions could be called" in record.message
+    assert "killed" in record.message
+    scores_nothing(battery, "kill_parents")
+
+
+# ----------------------------------------------------------------------------------------
+# What a run can see and reach.
+# ----------------------------------------------------------------------------------------
+
+@NEEDS_SANDBOX
+def test_the_reference_hidden_tests_other_runs_and_the_network_are_out_of_reach(battery):
+    record = battery.record("read_secrets")
+    value = next(iter(record.results.values()))["value"]
+    assert value == {"kind": "str", "value": "nothing"}
+    assert not (battery.out / "planted.txt").exists()
+    scores_nothing(battery, "read_secrets")
+
+
+# ----------------------------------------------------------------------------------------
+# Faults: crash, memory, processes, time, output.
+# ----------------------------------------------------------------------------------------
+
+def test_a_segfault_is_an_error_that_says_the_kernel_died(battery):
+    record = battery.record("segfault")
+    assert record.status == "error" and "kernel died" in record.message
+    scores_nothing(battery, "segfault")
+
+
+def test_a_memory_bomb_is_stopped_at_the_memory_limit(battery):
+    record = battery.record("memory_bomb")
+    died = record.status == "error" and "kernel died" in record.message
+    stopped = any(e["type"] == "MemoryError" for e in record.cell_errors)
+    assert died or stopped, (record.status, record.message, record.cell_errors)
+    scores_nothing(battery, "memory_bomb")
+
+
+@pytest.mark.skipif(not FORK_LIMIT, reason="no pids cgroup here, and RLIMIT_NPROC does not bind root")
+def test_a_fork_bomb_is_stopped_at_the_process_limit_and_leaves_nothing_behind(battery):
+    record = battery.record("fork_bomb")
+    assert record.status in ("ok", "error", "timeout")
+    scores_nothing(battery, "fork_bomb")
+    assert battery.record("honest").status == "ok"
+
+
+def test_a_cell_that_never_returns_is_a_timeout(battery):
+    record = battery.record("never_returns")
+    assert record.status == "timeout"
+    assert f"did not finish within {TIMEOUT:g} s" in record.message
+    assert {o.status for o in battery.outcomes("never_returns")} == {"timeout"}
+
+
+def test_a_flood_of_output_is_cut_not_stored(battery):
+    work = battery.workdir("print_a_lot")
+    executed, log = (work / "executed.ipynb").stat().st_size, (work / "run.log").stat().st_size
+    assert executed < LIMITS.output + 200_000, executed  # 80 MiB were printed
+    assert log < LIMITS.output + 10_000, log
+    assert "output cut here" in (work / "executed.ipynb").read_text()
+    assert "log was cut" in (work / "run.log").read_text(errors="replace")
+    assert battery.record("print_a_lot").status == "ok"
+    scores_nothing(battery, "print_a_lot")
+
+
+def test_markup_in_messages_arrives_as_plain_text(battery):
+    outcomes = battery.outcomes("markup_injection")
+    assert any("<script>" in o.message for o in outcomes)  # kept as data; the scoreboard escapes it
+    scores_nothing(battery, "markup_injection")
+
+
+# ----------------------------------------------------------------------------------------
+# The sandbox on its own (no notebooks): fast.
+# ----------------------------------------------------------------------------------------
+
+def test_sizes_are_read_with_units():
+    assert sandbox.parse_size("4G") == 4 << 30
+    assert sandbox.parse_size("512M") == 512 << 20
+    assert sandbox.parse_size("1.5GiB") == 3 << 29
+    assert sandbox.parse_size("1000") == 1000
+    with pytest.raises(ValueError):
+        sandbox.parse_size("lots")
+
+
+def test_the_default_limits_are_the_documented_ones():
+    d = sandbox.DEFAULT_LIMITS
+    assert (d.memory, d.output, d.network) == (4 << 30, 10 << 20, False)
+
+
+def test_a_run_keeps_device_settings_and_drops_the_callers_secrets(tmp_path):
+    env = sandbox.run_environment({"JAX_PLATFORMS": "cpu", "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t",
+                                   "PATH": "/usr/bin", "HOME": "/root"}, tmp_path, sandboxed=True)
+    assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/usr/bin"
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env and env["HOME"] != "/root"
+
+
+def test_the_sandbox_binds_the_kits_package_but_never_its_repository(tmp_path):
+    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path, sandbox.DEFAULT_LIMITS)
+    bound = [cmd[i + 1] for i, a in enumerate(cmd) if a in ("--ro-bind", "--bind")]
+    root = str(catalog.ROOT)
+    assert root not in bound and str(catalog.ROOT / "labkit") in bound
+    assert not any(b == "/" or b.startswith(root + "/reference") or b.startswith(root + "/tests") for b in bound)
+    assert "--unshare-all" in cmd and "--die-with-parent" in cmd and "--share-net" not in cmd
+
+
+def _launch(tmp_path, code: str, limits: Limits = sandbox.DEFAULT_LIMITS, timeout: float = 60) -> str:
+    log_path = tmp_path / "log"
+    with open(log_path, "wb") as log:
+        proc = sandbox.launch([sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"]}, limits,
+                              log=log)
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            execute.kill_tree(proc.pid)
+            proc.wait()
+    return log_path.read_text()
+
+
+@NEEDS_SANDBOX
+def test_inside_the_sandbox_the_repository_and_network_are_absent_and_only_the_workdir_is_writable(tmp_path):
+    code = f"""
+import os, socket
+print("reference", os.path.exists({str(catalog.ROOT / 'reference')!r}))
+print("hidden", os.path.exists({str(catalog.ROOT / 'tests' / 'hidden')!r}))
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=3); print("network yes")
+except OSError:
+    print("network no")
+for where in ("/usr/planted", os.path.join(os.getcwd(), "planted")):
+    try:
+        open(where, "w").write("x"); print("wrote", where)
+    except OSError:
+        print("refused", where)
+"""
+    out = _launch(tmp_path, code)
+    assert "reference False" in out and "hidden False" in out and "network no" in out, out
+    assert "refused /usr/planted" in out and f"wrote {tmp_path / 'work' / 'planted'}" in out, out
+
+
+def test_output_beyond_the_limit_is_cut_from_the_log(tmp_path):
+    out = _launch(tmp_path, "import os\nfor _ in range(64): os.write(1, b'x' * 65536)",
+                  Limits(output=100_000))
+    assert len(out) < 100_200 and "log was cut" in out
+
+
+def test_the_memory_limit_stops_an_allocation(tmp_path):
+    out = _launch(tmp_path, "try:\n    b = b'x' * (600 << 20)\n    print('allocated')\nexcept MemoryError:\n"
+                            "    print('stopped')", Limits(memory=400 << 20))
+    assert "stopped" in out, out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_a_detached_process_ends_with_its_run_with_or_without_bubblewrap(tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("LABKIT_SANDBOX", mode)
+    sandbox.bubblewrap.cache_clear()
+    try:
+        _launch(tmp_path, "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                          "        open('pid', 'w').write(str(os.getpid()))\n        time.sleep(600)\n    os._exit(0)\n"
+                          "os.wait()\ntime.sleep(2)")
+    finally:
+        sandbox.bubblewrap.cache_clear()
+    text = (tmp_path / "work" / "pid").read_text()
+    if mode == "none":  # a pid of this machine; in the sandbox, a pid of its own namespace, gone with it
+        time.sleep(0.5)
+        assert not _alive(int(text))
+    assert not any(b"time.sleep(600)" in line for line in _command_lines())
+
+
+def _command_lines() -> list[bytes]:
+    out = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            out.append(p.read_bytes())
+        except OSError:
+            pass
+    return out
+
+
+def test_without_bubblewrap_a_run_has_limits_only_and_warns(kit, lab_report, monkeypatch):
+    monkeypatch.setenv("LABKIT_SANDBOX", "none")
+    done = kit("lab", "3", "--notebook", str(LAB.reference), "--configs", "cpu-1", "--timeout", "90",
+               "--memory", "3G", "--max-processes", "500")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "notebooks run with resource limits only" in done.stderr
+    run = lab_report(3)["runs"]["cpu-1"]
+    assert run["isolation"] == "limits-only"
+    assert run["limits"]["memory"] == 3 << 30 and run["limits"]["processes"] == 500
+
+
+# ----------------------------------------------------------------------------------------
+# Grading a class that mixes tricks and honest work: the scoreboard's scores and statuses.
+# ----------------------------------------------------------------------------------------
+
+def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tmp_path):
+    subs = tmp_path / "submissions"
+    notebooks = {
+        "honest": LAB.reference.read_text(),
+        "unmodified": LAB.student.read_text(),
+        "forger": _with_cell((ADVERSARIAL / "forge_results_now.py").read_text(), tmp_path / "f.ipynb").read_text(),
+        "impostor": _with_cell((ADVERSARIAL / "replace_harness_module.py").read_text(),
+                               tmp_path / "i.ipynb").read_text(),
+        "crasher": _with_cell((ADVERSARIAL / "segfault.py").read_text(), tmp_path / "s.ipynb").read_text(),
+        "injector": _with_cell((ADVERSARIAL / "markup_injection.py").read_text(), tmp_path / "m.ipynb").read_text(),
+    }
+    for student, text in notebooks.items():
+        (subs / student).mkdir(parents=True)
+        (subs / student / "lab-3.ipynb").write_text(text)
+    out = tmp_path / "out"
+    env = dict(os.environ, COLUMNS="160", NO_COLOR="1")
+    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
+                           "--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "90"],
+                          cwd=catalog.ROOT, env=env, text=True, capture_output=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {r["student"]: r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
+    assert (rows["honest"]["status"], rows["honest"]["passed"], rows["honest"]["total"]) == ("ok", 6, 6)
+    assert rows["unmodified"]["status"] == "failed" and rows["unmodified"]["passed"] == 0
+    for cheat in ("forger", "impostor", "crasher"):
+        assert rows[cheat]["status"] == "error" and rows[cheat]["passed"] == 0, rows[cheat]
+    assert "not written by the kit's harness" in rows["forger"]["message"]
+    assert "kernel died" in rows["crasher"]["message"]
+    assert rows["injector"]["passed"] == 0
+    page = (out / "scoreboard.html").read_text()
+    assert "<script>alert" not in page and "<img src=x" not in page
+    feedback = (out / "feedback" / "injector.md").read_text()
+    assert "<script>" not in feedback
