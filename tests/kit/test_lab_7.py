@@ -1,0 +1,40 @@
+"""Lab 7 through the real pipeline: each approach with its one-device-only mistake passes on cpu-1,
+and on cpu-8 a hidden test names the mistake."""
+
+import json
+
+from labkit import catalog
+
+MISTAKES = [
+    # layer_jit: the inputs are never placed on the mesh
+    ('    x = jax.device_put(x, NamedSharding(mesh, P("data")))\n', ""),
+    ('    w = jax.device_put(w, NamedSharding(mesh, P("data", None)))\n', ""),
+    ('    b = jax.device_put(b, NamedSharding(mesh, P()))\n', ""),
+    # layer_constrained: constraints to a mesh of one device
+    ('mesh = Mesh(np.array(jax.devices()), ("data",))\n\n    @jax.jit',
+     'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n\n    @jax.jit'),
+    # layer_shard_map: no psum, its check silenced
+    ('jax.nn.sigmoid(jax.lax.psum(x_block @ w_block, "data") + b)', "jax.nn.sigmoid(x_block @ w_block + b)"),
+    ("out_specs=P())\n    return mapped(x, w, b)", "out_specs=P(), check_vma=False)\n    return mapped(x, w, b)"),
+]
+
+NAMED = {
+    "test_shard_map_adds_the_partial_products_of_every_device": ["device 0's partial product alone", "psum"],
+    "test_jit_runs_on_every_device_when_the_inputs_are_placed": ["full copy on each of 8 devices", "device_put"],
+    "test_constraints_spread_the_layer_over_every_device": ["full copy on each of 8 devices", "jax.devices()[:1]"],
+}
+
+
+def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_report, variant):
+    cells = json.loads(catalog.lab(7).reference.read_text())["cells"]
+    reference = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert all(old in reference for old, _ in MISTAKES), "a mistake replaces nothing: the reference changed"
+    done = kit("lab", "7", "--notebook", str(variant(7, *MISTAKES)), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcomes = lab_report(7)["outcomes"]
+    runs = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    assert runs["cpu-1"] and all(o["status"] == "passed" for o in runs["cpu-1"].values()), runs["cpu-1"]
+    for test, phrases in NAMED.items():
+        outcome = runs["cpu-8"][test]
+        assert outcome["hidden"] and outcome["status"] == "failed", outcome
+        assert all(p in outcome["message"] for p in phrases), outcome["message"]

@@ -1,0 +1,82 @@
+"""Lab 7, public tests: the sigmoid layer as jit on sharded inputs, with sharding constraints, and with
+shard_map plus psum; each right, each a full copy on every device, and all three equal."""
+
+import numpy as np
+
+from labkit.checks import (call, check, expect_close, expect_close_naming_mistakes, expect_dtype, expect_replicated,
+                           expect_shape)
+
+X = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
+W = (np.arange(16 * 4, dtype=np.float32).reshape(16, 4) % 7 - 3.0) / 4
+B = np.array([0.5, -0.25, 0.0, 1.0], dtype=np.float32)
+
+
+def sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def layer(x, w, b):
+    return sigmoid(x.astype(np.float64) @ w.astype(np.float64) + b)
+
+
+def shard_map_mistakes(x, w, b, n):
+    """What the per-device program gives on n devices when the psum is missing or in the wrong place."""
+    xs, ws = np.split(x.astype(np.float64), n), np.split(w.astype(np.float64), n)
+    partial = [xi @ wi for xi, wi in zip(xs, ws)]
+    return {
+        f"That is device 0's partial product alone, as if there were no other devices: add the {n} partial "
+        "products with jax.lax.psum(x_block @ w_block, 'data') before the bias and the sigmoid "
+        "(check_vma=False lets a missing psum through)": sigmoid(partial[0] + b),
+        "The sigmoid was applied before the psum, so the result adds up one sigmoid per device: psum the partial "
+        "products first, then add b and apply the sigmoid": sum(sigmoid(p + b) for p in partial),
+        f"b was added on every device before the psum, so it counts {n} times: add b after the psum":
+            sigmoid(sum(partial) + n * b),
+    }
+
+
+PLACE = ("jit on arrays that live on one device runs on that device: put x and w on a mesh of every device "
+         "with jax.device_put(..., NamedSharding(mesh, P('data'))) and P('data', None) before calling it")
+CONSTRAIN = ("Constrain x and w inside the jitted function with jax.lax.with_sharding_constraint, using "
+             "NamedShardings over a mesh built from jax.devices()")
+REPLICATE = "After the psum every device holds the result: out_specs=P(), on a mesh built from jax.devices()"
+
+
+@check(got=call("layer_jit", X, W, B))
+def test_jit_computes_the_layer(got):
+    expect_close(got, layer(X, W, B), atol=1e-6)
+
+
+@check(got=call("layer_jit", X, W, B))
+def test_jit_result_is_a_full_copy_on_every_device(got, run):
+    expect_shape(got, (4,))
+    expect_dtype(got, "float32")
+    expect_replicated(got, run.device_count, hint=PLACE)
+
+
+@check(got=call("layer_constrained", X, W, B))
+def test_constrained_computes_the_layer(got):
+    expect_close(got, layer(X, W, B), atol=1e-6)
+
+
+@check(got=call("layer_constrained", X, W, B))
+def test_constrained_result_is_a_full_copy_on_every_device(got, run):
+    expect_shape(got, (4,))
+    expect_replicated(got, run.device_count, hint=CONSTRAIN)
+
+
+@check(got=call("layer_shard_map", X, W, B))
+def test_shard_map_computes_the_layer(got, run):
+    expect_close_naming_mistakes(got, layer(X, W, B), shard_map_mistakes(X, W, B, run.device_count), atol=1e-6)
+
+
+@check(got=call("layer_shard_map", X, W, B))
+def test_shard_map_result_is_a_full_copy_on_every_device(got, run):
+    expect_shape(got, (4,), hint="psum the (f,) partial products; do not stack them")
+    expect_replicated(got, run.device_count, hint=REPLICATE)
+
+
+@check(jit=call("layer_jit", X, W, B), constrained=call("layer_constrained", X, W, B),
+       mapped=call("layer_shard_map", X, W, B))
+def test_the_three_approaches_agree(jit, constrained, mapped):
+    expect_close(constrained, jit.value, atol=1e-6, hint="layer_constrained and layer_jit should give the same layer")
+    expect_close(mapped, jit.value, atol=1e-6, hint="layer_shard_map and layer_jit should give the same layer")
