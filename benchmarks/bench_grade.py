@@ -110,8 +110,8 @@ def baseline(units: list[tuple[Path, catalog.Lab, str]], jobs: int, folder: Path
     return time.perf_counter() - start
 
 
-def timed_grade(subs: Path, out: Path, labs: list[catalog.Lab], jobs: int) -> float:
-    cmd = [sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
+def timed_grade(subs: Path, out: Path, labs: list[catalog.Lab], jobs: int, timeout: float) -> float:
+    cmd = [sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out), "--timeout", str(timeout),
            "--labs", ",".join(str(lab.number) for lab in labs), "--configs", ",".join(CONFIGS), "--jobs", str(jobs)]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
@@ -121,11 +121,20 @@ def timed_grade(subs: Path, out: Path, labs: list[catalog.Lab], jobs: int) -> fl
     return seconds
 
 
+def load() -> str:
+    """The 1, 5 and 15 minute load averages: other work on the machine skews every figure."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--students", type=int, default=20)
     ap.add_argument("--labs", default=None, help="comma-separated (default: those of 3, 4, 5, 6 that exist)")
     ap.add_argument("--jobs", type=int, default=grade.default_jobs())
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per notebook (default %(default)s)")
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     args = ap.parse_args()
     labs = labs_to_grade(args.labs)
@@ -140,10 +149,13 @@ def main() -> int:
         units += [(subs / s / f"{lab.name}.ipynb", lab, c) for s in sorted(kinds) for lab in labs for c in CONFIGS]
         # Warm the file cache (python, jax, the kit) once; not counted.
         subprocess.run([sys.executable, "-c", "import jax, papermill, labkit.judge"], check=True)
-        first = timed_grade(subs, out, labs, args.jobs)
+        n = len(units)
+        print(f"{n} units; load average before: {load()}", flush=True)
+        first = timed_grade(subs, out, labs, args.jobs, args.timeout)
+        print(f"  grade, first run: {first:.1f} s; load average: {load()}", flush=True)
         plain = baseline(units, args.jobs, work / "plain")
-        again = timed_grade(subs, out, labs, args.jobs)
-    n = len(units)
+        print(f"  plain python: {plain:.1f} s; load average: {load()}", flush=True)
+        again = timed_grade(subs, out, labs, args.jobs, args.timeout)
     print(f"class: {args.students} students x labs {', '.join(str(lab.number) for lab in labs)} x "
           f"{', '.join(CONFIGS)} = {n - len(labs) * len(CONFIGS)} units, plus {len(labs) * len(CONFIGS)} for the "
           f"reference solutions; {args.jobs} jobs on {os.cpu_count()} cores")

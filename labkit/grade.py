@@ -576,8 +576,9 @@ def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
             continue
         lab = labs[row["lab"]]
         bad = [t for t in row["tests"] if t["status"] not in ("passed", "skipped")]
-        if not bad:
+        if not bad or row["status"] in ("error", "timeout"):  # the run itself: one line, not one per test
             broken.append(f"{lab.reference.relative_to(lab.root)} on {row['config']}: {row['status']}: {row['message']}")
+            continue
         for t in bad:
             where = "hidden" if t["hidden"] else "public"
             broken.append(f"{lab.reference.relative_to(lab.root)} on {row['config']}: {t['test']} "
