@@ -247,7 +247,7 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
         first = next((t for t in failing if not t["hidden"]), failing[0])
         what = "not implemented yet" if first["status"] == "todo" else first["message"]
         row.update(status="failed", message=f"{len(failing)} of {len(counted)} tests did not pass; "
-                                            f"first: {first['test'].removeprefix('test_')}: {what}")
+                                            f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}")
     return row
 
 

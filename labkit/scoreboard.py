@@ -131,7 +131,7 @@ def _cell(value) -> str:
 
 
 def _message(row: dict) -> str:
-    return " | ".join([row["message"], *row.get("notes", [])]) if row.get("notes") else row["message"]
+    return " | ".join(part for part in [row["message"], *row.get("notes", [])] if part)
 
 
 def to_csv(results: dict) -> str:
