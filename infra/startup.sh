@@ -20,6 +20,7 @@
 #   LABKIT_SMOKE_LAB  the lab whose reference is the smoke test               (default: 3)
 #   LABKIT_SMOKE_TIMEOUT  seconds the smoke notebook may run                  (default: 300)
 #   LABKIT_SYSTEM_PACKAGES  0 skips apt-get (git, make, python3-venv)         (default: 1)
+#   LABKIT_DEP_GROUPS the dependency groups of .venv (make setup DEP_GROUPS=...)  (default: notebook)
 #   LABKIT_WORKERS    hosts in this TPU slice     (default: from the metadata key worker-network-endpoints)
 #
 # A TA reads how it went with:
@@ -75,6 +76,7 @@ LABKIT_HOME=${LABKIT_HOME:-/opt/labkit}
 LABKIT_SMOKE_LAB=${LABKIT_SMOKE_LAB:-3}
 LABKIT_SMOKE_TIMEOUT=${LABKIT_SMOKE_TIMEOUT:-300}
 LABKIT_SYSTEM_PACKAGES=${LABKIT_SYSTEM_PACKAGES:-1}
+LABKIT_DEP_GROUPS=${LABKIT_DEP_GROUPS:-notebook}
 # On a multi-host TPU slice every worker runs this script on its own; JAX's multi-process start
 # needs all workers in one run, which `workshop.sh run` does (--worker=all). Here each worker
 # smokes the CPU configuration instead of waiting for its peers.
@@ -84,9 +86,11 @@ if [[ -z "$LABKIT_REPO" ]]; then
   STEP="settings: LABKIT_REPO (metadata labkit-repo) is not set"
   false
 fi
+# The students' environment, as in the course image: the kit's dependencies and JupyterLab (the
+# `notebook` group), without the kit's own dev, infra and lint tools.
 case "$LABKIT_MODE" in
-  tpu) SETUP_ARGS=(EXTRAS=tpu); SMOKE_CONFIG=tpu ;;
-  cpu) SETUP_ARGS=(); SMOKE_CONFIG=cpu-8 ;;
+  tpu) SETUP_ARGS=(EXTRAS=tpu "DEP_GROUPS=$LABKIT_DEP_GROUPS"); SMOKE_CONFIG=tpu ;;
+  cpu) SETUP_ARGS=("DEP_GROUPS=$LABKIT_DEP_GROUPS"); SMOKE_CONFIG=cpu-8 ;;
   *) STEP="settings: LABKIT_MODE must be tpu or cpu, not '$LABKIT_MODE'"; false ;;
 esac
 if [[ "$LABKIT_MODE" == tpu && "${WORKERS:-0}" -gt 1 ]]; then

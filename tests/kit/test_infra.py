@@ -330,7 +330,8 @@ def test_startup_script_installs_the_kit_and_passes_the_smoke_lab_on_cpu_8(tmp_p
     assert result.returncode == 0, log[-3000:]
     assert (tmp_path / "state" / "status").read_text().startswith("ready: lab 3 reference passed on cpu-8")
     assert "PASS  4/4 on cpu-8" in log, "the smoke lab's report belongs in the TA's log"
-    assert (tmp_path / "kit" / ".venv" / "bin" / "python").exists()
+    assert (tmp_path / "kit" / ".venv" / "bin" / "jupyter-lab").exists(), "students get JupyterLab"
+    assert not (tmp_path / "kit" / ".venv" / "bin" / "checkov").exists(), "the kit's own tools stay off the VMs"
     assert not list((tmp_path / "kit" / ".venv").glob("lib/python*/site-packages/libtpu*")), \
         "jax[tpu] belongs on TPU VMs only"
 
@@ -374,7 +375,7 @@ def test_startup_script_in_tpu_mode_installs_jax_tpu_and_smokes_on_tpu(tmp_path)
     result = run(["bash", str(INFRA / "startup.sh")], env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     calls = record.read_text().splitlines()
-    assert calls[0] == f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu"
+    assert calls[0] == f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu DEP_GROUPS=notebook"
     assert "--configs tpu" in calls[1] and "--notebook reference/lab-3.ipynb" in calls[1]
     assert (tmp_path / "state" / "status").read_text().startswith("ready: lab 3 reference passed on tpu")
 
@@ -386,7 +387,7 @@ def test_startup_script_on_a_multi_host_slice_leaves_the_tpu_run_to_all_workers(
     result = run(["bash", str(INFRA / "startup.sh")], env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     calls = record.read_text().splitlines()
-    assert calls[0].endswith("setup EXTRAS=tpu")
+    assert calls[0].endswith("setup EXTRAS=tpu DEP_GROUPS=notebook")
     assert "--configs cpu-8" in calls[1]
     assert "multi-host slice of 4 workers" in (tmp_path / "log" / "labkit-startup.log").read_text()
 
@@ -661,12 +662,32 @@ def test_grade_job_runs_the_kits_image_with_the_class_mounted(k8s):
     container = pod["containers"][0]
     assert re.fullmatch(r"[a-z0-9.-]+/[a-z0-9/._-]+/labkit:[\w.-]+", container["image"])
     assert not container["image"].endswith(":latest")
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts["class"] == "/class"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/class"]["name"] == "class"
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["class"]["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {e["name"]: e["value"] for e in container["env"]}["LABKIT_BUILD"].startswith(mounts["scratch"])
+    assert {e["name"]: e["value"] for e in container["env"]}["LABKIT_BUILD"].startswith("/scratch/")
+    assert "/scratch" in mounts and volumes[mounts["/scratch"]["name"]] == {"name": "scratch", "emptyDir": {}}
+
+
+def test_grade_job_brings_the_reference_and_hidden_tests_the_course_image_leaves_out(k8s):
+    container = k8s["labkit-grade"]["spec"]["template"]["spec"]["containers"][0]
+    kit = container["workingDir"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    for folder in ("reference", "tests/hidden"):
+        mount = mounts[f"{kit}/{folder}"]
+        assert mount["name"] == "class" and mount["subPath"] == f"kit/{folder}" and mount["readOnly"] is True
+
+
+def test_grade_job_matches_the_course_image(k8s):
+    dockerfile = ROOT / "Dockerfile"
+    if not dockerfile.exists():
+        pytest.skip("no Dockerfile in the kit")
+    text = dockerfile.read_text()
+    pod = k8s["labkit-grade"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["workingDir"] == re.findall(r"^WORKDIR (\S+)", text, re.M)[-1]
+    assert f"USER {pod['securityContext']['runAsUser']}:" in text
 
 
 def test_merge_job_waits_for_every_shard_and_merges_them(k8s):
