@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The course image: the kit and its locked environment, set up by the same `make setup` the README
 # uses, from the same uv.lock. No list of packages lives here.
 #
@@ -18,8 +17,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends make=4.3-4.1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 --shell /bin/bash student
-ENV KIT=/home/student/kit \
-    PYTHONUNBUFFERED=1
+ENV PYTHONUNBUFFERED=1
 WORKDIR /home/student/kit
 
 # ---- build: `make setup` from uv.lock (uv itself is fetched at the version the Makefile pins) ----
@@ -36,6 +34,7 @@ ENV DEP_GROUPS=notebook \
     PIP_NO_CACHE_DIR=1
 COPY Makefile pyproject.toml uv.lock README.md ./
 COPY labkit/ labkit/
+# (BuildKit, the default builder, keeps uv's download cache between builds.)
 RUN --mount=type=cache,target=/root/.cache/uv \
     make setup EXTRAS="${EXTRAS}" \
  && rm -rf .tools
