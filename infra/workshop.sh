@@ -224,7 +224,7 @@ cmd_run() {
 # VMs' scoreboards merged into DIR/scoreboard/.
 cmd_collect() {
   load_settings
-  local out=${1:-$ROOT/workshop-results} name parts=() n=0
+  local out=${1:-$ROOT/build/workshop-results} name parts=() n=0
   mkdir -p "$out/vms" "$out/submissions"
   while read -r name; do
     [[ -n "$name" ]] || continue

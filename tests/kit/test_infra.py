@@ -626,6 +626,19 @@ def test_down_without_a_yes_destroys_nothing(workshop):
     assert workshop.calls("terraform") == []
 
 
+def test_make_targets_go_through_the_front_door(workshop):
+    up = run(["make", "-s", "workshop-up", "YES=1"], env=workshop.env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "Estimated cost" in up.stdout
+    lab = run(["make", "-s", "workshop-run", "RUN=lab 4 --configs tpu"], env=workshop.env)
+    assert lab.returncode == 0, lab.stdout + lab.stderr
+    down = run(["make", "-s", "workshop-down", "YES=1"], env=workshop.env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    actions = [c[1] for c in workshop.calls("terraform") if c[1] in ("apply", "destroy")]
+    assert actions == ["apply", "destroy"]
+    assert any(c[-1] == "cd /opt/labkit && make lab-4 CONFIGS=tpu" for c in workshop.calls("gcloud"))
+
+
 # ----------------------------------------------------------------------------------------
 # Grading on GKE: an Indexed Job of shards, then a merge
 # ----------------------------------------------------------------------------------------
