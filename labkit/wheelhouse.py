@@ -77,7 +77,7 @@ def needed(uv: str, selection: list[str]) -> list[tuple[str, str]]:
         env = dict(os.environ, UV_PROJECT_ENVIRONMENT=str(Path(scratch) / "venv"), UV_PYTHON_DOWNLOADS="never",
                    NO_COLOR="1")
         done = subprocess.run([uv, "sync", "--frozen", "--offline", "--dry-run", *selection], cwd=ROOT, env=env,
-                              capture_output=True, text=True)
+                              check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise PlanError((done.stderr or done.stdout).strip())
     plan = []

@@ -65,14 +65,14 @@ def run_lines() -> list[str]:
 
 
 def test_hadolint_passes_on_the_dockerfile():
-    done = subprocess.run([str(HADOLINT), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(HADOLINT), "--no-color", str(DOCKERFILE)], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_hadolint_fails_on_a_dockerfile_that_installs_unpinned_packages(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:3.11.14-slim-bookworm\nRUN pip install --no-cache-dir numpy\n")
-    done = subprocess.run([str(HADOLINT), "--no-color", str(bad)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(HADOLINT), "--no-color", str(bad)], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "DL3013" in done.stdout
 
 
@@ -80,7 +80,7 @@ def test_the_base_image_is_pinned_by_exact_tag_and_digest():
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
     assert base, "the base image is one ARG, BASE_IMAGE"
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base.group(1)), base.group(1)
-    assert [rest for _, word, rest in instructions() if word == "FROM"][0].startswith("${BASE_IMAGE}")
+    assert next(rest for _, word, rest in instructions() if word == "FROM").startswith("${BASE_IMAGE}")
 
 
 def test_the_environment_comes_from_the_lock_through_make_setup():
@@ -107,7 +107,7 @@ def test_the_image_runs_as_a_non_root_user():
 def test_the_default_command_is_the_student_loop():
     cmd = [rest for _, word, rest in instructions() if word == "CMD"][-1]
     assert re.fullmatch(r'\["make", "lab-\d+"\]', cmd), cmd
-    plan = subprocess.run(["make", "-n", "lab-3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    plan = subprocess.run(["make", "-n", "lab-3"], cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
     assert "-m labkit lab 3" in plan.stdout, plan.stdout + plan.stderr
 
 
@@ -118,7 +118,7 @@ def test_the_course_image_leaves_out_the_dev_infra_and_lint_groups_and_cuda():
     uv = shutil.which("uv") or str(ROOT / ".tools" / "bin" / "uv")
     exported = subprocess.run([uv, "export", "--frozen", "--no-header", "--no-annotate", "--no-hashes",
                                "--no-default-groups", "--group", build["DEP_GROUPS"]],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+                              cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr
     names = {re.split(r"[=<>; ]", line, maxsplit=1)[0].lower() for line in exported.stdout.splitlines()
              if line and not line.startswith(("#", "-e", " "))}
@@ -131,7 +131,7 @@ def test_the_tpu_variant_is_a_build_argument_that_installs_the_tpu_extra():
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG EXTRAS=$", text, re.MULTILINE)
     assert any('EXTRAS="${EXTRAS}"' in r and "make setup" in r for r in run_lines())
-    plan = subprocess.run(["make", "-n", "docker-build", "EXTRAS=tpu"], cwd=ROOT, capture_output=True, text=True)
+    plan = subprocess.run(["make", "-n", "docker-build", "EXTRAS=tpu"], cwd=ROOT, check=False, capture_output=True, text=True)
     assert "--build-arg EXTRAS=tpu" in plan.stdout and "-t labkit:tpu" in plan.stdout
 
 
@@ -153,7 +153,7 @@ def test_the_build_context_leaves_out_environments_outputs_solutions_and_hidden_
 
 
 def test_docker_lab_serves_jupyterlab_on_port_8888_with_labs_mounted():
-    plan = subprocess.run(["make", "-n", "docker-lab"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    plan = subprocess.run(["make", "-n", "docker-lab"], cwd=ROOT, check=False, capture_output=True, text=True, timeout=60).stdout
     assert "-p 8888:8888" in plan and f'{ROOT}/labs:/home/student/kit/labs' in plan
     assert "jupyter lab --ip=0.0.0.0 --port=8888" in plan
     assert (ROOT / ".venv" / "bin" / "jupyter-lab").exists(), "JupyterLab is in the locked notebook group"
@@ -161,7 +161,7 @@ def test_docker_lab_serves_jupyterlab_on_port_8888_with_labs_mounted():
 
 def test_docker_grade_runs_nox_grade_with_the_network_off(tmp_path):
     plan = subprocess.run(["make", "-n", "docker-grade", f"SUBMISSIONS={tmp_path}/subs", f"GRADES={tmp_path}/out"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+                          cwd=ROOT, check=False, capture_output=True, text=True, timeout=60).stdout
     assert "--network none" in plan
     assert f"{tmp_path}/subs:/submissions:ro" in plan and f"{tmp_path}/out:/grades" in plan
     assert "tests/hidden:/home/student/kit/tests/hidden:ro" in plan and "reference:/home/student/kit/reference:ro" in plan
@@ -191,7 +191,7 @@ def replayed_build(tmp_path_factory) -> Path:
     command = re.sub(r"^--mount=\S+\s+", "", setup_run)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_"))}
     env.update(stage_env("build"), EXTRAS="")
-    done = subprocess.run(["bash", "-c", command], cwd=kit, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(["bash", "-c", command], cwd=kit, env=env, check=False, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return kit
 
@@ -209,7 +209,7 @@ def test_make_lab_in_the_image_finds_the_environment_up_to_date(replayed_build):
     env.update(stage_env("course"), EXTRAS="")
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "uv").exists())
     (replayed_build / ".venv" / ".synced").touch()
-    plan = subprocess.run(["make", "-n", "setup"], cwd=replayed_build, env=env, capture_output=True, text=True)
+    plan = subprocess.run(["make", "-n", "setup"], cwd=replayed_build, env=env, check=False, capture_output=True, text=True)
     assert "Nothing to be done" in plan.stdout, plan.stdout + plan.stderr
 
 
@@ -228,5 +228,5 @@ def test_the_images_own_check_passes_on_the_replayed_environment(replayed_build)
     env["PATH"] = env["PATH"].replace("/home/student/kit", str(replayed_build))
     env["HOME"] = str(replayed_build.parent)
     done = subprocess.run(["bash", "-c", check.replace("/tmp/check", str(replayed_build.parent / "check"))],
-                          cwd=replayed_build, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=replayed_build, env=env, check=False, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
