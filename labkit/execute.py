@@ -368,8 +368,11 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
                        isolation=procs[0].isolation if procs else "", limits=limits.to_json())
+    refused = []
     for i, (proc, pdir) in enumerate(zip(procs, dirs)):
         payload = _read_payload(pdir / "results.json", key)
+        if payload is None and (pdir / "results.json").exists():
+            refused.append(i)
         record.processes.append({"process": i, "exit": proc.returncode, "coordinator": coordinator,
                                  "environment": payload[0] if payload else {},
                                  "results": payload[1] if payload else {}})
@@ -389,6 +392,10 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         record.status = "error"
         record.message = (f"process {missing[0]} {of} stopped before its functions could be called: "
                           + _why_no_results(dirs[missing[0]] / "run.log", procs[missing[0]].returncode))
+        return record
+    if refused:
+        record.status = "error"
+        record.message = f"process {refused[0]} {of}: {FORGED}"
         return record
     record.environment = record.processes[0]["environment"]
     record.results = record.processes[0]["results"]
