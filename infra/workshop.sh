@@ -113,11 +113,15 @@ terraform_apply_or_destroy() {
 
 # Names from `terraform output -json NAME` (a JSON list), one a line.
 output_list() {
-  terraform -chdir="$INFRA" output -json "$1" | python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin) or []))'
+  terraform -chdir="$INFRA" output -json "$1" | python3 -c 'import json, sys; sys.stdout.writelines(n + "\n" for n in json.load(sys.stdin) or [])'
 }
 
-tpu_names() { output_list tpu_names; }
-cpu_names() { output_list cpu_names; }
+# The VM names, into the arrays TPUS and CPUS. Loops go over these arrays, never over a
+# `while read` of a pipe: ssh reads standard input and would swallow the rest of the list.
+load_names() {
+  mapfile -t TPUS < <(output_list tpu_names)
+  mapfile -t CPUS < <(output_list cpu_names)
+}
 
 # Run a command on one VM: every worker of a TPU slice (JAX multi-process needs all of them in
 # the same run), or the one CPU VM.
@@ -158,16 +162,15 @@ cmd_status() {
     --format "table(name,zone.basename(),status)"
   echo "== the kit on each VM ($KIT_HOME; 'ready: ...' once its smoke lab passed)"
   local name
-  while read -r name; do
-    [[ -n "$name" ]] || continue
+  load_names
+  for name in "${TPUS[@]}"; do
     echo "-- $name"
     on_tpu "$name" "cat /var/lib/labkit/status 2>/dev/null || echo 'no status yet: still booting'" || echo "unreachable"
-  done < <(tpu_names)
-  while read -r name; do
-    [[ -n "$name" ]] || continue
+  done
+  for name in "${CPUS[@]}"; do
     echo "-- $name"
     on_cpu "$name" "cat /var/lib/labkit/status 2>/dev/null || echo 'no status yet: still booting'" || echo "unreachable"
-  done < <(cpu_names)
+  done
 }
 
 # run lab N [--configs C] | run grade [ARGS...]: on every VM at once, one log per VM.
@@ -194,18 +197,17 @@ cmd_run() {
     *) die "usage: workshop.sh run lab N [--configs C] | run grade [ARGS...]" ;;
   esac
   mkdir -p "$LOGS"
-  while read -r name; do
-    [[ -n "$name" ]] || continue
-    on_tpu "$name" "$tpu_cmd" >"$LOGS/$name.log" 2>&1 &
+  load_names
+  for name in "${TPUS[@]}"; do
+    on_tpu "$name" "$tpu_cmd" >"$LOGS/$name.log" 2>&1 </dev/null &
     pids+=($!)
     names+=("$name")
-  done < <(tpu_names)
-  while read -r name; do
-    [[ -n "$name" ]] || continue
-    on_cpu "$name" "$cpu_cmd" >"$LOGS/$name.log" 2>&1 &
+  done
+  for name in "${CPUS[@]}"; do
+    on_cpu "$name" "$cpu_cmd" >"$LOGS/$name.log" 2>&1 </dev/null &
     pids+=($!)
     names+=("$name")
-  done < <(cpu_names)
+  done
   ((${#pids[@]})) || die "no VMs: run \`make workshop-up\` first"
   echo "running '$what${lab:+ $lab}' on ${#pids[@]} VM(s); logs in $LOGS/"
   for i in "${!pids[@]}"; do
@@ -226,24 +228,23 @@ cmd_collect() {
   load_settings
   local out=${1:-$ROOT/build/workshop-results} name parts=() n=0
   mkdir -p "$out/vms" "$out/submissions"
-  while read -r name; do
-    [[ -n "$name" ]] || continue
+  load_names
+  for name in "${TPUS[@]}"; do
     mkdir -p "$out/vms/$name"
     gcloud compute tpus tpu-vm scp --project "$PROJECT" --zone "$ZONE" --worker=0 --recurse \
       "$name:$KIT_HOME/labs" "$out/vms/$name/" || echo "  $name: its notebooks could not be copied"
     gcloud compute tpus tpu-vm scp --project "$PROJECT" --zone "$ZONE" --worker=0 --recurse \
       "$name:$KIT_HOME/scoreboard" "$out/vms/$name/" || echo "  $name: no results there (not graded yet?)"
     n=$((n + 1))
-  done < <(tpu_names)
-  while read -r name; do
-    [[ -n "$name" ]] || continue
+  done
+  for name in "${CPUS[@]}"; do
     mkdir -p "$out/vms/$name"
     gcloud compute scp --project "$PROJECT" --zone "$CPU_ZONE" --recurse \
       "$name:$KIT_HOME/labs" "$out/vms/$name/" || echo "  $name: its notebooks could not be copied"
     gcloud compute scp --project "$PROJECT" --zone "$CPU_ZONE" --recurse \
       "$name:$KIT_HOME/scoreboard" "$out/vms/$name/" || echo "  $name: no results there (not graded yet?)"
     n=$((n + 1))
-  done < <(cpu_names)
+  done
   ((n)) || die "no VMs: run \`make workshop-up\` first"
   for name in "$out"/vms/*/; do
     name=$(basename "$name")

@@ -425,6 +425,7 @@ elif tool == "gcloud":
                 missing += 1
         sys.exit(1 if missing else 0)
     elif "ssh" in args:
+        sys.stdin.read()  # as ssh does: whatever the script left on standard input is gone
         print(canned.get("ssh", "ready"))
 elif tool == "nox":
     print("nox " + " ".join(args))
@@ -548,6 +549,15 @@ def test_run_lab_runs_on_every_worker_of_every_tpu_vm(workshop):
         assert ["compute", "ssh", name, "--project", "my-course-project", "--zone", "us-central1-a",
                 "--command", "cd /opt/labkit && make lab-3 CONFIGS=cpu-1,cpu-8"] in gcloud
     assert (workshop.tmp / "logs" / "spmd-tpu-01.log").exists(), "one log per VM"
+
+
+def test_a_workshop_without_cpu_vms_reaches_only_its_tpu_vms(tmp_path):
+    w = Workshop(tmp_path, SETTINGS, {"tpu_names": ["spmd-tpu-00"], "cpu_names": []})
+    result = w("run", "lab", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ssh = [c for c in w.calls("gcloud") if "ssh" in c]
+    assert len(ssh) == 1 and ssh[0][4] == "spmd-tpu-00"
+    assert "on 1 VM(s)" in result.stdout
 
 
 def test_run_lab_takes_the_configurations_to_run(workshop):
