@@ -78,6 +78,12 @@ def join_distributed() -> None:
         return
     import jax
 
+    process, timeout = os.environ.get("LABKIT_PROCESS_ID", "0"), float(os.environ.get("LABKIT_JOIN_TIMEOUT", "60"))
+    if process != "0" and not _reachable(coordinator, timeout):
+        # JAX's client aborts the whole process when the coordinator never answers: say why first.
+        print(f"labkit: process {process} could not join the others: nothing answered at {coordinator} "
+              f"within {timeout:g} s (did process 0 start?)", file=sys.__stderr__, flush=True)
+        os._exit(3)
     try:
         if os.environ.get("LABKIT_CPU_COLLECTIVES"):
             jax.config.update("jax_cpu_collectives_implementation", os.environ["LABKIT_CPU_COLLECTIVES"])
@@ -93,6 +99,23 @@ def join_distributed() -> None:
         print(f"labkit: process {os.environ.get('LABKIT_PROCESS_ID')} could not join the others at "
               f"{coordinator}: {type(e).__name__}: {_first_line(e)}", file=sys.__stderr__, flush=True)
         os._exit(3)
+
+
+def _reachable(address: str, timeout: float) -> bool:
+    """True once something accepts TCP connections at host:port, trying for up to `timeout` seconds."""
+    import socket
+    import time
+
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
 
 class _Tee(io.TextIOBase):

@@ -224,3 +224,12 @@ def test_a_lab_whose_tests_declare_one_process_is_skipped_on_cpu_2x4_with_the_re
     assert {o["status"] for o in by["cpu-2x4"].values()} == {"skipped"}
     assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
     assert not (build / "lab-3" / "cpu-2x4" / "process-0").exists()  # not even started
+
+
+def test_a_process_that_cannot_join_the_others_stops_and_says_why(tmp_path):
+    env = TWO_BY_FOUR.environment() | TWO_BY_FOUR.process_env(1, f"127.0.0.1:{execute.free_port()}") | {
+        "LABKIT_JOIN_TIMEOUT": "3"}
+    done = subprocess.run([sys.executable, "-c", "import labkit.harness as h; h.join_distributed(); print('joined')"],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
+    assert done.returncode == 3 and "joined" not in done.stdout
+    assert "labkit: process 1 could not join the others: nothing answered at 127.0.0.1:" in done.stderr
