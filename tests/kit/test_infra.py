@@ -170,6 +170,31 @@ def test_variables_that_take_free_text_are_validated(folder):
             assert len(attr(rule, "error_message")) > 20, f"{name}: say what a good value looks like"
 
 
+@pytest.mark.parametrize("folder", ["", "modules/tpu_vm", "modules/cpu_vm"])
+def test_every_variable_used_is_declared_and_every_declared_one_is_used(folder):
+    # What `terraform validate` would say, which cannot run here without the google providers.
+    text = "".join(p.read_text() for p in (INFRA / folder).glob("*.tf") if p.name != "variables.tf")
+    used = set(re.findall(r"\bvar\.(\w+)", text))
+    declared = set(variables(INFRA / folder))
+    assert used - declared == set(), "used but not declared"
+    validations = (INFRA / folder / "variables.tf").read_text()
+    assert declared - used - set(re.findall(r"\bvar\.(\w+)", validations)) == set(), "declared but never used"
+
+
+def test_root_passes_each_module_its_required_variables_and_reads_only_its_outputs():
+    modules = named(hcl(INFRA / "main.tf")["module"])
+    root_outputs = (INFRA / "outputs.tf").read_text()
+    for name, body in modules.items():
+        folder = INFRA / attr(body, "source")
+        declared = variables(folder)
+        passed = {k for k in body if k not in ("source", "providers")}
+        assert passed <= set(declared), f"module {name} takes no {passed - set(declared)}"
+        required = {k for k, v in declared.items() if "default" not in v}
+        assert required <= passed, f"module {name} needs {required - passed}"
+        read = set(re.findall(rf"\bmodule\.{name}\.(\w+)", root_outputs))
+        assert read <= set(outputs(folder)), f"module {name} has no output {read - set(outputs(folder))}"
+
+
 def _plan(tmp_path: Path, variables_tf: Path, **values) -> subprocess.CompletedProcess:
     """`terraform plan` on a copy of a variables.tf alone: it needs no provider, and checks every validation."""
     terraform = need("terraform")
