@@ -20,6 +20,7 @@ set -euo pipefail
 INFRA=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$INFRA")
 TFVARS=${WORKSHOP_TFVARS:-$INFRA/workshop.tfvars}
+[[ "$TFVARS" == /* ]] || TFVARS=$PWD/$TFVARS # terraform runs in infra/: hand it an absolute path
 PRICES=${WORKSHOP_PRICES:-$INFRA/prices.tsv}
 KIT_HOME=/opt/labkit # where startup.sh installs the kit on every VM
 LOGS=${WORKSHOP_LOGS:-$ROOT/build/workshop}

@@ -521,6 +521,14 @@ def test_up_prints_the_cost_per_hour_before_it_applies(workshop):
     assert "gcloud compute tpus tpu-vm ssh spmd-tpu-00" in out, "hand out the ssh commands"
 
 
+def test_a_relative_settings_path_still_reaches_terraform(workshop):
+    workshop.env["WORKSHOP_TFVARS"] = "workshop.tfvars"
+    result = run(["bash", str(INFRA / "workshop.sh"), "up", "--yes"], env=workshop.env, cwd=workshop.tmp)
+    assert result.returncode == 0, result.stderr
+    apply = [c for c in workshop.calls("terraform") if "apply" in c][0]
+    assert apply[-1] == f"-var-file={workshop.tmp / 'workshop.tfvars'}", "terraform runs in infra/, not here"
+
+
 def test_up_without_a_yes_starts_nothing(workshop):
     result = workshop("up", input="n\n")
     assert result.returncode != 0
