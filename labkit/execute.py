@@ -3,8 +3,9 @@
 `run_notebook` copies the notebook into a scratch folder (the student's file is never
 written), appends the harness cell that calls the student's functions on the judge's
 inputs, and runs the copy with papermill in a child process whose environment is the
-configuration's. It returns a `RunRecord`: plain data about how the run went and what
-the functions returned. It judges nothing.
+configuration's, sandboxed and under limits (`sandbox.launch`). It returns a `RunRecord`:
+plain data about how the run went and what the functions returned, read once when the
+run has ended and only when the run's sealed harness signed it. It judges nothing.
 
 `python -m labkit.execute IN OUT` is that child process.
 """

@@ -410,11 +410,6 @@ class Sandboxed:
         if self.drain is not None:
             self.drain.join(timeout=10)
 
-    def describe(self) -> dict:
-        """What the run record keeps about this launch."""
-        return {"isolation": self.isolation, "reason": self.reason,
-                "cgroups": [g.relative_to("/sys/fs/cgroup").parts[0] for g in self.cgroups]}
-
 
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
            stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = ()) -> Sandboxed:
