@@ -21,6 +21,7 @@
 #   LABKIT_SMOKE_TIMEOUT  seconds the smoke notebook may run                  (default: 300)
 #   LABKIT_SYSTEM_PACKAGES  0 skips apt-get (git, make, python3-venv)         (default: 1)
 #   LABKIT_DEP_GROUPS the dependency groups of .venv (make setup DEP_GROUPS=...)  (default: notebook)
+#   LABKIT_SYSTEM_ENV file that gives every login EXTRAS and DEP_GROUPS        (default: /etc/environment)
 #   LABKIT_WORKERS    hosts in this TPU slice     (default: from the metadata key worker-network-endpoints)
 #
 # A TA reads how it went with:
@@ -122,8 +123,19 @@ echo "kit at commit $(git -C "$LABKIT_HOME" rev-parse --short HEAD)"
 
 step "installing the locked environment: make setup ${SETUP_ARGS[*]}"
 # Python 3.11+ is required; where the image has an older python3 (Ubuntu 22.04 TPU images), uv
-# fetches a managed interpreter for the environment.
+# fetches a managed interpreter for the environment. It goes beside the kit, not under root's
+# home folder, which the students (other users) cannot enter.
+export HOME=${HOME:-/root}
+export UV_PYTHON_INSTALL_DIR=${UV_PYTHON_INSTALL_DIR:-$(dirname "$LABKIT_HOME")/labkit-python}
 make -C "$LABKIT_HOME" setup "${SETUP_ARGS[@]}"
+
+step "recording the environment's selection for every login: ${SETUP_ARGS[*]}"
+# `make lab-N` installs again when it is asked for another selection than .venv has (see the
+# Makefile); every login, ssh --command included, gets the one installed here, as the course image does.
+ENV_FILE=${LABKIT_SYSTEM_ENV:-/etc/environment}
+touch "$ENV_FILE"
+sed -i -e '/^EXTRAS=/d' -e '/^DEP_GROUPS=/d' "$ENV_FILE"
+printf 'EXTRAS=%s\nDEP_GROUPS=%s\n' "$([[ $LABKIT_MODE == tpu ]] && echo tpu)" "$LABKIT_DEP_GROUPS" >>"$ENV_FILE"
 
 step "smoke lab: lab $LABKIT_SMOKE_LAB reference on $SMOKE_CONFIG"
 (
@@ -137,6 +149,7 @@ step "opening the kit to the VM's users"
 # grading folders; everything else is readable.
 mkdir -p "$LABKIT_HOME/build" "$LABKIT_HOME/submissions" "$LABKIT_HOME/scoreboard"
 chmod -R a+rX "$LABKIT_HOME"
+if [[ -d "$UV_PYTHON_INSTALL_DIR" ]]; then chmod -R a+rX "$UV_PYTHON_INSTALL_DIR"; fi
 chmod -R a+rwX "$LABKIT_HOME/labs" "$LABKIT_HOME/build" "$LABKIT_HOME/submissions" "$LABKIT_HOME/scoreboard"
 
 status "ready: lab $LABKIT_SMOKE_LAB reference passed on $SMOKE_CONFIG ($(git -C "$LABKIT_HOME" rev-parse --short HEAD))"

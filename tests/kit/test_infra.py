@@ -341,7 +341,7 @@ def _startup_env(tmp_path: Path, **extra) -> dict:
     env.update(
         LABKIT_REPO=str(ROOT), LABKIT_REF="HEAD", LABKIT_HOME=str(tmp_path / "kit"), LABKIT_MODE="cpu",
         LABKIT_SYSTEM_PACKAGES="0", LABKIT_LOG=str(tmp_path / "log" / "labkit-startup.log"),
-        LABKIT_STATE=str(tmp_path / "state"),
+        LABKIT_STATE=str(tmp_path / "state"), LABKIT_SYSTEM_ENV=str(tmp_path / "environment"),
         # Build the environment from uv's cache (filled by this machine's own `make setup`): no download.
         UV_OFFLINE="1", PATH=_uv_dir() + os.pathsep + env["PATH"],
     )
@@ -357,6 +357,12 @@ def test_startup_script_installs_the_kit_and_passes_the_smoke_lab_on_cpu_8(tmp_p
     assert "PASS  4/4 on cpu-8" in log, "the smoke lab's report belongs in the TA's log"
     assert (tmp_path / "kit" / ".venv" / "bin" / "jupyter-lab").exists(), "students get JupyterLab"
     assert not (tmp_path / "kit" / ".venv" / "bin" / "checkov").exists(), "the kit's own tools stay off the VMs"
+    # A student's `make lab-N` must find .venv up to date under the selection every login gets.
+    selection = dict(line.split("=", 1) for line in (tmp_path / "environment").read_text().splitlines())
+    assert selection == {"EXTRAS": "", "DEP_GROUPS": "notebook"}
+    up_to_date = run(["make", "-q", "-C", str(tmp_path / "kit"), ".venv/.synced",
+                      *(f"{k}={v}" for k, v in selection.items())])
+    assert up_to_date.returncode == 0, "a student's make lab-N would install again"
     assert not list((tmp_path / "kit" / ".venv").glob("lib/python*/site-packages/libtpu*")), \
         "jax[tpu] belongs on TPU VMs only"
 
@@ -403,6 +409,7 @@ def test_startup_script_in_tpu_mode_installs_jax_tpu_and_smokes_on_tpu(tmp_path)
     assert calls[0] == f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu DEP_GROUPS=notebook"
     assert "--configs tpu" in calls[1] and "--notebook reference/lab-3.ipynb" in calls[1]
     assert (tmp_path / "state" / "status").read_text().startswith("ready: lab 3 reference passed on tpu")
+    assert (tmp_path / "environment").read_text() == "EXTRAS=tpu\nDEP_GROUPS=notebook\n"
 
 
 def test_startup_script_on_a_multi_host_slice_leaves_the_tpu_run_to_all_workers(tmp_path):
