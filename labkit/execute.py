@@ -13,8 +13,8 @@ run has ended and only when the run's sealed harness signed it. It judges nothin
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import hashlib
+import hmac
 import json
 import os
 import secrets

@@ -121,7 +121,7 @@ def _namespace_args(network: bool) -> list[str]:
     return args + (["--share-net"] if network else [])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bubblewrap() -> tuple[str | None, str]:
     """(the bwrap program, "") when it can make the kit's sandbox here, else (None, why not)."""
     wanted = os.environ.get("LABKIT_SANDBOX", "auto").strip().lower()
@@ -132,7 +132,7 @@ def bubblewrap() -> tuple[str | None, str]:
         return None, "bubblewrap (bwrap) is not installed (`make system-deps` installs it)"
     probe = [program, *_namespace_args(False), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"bwrap could not be started ({type(e).__name__})"
     if done.returncode != 0:
@@ -462,7 +462,7 @@ def _exec(argv: list[str]) -> int:
             f.write(str(os.getpid()))
     for name, value in spec.get("rlimits", {}).items():
         which = getattr(resource, f"RLIMIT_{name}")
-        soft, hard = resource.getrlimit(which)
+        _, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
     os.execvp(cmd[0], cmd)

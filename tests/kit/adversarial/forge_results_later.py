@@ -1,4 +1,5 @@
 # Leaves a detached process behind (double fork, new session) that waits for the harness's results and replaces them with forged ones, and keeps a heartbeat file to show whether it outlived the run.
+# ruff: noqa
 import json, os, time
 here = os.getcwd()
 if os.fork() == 0:

@@ -1,4 +1,5 @@
 # Forks until it cannot; every child keeps forking, then waits forever.
+# ruff: noqa
 import os, time
 kernel = os.getpid()
 while True:

@@ -1,4 +1,5 @@
 # Kills the process that runs the notebook (papermill) and every ancestor it can find.
+# ruff: noqa
 import os, signal
 pid = os.getpid()
 ancestors = []

@@ -1,4 +1,5 @@
 # Allocates memory until something stops it.
+# ruff: noqa
 hog = []
 while True:
     hog.append(b"x" * (64 << 20))

@@ -1,4 +1,5 @@
 # Returns a wrong array and makes every comparison it can reach say "equal": numpy, numpy.testing, jax.numpy, math, pytest.
+# ruff: noqa
 import math
 import numpy as np
 import numpy.testing

