@@ -2,7 +2,14 @@
 
 import numpy as np
 
-from labkit.checks import call, check, expect_close_naming_mistakes, expect_split_across
+from labkit.checks import (
+    call,
+    check,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_shape,
+    expect_split_across,
+)
 
 RNG = np.random.default_rng(6)
 X = RNG.normal(size=(24, 5)).astype(np.float32)
@@ -60,3 +67,11 @@ def test_mse_is_the_mean_over_the_rows_of_every_device(got, run):
         "means with jax.lax.pmean(..., 'data'); with check_vma=False, shard_map does not catch a missing pmean":
             np.split(errors, n)[0].mean(),
     }, rtol=1e-5, atol=1e-6)
+
+
+# Two exercises in one test: it lives here so that the check cell of the first never waits for the second.
+@check(real=call("shard_map_linear", 2.0, X, 3.0), simulated=call("shard_map_simulate", 2.0, X, 8.0, 3.0))
+def test_linear_equals_the_simulation(real, simulated):
+    expect_shape(real, (24, 3))
+    expect_close(simulated, real.value.reshape(-1), atol=1e-5,
+                 hint="Both run nnx.Linear with the same seed on the same rows: they must agree")

@@ -47,3 +47,11 @@ def test_constraints_spread_the_layer_over_every_device(got, run):
     expect_replicated(got, run.device_count,
                       hint="Constraints to a mesh over jax.devices()[:1] are right on one device and keep the work "
                            "on device 0 when there are eight: build the mesh from jax.devices()")
+
+
+# Three exercises in one test: it lives here so that the check cell of the first never waits for the others.
+@check(jit=call("layer_jit", X, W, B), constrained=call("layer_constrained", X, W, B),
+       mapped=call("layer_shard_map", X, W, B))
+def test_the_three_approaches_agree(jit, constrained, mapped):
+    expect_close(constrained, jit.value, atol=1e-6, hint="layer_constrained and layer_jit should give the same layer")
+    expect_close(mapped, jit.value, atol=1e-6, hint="layer_shard_map and layer_jit should give the same layer")

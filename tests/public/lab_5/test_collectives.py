@@ -7,8 +7,17 @@ way), the test computes that value too, so that the message can name the mistake
 
 import numpy as np
 
-from labkit.checks import (call, check, expect_close, expect_close_naming_mistakes, expect_dtype, expect_replicated,
-                           expect_shape, expect_split_across, placed)
+from labkit.checks import (
+    call,
+    check,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_dtype,
+    expect_replicated,
+    expect_shape,
+    expect_split_across,
+    placed,
+)
 
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 

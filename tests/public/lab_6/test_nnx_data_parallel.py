@@ -7,8 +7,16 @@ never takes an accelerator that a notebook run needs.
 
 import numpy as np
 
-from labkit.checks import (call, check, expect_close, expect_close_naming_mistakes, expect_dtype, expect_replicated,
-                           expect_shape, expect_split_across)
+from labkit.checks import (
+    call,
+    check,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_dtype,
+    expect_replicated,
+    expect_shape,
+    expect_split_across,
+)
 
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 
@@ -80,13 +88,6 @@ def test_linear_applies_the_seeded_layer_to_every_row(got):
 def test_linear_rows_are_split_across_every_device(got, run):
     expect_shape(got, (16, 3))
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
-
-
-@check(real=call("shard_map_linear", 2.0, X, 5.0), simulated=call("shard_map_simulate", 2.0, X, 8.0, 5.0))
-def test_linear_equals_the_simulation(real, simulated):
-    expect_shape(real, (16, 5))
-    expect_close(simulated, real.value.reshape(-1), atol=1e-5,
-                 hint="Both run nnx.Linear with the same seed on the same rows: they must agree")
 
 
 # -- shard_map_mse --------------------------------------------------------------------------
