@@ -21,6 +21,7 @@ whose key has not changed is not graded again.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -43,7 +44,7 @@ REFERENCE = "reference"  # how the reference solution's runs are labelled
 
 # Modules of the kit that draw or drive, and do not change a grade: editing them regrades nothing.
 _NOT_GRADING = {"__init__.py", "__main__.py", "cli.py", "report.py", "scoreboard.py", "student.py",
-                "authoring.py", "notebook.py"}
+                "authoring.py", "notebook.py", "release.py", "wheelhouse.py"}
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 _LOOSE_NAME = re.compile(r"lab[\s_.-]*0*([1-9][0-9]*)", re.IGNORECASE)
 
@@ -150,12 +151,27 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _code_digest(path: Path) -> str:
+    """A module's code, not its layout: comments, formatting and docstrings do not change a grade."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, ValueError, UnicodeDecodeError):
+        return _file_digest(path)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return _sha(ast.dump(tree).encode())
+
+
 def kit_digest(root: Path = catalog.ROOT) -> str:
-    """The kit's grading code and its locked environment."""
+    """The kit's grading code (as code: see `_code_digest`) and its locked environment."""
     parts = [sys.version]
     for path in sorted((Path(__file__).parent).glob("*.py")):
         if path.name not in _NOT_GRADING:
-            parts.append(f"{path.name}:{_file_digest(path)}")
+            parts.append(f"{path.name}:{_code_digest(path)}")
     lock = root / "uv.lock"
     parts.append(_file_digest(lock) if lock.exists() else "no lock")
     return _sha("\n".join(parts).encode())
@@ -438,7 +454,12 @@ class Grader:
                 self.graded += 1
                 progress.advance(unit, row)
 
-        def start(unit: Unit, key: str) -> execute.RunRecord:
+        def start(unit: Unit, key: str) -> tuple[execute.RunRecord, float]:
+            began = time.monotonic()
+            record = _run(unit)
+            return record, round(time.monotonic() - began, 2)
+
+        def _run(unit: Unit) -> execute.RunRecord:
             if unit.path.is_file() and unit.path.stat().st_size > MAX_BYTES:
                 return execute.RunRecord(unit.config, "error", f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
                                          f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
@@ -467,13 +488,13 @@ class Grader:
                     for fut in done:
                         unit, key, began = running.pop(fut)
                         try:
-                            record = fut.result()
+                            record, seconds = fut.result()
                             store.save_record(unit, key, record)
                         except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
                             record = execute.RunRecord(unit.config, "error", f"the kit could not run this notebook "
                                                        f"({type(e).__name__}: {e}); grade again to retry")
-                            key = ""  # never matches: graded again next time
-                        queue.append((unit, key, record, round(time.monotonic() - began, 2)))
+                            key, seconds = "", round(time.monotonic() - began, 2)  # key "": graded again next time
+                        queue.append((unit, key, record, seconds))
                 stop.check()
                 progress.tick()
                 due = time.monotonic() - last_judged >= self.batch_seconds or len(queue) >= 4 * self.jobs

@@ -130,7 +130,7 @@ def same_kit(graded) -> None:
 
 @pytest.fixture(scope="module")
 def rows(graded) -> dict:
-    _, out, done = graded
+    out, done = graded[1], graded[2]
     assert done.returncode == 0, done.stdout + done.stderr
     with open(out / "scoreboard.csv", newline="") as f:
         return {(r["student"].removeprefix("'"), r["config"]): r for r in csv.DictReader(f)}
@@ -353,6 +353,7 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
         write(subs / s / "lab-3.ipynb", reference_nb())
     out = tmp_path / "out"
     shutil.copytree(graded[1] / "reference", out / "reference")  # the reference is graded already
+    kit = grade.kit_digest()
     args = ("grade", "--submissions", str(subs), "--out", str(out), "--labs", "3", "--configs", "cpu-1",
             "--jobs", "1", "--timeout", TIMEOUT)
     env = dict(os.environ, NO_COLOR="1")
@@ -367,6 +368,8 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
     assert "what was graded is kept" in err
     kept = {p.parts[-3]: p.stat().st_mtime_ns for p in (out / "units").glob("*/lab-3/cpu-1.json")}
     assert 1 <= len(kept) < 3
+    if grade.kit_digest() != kit:
+        pytest.skip("the kit's grading code changed while this test ran, so every unit is graded again")
     done = run_grade(*args)
     assert done.returncode == 0, done.stderr
     assert f"{len(kept)} of 3 unchanged since the last run" in done.stderr
