@@ -13,7 +13,7 @@ It measures, on `cpu-1` and `cpu-8`, with `--jobs` (default: the cores) at a tim
   run in turn (a cell that raises does not stop the script, as in a graded run), then the
   exercises called on the tests' inputs, `--jobs` at a time, each in its configuration's
   environment;
-* regrade: the same `grade` command again, on the unchanged class.
+* regrade: the same `grade` command again at once, on the unchanged class.
 
 It prints seconds per graded unit, the ratio first / baseline (target: at most 1.5x), and
 regrade / first (target: under 5%).
@@ -153,9 +153,11 @@ def main() -> int:
         print(f"{n} units; load average before: {load()}", flush=True)
         first = timed_grade(subs, out, labs, args.jobs, args.timeout)
         print(f"  grade, first run: {first:.1f} s; load average: {load()}", flush=True)
+        # At once: a change to the kit's grading code in between would, rightly, regrade everything.
+        again = timed_grade(subs, out, labs, args.jobs, args.timeout)
+        print(f"  regrade: {again:.1f} s; load average: {load()}", flush=True)
         plain = baseline(units, args.jobs, work / "plain")
         print(f"  plain python: {plain:.1f} s; load average: {load()}", flush=True)
-        again = timed_grade(subs, out, labs, args.jobs, args.timeout)
     print(f"class: {args.students} students x labs {', '.join(str(lab.number) for lab in labs)} x "
           f"{', '.join(CONFIGS)} = {n - len(labs) * len(CONFIGS)} units, plus {len(labs) * len(CONFIGS)} for the "
           f"reference solutions; {args.jobs} jobs on {os.cpu_count()} cores")
