@@ -117,3 +117,16 @@ def test_a_mistake_that_gives_the_right_answer_is_never_named():
     text = message(expect_close_naming_mistakes, value(np.arange(4.0)), np.ones(4),
                    {"Same as right": np.ones(4), "Wrong shape": np.arange(8.0), "Off by one": np.arange(4.0)})
     assert text.endswith("Off by one") and "Same as right" not in text
+
+
+def test_the_summary_counts_skipped_tests_out_and_still_passes():
+    from labkit.execute import RunRecord
+    from labkit.judge import Outcome
+    from labkit.report import summary
+
+    outcomes = [Outcome("test_a", "f", "cpu-2x4", "cpu-2x4", "passed"),
+                Outcome("test_b", "f", "cpu-2x4", "cpu-2x4", "skipped", "one process only")]
+    line, ok = summary(["cpu-2x4"], outcomes, {"cpu-2x4": RunRecord("cpu-2x4", "ok")})
+    assert ok and line == "1/1 on cpu-2x4 (1 skipped)"
+    outcomes[0].status = "failed"
+    assert summary(["cpu-2x4"], outcomes, {"cpu-2x4": RunRecord("cpu-2x4", "ok")})[1] is False

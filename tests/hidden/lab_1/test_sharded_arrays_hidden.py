@@ -40,6 +40,7 @@ def test_shard_grid_of_a_rectangular_matrix(got, run):
     _public.expect_tiles(got, run.device_count, SQUARE.shape)
 
 
+@_public.ONE_PROCESS
 @check(got=call("block_owners", placed(TALL, ("data", None))))
 def test_block_owners_of_a_tall_matrix(got, run):
     step = TALL.shape[0] // run.device_count

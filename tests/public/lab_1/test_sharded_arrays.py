@@ -2,11 +2,15 @@
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, expect_close, expect_replicated, expect_split_across, placed
+from labkit.checks import (Mismatch, call, check, expect_close, expect_replicated, expect_split_across, placed,
+                           single_process)
 
 M = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
 TILES = np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
+# With several processes, x.addressable_shards lists only this process's blocks: lab 11 is about that.
+ONE_PROCESS = single_process("block_owners reads addressable_shards, which with several processes lists only "
+                             "this process's blocks; lab 11 teaches reading shards across processes")
 
 
 def grid_shape(n: int) -> tuple[int, int]:
@@ -103,6 +107,7 @@ def test_shard_grid_gives_each_device_its_own_tile(got, run):
 
 # -- block_owners --------------------------------------------------------------------------
 
+@ONE_PROCESS
 @check(got=call("block_owners", placed(M, ("data", None))))
 def test_block_owners_of_rows_split_across_the_devices(got, run):
     n, step = run.device_count, M.shape[0] // run.device_count
@@ -110,12 +115,14 @@ def test_block_owners_of_rows_split_across_the_devices(got, run):
                   "Read each shard's device id and shard.index[0] from x.addressable_shards")
 
 
+@ONE_PROCESS
 @check(got=call("block_owners", placed(M, (None, None))))
 def test_block_owners_of_a_replicated_array(got, run):
     expect_owners(got, [[d, 0, M.shape[0]] for d in range(run.device_count)],
                   "A replicated array has one shard per device, each covering every row")
 
 
+@ONE_PROCESS
 @check(got=call("block_owners", M))
 def test_block_owners_of_an_array_on_one_device(got):
     expect_owners(got, [[0, 0, M.shape[0]]], "A fresh array has a single shard on device 0, covering every row")
