@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs, grade, judge  # noqa: E402
+from labkit import catalog, configs, grade, judge
 
 CONFIGS = ("cpu-1", "cpu-8")
 KINDS = ("reference", "student", "buggy")

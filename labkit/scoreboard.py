@@ -165,9 +165,9 @@ def _pct(a: int, b: int) -> str:
 def to_markdown(results: dict) -> str:
     students, labs, configs = _students(results), _labs(results), _configs(results)
     lines = ["# Scoreboard", "",
-             f"{len(students)} student{'s' if len(students) != 1 else ''}; labs "
-             f"{', '.join(str(lab['number']) for lab in labs) or 'none'}; configurations "
-             f"{', '.join(c['name'] for c in configs) or 'none'}.", "",
+             (f"{len(students)} student{'s' if len(students) != 1 else ''}; labs "
+              f"{', '.join(str(lab['number']) for lab in labs) or 'none'}; configurations "
+              f"{', '.join(c['name'] for c in configs) or 'none'}."), "",
              "## Pass rate by lab and configuration", "",
              "A student passes a lab on a configuration when every public and hidden test passes there.", "",
              "| lab | " + " | ".join(c["name"] for c in configs) + " |",
@@ -245,8 +245,8 @@ def feedback(results: dict, student: str) -> str:
                     lines.append(f"- {MARK.get(t['status'], t['status'])} {_md(_label(t['test']))}")
                 lines.append("")
             for e in row.get("cell_errors", []):
-                lines += [f"Cell {e.get('cell')} of your notebook raised {_md(e.get('type', ''))}: "
-                          f"{_md(e.get('message', ''))}", ""]
+                lines += [(f"Cell {e.get('cell')} of your notebook raised {_md(e.get('type', ''))}: "
+                           f"{_md(e.get('message', ''))}"), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -296,13 +296,13 @@ def to_html(results: dict) -> str:
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>Scoreboard</title>", f"<style>{CSS}</style></head><body>",
            "<h1>Scoreboard</h1>",
-           f"<p id=\"summary\">{len(students)} student{'s' if len(students) != 1 else ''} · labs "
-           f"{_h(', '.join(str(lab['number']) for lab in labs))} · configurations "
-           f"{_h(', '.join(c['name'] for c in configs))}</p>",
-           '<p class="legend"><span style="background:hsl(120,62%,72%)">all tests pass</span>'
-           '<span style="background:hsl(60,62%,78%)">some pass</span><span style="background:hsl(0,62%,78%)">'
-           'none pass</span><span class="status-error">error / timeout</span><span class="status-missing">'
-           'missing</span><span class="status-skipped">skipped</span></p>']
+           (f"<p id=\"summary\">{len(students)} student{'s' if len(students) != 1 else ''} · labs "
+            f"{_h(', '.join(str(lab['number']) for lab in labs))} · configurations "
+            f"{_h(', '.join(c['name'] for c in configs))}</p>"),
+           ('<p class="legend"><span style="background:hsl(120,62%,72%)">all tests pass</span>'
+            '<span style="background:hsl(60,62%,78%)">some pass</span><span style="background:hsl(0,62%,78%)">'
+            'none pass</span><span class="status-error">error / timeout</span><span class="status-missing">'
+            'missing</span><span class="status-skipped">skipped</span></p>')]
     for config in configs:
         out.append(f'<h2 id="heat-{_h(config["name"])}">{_h(config["name"])}'
                    f'{" · " + _h(config["summary"]) if config.get("summary") else ""}</h2>')
