@@ -42,6 +42,19 @@ def lab_report(build):
 
 
 @pytest.fixture
+def lab_outcomes(lab_report):
+    """The last `lab` run's outcomes of lab N by configuration, then by test: lab_outcomes(3)["cpu-8"][name]."""
+
+    def read(lab: int) -> dict[str, dict[str, dict]]:
+        by: dict[str, dict[str, dict]] = {}
+        for o in lab_report(lab)["outcomes"]:
+            by.setdefault(o["config"], {})[o["test"]] = o
+        return by
+
+    return read
+
+
+@pytest.fixture
 def variant(tmp_path):
     """A copy of a reference notebook with text replaced in its code cells: variant(3, old, new)."""
 

@@ -1,14 +1,13 @@
 """Lab 2 through the real pipeline: answers that are right on one device and wrong on eight are caught."""
 
 
-def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_tests_on_cpu_8(kit, lab_report, variant):
+def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_tests_on_cpu_8(kit, lab_outcomes, variant):
     buggy = variant(2, (".lower(x).compile().as_text()", ".lower(x).as_text()"),
                     ("return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P((\"rows\", \"cols\"))))",
                      "return total"))
     done = kit("lab", "2", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1
-    outcomes = lab_report(2)["outcomes"]
-    by_config = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    by_config = lab_outcomes(2)
     assert {o["status"] for o in by_config["cpu-1"].values()} == {"passed"}
 
     lowered = by_config["cpu-8"]["test_collectives_are_read_from_the_compiled_not_the_lowered_program"]

@@ -1,13 +1,12 @@
 """Lab 4 through the real pipeline: a shard_map over a mesh of one device is caught on eight."""
 
 
-def test_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(kit, lab_report, variant):
+def test_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
     buggy = variant(4, ('mesh = Mesh(np.array(jax.devices()), ("data",))\n    per_device',
                         'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    per_device'))
     done = kit("lab", "4", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1
-    outcomes = lab_report(4)["outcomes"]
-    by_config = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    by_config = lab_outcomes(4)
     assert {o["status"] for o in by_config["cpu-1"].values()} == {"passed"}
     caught = by_config["cpu-8"]["test_the_shard_map_route_spreads_the_rows_over_every_device"]
     assert caught["status"] == "failed" and caught["hidden"]

@@ -33,14 +33,13 @@ NAMED = {
 }
 
 
-def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_report, variant):
+def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
     reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
     assert all(old in reference for old, _ in MISTAKES), "a mistake replaces nothing: the reference changed"
     buggy = variant(5, *MISTAKES)
     done = kit("lab", "5", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
-    outcomes = lab_report(5)["outcomes"]
-    by_config = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    by_config = lab_outcomes(5)
     assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
     for test, phrase in NAMED.items():
         outcome = by_config["cpu-8"][test]

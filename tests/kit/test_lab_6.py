@@ -25,15 +25,11 @@ def reference_code() -> str:
     return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
 
 
-def by_config(outcomes, configs):
-    return {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in configs}
-
-
-def test_a_one_device_mesh_and_a_local_mean_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_report, variant):
+def test_a_one_device_mesh_and_a_local_mean_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_outcomes, variant):
     assert all(old in reference_code() for old, _ in ONE_DEVICE_ONLY), "a mistake replaces nothing"
     done = kit("lab", "6", "--notebook", str(variant(6, *ONE_DEVICE_ONLY)), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
-    runs = by_config(lab_report(6)["outcomes"], ("cpu-1", "cpu-8"))
+    runs = lab_outcomes(6)
     assert runs["cpu-1"] and all(o["status"] == "passed" for o in runs["cpu-1"].values()), runs["cpu-1"]
     split = runs["cpu-8"]["test_linear_keeps_each_devices_rows_on_that_device"]
     assert split["hidden"] and split["status"] == "failed"
@@ -44,11 +40,11 @@ def test_a_one_device_mesh_and_a_local_mean_pass_on_cpu_1_and_are_named_on_cpu_8
     assert runs["cpu-8"]["test_simulate_builds_the_model_once_for_eight_shards"]["status"] == "passed"
 
 
-def test_a_layer_rebuilt_for_every_shard_is_named_even_on_one_device(kit, lab_report, variant):
+def test_a_layer_rebuilt_for_every_shard_is_named_even_on_one_device(kit, lab_outcomes, variant):
     assert all(old in reference_code() for old, _ in REBUILT_PER_SHARD), "a mistake replaces nothing"
     done = kit("lab", "6", "--notebook", str(variant(6, *REBUILT_PER_SHARD)), "--configs", "cpu-1", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
-    runs = by_config(lab_report(6)["outcomes"], ("cpu-1",))["cpu-1"]
+    runs = lab_outcomes(6)["cpu-1"]
     for test in ("test_simulate_equals_the_layer_on_the_whole_batch",
                  "test_simulate_builds_the_model_once_for_eight_shards"):
         assert runs[test]["status"] == "failed" and "built inside the loop" in runs[test]["message"], runs[test]

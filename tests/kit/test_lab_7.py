@@ -25,14 +25,13 @@ NAMED = {
 }
 
 
-def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_report, variant):
+def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
     cells = json.loads(catalog.lab(7).reference.read_text())["cells"]
     reference = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert all(old in reference for old, _ in MISTAKES), "a mistake replaces nothing: the reference changed"
     done = kit("lab", "7", "--notebook", str(variant(7, *MISTAKES)), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
-    outcomes = lab_report(7)["outcomes"]
-    runs = {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
+    runs = lab_outcomes(7)
     assert runs["cpu-1"] and all(o["status"] == "passed" for o in runs["cpu-1"].values()), runs["cpu-1"]
     for test, phrases in NAMED.items():
         outcome = runs["cpu-8"][test]

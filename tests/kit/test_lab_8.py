@@ -1,17 +1,13 @@
 """Lab 8 end to end: a gradient summed over devices instead of averaged is right on one device only."""
 
 
-def by_config(outcomes):
-    return {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
-
-
-def test_a_gradient_of_replicated_parameters_without_pcast_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_report, variant):
+def test_a_gradient_of_replicated_parameters_without_pcast_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
     # The tutorial recipe: jax.grad of the replicated state, then pmean. In JAX 0.10 the gradient
     # already comes back summed over 'data', so the pmean changes nothing: eight times too large on eight devices.
     buggy = variant(8, ('jax.lax.pcast(state, "data", to="varying")', "state"))
     done = kit("lab", "8", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
-    outcomes = by_config(lab_report(8)["outcomes"])
+    outcomes = lab_outcomes(8)
     assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
     grad = outcomes["cpu-8"]["test_gradient_is_the_mean_over_devices_not_a_sum_or_one_device"]
     assert grad["hidden"] and grad["status"] == "failed"

@@ -1,17 +1,13 @@
 """Lab 9 end to end: a bias inside the psum and a psum_scatter left as a sum are right on one device only."""
 
 
-def by_config(outcomes):
-    return {c: {o["test"]: o for o in outcomes if o["config"] == c} for c in ("cpu-1", "cpu-8")}
-
-
-def test_a_bias_inside_the_psum_and_an_unscaled_psum_scatter_pass_on_cpu_1_and_fail_on_cpu_8(kit, lab_report,
+def test_a_bias_inside_the_psum_and_an_unscaled_psum_scatter_pass_on_cpu_1_and_fail_on_cpu_8(kit, lab_outcomes,
                                                                                              variant):
     buggy = variant(9, ('jax.lax.psum(h @ w2, "model") + b2', 'jax.lax.psum(h @ w2 + b2, "model")'),
                     ("tiled=True) / n for g in grads)", "tiled=True) for g in grads)"))
     done = kit("lab", "9", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
-    outcomes = by_config(lab_report(9)["outcomes"])
+    outcomes = lab_outcomes(9)
     assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
     bias = outcomes["cpu-8"]["test_tensor_parallel_adds_the_output_bias_once_not_once_per_device"]
     assert bias["hidden"] and bias["status"] == "failed"

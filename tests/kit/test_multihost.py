@@ -25,13 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TWO_BY_FOUR = configs.CONFIGS["cpu-2x4"]
 
 
-def outcomes_by_config(report: dict) -> dict[str, dict[str, dict]]:
-    by: dict[str, dict[str, dict]] = {}
-    for o in report["outcomes"]:
-        by.setdefault(o["config"], {})[o["test"]] = o
-    return by
-
-
 def processes_under(folder: Path, settle: float = 10.0) -> list[str]:
     """Live processes (not zombies) still running from `folder`, by working directory or command line.
 
@@ -127,7 +120,7 @@ def test_every_process_runs_the_notebook_and_the_record_says_which_process_holds
     assert rows_of == {0: list(range(8)), 1: list(range(8, 16))}
 
 
-def test_mistakes_harmless_in_one_process_pass_on_cpu_1_and_fail_on_cpu_2x4(kit, lab_report, variant):
+def test_mistakes_harmless_in_one_process_pass_on_cpu_1_and_fail_on_cpu_2x4(kit, lab_outcomes, variant):
     buggy = variant(
         11,
         # every process loads the first block of rows
@@ -142,7 +135,7 @@ def test_mistakes_harmless_in_one_process_pass_on_cpu_1_and_fail_on_cpu_2x4(kit,
     )
     done = kit("lab", "11", "--notebook", str(buggy), "--configs", "cpu-1,cpu-2x4", "--hidden")
     assert done.returncode == 1
-    by = outcomes_by_config(lab_report(11))
+    by = lab_outcomes(11)
     assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
     two = by["cpu-2x4"]
     expected_failures = {
@@ -160,11 +153,11 @@ def test_mistakes_harmless_in_one_process_pass_on_cpu_1_and_fail_on_cpu_2x4(kit,
     assert two["test_device_summary_counts_processes_and_global_devices"]["status"] == "passed"
 
 
-def test_every_process_loading_the_whole_batch_passes_on_cpu_1_and_fails_on_cpu_2x4(kit, lab_report, variant):
+def test_every_process_loading_the_whole_batch_passes_on_cpu_1_and_fails_on_cpu_2x4(kit, lab_outcomes, variant):
     buggy = variant(11, ("    return start, start + per_process", "    return 0, num_rows"))
     done = kit("lab", "11", "--notebook", str(buggy), "--configs", "cpu-1,cpu-2x4", "--hidden")
     assert done.returncode == 1
-    by = outcomes_by_config(lab_report(11))
+    by = lab_outcomes(11)
     assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
     batch = by["cpu-2x4"]["test_the_global_batch_has_the_shape_and_values_of_the_dataset"]
     assert batch["status"] == "failed"
@@ -220,7 +213,9 @@ def test_a_lab_whose_tests_declare_one_process_is_skipped_on_cpu_2x4_with_the_re
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cpu-2x4 skipped (runs in one JAX process only: its inputs are arrays of one process)" in done.stdout
     report = json.loads((build / "lab-3" / "report.json").read_text())
-    by = outcomes_by_config(report)
+    by: dict[str, dict[str, dict]] = {}
+    for o in report["outcomes"]:
+        by.setdefault(o["config"], {})[o["test"]] = o
     assert {o["status"] for o in by["cpu-2x4"].values()} == {"skipped"}
     assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
     assert not (build / "lab-3" / "cpu-2x4" / "process-0").exists()  # not even started
