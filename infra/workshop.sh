@@ -185,7 +185,8 @@ cmd_run() {
       [[ "$lab" =~ ^[0-9]+$ ]] || die "usage: workshop.sh run lab N [--configs C]"
       shift
       if [[ "${1:-}" == --configs ]]; then configs=${2:?--configs needs a value}; fi
-      tpu_cmd="cd $KIT_HOME && make lab-$lab CONFIGS=${configs:-tpu}"
+      # On a slice of several hosts every worker runs the lab and they join as one JAX program.
+      tpu_cmd="cd $KIT_HOME && LABKIT_TPU_HOSTS=$(hosts "$ACCELERATOR") make lab-$lab CONFIGS=${configs:-tpu}"
       cpu_cmd="cd $KIT_HOME && make lab-$lab CONFIGS=${configs:-cpu-1,cpu-8}"
       ;;
     grade)

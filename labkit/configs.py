@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass, field
 
 # Variables that decide which devices JAX sees. A run never inherits them from the
-# caller: the configuration alone sets them.
-_DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS", "TPU_",
+# caller: the configuration alone sets them. (TPU_* variables are facts of a TPU host that
+# libtpu reads; they pass through.)
+_DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS",
                      "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", "LABKIT_COORDINATOR", "LABKIT_NUM_PROCESSES",
                      "LABKIT_PROCESS_ID", "LABKIT_LOCAL_DEVICE_IDS", "LABKIT_CPU_COLLECTIVES")
 

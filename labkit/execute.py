@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import sandbox
+from labkit import harness, sandbox
 from labkit.configs import DeviceConfig
 from labkit.sandbox import DEFAULT_LIMITS, Limits
 
@@ -164,7 +164,7 @@ def launch(cmd: list[str], cwd: Path, env: dict[str, str], log, limits: Limits |
     they share the host's network). `key`, the run's private key, reaches the child on its stdin.
     """
     limits = limits or DEFAULT_LIMITS
-    if env.get("LABKIT_COORDINATOR"):
+    if env.get("LABKIT_COORDINATOR") or harness.tpu_hosts(env) > 1:
         limits = dataclasses.replace(limits, network=True)
     return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None)
 

@@ -75,6 +75,12 @@ def join_distributed() -> None:
     """
     coordinator = os.environ.get("LABKIT_COORDINATOR")
     if not coordinator:
+        if tpu_hosts(os.environ) > 1:
+            # Every worker of a multi-host TPU slice runs this same notebook (the workshop script runs
+            # it on all of them); on Cloud TPU, JAX finds the coordinator and its peers by itself.
+            import jax
+
+            jax.distributed.initialize()
         return
     import jax
 
@@ -99,6 +105,16 @@ def join_distributed() -> None:
         print(f"labkit: process {os.environ.get('LABKIT_PROCESS_ID')} could not join the others at "
               f"{coordinator}: {type(e).__name__}: {_first_line(e)}", file=sys.__stderr__, flush=True)
         os._exit(3)
+
+
+def tpu_hosts(env) -> int:
+    """How many hosts a `tpu` run spans: LABKIT_TPU_HOSTS, which the workshop script sets on a slice."""
+    if env.get("JAX_PLATFORMS") != "tpu":
+        return 1
+    try:
+        return max(1, int(env.get("LABKIT_TPU_HOSTS") or 1))
+    except ValueError:
+        return 1
 
 
 def _reachable(address: str, timeout: float) -> bool:

@@ -190,6 +190,13 @@ def _visible(extra: tuple[str | Path, ...] = ()) -> list[str]:
     return [p for i, p in enumerate(keep) if not any(p.startswith(q.rstrip("/") + "/") for q in keep[:i])]
 
 
+def accelerator_devices() -> list[str]:
+    """The TPU device nodes of this host (none on a CPU machine): a run on `tpu` must see them."""
+    import glob
+
+    return sorted(glob.glob("/dev/accel*") + glob.glob("/dev/vfio/*"))
+
+
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
                   extra_ro: tuple[str | Path, ...] = ()) -> list[str]:
     args = [program, *_namespace_args(limits.network)]
@@ -199,6 +206,10 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
     args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    for device in accelerator_devices():
+        args += ["--dev-bind", device, device]
+    if accelerator_devices() and os.path.isdir("/sys"):
+        args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
     for p in _visible(extra_ro):
         if not any(p == s or p.startswith(s + "/") for s in _SYSTEM):
             args += ["--ro-bind", p, p]

@@ -584,7 +584,7 @@ def test_run_lab_runs_on_every_worker_of_every_tpu_vm(workshop):
     gcloud = workshop.calls("gcloud")
     for name in NAMES["tpu_names"]:
         assert ["compute", "tpus", "tpu-vm", "ssh", name, "--project", "my-course-project", "--zone", "us-central1-a",
-                "--worker=all", "--command", "cd /opt/labkit && make lab-3 CONFIGS=tpu"] in gcloud
+                "--worker=all", "--command", "cd /opt/labkit && LABKIT_TPU_HOSTS=1 make lab-3 CONFIGS=tpu"] in gcloud
     for name in NAMES["cpu_names"]:
         assert ["compute", "ssh", name, "--project", "my-course-project", "--zone", "us-central1-a",
                 "--command", "cd /opt/labkit && make lab-3 CONFIGS=cpu-1,cpu-8"] in gcloud
@@ -602,8 +602,11 @@ def test_a_workshop_without_cpu_vms_reaches_only_its_tpu_vms(tmp_path):
 
 def test_run_lab_takes_the_configurations_to_run(workshop):
     workshop("run", "lab", "5", "--configs", "cpu-8")
-    commands = [c[-1] for c in workshop.calls("gcloud")]
-    assert commands and all(c == "cd /opt/labkit && make lab-5 CONFIGS=cpu-8" for c in commands)
+    calls = workshop.calls("gcloud")
+    tpu = [c[-1] for c in calls if c[:2] == ["compute", "tpus"]]
+    cpu = [c[-1] for c in calls if c[:2] != ["compute", "tpus"]]
+    assert tpu and all(c == "cd /opt/labkit && LABKIT_TPU_HOSTS=1 make lab-5 CONFIGS=cpu-8" for c in tpu)
+    assert cpu and all(c == "cd /opt/labkit && make lab-5 CONFIGS=cpu-8" for c in cpu)
 
 
 def test_run_grade_grades_each_vms_own_notebooks_there(workshop):
@@ -813,3 +816,12 @@ def test_two_shards_merged_equal_one_whole_run(class_graded):
     parts = [(class_graded / f"parts/shard-{i}/scoreboard.csv").read_text().splitlines()[1:] for i in (1, 2)]
     assert all(parts), "each shard grades part of the class"
     assert sorted(parts[0] + parts[1]) == sorted(whole[1:])
+
+
+def test_on_a_slice_of_several_hosts_every_worker_is_told_how_many_join(tmp_path):
+    slice_settings = SETTINGS.replace('"v5litepod-8" # 8 chips, one host', '"v5litepod-16" # 16 chips, 4 hosts')
+    workshop = Workshop(tmp_path, slice_settings, NAMES)
+    assert workshop("run", "lab", "11").returncode == 0
+    tpu = [c for c in workshop.calls("gcloud") if c[:4] == ["compute", "tpus", "tpu-vm", "ssh"]]
+    assert tpu and all("--worker=all" in c and c[-1] == "cd /opt/labkit && LABKIT_TPU_HOSTS=4 make lab-11 CONFIGS=tpu"
+                       for c in tpu)

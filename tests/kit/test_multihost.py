@@ -228,3 +228,32 @@ def test_a_process_that_cannot_join_the_others_stops_and_says_why(tmp_path):
                           cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
     assert done.returncode == 3 and "joined" not in done.stdout
     assert "labkit: process 1 could not join the others: nothing answered at 127.0.0.1:" in done.stderr
+
+
+def test_each_worker_of_a_multi_host_tpu_slice_joins_the_others(monkeypatch):
+    import jax
+
+    from labkit import harness
+
+    joined = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: joined.append((a, k)))
+    for var in ("LABKIT_COORDINATOR",):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    monkeypatch.setenv("LABKIT_TPU_HOSTS", "4")
+    harness.join_distributed()
+    assert joined == [((), {})], "on Cloud TPU, initialize() finds the coordinator by itself"
+    monkeypatch.setenv("LABKIT_TPU_HOSTS", "1")
+    harness.join_distributed()
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("LABKIT_TPU_HOSTS", "4")
+    harness.join_distributed()
+    assert len(joined) == 1, "one host, or a CPU run, joins nobody"
+
+
+def test_the_workers_of_a_tpu_slice_share_the_network_inside_the_sandbox():
+    from labkit import harness
+
+    assert harness.tpu_hosts({"JAX_PLATFORMS": "tpu", "LABKIT_TPU_HOSTS": "4"}) == 4
+    assert harness.tpu_hosts({"JAX_PLATFORMS": "cpu", "LABKIT_TPU_HOSTS": "4"}) == 1
+    assert harness.tpu_hosts({"JAX_PLATFORMS": "tpu"}) == 1

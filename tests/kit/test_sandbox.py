@@ -419,3 +419,17 @@ def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tm
     assert "<script>alert" not in page and "<img src=x" not in page
     feedback = (out / "feedback" / "injector.md").read_text()
     assert "<script>" not in feedback
+
+
+def test_a_run_on_a_tpu_host_sees_the_chips_and_the_topology(tmp_path, monkeypatch):
+    chip = tmp_path / "accel0"
+    chip.touch()
+    monkeypatch.setattr(sandbox, "accelerator_devices", lambda: [str(chip)])
+    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path / "work", sandbox.DEFAULT_LIMITS)
+    assert ["--dev-bind", str(chip), str(chip)] == cmd[cmd.index("--dev-bind"):cmd.index("--dev-bind") + 3]
+    assert "/sys" in cmd
+
+
+def test_a_cpu_host_binds_no_device_nodes(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "accelerator_devices", lambda: [])
+    assert "--dev-bind" not in sandbox.bwrap_command("bwrap", ["true"], tmp_path, sandbox.DEFAULT_LIMITS)
