@@ -65,7 +65,8 @@ def _grade(args) -> int:
 
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
-                              jobs=args.jobs, timeout=args.timeout, shard=args.shard)
+                              jobs=args.jobs, timeout=args.timeout, shard=args.shard,
+                              limits=sandbox.limits_from_args(args))
     except grade.GradeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if not isinstance(e, grade.ReferenceBroken) else 1
@@ -154,6 +155,7 @@ def parser() -> argparse.ArgumentParser:
     grd.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
                      help="seconds one notebook may run on one configuration (default %(default)s)")
     grd.add_argument("--shard", default=None, help="i/N: grade only the i-th of N parts of the class")
+    sandbox.add_arguments(grd)
     grd.set_defaults(func=_grade)
 
     board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from labkit import catalog, configs, execute, judge
 from labkit.configs import DeviceConfig
+from labkit.sandbox import DEFAULT_LIMITS, Limits
 
 ROW_STATUSES = ("ok", "failed", "error", "timeout", "missing", "skipped")
 FORMAT = 1  # of the unit files; part of every key
@@ -249,6 +250,7 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
                    message=f"lab-{lab}.ipynb was not handed in")
         return row
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
+    row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
     if record.status == "skipped":
         row.update(status="skipped", total=0, passed=0, message=record.message)
     elif record.status in ("timeout", "error"):
@@ -371,12 +373,14 @@ class Progress:
 
 class Grader:
     def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
-                 timeout: float, stream=None, terminal: bool | None = None, batch_seconds: float = 3.0):
+                 timeout: float, limits: Limits | None = None, stream=None, terminal: bool | None = None,
+                 batch_seconds: float = 3.0):
         self.out = Path(out)
         self.labs = {lab.number: lab for lab in labs}
         self.configs = {c.name: c for c in chosen}
         self.jobs = max(1, jobs)
         self.timeout = timeout
+        self.limits = limits or DEFAULT_LIMITS
         self.stream = stream or sys.stderr
         self.terminal = terminal
         self.batch_seconds = batch_seconds
@@ -392,7 +396,7 @@ class Grader:
 
     def key(self, unit: Unit) -> str:
         return _sha(json.dumps([FORMAT, self._kit, self._labs[unit.lab], config_digest(self.configs[unit.config]),
-                                submission_digest(unit.path), float(self.timeout)]).encode())
+                                submission_digest(unit.path), float(self.timeout), self.limits.to_json()]).encode())
 
     def _judge(self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]],
                expected: dict) -> list[tuple[Unit, str, dict, float]]:
@@ -466,7 +470,7 @@ class Grader:
                                          workdir=str(store.workdir(unit)))
             workdir = store.workdir(unit)
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
-                                        timeout=self.timeout)
+                                        timeout=self.timeout, limits=self.limits)
 
         for unit, _ in todo:
             self.calls(unit.lab)  # collect in this thread, before any run starts
@@ -624,7 +628,7 @@ def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceCon
 
 def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None,
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
-          stream=None, terminal: bool | None = None) -> dict:
+          limits: Limits | None = None, stream=None, terminal: bool | None = None) -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
     from labkit import scoreboard
 
@@ -639,8 +643,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
-    grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, stream=stream,
-                    terminal=terminal)
+    grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
+                    stream=stream, terminal=terminal)
 
     # The reference solutions first: they must pass everything, or nothing else is worth grading.
     ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]

@@ -5,7 +5,7 @@ Everything here is a pure function of the results (the plain data `grade` produc
 always give the same files, byte for byte, which is what lets `merge` put the shards of a
 class back together into exactly the scoreboard a single run would have written.
 
-    scoreboard.csv     student,lab,config,passed,total,status,message: one row per unit
+    scoreboard.csv     student,lab,config,passed,total,status,message,isolation: one row per unit
     scoreboard.json    the results themselves: every test's outcome and message
     scoreboard.md      the class summary: pass rates, and the multi-device bugs most often hit
     scoreboard.html    one self-contained page: a student x lab heat map per configuration, every test
@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "message")
+CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "message", "isolation")
 MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
 STATUS_STYLE = {"ok": "green", "failed": "red", "error": "red", "timeout": "red", "missing": "dim",
                 "skipped": "dim"}
@@ -140,7 +140,7 @@ def to_csv(results: dict) -> str:
     writer.writerow(CSV_COLUMNS)
     for r in results.get("rows", []):
         writer.writerow([_cell(r["student"]), r["lab"], r["config"], r["passed"], r["total"], r["status"],
-                         _cell(_message(r))])
+                         _cell(_message(r)), r.get("isolation", "")])
     return buf.getvalue()
 
 
@@ -201,6 +201,12 @@ def to_markdown(results: dict) -> str:
                          f"{_md(b['message'])} |")
     else:
         lines.append("None: no test passed on one device and failed on several.")
+    weak = [r for r in results.get("rows", []) if r.get("isolation") == "limits-only"]
+    if weak:
+        lines += ["", "## Isolation", "",
+                  f"**{len(weak)} of {len(results.get('rows', []))} runs had resource limits only, no sandbox** "
+                  "(bubblewrap could not run): those notebooks could read what the grading user can read and "
+                  "reach the network. See the README, \"Isolation and limits\"."]
     noted = [(s, n) for s in students for n in results["students"][s].get("notes", [])]
     if noted or results.get("notes"):
         lines += ["", "## Notes on the submissions", ""]

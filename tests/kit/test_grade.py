@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import execute, grade, judge
+from labkit import catalog, configs, execute, grade, judge, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "reference" / "lab-3.ipynb"
@@ -475,3 +475,21 @@ def test_the_calls_grading_makes_are_the_ones_the_labs_tests_declare():
     calls = judge.collect_calls(catalog.lab(3).test_dirs(hidden=True))
     assert calls and all(c["function"] == "shard_map_double" for c in calls)
     assert len({c["id"] for c in calls}) == len(calls)
+
+
+def test_every_graded_run_records_its_isolation_in_the_csv(rows):
+    ran = [r for r in rows.values() if r["status"] in ("ok", "failed", "timeout")]
+    assert ran and {r["isolation"] for r in ran} == {"bubblewrap"}
+    # a notebook that never ran (missing, unreadable) had no isolation to record
+    assert {r["isolation"] for r in rows.values()} <= {"bubblewrap", ""}
+
+
+def test_the_limits_are_flags_of_grade_and_part_of_each_units_key(tmp_path):
+    lab = catalog.lab(3)
+    config = [configs.CONFIGS["cpu-1"]]
+    unit = grade.Unit("alice", 3, "cpu-1", lab.reference)
+    small = grade.Grader(tmp_path, [lab], config, jobs=1, timeout=60, limits=sandbox.Limits(memory=1 << 30))
+    default = grade.Grader(tmp_path, [lab], config, jobs=1, timeout=60)
+    assert small.key(unit) != default.key(unit), "a regrade with other limits grades again"
+    help_text = run_grade("grade", "--help").stdout
+    assert "--memory" in help_text and "--max-processes" in help_text and "--max-output" in help_text

@@ -290,9 +290,18 @@ def test_make_scoreboard_draws_the_students_own_runs_with_the_class_scoreboards_
     assert "4/4" in done.stdout and "cpu-1" in done.stdout
     mine = grade.student_results(build)
     assert (build / "scoreboard" / "scoreboard.html").read_text() == scoreboard.to_html(mine)
-    assert scoreboard.to_csv(mine).splitlines()[1] == "you,3,cpu-1,4,4,ok,"
+    assert scoreboard.to_csv(mine).splitlines()[1] == "you,3,cpu-1,4,4,ok,,bubblewrap"
 
 
 def test_make_scoreboard_before_any_lab_run_says_what_to_do(kit):
     done = kit("scoreboard")
     assert done.returncode == 1 and "make lab-N" in done.stderr
+
+
+def test_runs_without_a_sandbox_are_counted_and_warned_about_in_the_summary(results):
+    assert "## Isolation" not in scoreboard.to_markdown(results)
+    results["rows"][0]["isolation"] = "limits-only"
+    text = scoreboard.to_markdown(results)
+    assert "## Isolation" in text and f"1 of {len(results['rows'])} runs had resource limits only" in text
+    table = list(csv.reader(io.StringIO(scoreboard.to_csv(results))))
+    assert table[0][-1] == "isolation" and table[1][-1] == "limits-only"
