@@ -27,30 +27,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs  # noqa: E402
+from labkit import catalog, configs, judge  # noqa: E402
 
 CONFIGS = ("cpu-1", "cpu-8")
-
-
-def calls_of(lab: catalog.Lab) -> list[dict]:
-    """The calls the lab's public tests make, collected the way the judge collects them."""
-    import importlib.util
-
-    calls = {}
-    for path in sorted(lab.public_tests.glob("test_*.py")):
-        spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        for fn in vars(module).values():
-            for c in getattr(fn, "__labkit_calls__", {}).values():
-                calls[c.id] = {"id": c.id, **c.encoded()}
-    return list(calls.values())
 
 
 def baseline_script(lab: catalog.Lab, folder: Path) -> Path:
     nb = json.loads(lab.reference.read_text())
     code = "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    (folder / "calls.json").write_text(json.dumps({"calls": calls_of(lab)}))
+    (folder / "calls.json").write_text(json.dumps({"calls": judge.collect_calls(lab.test_dirs())}))
     script = folder / "lab.py"
     script.write_text(
         code
