@@ -14,11 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from labkit import catalog, harness
-from labkit.checks import LabRun
-from labkit.configs import DeviceConfig
-from labkit.execute import RunRecord
-from labkit.judge import classify
+from labkit import catalog
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = "LABKIT_RUN"
@@ -46,6 +42,13 @@ class Checker:
         if os.environ.get(RUN_MARKER):
             print(f"(`make {self.lab.name}` checks {exercise} on every device configuration)")
             return None
+        # Imported here, not above: a kit run (quiet check cells) never pays for pytest and nbformat.
+        from labkit import harness
+        from labkit.checks import LabRun
+        from labkit.configs import DeviceConfig
+        from labkit.execute import RunRecord
+        from labkit.judge import classify
+
         namespace = namespace if namespace is not None else sys._getframe(1).f_globals
         tests = _tests_of(self.lab, exercise)
         if not tests:
