@@ -18,8 +18,12 @@ warns once. The limits hold in both cases:
 
 * memory: the address space of each process (`RLIMIT_AS`), and the whole run's memory when
   this process may create a memory cgroup;
-* processes: a pids cgroup when one can be created, else `RLIMIT_NPROC` (which does not bind
-  root: see the README);
+* processes: a pids cgroup when one can be created, else `RLIMIT_NPROC`. That limit never
+  binds a process whose real user is root (the kernel exempts root's own user, even in a user
+  namespace), so when the kit runs as root without a pids cgroup, the sandbox's processes run as
+  a user of their own (`run_user`): an unused uid, one per launch, that owns the scratch folder;
+  only outside a sandbox (limits-only) does root stay root, and a fork bomb then meets only the
+  time and memory limits (see the README);
 * output: the run's log is cut at `limits.output` bytes (the child process cuts the cells'
   outputs kept in the executed notebook at the same size);
 * file size (`RLIMIT_FSIZE`) and no core dumps.
@@ -36,6 +40,7 @@ import os
 import re
 import shutil
 import signal
+import stat as filemode
 import subprocess
 import sys
 import threading
@@ -116,9 +121,17 @@ def format_size(n: int) -> str:
 # Can bubblewrap make a sandbox here?
 # ----------------------------------------------------------------------------------------
 
-def _namespace_args(network: bool) -> list[str]:
-    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    return args + (["--share-net"] if network else [])
+def _namespace_args(network: bool, user: int | None = None) -> list[str]:
+    """bwrap's namespaces. With `user` (a kit running as root), no user namespace: the command keeps
+    only the capabilities to become `user` (the first step, `_exec`, does, and so loses them)."""
+    if user is None:
+        args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        return args + (["--share-net"] if network else [])
+    # A user namespace would map root onto root (the only id bwrap maps as root), which
+    # RLIMIT_NPROC never limits; the process becomes `user` in the machine's own namespace instead.
+    args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    return args + ([] if network else ["--unshare-net"])
 
 
 @functools.cache
@@ -139,6 +152,17 @@ def bubblewrap() -> tuple[str | None, str]:
         first = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]
         return None, f"bwrap cannot make a sandbox here ({first[:200]}), e.g. in an unprivileged container"
     return program, ""
+
+
+@functools.cache
+def can_run_as_user(program: str) -> bool:
+    """Whether bwrap, as root, can make the sandbox without a user namespace (see `_namespace_args`)."""
+    probe = [program, *_namespace_args(False, RUN_USERS[0]), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+             "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 _warned = False
@@ -198,24 +222,42 @@ def accelerator_devices() -> list[str]:
 
 
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
-                  extra_ro: tuple[str | Path, ...] = ()) -> list[str]:
-    args = [program, *_namespace_args(limits.network)]
+                  extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None) -> list[str]:
+    """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it."""
+    args = [program, *_namespace_args(limits.network, user)]
     for p in _SYSTEM:
         if os.path.islink(p):
             args += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
-    args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    shared = ["--perms", "1777"] if user is not None else []  # root makes them; `user` must write there
+    args += [*shared, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", *shared, "--tmpfs", "/dev/shm"]
     for device in accelerator_devices():
         args += ["--dev-bind", device, device]
     if accelerator_devices() and os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
-    for p in _visible(extra_ro):
-        if not any(p == s or p.startswith(s + "/") for s in _SYSTEM):
-            args += ["--ro-bind", p, p]
+    binds = [p for p in _visible(extra_ro) if not any(p == s or p.startswith(s + "/") for s in _SYSTEM)]
     work = str(Path(workdir).resolve())
+    if user is not None:  # the folders bwrap makes on the way to a bind are root's alone (0700): open them
+        for folder in _on_the_way([*binds, work]):
+            args += ["--perms", "0755", "--dir", folder]
+    for p in binds:
+        args += ["--ro-bind", p, p]
     args += ["--bind", work, work, "--chdir", work, "--"]
     return args + list(cmd)
+
+
+def _on_the_way(paths: list[str]) -> list[str]:
+    """The folders above `paths` that bwrap would make itself, shallowest first (not the mounted ones)."""
+    mounted = {"/", "/tmp", "/proc", "/dev", "/dev/shm", "/sys", *_SYSTEM}
+    out: set[str] = set()
+    for p in paths:
+        for parent in Path(p).parents:
+            q = str(parent)
+            if q in mounted or any(q.startswith(s + "/") for s in (*_SYSTEM, "/proc", "/dev", "/sys")):
+                continue
+            out.add(q)
+    return sorted(out, key=lambda q: (q.count("/"), q))
 
 
 def run_environment(env: dict[str, str], workdir: Path, sandboxed: bool) -> dict[str, str]:
@@ -310,6 +352,58 @@ def _marked(token: str) -> list[int]:
         except (OSError, ValueError):
             continue
     return out
+
+
+# The users a sandbox runs as when the kit is root (see `run_user`): a block of ids far above
+# the ones systems give to people and services, and above the usual subordinate-id ranges.
+RUN_USERS = range(0x6C6B0000, 0x6C6B0000 + (1 << 20))
+
+
+def _uids_in_use() -> set[int]:
+    used = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            used.add(int(status.read_text().split("Uid:")[1].split()[1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return used
+
+
+def run_user() -> int:
+    """An unused uid for one launch: no process runs as it and no account names it.
+
+    RLIMIT_NPROC counts the tasks of one real user across the machine, so a user of its own
+    makes the limit the run's alone, whatever else runs beside it.
+    """
+    import pwd
+    import random
+
+    used = _uids_in_use()
+    for _ in range(100):
+        uid = random.choice(RUN_USERS)
+        if uid in used:
+            continue
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+    raise RuntimeError("no unused user id for the run")
+
+
+def hand_over(workdir: Path, uid: int) -> None:
+    """Give the run's scratch folder, and what the kit put in it, to `uid` (links are not followed)."""
+    workdir = Path(workdir)
+    os.chown(workdir, uid, uid, follow_symlinks=False)
+    for folder, dirs, files in os.walk(workdir, followlinks=False):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+                # a second name for a file elsewhere (a hard link a run left) keeps its owner
+                if not (filemode.S_ISREG(st.st_mode) and st.st_nlink > 1):
+                    os.chown(path, uid, uid, follow_symlinks=False)
+            except OSError:
+                continue
 
 
 def _user_tasks() -> int:
@@ -441,11 +535,22 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     cmd = list(cmd)
     if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
         cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's
-    inner = bwrap_command(program, cmd, workdir, limits, extra_ro) if kind == BUBBLEWRAP else cmd
     cgroups = make_cgroups(limits)
     rlimits = {"AS": limits.memory, "FSIZE": limits.file_size, "CORE": 0}
-    if not cgroups and os.geteuid() != 0:
-        rlimits["NPROC"] = _user_tasks() + limits.processes
+    counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
+    if kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program):
+        # RLIMIT_NPROC never limits root: the run's processes become a user of their own, inside the
+        # sandbox, once bwrap (as root) has made it; that user owns the scratch folder.
+        user = run_user()
+        hand_over(workdir, user)
+        run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
+        first = json.dumps({"rlimits": {"NPROC": limits.processes}, "user": user})
+        inner = bwrap_command(program, [sys.executable, "-P", "-m", "labkit.sandbox", first, *cmd], workdir, limits,
+                              (*extra_ro, Path(__file__).resolve().parent), user=user)
+    else:
+        inner = bwrap_command(program, cmd, workdir, limits, extra_ro) if kind == BUBBLEWRAP else cmd
+        if not counted and os.geteuid() != 0:
+            rlimits["NPROC"] = _user_tasks() + limits.processes
     spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]})
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
     full = [sys.executable, "-P", "-m", "labkit.sandbox", spec, *inner]
@@ -463,6 +568,14 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     return Sandboxed(popen, kind, reason, cgroups, drain, limits, token)
 
 
+def _capabilities() -> int:
+    """This process's effective capabilities (a bit mask)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return -1
+
+
 def _exec(argv: list[str]) -> int:
     """The first step of every launch: join the cgroups, set the limits, become the command."""
     import resource
@@ -476,6 +589,14 @@ def _exec(argv: list[str]) -> int:
         _, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
+    if "user" in spec:  # inside the sandbox, as root with only CAP_SETUID and CAP_SETGID: become the run's user
+        uid = int(spec["user"])
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        if os.getresuid() != (uid, uid, uid) or _capabilities() != 0:
+            print("labkit: the run could not give up root", file=sys.stderr, flush=True)
+            return 126
     os.execvp(cmd[0], cmd)
     return 127
 

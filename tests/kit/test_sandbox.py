@@ -43,11 +43,14 @@ def _with_cell(source: str, path: Path) -> Path:
 
 
 def _fork_limit_holds() -> bool:
-    """A fork bomb is stopped only by a pids cgroup, or by RLIMIT_NPROC for a user other than root."""
+    """A fork bomb is stopped by a pids cgroup, or by RLIMIT_NPROC: for a user other than root, or, when the
+    kit is root, in a sandbox whose processes run as a user of their own."""
     groups = sandbox.make_cgroups(LIMITS)
     for g in groups:
         sandbox.remove_cgroup(g)
-    return any("pids" in g.parts for g in groups) or os.geteuid() != 0
+    program = sandbox.bubblewrap()[0]
+    return (any("pids" in g.parts for g in groups) or os.geteuid() != 0
+            or bool(program and sandbox.can_run_as_user(program)))
 
 
 FORK_LIMIT = _fork_limit_holds()
@@ -230,12 +233,27 @@ def test_a_memory_bomb_is_stopped_at_the_memory_limit(battery):
     scores_nothing(battery, "memory_bomb")
 
 
-@pytest.mark.skipif(not FORK_LIMIT, reason="no pids cgroup here, and RLIMIT_NPROC does not bind root")
+@pytest.mark.skipif(not FORK_LIMIT, reason="no pids cgroup here, and RLIMIT_NPROC does not bind root outside a sandbox")
 def test_a_fork_bomb_is_stopped_at_the_process_limit_and_leaves_nothing_behind(battery):
     record = battery.record("fork_bomb")
-    assert record.status in ("ok", "error", "timeout")
+    assert record.status in ("ok", "error"), (record.status, record.message)  # refused forks, not the clock
+    made = (battery.workdir("fork_bomb") / "forks").stat().st_size
+    assert made < LIMITS.processes, f"the fork bomb reached {made} processes"
     scores_nothing(battery, "fork_bomb")
     assert battery.record("honest").status == "ok"
+
+
+@NEEDS_SANDBOX
+def test_a_fork_bomb_in_a_notebook_run_without_cgroups_is_refused_forks_not_timed_out(kit, lab_report, build,
+                                                                                     monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_CGROUPS", "off")  # as where the kit may not make cgroups (RLIMIT_NPROC only)
+    notebook = _with_cell((ADVERSARIAL / "fork_bomb.py").read_text(), tmp_path / "lab-3.ipynb")
+    done = kit("lab", "3", "--notebook", str(notebook), "--configs", "cpu-1", "--timeout", "90",
+               "--max-processes", "200")
+    run = lab_report(3)["runs"]["cpu-1"]
+    assert run["status"] in ("ok", "error"), (run["status"], run["message"], done.stderr[-2000:])
+    made = (Path(run["workdir"]) / "forks").stat().st_size
+    assert made < 200, f"the fork bomb reached {made} processes under a limit of 200"
 
 
 def test_a_cell_that_never_returns_is_a_timeout(battery):
@@ -307,6 +325,42 @@ def _launch(tmp_path, code: str, limits: Limits = sandbox.DEFAULT_LIMITS, timeou
             execute.kill_tree(proc.pid)
             proc.wait()
     return log_path.read_text()
+
+
+@NEEDS_SANDBOX
+def test_without_cgroups_a_fork_bomb_in_the_sandbox_stops_at_the_process_limit(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_CGROUPS", "off")  # RLIMIT_NPROC alone, which never binds root's own user
+    out = _launch(tmp_path, (ADVERSARIAL / "fork_bomb.py").read_text(), Limits(processes=64), timeout=60)
+    made = (tmp_path / "work" / "forks").stat().st_size
+    assert "the fork bomb stopped" in out and made < 64, (made, out)
+
+
+@NEEDS_SANDBOX
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kit runs as root only here")
+def test_as_root_without_cgroups_a_run_is_a_user_of_its_own_that_owns_its_scratch_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_CGROUPS", "off")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "calls.json").write_text("from the kit")
+    (work / "calls.json").chmod(0o600)  # as the kit's own files may be (the run's key, the connection file)
+    out = _launch(tmp_path, "import os\nprint('uid', os.getuid(), os.getgid(), os.getgroups())\n"
+                            "print('read', open('calls.json').read())\nopen('results.json', 'w').write('from the run')\n"
+                            "os.makedirs('/tmp/home/cache'); print('tmp writable')")
+    uid = int(out.split("uid ")[1].split()[0])
+    assert uid in sandbox.RUN_USERS and f"uid {uid} {uid} []" in out, out
+    assert "read from the kit" in out and "tmp writable" in out, out
+    assert (work / "results.json").read_text() == "from the run"  # the kit reads what the run wrote
+    assert (work / "results.json").stat().st_uid == uid
+
+
+def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capabilities_to_become_it(tmp_path):
+    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path / "work", sandbox.DEFAULT_LIMITS, user=sandbox.RUN_USERS[0])
+    assert "--unshare-all" not in cmd and "--unshare-user" not in cmd and "--unshare-user-try" not in cmd
+    assert {"--unshare-pid", "--unshare-net", "--die-with-parent"} <= set(cmd)
+    added = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--cap-add"]
+    assert sorted(added) == ["CAP_SETGID", "CAP_SETUID"] and cmd.index("--cap-drop") < cmd.index("--cap-add")
+    made = [cmd[i + 3] for i, a in enumerate(cmd) if a == "--perms" and cmd[i + 2] == "--dir"]
+    assert str(tmp_path) in made  # the folders on the way to the scratch folder are open to the run's user
 
 
 @NEEDS_SANDBOX
@@ -431,5 +485,5 @@ def test_a_run_on_a_tpu_host_sees_the_chips_and_the_topology(tmp_path, monkeypat
 
 
 def test_a_cpu_host_binds_no_device_nodes(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "accelerator_devices", lambda: [])
+    monkeypatch.setattr(sandbox, "accelerator_devices", list)
     assert "--dev-bind" not in sandbox.bwrap_command("bwrap", ["true"], tmp_path, sandbox.DEFAULT_LIMITS)
