@@ -390,6 +390,14 @@ def run_user() -> int:
     raise RuntimeError("no unused user id for the run")
 
 
+def _open_to_others(devices: list[str]) -> bool:
+    """Whether a user of no group may read and write every one of `devices` (a TPU host's chips)."""
+    try:
+        return all(os.stat(d).st_mode & 0o006 == 0o006 for d in devices)
+    except OSError:
+        return False
+
+
 def hand_over(workdir: Path, uid: int) -> None:
     """Give the run's scratch folder, and what the kit put in it, to `uid` (links are not followed)."""
     workdir = Path(workdir)
@@ -538,7 +546,8 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     cgroups = make_cgroups(limits)
     rlimits = {"AS": limits.memory, "FSIZE": limits.file_size, "CORE": 0}
     counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
-    if kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program):
+    if (kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program)
+            and _open_to_others(accelerator_devices())):
         # RLIMIT_NPROC never limits root: the run's processes become a user of their own, inside the
         # sandbox, once bwrap (as root) has made it; that user owns the scratch folder.
         user = run_user()

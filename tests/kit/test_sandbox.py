@@ -353,6 +353,17 @@ def test_as_root_without_cgroups_a_run_is_a_user_of_its_own_that_owns_its_scratc
     assert (work / "results.json").stat().st_uid == uid
 
 
+@NEEDS_SANDBOX
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kit runs as root only here")
+def test_as_root_on_a_tpu_host_whose_chips_only_root_may_open_the_run_keeps_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_CGROUPS", "off")
+    chip = tmp_path / "accel0"
+    chip.touch(mode=0o600)
+    monkeypatch.setattr(sandbox, "accelerator_devices", lambda: [str(chip)])
+    out = _launch(tmp_path, f"import os\nopen({str(chip)!r}, 'r+b').close()\nprint('opened the chip')")
+    assert "opened the chip" in out, out
+
+
 def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capabilities_to_become_it(tmp_path):
     cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path / "work", sandbox.DEFAULT_LIMITS, user=sandbox.RUN_USERS[0])
     assert "--unshare-all" not in cmd and "--unshare-user" not in cmd and "--unshare-user-try" not in cmd
