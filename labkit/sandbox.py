@@ -398,10 +398,16 @@ def _open_to_others(devices: list[str]) -> bool:
         return False
 
 
-def hand_over(workdir: Path, uid: int) -> None:
-    """Give the run's scratch folder, and what the kit put in it, to `uid` (links are not followed)."""
+def hand_over(workdir: Path, uid: int) -> bool:
+    """Give the run's scratch folder, and what the kit put in it, to `uid` (links are not followed).
+
+    False when the folder itself cannot be given (a file system that refuses root's chown).
+    """
     workdir = Path(workdir)
-    os.chown(workdir, uid, uid, follow_symlinks=False)
+    try:
+        os.chown(workdir, uid, uid, follow_symlinks=False)
+    except OSError:
+        return False
     for folder, dirs, files in os.walk(workdir, followlinks=False):
         for name in dirs + files:
             path = os.path.join(folder, name)
@@ -412,6 +418,7 @@ def hand_over(workdir: Path, uid: int) -> None:
                     os.chown(path, uid, uid, follow_symlinks=False)
             except OSError:
                 continue
+    return True
 
 
 def _user_tasks() -> int:
@@ -546,12 +553,14 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     cgroups = make_cgroups(limits)
     rlimits = {"AS": limits.memory, "FSIZE": limits.file_size, "CORE": 0}
     counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
+    user = None
     if (kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program)
             and _open_to_others(accelerator_devices())):
+        user = run_user()
+        user = user if hand_over(workdir, user) else None
+    if user is not None:
         # RLIMIT_NPROC never limits root: the run's processes become a user of their own, inside the
         # sandbox, once bwrap (as root) has made it; that user owns the scratch folder.
-        user = run_user()
-        hand_over(workdir, user)
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
         first = json.dumps({"rlimits": {"NPROC": limits.processes}, "user": user})
         inner = bwrap_command(program, [sys.executable, "-P", "-m", "labkit.sandbox", first, *cmd], workdir, limits,
