@@ -1,17 +1,19 @@
-"""Run one notebook on one device configuration, in processes of its own.
+"""Run one notebook on one device configuration: papermill here, the student's kernel in a sandbox.
 
 `run_notebook` copies the notebook into a scratch folder (the student's file is never
 written), appends the harness cell that calls the student's functions on the judge's
-inputs, and runs the copy with papermill in a child process whose environment is the
-configuration's, sandboxed and under limits (`sandbox.launch`). It returns a `RunRecord`:
-plain data about how the run went and what the functions returned, read once when the
-run has ended and only when the run's sealed harness signed it. It judges nothing.
-
-`python -m labkit.execute IN OUT` is that child process.
+inputs, and runs the copy with papermill. Papermill and its notebook client run in the
+calling (trusted) process; only the Jupyter kernel, where the student's code runs, is a
+child process: started through `sandbox.launch` with the configuration's environment,
+sandboxed and under limits, talking to papermill over Unix sockets in its scratch folder.
+The kernel seals the harness with the run's private key before the first cell. The call
+returns a `RunRecord`: plain data about how the run went and what the functions returned,
+read once when the run has ended and only when the sealed harness signed it. It judges nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -21,8 +23,8 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
-import sys
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -256,27 +258,13 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     if config.processes > 1:
         return _run_processes(nb, config, calls, workdir, timeout, limits)
     input_path = prepare(nb, workdir, calls)
-    output_path = workdir / "executed.ipynb"
-    log_path = workdir / "run.log"
-    cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(output_path), str(timeout), str(limits.output)]
     key = new_key()
-    start = time.monotonic()
-    with open(log_path, "wb") as log:
-        env = config.environment() | {"LABKIT_RUN": config.name}
-        proc = launch(cmd, workdir, env, log, limits, key)
-        try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            kill_tree(proc.pid)
-            proc.wait()
-    seconds = time.monotonic() - start
-    cell_errors, last_started = _cell_errors(output_path)
-    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=proc.isolation, limits=limits.to_json())
-    if timed_out:
+    env = config.environment() | {"LABKIT_RUN": config.name}
+    ran = _papermill(input_path, workdir / "executed.ipynb", workdir, env, limits, key, timeout)
+    cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
+    record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
+                       isolation=ran.isolation, limits=limits.to_json())
+    if ran.timed_out:
         record.status = "timeout"
         where = f" (still running cell {last_started})" if last_started is not None else ""
         record.message = f"the notebook did not finish within {timeout:g} s{where}"
@@ -284,7 +272,7 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     results_path = workdir / "results.json"
     if not results_path.exists():
         record.status = "error"
-        record.message = _why_no_results(log_path, proc.returncode)
+        record.message = _why_no_results(workdir / "run.log", ran)
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
@@ -312,78 +300,323 @@ def _read_payload(path: Path, key: str | None = None) -> tuple[dict, dict] | Non
         return None
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout: float) -> tuple[bool, int | None]:
-    """Wait for every process of a run: (timed out, the first process that failed, if any).
+# ----------------------------------------------------------------------------------------
+# One kernel: papermill in this process, the kernel sandboxed, Unix sockets in between.
+# ----------------------------------------------------------------------------------------
 
-    A process that ends with an error stops the run: its peers would wait for it in a
-    collective until the timeout, so they get PEER_GRACE seconds to finish, then are ended.
+@dataclass
+class KernelRun:
+    """How one kernel's run ended, as seen from papermill's side."""
+
+    seconds: float = 0.0
+    timed_out: bool = False
+    died: bool = False  # the kernel ended before the notebook did (a crash, a kill, out of memory)
+    returncode: int | None = None
+    isolation: str = ""
+    failure: str = ""  # what papermill raised, when it was not the student's cells
+
+
+class _KernelProcess:
+    """The view of a sandboxed kernel that jupyter_client's provisioner uses: a Popen with no pipes of its own."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, sandboxed: sandbox.Sandboxed):
+        self.sandboxed, self.pid = sandboxed, sandboxed.pid
+
+    def poll(self):
+        return self.sandboxed.poll()
+
+    def wait(self, timeout=None):
+        return self.sandboxed.wait(timeout)
+
+    def kill(self):
+        self.sandboxed.kill()
+
+    terminate = kill
+
+    def send_signal(self, signum):
+        os.killpg(self.pid, signum)
+
+
+def _kernel_manager_class():
+    """SandboxedKernelManager, defined on first use: jupyter_client is imported only by runs that need it."""
+    global _SandboxedKernelManager
+    if _SandboxedKernelManager is not None:
+        return _SandboxedKernelManager
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.manager import AsyncKernelManager
+
+    class SandboxedKernelManager(AsyncKernelManager):
+        """A kernel started with `launch` (sandbox and limits) that listens on Unix sockets in its scratch folder.
+
+        The kernel binds its sockets relative to its working folder (the scratch folder, the only
+        place it may write); this process reaches them through a short link to that folder, as
+        a socket path may not be longer than about 100 bytes.
+        """
+
+        def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str]) -> None:
+            self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = workdir, env, limits, log, seal
+            self.sandboxed: sandbox.Sandboxed | None = None
+            self.ended, self.clients, self.asked_to_exit = False, [], False
+            self.link_dir = Path(tempfile.mkdtemp(prefix="labkit-"))
+            (self.link_dir / "w").symlink_to(workdir.resolve(), target_is_directory=True)
+            # The connection file (which the kernel reads) names the sockets relative to the kernel's folder;
+            # once the kernel is started, this side names them through the link.
+            self.transport, self.ip = "ipc", "kernel"
+            self.connection_file = str(workdir / "kernel.json")
+            # A message far larger than the run's whole output allowance is refused by the socket, not read.
+            self.client_context = zmq.asyncio.Context()
+            self.client_context.setsockopt(zmq.MAXMSGSIZE, largest_message(limits))
+            _LIVE_KERNELS.add(self)
+
+        def client(self, **kwargs):
+            kc = super().client(context=self.client_context, **kwargs)
+            self.clients.append(kc)  # papermill's client does not stop its channels for a kernel it did not start
+            return kc
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            # What the cells write to the process's own descriptors (os.write, C libraries) goes to the
+            # run's log, which the sandbox cuts; what they print goes to the notebook, which the kernel cuts.
+            cmd = [*kernel_cmd, "--IPKernelApp.capture_fd_output=False",
+                   "--IPKernelApp.exec_lines=" + json.dumps(self.seal_args)]
+            self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits)
+            self.provisioner.process = _KernelProcess(self.sandboxed)
+            self.provisioner.pid = self.provisioner.pgid = self.sandboxed.pid
+            self._reconcile_connection_info(self.provisioner.connection_info)
+            self.ip = str(self.link_dir / "w" / "kernel")
+
+        def stop_kernel(self) -> None:
+            """End the kernel and everything it started, at once (from any thread): papermill then returns."""
+            if self.sandboxed is not None:
+                self.sandboxed.kill()
+                kill_tree(self.sandboxed.pid)
+
+        def end(self) -> None:
+            """Stop the kernel, wait for it, and remove what the run's sockets left (papermill's thread, once done)."""
+            if self.ended:
+                return
+            self.ended = True
+            _LIVE_KERNELS.discard(self)
+            self.stop_kernel()
+            if self.sandboxed is not None:
+                self.sandboxed.wait()
+            for kc in self.clients:
+                with contextlib.suppress(Exception):
+                    kc.stop_channels()
+            self.client_context.destroy(linger=0)
+            shutil.rmtree(self.link_dir, ignore_errors=True)
+            for leftover in [*self.run_dir.glob("kernel-*"), self.run_dir / "kernel.json"]:
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+    _SandboxedKernelManager = SandboxedKernelManager
+    return SandboxedKernelManager
+
+
+_SandboxedKernelManager = None
+_LIVE_KERNELS: set = set()  # the kernels of runs going on now
+
+
+def _engine() -> str:
+    """papermill's engine for the kit's runs (registered on first use): its notebook client caps the outputs kept."""
+    global _ENGINE_READY
+    if _ENGINE_READY:
+        return ENGINE
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
+    from papermill.log import logger
+
+    class CappedClient(PapermillNotebookClient):
+        """Keeps at most `output_limit` bytes of cell outputs; a note says where they were cut.
+
+        Errors are always kept (shortened), so that a cell that raised is still reported.
+        """
+
+        def __init__(self, nb_man, output_limit: int, **kw):
+            super().__init__(nb_man, **kw)
+            self.output_limit, self.output_kept, self.output_cut = output_limit, 0, False
+
+        def output(self, outs, msg, display_id, cell_index):
+            content = msg.get("content", {})
+            if msg.get("msg_type") == "error":
+                content["traceback"] = list(content.get("traceback", []))[-20:]
+                content["evalue"] = str(content.get("evalue", ""))[:2000]
+                return super().output(outs, msg, display_id, cell_index)
+            size = len(json.dumps(content, default=str))
+            note = f"\n[labkit: output cut here: the run's outputs passed {sandbox.format_size(self.output_limit)}]\n"
+            room = self.output_limit - self.output_kept
+            if size > room and not self.output_cut:
+                self.output_cut = True
+                if msg.get("msg_type") == "stream" and room > 1000:  # the start of a long stream is kept
+                    content["text"] = str(content.get("text", ""))[:room - 1000] + note
+                    size = room
+                else:
+                    outs.append(nbformat.v4.new_output("stream", name="stderr", text=note.lstrip("\n")))
+                    return None
+            elif size > room:
+                return None
+            self.output_kept += size
+            return super().output(outs, msg, display_id, cell_index)
+
+        async def _check_raise_for_error(self, cell, cell_index, exec_reply):
+            # exit() in a cell stops the kernel a moment later, while the next cells may still be sent: end it
+            # now, so that a notebook that asks to exit always ends the same way, whatever the machine's load.
+            payload = ((exec_reply or {}).get("content") or {}).get("payload") or []
+            if hasattr(self.km, "stop_kernel") and any(
+                    p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
+                self.km.asked_to_exit = True
+                self.km.stop_kernel()
+            return await super()._check_raise_for_error(cell, cell_index, exec_reply)
+
+    class Engine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None, stderr_file=None,
+                                     start_timeout=60, execution_timeout=None, **kwargs):
+            kwargs.pop("input_path", None)
+            return CappedClient(nb_man, kernel_name=kernel_name, timeout=execution_timeout, startup_timeout=start_timeout,
+                                log=logger, log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file,
+                                **kwargs).execute()
+
+    papermill_engines.register(ENGINE, Engine)
+    _ENGINE_READY = True
+    return ENGINE
+
+
+ENGINE, _ENGINE_READY = "labkit", False
+
+
+def largest_message(limits: Limits) -> int:
+    """The largest message from a kernel this process accepts: a larger one ends the run's output (memory safety)."""
+    return max(4 * limits.output, 64 << 20)
+_PAPERMILL_LOCK = threading.Lock()
+
+
+def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, limits: Limits, key: str,
+               timeout: float, log_name: str = "run.log") -> KernelRun:
+    """Execute `input_path` into `output_path` with papermill, on a sandboxed kernel working in `workdir`.
+
+    Every cell runs even after one raised. The kernel reads the run's key from a file only it
+    may read (`seal`), which it removes before the first cell; after `timeout` seconds, or when
+    the notebook is done, the kernel and everything it started are ended.
     """
-    deadline = time.monotonic() + timeout
-    failed, grace_until = None, None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            return False, failed
-        if failed is None:
-            failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
-            if failed is not None:
-                grace_until = time.monotonic() + PEER_GRACE
-        now = time.monotonic()
-        if grace_until is not None and now >= grace_until:
-            return False, failed
-        if now >= deadline:
-            return True, failed
-        time.sleep(0.1)
+    with _PAPERMILL_LOCK:  # the first use imports papermill and registers the engine, once
+        import papermill
+        from papermill.exceptions import PapermillExecutionError
 
+        engine = _engine()
+    from nbclient.exceptions import DeadKernelError
+
+    key_file = workdir / f".labkit-key-{secrets.token_hex(8)}.json"
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": key, "calls": str(workdir / "calls.json"), "results": str(workdir / "results.json"),
+                   "output": limits.output}, f)
+    seal = ["import labkit.harness", f"labkit.harness.seal({str(key_file)!r})", "del labkit"]
+    ran = KernelRun()
+    start = time.monotonic()
+    with open(workdir / log_name, "wb") as log:
+        km = _kernel_manager_class()(kernel_name="python3")
+        km.setup(workdir, env, limits, log, seal)
+        watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            papermill.execute_notebook(
+                str(input_path), str(output_path), kernel_name="python3", progress_bar=False, km=km,
+                engine_name=engine, allow_errors=True, execution_timeout=max(1, int(timeout)),
+                start_timeout=max(1, int(timeout)), output_limit=limits.output)
+        except PapermillExecutionError:
+            pass  # the student's cells raised; the harness cell still ran, and the errors are in the output
+        except DeadKernelError:
+            ran.died = not ran.timed_out
+        except Exception as e:  # noqa: BLE001 - whatever stopped papermill, the run reports it
+            if not ran.timed_out:
+                ran.died = km.sandboxed is not None and km.sandboxed.poll() is not None
+                ran.failure = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                if type(e).__name__ == "CellTimeoutError" and not ran.died:
+                    # the cell ended but its outputs stopped arriving: a message over the size the kit accepts
+                    ran.failure = (f"the cells' output stopped reaching the kit: a single output larger than "
+                                   f"{sandbox.format_size(largest_message(limits))} is refused, and the rest of the "
+                                   "run with it")
+        finally:
+            watchdog.cancel()
+            km.end()
+    if km.asked_to_exit and not ran.timed_out:
+        ran.died, ran.failure = True, "a cell asked it to exit (exit() or quit()), so the cells after it never ran"
+    with contextlib.suppress(OSError):
+        key_file.unlink()
+    ran.seconds = time.monotonic() - start
+    ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
+    ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else sandbox.isolation()[0]
+    return ran
+
+
+# ----------------------------------------------------------------------------------------
+# A run of several JAX processes.
+# ----------------------------------------------------------------------------------------
 
 def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[dict], workdir: Path,
                    timeout: float, limits: Limits | None = None) -> RunRecord:
-    """A run of `config.processes` JAX processes, each running the notebook, joined on a free localhost port.
+    """A run of `config.processes` JAX processes, each a kernel running the notebook, joined on a free localhost port.
 
     Process i works in `workdir/process-i/`; the run's results are process 0's, and every
-    process's results are kept in `RunRecord.processes`. However it ends, no process outlives it.
+    process's results are kept in `RunRecord.processes`. A process whose kernel ends early stops
+    the run: its peers would wait for it in a collective until the timeout, so they get
+    PEER_GRACE seconds to finish, then are ended. However it ends, no process outlives the run.
     """
     coordinator = f"127.0.0.1:{free_port()}"
     dirs = [workdir / f"process-{i}" for i in range(config.processes)]
-    procs, logs = [], []
     limits, key = limits or DEFAULT_LIMITS, new_key()
+    runs: list[KernelRun | None] = [None] * config.processes
+    stop = threading.Event()
     start = time.monotonic()
-    try:
-        for i, pdir in enumerate(dirs):
-            input_path = prepare(nb, pdir, calls, first=JOIN_CELL)
-            cmd = [sys.executable, "-m", "labkit.execute", str(input_path), str(pdir / "executed.ipynb"), str(timeout),
-                   str(limits.output)]
-            env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
-                   | config.process_env(i, coordinator))
-            logs.append(open(pdir / "run.log", "wb"))
-            procs.append(launch(cmd, pdir, env, logs[-1], limits, key))
-        timed_out, failed = _wait_all(procs, timeout)
-    finally:
-        for proc in procs:
-            kill_tree(proc.pid)
-        for proc in procs:
-            proc.wait()
-        for log in logs:
-            log.close()
+
+    def one(i: int) -> None:
+        input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
+        env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
+               | config.process_env(i, coordinator))
+        runs[i] = _papermill(input_path, dirs[i] / "executed.ipynb", dirs[i], env, limits, key, timeout)
+        if runs[i].died or runs[i].failure:
+            stop.set()
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"labkit-process-{i}", daemon=True)
+               for i in range(config.processes)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout + PEER_GRACE
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.05)
+    failed = next((i for i, r in enumerate(runs) if r is not None and (r.died or r.failure)), None)
+    if failed is not None:  # the others get a grace period, then their timeout is cut short
+        grace = time.monotonic() + PEER_GRACE
+        while any(t.is_alive() for t in threads) and time.monotonic() < grace:
+            time.sleep(0.05)
+        for i, thread in enumerate(threads):
+            if thread.is_alive():
+                _end_kernels_in(dirs[i])
+    for thread in threads:
+        thread.join()
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=procs[0].isolation if procs else "", limits=limits.to_json())
+                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json())
     refused = []
-    for i, (proc, pdir) in enumerate(zip(procs, dirs)):
+    for i, (run, pdir) in enumerate(zip(runs, dirs)):
         payload = _read_payload(pdir / "results.json", key)
         if payload is None and (pdir / "results.json").exists():
             refused.append(i)
-        record.processes.append({"process": i, "exit": proc.returncode, "coordinator": coordinator,
+        record.processes.append({"process": i, "exit": run.returncode if run else None, "coordinator": coordinator,
                                  "environment": payload[0] if payload else {},
                                  "results": payload[1] if payload else {}})
     of = f"of {config.processes}"
     if failed is not None:
         record.status = "error"
-        why = _why_no_results(dirs[failed] / "run.log", procs[failed].returncode)
+        why = _why_no_results(dirs[failed] / "run.log", runs[failed])
         record.message = f"process {failed} {of} stopped early, so the others were ended too: {why}"
         return record
-    if timed_out:
+    if any(r is None or r.timed_out for r in runs):
         record.status = "timeout"
         where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
         record.message = f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
@@ -392,7 +625,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     if missing:
         record.status = "error"
         record.message = (f"process {missing[0]} {of} stopped before its functions could be called: "
-                          + _why_no_results(dirs[missing[0]] / "run.log", procs[missing[0]].returncode))
+                          + _why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]]))
         return record
     if refused:
         record.status = "error"
@@ -403,102 +636,28 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     return record
 
 
-def _why_no_results(log_path: Path, returncode: int) -> str:
+def _end_kernels_in(folder: Path) -> None:
+    """End the kernel working in `folder` (a peer of a process that failed): its papermill then returns."""
+    for km in list(_LIVE_KERNELS):
+        if Path(km.run_dir) == folder:
+            km.stop_kernel()
+
+
+def _why_no_results(log_path: Path, ran: KernelRun) -> str:
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
     joined = [ln for ln in text.splitlines() if ln.startswith("labkit: process ")]
     if joined:
         return joined[-1].removeprefix("labkit: ")
-    if "DeadKernelError" in text or "Kernel died" in text:
+    returncode = ran.returncode
+    if ran.died and ran.failure:
+        return f"the Python kernel died while running the notebook: {ran.failure}"
+    if ran.died:
+        if returncode is not None and (returncode < 0 or returncode > 128):
+            signum = -returncode if returncode < 0 else returncode - 128
+            return f"the Python kernel died while running the notebook (killed by signal {signum}: a crash, or out of memory)"
         return "the Python kernel died while running the notebook (a crash, or out of memory)"
-    if returncode is not None and (returncode < 0 or returncode > 128):
-        signum = -returncode if returncode < 0 else returncode - 128
-        return (f"the notebook stopped before its functions could be called: the process running it was killed "
-                f"(signal {signum})")
-    lines = [ln for ln in text.splitlines() if ln.strip() and "Kernel is running over TCP without encryption" not in ln]
+    if ran.failure:
+        return f"the notebook stopped before its functions could be called: {ran.failure}"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     tail = lines[-1][:300] if lines else f"exit status {returncode}"
     return f"the notebook stopped before its functions could be called: {tail}"
-
-
-def _not_dumpable() -> None:
-    """Keep this process's memory (it holds the run's key) from the kernel's eyes: no /proc/PID/mem, no ptrace."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    except (OSError, AttributeError):
-        pass
-
-
-def _seal_at_kernel_start(key: str, folder: Path) -> None:
-    """Have the kernel seal the harness before any cell runs: an IPython start-up file in a private IPYTHONDIR."""
-    import tempfile
-
-    private = Path(tempfile.mkdtemp(prefix="labkit-"))
-    key_file = private / "key.json"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"key": key, "calls": str(folder / "calls.json"), "results": str(folder / "results.json")}, f)
-    startup = private / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    (startup / "00-labkit-seal.py").write_text(
-        f"import labkit.harness\nlabkit.harness.seal({str(key_file)!r})\ndel labkit\n")
-    os.environ["IPYTHONDIR"] = str(private / "ipython")
-
-
-def _cap_outputs(limit: int) -> None:
-    """Keep at most `limit` bytes of cell outputs in the executed notebook; a note says where they were cut.
-
-    Errors are always kept (shortened), so that a cell that raised is still reported.
-    """
-    from nbclient.client import NotebookClient
-
-    original = NotebookClient.output
-    state = {"kept": 0, "cut": False}
-
-    def output(self, outs, msg, display_id, cell_index):
-        content = msg.get("content", {})
-        if msg.get("msg_type") == "error":
-            content["traceback"] = list(content.get("traceback", []))[-20:]
-            content["evalue"] = str(content.get("evalue", ""))[:2000]
-            return original(self, outs, msg, display_id, cell_index)
-        size = len(json.dumps(content, default=str))
-        if state["kept"] + size > limit:
-            if not state["cut"]:
-                state["cut"] = True
-                outs.append(nbformat.v4.new_output(
-                    "stream", name="stderr",
-                    text=f"[labkit: output cut here: the run's outputs passed {sandbox.format_size(limit)}]\n"))
-            return None
-        state["kept"] += size
-        return original(self, outs, msg, display_id, cell_index)
-
-    NotebookClient.output = output
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The child process: execute IN into OUT with papermill, letting every cell run even after an error.
-
-    A first line on stdin is the run's key: the kernel then seals the harness with it at start-up.
-    """
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
-    args = (argv or sys.argv[1:])
-    input_path, output_path, timeout = args[:3]
-    _cap_outputs(int(args[3]) if len(args) > 3 else DEFAULT_LIMITS.output)
-    key = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.readline().strip()
-    if key:
-        _not_dumpable()
-        _seal_at_kernel_start(key, Path(input_path).resolve().parent)
-    try:
-        papermill.execute_notebook(
-            input_path, output_path, kernel_name="python3", progress_bar=False, cwd=str(Path(input_path).parent),
-            allow_errors=True, execution_timeout=int(float(timeout)),
-        )
-    except PapermillExecutionError:
-        pass  # the student's cells raised; the harness cell still ran, and the errors are in OUT
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -271,6 +271,36 @@ def _guarded_classes() -> list:
     return list(dict.fromkeys(classes))
 
 
+def cap_streams(limit: int) -> None:
+    """Send at most `limit` characters of what the cells print (stdout and stderr together); a note marks the cut.
+
+    The friendly half of the output limit: the kernel cuts what it sends. The process running
+    papermill also refuses any message much larger than the limit, whatever the cells do to this.
+    The cut is made where ipykernel's streams hand their buffered text to the kernel's messages
+    (IPython wraps and restores the streams' `write` around every cell, so `write` is no place for it).
+    """
+    stream_class = type(sys.stdout)
+    original = getattr(stream_class, "_flush_buffers", None)
+    if original is None:  # not an ipykernel stream: what is printed goes to the run's log, which is cut
+        return
+    state = {"left": limit, "noted": False}
+    note = f"\n[labkit: output cut here: the run's outputs passed {limit} characters]\n"
+
+    def _flush_buffers(self):
+        for parent, data in original(self):
+            if len(data) > state["left"]:
+                data, state["left"] = data[:state["left"]], 0
+                if not state["noted"]:
+                    state["noted"] = True
+                    data += note
+            else:
+                state["left"] -= len(data)
+            if data:
+                yield parent, data
+
+    stream_class._flush_buffers = _flush_buffers
+
+
 def seal(key_file: str) -> None:
     """Kernel start-up, before the student's cells: bind the harness to the run's calls, paths and key.
 
@@ -312,3 +342,5 @@ def seal(key_file: str) -> None:
 
     _SEALED = sealed
     world = _World(_GUARDED_MODULES, _guarded_classes())
+    if spec.get("output"):
+        cap_streams(int(spec["output"]))

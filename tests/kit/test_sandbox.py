@@ -195,10 +195,11 @@ def test_ending_the_kernel_with_status_0_is_an_error_not_a_pass(battery):
 
 
 @NEEDS_SANDBOX
-def test_killing_the_parent_processes_ends_only_its_own_run(battery):
+def test_killing_the_parent_processes_reaches_nothing_outside_the_run(battery):
+    # In its sandbox the kernel's only ancestor is the sandbox's own init, which a signal from inside
+    # cannot end: papermill and the grading process are out of reach, so the run simply goes on.
     record = battery.record("kill_parents")
-    assert record.status == "error" and "stopped before its functions could be called" in record.message
-    assert "killed" in record.message
+    assert record.status == "ok", record.message
     scores_nothing(battery, "kill_parents")
 
 

@@ -1,4 +1,4 @@
-# Kills the process that runs the notebook (papermill) and every ancestor it can find.
+# Kills every ancestor of the kernel it can find (whatever started it, up to the machine's init).
 # ruff: noqa
 import os, signal
 pid = os.getpid()
