@@ -158,17 +158,19 @@ def kill_tree(pid: int) -> None:
 
 
 def launch(cmd: list[str], cwd: Path, env: dict[str, str], log, limits: Limits | None = None,
-           key: str | None = None) -> sandbox.Sandboxed:
+           key: str | None = None, join: dict[str, str] | None = None) -> sandbox.Sandboxed:
     """Start one process of a run, sandboxed and under `limits`, its output into `log` (see `sandbox.launch`).
 
     Every process a run starts goes through here: one for a one-process configuration, one per
-    JAX process for a multi-process one (whose processes must reach each other on localhost, so
-    they share the host's network). `key`, the run's private key, reaches the child on its stdin.
+    JAX process for a multi-process one. The processes of a multi-process run on this machine
+    share one private network (process 0's: `join`, from `sandbox.network_of`); only the workers
+    of a multi-host TPU slice, which talk across machines, keep the host's network. `key`, when
+    given, reaches the child on its stdin.
     """
     limits = limits or DEFAULT_LIMITS
-    if env.get("LABKIT_COORDINATOR") or harness.tpu_hosts(env) > 1:
+    if harness.tpu_hosts(env) > 1:
         limits = dataclasses.replace(limits, network=True)
-    return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None)
+    return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None, join=join)
 
 
 def new_key() -> str:
@@ -356,8 +358,11 @@ def _kernel_manager_class():
         a socket path may not be longer than about 100 bytes.
         """
 
-        def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str]) -> None:
+        def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str], network=None) -> None:
+            """`network`, when given, is called at launch for the namespaces to join (`sandbox.network_of`)."""
             self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = workdir, env, limits, log, seal
+            self.network = network
+            self.started = threading.Event()  # set once the kernel's process exists (or could not be made)
             self.sandboxed: sandbox.Sandboxed | None = None
             self.ended, self.clients, self.asked_to_exit = False, [], False
             self.link_dir = Path(tempfile.mkdtemp(prefix="labkit-"))
@@ -381,7 +386,11 @@ def _kernel_manager_class():
             # run's log, which the sandbox cuts; what they print goes to the notebook, which the kernel cuts.
             cmd = [*kernel_cmd, "--IPKernelApp.capture_fd_output=False",
                    "--IPKernelApp.exec_lines=" + json.dumps(self.seal_args)]
-            self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits)
+            try:
+                self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
+                                        join=self.network() if self.network else None)
+            finally:
+                self.started.set()
             self.provisioner.process = _KernelProcess(self.sandboxed)
             self.provisioner.pid = self.provisioner.pgid = self.sandboxed.pid
             self._reconcile_connection_info(self.provisioner.connection_info)
@@ -494,7 +503,7 @@ _PAPERMILL_LOCK = threading.Lock()
 
 
 def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, limits: Limits, key: str,
-               timeout: float, log_name: str = "run.log") -> KernelRun:
+               timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None) -> KernelRun:
     """Execute `input_path` into `output_path` with papermill, on a sandboxed kernel working in `workdir`.
 
     Every cell runs even after one raised. The kernel reads the run's key from a file only it
@@ -518,7 +527,9 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
     start = time.monotonic()
     with open(workdir / log_name, "wb") as log:
         km = _kernel_manager_class()(kernel_name="python3")
-        km.setup(workdir, env, limits, log, seal)
+        km.setup(workdir, env, limits, log, seal, network)
+        if kernels is not None:
+            kernels.append(km)
         watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
         watchdog.daemon = True
         watchdog.start()
@@ -573,11 +584,22 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     stop = threading.Event()
     start = time.monotonic()
 
+    first: list = []  # process 0's kernel manager: the others join its private network
+
+    def network() -> dict[str, str] | None:
+        deadline = time.monotonic() + timeout
+        while not first and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.02)
+        if not first or not first[0].started.wait(max(0.0, deadline - time.monotonic())) or not first[0].sandboxed:
+            return None
+        return sandbox.network_of(first[0].sandboxed)
+
     def one(i: int) -> None:
         input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
         env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
                | config.process_env(i, coordinator))
-        runs[i] = _papermill(input_path, dirs[i] / "executed.ipynb", dirs[i], env, limits, key, timeout)
+        runs[i] = _papermill(input_path, dirs[i] / "executed.ipynb", dirs[i], env, limits, key, timeout,
+                             network=network if i else None, kernels=first if i == 0 else None)
         if runs[i].died or runs[i].failure:
             stop.set()
 

@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 MiB = 1 << 20
@@ -531,16 +531,61 @@ class Sandboxed:
             self.drain.join(timeout=10)
 
 
+def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
+    """The namespaces to join to share `other`'s private network (a peer of a multi-process run), or None.
+
+    None when `other` has no network of its own (no sandbox) or its sandbox did not start within
+    `wait` seconds. A kit that is not root must also join the sandbox's user namespace, which it owns.
+    """
+    if other.isolation != BUBBLEWRAP:
+        return None
+    own = {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "user")}
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and other.poll() is None:
+        for pid in [other.pid, *_descendants(other.pid)]:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/net") != own["net"]:
+                    join = {"net": f"/proc/{pid}/ns/net"}
+                    if os.geteuid() != 0 and os.readlink(f"/proc/{pid}/ns/user") != own["user"]:
+                        join = {"user": f"/proc/{pid}/ns/user"} | join
+                    return join
+            except OSError:
+                continue
+        time.sleep(0.02)
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
-           stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = ()) -> Sandboxed:
+           stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = (),
+           join: dict[str, str] | None = None) -> Sandboxed:
     """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
 
     `env` is the run's intended environment (the configuration's); it is reduced to what a run
     needs (`run_environment`). `stdin`, when given, is written to the process's standard input,
     which is then closed (how a run's private key reaches it without touching the disk).
-    `extra_ro` names more folders the run may read.
+    `extra_ro` names more folders the run may read. `join` (from `network_of`) puts the sandbox
+    in another run's private network instead of a new one: the processes of a multi-process run
+    reach each other there, and nothing else.
     """
     limits = limits or DEFAULT_LIMITS
+    if join:
+        limits = replace(limits, network=True)  # bwrap keeps the network it starts in: the one joined
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     kind, reason = isolation()
@@ -569,7 +614,8 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         inner = bwrap_command(program, cmd, workdir, limits, extra_ro) if kind == BUBBLEWRAP else cmd
         if not counted and os.geteuid() != 0:
             rlimits["NPROC"] = _user_tasks() + limits.processes
-    spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]})
+    spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
+                      | ({"join": join} if join and kind == BUBBLEWRAP else {}))
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
     full = [sys.executable, "-P", "-m", "labkit.sandbox", spec, *inner]
     popen = subprocess.Popen(full, cwd=workdir, env=run_env,
@@ -594,11 +640,40 @@ def _capabilities() -> int:
     return -1
 
 
+_CLONE = {"user": 0x10000000, "net": 0x40000000}  # CLONE_NEWUSER, CLONE_NEWNET
+
+
+def _join(namespaces: dict[str, str]) -> bool:
+    """Enter the namespaces named (user first, then network); False, and a line on stderr, when one cannot be."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind in ("user", "net"):
+        if kind not in namespaces:
+            continue
+        try:
+            fd = os.open(namespaces[kind], os.O_RDONLY)
+        except OSError as e:
+            print(f"labkit: process could not join the others' network: {e}", file=sys.stderr, flush=True)
+            return False
+        try:
+            if libc.setns(fd, _CLONE[kind]) != 0:
+                err = ctypes.get_errno()
+                print(f"labkit: process could not join the others' network ({kind} namespace: {os.strerror(err)})",
+                      file=sys.stderr, flush=True)
+                return False
+        finally:
+            os.close(fd)
+    return True
+
+
 def _exec(argv: list[str]) -> int:
     """The first step of every launch: join the cgroups, set the limits, become the command."""
     import resource
 
     spec, cmd = json.loads(argv[0]), argv[1:]
+    if spec.get("join") and not _join(spec["join"]):
+        return 126
     for procs in spec.get("cgroups", []):
         with open(procs, "w") as f:
             f.write(str(os.getpid()))

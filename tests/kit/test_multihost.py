@@ -257,3 +257,28 @@ def test_the_workers_of_a_tpu_slice_share_the_network_inside_the_sandbox():
     assert harness.tpu_hosts({"JAX_PLATFORMS": "tpu", "LABKIT_TPU_HOSTS": "4"}) == 4
     assert harness.tpu_hosts({"JAX_PLATFORMS": "cpu", "LABKIT_TPU_HOSTS": "4"}) == 1
     assert harness.tpu_hosts({"JAX_PLATFORMS": "tpu"}) == 1
+
+
+# ----------------------------------------------------------------------------------------
+# The two processes' network.
+# ----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not execute.sandbox.bubblewrap()[0], reason="bubblewrap cannot make a sandbox on this machine")
+def test_the_processes_share_one_private_network_that_reaches_nothing_of_the_host(tmp_path, variant):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as host_server:  # a service of the TA's machine
+        host_server.bind(("127.0.0.1", 0))
+        host_server.listen()
+        port = host_server.getsockname()[1]
+        probe = (SETUP_LINE + "\nimport json, os, socket\n"
+                 f"_s = socket.socket()\n_s.settimeout(2)\n_reached = _s.connect_ex(('127.0.0.1', {port})) == 0\n"
+                 "_s.close()\n"
+                 "open('network.json', 'w').write(json.dumps({'net': os.readlink('/proc/self/ns/net'), "
+                 "'reached_the_host': _reached}))")
+        notebook = variant(11, (SETUP_LINE, probe))
+        c = call("device_summary")
+        record = execute.run_notebook(notebook, TWO_BY_FOUR, [{"id": c.id, **c.encoded()}], tmp_path / "run",
+                                      timeout=300)
+    assert record.status == "ok", record.message  # the two processes found each other
+    seen = [json.loads((tmp_path / "run" / f"process-{i}" / "network.json").read_text()) for i in range(2)]
+    assert seen[0]["net"] == seen[1]["net"] != os.readlink("/proc/self/ns/net")
+    assert not seen[0]["reached_the_host"] and not seen[1]["reached_the_host"]
