@@ -130,26 +130,9 @@ def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: 
     return path
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-            ppid = int(text.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def kill_tree(pid: int) -> None:
     """End a process and everything it started, including kernels in sessions of their own."""
-    for p in [pid, *_descendants(pid)]:
+    for p in [pid, *sandbox.descendants(pid)]:
         for kill in (lambda: os.killpg(os.getpgid(p), signal.SIGKILL), lambda: os.kill(p, signal.SIGKILL)):
             try:
                 kill()

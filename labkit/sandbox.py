@@ -542,7 +542,7 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
     own = {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "user")}
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and other.poll() is None:
-        for pid in [other.pid, *_descendants(other.pid)]:
+        for pid in [other.pid, *descendants(other.pid)]:
             try:
                 if os.readlink(f"/proc/{pid}/ns/net") != own["net"]:
                     join = {"net": f"/proc/{pid}/ns/net"}
@@ -555,7 +555,8 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
     return None
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every process started by `pid`, its children's children included (read from /proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
