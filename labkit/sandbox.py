@@ -535,20 +535,18 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
     """The namespaces to join to share `other`'s private network (a peer of a multi-process run), or None.
 
     None when `other` has no network of its own (no sandbox) or its sandbox did not start within
-    `wait` seconds. A kit that is not root must also join the sandbox's user namespace, which it owns.
+    `wait` seconds. (A kit that is not root joins, first, the user namespace that owns that network:
+    see `_join`.)
     """
     if other.isolation != BUBBLEWRAP:
         return None
-    own = {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "user")}
+    own = {"net": os.readlink("/proc/self/ns/net")}
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and other.poll() is None:
         for pid in [other.pid, *descendants(other.pid)]:
             try:
                 if os.readlink(f"/proc/{pid}/ns/net") != own["net"]:
-                    join = {"net": f"/proc/{pid}/ns/net"}
-                    if os.geteuid() != 0 and os.readlink(f"/proc/{pid}/ns/user") != own["user"]:
-                        join = {"user": f"/proc/{pid}/ns/user"} | join
-                    return join
+                    return {"net": f"/proc/{pid}/ns/net"}
             except OSError:
                 continue
         time.sleep(0.02)
@@ -642,30 +640,43 @@ def _capabilities() -> int:
 
 
 _CLONE = {"user": 0x10000000, "net": 0x40000000}  # CLONE_NEWUSER, CLONE_NEWNET
+_NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
 
 
 def _join(namespaces: dict[str, str]) -> bool:
-    """Enter the namespaces named (user first, then network); False, and a line on stderr, when one cannot be."""
+    """Enter the network namespace named; False, and a line on stderr, when it cannot be.
+
+    Root may enter it at once. Another user first enters the user namespace that owns it (made
+    by bubblewrap for that user, so the user's own), where it has the right to.
+    """
     import ctypes
+    import fcntl
 
     libc = ctypes.CDLL(None, use_errno=True)
-    for kind in ("user", "net"):
-        if kind not in namespaces:
-            continue
-        try:
-            fd = os.open(namespaces[kind], os.O_RDONLY)
-        except OSError as e:
-            print(f"labkit: process could not join the others' network: {e}", file=sys.stderr, flush=True)
-            return False
-        try:
-            if libc.setns(fd, _CLONE[kind]) != 0:
-                err = ctypes.get_errno()
-                print(f"labkit: process could not join the others' network ({kind} namespace: {os.strerror(err)})",
-                      file=sys.stderr, flush=True)
-                return False
-        finally:
-            os.close(fd)
-    return True
+
+    def setns(fd: int, kind: str) -> bool:
+        if libc.setns(fd, _CLONE[kind]) == 0:
+            return True
+        print(f"labkit: process could not join the others' network ({kind} namespace: "
+              f"{os.strerror(ctypes.get_errno())})", file=sys.stderr, flush=True)
+        return False
+
+    try:
+        net = os.open(namespaces["net"], os.O_RDONLY)
+    except OSError as e:
+        print(f"labkit: process could not join the others' network: {e}", file=sys.stderr, flush=True)
+        return False
+    try:
+        if os.geteuid() != 0:
+            owner = fcntl.ioctl(net, _NS_GET_USERNS)
+            try:
+                if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino and not setns(owner, "user"):
+                    return False
+            finally:
+                os.close(owner)
+        return setns(net, "net")
+    finally:
+        os.close(net)
 
 
 def _exec(argv: list[str]) -> int:
