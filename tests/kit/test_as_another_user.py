@@ -1,0 +1,83 @@
+"""The kit run by a user other than root: unprivileged bubblewrap, RLIMIT_NPROC, a shared private network.
+
+Most machines that grade run the kit as an ordinary user; CI runs as root. When the tests run as
+root, this module re-runs the tests whose code takes another path for other users as the user
+`nobody` (65534), in a mount namespace of their own where the interpreter is reachable by others
+(an interpreter under root's home would not be), and requires every one of them to pass.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from labkit import sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+
+# The tests whose code paths differ for a user other than root.
+TESTS = [
+    "tests/kit/test_multihost.py::test_the_processes_share_one_private_network_that_reaches_nothing_of_the_host",
+    "tests/kit/test_sandbox.py::test_without_cgroups_a_fork_bomb_in_the_sandbox_stops_at_the_process_limit",
+    "tests/kit/test_sandbox.py::test_a_fork_bomb_in_a_notebook_run_without_cgroups_is_refused_forks_not_timed_out",
+    "tests/kit/test_sandbox.py::test_inside_the_sandbox_the_repository_and_network_are_absent_and_only_the_workdir_is_writable",
+    "tests/kit/test_sandbox.py::test_the_memory_limit_stops_an_allocation",
+    "tests/kit/test_execute.py::test_the_kernel_runs_in_the_sandbox_and_papermill_does_not",
+    "tests/kit/test_execute.py::test_a_run_returns_the_signed_results_of_every_call",
+]
+
+
+def _closed_to_others(path: Path) -> Path | None:
+    """The highest folder above `path` that other users may not enter, if any."""
+    for folder in reversed(path.parents):
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return folder
+    return None
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the tests already run as a user other than root"
+    if not all(shutil.which(t) for t in ("unshare", "setpriv")):
+        return "needs unshare and setpriv (util-linux)"
+    if sandbox.isolation()[0] != sandbox.BUBBLEWRAP:
+        return "bubblewrap does not work here"
+    if _closed_to_others(ROOT / "labkit") or not os.stat(ROOT / "labkit" / "__init__.py").st_mode & stat.S_IROTH:
+        return "the repository is not readable by other users"
+    return None
+
+
+@pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
+    prefix = Path(sys.base_prefix).resolve()
+    closed = _closed_to_others(prefix)
+    home = Path(tempfile.mkdtemp(prefix="labkit-nobody-"))
+    try:
+        os.chown(home, NOBODY, NOBODY)
+        # In a mount namespace of the test's own: a fresh root-owned tmpfs (open to others) over the
+        # closed folder, with the interpreter's prefix bound back in its place.
+        reopen = "" if closed is None else (
+            f"mkdir -p {home}/prefix && mount --bind {prefix} {home}/prefix && "
+            f"mount -t tmpfs -o mode=0755 tmpfs {closed} && mkdir -p {prefix} && "
+            f"mount --move {home}/prefix {prefix} && ")
+        pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={home}/pt",
+                      "-o", "addopts=", *TESTS]
+        as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                     "env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={home}", *pytest_cmd]
+        script = reopen + "exec " + shlex.join(as_nobody)
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", script],
+                              cwd=ROOT, capture_output=True, text=True, timeout=900)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert done.returncode == 0 and f"{len(TESTS)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+
