@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,9 @@ def with_code(nb: dict, *replacements: tuple[str, str]) -> dict:
 
 
 def code_cell(source: str) -> dict:
-    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
+    """A new code cell, with the id nbformat 4.5 cells carry."""
+    return {"cell_type": "code", "id": uuid.uuid4().hex[:8], "metadata": {}, "execution_count": None, "outputs": [],
+            "source": source}
 
 
 def exercise_index(nb: dict) -> int:
