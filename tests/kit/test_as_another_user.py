@@ -56,7 +56,10 @@ def _why_not() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+WHY_NOT = _why_not()  # once: whether bubblewrap works is found by running it
+
+
+@pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
 def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
     prefix = Path(sys.base_prefix).resolve()
     closed = _closed_to_others(prefix)
@@ -65,10 +68,11 @@ def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
         os.chown(home, NOBODY, NOBODY)
         # In a mount namespace of the test's own: a fresh root-owned tmpfs (open to others) over the
         # closed folder, with the interpreter's prefix bound back in its place.
+        staged, prefix_q = shlex.quote(f"{home}/prefix"), shlex.quote(str(prefix))
         reopen = "" if closed is None else (
-            f"mkdir -p {home}/prefix && mount --bind {prefix} {home}/prefix && "
-            f"mount -t tmpfs -o mode=0755 tmpfs {closed} && mkdir -p {prefix} && "
-            f"mount --move {home}/prefix {prefix} && ")
+            f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
+            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
+            f"mount --move {staged} {prefix_q} && ")
         pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={home}/pt",
                       "-o", "addopts=", *TESTS]
         as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
