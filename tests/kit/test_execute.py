@@ -10,6 +10,7 @@ import json
 import threading
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from labkit import catalog, execute, judge, sandbox
@@ -28,8 +29,7 @@ def with_cell(source: str, path: Path) -> Path:
     """Lab 3's reference with `source` as a new code cell after the exercise's cell."""
     nb = json.loads(LAB.reference.read_text())
     at = next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
-    nb["cells"].insert(at + 1, {"cell_type": "code", "id": "extra-cell", "metadata": {}, "execution_count": None,
-                                "outputs": [], "source": source})
+    nb["cells"].insert(at + 1, nbformat.v4.new_code_cell(source))
     path.write_text(json.dumps(nb))
     return path
 

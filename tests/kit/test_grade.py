@@ -16,9 +16,9 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from labkit import catalog, configs, execute, grade, judge, sandbox
@@ -57,9 +57,7 @@ def with_code(nb: dict, *replacements: tuple[str, str]) -> dict:
 
 
 def code_cell(source: str) -> dict:
-    """A new code cell, with the id nbformat 4.5 cells carry."""
-    return {"cell_type": "code", "id": uuid.uuid4().hex[:8], "metadata": {}, "execution_count": None, "outputs": [],
-            "source": source}
+    return nbformat.v4.new_code_cell(source)
 
 
 def exercise_index(nb: dict) -> int:
