@@ -225,9 +225,15 @@ def single_process(reason: str):
 # The decorator.
 # ----------------------------------------------------------------------------------------
 
-def check(**calls: Call):
-    """Declare the student calls a test needs; the test receives their values by the same names."""
+def check(*, points: float = 1, **calls: Call):
+    """Declare the student calls a test needs; the test receives their values by the same names.
 
+    `points` is what the test is worth in a grade (default 1; see labkit/policy.py for how
+    configurations combine).
+    """
+
+    if isinstance(points, bool) or not isinstance(points, (int, float)) or not points >= 0:
+        raise TypeError(f"check(points=...) takes a number of points >= 0, not {points!r}")
     for name, c in calls.items():
         if not isinstance(c, Call):
             raise TypeError(f"check({name}=...) takes call(...), not {type(c).__name__}")
@@ -248,6 +254,7 @@ def check(**calls: Call):
         test.__signature__ = inspect.Signature([inspect.Parameter("lab_run", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
         test.__labkit_calls__ = dict(calls)
         test.__labkit_exercise__ = next(iter(calls.values())).function if calls else ""
+        test.__labkit_points__ = points
         return test
 
     return decorate

@@ -66,7 +66,7 @@ def _grade(args) -> int:
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
                               jobs=args.jobs, timeout=args.timeout, shard=args.shard,
-                              limits=sandbox.limits_from_args(args))
+                              limits=sandbox.limits_from_args(args), **_grading_inputs(args))
     except grade.GradeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if not isinstance(e, grade.ReferenceBroken) else 1
@@ -81,10 +81,34 @@ def _grade(args) -> int:
     return 0
 
 
+def _grading_inputs(args) -> dict:
+    """The class list and the grading policy of `grade` (see labkit/roster.py and labkit/policy.py)."""
+    return {"roster": args.roster, "policy": args.policy}
+
+
+def _export(args) -> int:
+    """`scoreboard export`: an LMS gradebook file from a graded --out folder, with no regrade."""
+    from labkit import lms, scoreboard
+
+    try:
+        results = scoreboard.read(args.folder)
+        text = lms.export(results, args.format)
+    except (scoreboard.MergeError, lms.LmsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from labkit.files import write_atomic
+
+    write_atomic(args.export_out, text)
+    print(f"wrote {args.export_out} ({args.format}: {len(results.get('students', {}))} students)")
+    return 0
+
+
 def _scoreboard(args) -> int:
     from labkit import grade, scoreboard
     from labkit.student import BUILD
 
+    if args.action == "export":
+        return _export(args)
     if args.action == "merge":
         try:
             results = scoreboard.merge([scoreboard.read(d) for d in args.parts])
@@ -155,6 +179,10 @@ def parser() -> argparse.ArgumentParser:
     grd.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
                      help="seconds one notebook may run on one configuration (default %(default)s)")
     grd.add_argument("--shard", default=None, help="i/N: grade only the i-th of N parts of the class")
+    grd.add_argument("--roster", type=Path, default=None,
+                     help="CSV of the class (columns: student, and optionally name, email, lms_id, section)")
+    grd.add_argument("--policy", type=Path, default=None,
+                     help="the grading policy (TOML; default tests/policy.toml when there is one)")
     sandbox.add_arguments(grd)
     grd.set_defaults(func=_grade)
 
@@ -166,6 +194,11 @@ def parser() -> argparse.ArgumentParser:
     merge = actions.add_parser("merge", help="merge the --out folders of sharded grading runs into one scoreboard")
     merge.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
     merge.add_argument("--out", type=Path, required=True, help="where the merged scoreboard goes")
+    export = actions.add_parser("export", help="an LMS gradebook file (Canvas, or a plain wide CSV) from a graded "
+                                "--out folder")
+    export.add_argument("folder", type=Path, help="the --out folder of a grading run (SCOREBOARD_DIR)")
+    export.add_argument("--format", choices=("canvas", "wide"), required=True)
+    export.add_argument("--out", dest="export_out", type=Path, required=True, help="the file to write")
 
     rel = sub.add_parser("release", help="build the student release (no solutions, no hidden tests)")
     rel.add_argument("--out", type=Path, default=None,

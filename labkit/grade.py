@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -33,7 +34,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from labkit import catalog, configs, execute, judge
+from labkit import catalog, configs, execute, history, judge, lms, scoreboard
+from labkit import policy as policy_mod
+from labkit import roster as roster_mod
+from labkit.files import write_atomic
 from labkit.configs import DeviceConfig
 from labkit.sandbox import DEFAULT_LIMITS, Limits
 
@@ -45,7 +49,9 @@ REFERENCE = "reference"  # how the reference solution's runs are labelled
 
 # Modules of the kit that draw or drive, and do not change a grade: editing them regrades nothing.
 _NOT_GRADING = {"__init__.py", "__main__.py", "cli.py", "report.py", "scoreboard.py", "student.py",
-                "authoring.py", "notebook.py", "release.py", "wheelhouse.py"}
+                "authoring.py", "notebook.py", "release.py", "wheelhouse.py", "files.py", "policy.py",
+                "roster.py", "lms.py", "gradescope.py", "deadlines.py", "overrides.py", "history.py",
+                "feedback.py"}
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 _LOOSE_NAME = re.compile(r"lab[\s_.-]*0*([1-9][0-9]*)", re.IGNORECASE)
 
@@ -237,24 +243,32 @@ def _clean(text: str, unit: Unit, out: Path) -> str:
 
 
 def make_row(student: str, lab: int, config: str, record: execute.RunRecord | None,
-             outcomes: list[judge.Outcome], notes: list[str] = (), expected_total: int = 0) -> dict:
-    """One row: the run's status and the judge's per-test outcomes folded into one of ROW_STATUSES."""
+             outcomes: list[judge.Outcome], notes: list[str] = (), expected_total: int = 0,
+             expected_points: float = 0) -> dict:
+    """One row: the run's status and the judge's per-test outcomes folded into one of ROW_STATUSES.
+
+    `points` are those of the tests passed on this configuration alone, `max_points` those of the
+    tests that ran here; how configurations combine into a lab's points is the policy's (labkit/policy.py).
+    """
     tests = [{"test": o.test, "exercise": o.exercise, "file": o.file, "hidden": bool(o.hidden),
-              "status": o.status, "message": o.message} for o in outcomes]
+              "status": o.status, "message": o.message, "points": o.points} for o in outcomes]
     counted = [t for t in tests if t["status"] != "skipped"]
     passed = sum(t["status"] == "passed" for t in counted)
     row = {"student": student, "lab": lab, "config": config, "status": "ok", "passed": passed,
-           "total": len(counted), "message": "", "tests": tests, "cell_errors": [], "notes": list(notes)}
+           "total": len(counted), "message": "", "tests": tests, "cell_errors": [], "notes": list(notes),
+           "points": _number(sum(t["points"] for t in counted if t["status"] == "passed")),
+           "max_points": _number(sum(t["points"] for t in counted))}
     if record is None:
-        row.update(status="missing", total=expected_total, tests=[],
+        row.update(status="missing", total=expected_total, tests=[], points=0, max_points=_number(expected_points),
                    message=f"lab-{lab}.ipynb was not handed in")
         return row
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
     row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
     if record.status == "skipped":
-        row.update(status="skipped", total=0, passed=0, message=record.message)
+        row.update(status="skipped", total=0, passed=0, points=0, max_points=0, message=record.message)
     elif record.status in ("timeout", "error"):
-        row.update(status=record.status, passed=0, message=record.message or f"the run ended with {record.status}")
+        row.update(status=record.status, passed=0, points=0,
+                   message=record.message or f"the run ended with {record.status}")
     elif not counted:
         row.update(status="error", message="no test ran on this configuration")
     elif any(t["status"] in ("error", "timeout") for t in counted):
@@ -269,19 +283,14 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
     return row
 
 
+def _number(x: float) -> float | int:
+    """2.0 -> 2: points read as the integers they mostly are, in the csv and the json."""
+    return int(x) if float(x).is_integer() else round(float(x), 4)
+
+
 # ----------------------------------------------------------------------------------------
 # Where graded units are kept.
 # ----------------------------------------------------------------------------------------
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 class Store:
     """Graded units and finished runs under one folder, each file written atomically, each with its key."""
@@ -422,7 +431,7 @@ class Grader:
                 for e in record.cell_errors:
                     e["message"] = _clean(str(e.get("message", "")), unit, store.root)
                 row = make_row(unit.student, unit.lab, unit.config, record, outcomes,
-                               submission_notes(unit.path), expected.get((unit.lab, unit.config), 0))
+                               submission_notes(unit.path), *expected.get((unit.lab, unit.config), (0, 0)))
                 rows.append((unit, key, row, seconds))
         return rows
 
@@ -435,7 +444,7 @@ class Grader:
         for unit in units:
             if unit.path is None:
                 rows[unit] = make_row(unit.student, unit.lab, unit.config, None, [], [],
-                                      expected.get((unit.lab, unit.config), 0))
+                                      *expected.get((unit.lab, unit.config), (0, 0)))
                 continue
             key = self.key(unit)
             cached = store.row(unit, key)
@@ -614,35 +623,68 @@ def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
 
 
 def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceConfig], subs: Submissions,
-               students: list[str]) -> dict:
-    """The plain data the scoreboard is drawn from (nothing in it depends on when or where it ran)."""
-    return {
+               students: list[str], *, ref_rows: list[dict] = (), grading: policy_mod.Policy | None = None,
+               people: roster_mod.Roster | None = None) -> dict:
+    """The plain data the scoreboard is drawn from (nothing in it depends on when or where it ran).
+
+    Each lab carries its tests with their points and the configurations they ran on (from the
+    reference), and the results carry the policy and the roster's columns, so that points and
+    LMS exports are drawn from these results alone.
+    """
+    tests = policy_mod.lab_tests(list(ref_rows))
+    labs_out = []
+    for lab in labs:
+        entry = {"number": lab.number, "name": lab.name, "title": lab.title}
+        if ref_rows:
+            mine = tests.get(lab.number, {})
+            entry["tests"] = mine
+            entry["max_points"] = policy_mod.lab_points(grading or policy_mod.Policy(), mine, {})[1]
+        labs_out.append(entry)
+    info = people.students if people else {}
+    results = {
         "format": FORMAT,
-        "labs": [{"number": lab.number, "name": lab.name, "title": lab.title} for lab in labs],
+        "labs": labs_out,
         "configs": [{"name": c.name, "summary": c.summary, "devices": c.devices} for c in chosen],
-        "students": {s: {"notes": subs.notes.get(s, [])} for s in students},
+        "students": {s: {"notes": subs.notes.get(s, []), **info.get(s, {})} for s in students},
         "notes": list(subs.class_notes),
         "rows": rows,
     }
+    if grading is not None:
+        results["policy"] = grading.to_json()
+    return results
+
+
+def _with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
+    """Every roster student is in the class (a missing one with a note); a folder not on it is reported, not graded."""
+    for student in list(subs.students):
+        if student not in people.students:
+            subs.class_notes.append(f"{student}: a submission folder not on the roster ({people.source}), "
+                                    "not graded")
+            del subs.students[student]
+            subs.notes.pop(student, None)
+    for student in people.students:
+        if student not in subs.students:
+            subs.students[student] = {}
+            subs.notes[student] = ["no submission: nothing was handed in for this student"]
 
 
 def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None,
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
-          limits: Limits | None = None, stream=None, terminal: bool | None = None) -> dict:
+          limits: Limits | None = None, stream=None, terminal: bool | None = None,
+          roster: Path | None = None, policy: Path | None = None) -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
-    from labkit import scoreboard
-
     stream = stream or sys.stderr
     submissions, out = Path(submissions), Path(out)
-    if not submissions.is_dir():
+    if not submissions.exists():
         raise GradeError(f"the submissions folder {submissions} does not exist "
-                         "(expected <student_id>/lab-<N>.ipynb inside it)")
+                         "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)")
     if timeout <= 0:
         raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
     if jobs is not None and jobs < 1:
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
+    grading, people = _policy_and_roster(policy, roster, [c.name for c in chosen])
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
                     stream=stream, terminal=terminal)
 
@@ -650,18 +692,89 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
     ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions")
     check_reference(ref_rows, grader.labs)
-    expected = {(r["lab"], r["config"]): r["total"] for r in ref_rows}
+    expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
 
-    subs = discover(submissions, [lab.number for lab in catalog.labs()])
+    subs, times = _submissions(submissions, out, people, stream)
+    if people is not None:
+        _with_roster(subs, people)
     students = sorted(subs.students)
     if part:
         students = [s for s in students if shard_of(s, part[1]) == part[0]]
     units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
              for s in students for lab in chosen_labs for c in chosen]
+    handed = _keep_history(out, subs, students, chosen_labs, times, grading)
     rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
-    results = results_of(rows, chosen_labs, chosen, subs, students)
+    for row in rows:
+        row["digest"] = handed.get((row["student"], row["lab"]), {}).get("digest", "")
+    results = results_of(rows, chosen_labs, chosen, subs, students, ref_rows=ref_rows, grading=grading,
+                         people=people)
+    for (student, lab), info in sorted(handed.items()):
+        results["students"][student].setdefault("submissions", {})[str(lab)] = info
     scoreboard.write(results, out)
     return results
+
+
+def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
+                 stream) -> tuple[Submissions, dict]:
+    """The class's notebooks: the kit's folder layout, or an LMS download read into OUT/collected first.
+
+    Also (student, lab) -> what the LMS says of the submission (time, late mark), where it says it.
+    """
+    known = [lab.number for lab in catalog.labs()]
+    if not lms.is_download(submissions):
+        return discover(submissions, known), {}
+    into = out / "collected"
+    if into.exists():
+        shutil.rmtree(into)  # the last import's files: this download alone says what is handed in
+    into.mkdir(parents=True)
+    try:
+        found = lms.collect(submissions, people, into, known)
+    except lms.LmsError as e:
+        raise GradeError(str(e)) from None
+    for line in found.notes():
+        print(f"{submissions.name}: {line}", file=stream, flush=True)
+    subs = discover(into, known)
+    subs.class_notes[:0] = found.notes()
+    return subs, {k: {"submitted_at": v["submitted_at"], "late": v["late"], "source": v["source"],
+                      "file": v["member"]} for k, v in found.files.items()}
+
+
+def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[catalog.Lab], times: dict,
+                  grading: policy_mod.Policy) -> dict[tuple[str, int], dict]:
+    """Keep every notebook about to be graded in OUT/history by digest; (student, lab) -> what the results say.
+
+    The results name the digest graded and the LMS's submission time; the time the kit collected
+    the file goes in only for a lab with a due date (it is what a late penalty then counts from).
+    """
+    handed = {}
+    for student in students:
+        for lab in labs:
+            path = subs.students[student].get(lab.number)
+            if path is None:
+                continue
+            lms_info = times.get((student, lab.number), {})
+            entry = history.keep(out, student, lab.number, path, submitted_at=lms_info.get("submitted_at"),
+                                 source=lms_info.get("source", ""), file=lms_info.get("file", ""))
+            if entry is None:
+                continue
+            info = {"digest": entry["digest"], "submitted_at": lms_info.get("submitted_at"),
+                    "late": bool(lms_info.get("late"))}
+            if lab.number in grading.due and not info["submitted_at"]:
+                info["submitted_at"] = entry["collected_at"]
+            handed[student, lab.number] = info
+    return handed
+
+
+def _policy_and_roster(policy_path: Path | None, roster_path: Path | None,
+                       chosen: list[str]) -> tuple[policy_mod.Policy, roster_mod.Roster | None]:
+    """The course's policy (refusing final grades without a required configuration) and the roster, if any."""
+    try:
+        grading = policy_mod.load(policy_path)
+        policy_mod.check_required(grading, chosen)
+        people = roster_mod.load(roster_path) if roster_path is not None else None
+    except (policy_mod.PolicyError, roster_mod.RosterError) as e:
+        raise GradeError(str(e)) from None
+    return grading, people
 
 
 # ----------------------------------------------------------------------------------------

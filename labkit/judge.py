@@ -43,6 +43,7 @@ class Outcome:
     message: str = ""
     hidden: bool = False
     file: str = ""
+    points: float = 1  # what the test is worth: @check(points=...)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -157,6 +158,7 @@ class _Plugin:
                 message=message,
                 hidden=any(path.is_relative_to(d) for d in self.hidden_dirs),
                 file=path.name,
+                points=getattr(item.function, "__labkit_points__", 1),
             ))
 
 

@@ -24,7 +24,12 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "message", "isolation")
+from labkit import policy
+from labkit.files import write_atomic
+
+CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
+               "isolation")
+GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "rule")
 MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
 STATUS_STYLE = {"ok": "green", "failed": "red", "error": "red", "timeout": "red", "missing": "dim",
                 "skipped": "dim"}
@@ -140,7 +145,21 @@ def to_csv(results: dict) -> str:
     writer.writerow(CSV_COLUMNS)
     for r in results.get("rows", []):
         writer.writerow([_cell(r["student"]), r["lab"], r["config"], r["passed"], r["total"], r["status"],
-                         _cell(_message(r)), r.get("isolation", "")])
+                         r.get("points", ""), r.get("max_points", ""), _cell(_message(r)), r.get("isolation", "")])
+    return buf.getvalue()
+
+
+def grades_csv(results: dict) -> str:
+    """One row per student and lab with the lab's points under the policy, then a `total` row per student."""
+    g = policy.grades(results)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(GRADE_COLUMNS)
+    for student, mine in g["students"].items():
+        for number, lab in mine["labs"].items():
+            writer.writerow([_cell(student), number, lab["points"], lab["max_points"], lab["weight"], lab["status"],
+                             g["rule"]])
+        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", g["rule"]])
     return buf.getvalue()
 
 
@@ -183,6 +202,7 @@ def to_markdown(results: dict) -> str:
             cells.append(f"{r['ok']}/{r['students']} students ({_pct(r['ok'], r['students'])}); "
                          f"tests {_pct(r['passed'], r['total'])}")
         lines.append(f"| {_md(_lab_title(lab))} | " + " | ".join(cells) + " |")
+    lines += _points_markdown(results)
     lines += ["", "## Statuses", "", "| lab | configuration | ok | failed | error | timeout | missing | skipped |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rates(results):
@@ -215,16 +235,38 @@ def to_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _points_markdown(results: dict) -> list[str]:
+    g = policy.grades(results)
+    labs = _labs(results)
+    lines = ["", "## Points", "", f"Rule: {_md(g['rule'])}.", "",
+             "| student | " + " | ".join(_md(lab["name"]) for lab in labs) + " | total |",
+             "| --- |" + " ---: |" * (len(labs) + 1)]
+    for student, mine in g["students"].items():
+        cells = []
+        for lab in labs:
+            p = mine["labs"][str(lab["number"])]
+            cells.append("missing" if p["status"] == "missing" else f"{p['points']}/{p['max_points']}")
+        lines.append(f"| {_md(student)} | " + " | ".join(cells) + f" | {mine['points']}/{mine['max_points']} |")
+    return lines
+
+
 def feedback(results: dict, student: str) -> str:
     """What one student is told: public tests with their messages, hidden tests by name and outcome only."""
     index = _index(results)
+    points = policy.grades(results)
+    mine = points["students"].get(student)
     lines = [f"# Feedback: {_md(student)}", ""]
     for note in results.get("students", {}).get(student, {}).get("notes", []):
         lines.append(f"- {_md(note)}")
     if lines[-1] != "":
         lines.append("")
+    if mine:
+        lines += [f"Points: {mine['points']}/{mine['max_points']} ({_md(points['rule'])}).", ""]
     for lab in _labs(results):
         lines += [f"## {_md(_lab_title(lab))}", ""]
+        if mine:
+            p = mine["labs"][str(lab["number"])]
+            lines += [f"Points: {p['points']}/{p['max_points']}", ""]
         for config in _configs(results):
             row = index.get((student, lab["number"], config["name"]))
             if row is None:
@@ -325,6 +367,20 @@ def to_html(results: dict) -> str:
                            f'<a href="#{sid[s]}-{lab["number"]}">{_h(text)}</a></td>')
             out.append("</tr>")
         out.append("</tbody></table>")
+    grades = policy.grades(results)
+    out.append(f'<h2 id="points">Points</h2><p class="rule">{_h(grades["rule"])}</p>'
+               '<table id="points-table"><thead><tr><th>student</th>'
+               + "".join(f'<th data-lab="{lab["number"]}">{_h(lab["name"])}</th>' for lab in labs)
+               + "<th>total</th></tr></thead><tbody>")
+    for s in students:
+        mine = grades["students"][s]
+        out.append(f'<tr data-student="{_h(s)}"><th>{_h(s)}</th>')
+        for lab in labs:
+            p = mine["labs"][str(lab["number"])]
+            text = "missing" if p["status"] == "missing" else f"{p['points']}/{p['max_points']}"
+            out.append(f'<td data-lab="{lab["number"]}">{_h(text)}</td>')
+        out.append(f'<td class="total">{_h(mine["points"])}/{_h(mine["max_points"])}</td></tr>')
+    out.append("</tbody></table>")
     bugs = multi_device_bugs(results)
     if bugs:
         out.append('<h2>Multi-device bugs most often hit</h2><table id="bugs"><thead><tr><th>lab</th><th>test</th>'
@@ -394,10 +450,9 @@ def to_html(results: dict) -> str:
 
 def write(results: dict, out: Path) -> None:
     """Every file of the scoreboard, each written atomically."""
-    from labkit.grade import write_atomic
-
     out = Path(out)
     write_atomic(out / "scoreboard.csv", to_csv(results))
+    write_atomic(out / "grades.csv", grades_csv(results))
     write_atomic(out / "scoreboard.json", to_json(results))
     write_atomic(out / "scoreboard.md", to_markdown(results))
     write_atomic(out / "scoreboard.html", to_html(results))
@@ -425,10 +480,10 @@ def merge(parts: list[dict]) -> dict:
         raise MergeError("nothing to merge")
     first = parts[0]
     for part in parts[1:]:
-        for what in ("format", "labs", "configs"):
+        for what in ("format", "labs", "configs", "policy"):
             if part.get(what) != first.get(what):
                 raise MergeError(f"the parts were graded with different {what}: grade every shard with the same "
-                                 "--labs and --configs, with the same version of the kit")
+                                 "--labs, --configs and --policy, with the same version of the kit")
     labs = [lab["number"] for lab in _labs(first)]
     configs = [c["name"] for c in _configs(first)]
     students, notes, rows = {}, [], {}

@@ -290,7 +290,7 @@ def test_make_scoreboard_draws_the_students_own_runs_with_the_class_scoreboards_
     assert "4/4" in done.stdout and "cpu-1" in done.stdout
     mine = grade.student_results(build)
     assert (build / "scoreboard" / "scoreboard.html").read_text() == scoreboard.to_html(mine)
-    assert scoreboard.to_csv(mine).splitlines()[1] == "you,3,cpu-1,4,4,ok,,bubblewrap"
+    assert scoreboard.to_csv(mine).splitlines()[1] == "you,3,cpu-1,4,4,ok,4,4,,bubblewrap"
 
 
 def test_make_scoreboard_before_any_lab_run_says_what_to_do(kit):
