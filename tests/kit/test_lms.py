@@ -1,0 +1,280 @@
+"""LMS files: gradebook exports from graded results, and Canvas and Gradescope downloads read into the class.
+
+Results are written by hand (scoreboard.json-shaped) and downloads are made here as small zips
+and folders, so nothing is graded: the file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from labkit import lms, policy, roster
+
+ROOT = Path(__file__).resolve().parents[2]
+NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+ROSTER = roster.parse("student,name,email,lms_id,section\n"
+                      "alice,Alice Liddell,alice@u.edu,4411,A\n"
+                      "bob,Bob Marley,bob@u.edu,4412,B\n"
+                      "=cmd,Mallory,m@u.edu,4413,A\n"
+                      "dana,Dana Scully,dana@u.edu,4414,B\n", "roster.csv")
+
+
+def t(name, status, points=1):
+    return {"test": f"test_{name}", "exercise": "f", "file": "t.py", "hidden": False, "status": status,
+            "message": "", "points": points}
+
+
+def row(student, config, tests, status="ok"):
+    return {"student": student, "lab": 3, "config": config, "status": status,
+            "passed": sum(x["status"] == "passed" for x in tests), "total": len(tests), "message": "",
+            "tests": tests, "cell_errors": [], "notes": []}
+
+
+def results() -> dict:
+    ref = [row("reference", c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for c in ("cpu-1", "cpu-8")]
+    rows = [row("alice", c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for c in ("cpu-1", "cpu-8")]
+    rows += [row("bob", "cpu-1", [t("doubles", "passed", 2), t("split", "passed", 3)]),
+             row("bob", "cpu-8", [t("doubles", "passed", 2), t("split", "failed", 3)], "failed")]
+    rows += [row("dana", c, [], "missing") for c in ("cpu-1", "cpu-8")]
+    rows += [row("=cmd", c, [t("doubles", "passed", 2), t("split", "failed", 3)], "failed") for c in ("cpu-1", "cpu-8")]
+    return {"format": 1,
+            "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3 · shard_map basics",
+                      "tests": policy.lab_tests(ref)[3], "max_points": 5}],
+            "configs": [{"name": "cpu-1", "summary": "", "devices": 1}, {"name": "cpu-8", "summary": "", "devices": 8}],
+            "students": {s: {"notes": [], **ROSTER.students[s]} for s in sorted(ROSTER.students)},
+            "notes": [], "rows": rows, "policy": policy.Policy().to_json()}
+
+
+# ----------------------------------------------------------------------------------------
+# Export.
+# ----------------------------------------------------------------------------------------
+
+def test_the_canvas_export_has_canvas_columns_a_points_possible_row_and_one_row_per_student():
+    table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
+    assert table[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 3 · shard_map basics"]
+    assert table[1][0].strip() == "Points Possible" and table[1][5] == "5"
+    assert ["Alice Liddell", "4411", "alice", "alice@u.edu", "A", "5"] in table
+    assert ["Bob Marley", "4412", "bob", "bob@u.edu", "B", "2"] in table
+    assert len(table) == 2 + 4
+
+
+def test_a_student_who_handed_in_nothing_is_exported_with_0():
+    table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
+    assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "0"] in table
+    wide = {r["student"]: r for r in csv.DictReader(io.StringIO(lms.export(results(), "wide")))}
+    assert (wide["dana"]["lab-3"], wide["dana"]["lab-3 status"]) == ("0", "missing")
+
+
+def test_the_wide_export_has_points_possible_points_total_and_the_rule():
+    wide = {r["student"]: r for r in csv.DictReader(io.StringIO(lms.export(results(), "wide")))}
+    assert (wide["bob"]["lab-3"], wide["bob"]["lab-3 max"], wide["bob"]["total"], wide["bob"]["total max"]) == \
+        ("2", "5", "2", "5")
+    assert "every configuration graded" in wide["bob"]["rule"]
+
+
+def test_an_export_never_hands_a_spreadsheet_a_formula():
+    for fmt in ("canvas", "wide"):
+        text = lms.export(results(), fmt)
+        assert "'=cmd" in text and ",=cmd" not in text and not text.startswith("=")
+
+
+def test_scoreboard_export_writes_the_file_from_a_graded_folder_without_grading(tmp_path):
+    graded = tmp_path / "graded"
+    graded.mkdir()
+    (graded / "scoreboard.json").write_text(json.dumps(results()))
+    out = tmp_path / "canvas.csv"
+    done = subprocess.run([sys.executable, "-m", "labkit", "scoreboard", "export", "--format", "canvas",
+                           "--out", str(out), str(graded)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == lms.export(results(), "canvas")
+    assert sorted(p.name for p in graded.iterdir()) == ["scoreboard.json"]
+
+
+def test_scoreboard_export_of_a_folder_that_was_never_graded_exits_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "labkit", "scoreboard", "export", "--format", "wide",
+                           "--out", str(tmp_path / "x.csv"), str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "scoreboard.json does not exist" in done.stderr
+    assert not (tmp_path / "x.csv").exists()
+
+
+# ----------------------------------------------------------------------------------------
+# Import: Canvas.
+# ----------------------------------------------------------------------------------------
+
+def make_zip(path: Path, files: dict[str, str | bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return path
+
+
+def nb(tag: str) -> str:
+    return json.dumps({"cells": [], "metadata": {"tag": tag}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def tag_of(path: Path) -> str:
+    return json.loads(path.read_text())["metadata"]["tag"]
+
+
+CANVAS = {
+    "liddellalice_4411_90001_lab-3.ipynb": nb("alice first"),
+    "liddellalice_4411_90001_lab-3-1.ipynb": nb("alice resubmitted"),
+    "marleybob_LATE_4412_90002_Lab_3.ipynb": nb("bob"),
+    "scullydana_4414_90003_lab-5.ipynb": nb("dana lab 5"),
+    "strangerx_9999_90004_lab-3.ipynb": nb("not on the roster"),
+    "liddellalice_4411_90005_notes.txt": "my notes",
+    "my-homework.ipynb": nb("no pattern"),
+}
+
+
+def test_a_canvas_download_is_read_into_the_kits_layout_through_the_roster(tmp_path):
+    found = lms.collect(make_zip(tmp_path / "canvas.zip", CANVAS), ROSTER, tmp_path / "into", [3, 5])
+    assert found.layout == "canvas"
+    assert sorted(p.relative_to(tmp_path / "into").as_posix() for p in (tmp_path / "into").rglob("*.ipynb")) == \
+        ["alice/lab-3.ipynb", "bob/lab-3.ipynb", "dana/lab-5.ipynb"]
+
+
+def test_the_latest_canvas_resubmission_is_the_one_graded(tmp_path):
+    lms.collect(make_zip(tmp_path / "canvas.zip", CANVAS), ROSTER, tmp_path / "into", [3, 5])
+    assert tag_of(tmp_path / "into" / "alice" / "lab-3.ipynb") == "alice resubmitted"
+
+
+def test_canvas_late_marks_are_kept(tmp_path):
+    found = lms.collect(make_zip(tmp_path / "canvas.zip", CANVAS), ROSTER, tmp_path / "into", [3, 5])
+    assert found.files["bob", 3]["late"] and not found.files["alice", 3]["late"]
+
+
+def test_every_file_not_graded_is_listed_with_its_reason(tmp_path):
+    found = lms.collect(make_zip(tmp_path / "canvas.zip", CANVAS), ROSTER, tmp_path / "into", [3, 5])
+    reasons = dict(found.unmatched)
+    assert "Canvas user id 9999 is on no roster line" in reasons["strangerx_9999_90004_lab-3.ipynb"]
+    assert "matches no pattern" in reasons["my-homework.ipynb"]
+    assert "not a notebook" in reasons["liddellalice_4411_90005_notes.txt"]
+    assert "later resubmission" in reasons["liddellalice_4411_90001_lab-3.ipynb"]
+    assert len(found.unmatched) == 4
+
+
+def test_a_canvas_folder_is_read_like_its_zip(tmp_path):
+    folder = tmp_path / "download"
+    folder.mkdir()
+    for name, data in CANVAS.items():
+        (folder / name).write_text(data)
+    assert lms.is_download(folder)
+    found = lms.collect(folder, ROSTER, tmp_path / "into", [3, 5])
+    assert sorted(found.files) == [("alice", 3), ("bob", 3), ("dana", 5)]
+
+
+def test_a_download_without_a_roster_is_refused():
+    with pytest.raises(lms.LmsError, match="add --roster FILE"):
+        lms.collect(Path("x.zip"), None, Path("into"), [3])
+
+
+def test_the_kits_own_folder_layout_is_not_a_download(tmp_path):
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "lab-3.ipynb").write_text(NB)
+    assert not lms.is_download(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------
+# Import: Gradescope.
+# ----------------------------------------------------------------------------------------
+
+GRADESCOPE_META = """\
+submission_111:
+  :submitters:
+  - :name: Alice Liddell
+    :sid: '4411'
+    :email: alice@u.edu
+  :created_at: 2026-03-01 10:00:00.000000000 -08:00
+  :score: 0.0
+submission_222:
+  :submitters:
+  - :name: Bob Marley
+    :sid: ''
+    :email: BOB@u.edu
+  :created_at: 2026-03-02 09:30:00.000000000 -08:00
+submission_333:
+  :submitters:
+  - :name: Zed
+    :sid: '7777'
+    :email: zed@u.edu
+  :created_at: 2026-03-02 09:30:00.000000000 -08:00
+"""
+
+
+def test_a_gradescope_export_is_matched_by_sid_or_email_with_its_submission_time(tmp_path):
+    z = make_zip(tmp_path / "gs.zip", {
+        "assignment_42_export/submission_metadata.yml": GRADESCOPE_META,
+        "assignment_42_export/submission_111/lab-3.ipynb": nb("alice"),
+        "assignment_42_export/submission_222/lab-3.ipynb": nb("bob"),
+        "assignment_42_export/submission_333/lab-3.ipynb": nb("zed"),
+        "assignment_42_export/stray.ipynb": nb("stray"),
+    })
+    found = lms.collect(z, ROSTER, tmp_path / "into", [3])
+    assert found.layout == "gradescope"
+    assert sorted(found.files) == [("alice", 3), ("bob", 3)]
+    assert found.files["alice", 3]["submitted_at"].startswith("2026-03-01 10:00:00")
+    reasons = dict(found.unmatched)
+    assert "sid 7777" in reasons["assignment_42_export/submission_333/lab-3.ipynb"]
+    assert "no submission_<id> folder" in reasons["assignment_42_export/stray.ipynb"]
+    assert tag_of(tmp_path / "into" / "bob" / "lab-3.ipynb") == "bob"
+
+
+# ----------------------------------------------------------------------------------------
+# Zips that would write outside their folder, or unpack to far more than they hold.
+# ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../escape_4411_1_lab-3.ipynb", "/abs_4411_1_lab-3.ipynb",
+                                  "sub/../../x_4411_1_lab-3.ipynb"])
+def test_a_zip_with_a_path_leaving_its_folder_is_refused_whole(tmp_path, name):
+    z = make_zip(tmp_path / "evil.zip", {"liddellalice_4411_90001_lab-3.ipynb": NB, name: NB})
+    with pytest.raises(lms.LmsError, match="path traversal") as e:
+        lms.collect(z, ROSTER, tmp_path / "out" / "into", [3])
+    assert "evil.zip" in str(e.value)
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.zip"]
+
+
+def test_a_zip_with_a_symbolic_link_is_refused(tmp_path):
+    info = zipfile.ZipInfo("liddellalice_4411_90001_lab-3.ipynb")
+    info.external_attr = (0o120777 << 16)
+    with zipfile.ZipFile(tmp_path / "link.zip", "w") as z:
+        z.writestr(info, "/etc/passwd")
+    with pytest.raises(lms.LmsError, match="symbolic link"):
+        lms.collect(tmp_path / "link.zip", ROSTER, tmp_path / "into", [3])
+
+
+def test_a_zip_bomb_is_refused_before_anything_is_unpacked(tmp_path):
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("liddellalice_4411_90001_lab-3.ipynb", "w", force_zip64=True) as f:
+            block = b"\0" * (1 << 20)
+            for _ in range(50):
+                f.write(block)
+    assert bomb.stat().st_size < 1_000_000
+    with pytest.raises(lms.LmsError, match="zip bomb"):
+        lms.collect(bomb, ROSTER, tmp_path / "into", [3])
+    assert not (tmp_path / "into").exists()
+
+
+def test_a_file_that_is_not_a_zip_nor_a_folder_is_named(tmp_path):
+    (tmp_path / "x.zip").write_text("not a zip")
+    with pytest.raises(lms.LmsError, match="x.zip: not a zip file"):
+        lms.collect(tmp_path / "x.zip", ROSTER, tmp_path / "into", [3])
+
+
+def test_nothing_is_written_outside_the_folder_given(tmp_path):
+    z = make_zip(tmp_path / "canvas.zip", CANVAS)
+    before = set(os.listdir(tmp_path))
+    lms.collect(z, ROSTER, tmp_path / "into", [3, 5])
+    assert set(os.listdir(tmp_path)) - before == {"into"}

@@ -1,0 +1,47 @@
+"""The roster: the class list a grade is given for, and every way a roster file can be wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from labkit import roster
+
+GOOD = "student,name,email,lms_id,section\nalice,Alice L,alice@u.edu,4411,A\nbob,Bob M,bob@u.edu,4412,B\n"
+
+
+def test_a_roster_lists_each_student_with_the_optional_columns():
+    r = roster.parse(GOOD, "roster.csv")
+    assert r.ids() == ["alice", "bob"]
+    assert r.students["alice"] == {"name": "Alice L", "email": "alice@u.edu", "lms_id": "4411", "section": "A"}
+    assert r.by("lms_id") == {"4411": "alice", "4412": "bob"}
+
+
+def test_only_the_student_column_is_required_in_any_order_and_case():
+    r = roster.parse("Section,Student\nA,alice\n", "roster.csv")
+    assert r.students["alice"] == {"name": "", "email": "", "lms_id": "", "section": "A"}
+
+
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_first_column():
+    assert roster.parse("\ufeffstudent\nalice\n").ids() == ["alice"]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("name,email\nAlice,a@u.edu\n", "roster.csv, line 1: the header has no `student` column"),
+    ("student\nalice\nbob\nalice\n", "roster.csv, line 4: the student id 'alice' is already on line 2"),
+    ("student,lms_id\nalice,1\nbob,1\n", "roster.csv, line 3: lms_id '1' is already on line 2"),
+    ("student,name\nalice\n", "roster.csv, line 2: 1 fields where the header has 2"),
+    ("student,name\n,Nobody\n", "roster.csv, line 2: the student id is empty"),
+    ("student\n../etc\n", "roster.csv, line 2: '../etc' cannot be a student id"),
+    ("student,student\nalice,bob\n", "roster.csv, line 1: the column student appears twice"),
+    ("", "roster.csv: empty"),
+    ("student\n", "roster.csv: no students"),
+])
+def test_a_bad_roster_is_refused_naming_the_line(text, says):
+    with pytest.raises(roster.RosterError) as e:
+        roster.parse(text, "roster.csv")
+    assert says in str(e.value)
+
+
+def test_a_roster_file_that_is_not_there_is_named(tmp_path):
+    with pytest.raises(roster.RosterError, match="nowhere.csv: cannot be read"):
+        roster.load(tmp_path / "nowhere.csv")
