@@ -83,7 +83,7 @@ def _grade(args) -> int:
 
 def _grading_inputs(args) -> dict:
     """The class list and the grading policy of `grade` (see labkit/roster.py and labkit/policy.py)."""
-    return {"roster": args.roster, "policy": args.policy}
+    return {"roster": args.roster, "policy": args.policy, "overrides": args.overrides, "extensions": args.extensions}
 
 
 def _export(args) -> int:
@@ -146,6 +146,37 @@ def _release(args) -> int:
     return 0
 
 
+def _gradescope(args) -> int:
+    """Build the Gradescope autograder zip of one lab."""
+    from labkit import gradescope
+
+    try:
+        path = gradescope.build(args.lab, args.out)
+    except (gradescope.GradescopeError, catalog.UnknownLab) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _gradescope_run(args) -> int:
+    from labkit import gradescope
+
+    return gradescope.main_run(args)
+
+
+def _add_gradescope(sub) -> None:
+    gs = sub.add_parser("gradescope", help="the Gradescope autograder zip of one lab (TAs)")
+    gs.add_argument("lab", help="the lab number, e.g. 3")
+    gs.add_argument("--out", type=Path, default=None, help="the zip (default build/gradescope/lab-N.zip)")
+    gs.set_defaults(func=_gradescope)
+    gsr = sub.add_parser("gradescope-run", help="inside the autograder: grade ROOT/submission into "
+                                                "ROOT/results/results.json")
+    gsr.add_argument("lab", help="the lab number")
+    gsr.add_argument("--root", type=Path, default=Path("/autograder"), help="default %(default)s")
+    gsr.set_defaults(func=_gradescope_run)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -183,6 +214,9 @@ def parser() -> argparse.ArgumentParser:
                      help="CSV of the class (columns: student, and optionally name, email, lms_id, section)")
     grd.add_argument("--policy", type=Path, default=None,
                      help="the grading policy (TOML; default tests/policy.toml when there is one)")
+    grd.add_argument("--overrides", type=Path, default=None,
+                     help="CSV of a TA's overrides (student,lab,points,test,status,comment), applied after grading")
+    grd.add_argument("--extensions", type=Path, default=None, help="CSV of extensions (student,lab,days)")
     sandbox.add_arguments(grd)
     grd.set_defaults(func=_grade)
 
@@ -204,6 +238,7 @@ def parser() -> argparse.ArgumentParser:
     rel.add_argument("--out", type=Path, default=None,
                      help="the release folder; OUT.tar.gz is written next to it (default build/student-release)")
     rel.set_defaults(func=_release)
+    _add_gradescope(sub)
     return p
 
 

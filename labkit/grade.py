@@ -34,7 +34,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from labkit import catalog, configs, execute, history, judge, lms, scoreboard
+from labkit import catalog, configs, deadlines, execute, history, judge, lms, scoreboard
+from labkit import overrides as overrides_mod
 from labkit import policy as policy_mod
 from labkit import roster as roster_mod
 from labkit.files import write_atomic
@@ -671,7 +672,8 @@ def _with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
 def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None,
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
           limits: Limits | None = None, stream=None, terminal: bool | None = None,
-          roster: Path | None = None, policy: Path | None = None) -> dict:
+          roster: Path | None = None, policy: Path | None = None, overrides: Path | None = None,
+          extensions: Path | None = None) -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
     stream = stream or sys.stderr
     submissions, out = Path(submissions), Path(out)
@@ -684,9 +686,11 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
-    grading, people = _policy_and_roster(policy, roster, [c.name for c in chosen])
+    grading, people, provisional = _policy_and_roster(policy, roster, [c.name for c in chosen])
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
                     stream=stream, terminal=terminal)
+
+    subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
 
     # The reference solutions first: they must pass everything, or nothing else is worth grading.
     ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
@@ -694,7 +698,6 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     check_reference(ref_rows, grader.labs)
     expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
 
-    subs, times = _submissions(submissions, out, people, stream)
     if people is not None:
         _with_roster(subs, people)
     students = sorted(subs.students)
@@ -702,6 +705,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         students = [s for s in students if shard_of(s, part[1]) == part[0]]
     units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
              for s in students for lab in chosen_labs for c in chosen]
+    changes, moved = _overrides_and_extensions(overrides, extensions, set(subs.students), ref_rows)
     handed = _keep_history(out, subs, students, chosen_labs, times, grading)
     rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
     for row in rows:
@@ -710,6 +714,13 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
                          people=people)
     for (student, lab), info in sorted(handed.items()):
         results["students"][student].setdefault("submissions", {})[str(lab)] = info
+    if provisional:
+        results["provisional"] = provisional
+    mine = set(students)
+    if changes:
+        results["overrides"] = [o for o in changes if o["student"] in mine]
+    if moved:
+        results["extensions"] = {s: days for s, days in moved.items() if s in mine}
     scoreboard.write(results, out)
     return results
 
@@ -726,11 +737,11 @@ def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
     into = out / "collected"
     if into.exists():
         shutil.rmtree(into)  # the last import's files: this download alone says what is handed in
-    into.mkdir(parents=True)
     try:
         found = lms.collect(submissions, people, into, known)
     except lms.LmsError as e:
         raise GradeError(str(e)) from None
+    into.mkdir(parents=True, exist_ok=True)
     for line in found.notes():
         print(f"{submissions.name}: {line}", file=stream, flush=True)
     subs = discover(into, known)
@@ -765,16 +776,28 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
     return handed
 
 
+def _overrides_and_extensions(overrides: Path | None, extensions: Path | None, students: set[str],
+                              ref_rows: list[dict]) -> tuple[list[dict], dict]:
+    """A TA's overrides and the extensions, checked against the class and the labs graded, before any student runs."""
+    tests = {lab: set(names) for lab, names in policy_mod.lab_tests(ref_rows).items()}
+    try:
+        changes = overrides_mod.load(overrides, students, tests) if overrides else []
+        moved = deadlines.load_extensions(extensions, students, set(tests)) if extensions else {}
+    except (overrides_mod.OverrideError, deadlines.DeadlineError) as e:
+        raise GradeError(str(e)) from None
+    return changes, moved
+
+
 def _policy_and_roster(policy_path: Path | None, roster_path: Path | None,
-                       chosen: list[str]) -> tuple[policy_mod.Policy, roster_mod.Roster | None]:
+                       chosen: list[str]) -> tuple[policy_mod.Policy, roster_mod.Roster | None, str]:
     """The course's policy (refusing final grades without a required configuration) and the roster, if any."""
     try:
         grading = policy_mod.load(policy_path)
-        policy_mod.check_required(grading, chosen)
+        provisional = policy_mod.check_required(grading, chosen)
         people = roster_mod.load(roster_path) if roster_path is not None else None
     except (policy_mod.PolicyError, roster_mod.RosterError) as e:
         raise GradeError(str(e)) from None
-    return grading, people
+    return grading, people, provisional
 
 
 # ----------------------------------------------------------------------------------------

@@ -107,6 +107,9 @@ def to_wide(results: dict) -> str:
 def export(results: dict, fmt: str) -> str:
     if not results.get("students"):
         raise LmsError("the results have no students: nothing to export")
+    if results.get("provisional"):
+        raise LmsError(f"these grades are {results['provisional']}: grade again with every required "
+                       "configuration before exporting to an LMS")
     if fmt == "canvas":
         return to_canvas(results)
     if fmt == "wide":

@@ -149,16 +149,24 @@ def load(path: Path | None = None) -> Policy:
     return parse(text, shown)
 
 
-def check_required(policy: Policy, chosen: list[str]) -> None:
-    """Refuse final grades when a configuration the policy requires is not graded, or cannot run here."""
+def check_required(policy: Policy, chosen: list[str]) -> str:
+    """Refuse final grades when a configuration the policy requires cannot run here (PolicyError).
+
+    One that runs here but that --configs leaves out gives provisional grades: the reason is
+    returned ("" for final grades), carried in the results, and stated wherever the grades are shown;
+    LMS exports refuse them.
+    """
+    left_out = []
     for name in policy.required:
         ok, reason = configs.CONFIGS[name].availability()
         if not ok:
             raise PolicyError(f"{policy.source} requires {name}, which cannot run here ({reason}): no final "
                               "grades without it; grade on a machine that has it")
         if name not in chosen:
-            raise PolicyError(f"{policy.source} requires {name}, which --configs leaves out: no final grades "
-                              f"without it; add it to --configs ({', '.join(chosen)})")
+            left_out.append(name)
+    if left_out:
+        return (f"provisional: {policy.source} requires {', '.join(left_out)}, which --configs left out")
+    return ""
 
 
 # ----------------------------------------------------------------------------------------
@@ -209,30 +217,71 @@ def lab_points(policy: Policy, tests: dict[str, dict], rows: dict[str, dict]) ->
     return _num(earned), _num(possible)
 
 
+def _with_test_overrides(rows: dict[str, dict], changes: dict[str, str]) -> dict[str, dict]:
+    """The rows with the overridden tests' outcomes changed on every configuration they ran on."""
+    if not changes:
+        return rows
+    out = {}
+    for config, row in rows.items():
+        tests = [t | {"status": changes[t["test"]]} if t["test"] in changes and t["status"] != "skipped" else t
+                 for t in row.get("tests", [])]
+        out[config] = row | {"tests": tests}
+    return out
+
+
 def grades(results: dict) -> dict:
     """Each student's points per lab and total, under the policy the results carry, and the rule that made them.
 
     A lab's possible points come from the reference's tests (results' labs[].tests); results without
-    them (a student's own runs) use the tests in the student's rows.
+    them (a student's own runs) use the tests in the student's rows. Then, in order: a TA's test
+    overrides change outcomes before the rule combines them, a late penalty (due dates, [late],
+    extensions) takes its share, and a TA's points override sets the lab's points. Overridden and
+    late labs say so.
     """
+    from labkit import deadlines
+
     policy = Policy.from_json(results.get("policy"))
     config_names = [c["name"] for c in results.get("configs", [])]
     rows: dict[tuple[str, int], dict[str, dict]] = {}
     for r in results.get("rows", []):
         rows.setdefault((r["student"], r["lab"]), {})[r["config"]] = r
-    out = {"rule": rule(policy, config_names), "combine": policy.combine, "students": {}}
+    test_changes: dict[tuple[str, int], dict[str, str]] = {}
+    set_points: dict[tuple[str, int], dict] = {}
+    for o in results.get("overrides", []):
+        if "test" in o:
+            test_changes.setdefault((o["student"], o["lab"]), {})[o["test"]] = o["status"]
+        else:
+            set_points[o["student"], o["lab"]] = o
+    comments: dict[tuple[str, int], list[str]] = {}
+    for o in results.get("overrides", []):
+        comments.setdefault((o["student"], o["lab"]), []).append(o.get("comment") or "overridden")
+    extensions = results.get("extensions", {})
+    provisional = results.get("provisional", "")
+    out = {"rule": (provisional.upper().split(":")[0] + ":" + provisional.split(":", 1)[1] + "; "
+                    if provisional else "") + rule(policy, config_names),
+           "combine": policy.combine, "provisional": provisional, "students": {}}
     for student in sorted(results.get("students", {})):
         labs, total, possible = {}, 0.0, 0.0
+        handed = results["students"][student].get("submissions", {})
         for lab in results.get("labs", []):
-            mine = rows.get((student, lab["number"]), {})
-            tests = lab.get("tests") or lab_tests(list(mine.values())).get(lab["number"], {})
+            number, key = lab["number"], (student, lab["number"])
+            mine = _with_test_overrides(rows.get(key, {}), test_changes.get(key, {}))
+            tests = lab.get("tests") or lab_tests(list(mine.values())).get(number, {})
             earned, most = lab_points(policy, tests, mine)
             statuses = {r["status"] for r in mine.values()}
             status = "missing" if not mine or statuses == {"missing"} else "graded"
-            weight = policy.weight(lab["number"])
-            labs[str(lab["number"])] = {"points": earned, "max_points": most, "weight": _num(weight),
-                                        "status": status}
-            total += weight * earned
-            possible += weight * most
+            entry = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
+            taken, days = deadlines.penalty((handed.get(str(number)) or {}).get("submitted_at"),
+                                            policy.due.get(number), policy.late,
+                                            extensions.get(student, {}).get(str(number), 0))
+            if days:
+                entry.update(points=_num(earned * (1 - taken)), late_days=days, late_penalty=_num(taken))
+            if key in set_points:
+                entry["points"] = _num(set_points[key]["points"])
+            if key in comments:
+                entry["overridden"] = "; ".join(comments[key])
+            labs[str(number)] = entry
+            total += policy.weight(number) * entry["points"]
+            possible += policy.weight(number) * most
         out["students"][student] = {"labs": labs, "points": _num(total), "max_points": _num(possible)}
     return out

@@ -29,7 +29,8 @@ from labkit.files import write_atomic
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
                "isolation")
-GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "rule")
+GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "late_days", "late_penalty",
+                 "overridden", "rule")
 MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
 STATUS_STYLE = {"ok": "green", "failed": "red", "error": "red", "timeout": "red", "missing": "dim",
                 "skipped": "dim"}
@@ -158,8 +159,9 @@ def grades_csv(results: dict) -> str:
     for student, mine in g["students"].items():
         for number, lab in mine["labs"].items():
             writer.writerow([_cell(student), number, lab["points"], lab["max_points"], lab["weight"], lab["status"],
+                             lab.get("late_days", ""), lab.get("late_penalty", ""), _cell(lab.get("overridden", "")),
                              g["rule"]])
-        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", g["rule"]])
+        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", g["rule"]])
     return buf.getvalue()
 
 
@@ -235,6 +237,16 @@ def to_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _points_cell(p: dict) -> str:
+    """A lab's points as shown: `missing`, or points/max, with a late penalty and a TA's override marked."""
+    text = "missing" if p["status"] == "missing" and "overridden" not in p else f"{p['points']}/{p['max_points']}"
+    if p.get("late_days"):
+        text += f" (late {p['late_days']}d, -{round(100 * p['late_penalty'])}%)"
+    if p.get("overridden"):
+        text += f" (overridden: {p['overridden']})"
+    return text
+
+
 def _points_markdown(results: dict) -> list[str]:
     g = policy.grades(results)
     labs = _labs(results)
@@ -244,8 +256,7 @@ def _points_markdown(results: dict) -> list[str]:
     for student, mine in g["students"].items():
         cells = []
         for lab in labs:
-            p = mine["labs"][str(lab["number"])]
-            cells.append("missing" if p["status"] == "missing" else f"{p['points']}/{p['max_points']}")
+            cells.append(_md(_points_cell(mine["labs"][str(lab["number"])])))
         lines.append(f"| {_md(student)} | " + " | ".join(cells) + f" | {mine['points']}/{mine['max_points']} |")
     return lines
 
@@ -377,8 +388,8 @@ def to_html(results: dict) -> str:
         out.append(f'<tr data-student="{_h(s)}"><th>{_h(s)}</th>')
         for lab in labs:
             p = mine["labs"][str(lab["number"])]
-            text = "missing" if p["status"] == "missing" else f"{p['points']}/{p['max_points']}"
-            out.append(f'<td data-lab="{lab["number"]}">{_h(text)}</td>')
+            mark = ' class="overridden"' if p.get("overridden") else ""
+            out.append(f'<td data-lab="{lab["number"]}"{mark}>{_h(_points_cell(p))}</td>')
         out.append(f'<td class="total">{_h(mine["points"])}/{_h(mine["max_points"])}</td></tr>')
     out.append("</tbody></table>")
     bugs = multi_device_bugs(results)
@@ -480,7 +491,7 @@ def merge(parts: list[dict]) -> dict:
         raise MergeError("nothing to merge")
     first = parts[0]
     for part in parts[1:]:
-        for what in ("format", "labs", "configs", "policy"):
+        for what in ("format", "labs", "configs", "policy", "provisional"):
             if part.get(what) != first.get(what):
                 raise MergeError(f"the parts were graded with different {what}: grade every shard with the same "
                                  "--labs, --configs and --policy, with the same version of the kit")

@@ -494,3 +494,115 @@ def test_the_limits_are_flags_of_grade_and_part_of_each_units_key(tmp_path):
     assert small.key(unit) != default.key(unit), "a regrade with other limits grades again"
     help_text = run_grade("grade", "--help").stdout
     assert "--memory" in help_text and "--max-processes" in help_text and "--max-output" in help_text
+
+
+# ----------------------------------------------------------------------------------------
+# Points, the roster, LMS downloads and exports, on the class graded above (nothing graded again).
+# ----------------------------------------------------------------------------------------
+
+ROSTER = "student,name,email,lms_id,section\nalice,Alice L,alice@u.edu,4411,A\nbob,Bob M,bob@u.edu,4412,A\n" \
+         "zoe,Zoe Z,zoe@u.edu,4419,B\n"
+
+
+def test_each_unit_has_its_points_and_the_labs_points_possible(rows):
+    assert (rows["alice", "cpu-8"]["points"], rows["alice", "cpu-8"]["max_points"]) == ("6", "6")
+    assert int(rows["bob", "cpu-8"]["points"]) < 6 and rows["bob", "cpu-8"]["max_points"] == "6"
+    assert (rows["dave", "cpu-1"]["points"], rows["dave", "cpu-1"]["max_points"]) == ("0", "6")
+
+
+def test_grades_combine_the_configurations_by_the_courses_policy(graded):
+    with open(graded[1] / "grades.csv", newline="") as f:
+        totals = {r["student"]: r for r in csv.DictReader(f) if r["lab"] == "total"}
+    assert (totals["alice"]["points"], totals["alice"]["max_points"]) == ("6", "6")
+    bob_one_device = next(r for r in csv.DictReader(io.StringIO((graded[1] / "scoreboard.csv").read_text()))
+                          if r["student"] == "bob" and r["config"] == "cpu-8")
+    assert totals["bob"]["points"] == bob_one_device["points"]  # passing on cpu-1 alone earns nothing more
+    assert "every configuration graded (cpu-1, cpu-8)" in totals["bob"]["rule"]
+    assert "tests/policy.toml" in totals["bob"]["rule"]
+
+
+def test_the_scoreboard_names_the_digest_it_graded_and_history_keeps_those_bytes(graded, results):
+    subs, out = graded[:2]
+    digest = row_of(results, "alice", "cpu-1")["digest"]
+    assert digest == grade._file_digest(subs / "alice" / "lab-3.ipynb")
+    assert (out / "history" / "alice" / "lab-3" / f"{digest}.ipynb").read_bytes() == \
+        (subs / "alice" / "lab-3.ipynb").read_bytes()
+    kept = json.loads((out / "history" / "alice" / "lab-3" / "history.json").read_text())
+    assert [e["digest"] for e in kept] == [digest] and kept[0]["collected_at"]
+
+
+def test_with_a_roster_every_student_on_it_has_rows_and_folders_not_on_it_are_reported(graded, tmp_path):
+    same_kit(graded)
+    subs, out = graded[:2]
+    again = copy_cache(out, tmp_path / "again")
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--roster", str(tmp_path / "roster.csv"),
+                     *ARGS)
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr
+    mine = json.loads((again / "scoreboard.json").read_text())
+    assert sorted(mine["students"]) == ["alice", "bob", "zoe"]
+    zoe = [r for r in mine["rows"] if r["student"] == "zoe"]
+    assert [(r["config"], r["status"], r["points"], r["max_points"]) for r in zoe] == \
+        [("cpu-1", "missing", 0, 6), ("cpu-8", "missing", 0, 6)]
+    assert any(n.startswith("carol: a submission folder not on the roster") for n in mine["notes"])
+    assert mine["students"]["alice"]["lms_id"] == "4411"
+
+
+def test_a_canvas_download_is_graded_through_the_roster_and_exported_for_canvas(graded, tmp_path):
+    import zipfile
+
+    same_kit(graded)
+    subs, out = graded[:2]
+    again = copy_cache(out, tmp_path / "again")
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    download = tmp_path / "canvas-download.zip"
+    with zipfile.ZipFile(download, "w") as z:
+        z.writestr("la_4411_900_lab-3.ipynb", (subs / "bob" / "lab-3.ipynb").read_bytes())
+        z.writestr("la_4411_900_lab-3-1.ipynb", (subs / "alice" / "lab-3.ipynb").read_bytes())  # resubmitted
+        z.writestr("mb_LATE_4412_901_Lab3.ipynb", (subs / "bob" / "lab-3.ipynb").read_bytes())
+        z.writestr("xx_5555_902_lab-3.ipynb", b"{}")
+    done = run_grade("grade", "--submissions", str(download), "--out", str(again), "--roster",
+                     str(tmp_path / "roster.csv"), *ARGS)
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr  # the same bytes as the class's alice and bob: graded already
+    assert "xx_5555_902_lab-3.ipynb: not graded, Canvas user id 5555 is on no roster line" in done.stderr
+    mine = json.loads((again / "scoreboard.json").read_text())
+    statuses = {(r["student"], r["config"]): r["status"] for r in mine["rows"]}
+    assert statuses["alice", "cpu-8"] == "ok" and statuses["bob", "cpu-8"] == "failed"
+    assert statuses["zoe", "cpu-1"] == "missing"
+    export = tmp_path / "canvas.csv"
+    done = run_grade("scoreboard", "export", "--format", "canvas", "--out", str(export), str(again))
+    assert done.returncode == 0, done.stderr
+    table = list(csv.reader(io.StringIO(export.read_text())))
+    assert table[0][:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+    assert ["Alice L", "4411", "alice", "alice@u.edu", "A", "6"] in table
+    assert ["Zoe Z", "4419", "zoe", "zoe@u.edu", "B", "0"] in table
+
+
+@pytest.mark.parametrize("file, text, says", [
+    ("roster.csv", "student\nalice\nalice\n", "roster.csv, line 3: the student id 'alice' is already on line 2"),
+    ("roster.csv", "name\nAlice\n", "roster.csv, line 1: the header has no `student` column"),
+    ("policy.toml", '[grading]\nrequired = ["cpu-99"]\n', "unknown configuration 'cpu-99'"),
+    ("policy.toml", "[labs.3]\nweight = -2\n", "[labs.3] weight must not be negative"),
+], ids=["duplicate id", "no student column", "unknown configuration", "negative weight"])
+def test_a_bad_roster_or_policy_exits_2_before_grading_anything(tmp_path, file, text, says):
+    (tmp_path / "submissions").mkdir()
+    (tmp_path / file).write_text(text)
+    flag = "--roster" if file == "roster.csv" else "--policy"
+    done = run_grade("grade", "--submissions", str(tmp_path / "submissions"), "--out", str(tmp_path / "out"),
+                     flag, str(tmp_path / file), *ARGS)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_zip_with_a_path_leaving_its_folder_exits_2_and_writes_nothing(tmp_path):
+    import zipfile
+
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    with zipfile.ZipFile(tmp_path / "evil.zip", "w") as z:
+        z.writestr("../../la_4411_900_lab-3.ipynb", "{}")
+    done = run_grade("grade", "--submissions", str(tmp_path / "evil.zip"), "--out", str(tmp_path / "out"),
+                     "--roster", str(tmp_path / "roster.csv"), *ARGS)
+    assert done.returncode == 2 and "path traversal" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["evil.zip", "roster.csv"]

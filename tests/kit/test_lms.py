@@ -87,6 +87,12 @@ def test_an_export_never_hands_a_spreadsheet_a_formula():
         assert "'=cmd" in text and ",=cmd" not in text and not text.startswith("=")
 
 
+def test_provisional_grades_are_not_exported():
+    res = results() | {"provisional": "provisional: tests/policy.toml requires cpu-8, which --configs left out"}
+    with pytest.raises(lms.LmsError, match="requires cpu-8"):
+        lms.export(res, "canvas")
+
+
 def test_scoreboard_export_writes_the_file_from_a_graded_folder_without_grading(tmp_path):
     graded = tmp_path / "graded"
     graded.mkdir()

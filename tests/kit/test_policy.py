@@ -175,11 +175,16 @@ def test_a_bad_policy_file_is_refused_naming_the_file_and_the_key(text, says):
     assert says in str(e.value) and "tests/policy.toml" in str(e.value)
 
 
-def test_grading_refuses_final_grades_when_a_required_configuration_is_left_out():
+def test_grades_are_provisional_when_configs_leaves_out_a_required_configuration():
     p = policy.Policy(required=("cpu-1", "cpu-8"), source="tests/policy.toml")
-    with pytest.raises(policy.PolicyError, match="requires cpu-8, which --configs leaves out"):
-        policy.check_required(p, ["cpu-1"])
-    policy.check_required(p, ["cpu-1", "cpu-8"])
+    assert policy.check_required(p, ["cpu-1"]) == \
+        "provisional: tests/policy.toml requires cpu-8, which --configs left out"
+    assert policy.check_required(p, ["cpu-1", "cpu-8"]) == ""
+
+
+def test_provisional_grades_say_so_in_their_rule():
+    res = results(bob_rows()) | {"provisional": "provisional: tests/policy.toml requires cpu-8, which --configs left out"}
+    assert policy.grades(res)["rule"].startswith("PROVISIONAL: tests/policy.toml requires cpu-8")
 
 
 def test_grading_refuses_final_grades_when_a_required_configuration_cannot_run_here():

@@ -1,0 +1,247 @@
+"""A Gradescope autograder for one lab: the zip Gradescope takes, and what runs inside it.
+
+`build(lab)` writes build/gradescope/lab-N.zip (`make gradescope LAB=N`)::
+
+    setup.sh            Gradescope runs it once on its Ubuntu image: the kit's locked environment
+    run_autograder      runs on every submission: `python -m labkit gradescope-run N`
+    labkit/ pyproject.toml uv.lock   the kit
+    labs/lab-N.ipynb    the student version (names the lab; no solution is shipped)
+    tests/public/lab_N/ tests/hidden/lab_N/ tests/policy.toml
+
+`run(root, lab)` is what run_autograder does: it takes the notebook in ROOT/submission/, runs
+it on cpu-1 and cpu-8 (and cpu-2x4 where it can run), judges it with the public and hidden
+tests, and writes ROOT/results/results.json: one case per test with its `max_score` (its
+points), scored by the course policy's rule over the configurations; public tests `visible`,
+hidden ones `after_published`; each case's `output` says how it did on each configuration, with
+the multi-device messages. ROOT is /autograder, or AUTOGRADER_ROOT where that names another
+folder laid out the same way. The file is checked against RESULTS_SCHEMA before it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from labkit import catalog, configs, policy
+from labkit.files import write_atomic
+
+CONFIGS = ("cpu-1", "cpu-8", "cpu-2x4")  # cpu-2x4 only where it can run
+SHIPPED = ("labkit", "pyproject.toml", "uv.lock", "tests/policy.toml", "tests/__init__.py")
+
+# The part of Gradescope's results.json the kit writes (their "Autograder Specifications").
+RESULTS_SCHEMA = {
+    "type": "object",
+    "required": ["score", "tests", "output", "visibility", "stdout_visibility"],
+    "additionalProperties": False,
+    "properties": {
+        "score": {"type": "number", "minimum": 0},
+        "execution_time": {"type": "number", "minimum": 0},
+        "output": {"type": "string"},
+        "visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
+        "stdout_visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
+        "tests": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "score", "max_score", "status", "visibility", "output"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "number": {"type": "string"},
+                "score": {"type": "number", "minimum": 0},
+                "max_score": {"type": "number", "minimum": 0},
+                "status": {"enum": ["passed", "failed"]},
+                "visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
+                "output": {"type": "string"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+        }},
+    },
+}
+
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, as root, on its Ubuntu image, with the zip unpacked in /autograder/source.
+set -euo pipefail
+cd /autograder/source
+apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
+python3 -m venv /autograder/uv-tool
+/autograder/uv-tool/bin/pip install -q uv
+# The kit's locked environment (uv.lock), without the course's development groups.
+/autograder/uv-tool/bin/uv sync --frozen --no-default-groups
+"""
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for every submission. AUTOGRADER_ROOT names another folder laid out as
+# /autograder (submission/, results/) to run it anywhere else; LABKIT_PYTHON another interpreter.
+set -uo pipefail
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+PY="${{LABKIT_PYTHON:-$HERE/.venv/bin/python}}"
+cd "$HERE"
+LABKIT_ROOT="$HERE" exec "$PY" -m labkit gradescope-run {lab} --root "$ROOT"
+"""
+
+
+class GradescopeError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------
+# The zip.
+# ----------------------------------------------------------------------------------------
+
+def _add(z: zipfile.ZipFile, path: Path, arcname: str) -> None:
+    if path.is_dir():
+        for p in sorted(path.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"):
+                _add(z, p, f"{arcname}/{p.relative_to(path).as_posix()}")
+        return
+    info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))  # the same kit gives the same zip
+    info.external_attr = (0o100755 if os.access(path, os.X_OK) else 0o100644) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    z.writestr(info, path.read_bytes())
+
+
+def _text(z: zipfile.ZipFile, arcname: str, text: str) -> None:
+    info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+    info.external_attr = 0o100755 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    z.writestr(info, text)
+
+
+def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT) -> Path:
+    """Write the autograder zip of lab `number`; its path."""
+    lab = catalog.lab(number, root)
+    out = Path(out or root / "build" / "gradescope" / f"{lab.name}.zip")
+    if not lab.test_dirs(hidden=True):
+        raise GradescopeError(f"{lab.name} has no tests under tests/public or tests/hidden")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(tmp, "w") as z:
+        _text(z, "setup.sh", SETUP_SH)
+        _text(z, "run_autograder", RUN_AUTOGRADER.format(lab=lab.number))
+        for part in SHIPPED:
+            if (root / part).exists():
+                _add(z, root / part, part)
+        for folder in lab.test_dirs(hidden=True):
+            _add(z, folder, folder.relative_to(root).as_posix())
+        notebook = lab.student if lab.student.exists() else None
+        if notebook is None:
+            raise GradescopeError(f"{lab.student} does not exist: run `make student-notebooks` first")
+        _add(z, notebook, f"labs/{lab.name}.ipynb")
+    os.replace(tmp, out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# In the autograder: one submission to results.json.
+# ----------------------------------------------------------------------------------------
+
+def find_notebook(submission: Path, lab: catalog.Lab) -> tuple[Path | None, str]:
+    """The notebook to grade: lab-N.ipynb, or the only .ipynb handed in; else None and why."""
+    found = sorted(p for p in submission.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    exact = [p for p in found if p.name == f"{lab.name}.ipynb"]
+    if exact:
+        return exact[0], ""
+    if len(found) == 1:
+        return found[0], ""
+    if not found:
+        return None, f"no notebook was handed in: upload {lab.name}.ipynb"
+    return None, (f"{len(found)} notebooks were handed in ({', '.join(p.name for p in found)}) and none is named "
+                  f"{lab.name}.ipynb: upload only {lab.name}.ipynb")
+
+
+def chosen_configs() -> list:
+    out = []
+    for name in CONFIGS:
+        config = configs.CONFIGS[name]
+        if name == "cpu-2x4" and not config.availability()[0]:
+            continue
+        out.append(config)
+    return out
+
+
+def results_json(outcomes: list[dict], config_names: list[str], grading: policy.Policy, notes: list[str]) -> dict:
+    """Gradescope's results from the judge's outcomes (dicts of judge.Outcome) on each configuration."""
+    by_test: dict[str, dict] = {}
+    for o in outcomes:
+        entry = by_test.setdefault(o["test"], {"hidden": o["hidden"], "points": o.get("points", 1), "by": {}})
+        entry["by"][o["config"]] = o
+    cases, score = [], 0.0
+    for name, entry in by_test.items():
+        ran = {c: o for c, o in entry["by"].items() if o["status"] != "skipped"}
+        tests = {name: {"points": entry["points"], "hidden": entry["hidden"], "configs": list(ran)}}
+        rows = {c: {"tests": [o]} for c, o in ran.items()}
+        earned = policy.lab_points(grading, tests, rows)[0] if ran else 0
+        lines = []
+        for c in config_names:
+            o = entry["by"].get(c)
+            if o is None:
+                continue
+            say = o["status"]
+            if o["message"] and o["status"] != "passed" and not entry["hidden"]:
+                say += f": {o['message']}"
+            lines.append(f"{c}: {say}")
+        cases.append({"name": name.removeprefix("test_").replace("_", " ") + (" (hidden)" if entry["hidden"] else ""),
+                      "score": earned, "max_score": entry["points"],
+                      "status": "passed" if ran and earned == entry["points"] else "failed",
+                      "visibility": "after_published" if entry["hidden"] else "visible",
+                      "output": "\n".join(lines)})
+        score += earned
+    output = [f"Graded on {', '.join(config_names)}: {policy.COMBINE[grading.combine]}."] + notes
+    return {"score": round(score, 4), "output": "\n".join(output), "visibility": "visible",
+            "stdout_visibility": "hidden", "tests": cases}
+
+
+def validate(results: dict) -> None:
+    import jsonschema
+
+    try:
+        jsonschema.validate(results, RESULTS_SCHEMA)
+    except jsonschema.ValidationError as e:
+        raise GradescopeError(f"results.json does not follow the schema: {e.message}") from None
+
+
+def run(root: Path, number: int | str) -> dict:
+    """Grade ROOT/submission into ROOT/results/results.json; the results."""
+    from labkit import judge
+
+    began = time.monotonic()
+    root = Path(root)
+    lab = catalog.lab(number)
+    grading = policy.load()
+    chosen = chosen_configs()
+    names = [c.name for c in chosen]
+    notebook, why = find_notebook(root / "submission", lab)
+    if notebook is None:
+        results = {"score": 0, "output": why, "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
+    else:
+        work = Path(tempfile.mkdtemp(prefix="labkit-gradescope-"))
+        try:
+            runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
+            judgement = judge.judge(lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests],
+                                    jobs=len(runs))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        notes = [f"{label}: the run ended with {rec.status}: {rec.message}"
+                 for label, rec in judgement.records.items() if rec.status not in ("ok", "skipped")]
+        results = results_json([o.to_json() for o in judgement.outcomes], names, grading, notes)
+    results["execution_time"] = round(time.monotonic() - began, 2)
+    validate(results)
+    write_atomic(root / "results" / "results.json", json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def main_run(args) -> int:
+    try:
+        results = run(args.root, args.lab)
+    except (GradescopeError, catalog.UnknownLab) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"score {results['score']} of {sum(t['max_score'] for t in results['tests'])}; "
+          f"{Path(args.root) / 'results' / 'results.json'}")
+    return 0

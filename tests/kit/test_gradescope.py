@@ -1,0 +1,159 @@
+"""The Gradescope autograder: the zip `make gradescope LAB=N` builds, results.json, and one run as Gradescope runs it.
+
+results.json is tested on outcomes written by hand; the zip is unpacked into a folder laid out
+as Gradescope lays out /autograder and its run_autograder is run there once (AUTOGRADER_ROOT),
+with this checkout's environment standing in for what setup.sh installs on Gradescope's image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from labkit import gradescope, policy
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = ROOT / ".venv" / "bin" / "python"
+ONE_DEVICE_MESH = ('Mesh(np.array(jax.devices()), ("data",))\n    double',
+                   'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double')
+
+
+def o(test, config, status, message="", hidden=False, points=1):
+    return {"test": f"test_{test}", "exercise": "f", "run": config, "config": config, "status": status,
+            "message": message, "hidden": hidden, "file": "t.py", "points": points}
+
+
+OUTCOMES = [o("doubles", "cpu-1", "passed", points=2), o("doubles", "cpu-8", "passed", points=2),
+            o("split", "cpu-1", "passed"), o("split", "cpu-8", "failed", "lives on 1 of 8 devices"),
+            o("block", "cpu-1", "passed", hidden=True), o("block", "cpu-8", "failed", "SECRET", hidden=True)]
+
+
+@pytest.fixture
+def results():
+    return gradescope.results_json(OUTCOMES, ["cpu-1", "cpu-8"], policy.Policy(), [])
+
+
+def case(results, name):
+    return next(t for t in results["tests"] if t["name"] == name)
+
+
+def test_each_test_is_a_case_worth_its_points(results):
+    assert [(t["name"], t["max_score"]) for t in results["tests"]] == [("doubles", 2), ("split", 1),
+                                                                        ("block (hidden)", 1)]
+
+
+def test_a_case_scores_by_the_policy_rule_over_the_configurations(results):
+    assert (case(results, "doubles")["score"], case(results, "split")["score"]) == (2, 0)
+    assert results["score"] == 2
+    anyone = gradescope.results_json(OUTCOMES, ["cpu-1", "cpu-8"], policy.Policy(combine="any"), [])
+    assert anyone["score"] == 4
+
+
+def test_public_cases_are_visible_and_hidden_ones_after_published(results):
+    assert case(results, "split")["visibility"] == "visible"
+    assert case(results, "block (hidden)")["visibility"] == "after_published"
+
+
+def test_the_multi_device_message_is_in_the_cases_output_and_a_hidden_message_is_not(results):
+    assert case(results, "split")["output"] == "cpu-1: passed\ncpu-8: failed: lives on 1 of 8 devices"
+    assert "SECRET" not in json.dumps(results)
+    assert case(results, "block (hidden)")["output"] == "cpu-1: passed\ncpu-8: failed"
+
+
+def test_results_follow_the_schema_and_the_schema_can_refuse(results):
+    gradescope.validate(results)
+    jsonschema.Draft202012Validator.check_schema(gradescope.RESULTS_SCHEMA)
+    broken = json.loads(json.dumps(results))
+    del broken["tests"][0]["max_score"]
+    with pytest.raises(gradescope.GradescopeError, match="max_score"):
+        gradescope.validate(broken)
+    broken = json.loads(json.dumps(results))
+    broken["tests"][0]["visibility"] = "sometimes"
+    with pytest.raises(gradescope.GradescopeError):
+        gradescope.validate(broken)
+
+
+def test_a_submission_is_found_by_its_name_or_as_the_only_notebook(tmp_path):
+    from labkit import catalog
+
+    lab = catalog.lab(3)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "mine.ipynb").write_text("{}")
+    assert gradescope.find_notebook(tmp_path / "a", lab)[0].name == "mine.ipynb"
+    (tmp_path / "a" / "other.ipynb").write_text("{}")
+    assert "2 notebooks were handed in" in gradescope.find_notebook(tmp_path / "a", lab)[1]
+    (tmp_path / "a" / "lab-3.ipynb").write_text("{}")
+    assert gradescope.find_notebook(tmp_path / "a", lab)[0].name == "lab-3.ipynb"
+    (tmp_path / "b").mkdir()
+    assert "no notebook was handed in" in gradescope.find_notebook(tmp_path / "b", lab)[1]
+
+
+# ----------------------------------------------------------------------------------------
+# The zip, and one run of it laid out as on Gradescope.
+# ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return gradescope.build(3, tmp_path_factory.mktemp("gs") / "lab-3.zip")
+
+
+def test_the_zip_has_setup_run_autograder_the_kit_and_the_hidden_tests_but_no_solution(built):
+    with zipfile.ZipFile(built) as z:
+        names = z.namelist()
+        modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
+    assert {"setup.sh", "run_autograder", "pyproject.toml", "uv.lock", "labkit/grade.py", "tests/policy.toml",
+            "labs/lab-3.ipynb"} <= set(names)
+    assert any(n.startswith("tests/hidden/lab_3/") for n in names)
+    assert any(n.startswith("tests/public/lab_3/") for n in names)
+    assert not any(n.startswith("reference/") or "lab_4" in n for n in names)
+    assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
+
+
+def test_the_same_kit_builds_the_same_zip(built, tmp_path):
+    assert gradescope.build(3, tmp_path / "again.zip").read_bytes() == built.read_bytes()
+
+
+def test_make_gradescope_without_a_lab_says_how():
+    done = subprocess.run(["make", "-s", "gradescope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "make gradescope LAB=N" in done.stderr
+
+
+def _one_device_notebook() -> str:
+    """The reference with its mesh on one device: right on cpu-1, wrong on eight devices."""
+    nb = json.loads((ROOT / "reference" / "lab-3.ipynb").read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["source"] = "".join(cell["source"]).replace(*ONE_DEVICE_MESH)
+    return json.dumps(nb)
+
+
+def test_run_autograder_in_a_folder_laid_out_as_on_gradescope_writes_results_json(built, tmp_path):
+    autograder = tmp_path / "autograder"
+    with zipfile.ZipFile(built) as z:
+        z.extractall(autograder / "source")
+    run_autograder = autograder / "source" / "run_autograder"
+    run_autograder.chmod(0o755)
+    (autograder / "submission").mkdir()
+    (autograder / "results").mkdir()
+    (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
+    env = dict(os.environ, AUTOGRADER_ROOT=str(autograder), LABKIT_PYTHON=str(PY))
+    env.pop("LABKIT_ROOT", None)
+    done = subprocess.run([str(run_autograder)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((autograder / "results" / "results.json").read_text())
+    gradescope.validate(results)
+    cases = {t["name"]: t for t in results["tests"]}
+    assert len(cases) == 6 and sum(t["max_score"] for t in cases.values()) == 6
+    assert any(t["visibility"] == "after_published" for t in cases.values())
+    failed = [t for t in cases.values() if t["status"] == "failed" and t["visibility"] == "visible"]
+    assert failed and all("cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed)
+    assert 0 < results["score"] < 6
+    assert "Graded on cpu-1, cpu-8" in results["output"]
