@@ -34,6 +34,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 from labkit import catalog, configs, deadlines, execute, history, judge, lms, scoreboard
 from labkit import overrides as overrides_mod
 from labkit import policy as policy_mod
@@ -557,12 +559,14 @@ class _StopRequest:
 
 def _stop_children() -> None:
     """End the runs this process started (and their kernels), so that a stopped grading run leaves nothing behind."""
-    me = os.getpid()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+        children = psutil.Process().children(recursive=False)
+    except psutil.Error:
+        return
+    for child in children:
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
-                execute.kill_tree(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
+            execute.kill_tree(child.pid)
+        except (OSError, ValueError):
             continue
 
 
