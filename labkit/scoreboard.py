@@ -5,19 +5,22 @@ Everything here is a pure function of the results (the plain data `grade` produc
 always give the same files, byte for byte, which is what lets `merge` put the shards of a
 class back together into exactly the scoreboard a single run would have written.
 
-    scoreboard.csv     student,lab,config,passed,total,status,message,isolation: one row per unit
+    scoreboard.csv     student,lab,config,passed,total,status,points,max_points,message,isolation: one row per unit
     scoreboard.json    the results themselves: every test's outcome and message
     scoreboard.md      the class summary: pass rates, and the multi-device bugs most often hit
-    scoreboard.html    one self-contained page: a student x lab heat map per configuration, every test
+    scoreboard.html    one self-contained page: a student x lab heat map per configuration, points, every test
+    grades.csv         each student's points per lab and total, under the course's policy, with its rule
     feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome
+    feedback/<id>.html the same as a self-contained page (labkit/templates/, autoescaped)
+    feedback/<id>.zip  both, in one archive to hand back
 """
 
 from __future__ import annotations
 
 import csv
-import html
 import io
 import json
+import zipfile
 from collections import Counter, OrderedDict
 from pathlib import Path
 
@@ -313,10 +316,6 @@ def feedback(results: dict, student: str) -> str:
 # html: one page, no external assets, every string from a submission escaped.
 # ----------------------------------------------------------------------------------------
 
-def _h(text) -> str:
-    return html.escape(str(text), quote=True)
-
-
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem;color:#1d232a;background:#fff}
 h1{font-size:1.5rem;margin:0 0 .3rem} h2{font-size:1.2rem;margin:2rem 0 .5rem} h3{font-size:1.05rem;margin:1.2rem 0 .4rem}
@@ -330,7 +329,7 @@ th{background:#f3f5f7;font-weight:600}
 .t-passed{color:#17692f;font-weight:600} .t-failed,.t-error,.t-timeout{color:#a4161a;font-weight:600} .t-todo{color:#8a5a00} .t-skipped{color:#8a939b}
 .hidden-tag{font-size:.75rem;color:#6b747c;border:1px solid #c5ccd3;border-radius:3px;padding:0 .25rem;margin-left:.3rem}
 details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
-.notes{color:#6b4f00}
+.notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
 """
 
 
@@ -346,113 +345,112 @@ def _heat(row: dict | None) -> tuple[str, str, str]:
     return f"status-{status}", "", status
 
 
+_TEMPLATES = None
+
+
+def _templates():
+    """The pages' jinja2 templates (labkit/templates/), autoescaping everything they are given."""
+    global _TEMPLATES
+    if _TEMPLATES is None:
+        from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+        _TEMPLATES = Environment(loader=PackageLoader("labkit", "templates"),
+                                 autoescape=select_autoescape(["html", "j2"], default_for_string=True),
+                                 undefined=StrictUndefined, keep_trailing_newline=True)
+    return _TEMPLATES
+
+
+def _section(results: dict, student: str, sid: str, index: dict, hidden_messages: bool = True) -> dict:
+    """One student's labs, test by test and configuration by configuration, for a template.
+
+    Without `hidden_messages` (the student's own page), hidden tests show their name and outcome only.
+    """
+    configs = _configs(results)
+    labs = []
+    for lab in _labs(results):
+        rows = [index.get((student, lab["number"], c["name"])) for c in configs]
+        if not any(rows):
+            continue
+        tests: OrderedDict[str, dict] = OrderedDict()
+        for c, r in zip(configs, rows):
+            for t in (r or {}).get("tests", []):
+                tests.setdefault(t["test"], {"hidden": t["hidden"]})[c["name"]] = t
+        shown = []
+        for test, by in tests.items():
+            cells = []
+            for c in configs:
+                t = by.get(c["name"])
+                if t is None:
+                    cells.append(None)
+                    continue
+                say = t["message"] if t["message"] and t["status"] != "passed" else ""
+                if by["hidden"] and not hidden_messages:
+                    say = ""
+                cells.append({"config": c["name"], "status": t["status"], "mark": MARK.get(t["status"], t["status"]),
+                              "message": say})
+            shown.append({"test": test, "label": _label(test), "hidden": by["hidden"], "cells": cells})
+        first = next(r for r in rows if r)
+        labs.append({
+            "number": lab["number"], "anchor": f"{sid}-{lab['number']}", "title": _lab_title(lab),
+            "summary": ", ".join(f"{c['name']} {r['status']} {r['passed']}/{r['total']}"
+                                 for c, r in zip(configs, rows) if r),
+            "problems": [{"config": c["name"], "status": r["status"], "message": r["message"]}
+                         for c, r in zip(configs, rows) if r and r["status"] in ("missing", "skipped", "error", "timeout")],
+            "tests": shown, "notes": first.get("notes", []),
+            "cell_errors": [{"config": c["name"], "cell": e.get("cell"), "type": e.get("type", ""),
+                             "message": e.get("message", "")}
+                            for c, r in zip(configs, rows) for e in (r or {}).get("cell_errors", [])],
+        })
+    return {"student": student, "sid": sid, "notes": results["students"][student].get("notes", []), "labs": labs}
+
+
+def _points_cells(results: dict, mine: dict) -> list[dict]:
+    return [{"lab": lab["number"], "text": _points_cell(mine["labs"][str(lab["number"])]),
+             "overridden": bool(mine["labs"][str(lab["number"])].get("overridden"))} for lab in _labs(results)]
+
+
 def to_html(results: dict) -> str:
+    """The class page: a heat map per configuration, points, the bugs most hit, every test (labkit/templates/)."""
     students, labs, configs = _students(results), _labs(results), _configs(results)
     index = _index(results)
     sid = {s: f"s{i}" for i, s in enumerate(students)}
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           "<title>Scoreboard</title>", f"<style>{CSS}</style></head><body>",
-           "<h1>Scoreboard</h1>",
-           (f"<p id=\"summary\">{len(students)} student{'s' if len(students) != 1 else ''} · labs "
-            f"{_h(', '.join(str(lab['number']) for lab in labs))} · configurations "
-            f"{_h(', '.join(c['name'] for c in configs))}</p>"),
-           ('<p class="legend"><span style="background:hsl(120,62%,72%)">all tests pass</span>'
-            '<span style="background:hsl(60,62%,78%)">some pass</span><span style="background:hsl(0,62%,78%)">'
-            'none pass</span><span class="status-error">error / timeout</span><span class="status-missing">'
-            'missing</span><span class="status-skipped">skipped</span></p>')]
+    heatmaps = []
     for config in configs:
-        out.append(f'<h2 id="heat-{_h(config["name"])}">{_h(config["name"])}'
-                   f'{" · " + _h(config["summary"]) if config.get("summary") else ""}</h2>')
-        out.append(f'<table class="heatmap" data-config="{_h(config["name"])}"><thead><tr><th>student</th>')
-        out += [f'<th data-lab="{lab["number"]}">{_h(lab["name"])}</th>' for lab in labs]
-        out.append("</tr></thead><tbody>")
+        rows = []
         for s in students:
-            out.append(f'<tr data-student="{_h(s)}"><th><a href="#{sid[s]}">{_h(s)}</a></th>')
+            cells = []
             for lab in labs:
                 row = index.get((s, lab["number"], config["name"]))
                 cls, style, text = _heat(row)
-                title = f' title="{_h(row["message"])}"' if row and row["message"] else ""
-                out.append(f'<td class="cell {cls}" style="{style}" data-lab="{lab["number"]}"{title}>'
-                           f'<a href="#{sid[s]}-{lab["number"]}">{_h(text)}</a></td>')
-            out.append("</tr>")
-        out.append("</tbody></table>")
+                cells.append({"cls": cls, "style": style, "text": text, "lab": lab["number"],
+                              "title": row["message"] if row and row["message"] else ""})
+            rows.append({"student": s, "sid": sid[s], "cells": cells})
+        heatmaps.append({"name": config["name"], "summary": config.get("summary", ""), "rows": rows})
     grades = policy.grades(results)
-    out.append(f'<h2 id="points">Points</h2><p class="rule">{_h(grades["rule"])}</p>'
-               '<table id="points-table"><thead><tr><th>student</th>'
-               + "".join(f'<th data-lab="{lab["number"]}">{_h(lab["name"])}</th>' for lab in labs)
-               + "<th>total</th></tr></thead><tbody>")
-    for s in students:
-        mine = grades["students"][s]
-        out.append(f'<tr data-student="{_h(s)}"><th>{_h(s)}</th>')
-        for lab in labs:
-            p = mine["labs"][str(lab["number"])]
-            mark = ' class="overridden"' if p.get("overridden") else ""
-            out.append(f'<td data-lab="{lab["number"]}"{mark}>{_h(_points_cell(p))}</td>')
-        out.append(f'<td class="total">{_h(mine["points"])}/{_h(mine["max_points"])}</td></tr>')
-    out.append("</tbody></table>")
-    bugs = multi_device_bugs(results)
-    if bugs:
-        out.append('<h2>Multi-device bugs most often hit</h2><table id="bugs"><thead><tr><th>lab</th><th>test</th>'
-                   "<th>configuration</th><th>students</th><th>most common message</th></tr></thead><tbody>")
-        for b in bugs:
-            tag = '<span class="hidden-tag">hidden</span>' if b["hidden"] else ""
-            out.append(f"<tr><td>{b['lab']}</td><td>{_h(_label(b['test']))}{tag}</td><td>{_h(b['config'])}</td>"
-                       f"<td>{len(b['students'])}</td><td>{_h(b['message'])}</td></tr>")
-        out.append("</tbody></table>")
-    if results.get("notes"):
-        out.append('<h2>Notes on the submissions</h2><ul class="notes">')
-        out += [f"<li>{_h(n)}</li>" for n in results["notes"]]
-        out.append("</ul>")
-    out.append("<h2>Every test</h2>")
-    for s in students:
-        out.append(f'<section class="student" id="{sid[s]}" data-student="{_h(s)}"><h3>{_h(s)}</h3>')
-        notes = results["students"][s].get("notes", [])
-        if notes:
-            out.append('<ul class="notes">' + "".join(f"<li>{_h(n)}</li>" for n in notes) + "</ul>")
-        for lab in labs:
-            rows = [index.get((s, lab["number"], c["name"])) for c in configs]
-            if not any(rows):
-                continue
-            summary = ", ".join(f"{c['name']} {r['status']} {r['passed']}/{r['total']}"
-                                for c, r in zip(configs, rows) if r)
-            out.append(f'<details id="{sid[s]}-{lab["number"]}" data-lab="{lab["number"]}" open>'
-                       f"<summary>{_h(_lab_title(lab))}: {_h(summary)}</summary>")
-            tests: OrderedDict[str, dict] = OrderedDict()
-            for c, r in zip(configs, rows):
-                for t in (r or {}).get("tests", []):
-                    tests.setdefault(t["test"], {"hidden": t["hidden"]})[c["name"]] = t
-            problems = [(c["name"], r) for c, r in zip(configs, rows)
-                        if r and r["status"] in ("missing", "skipped", "error", "timeout")]
-            for name, r in problems:
-                out.append(f'<p class="msg">{_h(name)}: {_h(r["status"])}: {_h(r["message"])}</p>')
-            if tests:
-                out.append('<table class="tests"><thead><tr><th>test</th>'
-                           + "".join(f"<th>{_h(c['name'])}</th>" for c in configs) + "</tr></thead><tbody>")
-                for test, by in tests.items():
-                    tag = '<span class="hidden-tag">hidden</span>' if by["hidden"] else ""
-                    out.append(f'<tr data-test="{_h(test)}"><td>{_h(_label(test))}{tag}</td>')
-                    for c in configs:
-                        t = by.get(c["name"])
-                        if t is None:
-                            out.append("<td></td>")
-                            continue
-                        msg = f'<span class="msg">{_h(t["message"])}</span>' if t["message"] and t["status"] != "passed" else ""
-                        out.append(f'<td data-config="{_h(c["name"])}"><span class="t-{_h(t["status"])}">'
-                                   f"{_h(MARK.get(t['status'], t['status']))}</span>{msg}</td>")
-                    out.append("</tr>")
-                out.append("</tbody></table>")
-            first = next(r for r in rows if r)
-            out += [f'<p class="notes">{_h(note)}</p>' for note in first.get("notes", [])]
-            for c, r in zip(configs, rows):
-                for e in (r or {}).get("cell_errors", []):
-                    out.append(f'<p class="msg">{_h(c["name"])}: cell {_h(e.get("cell"))} raised '
-                               f'{_h(e.get("type", ""))}: {_h(e.get("message", ""))}</p>')
-            out.append("</details>")
-        out.append("</section>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    points = {"rule": grades["rule"], "rows": [
+        {"student": s, "cells": _points_cells(results, grades["students"][s]),
+         "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}"} for s in students]}
+    bugs = [{"lab": b["lab"], "label": _label(b["test"]), "hidden": b["hidden"], "config": b["config"],
+             "count": len(b["students"]), "message": b["message"]} for b in multi_device_bugs(results)]
+    summary = (f"{len(students)} student{'s' if len(students) != 1 else ''} · labs "
+               f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
+               f"{', '.join(c['name'] for c in configs)}")
+    return _templates().get_template("scoreboard.html.j2").render(
+        css=CSS, summary=summary, labs=labs, configs=configs, heatmaps=heatmaps, points=points, bugs=bugs,
+        notes=results.get("notes", []), sections=[_section(results, s, sid[s], index) for s in students])
+
+
+def feedback_html(results: dict, student: str) -> str:
+    """One student's own page: the class page's rules, their labs only, hidden tests by name and outcome."""
+    grades = policy.grades(results)
+    mine = grades["students"].get(student)
+    points = None
+    if mine:
+        points = {"total": f"{mine['points']}/{mine['max_points']}", "rule": grades["rule"],
+                  "cells": _points_cells(results, mine)}
+    return _templates().get_template("feedback.html.j2").render(
+        css=CSS, labs=_labs(results), configs=_configs(results), points=points,
+        s=_section(results, student, "s0", _index(results), hidden_messages=False))
 
 
 # ----------------------------------------------------------------------------------------
@@ -467,12 +465,27 @@ def write(results: dict, out: Path) -> None:
     write_atomic(out / "scoreboard.json", to_json(results))
     write_atomic(out / "scoreboard.md", to_markdown(results))
     write_atomic(out / "scoreboard.html", to_html(results))
-    names = {f"{student.replace('/', '_')}.md": student for student in _students(results)}
-    for name, student in names.items():
-        write_atomic(out / "feedback" / name, feedback(results, student))
-    for old in (out / "feedback").glob("*.md"):
-        if old.name not in names:
+    stems = {student.replace("/", "_"): student for student in _students(results)}
+    for stem, student in stems.items():
+        md, page = feedback(results, student), feedback_html(results, student)
+        write_atomic(out / "feedback" / f"{stem}.md", md)
+        write_atomic(out / "feedback" / f"{stem}.html", page)
+        write_atomic(out / "feedback" / f"{stem}.zip", _archive(stem, md, page))
+    for old in (out / "feedback").glob("*"):
+        if old.suffix in (".md", ".html", ".zip") and old.stem not in stems:
             old.unlink()  # a student of an earlier run in this folder, no longer in these results
+
+
+def _archive(stem: str, md: str, page: str) -> bytes:
+    """One student's feedback, ready to hand back: the same files give the same bytes."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in ((f"{stem}/feedback.md", md), (f"{stem}/feedback.html", page)):
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = 0o100644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, text)
+    return buf.getvalue()
 
 
 def read(folder: Path) -> dict:

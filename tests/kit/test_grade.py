@@ -281,7 +281,7 @@ def test_markup_from_a_submission_is_escaped_in_the_html(graded):
     page = (graded[1] / "scoreboard.html").read_text()
     assert "<img src=x" not in page and "<script>document" not in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
-    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
+    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in page
 
 
 def test_the_reference_is_graded_first(graded):

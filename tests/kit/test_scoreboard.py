@@ -139,8 +139,38 @@ def test_feedback_files_are_only_those_of_the_students_in_the_results(results, t
     scoreboard.write(results, tmp_path)
     (tmp_path / "feedback" / "someone-from-an-older-run.md").write_text("old")
     scoreboard.write(results, tmp_path)
+    (tmp_path / "feedback" / "someone-from-an-older-run.html").write_text("old")
+    scoreboard.write(results, tmp_path)
     expected = sorted(s.replace("/", "_") for s in results["students"])  # a "/" cannot be in a file name
-    assert sorted(p.stem for p in (tmp_path / "feedback").glob("*.md")) == expected
+    for suffix in ("md", "html", "zip"):
+        assert sorted(p.stem for p in (tmp_path / "feedback").glob(f"*.{suffix}")) == expected
+
+
+def test_each_student_gets_an_html_page_with_hidden_tests_by_name_and_outcome_only(results):
+    page = scoreboard.feedback_html(results, "bob")
+    assert "expected the result on all 8 devices, but it lives on 1" in page
+    assert "hidden block" in page and HIDDEN_SECRET not in page
+    assert "alice" not in page  # one student's page names no other student
+
+
+def test_a_students_html_page_shows_markup_from_a_submission_as_text(results):
+    page = scoreboard.feedback_html(results, EVIL)
+    assert "<script>" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;document.body.setAttribute(" in page
+    assert "Content-Security-Policy" in page and "http" not in page.replace("http-equiv", "")
+
+
+def test_each_student_gets_one_archive_with_the_markdown_and_the_page(results, tmp_path):
+    import zipfile
+
+    scoreboard.write(results, tmp_path)
+    with zipfile.ZipFile(tmp_path / "feedback" / "bob.zip") as z:
+        assert z.namelist() == ["bob/feedback.md", "bob/feedback.html"]
+        assert z.read("bob/feedback.md").decode() == (tmp_path / "feedback" / "bob.md").read_text()
+        assert z.read("bob/feedback.html").decode() == (tmp_path / "feedback" / "bob.html").read_text()
+    first = (tmp_path / "feedback" / "bob.zip").read_bytes()
+    scoreboard.write(results, tmp_path)
+    assert (tmp_path / "feedback" / "bob.zip").read_bytes() == first  # the same results, the same bytes
 
 
 # ----------------------------------------------------------------------------------------
