@@ -32,14 +32,15 @@ def lab(session: nox.Session) -> None:
 
 @nox.session
 def grade(session: nox.Session) -> None:
-    """Grade a class: nox -s grade -- [--submissions DIR] [--out DIR] [--labs 3,5] [--configs ..] [--jobs N]
-    [--timeout S] [--shard i/N]."""
+    """Grade a class: nox -s grade -- [--submissions DIR|ZIP] [--out DIR] [--roster CSV] [--policy TOML]
+    [--overrides CSV] [--extensions CSV] [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N]."""
     _kit(session, "grade", *session.posargs)
 
 
 @nox.session
 def scoreboard(session: nox.Session) -> None:
-    """Your own results across labs (no arguments), or: nox -s scoreboard -- merge DIR... --out DIR."""
+    """Your own results across labs (no arguments), or: nox -s scoreboard -- merge DIR... --out DIR,
+    or: nox -s scoreboard -- export --format canvas|wide --out FILE SCOREBOARD_DIR."""
     _kit(session, "scoreboard", *session.posargs)
 
 
