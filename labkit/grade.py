@@ -838,4 +838,13 @@ def student_results(build: Path, student: str = "you") -> dict:
         "students": {student: {"notes": []}} if rows else {},
         "notes": [],
         "rows": rows,
+        "policy": _course_policy().to_json(),
     }
+
+
+def _course_policy() -> policy_mod.Policy:
+    """The course's policy for a student's own scoreboard; the default where the file cannot be used."""
+    try:
+        return policy_mod.load()
+    except policy_mod.PolicyError:
+        return policy_mod.Policy()
