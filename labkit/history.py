@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from labkit.files import write_atomic
@@ -54,7 +54,7 @@ def keep(out: Path, student: str, lab: int, path: Path, *, submitted_at: str | N
     where = folder(out, student, lab)
     if path.stat().st_size <= MAX_KEPT:
         write_atomic(where / f"{d}.ipynb", path.read_bytes())
-    when = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
+    when = (now or datetime.now(UTC)).isoformat(timespec="seconds")
     entry = {"digest": d, "collected_at": when, "submitted_at": submitted_at, "source": source or "folder",
              "file": file or path.name}
     write_atomic(where / "history.json", json.dumps(entries + [entry], indent=1) + "\n")

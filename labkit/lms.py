@@ -231,8 +231,8 @@ def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
         base = PurePosixPath(m.name).name
         match = CANVAS_NAME.match(base)
         if not match:
-            out.unmatched.append((m.name, "its name matches no pattern (Canvas names files "
-                                          "<name>_<user id>_<submission id>_<file>)"))
+            out.unmatched.append((m.name, ("its name matches no pattern (Canvas names files "
+                                           "<name>_<user id>_<submission id>_<file>)")))
             continue
         user = match.group("user")
         student = by_lms.get(user)
@@ -248,8 +248,8 @@ def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
         previous = best.get((student, lab))
         if previous is None or rank > previous[0]:
             if previous is not None:
-                out.unmatched.append((previous[1]["member"], f"an earlier version: {m.name} is a later "
-                                                             "resubmission of the same lab"))
+                out.unmatched.append((previous[1]["member"], (f"an earlier version: {m.name} is a later "
+                                                              "resubmission of the same lab")))
             best[student, lab] = (rank, entry)
         else:
             out.unmatched.append((m.name, f"an earlier version: {previous[1]['member']} is a later resubmission"))
@@ -289,7 +289,7 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
     for m in source.members:
         if _skip(m.name) or m.name == metadata_name:
             continue
-        rel = m.name[len(prefix):] if m.name.startswith(prefix) else m.name
+        rel = m.name.removeprefix(prefix)
         parts = PurePosixPath(rel).parts
         if len(parts) < 2 or parts[0] not in owners:
             out.unmatched.append((m.name, "in no submission_<id> folder named in submission_metadata.yml"))

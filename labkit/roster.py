@@ -36,8 +36,7 @@ class Roster:
 
 
 def parse(text: str, source: str = "roster.csv") -> Roster:
-    if text.startswith("\ufeff"):
-        text = text[1:]  # a spreadsheet's byte order mark
+    text = text.removeprefix("\ufeff")  # a spreadsheet's byte order mark
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from test_policy import bob_rows, results
 
 from labkit import deadlines, policy, scoreboard
-
-from test_policy import bob_rows, results  # noqa: E402  (results written by hand, shared)
 
 DUE = "2026-03-01T23:59:00-08:00"
 LATE = {"per_day": 0.1, "cap": 0.3, "grace_minutes": 15}

@@ -120,8 +120,18 @@ def test_the_same_kit_builds_the_same_zip(built, tmp_path):
     assert gradescope.build(3, tmp_path / "again.zip").read_bytes() == built.read_bytes()
 
 
+def test_make_gradescope_writes_the_zip_under_build_gradescope():
+    target = ROOT / "build" / "gradescope" / "lab-3.zip"
+    target.unlink(missing_ok=True)
+    done = subprocess.run(["make", "-s", "gradescope", "LAB=3"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(target) as z:
+        assert "run_autograder" in z.namelist()
+
+
 def test_make_gradescope_without_a_lab_says_how():
-    done = subprocess.run(["make", "-s", "gradescope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(["make", "-s", "gradescope"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0 and "make gradescope LAB=N" in done.stderr
 
 
@@ -146,7 +156,7 @@ def test_run_autograder_in_a_folder_laid_out_as_on_gradescope_writes_results_jso
     env = dict(os.environ, AUTOGRADER_ROOT=str(autograder), LABKIT_PYTHON=str(PY))
     env.pop("LABKIT_ROOT", None)
     done = subprocess.run([str(run_autograder)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((autograder / "results" / "results.json").read_text())
     gradescope.validate(results)

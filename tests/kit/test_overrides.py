@@ -6,10 +6,9 @@ import csv
 import io
 
 import pytest
+from test_policy import bob_rows, results
 
 from labkit import lms, overrides, policy, scoreboard
-
-from test_policy import bob_rows, results  # noqa: E402  (results written by hand, shared)
 
 TESTS = {3: {"test_doubles", "test_split"}, 5: {"test_mlp"}}
 
