@@ -40,8 +40,8 @@ from labkit import catalog, configs, deadlines, execute, history, judge, lms, sc
 from labkit import overrides as overrides_mod
 from labkit import policy as policy_mod
 from labkit import roster as roster_mod
-from labkit.files import write_atomic
 from labkit.configs import DeviceConfig
+from labkit.files import write_atomic
 from labkit.sandbox import DEFAULT_LIMITS, Limits
 
 ROW_STATUSES = ("ok", "failed", "error", "timeout", "missing", "skipped")
@@ -750,6 +750,9 @@ def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
         print(f"{submissions.name}: {line}", file=stream, flush=True)
     subs = discover(into, known)
     subs.class_notes[:0] = found.notes()
+    for (student, lab), entry in sorted(found.files.items()):
+        if entry["late"] and student in subs.notes:
+            subs.notes[student].append(f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})")
     return subs, {k: {"submitted_at": v["submitted_at"], "late": v["late"], "source": v["source"],
                       "file": v["member"]} for k, v in found.files.items()}
 

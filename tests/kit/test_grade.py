@@ -571,6 +571,7 @@ def test_a_canvas_download_is_graded_through_the_roster_and_exported_for_canvas(
     statuses = {(r["student"], r["config"]): r["status"] for r in mine["rows"]}
     assert statuses["alice", "cpu-8"] == "ok" and statuses["bob", "cpu-8"] == "failed"
     assert statuses["zoe", "cpu-1"] == "missing"
+    assert "lab-3: Canvas marked it late (mb_LATE_4412_901_Lab3.ipynb)" in mine["students"]["bob"]["notes"]
     export = tmp_path / "canvas.csv"
     done = run_grade("scoreboard", "export", "--format", "canvas", "--out", str(export), str(again))
     assert done.returncode == 0, done.stderr
@@ -606,3 +607,24 @@ def test_a_zip_with_a_path_leaving_its_folder_exits_2_and_writes_nothing(tmp_pat
                      "--roster", str(tmp_path / "roster.csv"), *ARGS)
     assert done.returncode == 2 and "path traversal" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["evil.zip", "roster.csv"]
+
+
+def test_overrides_are_applied_after_grading_and_marked_and_a_bad_line_is_refused(graded, tmp_path):
+    same_kit(graded)
+    subs, out = graded[:2]
+    again = copy_cache(out, tmp_path / "again")
+    (tmp_path / "overrides.csv").write_text("student,lab,points,test,status,comment\n"
+                                            "bob,3,,result_is_split_across_every_device,passed,accepted\n"
+                                            "carol,3,2.5,,,partial credit by hand\n")
+    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--overrides",
+                     str(tmp_path / "overrides.csv"), *ARGS)
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr  # overrides regrade nothing
+    with open(again / "grades.csv", newline="") as f:
+        labs = {r["student"]: r for r in csv.DictReader(f) if r["lab"] == "3"}
+    assert (labs["carol"]["points"], labs["carol"]["overridden"]) == ("2.5", "partial credit by hand")
+    assert labs["bob"]["overridden"] == "accepted"
+    (tmp_path / "bad.csv").write_text("student,lab,points\nalice,3,1\nnobody,3,1\n")
+    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--overrides", str(tmp_path / "bad.csv"),
+                     *ARGS)
+    assert done.returncode == 2 and "bad.csv, line 3: no student 'nobody' in this class" in done.stderr
