@@ -4,7 +4,8 @@ Export (from graded results, no regrade): `export(results, "canvas" | "wide")`.
 
 - canvas: Canvas's gradebook CSV: Student, ID, SIS User ID, SIS Login ID, Section, one column per
   lab, and a "Points Possible" row. ID is the roster's `lms_id` (Canvas's user id), SIS User ID the
-  student id, SIS Login ID the email.
+  student id, SIS Login ID the email. A lab with `canvas_id` in the policy is headed `Title (id)`,
+  which Canvas matches to that assignment; without one, Canvas makes a new assignment.
 - wide: one row per student: the roster's columns, each lab's points, possible points and status,
   the total, and the rule that produced it.
 
@@ -67,8 +68,9 @@ def to_canvas(results: dict) -> str:
     labs = results.get("labs", [])
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    ids = policy.Policy.from_json(results.get("policy")).canvas
     w.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-               + [_lab_column(lab) for lab in labs])
+               + [_lab_column(lab) + (f" ({ids[lab['number']]})" if lab["number"] in ids else "") for lab in labs])
     possible = [next((g["labs"][str(lab["number"])]["max_points"] for g in grades["students"].values()),
                      lab.get("max_points", "")) for lab in labs]
     w.writerow(["    Points Possible", "", "", "", ""] + possible)

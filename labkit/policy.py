@@ -9,6 +9,7 @@ rule::
 
     [labs.3]
     weight = 2                    # lab 3 counts twice (default 1)
+    canvas_id = 123456            # the Canvas assignment its column updates (exports)
 
 `combine` is one of COMBINE. A test's points come from `@check(points=...)`; a lab's points are
 those its tests earn under `combine`, and a student's total is the sum of lab points times lab
@@ -32,7 +33,7 @@ COMBINE = {
 }
 _TOP = {"grading", "labs", "late"}
 _GRADING = {"combine", "required"}
-_LAB = {"weight", "title", "due"}
+_LAB = {"weight", "title", "due", "canvas_id"}
 _LATE = {"per_day", "cap", "grace_minutes"}
 
 
@@ -48,6 +49,7 @@ class Policy:
     source: str = "the kit's default policy"
     late: dict = field(default_factory=dict)  # per_day, cap, grace_minutes (see labkit/deadlines.py)
     due: dict[int, str] = field(default_factory=dict)  # lab number -> ISO 8601 due date
+    canvas: dict[int, int] = field(default_factory=dict)  # lab number -> Canvas assignment id (exports)
 
     def weight(self, lab: int) -> float:
         return self.weights.get(lab, 1)
@@ -55,7 +57,8 @@ class Policy:
     def to_json(self) -> dict:
         return {"combine": self.combine, "required": list(self.required),
                 "weights": {str(k): v for k, v in sorted(self.weights.items())}, "source": self.source,
-                "late": dict(self.late), "due": {str(k): v for k, v in sorted(self.due.items())}}
+                "late": dict(self.late), "due": {str(k): v for k, v in sorted(self.due.items())},
+                "canvas": {str(k): v for k, v in sorted(self.canvas.items())}}
 
     @classmethod
     def from_json(cls, data: dict | None) -> Policy:
@@ -64,7 +67,8 @@ class Policy:
         return cls(combine=data.get("combine", "all"), required=tuple(data.get("required", ())),
                    weights={int(k): v for k, v in data.get("weights", {}).items()},
                    source=data.get("source", ""), late=dict(data.get("late", {})),
-                   due={int(k): v for k, v in data.get("due", {}).items()})
+                   due={int(k): v for k, v in data.get("due", {}).items()},
+                   canvas={int(k): v for k, v in data.get("canvas", {}).items()})
 
 
 def _unknown(where: str, keys, allowed: set[str], path) -> None:
@@ -104,7 +108,7 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
             raise PolicyError(f"{path}: [grading] required names the unknown configuration {name!r} "
                               f"(known: {', '.join(configs.CONFIGS)})")
     known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
-    weights, due = {}, {}
+    weights, due, canvas = {}, {}, {}
     labs = data.get("labs", {})
     if not isinstance(labs, dict):
         raise PolicyError(f"{path}: [labs] must be a table of [labs.N] tables")
@@ -117,6 +121,12 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         _unknown(f"[labs.{key}]", table, _LAB, path)
         if "weight" in table:
             weights[int(key)] = _number(table["weight"], f"[labs.{key}] weight", path)
+        if "canvas_id" in table:
+            value = table["canvas_id"]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise PolicyError(f"{path}: [labs.{key}] canvas_id must be the assignment's number in Canvas, "
+                                  f"got {value!r}")
+            canvas[int(key)] = value
         if "due" in table:
             value = table["due"]
             if not hasattr(value, "isoformat") or not hasattr(value, "tzinfo") or value.tzinfo is None:
@@ -131,7 +141,8 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
     for k in ("per_day", "cap"):
         if late.get(k, 0) > 1:
             raise PolicyError(f"{path}: [late] {k} is a fraction of the points, at most 1; got {late[k]!r}")
-    return Policy(combine=combine, required=tuple(required), weights=weights, source=str(path), late=late, due=due)
+    return Policy(combine=combine, required=tuple(required), weights=weights, source=str(path), late=late, due=due,
+                  canvas=canvas)
 
 
 def load(path: Path | None = None) -> Policy:

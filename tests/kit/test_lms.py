@@ -67,6 +67,14 @@ def test_the_canvas_export_has_canvas_columns_a_points_possible_row_and_one_row_
     assert len(table) == 2 + 4
 
 
+def test_a_canvas_assignment_id_in_the_policy_heads_its_column_as_canvas_matches_it():
+    res = results() | {"policy": policy.Policy(canvas={3: 123456}).to_json()}
+    header = next(csv.reader(io.StringIO(lms.export(res, "canvas"))))
+    assert header[5] == "Lab 3 · shard_map basics (123456)"
+    with pytest.raises(policy.PolicyError, match="canvas_id must be the assignment's number"):
+        policy.parse('[labs.3]\ncanvas_id = "abc"\n', "tests/policy.toml", known_labs=[3])
+
+
 def test_a_student_who_handed_in_nothing_is_exported_with_0():
     table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
     assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "0"] in table
