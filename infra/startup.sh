@@ -275,7 +275,7 @@ After=network-online.target
 User=$LABKIT_USER
 WorkingDirectory=$LABKIT_HOME
 EnvironmentFile=$ENV_FILE
-ExecStart=$LABKIT_HOME/.venv/bin/jupyter lab --ip=127.0.0.1 --port=$LABKIT_JUPYTER_PORT --no-browser --ServerApp.token= --ServerApp.password= --ServerApp.root_dir=$LABKIT_HOME
+ExecStart=$LABKIT_HOME/.venv/bin/jupyter lab --ip=127.0.0.1 --port=$LABKIT_JUPYTER_PORT --no-browser --IdentityProvider.token= --ServerApp.password= --ServerApp.root_dir=$LABKIT_HOME
 Restart=always
 
 [Install]
@@ -294,8 +294,12 @@ elif [[ "$LABKIT_JUPYTER" == background ]]; then
   step "JupyterLab in the background"
   (
     cd "$LABKIT_HOME"
-    setsid .venv/bin/jupyter lab --ip=127.0.0.1 --port="$LABKIT_JUPYTER_PORT" --no-browser --ServerApp.token= \
-      --ServerApp.password= --ServerApp.root_dir="$LABKIT_HOME" </dev/null >"$LABKIT_STATE/jupyter.log" 2>&1 &
+    # (Run by hand as root, JupyterLab asks for --allow-root.)
+    as_root=()
+    [[ $(id -u) != 0 ]] || as_root=(--allow-root)
+    setsid .venv/bin/jupyter lab --ip=127.0.0.1 --port="$LABKIT_JUPYTER_PORT" --no-browser --IdentityProvider.token= \
+      --ServerApp.password= --ServerApp.root_dir="$LABKIT_HOME" "${as_root[@]}" \
+      </dev/null >"$LABKIT_STATE/jupyter.log" 2>&1 &
     echo $! >"$LABKIT_STATE/jupyter.pid"
   )
 fi

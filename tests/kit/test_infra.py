@@ -111,7 +111,7 @@ def test_terraform_files_are_formatted():
 def test_tpu_module_creates_google_tpu_v2_vms_with_the_beta_provider():
     vm = resources(INFRA / "modules/tpu_vm/main.tf")[("google_tpu_v2_vm", "vm")]
     assert attr(vm, "provider") == "google-beta"
-    assert attr(vm, "count") == "var.vm_count"
+    assert attr(vm, "for_each") == "var.vms" and attr(vm, "name") == "each.key"
     for field in ("project", "zone", "accelerator_type", "runtime_version"):
         assert attr(vm, field) == f"var.{field}"
     network = attr(vm, "network_config")
@@ -123,7 +123,7 @@ def test_tpu_module_creates_google_tpu_v2_vms_with_the_beta_provider():
 
 def test_cpu_module_creates_compute_instances_that_install_the_kit():
     vm = resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")]
-    assert attr(vm, "count") == "var.vm_count"
+    assert attr(vm, "for_each") == "var.vms" and attr(vm, "name") == "each.key"
     assert attr(vm, "machine_type") == "var.machine_type"
     metadata = attr(vm, "metadata")
     assert attr(metadata, "startup-script") == "var.startup_script"
@@ -140,8 +140,8 @@ def test_tpu_vms_run_the_startup_script_in_tpu_mode():
 
 def test_tpu_module_has_the_variables_a_workshop_sets():
     v = variables(INFRA / "modules/tpu_vm")
-    for name in ("project", "zone", "accelerator_type", "runtime_version", "vm_count", "spot", "preemptible",
-                 "network", "labels", "workshop"):
+    for name in ("project", "zone", "accelerator_type", "runtime_version", "vms", "spot", "preemptible",
+                 "network", "labels", "workshop", "service_account", "scopes"):
         assert name in v, f"variable {name} missing"
         assert attr(v[name], "description"), f"variable {name} has no description"
         assert "type" in v[name], f"variable {name} has no type"
@@ -187,7 +187,7 @@ def test_root_passes_each_module_its_required_variables_and_reads_only_its_outpu
     for name, body in modules.items():
         folder = INFRA / attr(body, "source")
         declared = variables(folder)
-        passed = {k for k in body if k not in ("source", "providers")}
+        passed = {k for k in body if k not in ("source", "providers", "depends_on")}
         assert passed <= set(declared), f"module {name} takes no {passed - set(declared)}"
         required = {k for k, v in declared.items() if "default" not in v}
         assert required <= passed, f"module {name} needs {required - passed}"
@@ -227,6 +227,10 @@ def test_the_example_settings_pass_validation(tmp_path):
     ({"tpu_count": 2.5}, "whole number"),
     ({"spot": True, "preemptible": True}, "not both"),
     ({"kit_repo": "labkit"}, "git URL"),
+    ({"kit_repo": "git@github.com:course/labkit.git"}, "no ssh key"),
+    ({"kit_repo": "ssh://git@example.org/labkit.git"}, "no ssh key"),
+    ({"idle_minutes": 5}, "idle_minutes must be 0"),
+    ({"billing_account": "my-billing"}, "012345-6789AB-CDEF01"),
 ])
 def test_validation_rejects_bad_settings(tmp_path, bad, message):
     result = _plan(tmp_path, INFRA / "variables.tf", **{**GOOD, **bad})
@@ -235,10 +239,141 @@ def test_validation_rejects_bad_settings(tmp_path, bad, message):
 
 
 def test_module_variables_validate_the_same_way(tmp_path):
-    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git")
+    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git",
+               service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com", network_tag="w-labkit")
     assert _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu).returncode == 0
     bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu, accelerator_type="a100-8")
     assert bad.returncode != 0 and "Cloud TPU type" in bad.stderr
+
+
+def test_an_ai_zone_passes_validation(tmp_path):
+    result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, zone="us-central1-ai1a")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _roster(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "roster.csv"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_a_roster_of_students_and_accounts_passes_validation(tmp_path):
+    roster = _roster(tmp_path, """\
+        student,account,kind
+        ada,ada@example.org,tpu
+        cy,cy@example.org,cpu
+        """)
+    result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, roster=roster)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("row", ["Ada Lovelace,ada@example.org,tpu", "ada,not-an-email,tpu", "ada,ada@example.org,gpu"])
+def test_validation_rejects_a_bad_roster_row(tmp_path, row):
+    roster = _roster(tmp_path, f"student,account,kind\n{row}\n")
+    result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, roster=roster)
+    assert result.returncode != 0
+    assert "every roster row needs a student id" in re.sub(r"\s+", " ", result.stderr), result.stderr
+
+
+# ---- who the VMs are: a service account of their own, no project role, minimal scopes ------------
+
+ROOT_TF = sorted(p for p in INFRA.glob("*.tf"))
+
+
+def all_resources() -> dict:
+    out = {}
+    for path in [*ROOT_TF, *INFRA.glob("modules/*/*.tf")]:
+        out.update({(path.parent.name, *key): body for key, body in resources(path).items()})
+    return out
+
+
+def test_every_vm_runs_as_the_workshops_own_account_with_the_storage_scope_only():
+    tpu = attr(resources(INFRA / "modules/tpu_vm/main.tf")[("google_tpu_v2_vm", "vm")], "service_account")
+    assert attr(tpu, "email") == "var.service_account" and attr(tpu, "scope") == "var.scopes"
+    cpu = attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "service_account")
+    assert attr(cpu, "email") == "var.service_account" and attr(cpu, "scopes") == "var.scopes"
+    for module in ("tpu_vm", "cpu_vm"):
+        scopes = variables(INFRA / "modules" / module)["scopes"]
+        assert attr(scopes, "default") == ["https://www.googleapis.com/auth/devstorage.read_write"]
+    modules = named(hcl(INFRA / "main.tf")["module"])
+    for name in ("tpu", "cpu"):
+        assert attr(modules[name], "service_account") == "google_service_account.vm.email"
+        assert "scopes" not in modules[name], "the modules' minimal default scopes are the ones used"
+
+
+def test_the_vms_account_is_granted_nothing_on_the_project():
+    iam = {k: v for k, v in all_resources().items() if "_iam_" in k[1]}
+    assert iam, "expected the bucket grant and the students' grants"
+    for (folder, rtype, name), body in iam.items():
+        if "google_service_account.vm" in str(attr(body, "member")):
+            assert rtype == "google_storage_bucket_iam_member", f"{rtype}.{name} grants the VMs' account more"
+            assert attr(body, "bucket") == "google_storage_bucket.labs.name"
+            assert attr(body, "role") == "roles/storage.objectUser"
+    project_level = [k for k in iam if k[1].startswith("google_project_iam")]
+    for key in project_level:
+        body = iam[key]
+        assert attr(body, "member").startswith("user:"), "project grants go to students only"
+        assert "condition" in body, "a student's project grant is narrowed to their own node"
+    for rtype in ("google_project_iam_binding", "google_project_iam_policy"):
+        assert not [k for k in iam if k[1] == rtype], f"{rtype} would replace the project's other grants"
+
+
+def test_the_service_account_variable_refuses_the_default_compute_account(tmp_path):
+    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git",
+               network_tag="w-labkit")
+    bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
+                service_account="123456789-compute@developer.gserviceaccount.com")
+    assert bad.returncode != 0 and "never the default compute one" in re.sub(r"\s+", " ", bad.stderr)
+    wide = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
+                 service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com",
+                 scopes='["https://www.googleapis.com/auth/cloud-platform"]')
+    assert wide.returncode != 0 and "must not include cloud-platform" in re.sub(r"\s+", " ", wide.stderr)
+
+
+# ---- reaching the VMs: private, through IAP, each student only their own ----------------------------
+
+def test_vms_have_no_external_address_by_default():
+    for folder in (INFRA, INFRA / "modules/tpu_vm", INFRA / "modules/cpu_vm"):
+        assert attr(variables(folder)["external_ips"], "default") is False
+
+
+def test_ssh_is_open_only_to_iaps_range_and_only_to_the_workshops_vms():
+    firewalls = {k: v for k, v in all_resources().items() if k[1] == "google_compute_firewall"}
+    assert len(firewalls) == 1
+    rule = next(iter(firewalls.values()))
+    assert attr(rule, "source_ranges") == ["35.235.240.0/20"]
+    assert attr(rule, "direction") == "INGRESS" and attr(rule, "target_tags") == ["local.tag"]
+    allow = attr(rule, "allow")
+    assert attr(allow, "protocol") == "tcp" and attr(allow, "ports") == ["22"]
+    modules = named(hcl(INFRA / "main.tf")["module"])
+    assert attr(modules["tpu"], "network_tag") == attr(modules["cpu"], "network_tag") == "local.tag"
+    for module, rtype in (("tpu_vm", "google_tpu_v2_vm"), ("cpu_vm", "google_compute_instance")):
+        assert attr(resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")], "tags") == ["var.network_tag"]
+
+
+def test_each_cpu_vm_gives_its_student_login_and_tunnel_on_that_instance_only():
+    access = resources(INFRA / "access.tf")
+    login = access[("google_compute_instance_iam_member", "os_login")]
+    tunnel = access[("google_iap_tunnel_instance_iam_member", "tunnel")]
+    assert attr(login, "role") == "roles/compute.osLogin", "not osAdminLogin: no sudo for students"
+    assert attr(login, "instance_name") == "each.key" and attr(tunnel, "instance") == "each.key"
+    assert attr(tunnel, "role") == "roles/iap.tunnelResourceAccessor"
+    assert attr(login, "member") == attr(tunnel, "member") == "user:${each.value}"
+
+
+def test_the_vms_never_accept_keys_from_project_metadata():
+    for module, rtype in (("tpu_vm", "google_tpu_v2_vm"), ("cpu_vm", "google_compute_instance")):
+        metadata = attr(resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")], "metadata")
+        assert str(attr(metadata, "enable-oslogin")).upper() == "TRUE"
+        assert str(attr(metadata, "block-project-ssh-keys")).upper() == "TRUE"
+        assert attr(metadata, "labkit-student") == "each.value"
+
+
+def test_terraform_enables_the_apis_the_workshop_needs():
+    api = resources(INFRA / "main.tf")[("google_project_service", "api")]
+    assert "tpu.googleapis.com" in attr(api, "for_each") and "iap.googleapis.com" in attr(api, "for_each")
+    assert "compute.googleapis.com" in attr(api, "for_each")
+    assert attr(api, "disable_on_destroy") is False
 
 
 def test_everything_created_carries_the_cost_tracking_labels():
@@ -249,7 +384,8 @@ def test_everything_created_carries_the_cost_tracking_labels():
             assert key in labels, f"{module}: label {key} missing"
         assert "var.workshop" in labels and "var.labels" in labels
         vm = resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")]
-        assert attr(vm, "labels") == "local.labels"
+        labels = re.sub(r"[\s'${}]", "", attr(vm, "labels"))
+        assert labels in ("merge(local.labels,student=each.value)", "merge(local.labels,student:each.value)")
     disk = attr(attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "boot_disk"),
                 "initialize_params")
     assert attr(disk, "labels") == "local.labels", "boot disks are billed too: label them"
@@ -271,8 +407,8 @@ def test_root_configuration_wires_both_modules_and_the_startup_script():
     modules = named(config["module"])
     assert attr(modules["tpu"], "source") == "./modules/tpu_vm"
     assert attr(modules["cpu"], "source") == "./modules/cpu_vm"
-    assert attr(modules["tpu"], "vm_count") == "var.tpu_count"
-    assert attr(modules["cpu"], "vm_count") == "var.cpu_count"
+    assert attr(modules["tpu"], "vms") == "local.tpu_vms"
+    assert attr(modules["cpu"], "vms") == "local.cpu_vms"
     assert "startup.sh" in attr(config["locals"][0], "startup_script")
     providers = hcl(INFRA / "versions.tf")["terraform"][0]["required_providers"]
     assert "hashicorp/google-beta" in json.dumps(providers)
