@@ -21,6 +21,22 @@ locals {
   regions    = toset([regex("^([a-z]+-[a-z]+[0-9]+)-", var.zone)[0], regex("^([a-z]+-[a-z]+[0-9]+)-", local.cpu_zone)[0]])
   labels     = merge(var.labels, { workshop = var.workshop, kit = "labkit" })
   backup_url = "gs://${google_storage_bucket.labs.name}/labs"
+  # The arguments of `gcloud compute tpus queued-resources create NAME ...` for each TPU VM: the same
+  # node as the tpu_vm module makes (its startup script is added by workshop.sh from infra/startup.sh).
+  queued_create = { for name, student in local.tpu_vms : name => concat([
+    "--node-id", name, "--project", var.project, "--zone", var.zone,
+    "--accelerator-type", var.accelerator_type, "--runtime-version", var.runtime_version,
+    "--service-account", google_service_account.vm.email,
+    "--scopes", "https://www.googleapis.com/auth/devstorage.read_write",
+    "--network", var.network, "--tags", local.tag,
+    "--labels", join(",", [for k, v in merge(local.labels, { role = "tpu", student = student }) : "${k}=${v}"]),
+    "--metadata", join(",", [for k, v in {
+      enable-oslogin      = "TRUE", block-project-ssh-keys = "TRUE", labkit-repo = var.kit_repo, labkit-ref = var.kit_ref,
+      labkit-mode         = "tpu", labkit-workshop = var.workshop, labkit-student = student, labkit-backup = local.backup_url,
+      labkit-idle-minutes = tostring(var.idle_minutes)
+    } : "${k}=${v}"]),
+    ], var.subnetwork == null ? [] : ["--subnetwork", var.subnetwork], var.external_ips ? [] : ["--internal-ips"],
+  var.spot ? ["--spot"] : []) }
 }
 
 # The APIs a workshop needs; left on at destroy (other things in the project may use them).
@@ -113,10 +129,11 @@ module "tpu" {
     google-beta = google-beta
   }
 
-  project          = var.project
-  zone             = var.zone
-  workshop         = var.workshop
-  vms              = local.tpu_vms
+  project  = var.project
+  zone     = var.zone
+  workshop = var.workshop
+  # With queued resources, workshop.sh makes the TPU VMs (with the arguments of output queued_create).
+  vms              = var.queued_resources ? {} : local.tpu_vms
   accelerator_type = var.accelerator_type
   runtime_version  = var.runtime_version
   spot             = var.spot

@@ -21,8 +21,8 @@ output "cpu_zone" {
 }
 
 output "tpu_names" {
-  description = "Names of the TPU VMs."
-  value       = module.tpu.names
+  description = "Names of the TPU VMs (made by Terraform, or by workshop.sh through queued resources)."
+  value       = var.queued_resources ? keys(local.tpu_vms) : module.tpu.names
 }
 
 output "cpu_names" {
@@ -32,7 +32,7 @@ output "cpu_names" {
 
 output "students" {
   description = "The student of every VM: { vm name = student id }; `run grade` and `collect` name results by it."
-  value       = merge(module.tpu.students, module.cpu.students)
+  value       = merge(local.tpu_vms, module.cpu.students)
 }
 
 output "accounts" {
@@ -58,4 +58,14 @@ output "backup_bucket" {
 output "planned" {
   description = "The planned hours and the price given for an unlisted type, as workshop.sh printed them."
   value       = { hours = var.hours, usd_per_hour = var.usd_per_hour }
+}
+
+output "queued_resources" {
+  description = "Whether workshop.sh makes the TPU VMs through queued resources."
+  value       = var.queued_resources
+}
+
+output "queued_create" {
+  description = "Per TPU VM, the arguments of `gcloud compute tpus queued-resources create` (used when queued_resources is true)."
+  value       = local.queued_create
 }

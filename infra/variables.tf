@@ -231,3 +231,14 @@ variable "budget_usd" {
     error_message = "budget_usd must be a positive amount of US dollars."
   }
 }
+
+variable "queued_resources" {
+  description = "Make the TPU VMs through queued resources (what Google recommends for TPU capacity, and the way to Spot TPUs), with `gcloud compute tpus queued-resources create` from workshop.sh: the provider's google_tpu_v2_queued_resource cannot set the metadata, labels, service account or Spot the kit needs."
+  type        = bool
+  default     = false
+
+  validation {
+    condition     = !(var.queued_resources && var.preemptible)
+    error_message = "queued_resources makes Spot TPU VMs (spot = true) or on-demand ones, not preemptible ones."
+  }
+}

@@ -65,6 +65,7 @@ load_settings() {
   HOURS=$(tfvar hours 8)
   USD_PER_HOUR=$(tfvar usd_per_hour)
   ROSTER=$(tfvar roster)
+  QUEUED=$(tfvar queued_resources false)
   [[ -n "$PROJECT" ]] || die "$TFVARS sets no project"
   [[ -n "$WORKSHOP" ]] || die "$TFVARS sets no workshop name"
   if [[ -n "$ROSTER" ]]; then
@@ -195,6 +196,34 @@ tpu_states() {
     --format "value(name.basename(),state)"
 }
 
+# The workshop's queued resources (named after its VMs): `name<TAB>state` lines (WAITING_FOR_RESOURCES, ACTIVE, ...).
+queued_states() {
+  gcloud compute tpus queued-resources list --project "$PROJECT" --zone "$ZONE" --format "value(name.basename(),state.state)" |
+    awk -F '\t' -v w="$WORKSHOP-" 'index($1, w) == 1'
+}
+
+# With queued_resources = true: a queued resource for every TPU VM that has neither a node nor a
+# queued resource yet, with the arguments Terraform computed (output queued_create) and startup.sh.
+create_queued() {
+  local name state
+  declare -A have=()
+  while IFS=$'\t' read -r name state; do [[ -n "$name" ]] && have[$name]=$state; done < <(tpu_states; queued_states)
+  while IFS= read -r -d '' name && IFS= read -r -d '' args; do
+    if [[ -n "${have[$name]:-}" ]]; then
+      echo "$name: ${have[$name]}"
+      continue
+    fi
+    local argv=()
+    mapfile -d '' -t argv < <(printf '%s' "$args" | python3 -c 'import json, sys; sys.stdout.write("\0".join(json.load(sys.stdin)))')
+    echo "$name: asking for it through a queued resource"
+    gcloud compute tpus queued-resources create "$name" "${argv[@]}" \
+      --metadata-from-file "startup-script=$INFRA/startup.sh" </dev/null || return 1
+  done < <(tf output -json queued_create | python3 -c '
+import json, sys
+for name, args in json.load(sys.stdin).items():
+    sys.stdout.write(name + "\0" + json.dumps(args) + "\0")')
+}
+
 # Hosts of a TPU slice, from the TPU API (one network endpoint per worker).
 tpu_hosts() {
   local hosts
@@ -236,8 +265,19 @@ cmd_up() {
         echo "  could not delete $name; terraform will try to replace it"
     fi
   done < <(tpu_states)
-  if ! { tf init -input=false && tf apply -input=false -auto-approve -var-file="$TFVARS"; }; then
-    echo "terraform apply FAILED. What exists now (and bills):" >&2
+  if [[ "$QUEUED" == true ]]; then
+    # A Spot TPU VM made through a queued resource: when preempted, its queued resource is suspended
+    # or failed; deleting it (with its node) lets create_queued ask again.
+    while IFS=$'\t' read -r name state; do
+      if [[ "$state" == SUSPENDED || "$state" == FAILED ]]; then
+        echo "queued resource $name is $state: deleting it so that it is asked for again"
+        gcloud compute tpus queued-resources delete "$name" --project "$PROJECT" --zone "$ZONE" --force --quiet </dev/null
+      fi
+    done < <(queued_states)
+  fi
+  if ! { tf init -input=false && tf apply -input=false -auto-approve -var-file="$TFVARS" &&
+    { [[ "$QUEUED" != true ]] || create_queued; }; }; then
+    echo "terraform apply (or a queued resource) FAILED. What exists now (and bills):" >&2
     leftovers | sed 's/^/  /' >&2
     echo "Run \`workshop.sh up\` again to finish (what exists is kept), or \`workshop.sh down --force\` to remove it." >&2
     return 1
@@ -294,6 +334,10 @@ cmd_status() {
       printf '  %-28s %s\n' "$name" "$state"
     fi
   done < <(tpu_states)
+  if [[ "$QUEUED" == true ]]; then
+    echo "== queued resources of workshop $WORKSHOP (WAITING_FOR_RESOURCES until Google has the capacity)"
+    queued_states | awk -F '\t' '{ printf "  %-28s %s\n", $1, $2 }'
+  fi
   echo "== CPU VMs labelled workshop=$WORKSHOP"
   gcloud compute instances list --project "$PROJECT" --filter "labels.workshop=$WORKSHOP" \
     --format "table(name,zone.basename(),status)"
@@ -476,7 +520,14 @@ cmd_down() {
     die "the students' work has not been collected ($COLLECTED is missing): run \`make workshop-collect\` first, or \`workshop.sh down --force\` to destroy it uncollected"
   fi
   confirm "Destroy every VM of workshop $WORKSHOP in project $PROJECT (and the bucket of labs/ backups)?"
-  local destroyed=0 left name
+  local destroyed=0 left name state
+  # Queued resources are workshop.sh's, not Terraform's: delete them (with their nodes) first.
+  while IFS=$'\t' read -r name state; do
+    [[ -n "$name" ]] || continue
+    echo "deleting queued resource $name ($state) and its TPU VM"
+    gcloud compute tpus queued-resources delete "$name" --project "$PROJECT" --zone "$ZONE" --force --quiet </dev/null ||
+      echo "  could not delete queued resource $name" >&2
+  done < <(queued_states)
   if tf init -input=false && tf destroy -input=false -auto-approve -var-file="$TFVARS"; then
     destroyed=1
   else

@@ -231,6 +231,7 @@ def test_the_example_settings_pass_validation(tmp_path):
     ({"kit_repo": "ssh://git@example.org/labkit.git"}, "no ssh key"),
     ({"idle_minutes": 5}, "idle_minutes must be 0"),
     ({"billing_account": "my-billing"}, "012345-6789AB-CDEF01"),
+    ({"queued_resources": True, "preemptible": True}, "not preemptible ones"),
 ])
 def test_validation_rejects_bad_settings(tmp_path, bad, message):
     result = _plan(tmp_path, INFRA / "variables.tf", **{**GOOD, **bad})
@@ -407,7 +408,7 @@ def test_root_configuration_wires_both_modules_and_the_startup_script():
     modules = named(config["module"])
     assert attr(modules["tpu"], "source") == "./modules/tpu_vm"
     assert attr(modules["cpu"], "source") == "./modules/cpu_vm"
-    assert attr(modules["tpu"], "vms") == "local.tpu_vms"
+    assert attr(modules["tpu"], "vms") == "var.queued_resources ? {} : local.tpu_vms"
     assert attr(modules["cpu"], "vms") == "local.cpu_vms"
     assert "startup.sh" in attr(config["locals"][0], "startup_script")
     providers = hcl(INFRA / "versions.tf")["terraform"][0]["required_providers"]

@@ -50,6 +50,8 @@ elif tool == "gcloud":
         kind = {"tpu-vm": "tpus", "queued-resources": "queued", "buckets": "buckets"}.get(args[2], args[1])
         if kind == "tpus" and "state" in fmt:
             print("\n".join(f"{n}\t{s}" for n, s in canned.get("states", {}).items()))
+        elif kind == "queued" and "state" in fmt:
+            print("\n".join(f"{n}\t{s}" for n, s in canned.get("queued_states", {}).items()))
         else:
             print(canned.get("left", {}).get(kind, ""))
     elif "describe" in args:
@@ -503,6 +505,54 @@ def test_down_without_a_yes_destroys_nothing(workshop):
     result = workshop("down", input="\n")
     assert result.returncode != 0
     assert workshop.calls("terraform") == []
+
+
+# ---- queued resources ------------------------------------------------------------------------------
+
+QUEUED_ARGS = ["--node-id", "NAME", "--project", "my-course-project", "--zone", "us-central1-a", "--accelerator-type",
+               "v5litepod-8", "--runtime-version", "v2-alpha-tpuv5-lite", "--service-account",
+               "spmd-labkit-vm@my-course-project.iam.gserviceaccount.com", "--scopes",
+               "https://www.googleapis.com/auth/devstorage.read_write", "--internal-ips", "--spot",
+               "--metadata", "labkit-student=STUDENT,labkit-repo=https://example.org/course/labkit.git"]
+QUEUED_NAMES = {**NAMES, "queued_create": {
+    name: [a.replace("NAME", name).replace("STUDENT", NAMES["students"][name]) for a in QUEUED_ARGS]
+    for name in NAMES["tpu_names"]}}
+
+
+def test_with_queued_resources_up_asks_for_each_tpu_vm_that_is_not_there_yet(tmp_path):
+    w = Workshop(tmp_path, SETTINGS + "    spot = true\n    queued_resources = true\n", QUEUED_NAMES,
+                 states={"spmd-tpu-00": "READY"}, queued_states={"spmd-tpu-01": "WAITING_FOR_RESOURCES"})
+    result = w("up", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    creates = [c for c in w.calls("gcloud") if c[:4] == ["compute", "tpus", "queued-resources", "create"]]
+    assert len(creates) == 1, "spmd-tpu-00 exists and spmd-tpu-01 is queued already"
+    assert creates[0] == ["compute", "tpus", "queued-resources", "create", "spmd-tpu-02",
+                          *QUEUED_NAMES["queued_create"]["spmd-tpu-02"],
+                          "--metadata-from-file", f"startup-script={INFRA / 'startup.sh'}"]
+    assert "spmd-tpu-01: WAITING_FOR_RESOURCES" in result.stdout
+
+
+def test_a_suspended_queued_resource_is_deleted_and_asked_for_again(tmp_path):
+    w = Workshop(tmp_path, SETTINGS + "    spot = true\n    queued_resources = true\n", QUEUED_NAMES,
+                 queued_states={"spmd-tpu-01": "SUSPENDED"})
+    result = w("up", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    gcloud = w.calls("gcloud")
+    deletes = [c for c in gcloud if c[:4] == ["compute", "tpus", "queued-resources", "delete"]]
+    assert deletes and deletes[0][4] == "spmd-tpu-01" and "--force" in deletes[0]
+
+
+def test_down_deletes_the_workshops_queued_resources_before_terraform_destroys(tmp_path):
+    w = Workshop(tmp_path, SETTINGS + "    queued_resources = true\n", QUEUED_NAMES,
+                 queued_states={"spmd-tpu-00": "ACTIVE", "another-course-qr": "ACTIVE"})
+    w.collected()
+    result = w("down", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    raw = [json.loads(line) for line in w.log.read_text().splitlines()]
+    deletes = [i for i, c in enumerate(raw) if c[1:5] == ["compute", "tpus", "queued-resources", "delete"]]
+    assert [raw[i][5] for i in deletes] == ["spmd-tpu-00"], "only this workshop's"
+    destroy = [i for i, c in enumerate(raw) if c[0] == "terraform" and "destroy" in c][0]
+    assert deletes[0] < destroy
 
 
 # ---- make targets ----------------------------------------------------------------------------------
