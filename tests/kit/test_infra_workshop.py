@@ -255,7 +255,7 @@ def test_a_failed_apply_says_what_exists_and_exits_non_zero(tmp_path):
     w = Workshop(tmp_path, SETTINGS, NAMES, fail=["apply"], left={"tpus": "spmd-tpu-00", "instances": "spmd-cpu-00"})
     result = w("up", "--yes")
     assert result.returncode == 1
-    assert "terraform apply FAILED" in result.stderr
+    assert "terraform apply (or a queued resource) FAILED" in result.stderr
     assert "tpu vm: spmd-tpu-00" in result.stderr and "instance: spmd-cpu-00" in result.stderr
     assert "workshop.sh up` again" in result.stderr
 
