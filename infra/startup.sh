@@ -228,6 +228,14 @@ chmod -R go-w "$LABKIT_HOME"
 chmod -R a+rX "$LABKIT_HOME"
 if [[ -d "$UV_PYTHON_INSTALL_DIR" ]]; then chmod -R a+rX "$UV_PYTHON_INSTALL_DIR"; fi
 chown -R "$LABKIT_USER:" "$LABKIT_HOME/labs" "$LABKIT_HOME/build"
+if [[ "$LABKIT_MODE" == tpu ]]; then
+  # The VM is the student's: their JupyterLab and `make lab-N` open the TPU chips as $LABKIT_USER.
+  # (Device nodes are made again at every boot, and so is this.)
+  for chip in /dev/accel* /dev/vfio/[0-9]*; do
+    [[ -e "$chip" ]] || continue
+    chgrp "$(id -gn "$LABKIT_USER")" "$chip" && chmod g+rw "$chip"
+  done
+fi
 chmod 0700 "$LABKIT_STATE/smoke" 2>/dev/null || true
 
 # The helpers the timers run: backup of labs/, and the idle check.

@@ -1,10 +1,11 @@
-"""Workshop infrastructure (infra/): what can be checked without a cloud account.
+"""Workshop infrastructure (infra/): the Terraform and the scripts, checked without a cloud account.
 
-The Terraform is checked by `terraform fmt`, by parsing it with python-hcl2, by real `terraform plan`
-runs on the variable files alone (validation needs no provider), and by checkov; the scripts by
-shellcheck; the startup script runs for real in a temporary folder in CPU mode; the front door
-(workshop.sh) runs against recording stand-ins for `gcloud`, `terraform` and `nox`; the GKE grading
-Job is parsed and its sharded grading is run locally, two shards merged against one whole run.
+The Terraform is checked by `terraform fmt`, by parsing it with python-hcl2 (the VMs' service account,
+scopes, access, firewall, labels), by real `terraform plan` runs on the variable files alone (validation
+needs no provider), and by checkov (the locked one and a current one); the scripts by shellcheck.
+Elsewhere: test_infra_schema.py (every argument against the providers' schema), test_infra_startup.py
+(startup.sh run locally), test_infra_workshop.py (workshop.sh against recording stand-ins) and
+test_infra_k8s.py (the GKE grading Jobs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import hcl2
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
