@@ -265,6 +265,15 @@ cmd_up() {
         echo "  could not delete $name; terraform will try to replace it"
     fi
   done < <(tpu_states)
+  # A CPU VM that stopped (Spot preemption, or its idle check) keeps its disk: start it again.
+  local zone
+  while IFS=$'\t' read -r name zone; do
+    [[ -n "$name" ]] || continue
+    echo "$name is stopped: starting it again"
+    gcloud compute instances start "$name" --project "$PROJECT" --zone "${zone:-$CPU_ZONE}" </dev/null ||
+      echo "  could not start $name"
+  done < <(gcloud compute instances list --project "$PROJECT" --filter "labels.workshop=$WORKSHOP AND status=TERMINATED" \
+    --format "value(name,zone.basename())")
   if [[ "$QUEUED" == true ]]; then
     # A Spot TPU VM made through a queued resource: when preempted, its queued resource is suspended
     # or failed; deleting it (with its node) lets create_queued ask again.

@@ -273,6 +273,16 @@ def test_up_deletes_preempted_tpu_vms_so_that_apply_makes_them_again(tmp_path):
     assert [c[0] for c in raw].index("terraform") > first_delete, "deleted before terraform makes it again"
 
 
+def test_up_starts_cpu_vms_that_stopped(tmp_path):
+    w = Workshop(tmp_path, SETTINGS, NAMES, left={"instances": "spmd-cpu-01"})
+    result = w("up", "--yes")
+    assert result.returncode == 0, result.stderr
+    stopped = [c for c in w.calls("gcloud") if c[:3] == ["compute", "instances", "list"]][0]
+    assert "labels.workshop=spmd AND status=TERMINATED" in stopped
+    assert ["compute", "instances", "start", "spmd-cpu-01", "--project", "my-course-project", "--zone",
+            "us-central1-a"] in w.calls("gcloud")
+
+
 def test_without_settings_the_script_says_what_to_copy(tmp_path):
     w = Workshop(tmp_path, SETTINGS, NAMES)
     w.env["WORKSHOP_TFVARS"] = str(tmp_path / "missing.tfvars")
