@@ -5,7 +5,7 @@
 # (not as an administrator: no sudo), and roles/iap.tunnelResourceAccessor on the instance lets
 # their `gcloud compute ssh --tunnel-through-iap` (and the JupyterLab tunnel inside it) through IAP.
 resource "google_compute_instance_iam_member" "os_login" {
-  for_each = { for name, student in local.cpu_vms : name => local.accounts[name] }
+  for_each = local.cpu_access
 
   project       = var.project
   zone          = local.cpu_zone
@@ -17,7 +17,7 @@ resource "google_compute_instance_iam_member" "os_login" {
 }
 
 resource "google_iap_tunnel_instance_iam_member" "tunnel" {
-  for_each = { for name, student in local.cpu_vms : name => local.accounts[name] }
+  for_each = local.cpu_access
 
   project  = var.project
   zone     = local.cpu_zone
@@ -32,17 +32,8 @@ resource "google_iap_tunnel_instance_iam_member" "tunnel" {
 # IAM condition on the resource's name, ending with the student's node. These conditions have not
 # been tried against a real project from the kit's machines; check one student's access before the
 # day (README, "Reaching the VMs").
-locals {
-  tpu_grants = merge([
-    for name, student in local.tpu_vms : {
-      for role in ["roles/tpu.viewer", "roles/compute.osLogin", "roles/iap.tunnelResourceAccessor"] :
-      "${name} ${role}" => { name = name, role = role, account = local.accounts[name] }
-    }
-  ]...)
-}
-
 resource "google_project_iam_member" "tpu_student" {
-  for_each = var.roster == null ? {} : local.tpu_grants
+  for_each = local.tpu_grants
 
   project = var.project
   role    = each.value.role

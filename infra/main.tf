@@ -7,20 +7,8 @@
 locals {
   startup_script = file("${path.module}/startup.sh")
   tag            = "${var.workshop}-labkit"
-  roster         = var.roster == null ? [] : csvdecode(file(var.roster))
-  # { VM name = student id } and { VM name = Google account }, TPU and CPU apart.
-  tpu_vms = var.roster == null ? { for i in range(var.tpu_count) : format("%s-tpu-%02d", var.workshop, i) => format("tpu-%02d", i) } : {
-    for row in local.roster : "${var.workshop}-${row.student}" => row.student if lookup(row, "kind", "tpu") == "tpu"
-  }
-  cpu_vms = var.roster == null ? { for i in range(var.cpu_count) : format("%s-cpu-%02d", var.workshop, i) => format("cpu-%02d", i) } : {
-    for row in local.roster : "${var.workshop}-${row.student}" => row.student if lookup(row, "kind", "tpu") == "cpu"
-  }
-  accounts = { for row in local.roster : "${var.workshop}-${row.student}" => row.account }
-  cpu_zone = coalesce(var.cpu_zone, var.zone)
-  # us-central1-a -> us-central1; us-central1-ai1a -> us-central1.
-  regions    = toset([regex("^([a-z]+-[a-z]+[0-9]+)-", var.zone)[0], regex("^([a-z]+-[a-z]+[0-9]+)-", local.cpu_zone)[0]])
-  labels     = merge(var.labels, { workshop = var.workshop, kit = "labkit" })
-  backup_url = "gs://${google_storage_bucket.labs.name}/labs"
+  labels         = merge(var.labels, { workshop = var.workshop, kit = "labkit" })
+  backup_url     = "gs://${google_storage_bucket.labs.name}/labs"
   # The arguments of `gcloud compute tpus queued-resources create NAME ...` for each TPU VM: the same
   # node as the tpu_vm module makes (its startup script is added by workshop.sh from infra/startup.sh).
   queued_create = { for name, student in local.tpu_vms : name => concat([

@@ -170,7 +170,7 @@ variable "roster" {
   validation {
     condition = var.roster == null ? true : alltrue([
       for row in csvdecode(file(var.roster)) :
-      can(regex("^[a-z][a-z0-9-]{0,30}[a-z0-9]$", row.student)) && can(regex("^[^@ ]+@[^@ ]+$", row.account)) && contains(["tpu", "cpu"], lookup(row, "kind", "tpu"))
+      can(regex("^[a-z][a-z0-9-]{0,30}[a-z0-9]$", row.student)) && can(regex("^[^@ ]+@[^@ ]+$", row.account)) && contains(["tpu", "cpu"], coalesce(lookup(row, "kind", ""), "tpu"))
     ])
     error_message = "every roster row needs a student id (2 to 32 lowercase letters, digits or hyphens, starting with a letter), an account (a Google account's email) and, if given, a kind of tpu or cpu."
   }

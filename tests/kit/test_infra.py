@@ -276,6 +276,48 @@ def test_validation_rejects_a_bad_roster_row(tmp_path, row):
     assert "every roster row needs a student id" in re.sub(r"\s+", " ", result.stderr), result.stderr
 
 
+def _roster_plan(tmp_path: Path, **values) -> dict:
+    """infra/roster.tf planned with variables.tf alone: its locals, as one output."""
+    terraform = need("terraform")
+    work = tmp_path / "roster-plan"
+    work.mkdir()
+    shutil.copy(INFRA / "variables.tf", work)
+    shutil.copy(INFRA / "roster.tf", work)
+    (work / "show.tf").write_text('output "o" {\n  value = { tpu = local.tpu_vms, cpu = local.cpu_vms, '
+                                  'access = local.cpu_access, grants = keys(local.tpu_grants), '
+                                  'regions = local.regions }\n}\n')
+    assert run([terraform, "init", "-input=false", "-no-color"], cwd=work).returncode == 0
+    args = [a for k, v in {**GOOD, **values}.items() for a in ("-var", f"{k}={v}")]
+    env = dict(os.environ, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1")
+    plan = run([terraform, "plan", "-input=false", "-no-color", "-lock=false", "-out=plan", *args], cwd=work, env=env)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    shown = run([terraform, "show", "-json", "plan"], cwd=work)
+    return json.loads(shown.stdout)["planned_values"]["outputs"]["o"]["value"]
+
+
+def test_a_roster_makes_one_vm_per_student_and_grants_only_theirs(tmp_path):
+    roster = _roster(tmp_path, """\
+        student,account,kind
+        ada,ada@example.org,tpu
+        bo,bo@example.org,
+        cy,cy@example.org,cpu
+        """)
+    o = _roster_plan(tmp_path, roster=roster, zone="us-central1-ai1a", tpu_count=7)
+    assert o["tpu"] == {"spmd-2026-ada": "ada", "spmd-2026-bo": "bo"}, "an empty kind is tpu; counts are ignored"
+    assert o["cpu"] == {"spmd-2026-cy": "cy"}
+    assert o["access"] == {"spmd-2026-cy": "cy@example.org"}
+    assert sorted(o["grants"]) == sorted(f"spmd-2026-{s} roles/{r}" for s in ("ada", "bo")
+                                         for r in ("tpu.viewer", "compute.osLogin", "iap.tunnelResourceAccessor"))
+    assert o["regions"] == ["us-central1"], "an AI zone's region"
+
+
+def test_without_a_roster_seats_are_numbered_and_no_one_is_granted_anything(tmp_path):
+    o = _roster_plan(tmp_path, tpu_count=2, cpu_count=1)
+    assert o["tpu"] == {"spmd-2026-tpu-00": "tpu-00", "spmd-2026-tpu-01": "tpu-01"}
+    assert o["cpu"] == {"spmd-2026-cpu-00": "cpu-00"}
+    assert o["access"] == {} and o["grants"] == []
+
+
 # ---- who the VMs are: a service account of their own, no project role, minimal scopes ------------
 
 ROOT_TF = sorted(p for p in INFRA.glob("*.tf"))

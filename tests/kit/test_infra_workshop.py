@@ -243,7 +243,7 @@ def test_the_type_table_names_its_source():
 
 
 def test_a_roster_sets_how_many_vms_of_each_kind(tmp_path):
-    (tmp_path / "roster.csv").write_text("student,account,kind\nada,ada@example.org,tpu\nbo,bo@example.org\n"
+    (tmp_path / "roster.csv").write_text("student,account,kind\nada,ada@example.org,tpu\nbo,bo@example.org,\n"
                                          "cy,cy@example.org,cpu\n")
     w = Workshop(tmp_path, SETTINGS + f'    roster = "{tmp_path / "roster.csv"}"\n', ROSTER_NAMES)
     result = w("cost")
