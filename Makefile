@@ -138,7 +138,7 @@ docker-grade: ## grade SUBMISSIONS into GRADES in the course image, with no netw
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
 	  nox -s grade -- --submissions /submissions --out /grades
 
-.PHONY: workshop-up workshop-links workshop-status workshop-run workshop-collect workshop-idle workshop-down
+.PHONY: workshop-up workshop-links workshop-status workshop-run workshop-collect workshop-grade workshop-idle workshop-down
 WORKSHOP := bash infra/workshop.sh
 RUN ?= lab 3
 RESULTS ?= build/workshop-results
@@ -151,11 +151,14 @@ workshop-links: ## per student, the one command that opens their JupyterLab (an 
 workshop-status: ## the workshop VMs (preempted ones too) and whether the kit on each is ready
 	$(WORKSHOP) status
 
-workshop-run: ## on every VM: make workshop-run RUN="lab 3" | RUN="lab 3 --configs tpu" | RUN="grade --labs 3"
+workshop-run: ## on every VM, as its student: make workshop-run RUN="lab 3" | RUN="lab 3 --configs tpu"
 	$(WORKSHOP) run $(RUN)
 
-workshop-collect: setup ## every VM's notebooks and results back into RESULTS, one merged scoreboard
+workshop-collect: setup ## every VM's notebooks back into RESULTS/submissions/<student>/
 	$(WORKSHOP) collect $(RESULTS)
+
+workshop-grade: setup ## collect, then grade RESULTS/submissions here with the hidden tests [LABS=3] [CONFIGS=..]
+	WORKSHOP_RESULTS=$(RESULTS) $(WORKSHOP) grade $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS))
 
 workshop-idle: ## delete the TPU VMs that saved their labs/ and went idle [YES=1]
 	$(WORKSHOP) idle $(if $(YES),--yes)

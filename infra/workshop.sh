@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The workshop's front door: start the VMs, hand each student the link to theirs, watch them, run a
-# lab or the grade on all of them, bring the work back into one scoreboard, and tear everything down.
+# lab on all of them, bring the work back and grade it here, and tear everything down.
 #
 #   infra/workshop.sh up [--yes]                 check the settings, print the cost, terraform apply
 #   infra/workshop.sh cost                       only check the settings and print the cost
 #   infra/workshop.sh links                      per student: the command that opens their JupyterLab
 #   infra/workshop.sh status                     the VMs, their state (preempted ones too), each kit's status
 #   infra/workshop.sh run lab N [--configs C]    run `make lab-N` on every VM (every worker of a slice)
-#   infra/workshop.sh run grade [ARGS...]        grade each VM's own notebooks there (nox -s grade -- ARGS)
-#   infra/workshop.sh collect [DIR]              copy notebooks and results back, merge one scoreboard
+#   infra/workshop.sh collect [DIR]              copy every VM's notebooks back, by student
+#   infra/workshop.sh grade [ARGS...]            collect, then grade here with the hidden tests (nox -s grade -- ARGS)
 #   infra/workshop.sh idle [--yes]               delete the TPU VMs that saved their work and went idle
 #   infra/workshop.sh down [--yes] [--force]     terraform destroy, then list whatever labelled is left
 #
-# The make targets workshop-up, workshop-links, workshop-status, workshop-run, workshop-collect and
-# workshop-down call it. Settings come from the tfvars file (WORKSHOP_TFVARS, default
-# infra/workshop.tfvars; copy infra/workshop.tfvars.example): the script reads its simple
-# `name = value` lines and hands the whole file to terraform.
+# The make targets workshop-up, -links, -status, -run, -collect, -grade, -idle and -down call it.
+# Settings come from the tfvars file (WORKSHOP_TFVARS, default infra/workshop.tfvars; copy
+# infra/workshop.tfvars.example): the script reads its simple `name = value` lines and hands the
+# whole file to terraform.
 # Not `set -e`: `up` and `down` must go on after a failed step to say what exists; every step that
 # must stop the script checks its own status.
 set -uo pipefail
@@ -37,7 +37,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # The value of a simple `name = value` line of the tfvars file (quotes removed), or $2.
@@ -387,7 +387,7 @@ share_notebook() {
 # the VM's student account, which owns labs/ and build/.
 cmd_run() {
   load_settings
-  local what=${1:-} lab="" configs="" name pids=() names=() failed=0 i hosts command extra=""
+  local what=${1:-} lab="" configs="" name pids=() names=() failed=0 i hosts command
   shift || true
   case "$what" in
     lab)
@@ -397,9 +397,9 @@ cmd_run() {
       if [[ "${1:-}" == --configs ]]; then configs=${2:?--configs needs a value}; fi
       ;;
     grade)
-      (($#)) && extra=$(printf ' %q' "$@")
+      die "the VMs hold the student release, without reference/ or tests/hidden/, so they cannot grade: run \`workshop.sh grade\` (make workshop-grade), which collects the notebooks and grades them here"
       ;;
-    *) die "usage: workshop.sh run lab N [--configs C] | run grade [ARGS...]" ;;
+    *) die "usage: workshop.sh run lab N [--configs C]" ;;
   esac
   mkdir -p "$LOGS"
   load_names
@@ -417,19 +417,13 @@ cmd_run() {
         fi
         command="sudo install -o student -m 0644 /tmp/labkit-lab-$lab.ipynb $KIT_HOME/labs/lab-$lab.ipynb && $command"
       fi
-    else
-      command=$(grade_command "$(student_of "$name")" EXTRAS=tpu)
     fi
     on_tpu "$name" "$command" >>"$LOGS/$name.log" 2>&1 </dev/null &
     pids+=($!)
     names+=("$name")
   done
   for name in "${CPUS[@]}"; do
-    if [[ "$what" == lab ]]; then
-      command="cd $KIT_HOME && sudo -u student make lab-$lab CONFIGS=${configs:-cpu-1,cpu-8} DEP_GROUPS=notebook"
-    else
-      command=$(grade_command "$(student_of "$name")" EXTRAS=)
-    fi
+    command="cd $KIT_HOME && sudo -u student make lab-$lab CONFIGS=${configs:-cpu-1,cpu-8} DEP_GROUPS=notebook"
     on_cpu "$name" "$command" >"$LOGS/$name.log" 2>&1 </dev/null &
     pids+=($!)
     names+=("$name")
@@ -445,13 +439,6 @@ cmd_run() {
     fi
   done
   return "$failed"
-}
-
-# Each VM is one student: its labs/ become submissions/<student id>/ and are graded there (with the
-# release's public tests only: the VMs hold no hidden tests).
-grade_command() {
-  local student=$1 extras=$2
-  echo "cd $KIT_HOME && sudo -u student sh -c 'rm -rf submissions/$student && mkdir -p submissions/$student && cp labs/lab-*.ipynb submissions/$student/ && $extras DEP_GROUPS=notebook .venv/bin/nox -s grade -- --submissions submissions --out scoreboard$extra'"
 }
 
 # collect [DIR]: each VM's labs/ and scoreboard/ into DIR/vms/<vm>/, its notebooks into
@@ -500,6 +487,15 @@ cmd_collect() {
   fi
   "$NOX" -f "$ROOT/noxfile.py" -s scoreboard -- merge "${parts[@]}" --out "$out/scoreboard"
   echo "merged ${#parts[@]} scoreboard(s) into $out/scoreboard/"
+}
+
+# grade [ARGS...]: collect into WORKSHOP_RESULTS (default build/workshop-results), then grade the
+# students' notebooks here, with this checkout's reference/ and hidden tests, in the kit's sandbox.
+cmd_grade() {
+  local out=${WORKSHOP_RESULTS:-$ROOT/build/workshop-results}
+  cmd_collect "$out" || return 1
+  echo "grading $out/submissions/ here (nox -s grade)"
+  "$NOX" -f "$ROOT/noxfile.py" -s grade -- --submissions "$out/submissions" --out "$out/graded" "$@"
 }
 
 # idle: the TPU VMs whose idle check saved labs/ and marked them idle are deleted (their account may
@@ -579,6 +575,7 @@ main() {
     status) cmd_status "$@" ;;
     run) cmd_run "$@" ;;
     collect) cmd_collect "$@" ;;
+    grade) cmd_grade "$@" ;;
     idle) cmd_idle "$@" ;;
     down) cmd_down "$@" ;;
     help | -h | --help) usage ;;

@@ -382,15 +382,23 @@ def test_on_a_multi_host_slice_every_worker_runs_the_students_own_notebook(tmp_p
     assert not [c for c in gcloud if "ssh" in c and c[4] == "spmd-tpu-00"]
 
 
-def test_run_grade_names_each_student_by_their_id_not_the_hostname(tmp_path):
+def test_run_grade_is_refused_since_the_vms_hold_no_reference(workshop):
+    result = workshop("run", "grade", "--labs", "3")
+    assert result.returncode == 2 and "workshop.sh grade" in result.stderr and "tests/hidden" in result.stderr
+    assert workshop.calls("gcloud") == []
+
+
+def test_grade_collects_by_student_and_grades_here_with_the_hidden_tests(tmp_path):
     w = Workshop(tmp_path, SETTINGS, ROSTER_NAMES)
-    result = w("run", "grade", "--labs", "3")
-    assert result.returncode == 0, result.stderr
-    ssh = {c[c.index("ssh") + 1]: c[-1] for c in w.calls("gcloud") if "ssh" in c}
-    assert "hostname" not in ssh["spmd-ada"]
-    assert "cp labs/lab-*.ipynb submissions/ada/" in ssh["spmd-ada"]
-    assert "cp labs/lab-*.ipynb submissions/cy/" in ssh["spmd-cy"]
-    assert ssh["spmd-ada"].endswith(".venv/bin/nox -s grade -- --submissions submissions --out scoreboard --labs 3'")
+    _remote_vm(w.remote, "spmd-ada", graded=False)
+    _remote_vm(w.remote, "spmd-cy", graded=False)
+    out = tmp_path / "results"
+    w.env["WORKSHOP_RESULTS"] = str(out)
+    result = w("grade", "--labs", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (out / "submissions/ada/lab-3.ipynb").exists() and (out / "submissions/cy/lab-3.ipynb").exists()
+    assert w.calls("nox") == [["-f", str(ROOT / "noxfile.py"), "-s", "grade", "--", "--submissions",
+                               str(out / "submissions"), "--out", str(out / "graded"), "--labs", "3"]]
 
 
 def test_run_rejects_an_unknown_request(workshop):
@@ -577,7 +585,10 @@ def test_make_targets_go_through_the_front_door(workshop):
     assert lab.returncode == 0, lab.stdout + lab.stderr
     refused = run(["make", "-s", "workshop-down", "YES=1"], env=workshop.env)
     assert refused.returncode != 0, "not before collect"
-    down = run(["make", "-s", "workshop-down", "YES=1", "FORCE=1"], env=workshop.env)
+    graded = run(["make", "-s", "workshop-grade", "LABS=4", f"RESULTS={workshop.tmp / 'results'}"], env=workshop.env)
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    assert workshop.calls("nox")[-1][-2:] == ["--labs", "4"]
+    down = run(["make", "-s", "workshop-down", "YES=1"], env=workshop.env)
     assert down.returncode == 0, down.stdout + down.stderr
     actions = [c[1] for c in workshop.calls("terraform") if c[1] in ("apply", "destroy")]
     assert actions == ["apply", "destroy"]
