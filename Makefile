@@ -143,24 +143,33 @@ docker-grade: ## grade SUBMISSIONS into GRADES in the course image, with no netw
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
 	  nox -s grade -- --submissions /submissions --out /grades
 
-.PHONY: workshop-up workshop-status workshop-run workshop-collect workshop-down
+.PHONY: workshop-up workshop-links workshop-status workshop-run workshop-collect workshop-grade workshop-idle workshop-down
 WORKSHOP := bash infra/workshop.sh
 RUN ?= lab 3
 RESULTS ?= build/workshop-results
-workshop-up: ## start the workshop VMs of infra/workshop.tfvars; prints the cost per hour first [YES=1]
+workshop-up: ## check infra/workshop.tfvars, print the cost per hour and for the day, start the VMs [YES=1]
 	$(WORKSHOP) up $(if $(YES),--yes)
 
-workshop-status: ## the workshop VMs and whether the kit on each is ready
+workshop-links: ## per student, the one command that opens their JupyterLab (an IAP tunnel)
+	$(WORKSHOP) links
+
+workshop-status: ## the workshop VMs (preempted ones too) and whether the kit on each is ready
 	$(WORKSHOP) status
 
-workshop-run: ## on every VM: make workshop-run RUN="lab 3" | RUN="lab 3 --configs tpu" | RUN="grade --labs 3"
+workshop-run: ## on every VM, as its student: make workshop-run RUN="lab 3" | RUN="lab 3 --configs tpu"
 	$(WORKSHOP) run $(RUN)
 
-workshop-collect: setup ## every VM's notebooks and results back into RESULTS, one merged scoreboard
+workshop-collect: setup ## every VM's notebooks back into RESULTS/submissions/<student>/
 	$(WORKSHOP) collect $(RESULTS)
 
-workshop-down: ## destroy everything workshop-up created, then check nothing labelled is left [YES=1]
-	$(WORKSHOP) down $(if $(YES),--yes)
+workshop-grade: setup ## collect, then grade RESULTS/submissions here with the hidden tests [LABS=3] [CONFIGS=..]
+	WORKSHOP_RESULTS=$(RESULTS) $(WORKSHOP) grade $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS))
+
+workshop-idle: ## delete the TPU VMs that saved their labs/ and went idle [YES=1]
+	$(WORKSHOP) idle $(if $(YES),--yes)
+
+workshop-down: ## after workshop-collect: destroy everything, then list what labelled is left [YES=1] [FORCE=1]
+	$(WORKSHOP) down $(if $(YES),--yes) $(if $(FORCE),--force)
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf build

@@ -1,34 +1,45 @@
 #!/usr/bin/env bash
-# Install the JAX SPMD lab kit on a workshop VM from its lock file, then prove the VM works with
-# a smoke lab: lab 3's reference solution on the `tpu` configuration (on a CPU VM, on `cpu-8`).
+# Install the student release of the JAX SPMD lab kit on a workshop VM, check it with the smoke lab
+# as a student gets it (every test of the unmodified lab reports "not implemented yet"), and start
+# JupyterLab for the student.
 #
 # Terraform hands this file to every VM as its startup script, so it runs as root at every boot,
 # on every worker of a TPU slice. It can also be run by hand, or locally in CPU mode:
 #
 #   LABKIT_REPO=/path/to/checkout LABKIT_HOME=/tmp/kit LABKIT_MODE=cpu LABKIT_SYSTEM_PACKAGES=0 \
-#   LABKIT_LOG=/tmp/kit.log LABKIT_STATE=/tmp/kit-state bash infra/startup.sh
+#   LABKIT_LOG=/tmp/kit.log LABKIT_STATE=/tmp/kit-state LABKIT_USER=$(id -un) LABKIT_JUPYTER=background \
+#   bash infra/startup.sh
 #
-# Settings come from the environment, or else from the VM's metadata (keys labkit-repo,
-# labkit-ref, labkit-mode, set by the Terraform modules):
-#   LABKIT_REPO       git URL (or local path) of the kit                      (required)
+# What the student's disk holds: the release (`python -m labkit release`: labkit/, labs/,
+# tests/public/, Makefile, uv.lock, ...), never reference/ or tests/hidden/. The kit is cloned into a
+# root-only staging folder, the release is built from it, and the clone is deleted.
+#
+# Settings come from the environment, or else from the VM's metadata (keys labkit-*, set by the
+# Terraform modules):
+#   LABKIT_REPO       https git URL (or local path) of the kit                (required)
 #   LABKIT_REF        branch, tag or commit to check out                      (default: main)
 #   LABKIT_MODE       tpu or cpu: `tpu` installs jax[tpu] (make setup EXTRAS=tpu) and smokes on tpu
 #                     (default: tpu when the machine has TPU devices, else cpu)
-#   LABKIT_HOME       where the kit goes                                      (default: /opt/labkit)
+#   LABKIT_HOME       where the student release goes                          (default: /opt/labkit)
 #   LABKIT_LOG        the log a TA reads                                      (default: /var/log/labkit-startup.log)
-#   LABKIT_STATE      folder of the one-line status file `status`            (default: /var/lib/labkit)
-#   LABKIT_SMOKE_LAB  the lab whose reference is the smoke test               (default: 3)
+#   LABKIT_STATE      the status file, the smoke copy, the staging clone      (default: /var/lib/labkit)
+#   LABKIT_SMOKE_LAB  the lab whose unmodified notebook is the smoke test     (default: 3)
 #   LABKIT_SMOKE_TIMEOUT  seconds the smoke notebook may run                  (default: 300)
 #   LABKIT_SYSTEM_PACKAGES  0 skips apt-get (git, make, python3-venv)         (default: 1)
 #   LABKIT_DEP_GROUPS the dependency groups of .venv (make setup DEP_GROUPS=...)  (default: notebook)
 #   LABKIT_SYSTEM_ENV file that gives every login EXTRAS and DEP_GROUPS        (default: /etc/environment)
 #   LABKIT_WORKERS    hosts in this TPU slice     (default: from the metadata key worker-network-endpoints)
+#   LABKIT_USER       the account JupyterLab runs as and labs/ belongs to     (default: student, created)
+#   LABKIT_JUPYTER    systemd, background or off: how JupyterLab is started   (default: systemd where it runs)
+#   LABKIT_JUPYTER_PORT  its port, on 127.0.0.1 only (students tunnel to it)  (default: 8888)
+#   LABKIT_STUDENT    the student's id, the name of their backups             (metadata labkit-student)
+#   LABKIT_BACKUP     gs:// folder for labs/ backups; empty: none             (metadata labkit-backup)
+#   LABKIT_IDLE_MINUTES  idle minutes before saving and stopping; 0: never    (metadata labkit-idle-minutes)
 #
 # A TA reads how it went with:
-#   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all --command 'cat /var/lib/labkit/status'
-#   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --command 'cat /var/log/labkit-startup.log'
-# (`make workshop-status` does the first for every VM). The status is `installing`, `ready: ...`
-# or `failed: STEP (see LOG)`.
+#   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --tunnel-through-iap --command 'cat /var/lib/labkit/status'
+# (`make workshop-status` does it for every VM). The status is `installing`, `ready: ...`,
+# `idle: ...` or `failed: STEP (see LOG)`.
 set -Eeuo pipefail
 
 on_gce() {
@@ -78,11 +89,24 @@ LABKIT_SMOKE_LAB=${LABKIT_SMOKE_LAB:-3}
 LABKIT_SMOKE_TIMEOUT=${LABKIT_SMOKE_TIMEOUT:-300}
 LABKIT_SYSTEM_PACKAGES=${LABKIT_SYSTEM_PACKAGES:-1}
 LABKIT_DEP_GROUPS=${LABKIT_DEP_GROUPS:-notebook}
+LABKIT_USER=${LABKIT_USER:-student}
+LABKIT_JUPYTER_PORT=${LABKIT_JUPYTER_PORT:-8888}
+if [[ -z "${LABKIT_JUPYTER:-}" ]]; then
+  if [[ -d /run/systemd/system ]]; then LABKIT_JUPYTER=systemd; else LABKIT_JUPYTER=off; fi
+fi
+LABKIT_STUDENT=${LABKIT_STUDENT:-$(metadata labkit-student)}
+LABKIT_STUDENT=${LABKIT_STUDENT:-$(hostname -s)}
+LABKIT_BACKUP=${LABKIT_BACKUP-$(metadata labkit-backup)}
+LABKIT_IDLE_MINUTES=${LABKIT_IDLE_MINUTES:-$(metadata labkit-idle-minutes)}
+LABKIT_IDLE_MINUTES=${LABKIT_IDLE_MINUTES:-0}
+SRC=$LABKIT_STATE/src
+SMOKE_COPY=$LABKIT_STATE/smoke/lab-$LABKIT_SMOKE_LAB.ipynb
 # On a multi-host TPU slice every worker runs this script on its own; JAX's multi-process start
 # needs all workers in one run, which `workshop.sh run` does (--worker=all). Here each worker
 # smokes the CPU configuration instead of waiting for its peers.
 WORKERS=${LABKIT_WORKERS:-$(metadata worker-network-endpoints | tr ',' '\n' | grep -c . || true)}
-echo "repo=$LABKIT_REPO ref=$LABKIT_REF mode=$LABKIT_MODE home=$LABKIT_HOME workers=${WORKERS:-0}"
+echo "repo=$LABKIT_REPO ref=$LABKIT_REF mode=$LABKIT_MODE home=$LABKIT_HOME workers=${WORKERS:-0}" \
+  "user=$LABKIT_USER student=$LABKIT_STUDENT backup=${LABKIT_BACKUP:-none} idle=${LABKIT_IDLE_MINUTES}min"
 if [[ -z "$LABKIT_REPO" ]]; then
   STEP="settings: LABKIT_REPO (metadata labkit-repo) is not set"
   false
@@ -106,27 +130,58 @@ if [[ "$LABKIT_SYSTEM_PACKAGES" != 0 ]] && command -v apt-get >/dev/null; then
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
   done
   if ((${#missing[@]})); then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    # At first boot the image's own updates may hold the apt lock: wait for it (up to 10 minutes).
+    apt_get=(apt-get -o DPkg::Lock::Timeout=600 -qq)
+    DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" update
+    DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "${missing[@]}"
   fi
 fi
 
-if [[ -d "$LABKIT_HOME/.git" ]]; then
-  # A reboot (a Spot VM coming back, say): the students' files are in this checkout; leave it.
-  step "kit already in $LABKIT_HOME: leaving the checkout and the students' files as they are"
-else
-  step "fetching the kit from $LABKIT_REPO at $LABKIT_REF"
-  git clone --quiet "$LABKIT_REPO" "$LABKIT_HOME"
-  git -C "$LABKIT_HOME" -c advice.detachedHead=false checkout --quiet "$LABKIT_REF"
-fi
-echo "kit at commit $(git -C "$LABKIT_HOME" rev-parse --short HEAD)"
-
-step "installing the locked environment: make setup ${SETUP_ARGS[*]}"
 # Python 3.11+ is required; where the image has an older python3 (Ubuntu 22.04 TPU images), uv
 # fetches a managed interpreter for the environment. It goes beside the kit, not under root's
 # home folder, which the students (other users) cannot enter.
 export HOME=${HOME:-/root}
 export UV_PYTHON_INSTALL_DIR=${UV_PYTHON_INSTALL_DIR:-$(dirname "$LABKIT_HOME")/labkit-python}
+
+if [[ -f "$LABKIT_HOME/.labkit-release" ]]; then
+  # A reboot (a CPU VM started again): the student's files are in this release; leave them.
+  step "student release already in $LABKIT_HOME: leaving it and the student's files as they are"
+else
+  step "fetching the kit from $LABKIT_REPO at $LABKIT_REF (into a root-only staging folder)"
+  rm -rf "$SRC"
+  install -d -m 0700 "$SRC"
+  git clone --quiet "$LABKIT_REPO" "$SRC"
+  git -C "$SRC" -c advice.detachedHead=false checkout --quiet "$LABKIT_REF"
+  step "building the student release (no reference/, no tests/hidden/)"
+  make -C "$SRC" setup "DEP_GROUPS=$LABKIT_DEP_GROUPS"
+  "$SRC/.venv/bin/python" -m labkit release --out "$SRC/build/student-release"
+  mkdir -p "$LABKIT_HOME"
+  cp -a "$SRC/build/student-release/." "$LABKIT_HOME/"
+  git -C "$SRC" rev-parse --short HEAD >"$LABKIT_HOME/.labkit-commit"
+  rm -rf "$SRC"
+  # The smoke check runs on the lab as shipped, whatever the student does to labs/ later.
+  mkdir -p "$(dirname "$SMOKE_COPY")"
+  cp "$LABKIT_HOME/labs/$(basename "$SMOKE_COPY")" "$SMOKE_COPY"
+  if [[ -n "$LABKIT_BACKUP" ]]; then
+    # A VM made again (a preempted Spot TPU VM is deleted and recreated): the student's last backup.
+    step "restoring labs/ from $LABKIT_BACKUP/$LABKIT_STUDENT, if there is a backup"
+    if gcloud storage ls "$LABKIT_BACKUP/$LABKIT_STUDENT/" >/dev/null 2>&1; then
+      gcloud storage rsync --recursive "$LABKIT_BACKUP/$LABKIT_STUDENT" "$LABKIT_HOME/labs"
+      echo "restored labs/ from $LABKIT_BACKUP/$LABKIT_STUDENT"
+    else
+      echo "no backup yet: a new VM"
+    fi
+  fi
+fi
+echo "kit at commit $(cat "$LABKIT_HOME/.labkit-commit")"
+for forbidden in reference tests/hidden; do
+  if [[ -e "$LABKIT_HOME/$forbidden" ]]; then
+    STEP="the student release holds $forbidden"
+    false
+  fi
+done
+
+step "installing the locked environment: make setup ${SETUP_ARGS[*]}"
 make -C "$LABKIT_HOME" setup "${SETUP_ARGS[@]}"
 
 step "recording the environment's selection for every login: ${SETUP_ARGS[*]}"
@@ -137,20 +192,134 @@ touch "$ENV_FILE"
 sed -i -e '/^EXTRAS=/d' -e '/^DEP_GROUPS=/d' "$ENV_FILE"
 printf 'EXTRAS=%s\nDEP_GROUPS=%s\n' "$([[ $LABKIT_MODE == tpu ]] && echo tpu)" "$LABKIT_DEP_GROUPS" >>"$ENV_FILE"
 
-step "smoke lab: lab $LABKIT_SMOKE_LAB reference on $SMOKE_CONFIG"
+step "smoke lab: lab $LABKIT_SMOKE_LAB as shipped on $SMOKE_CONFIG (every test should say: not implemented yet)"
+SMOKE_BUILD=$LABKIT_STATE/smoke/build
+rm -rf "$SMOKE_BUILD"
 (
   cd "$LABKIT_HOME"
-  .venv/bin/python -m labkit lab "$LABKIT_SMOKE_LAB" --notebook "reference/lab-$LABKIT_SMOKE_LAB.ipynb" \
-    --configs "$SMOKE_CONFIG" --timeout "$LABKIT_SMOKE_TIMEOUT"
+  LABKIT_BUILD=$SMOKE_BUILD .venv/bin/python -m labkit lab "$LABKIT_SMOKE_LAB" --notebook "$SMOKE_COPY" \
+    --configs "$SMOKE_CONFIG" --timeout "$LABKIT_SMOKE_TIMEOUT" || true
 )
+SMOKE=$("$LABKIT_HOME/.venv/bin/python" - "$SMOKE_BUILD/lab-$LABKIT_SMOKE_LAB/report.json" <<'EOF'
+import json, sys
+try:
+    outcomes = json.load(open(sys.argv[1]))["outcomes"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"no report ({e})")
+statuses = sorted({o["status"] for o in outcomes})
+if outcomes and statuses == ["todo"]:
+    print(f"{len(outcomes)} tests, every one not implemented yet")
+else:
+    sys.exit(f"expected every test to be 'not implemented yet', got {statuses or 'no tests'}")
+EOF
+) || {
+  STEP="smoke lab: lab $LABKIT_SMOKE_LAB as shipped on $SMOKE_CONFIG"
+  false
+}
+echo "smoke lab: $SMOKE"
 
-step "opening the kit to the VM's users"
-# Students log in with their own accounts (OS Login): they edit labs/ and write build/ and the
-# grading folders; everything else is readable.
-mkdir -p "$LABKIT_HOME/build" "$LABKIT_HOME/submissions" "$LABKIT_HOME/scoreboard"
+step "handing labs/ to $LABKIT_USER"
+if ! id -u "$LABKIT_USER" >/dev/null 2>&1; then
+  useradd --create-home --shell /bin/bash "$LABKIT_USER"
+fi
+mkdir -p "$LABKIT_HOME/build"
+# The release and its environment stay root's and read-only; the student owns labs/ and build/.
+chmod -R go-w "$LABKIT_HOME"
 chmod -R a+rX "$LABKIT_HOME"
 if [[ -d "$UV_PYTHON_INSTALL_DIR" ]]; then chmod -R a+rX "$UV_PYTHON_INSTALL_DIR"; fi
-chmod -R a+rwX "$LABKIT_HOME/labs" "$LABKIT_HOME/build" "$LABKIT_HOME/submissions" "$LABKIT_HOME/scoreboard"
+chown -R "$LABKIT_USER:" "$LABKIT_HOME/labs" "$LABKIT_HOME/build"
+if [[ "$LABKIT_MODE" == tpu ]]; then
+  # The VM is the student's: their JupyterLab and `make lab-N` open the TPU chips as $LABKIT_USER.
+  # (Device nodes are made again at every boot, and so is this.)
+  for chip in /dev/accel* /dev/vfio/[0-9]*; do
+    [[ -e "$chip" ]] || continue
+    chgrp "$(id -gn "$LABKIT_USER")" "$chip" && chmod g+rw "$chip"
+  done
+fi
+chmod 0700 "$LABKIT_STATE/smoke" 2>/dev/null || true
 
-status "ready: lab $LABKIT_SMOKE_LAB reference passed on $SMOKE_CONFIG ($(git -C "$LABKIT_HOME" rev-parse --short HEAD))"
+# The helpers the timers run: backup of labs/, and the idle check.
+step "installing labkit-backup and labkit-idle"
+cat >"$LABKIT_STATE/labkit-backup" <<EOF
+#!/usr/bin/env bash
+# Copy labs/ to the workshop bucket (written by startup.sh; run every 5 minutes by labkit-backup.timer).
+set -euo pipefail
+[[ -n "$LABKIT_BACKUP" ]] || exit 0
+gcloud storage rsync --recursive --exclude '.*\.ipynb_checkpoints.*' "$LABKIT_HOME/labs" "$LABKIT_BACKUP/$LABKIT_STUDENT"
+date -u +%FT%TZ >"$LABKIT_STATE/last-backup"
+EOF
+cat >"$LABKIT_STATE/labkit-idle" <<EOF
+#!/usr/bin/env bash
+# After $LABKIT_IDLE_MINUTES minutes with no login and no kernel activity: save labs/, then stop a CPU
+# VM, or mark a TPU VM idle for \`workshop.sh idle\` to delete (its account may not delete it).
+set -euo pipefail
+limit=$LABKIT_IDLE_MINUTES
+((limit > 0)) || exit 0
+if [[ -n "\$(who)" ]]; then exit 0; fi
+last=\$(curl -fsS --max-time 5 "http://127.0.0.1:$LABKIT_JUPYTER_PORT/api/status" 2>/dev/null \\
+  | "$LABKIT_HOME/.venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["last_activity"])' 2>/dev/null || true)
+since=\$(date -d "\${last:-@0}" +%s 2>/dev/null || echo 0)
+boot=\$(date -d "\$(uptime -s)" +%s)
+((since > boot)) || since=\$boot
+if ((\$(date +%s) - since < limit * 60)); then exit 0; fi
+"$LABKIT_STATE/labkit-backup"
+if [[ "$LABKIT_MODE" == cpu ]]; then
+  echo "idle: stopped after \$limit idle minutes, labs/ saved \$(date -u +%H:%M)" >"$LABKIT_STATE/status"
+  systemctl poweroff
+else
+  echo "idle: \$limit minutes without use, labs/ saved \$(date -u +%H:%M); workshop.sh idle deletes it" >"$LABKIT_STATE/status"
+fi
+EOF
+chmod 0755 "$LABKIT_STATE/labkit-backup" "$LABKIT_STATE/labkit-idle"
+
+if [[ "$LABKIT_JUPYTER" == systemd ]]; then
+  step "systemd units: labkit-jupyter, labkit-backup.timer, labkit-idle.timer"
+  cat >/etc/systemd/system/labkit-jupyter.service <<EOF
+[Unit]
+Description=JupyterLab for the lab kit, as $LABKIT_USER, on 127.0.0.1:$LABKIT_JUPYTER_PORT (reached through an IAP ssh tunnel)
+After=network-online.target
+
+[Service]
+User=$LABKIT_USER
+WorkingDirectory=$LABKIT_HOME
+EnvironmentFile=$ENV_FILE
+ExecStart=$LABKIT_HOME/.venv/bin/jupyter lab --ip=127.0.0.1 --port=$LABKIT_JUPYTER_PORT --no-browser --IdentityProvider.token= --ServerApp.password= --ServerApp.root_dir=$LABKIT_HOME
+Restart=always
+
+[Install]
+WantedBy=multi-user.target
+EOF
+  for unit in backup idle; do
+    printf '[Unit]\nDescription=labkit-%s\n\n[Service]\nType=oneshot\nExecStart=%s\n' "$unit" "$LABKIT_STATE/labkit-$unit" \
+      >"/etc/systemd/system/labkit-$unit.service"
+    printf '[Unit]\nDescription=labkit-%s every 5 minutes\n\n[Timer]\nOnBootSec=5min\nOnUnitActiveSec=5min\n\n[Install]\nWantedBy=timers.target\n' \
+      "$unit" >"/etc/systemd/system/labkit-$unit.timer"
+  done
+  systemctl daemon-reload
+  systemctl enable --now labkit-jupyter.service labkit-backup.timer labkit-idle.timer
+elif [[ "$LABKIT_JUPYTER" == background ]]; then
+  # For a run by hand (and the kit's tests): JupyterLab in the background, its own process group.
+  step "JupyterLab in the background"
+  (
+    cd "$LABKIT_HOME"
+    # (Run by hand as root, JupyterLab asks for --allow-root.)
+    as_root=()
+    [[ $(id -u) != 0 ]] || as_root=(--allow-root)
+    setsid .venv/bin/jupyter lab --ip=127.0.0.1 --port="$LABKIT_JUPYTER_PORT" --no-browser --IdentityProvider.token= \
+      --ServerApp.password= --ServerApp.root_dir="$LABKIT_HOME" "${as_root[@]}" \
+      </dev/null >"$LABKIT_STATE/jupyter.log" 2>&1 &
+    echo $! >"$LABKIT_STATE/jupyter.pid"
+  )
+fi
+if [[ "$LABKIT_JUPYTER" != off ]]; then
+  step "waiting for JupyterLab to answer on 127.0.0.1:$LABKIT_JUPYTER_PORT"
+  for _ in $(seq 120); do
+    curl -fsS --max-time 2 "http://127.0.0.1:$LABKIT_JUPYTER_PORT/api/status" >/dev/null 2>&1 && break
+    sleep 1
+  done
+  curl -fsS --max-time 5 "http://127.0.0.1:$LABKIT_JUPYTER_PORT/api/status" >/dev/null
+  JUPYTER=", JupyterLab on 127.0.0.1:$LABKIT_JUPYTER_PORT"
+fi
+
+status "ready: lab $LABKIT_SMOKE_LAB as shipped reports not implemented yet on $SMOKE_CONFIG$([[ -z ${JUPYTER:-} ]] || echo "$JUPYTER") ($(cat "$LABKIT_HOME/.labkit-commit"))"
 step "ready"

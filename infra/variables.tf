@@ -24,8 +24,8 @@ variable "zone" {
   default     = "us-central1-a"
 
   validation {
-    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", var.zone))
-    error_message = "zone must look like us-central1-a."
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$", var.zone))
+    error_message = "zone must look like us-central1-a (or an AI zone such as us-central1-ai1a)."
   }
 }
 
@@ -52,7 +52,7 @@ variable "accelerator_type" {
 }
 
 variable "runtime_version" {
-  description = "TPU VM software version, matching the generation: v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv6e (v6e), tpu-ubuntu2204-base (v2 to v4, v5p)."
+  description = "TPU VM software version, matching the generation: v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v2 to v4); `workshop.sh up` checks it against infra/tpu-types.tsv."
   type        = string
   default     = "v2-alpha-tpuv5-lite"
 
@@ -97,9 +97,9 @@ variable "subnetwork" {
 }
 
 variable "external_ips" {
-  description = "Give every VM an external IP address (for ssh and for installing the kit, unless the network has IAP and Cloud NAT)."
+  description = "Give every VM an external IP address. Off by default: students come in through IAP (the firewall rule for 35.235.240.0/20 is created here) and the VMs reach the package index through Cloud NAT (cloud_nat)."
   type        = bool
-  default     = true
+  default     = false
 }
 
 variable "cpu_count" {
@@ -135,8 +135,8 @@ variable "kit_repo" {
   type        = string
 
   validation {
-    condition     = can(regex("^(https://|git@|ssh://)", var.kit_repo))
-    error_message = "kit_repo must be a git URL starting with https://, ssh:// or git@."
+    condition     = can(regex("^https://", var.kit_repo))
+    error_message = "kit_repo must be an https:// git URL: the VMs hold no ssh key, so git@ and ssh:// URLs cannot be cloned there."
   }
 }
 
@@ -159,5 +159,86 @@ variable "labels" {
   validation {
     condition     = alltrue([for k, v in var.labels : can(regex("^[a-z][a-z0-9_-]{0,62}$", k)) && can(regex("^[a-z0-9_-]{0,63}$", v))])
     error_message = "label keys and values must be lowercase letters, digits, underscores or hyphens (keys start with a letter), at most 63 characters."
+  }
+}
+
+variable "roster" {
+  description = "CSV file (path relative to infra/, or absolute) with the columns student,account[,kind]: one VM per row, named WORKSHOP-STUDENT, reachable only by that Google account; kind is tpu (default) or cpu. When set, tpu_count and cpu_count are ignored."
+  type        = string
+  default     = null
+
+  validation {
+    condition = var.roster == null ? true : alltrue([
+      for row in csvdecode(file(var.roster)) :
+      can(regex("^[a-z][a-z0-9-]{0,30}[a-z0-9]$", row.student)) && can(regex("^[^@ ]+@[^@ ]+$", row.account)) && contains(["tpu", "cpu"], coalesce(lookup(row, "kind", ""), "tpu"))
+    ])
+    error_message = "every roster row needs a student id (2 to 32 lowercase letters, digits or hyphens, starting with a letter), an account (a Google account's email) and, if given, a kind of tpu or cpu."
+  }
+}
+
+variable "cloud_nat" {
+  description = "Create a Cloud Router and Cloud NAT in the VMs' regions, so that VMs without external addresses can install the kit; false where the network has NAT already."
+  type        = bool
+  default     = true
+}
+
+variable "idle_minutes" {
+  description = "Minutes with no kernel activity and no login after which a VM saves labs/ to the bucket and stops (CPU VMs) or marks itself idle for `workshop.sh idle` to delete (TPU VMs); 0 turns it off."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.idle_minutes == 0 || (var.idle_minutes >= 15 && var.idle_minutes <= 1440)
+    error_message = "idle_minutes must be 0 (off) or from 15 to 1440."
+  }
+}
+
+variable "hours" {
+  description = "Planned length of the workshop in hours: `workshop.sh up` prints the cost for it, and the budget alert (if any) uses it."
+  type        = number
+  default     = 8
+
+  validation {
+    condition     = var.hours > 0 && var.hours <= 720
+    error_message = "hours must be more than 0 and at most 720 (30 days)."
+  }
+}
+
+variable "usd_per_hour" {
+  description = "Price of one TPU VM per hour in US dollars, for a type infra/prices.tsv does not list (`workshop.sh up` refuses an unpriced type without it)."
+  type        = number
+  default     = null
+}
+
+variable "billing_account" {
+  description = "Billing account ID (XXXXXX-XXXXXX-XXXXXX) for an optional budget alert on the workshop's labelled spend; null: no budget."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.billing_account == null ? true : can(regex("^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$", var.billing_account))
+    error_message = "billing_account must look like 012345-6789AB-CDEF01."
+  }
+}
+
+variable "budget_usd" {
+  description = "Amount of the budget alert in US dollars (alerts at 50%, 90% and 100%); used only with billing_account."
+  type        = number
+  default     = 1000
+
+  validation {
+    condition     = var.budget_usd > 0
+    error_message = "budget_usd must be a positive amount of US dollars."
+  }
+}
+
+variable "queued_resources" {
+  description = "Make the TPU VMs through queued resources (what Google recommends for TPU capacity, and the way to Spot TPUs), with `gcloud compute tpus queued-resources create` from workshop.sh: the provider's google_tpu_v2_queued_resource cannot set the metadata, labels, service account or Spot the kit needs."
+  type        = bool
+  default     = false
+
+  validation {
+    condition     = !(var.queued_resources && var.preemptible)
+    error_message = "queued_resources makes Spot TPU VMs (spot = true) or on-demand ones, not preemptible ones."
   }
 }

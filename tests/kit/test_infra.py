@@ -1,10 +1,11 @@
-"""Workshop infrastructure (infra/): what can be checked without a cloud account.
+"""Workshop infrastructure (infra/): the Terraform and the scripts, checked without a cloud account.
 
-The Terraform is checked by `terraform fmt`, by parsing it with python-hcl2, by real `terraform plan`
-runs on the variable files alone (validation needs no provider), and by checkov; the scripts by
-shellcheck; the startup script runs for real in a temporary folder in CPU mode; the front door
-(workshop.sh) runs against recording stand-ins for `gcloud`, `terraform` and `nox`; the GKE grading
-Job is parsed and its sharded grading is run locally, two shards merged against one whole run.
+The Terraform is checked by `terraform fmt`, by parsing it with python-hcl2 (the VMs' service account,
+scopes, access, firewall, labels), by real `terraform plan` runs on the variable files alone (validation
+needs no provider), and by checkov (the locked one and a current one); the scripts by shellcheck.
+Elsewhere: test_infra_schema.py (every argument against the providers' schema), test_infra_startup.py
+(startup.sh run locally), test_infra_workshop.py (workshop.sh against recording stand-ins) and
+test_infra_k8s.py (the GKE grading Jobs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import hcl2
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -111,7 +111,7 @@ def test_terraform_files_are_formatted():
 def test_tpu_module_creates_google_tpu_v2_vms_with_the_beta_provider():
     vm = resources(INFRA / "modules/tpu_vm/main.tf")[("google_tpu_v2_vm", "vm")]
     assert attr(vm, "provider") == "google-beta"
-    assert attr(vm, "count") == "var.vm_count"
+    assert attr(vm, "for_each") == "var.vms" and attr(vm, "name") == "each.key"
     for field in ("project", "zone", "accelerator_type", "runtime_version"):
         assert attr(vm, field) == f"var.{field}"
     network = attr(vm, "network_config")
@@ -123,7 +123,7 @@ def test_tpu_module_creates_google_tpu_v2_vms_with_the_beta_provider():
 
 def test_cpu_module_creates_compute_instances_that_install_the_kit():
     vm = resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")]
-    assert attr(vm, "count") == "var.vm_count"
+    assert attr(vm, "for_each") == "var.vms" and attr(vm, "name") == "each.key"
     assert attr(vm, "machine_type") == "var.machine_type"
     metadata = attr(vm, "metadata")
     assert attr(metadata, "startup-script") == "var.startup_script"
@@ -140,8 +140,8 @@ def test_tpu_vms_run_the_startup_script_in_tpu_mode():
 
 def test_tpu_module_has_the_variables_a_workshop_sets():
     v = variables(INFRA / "modules/tpu_vm")
-    for name in ("project", "zone", "accelerator_type", "runtime_version", "vm_count", "spot", "preemptible",
-                 "network", "labels", "workshop"):
+    for name in ("project", "zone", "accelerator_type", "runtime_version", "vms", "spot", "preemptible",
+                 "network", "labels", "workshop", "service_account", "scopes"):
         assert name in v, f"variable {name} missing"
         assert attr(v[name], "description"), f"variable {name} has no description"
         assert "type" in v[name], f"variable {name} has no type"
@@ -187,7 +187,7 @@ def test_root_passes_each_module_its_required_variables_and_reads_only_its_outpu
     for name, body in modules.items():
         folder = INFRA / attr(body, "source")
         declared = variables(folder)
-        passed = {k for k in body if k not in ("source", "providers")}
+        passed = {k for k in body if k not in ("source", "providers", "depends_on")}
         assert passed <= set(declared), f"module {name} takes no {passed - set(declared)}"
         required = {k for k, v in declared.items() if "default" not in v}
         assert required <= passed, f"module {name} needs {required - passed}"
@@ -227,6 +227,11 @@ def test_the_example_settings_pass_validation(tmp_path):
     ({"tpu_count": 2.5}, "whole number"),
     ({"spot": True, "preemptible": True}, "not both"),
     ({"kit_repo": "labkit"}, "git URL"),
+    ({"kit_repo": "git@github.com:course/labkit.git"}, "no ssh key"),
+    ({"kit_repo": "ssh://git@example.org/labkit.git"}, "no ssh key"),
+    ({"idle_minutes": 5}, "idle_minutes must be 0"),
+    ({"billing_account": "my-billing"}, "012345-6789AB-CDEF01"),
+    ({"queued_resources": True, "preemptible": True}, "not preemptible ones"),
 ])
 def test_validation_rejects_bad_settings(tmp_path, bad, message):
     result = _plan(tmp_path, INFRA / "variables.tf", **{**GOOD, **bad})
@@ -235,10 +240,183 @@ def test_validation_rejects_bad_settings(tmp_path, bad, message):
 
 
 def test_module_variables_validate_the_same_way(tmp_path):
-    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git")
+    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git",
+               service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com", network_tag="w-labkit")
     assert _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu).returncode == 0
     bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu, accelerator_type="a100-8")
     assert bad.returncode != 0 and "Cloud TPU type" in bad.stderr
+
+
+def test_an_ai_zone_passes_validation(tmp_path):
+    result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, zone="us-central1-ai1a")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _roster(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "roster.csv"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_a_roster_of_students_and_accounts_passes_validation(tmp_path):
+    roster = _roster(tmp_path, """\
+        student,account,kind
+        ada,ada@example.org,tpu
+        cy,cy@example.org,cpu
+        """)
+    result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, roster=roster)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("row", ["Ada Lovelace,ada@example.org,tpu", "ada,not-an-email,tpu", "ada,ada@example.org,gpu"])
+def test_validation_rejects_a_bad_roster_row(tmp_path, row):
+    roster = _roster(tmp_path, f"student,account,kind\n{row}\n")
+    result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, roster=roster)
+    assert result.returncode != 0
+    assert "every roster row needs a student id" in re.sub(r"\s+", " ", result.stderr), result.stderr
+
+
+def _roster_plan(tmp_path: Path, **values) -> dict:
+    """infra/roster.tf planned with variables.tf alone: its locals, as one output."""
+    terraform = need("terraform")
+    work = tmp_path / "roster-plan"
+    work.mkdir()
+    shutil.copy(INFRA / "variables.tf", work)
+    shutil.copy(INFRA / "roster.tf", work)
+    (work / "show.tf").write_text('output "o" {\n  value = { tpu = local.tpu_vms, cpu = local.cpu_vms, '
+                                  'access = local.cpu_access, grants = keys(local.tpu_grants), '
+                                  'regions = local.regions }\n}\n')
+    assert run([terraform, "init", "-input=false", "-no-color"], cwd=work).returncode == 0
+    args = [a for k, v in {**GOOD, **values}.items() for a in ("-var", f"{k}={v}")]
+    env = dict(os.environ, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1")
+    plan = run([terraform, "plan", "-input=false", "-no-color", "-lock=false", "-out=plan", *args], cwd=work, env=env)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    shown = run([terraform, "show", "-json", "plan"], cwd=work)
+    return json.loads(shown.stdout)["planned_values"]["outputs"]["o"]["value"]
+
+
+def test_a_roster_makes_one_vm_per_student_and_grants_only_theirs(tmp_path):
+    roster = _roster(tmp_path, """\
+        student,account,kind
+        ada,ada@example.org,tpu
+        bo,bo@example.org,
+        cy,cy@example.org,cpu
+        """)
+    o = _roster_plan(tmp_path, roster=roster, zone="us-central1-ai1a", tpu_count=7)
+    assert o["tpu"] == {"spmd-2026-ada": "ada", "spmd-2026-bo": "bo"}, "an empty kind is tpu; counts are ignored"
+    assert o["cpu"] == {"spmd-2026-cy": "cy"}
+    assert o["access"] == {"spmd-2026-cy": "cy@example.org"}
+    assert sorted(o["grants"]) == sorted(f"spmd-2026-{s} roles/{r}" for s in ("ada", "bo")
+                                         for r in ("tpu.viewer", "compute.osLogin", "iap.tunnelResourceAccessor"))
+    assert o["regions"] == ["us-central1"], "an AI zone's region"
+
+
+def test_without_a_roster_seats_are_numbered_and_no_one_is_granted_anything(tmp_path):
+    o = _roster_plan(tmp_path, tpu_count=2, cpu_count=1)
+    assert o["tpu"] == {"spmd-2026-tpu-00": "tpu-00", "spmd-2026-tpu-01": "tpu-01"}
+    assert o["cpu"] == {"spmd-2026-cpu-00": "cpu-00"}
+    assert o["access"] == {} and o["grants"] == []
+
+
+# ---- who the VMs are: a service account of their own, no project role, minimal scopes ------------
+
+ROOT_TF = sorted(p for p in INFRA.glob("*.tf"))
+
+
+def all_resources() -> dict:
+    out = {}
+    for path in [*ROOT_TF, *INFRA.glob("modules/*/*.tf")]:
+        out.update({(path.parent.name, *key): body for key, body in resources(path).items()})
+    return out
+
+
+def test_every_vm_runs_as_the_workshops_own_account_with_the_storage_scope_only():
+    tpu = attr(resources(INFRA / "modules/tpu_vm/main.tf")[("google_tpu_v2_vm", "vm")], "service_account")
+    assert attr(tpu, "email") == "var.service_account" and attr(tpu, "scope") == "var.scopes"
+    cpu = attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "service_account")
+    assert attr(cpu, "email") == "var.service_account" and attr(cpu, "scopes") == "var.scopes"
+    for module in ("tpu_vm", "cpu_vm"):
+        scopes = variables(INFRA / "modules" / module)["scopes"]
+        assert attr(scopes, "default") == ["https://www.googleapis.com/auth/devstorage.read_write"]
+    modules = named(hcl(INFRA / "main.tf")["module"])
+    for name in ("tpu", "cpu"):
+        assert attr(modules[name], "service_account") == "google_service_account.vm.email"
+        assert "scopes" not in modules[name], "the modules' minimal default scopes are the ones used"
+
+
+def test_the_vms_account_is_granted_nothing_on_the_project():
+    iam = {k: v for k, v in all_resources().items() if "_iam_" in k[1]}
+    assert iam, "expected the bucket grant and the students' grants"
+    for (folder, rtype, name), body in iam.items():
+        if "google_service_account.vm" in str(attr(body, "member")):
+            assert rtype == "google_storage_bucket_iam_member", f"{rtype}.{name} grants the VMs' account more"
+            assert attr(body, "bucket") == "google_storage_bucket.labs.name"
+            assert attr(body, "role") == "roles/storage.objectUser"
+    project_level = [k for k in iam if k[1].startswith("google_project_iam")]
+    for key in project_level:
+        body = iam[key]
+        assert attr(body, "member").startswith("user:"), "project grants go to students only"
+        assert "condition" in body, "a student's project grant is narrowed to their own node"
+    for rtype in ("google_project_iam_binding", "google_project_iam_policy"):
+        assert not [k for k in iam if k[1] == rtype], f"{rtype} would replace the project's other grants"
+
+
+def test_the_service_account_variable_refuses_the_default_compute_account(tmp_path):
+    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git",
+               network_tag="w-labkit")
+    bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
+                service_account="123456789-compute@developer.gserviceaccount.com")
+    assert bad.returncode != 0 and "never the default compute one" in re.sub(r"\s+", " ", bad.stderr)
+    wide = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
+                 service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com",
+                 scopes='["https://www.googleapis.com/auth/cloud-platform"]')
+    assert wide.returncode != 0 and "must not include cloud-platform" in re.sub(r"\s+", " ", wide.stderr)
+
+
+# ---- reaching the VMs: private, through IAP, each student only their own ----------------------------
+
+def test_vms_have_no_external_address_by_default():
+    for folder in (INFRA, INFRA / "modules/tpu_vm", INFRA / "modules/cpu_vm"):
+        assert attr(variables(folder)["external_ips"], "default") is False
+
+
+def test_ssh_is_open_only_to_iaps_range_and_only_to_the_workshops_vms():
+    firewalls = {k: v for k, v in all_resources().items() if k[1] == "google_compute_firewall"}
+    assert len(firewalls) == 1
+    rule = next(iter(firewalls.values()))
+    assert attr(rule, "source_ranges") == ["35.235.240.0/20"]
+    assert attr(rule, "direction") == "INGRESS" and attr(rule, "target_tags") == ["local.tag"]
+    allow = attr(rule, "allow")
+    assert attr(allow, "protocol") == "tcp" and attr(allow, "ports") == ["22"]
+    modules = named(hcl(INFRA / "main.tf")["module"])
+    assert attr(modules["tpu"], "network_tag") == attr(modules["cpu"], "network_tag") == "local.tag"
+    for module, rtype in (("tpu_vm", "google_tpu_v2_vm"), ("cpu_vm", "google_compute_instance")):
+        assert attr(resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")], "tags") == ["var.network_tag"]
+
+
+def test_each_cpu_vm_gives_its_student_login_and_tunnel_on_that_instance_only():
+    access = resources(INFRA / "access.tf")
+    login = access[("google_compute_instance_iam_member", "os_login")]
+    tunnel = access[("google_iap_tunnel_instance_iam_member", "tunnel")]
+    assert attr(login, "role") == "roles/compute.osLogin", "not osAdminLogin: no sudo for students"
+    assert attr(login, "instance_name") == "each.key" and attr(tunnel, "instance") == "each.key"
+    assert attr(tunnel, "role") == "roles/iap.tunnelResourceAccessor"
+    assert attr(login, "member") == attr(tunnel, "member") == "user:${each.value}"
+
+
+def test_the_vms_never_accept_keys_from_project_metadata():
+    for module, rtype in (("tpu_vm", "google_tpu_v2_vm"), ("cpu_vm", "google_compute_instance")):
+        metadata = attr(resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")], "metadata")
+        assert str(attr(metadata, "enable-oslogin")).upper() == "TRUE"
+        assert str(attr(metadata, "block-project-ssh-keys")).upper() == "TRUE"
+        assert attr(metadata, "labkit-student") == "each.value"
+
+
+def test_terraform_enables_the_apis_the_workshop_needs():
+    api = resources(INFRA / "main.tf")[("google_project_service", "api")]
+    assert "tpu.googleapis.com" in attr(api, "for_each") and "iap.googleapis.com" in attr(api, "for_each")
+    assert "compute.googleapis.com" in attr(api, "for_each")
+    assert attr(api, "disable_on_destroy") is False
 
 
 def test_everything_created_carries_the_cost_tracking_labels():
@@ -249,7 +427,8 @@ def test_everything_created_carries_the_cost_tracking_labels():
             assert key in labels, f"{module}: label {key} missing"
         assert "var.workshop" in labels and "var.labels" in labels
         vm = resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")]
-        assert attr(vm, "labels") == "local.labels"
+        labels = re.sub(r"[\s'${}]", "", attr(vm, "labels"))
+        assert labels in ("merge(local.labels,student=each.value)", "merge(local.labels,student:each.value)")
     disk = attr(attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "boot_disk"),
                 "initialize_params")
     assert attr(disk, "labels") == "local.labels", "boot disks are billed too: label them"
@@ -271,8 +450,8 @@ def test_root_configuration_wires_both_modules_and_the_startup_script():
     modules = named(config["module"])
     assert attr(modules["tpu"], "source") == "./modules/tpu_vm"
     assert attr(modules["cpu"], "source") == "./modules/cpu_vm"
-    assert attr(modules["tpu"], "vm_count") == "var.tpu_count"
-    assert attr(modules["cpu"], "vm_count") == "var.cpu_count"
+    assert attr(modules["tpu"], "vms") == "var.queued_resources ? {} : local.tpu_vms"
+    assert attr(modules["cpu"], "vms") == "local.cpu_vms"
     assert "startup.sh" in attr(config["locals"][0], "startup_script")
     providers = hcl(INFRA / "versions.tf")["terraform"][0]["required_providers"]
     assert "hashicorp/google-beta" in json.dumps(providers)
@@ -298,6 +477,36 @@ def test_checkov_passes(checkov_reports, check_type, at_least):
     failed = report["results"]["failed_checks"]
     assert not failed, "\n".join(f"{c['check_id']} {c['check_name']} ({c['resource']})" for c in failed)
     assert report["summary"]["passed"] >= at_least, "checkov checked (almost) nothing"
+
+
+# The locked checkov (the `infra` group) is 3.1; newer releases add checks (CKV2_GCP_32, "Ensure TPU
+# v2 is private", among them). A current one runs in a tool environment of its own (`uv tool run`),
+# so that its pins (packaging 23, pytest 9.1, ...) stay out of the kit's lock.
+CURRENT_CHECKOV = "3.3.30"
+
+
+@pytest.fixture(scope="module")
+def current_checkov_report() -> dict[str, dict]:
+    uv = shutil.which("uv") or ROOT / ".tools/bin/uv"
+    if not Path(uv).exists():
+        pytest.skip("uv not found (run `make setup` first)")
+    result = run([str(uv), "tool", "run", "--from", f"checkov=={CURRENT_CHECKOV}", "checkov", "--skip-download",
+                  "--compact", "-o", "json", "-d", str(INFRA), "--framework", "terraform", "kubernetes",
+                  "--var-file", str(INFRA / "workshop.tfvars.example")],
+                 env=dict(os.environ, BC_SKIP_MAPPING="TRUE"), timeout=600)
+    if not result.stdout.strip().startswith(("[", "{")):
+        pytest.skip(f"checkov {CURRENT_CHECKOV} could not be installed here: {result.stderr[-300:]}")
+    data = json.loads(result.stdout)
+    return {r["check_type"]: r for r in (data if isinstance(data, list) else [data])}
+
+
+def test_a_current_checkov_passes_with_tpu_vms_private(current_checkov_report):
+    for check_type, report in current_checkov_report.items():
+        failed = report["results"]["failed_checks"]
+        assert not failed, "\n".join(f"{c['check_id']} {c['check_name']} ({c['resource']})" for c in failed)
+        assert report["summary"]["checkov_version"] == CURRENT_CHECKOV
+    passed = {(c["check_id"], c["resource"]) for c in current_checkov_report["terraform"]["results"]["passed_checks"]}
+    assert ("CKV2_GCP_32", "module.tpu.google_tpu_v2_vm.vm") in passed
 
 
 def test_every_skipped_check_is_justified():
@@ -326,502 +535,3 @@ def test_shellcheck_passes(script):
 
 def test_there_are_scripts_to_check():
     assert {p.name for p in SCRIPTS} >= {"startup.sh", "workshop.sh"}
-
-
-def _uv_dir() -> str:
-    """Where `uv` is: on the PATH, or the kit's private copy that `make setup` made."""
-    uv = shutil.which("uv") or (ROOT / ".tools/bin/uv")
-    if not Path(uv).exists():
-        pytest.skip("uv not found (run `make setup` first)")
-    return str(Path(uv).parent)
-
-
-def _startup_env(tmp_path: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LABKIT_", "JAX_", "XLA_"))}
-    env.update(
-        LABKIT_REPO=str(ROOT), LABKIT_REF="HEAD", LABKIT_HOME=str(tmp_path / "kit"), LABKIT_MODE="cpu",
-        LABKIT_SYSTEM_PACKAGES="0", LABKIT_LOG=str(tmp_path / "log" / "labkit-startup.log"),
-        LABKIT_STATE=str(tmp_path / "state"), LABKIT_SYSTEM_ENV=str(tmp_path / "environment"),
-        # Build the environment from uv's cache (filled by this machine's own `make setup`): no download.
-        UV_OFFLINE="1", PATH=_uv_dir() + os.pathsep + env["PATH"],
-    )
-    env.update(extra)
-    return env
-
-
-def test_startup_script_installs_the_kit_and_passes_the_smoke_lab_on_cpu_8(tmp_path):
-    result = run(["bash", str(INFRA / "startup.sh")], env=_startup_env(tmp_path), timeout=600)
-    log = (tmp_path / "log" / "labkit-startup.log").read_text()
-    assert result.returncode == 0, log[-3000:]
-    assert (tmp_path / "state" / "status").read_text().startswith("ready: lab 3 reference passed on cpu-8")
-    assert "PASS  4/4 on cpu-8" in log, "the smoke lab's report belongs in the TA's log"
-    assert (tmp_path / "kit" / ".venv" / "bin" / "jupyter-lab").exists(), "students get JupyterLab"
-    assert not (tmp_path / "kit" / ".venv" / "bin" / "checkov").exists(), "the kit's own tools stay off the VMs"
-    # A student's `make lab-N` must find .venv up to date under the selection every login gets.
-    selection = dict(line.split("=", 1) for line in (tmp_path / "environment").read_text().splitlines())
-    assert selection == {"EXTRAS": "", "DEP_GROUPS": "notebook"}
-    up_to_date = run(["make", "-q", "-C", str(tmp_path / "kit"), ".venv/.synced",
-                      *(f"{k}={v}" for k, v in selection.items())])
-    assert up_to_date.returncode == 0, "a student's make lab-N would install again"
-    assert not list((tmp_path / "kit" / ".venv").glob("lib/python*/site-packages/libtpu*")), \
-        "jax[tpu] belongs on TPU VMs only"
-
-
-def test_startup_script_writes_the_failing_step_where_a_ta_reads_it(tmp_path):
-    env = _startup_env(tmp_path, LABKIT_REPO=str(tmp_path / "no-such-repo"))
-    result = run(["bash", str(INFRA / "startup.sh")], env=env)
-    assert result.returncode != 0
-    status = (tmp_path / "state" / "status").read_text()
-    assert status.startswith("failed: fetching the kit from")
-    assert str(tmp_path / "log" / "labkit-startup.log") in status
-
-
-def _recording_make(tmp_path: Path) -> Path:
-    """A `make` that records its arguments and leaves a recording `.venv/bin/python` in the kit."""
-    bin_dir = tmp_path / "fakebin"
-    bin_dir.mkdir()
-    record = tmp_path / "calls.log"
-    python = textwrap.dedent(f"""\
-        #!/bin/sh
-        echo "python $*" >> {record}
-        echo "PASS (recorded)"
-    """)
-    make = textwrap.dedent(f"""\
-        #!/bin/sh
-        echo "make $*" >> {record}
-        mkdir -p "$2/.venv/bin"
-        cat > "$2/.venv/bin/python" <<'EOF'
-        {python}EOF
-        chmod +x "$2/.venv/bin/python"
-    """)
-    (bin_dir / "make").write_text(make)
-    (bin_dir / "make").chmod(0o755)
-    return record
-
-
-def test_startup_script_in_tpu_mode_installs_jax_tpu_and_smokes_on_tpu(tmp_path):
-    record = _recording_make(tmp_path)
-    env = _startup_env(tmp_path, LABKIT_MODE="tpu")
-    env["PATH"] = str(tmp_path / "fakebin") + os.pathsep + env["PATH"]
-    result = run(["bash", str(INFRA / "startup.sh")], env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    calls = record.read_text().splitlines()
-    assert calls[0] == f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu DEP_GROUPS=notebook"
-    assert "--configs tpu" in calls[1] and "--notebook reference/lab-3.ipynb" in calls[1]
-    assert (tmp_path / "state" / "status").read_text().startswith("ready: lab 3 reference passed on tpu")
-    assert (tmp_path / "environment").read_text() == "EXTRAS=tpu\nDEP_GROUPS=notebook\n"
-
-
-def test_startup_script_on_a_multi_host_slice_leaves_the_tpu_run_to_all_workers(tmp_path):
-    record = _recording_make(tmp_path)
-    env = _startup_env(tmp_path, LABKIT_MODE="tpu", LABKIT_WORKERS="4")
-    env["PATH"] = str(tmp_path / "fakebin") + os.pathsep + env["PATH"]
-    result = run(["bash", str(INFRA / "startup.sh")], env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    calls = record.read_text().splitlines()
-    assert calls[0].endswith("setup EXTRAS=tpu DEP_GROUPS=notebook")
-    assert "--configs cpu-8" in calls[1]
-    assert "multi-host slice of 4 workers" in (tmp_path / "log" / "labkit-startup.log").read_text()
-
-
-# ----------------------------------------------------------------------------------------
-# The front door, against recording stand-ins for gcloud, terraform and nox
-# ----------------------------------------------------------------------------------------
-
-FAKE = r'''
-import json, os, shutil, sys
-tool = os.path.basename(sys.argv[0])
-args = sys.argv[1:]
-with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps([tool, *args]) + "\n")
-canned = json.load(open(os.environ["FAKE_CANNED"]))
-if tool == "terraform":
-    if "output" in args:
-        print(json.dumps(canned["outputs"][args[-1]]))
-    else:
-        print("terraform " + " ".join(a for a in args if not a.startswith("-chdir")) + ": done")
-elif tool == "gcloud":
-    if "list" in args:
-        kind = "tpus" if "tpus" in args else args[1]
-        print(canned.get("left", {}).get(kind, ""))
-    elif "scp" in args:
-        sources = [a for a in args if ":" in a and not a.startswith("-")]
-        missing = 0
-        for src in sources:
-            vm, path = src.split(":", 1)
-            there = os.path.join(os.environ["FAKE_REMOTE"], vm, path.lstrip("/"))
-            if os.path.isdir(there):
-                shutil.copytree(there, os.path.join(args[-1], os.path.basename(path)), dirs_exist_ok=True)
-            else:
-                print(f"scp: {path}: No such file or directory", file=sys.stderr)
-                missing += 1
-        sys.exit(1 if missing else 0)
-    elif "ssh" in args:
-        sys.stdin.read()  # as ssh does: whatever the script left on standard input is gone
-        print(canned.get("ssh", "ready"))
-elif tool == "nox":
-    print("nox " + " ".join(args))
-'''
-
-
-class Workshop:
-    """Runs infra/workshop.sh with fake gcloud, terraform and nox first on the PATH."""
-
-    def __init__(self, tmp_path: Path, tfvars: str, outputs: dict, left: dict | None = None):
-        self.tmp = tmp_path
-        self.log = tmp_path / "calls.jsonl"
-        self.remote = tmp_path / "remote"
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        for tool in ("gcloud", "terraform", "nox"):
-            (bin_dir / tool).write_text(f"#!{sys.executable}\n{FAKE}")
-            (bin_dir / tool).chmod(0o755)
-        (tmp_path / "canned.json").write_text(json.dumps({"outputs": outputs, "left": left or {}}))
-        (tmp_path / "workshop.tfvars").write_text(textwrap.dedent(tfvars))
-        self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_LOG=str(self.log),
-                        FAKE_CANNED=str(tmp_path / "canned.json"), FAKE_REMOTE=str(self.remote),
-                        WORKSHOP_TFVARS=str(tmp_path / "workshop.tfvars"), WORKSHOP_LOGS=str(tmp_path / "logs"),
-                        LABKIT_NOX=str(bin_dir / "nox"))
-
-    def __call__(self, *args: str, input: str = "") -> subprocess.CompletedProcess:
-        return run(["bash", str(INFRA / "workshop.sh"), *args], env=self.env, input=input)
-
-    def calls(self, tool: str | None = None) -> list[list[str]]:
-        if not self.log.exists():
-            return []
-        calls = [json.loads(line) for line in self.log.read_text().splitlines()]
-        return [c[1:] for c in calls if tool is None or c[0] == tool]
-
-
-SETTINGS = """\
-    project          = "my-course-project"
-    workshop         = "spmd"
-    kit_repo         = "https://example.org/course/labkit.git"
-    zone             = "us-central1-a"
-    tpu_count        = 3
-    accelerator_type = "v5litepod-8" # 8 chips, one host
-    cpu_count        = 2
-    machine_type     = "e2-standard-4"
-    """
-NAMES = {"tpu_names": ["spmd-tpu-00", "spmd-tpu-01", "spmd-tpu-02"], "cpu_names": ["spmd-cpu-00", "spmd-cpu-01"],
-         "ssh_commands": ["gcloud compute tpus tpu-vm ssh spmd-tpu-00 --zone us-central1-a"]}
-
-
-@pytest.fixture
-def workshop(tmp_path):
-    return Workshop(tmp_path, SETTINGS, NAMES)
-
-
-def test_up_prints_the_cost_per_hour_before_it_applies(workshop):
-    result = workshop("up", "--yes")
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "3 x v5litepod-8" in out and "$28.80/h" in out  # 3 x $9.60
-    assert "2 x e2-standard-4" in out and "$0.27/h" in out  # 2 x $0.134
-    assert "Estimated cost: $29.07 per hour" in out
-    assert "estimate" in out.lower() and "2026-11-22" in out, "say it is an estimate, and of when"
-    assert out.index("Estimated cost") < out.index("terraform apply"), "the cost comes before anything starts"
-    tf = workshop.calls("terraform")
-    assert tf[0] == [f"-chdir={INFRA}", "init", "-input=false"]
-    assert tf[1] == [f"-chdir={INFRA}", "apply", "-input=false", "-auto-approve",
-                     f"-var-file={workshop.tmp / 'workshop.tfvars'}"]
-    assert "gcloud compute tpus tpu-vm ssh spmd-tpu-00" in out, "hand out the ssh commands"
-
-
-def test_a_relative_settings_path_still_reaches_terraform(workshop):
-    workshop.env["WORKSHOP_TFVARS"] = "workshop.tfvars"
-    result = run(["bash", str(INFRA / "workshop.sh"), "up", "--yes"], env=workshop.env, cwd=workshop.tmp)
-    assert result.returncode == 0, result.stderr
-    apply = [c for c in workshop.calls("terraform") if "apply" in c][0]
-    assert apply[-1] == f"-var-file={workshop.tmp / 'workshop.tfvars'}", "terraform runs in infra/, not here"
-
-
-def test_up_without_a_yes_starts_nothing(workshop):
-    result = workshop("up", input="n\n")
-    assert result.returncode != 0
-    assert "Estimated cost" in result.stdout
-    assert not any("apply" in c for c in workshop.calls("terraform"))
-
-
-def test_up_on_spot_prints_the_on_demand_price_as_an_upper_bound(tmp_path):
-    w = Workshop(tmp_path, SETTINGS + "    spot = true\n", NAMES)
-    result = w("cost")
-    assert result.returncode == 0, result.stderr
-    assert "spot/preemptible" in result.stdout and "at most $29.07 per hour" in result.stdout
-    assert w.calls() == [], "`cost` only prints"
-
-
-def test_up_names_an_accelerator_it_has_no_price_for(tmp_path):
-    w = Workshop(tmp_path, SETTINGS.replace("v5litepod-8", "v5litepod-256"), NAMES)
-    result = w("cost")
-    assert "no price known for this type" in result.stdout
-
-
-def test_without_settings_the_script_says_what_to_copy(tmp_path):
-    w = Workshop(tmp_path, SETTINGS, NAMES)
-    w.env["WORKSHOP_TFVARS"] = str(tmp_path / "missing.tfvars")
-    result = w("up", "--yes")
-    assert result.returncode == 2
-    assert "workshop.tfvars.example" in result.stderr
-    assert w.calls() == []
-
-
-def test_status_lists_the_labelled_vms_and_each_kits_status(workshop):
-    result = workshop("status")
-    assert result.returncode == 0, result.stderr
-    gcloud = workshop.calls("gcloud")
-    lists = [c for c in gcloud if "list" in c]
-    assert any(c[:4] == ["compute", "tpus", "tpu-vm", "list"] and "labels.workshop=spmd" in c for c in lists)
-    assert any(c[:3] == ["compute", "instances", "list"] and "labels.workshop=spmd" in c for c in lists)
-    ssh = [c for c in gcloud if "ssh" in c]
-    assert len(ssh) == 5
-    assert all("cat /var/lib/labkit/status" in c[-1] for c in ssh)
-
-
-def test_run_lab_runs_on_every_worker_of_every_tpu_vm(workshop):
-    result = workshop("run", "lab", "3")
-    assert result.returncode == 0, result.stdout + result.stderr
-    gcloud = workshop.calls("gcloud")
-    for name in NAMES["tpu_names"]:
-        assert ["compute", "tpus", "tpu-vm", "ssh", name, "--project", "my-course-project", "--zone", "us-central1-a",
-                "--worker=all", "--command", "cd /opt/labkit && LABKIT_TPU_HOSTS=1 make lab-3 CONFIGS=tpu"] in gcloud
-    for name in NAMES["cpu_names"]:
-        assert ["compute", "ssh", name, "--project", "my-course-project", "--zone", "us-central1-a",
-                "--command", "cd /opt/labkit && make lab-3 CONFIGS=cpu-1,cpu-8"] in gcloud
-    assert (workshop.tmp / "logs" / "spmd-tpu-01.log").exists(), "one log per VM"
-
-
-def test_a_workshop_without_cpu_vms_reaches_only_its_tpu_vms(tmp_path):
-    w = Workshop(tmp_path, SETTINGS, {"tpu_names": ["spmd-tpu-00"], "cpu_names": []})
-    result = w("run", "lab", "3")
-    assert result.returncode == 0, result.stdout + result.stderr
-    ssh = [c for c in w.calls("gcloud") if "ssh" in c]
-    assert len(ssh) == 1 and ssh[0][4] == "spmd-tpu-00"
-    assert "on 1 VM(s)" in result.stdout
-
-
-def test_run_lab_takes_the_configurations_to_run(workshop):
-    workshop("run", "lab", "5", "--configs", "cpu-8")
-    calls = workshop.calls("gcloud")
-    tpu = [c[-1] for c in calls if c[:2] == ["compute", "tpus"]]
-    cpu = [c[-1] for c in calls if c[:2] != ["compute", "tpus"]]
-    assert tpu and all(c == "cd /opt/labkit && LABKIT_TPU_HOSTS=1 make lab-5 CONFIGS=cpu-8" for c in tpu)
-    assert cpu and all(c == "cd /opt/labkit && make lab-5 CONFIGS=cpu-8" for c in cpu)
-
-
-def test_run_grade_grades_each_vms_own_notebooks_there(workshop):
-    result = workshop("run", "grade", "--labs", "3")
-    assert result.returncode == 0, result.stderr
-    tpu = [c for c in workshop.calls("gcloud") if c[:4] == ["compute", "tpus", "tpu-vm", "ssh"]]
-    assert len(tpu) == 3 and all("--worker=all" in c for c in tpu)
-    command = tpu[0][-1]
-    assert "cp labs/lab-*.ipynb submissions/$(hostname -s)/" in command
-    assert command.endswith(".venv/bin/nox -s grade -- --submissions submissions --out scoreboard --labs 3")
-
-
-def test_run_rejects_an_unknown_request(workshop):
-    result = workshop("run", "lab", "three")
-    assert result.returncode == 2 and "usage" in result.stderr
-    assert workshop.calls("gcloud") == []
-
-
-def _remote_vm(remote: Path, name: str, *, graded: bool) -> None:
-    labs = remote / name / "opt/labkit/labs"
-    labs.mkdir(parents=True)
-    (labs / "lab-3.ipynb").write_text('{"cells": []}')
-    if graded:
-        board = remote / name / "opt/labkit/scoreboard"
-        board.mkdir(parents=True)
-        (board / "scoreboard.csv").write_text("student,lab,config,passed,total,status\n")
-
-
-def test_collect_brings_notebooks_back_and_merges_the_scoreboards(tmp_path):
-    w = Workshop(tmp_path, SETTINGS, {"tpu_names": ["spmd-tpu-00", "spmd-tpu-01"], "cpu_names": ["spmd-cpu-00"]})
-    _remote_vm(w.remote, "spmd-tpu-00", graded=True)
-    _remote_vm(w.remote, "spmd-tpu-01", graded=False)
-    _remote_vm(w.remote, "spmd-cpu-00", graded=True)
-    out = tmp_path / "results"
-    result = w("collect", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("spmd-tpu-00", "spmd-tpu-01", "spmd-cpu-00"):
-        assert (out / "submissions" / name / "lab-3.ipynb").exists(), f"{name}'s notebook not collected"
-    scp = [c for c in w.calls("gcloud") if "scp" in c]
-    assert all("--worker=0" in c for c in scp if "tpus" in c)
-    assert "spmd-tpu-01: no results there" in result.stdout
-    nox = w.calls("nox")
-    assert nox == [["-f", str(ROOT / "noxfile.py"), "-s", "scoreboard", "--", "merge",
-                    str(out / "vms/spmd-cpu-00/scoreboard"), str(out / "vms/spmd-tpu-00/scoreboard"),
-                    "--out", str(out / "scoreboard")]]
-
-
-def test_down_destroys_everything_and_finds_nothing_left(workshop):
-    result = workshop("down", "--yes")
-    assert result.returncode == 0, result.stderr
-    tf = workshop.calls("terraform")
-    assert [f"-chdir={INFRA}", "destroy", "-input=false", "-auto-approve",
-            f"-var-file={workshop.tmp / 'workshop.tfvars'}"] in tf
-    gcloud = workshop.calls("gcloud")
-    checked = {c[1] for c in gcloud if "list" in c and "labels.workshop=spmd" in c}
-    assert checked == {"tpus", "instances", "disks"}
-    assert "nothing labelled workshop=spmd is left" in result.stdout
-
-
-def test_down_fails_loudly_when_something_labelled_survives(tmp_path):
-    w = Workshop(tmp_path, SETTINGS, NAMES, left={"tpus": "spmd-tpu-02"})
-    result = w("down", "--yes")
-    assert result.returncode == 1
-    assert "STILL THERE" in result.stderr and "spmd-tpu-02" in result.stderr
-
-
-def test_down_without_a_yes_destroys_nothing(workshop):
-    result = workshop("down", input="\n")
-    assert result.returncode != 0
-    assert workshop.calls("terraform") == []
-
-
-def test_make_targets_go_through_the_front_door(workshop):
-    up = run(["make", "-s", "workshop-up", "YES=1"], env=workshop.env)
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "Estimated cost" in up.stdout
-    lab = run(["make", "-s", "workshop-run", "RUN=lab 4 --configs tpu"], env=workshop.env)
-    assert lab.returncode == 0, lab.stdout + lab.stderr
-    down = run(["make", "-s", "workshop-down", "YES=1"], env=workshop.env)
-    assert down.returncode == 0, down.stdout + down.stderr
-    actions = [c[1] for c in workshop.calls("terraform") if c[1] in ("apply", "destroy")]
-    assert actions == ["apply", "destroy"]
-    assert any(c[-1] == "cd /opt/labkit && make lab-4 CONFIGS=tpu" for c in workshop.calls("gcloud"))
-
-
-# ----------------------------------------------------------------------------------------
-# Grading on GKE: an Indexed Job of shards, then a merge
-# ----------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def k8s():
-    docs = [d for d in yaml.safe_load_all((INFRA / "k8s/grade-job.yaml").read_text()) if d]
-    return {d["metadata"]["name"]: d for d in docs}
-
-
-def _shard_count(command: str) -> int:
-    m = re.search(r"--shard \$\(\(JOB_COMPLETION_INDEX\+1\)\)/(\d+)", command)
-    assert m, f"no `--shard $((JOB_COMPLETION_INDEX+1))/N` in {command!r}"
-    return int(m.group(1))
-
-
-def test_grade_job_is_indexed_with_one_pod_per_shard(k8s):
-    job = k8s["labkit-grade"]
-    assert job["kind"] == "Job" and job["apiVersion"] == "batch/v1"
-    spec = job["spec"]
-    assert spec["completionMode"] == "Indexed"
-    container = spec["template"]["spec"]["containers"][0]
-    command = " ".join(container["args"])
-    n = _shard_count(command)
-    assert spec["completions"] == spec["parallelism"] == n
-    assert command.split("--")[0].strip().endswith("nox -s grade")
-    assert "--submissions /class/submissions" in command
-    assert "--out /class/parts/shard-$((JOB_COMPLETION_INDEX+1))" in command
-    assert spec["template"]["spec"]["restartPolicy"] == "Never"
-
-
-def test_grade_job_runs_the_kits_image_with_the_class_mounted(k8s):
-    pod = k8s["labkit-grade"]["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    assert re.fullmatch(r"[a-z0-9.-]+/[a-z0-9/._-]+/labkit:[\w.-]+", container["image"])
-    assert not container["image"].endswith(":latest")
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    assert mounts["/class"]["name"] == "class"
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["class"]["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {e["name"]: e["value"] for e in container["env"]}["LABKIT_BUILD"].startswith("/scratch/")
-    assert "/scratch" in mounts and volumes[mounts["/scratch"]["name"]] == {"name": "scratch", "emptyDir": {}}
-
-
-def test_grade_job_brings_the_reference_and_hidden_tests_the_course_image_leaves_out(k8s):
-    container = k8s["labkit-grade"]["spec"]["template"]["spec"]["containers"][0]
-    kit = container["workingDir"]
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for folder in ("reference", "tests/hidden"):
-        mount = mounts[f"{kit}/{folder}"]
-        assert mount["name"] == "class" and mount["subPath"] == f"kit/{folder}" and mount["readOnly"] is True
-
-
-def test_grade_job_matches_the_course_image(k8s):
-    dockerfile = ROOT / "Dockerfile"
-    if not dockerfile.exists():
-        pytest.skip("no Dockerfile in the kit")
-    text = dockerfile.read_text()
-    pod = k8s["labkit-grade"]["spec"]["template"]["spec"]
-    assert pod["containers"][0]["workingDir"] == re.findall(r"^WORKDIR (\S+)", text, re.M)[-1]
-    assert f"USER {pod['securityContext']['runAsUser']}:" in text
-
-
-def test_merge_job_waits_for_every_shard_and_merges_them(k8s):
-    grade = k8s["labkit-grade"]
-    merge = k8s["labkit-merge"]["spec"]["template"]["spec"]["containers"][0]
-    assert merge["image"] == grade["spec"]["template"]["spec"]["containers"][0]["image"]
-    shards = int({e["name"]: e["value"] for e in merge["env"]}["SHARDS"])
-    assert shards == grade["spec"]["completions"]
-    command = " ".join(merge["args"])
-    assert "nox -s scoreboard -- merge" in command and "--out /class/scoreboard" in command
-    assert "/class/parts/shard-" in command and ".done" in command
-
-
-def _grading_cli() -> bool:
-    help_text = run([sys.executable, "-m", "labkit", "grade", "--help"]).stdout
-    board = run([sys.executable, "-m", "labkit", "scoreboard", "merge", "--help"]).stdout
-    return "--shard" in help_text and "--out" in board
-
-
-def _job_command(doc: dict, tmp: Path, narrow: str) -> str:
-    """A Job's shell command for a local run: the bucket is a folder, and grading is narrowed to `narrow`."""
-    command = " ".join(doc["spec"]["template"]["spec"]["containers"][0]["args"])
-    command = command.replace("/class/", f"{tmp}/")
-    return command.replace(f"--submissions {tmp}/submissions", f"--submissions {tmp}/submissions {narrow}")
-
-
-@pytest.fixture(scope="module")
-def class_graded(tmp_path_factory, k8s):
-    """A class of two graded whole, and by the Job's own commands as two shards and a merge."""
-    if not _grading_cli():
-        pytest.skip("`grade --shard` and `scoreboard merge` are not in labkit yet")
-    tmp = tmp_path_factory.mktemp("class")
-    reference = (ROOT / "reference/lab-3.ipynb").read_text()
-    # One right and one wrong on many devices; `ada` and `cy` fall in different shards of two.
-    for student, text in {"ada": reference, "cy": reference.replace("jax.devices()", "jax.devices()[:1]")}.items():
-        (tmp / "submissions" / student).mkdir(parents=True)
-        (tmp / "submissions" / student / "lab-3.ipynb").write_text(text)
-    narrow = "--labs 3 --configs cpu-8 --jobs 2"
-    env = dict(os.environ, LABKIT_BUILD=str(tmp / "build"), PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
-    whole = run(["nox", "-s", "grade", "--", "--submissions", str(tmp / "submissions"), "--out", str(tmp / "whole"),
-                 *narrow.split()], env=env, timeout=900)
-    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
-    shards = 2
-    grade_job = re.sub(r"(--shard \S+)/\d+", rf"\1/{shards}", _job_command(k8s["labkit-grade"], tmp, narrow))
-    for index in range(shards):  # what the Job's pods run, one JOB_COMPLETION_INDEX each
-        part = run(["bash", "-c", grade_job], env=dict(env, JOB_COMPLETION_INDEX=str(index)), timeout=900)
-        assert part.returncode == 0, part.stdout[-2000:] + part.stderr[-2000:]
-    merge = run(["bash", "-c", _job_command(k8s["labkit-merge"], tmp, narrow)], env=dict(env, SHARDS=str(shards)),
-                timeout=300)
-    assert merge.returncode == 0, merge.stdout + merge.stderr
-    return tmp
-
-
-def test_two_shards_merged_equal_one_whole_run(class_graded):
-    whole = (class_graded / "whole/scoreboard.csv").read_text().splitlines()
-    merged = (class_graded / "scoreboard/scoreboard.csv").read_text().splitlines()
-    assert len(whole) == 3, whole  # the header and two students
-    assert any(",failed," in row for row in whole), "the wrong solution should fail on cpu-8"
-    assert merged == whole
-    parts = [(class_graded / f"parts/shard-{i}/scoreboard.csv").read_text().splitlines()[1:] for i in (1, 2)]
-    assert all(parts), "each shard grades part of the class"
-    assert sorted(parts[0] + parts[1]) == sorted(whole[1:])
-
-
-def test_on_a_slice_of_several_hosts_every_worker_is_told_how_many_join(tmp_path):
-    slice_settings = SETTINGS.replace('"v5litepod-8" # 8 chips, one host', '"v5litepod-16" # 16 chips, 4 hosts')
-    workshop = Workshop(tmp_path, slice_settings, NAMES)
-    assert workshop("run", "lab", "11").returncode == 0
-    tpu = [c for c in workshop.calls("gcloud") if c[:4] == ["compute", "tpus", "tpu-vm", "ssh"]]
-    assert tpu and all("--worker=all" in c and c[-1] == "cd /opt/labkit && LABKIT_TPU_HOSTS=4 make lab-11 CONFIGS=tpu"
-                       for c in tpu)

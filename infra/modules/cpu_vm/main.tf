@@ -7,16 +7,15 @@ locals {
     kit      = "labkit"
     role     = "cpu"
   })
-  names = [for i in range(var.vm_count) : format("%s-cpu-%02d", var.workshop, i)]
 }
 
 resource "google_compute_instance" "vm" {
-  count = var.vm_count
+  for_each = var.vms
 
   project      = var.project
   zone         = var.zone
-  name         = local.names[count.index]
-  description  = "JAX SPMD lab kit, workshop ${var.workshop}, CPU seat ${count.index}"
+  name         = each.key
+  description  = "JAX SPMD lab kit, workshop ${var.workshop}, student ${each.value}"
   machine_type = var.machine_type
 
   #checkov:skip=CKV_GCP_38:a customer-supplied key per boot disk would outlive the VM and need its own key management; these disks hold only the public kit and a student's exercises and are deleted with the VM by `workshop.sh down`
@@ -30,7 +29,9 @@ resource "google_compute_instance" "vm" {
     }
   }
 
-  #checkov:skip=CKV_GCP_40:students reach their VM with `gcloud compute ssh` and the VM installs the kit from the package index; `external_ips = false` turns the address off where the network has IAP and Cloud NAT
+  # No external address by default (external_ips = false): students come in through IAP, the kit
+  # comes from the package index through Cloud NAT.
+  #checkov:skip=CKV_GCP_40:external_ips defaults to false, which leaves the dynamic access_config out; checkov counts the dynamic block as an address whatever its for_each, and an organiser may turn addresses on where the network has no NAT
   network_interface {
     network    = var.network
     subnetwork = var.subnetwork
@@ -49,13 +50,23 @@ resource "google_compute_instance" "vm" {
     instance_termination_action = var.spot ? "STOP" : null
   }
 
+  # The workshop's own service account, which holds no project role, with one scope: a student who
+  # takes the metadata server's token can reach only the workshop bucket.
+  service_account {
+    email  = var.service_account
+    scopes = var.scopes
+  }
+
+  # The firewall rule for IAP's range targets this tag.
+  tags = [var.network_tag]
+
   shielded_instance_config {
     enable_secure_boot          = true
     enable_vtpm                 = true
     enable_integrity_monitoring = true
   }
 
-  labels = local.labels
+  labels = merge(local.labels, { student = each.value })
 
   metadata = {
     startup-script         = var.startup_script
@@ -63,12 +74,14 @@ resource "google_compute_instance" "vm" {
     block-project-ssh-keys = true
     serial-port-enable     = "FALSE"
     # Read by startup.sh: where the kit comes from, and which smoke configuration to run.
-    labkit-repo     = var.kit_repo
-    labkit-ref      = var.kit_ref
-    labkit-mode     = "cpu"
-    labkit-workshop = var.workshop
+    labkit-repo         = var.kit_repo
+    labkit-ref          = var.kit_ref
+    labkit-mode         = "cpu"
+    labkit-workshop     = var.workshop
+    labkit-student      = each.value
+    labkit-backup       = var.backup_url
+    labkit-idle-minutes = tostring(var.idle_minutes)
   }
 
-  # No service account: the VM needs no Google Cloud API, only the package index and the kit's repository.
   can_ip_forward = false
 }

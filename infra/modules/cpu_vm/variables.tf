@@ -14,8 +14,8 @@ variable "zone" {
   default     = "us-central1-a"
 
   validation {
-    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", var.zone))
-    error_message = "zone must look like us-central1-a."
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$", var.zone))
+    error_message = "zone must look like us-central1-a (or an AI zone such as us-central1-ai1a)."
   }
 }
 
@@ -29,14 +29,14 @@ variable "workshop" {
   }
 }
 
-variable "vm_count" {
-  description = "How many CPU VMs to create, for attendees without TPU quota; they run the labs on cpu-1 and cpu-8."
-  type        = number
-  default     = 0
+variable "vms" {
+  description = "The CPU VMs to create: { VM name = student id } (a student id of seat-NN where no roster names one)."
+  type        = map(string)
+  default     = {}
 
   validation {
-    condition     = var.vm_count >= 0 && var.vm_count <= 100 && floor(var.vm_count) == var.vm_count
-    error_message = "vm_count must be a whole number from 0 to 100."
+    condition     = length(var.vms) <= 100 && alltrue([for name, student in var.vms : can(regex("^[a-z][a-z0-9-]{0,61}[a-z0-9]$", name)) && can(regex("^[a-z0-9_-]{1,63}$", student))])
+    error_message = "vms maps at most 100 VM names (lowercase letters, digits and hyphens, starting with a letter) to student ids (lowercase letters, digits, _ or -)."
   }
 }
 
@@ -92,9 +92,9 @@ variable "subnetwork" {
 }
 
 variable "external_ips" {
-  description = "Give each VM an external IP address (needed to install the kit from the package index unless the network has Cloud NAT)."
+  description = "Give each VM an external IP address. Off by default: students reach their VM through IAP, and the VM reaches the package index through Cloud NAT."
   type        = bool
-  default     = true
+  default     = false
 }
 
 variable "startup_script" {
@@ -107,8 +107,8 @@ variable "kit_repo" {
   type        = string
 
   validation {
-    condition     = length(var.kit_repo) > 0
-    error_message = "kit_repo must be a git URL."
+    condition     = can(regex("^https://", var.kit_repo))
+    error_message = "kit_repo must be an https:// git URL: the VMs hold no ssh key for git@ or ssh:// URLs."
   }
 }
 
@@ -127,4 +127,42 @@ variable "labels" {
     condition     = alltrue([for k, v in var.labels : can(regex("^[a-z][a-z0-9_-]{0,62}$", k)) && can(regex("^[a-z0-9_-]{0,63}$", v))])
     error_message = "label keys and values must be lowercase letters, digits, underscores or hyphens (keys start with a letter), at most 63 characters."
   }
+}
+
+variable "service_account" {
+  description = "Email of the service account every CPU VM runs as: the workshop's own, with no project role."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]+@[a-z0-9-]+\\.iam\\.gserviceaccount\\.com$", var.service_account))
+    error_message = "service_account must be a user-managed service account's email (NAME@PROJECT.iam.gserviceaccount.com), never the default compute one."
+  }
+}
+
+variable "scopes" {
+  description = "OAuth scopes of the VMs' token: Cloud Storage read-write only, for the labs/ backups."
+  type        = list(string)
+  default     = ["https://www.googleapis.com/auth/devstorage.read_write"]
+
+  validation {
+    condition     = !contains(var.scopes, "https://www.googleapis.com/auth/cloud-platform")
+    error_message = "scopes must not include cloud-platform: a student on the VM could use the token for every API."
+  }
+}
+
+variable "network_tag" {
+  description = "Network tag of every VM; the firewall rule for IAP's range targets it."
+  type        = string
+}
+
+variable "backup_url" {
+  description = "gs:// folder the VMs copy labs/ to every few minutes and restore it from on a new VM (empty: no backups)."
+  type        = string
+  default     = ""
+}
+
+variable "idle_minutes" {
+  description = "Minutes with no kernel activity and no login after which a VM saves labs/ and marks itself idle (0: never)."
+  type        = number
+  default     = 0
 }

@@ -3,7 +3,7 @@ terraform {
   required_providers {
     google = {
       source  = "hashicorp/google"
-      version = ">= 5.30, < 7.0"
+      version = ">= 6.25, < 7.0"
     }
   }
 }

@@ -6,17 +6,16 @@ locals {
     kit      = "labkit"
     role     = "tpu"
   })
-  names = [for i in range(var.vm_count) : format("%s-tpu-%02d", var.workshop, i)]
 }
 
 resource "google_tpu_v2_vm" "vm" {
   provider = google-beta
-  count    = var.vm_count
+  for_each = var.vms
 
   project          = var.project
   zone             = var.zone
-  name             = local.names[count.index]
-  description      = "JAX SPMD lab kit, workshop ${var.workshop}, seat ${count.index}"
+  name             = each.key
+  description      = "JAX SPMD lab kit, workshop ${var.workshop}, student ${each.value}"
   accelerator_type = var.accelerator_type
   runtime_version  = var.runtime_version
 
@@ -32,16 +31,30 @@ resource "google_tpu_v2_vm" "vm" {
     preemptible = var.preemptible
   }
 
-  labels = local.labels
+  # The workshop's own service account, which holds no project role: a student who takes the
+  # metadata server's token can reach only the workshop bucket, through this one scope.
+  service_account {
+    email = var.service_account
+    scope = var.scopes
+  }
+
+  # The firewall rule for IAP's range (ssh, and the JupyterLab tunnel inside it) targets this tag.
+  tags = [var.network_tag]
+
+  labels = merge(local.labels, { student = each.value })
 
   metadata = {
     startup-script = var.startup_script
     # Keys come from OS Login (the students' Google accounts), not from keys pasted into metadata.
-    enable-oslogin = "TRUE"
+    enable-oslogin         = "TRUE"
+    block-project-ssh-keys = "TRUE"
     # Read by startup.sh: where the kit comes from, and which smoke configuration to run.
-    labkit-repo     = var.kit_repo
-    labkit-ref      = var.kit_ref
-    labkit-mode     = "tpu"
-    labkit-workshop = var.workshop
+    labkit-repo         = var.kit_repo
+    labkit-ref          = var.kit_ref
+    labkit-mode         = "tpu"
+    labkit-workshop     = var.workshop
+    labkit-student      = each.value
+    labkit-backup       = var.backup_url
+    labkit-idle-minutes = tostring(var.idle_minutes)
   }
 }
