@@ -44,3 +44,10 @@ def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(ki
         outcome = by_config["cpu-8"][test]
         assert outcome["hidden"] and outcome["status"] == "failed", outcome
         assert phrase in outcome["message"], outcome["message"]
+
+
+def test_the_reference_passes_on_two_processes_of_four_devices(kit, lab_outcomes):
+    done = kit("lab", "12", "--notebook", str(catalog.lab(12).reference), "--configs", "cpu-2x4", "--hidden")
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcomes = lab_outcomes(12)["cpu-2x4"]
+    assert outcomes and all(o["status"] == "passed" for o in outcomes.values()), outcomes
