@@ -68,14 +68,15 @@ def _tests_of(lab: catalog.Lab, exercise: str) -> list:
     return found
 
 
-def _is_check_cell(source: str) -> bool:
-    """A cell that calls the checker: replaying it would check again, in every replay."""
-    return any(line.strip().startswith("check(") for line in source.splitlines())
+def _without_checks(source: str) -> str:
+    """A cell less its top-level `check(...)` lines: replaying them would check again, in every replay."""
+    return "\n".join(line for line in source.splitlines() if not line.startswith("check("))
 
 
 def replay_sources(history: list[str]) -> list[str]:
-    """The cells to run again in a fresh process: what this kernel ran, in order, less the check cells."""
-    return [s for s in history if s and s.strip() and not _is_check_cell(s)]
+    """The cells to run again in a fresh process: what this kernel ran, in order, less the check calls."""
+    cells = [_without_checks(s or "") for s in history]
+    return [c for c in cells if c.strip()]
 
 
 # The program of one replay: run the cells in an IPython shell of its own (magics work), then call
