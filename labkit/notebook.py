@@ -1,24 +1,58 @@
-"""Feedback without leaving Jupyter: run one exercise's public tests in the student's own kernel.
+"""Feedback without leaving Jupyter: an exercise's public tests on one device and on eight.
 
 A lab notebook starts with ``check = Checker(3)`` and, after each exercise, has a cell
-``check("shard_map_double")``. It calls the function on the public tests' inputs on the
-devices this kernel has, and prints what passed. It is a convenience for the student, not
-a verdict: `make lab-N` (and grading) judge in another process, on every configuration.
-Inside those runs the check cells only say so, to keep runs fast.
+``check("shard_map_double")``. The check replays the cells this kernel has run, in a fresh Python
+process per device configuration (`cpu-1` and `cpu-8`, with each configuration's environment, as
+`make lab-N` sets it), calls the function there on the public tests' inputs, and judges what came
+back here, in one table: the student sees without leaving Jupyter what one device hides.
+It is a convenience, not a verdict: `make lab-N` (and grading) judge in another process, in a
+sandbox. Inside those runs the check cells only say so, to keep runs fast.
+
+Importing this module also gives an interactive kernel eight simulated CPU devices (see
+`default_devices`), so that the worked examples show what the course is about. What a kit run's
+configuration sets always wins: it sets the device count in the environment before JAX starts.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
-from pathlib import Path
+import tempfile
 
 from labkit import catalog
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = "LABKIT_RUN"
 MARKS = {"passed": "✓", "failed": "✗", "todo": "…", "error": "!", "timeout": "!"}
+# How many CPU devices an interactive kernel gets when nothing else says.
+INTERACTIVE_DEVICES = 8
+CHECK_CONFIGS = ("cpu-1", "cpu-8")
+
+
+def default_devices(count: int = INTERACTIVE_DEVICES, environ=None, kernel: bool | None = None) -> str:
+    """Give a Jupyter kernel `count` CPU devices, unless something already decided; say what happened.
+
+    Nothing changes outside a Jupyter kernel (a script or a test that imports this module), when the
+    environment names a device count (`JAX_NUM_CPU_DEVICES`, as every kit run and any student's own
+    setting does) or when JAX's backends have already started (the count is fixed then: restart the
+    kernel).
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("JAX_NUM_CPU_DEVICES") or environ.get(RUN_MARKER):
+        return "kept: the environment sets the device count"
+    if not (("ipykernel" in sys.modules) if kernel is None else kernel):
+        return "kept: not a Jupyter kernel"
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", int(count))
+    except RuntimeError:  # JAX refuses once its backends have started
+        return "kept: JAX had already started (restart the kernel for eight CPU devices)"
+    environ["JAX_NUM_CPU_DEVICES"] = str(count)  # and processes this kernel starts
+    return f"set: {count} CPU devices"
 
 
 def _tests_of(lab: catalog.Lab, exercise: str) -> list:
@@ -34,47 +68,136 @@ def _tests_of(lab: catalog.Lab, exercise: str) -> list:
     return found
 
 
+def _without_checks(source: str) -> str:
+    """A cell less its top-level `check(...)` lines: replaying them would check again, in every replay."""
+    return "\n".join(line for line in source.splitlines() if not line.startswith("check("))
+
+
+def replay_sources(history: list[str]) -> list[str]:
+    """The cells to run again in a fresh process: what this kernel ran, in order, less the check calls."""
+    cells = [_without_checks(s or "") for s in history]
+    return [c for c in cells if c.strip()]
+
+
+# The program of one replay: run the cells in an IPython shell of its own (magics work), then call
+# the exercise on each input and write the plain data back. Cells that raise are skipped.
+_REPLAY = r"""
+import contextlib, io, json, sys
+spec = json.load(open(sys.argv[1]))
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    for source in spec["cells"]:
+        shell.run_cell(source, silent=True)
+from labkit import harness
+results = {c["id"]: harness.call_one(shell.user_ns, c) for c in spec["calls"]}
+json.dump({"environment": harness.environment(), "results": results}, open(sys.argv[2], "w"))
+"""
+
+
+def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout: float = 300) -> dict:
+    """Replay `cells` in a fresh process with the configuration's environment; the harness's plain data."""
+    from labkit import configs
+
+    config = configs.CONFIGS[config_name]
+    env = config.environment() | {"LABKIT_CHECK_REPLAY": config.name}
+    with tempfile.TemporaryDirectory(prefix="labkit-check-") as tmp:
+        spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        with open(spec, "w") as f:
+            json.dump({"cells": cells, "calls": calls}, f)
+        try:
+            done = subprocess.run([sys.executable, "-c", _REPLAY, spec, out], check=False, env=env, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "message": f"did not finish within {timeout:g} s"}
+        if done.returncode != 0 or not os.path.exists(out):
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            return {"status": "error", "message": last[0][:300]}
+        with open(out) as f:
+            return {"status": "ok", **json.load(f)}
+
+
+def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tuple[str, str, str]]:
+    from labkit.checks import LabRun
+    from labkit.execute import RunRecord
+    from labkit.judge import classify
+
+    record = RunRecord(label, "ok", environment=env, results=results)
+    run = LabRun(label, config, record)
+    out = []
+    for test in tests:
+        try:
+            test(run)
+            status, message = "passed", ""
+        except BaseException as e:  # noqa: BLE001 - report whatever the check raised
+            status, message = classify(type("Info", (), {"value": e})())
+        out.append((test.__name__, status, message))
+    return out
+
+
 class Checker:
     def __init__(self, lab: int):
         self.lab = catalog.Lab(int(lab))
 
-    def __call__(self, exercise: str, namespace: dict | None = None) -> bool | None:
-        if os.environ.get(RUN_MARKER):
+    def __call__(self, exercise: str, namespace: dict | None = None, configs=CHECK_CONFIGS):
+        """Run `exercise`'s public tests on each of `configs` (None: in this kernel, on its devices)."""
+        if os.environ.get(RUN_MARKER) or os.environ.get("LABKIT_CHECK_REPLAY"):
             print(f"(`make {self.lab.name}` checks {exercise} on every device configuration)")
             return None
-        # Imported here, not above: a kit run (quiet check cells) never pays for pytest and nbformat.
         from labkit import harness
-        from labkit.checks import LabRun
         from labkit.configs import DeviceConfig
-        from labkit.execute import RunRecord
-        from labkit.judge import classify
 
         namespace = namespace if namespace is not None else sys._getframe(1).f_globals
         tests = _tests_of(self.lab, exercise)
         if not tests:
             print(f"no public tests of {exercise!r} in {self.lab.public_tests}")
             return None
-        env = harness.environment()
-        results = {}
+        calls = {}
         for test in tests:
             for c in test.__labkit_calls__.values():
-                if c.id not in results:
-                    results[c.id] = harness.call_one(namespace, {"id": c.id, **c.encoded()})
-        record = RunRecord("this kernel", "ok", environment=env, results=results)
-        devices = int(env.get("device_count") or 1)
-        run = LabRun("this kernel", DeviceConfig("this kernel", "", env.get("backend", "cpu"), devices=devices), record)
-        lines, passed = [], 0
-        for test in tests:
-            try:
-                test(run)
-                status, message = "passed", ""
-            except BaseException as e:  # noqa: BLE001 - report whatever the check raised
-                status, message = classify(type("Info", (), {"value": e})())
-            passed += status == "passed"
+                calls.setdefault(c.id, {"id": c.id, **c.encoded()})
+        columns = {}
+        if configs is None:
+            env = harness.environment()
+            results = {i: harness.call_one(namespace, c) for i, c in calls.items()}
+            devices = int(env.get("device_count") or 1)
+            config = DeviceConfig("this kernel", "", env.get("backend", "cpu"), devices=devices)
+            columns["this kernel"] = _judge(tests, "this kernel", config, env, results)
+        else:
+            from labkit import configs as known
+
+            cells = replay_sources(list(namespace.get("In") or namespace.get("_ih") or []))
+            for name in configs:
+                done = run_elsewhere(name, cells, list(calls.values()))
+                if done["status"] != "ok":
+                    columns[name] = [(t.__name__, "error", done["message"]) for t in tests]
+                    continue
+                columns[name] = _judge(tests, name, known.CONFIGS[name], done["environment"], done["results"])
+        return self._report(exercise, tests, columns)
+
+    def _report(self, exercise: str, tests: list, columns: dict) -> bool:
+        names = list(columns)
+        width = max(len(t.__name__) for t in tests) - len("test_") + 2
+        print(f"{exercise}: public tests")
+        print(f"  {'':<{width}}" + "  ".join(f"{n:^7}" for n in names))
+        notes, passed = [], True
+        for i, test in enumerate(tests):
             label = test.__name__.removeprefix("test_").replace("_", " ")
-            lines.append(f"  {MARKS.get(status, '?')} {label}" + (f": {message}" if message else ""))
-        plural = "s" if devices != 1 else ""
-        print(f"{exercise} on this kernel's {devices} device{plural}: {passed}/{len(tests)} public tests passed")
-        print("\n".join(lines))
-        print(f"(`make {self.lab.name}` runs them on every device configuration, and grading adds hidden tests)")
-        return passed == len(tests)
+            marks = []
+            for n in names:
+                _, status, message = columns[n][i]
+                passed &= status == "passed"
+                marks.append(f"{MARKS.get(status, '?'):^7}")
+                if message and (status, message) not in [(s, m) for _, s, m in notes]:
+                    notes.append((f"{label} [{n}]", status, message))
+            print(f"  {label:<{width}}" + "  ".join(marks))
+        for where, _, message in notes:
+            print(f"  • {where}: {message}")
+        print(f"(`make {self.lab.name}` runs them in the kit's sandbox on every configuration, and grading adds "
+              "hidden tests)")
+        return passed
+
+
+DEVICES = default_devices()
+if DEVICES.startswith("kept: JAX"):
+    print(f"labkit: {DEVICES.removeprefix('kept: ')}", file=sys.stderr)

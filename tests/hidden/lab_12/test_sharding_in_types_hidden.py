@@ -1,0 +1,84 @@
+"""Lab 12, hidden tests: inputs the student has not seen, and the mistakes that only eight devices show.
+
+On one device, a mesh of size one, a product with a whole copy on every device, and a maximum taken
+across devices all look right. On eight, each gives a layout or a value of its own, and the message names it.
+"""
+
+import numpy as np
+
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    describe,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_split_across,
+)
+
+NAMES = ("the placed array", "the sum of each row", "the sum of each column", "the transpose")
+
+
+def expect_types(got, want):
+    """A list of four type strings, compared one by one so that the message names the one that differs."""
+    items = got.value if got.kind in ("list", "tuple") else None
+    if items is None or len(items) != len(want):
+        raise Mismatch(f"expected a list of {len(want)} strings (str(jax.typeof(...))), got {describe(got)}")
+    for name, item, expected in zip(NAMES, items, want):
+        if item.kind != "str" or item.value != expected:
+            seen = repr(item.value) if item.kind == "str" else describe(item)
+            hint = (" A type without '@data' is not sharded: was the array placed on an Explicit mesh "
+                    "(jax.make_mesh)? An Auto mesh keeps its sharding out of the type" if "@" not in str(item.value)
+                    and "@" in expected else "")
+            raise Mismatch(f"the type of {name}: expected {expected!r}, got {seen}.{hint}")
+
+RNG = np.random.default_rng(12)
+
+TALL = RNG.normal(size=(64, 5)).astype(np.float32)
+
+
+@check(got=call("place_rows", TALL))
+def test_place_rows_puts_a_different_block_of_rows_on_every_device(got, run):
+    expect_close(got, TALL)
+    expect_split_across(got, run.device_count, axis=0,
+                        hint="a mesh of one device types the array float32[...@data] too, and keeps it all on "
+                             "device 0: take the mesh's size from jax.device_count()")
+
+
+@check(got=call("types_after", TALL))
+def test_types_after_of_another_shape(got):
+    expect_types(got, ["float32[64@data,5]", "float32[64@data]", "float32[5]", "float32[5,64@data]"])
+
+
+A = RNG.normal(size=(32, 64)).astype(np.float32)
+B = RNG.normal(size=(64, 3)).astype(np.float32)
+
+
+@check(got=call("contract_to_rows", A, B))
+def test_contract_to_rows_reduce_scatters_instead_of_all_reducing(got, run):
+    expect_close(got, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-4, atol=1e-4)
+    sh = got.sharding
+    if sh is not None and run.device_count > 1 and sh.fully_replicated:
+        raise AssertionError(
+            f"every one of the {run.device_count} devices holds the whole product: out_sharding=P() all-reduces. "
+            "Ask for the rows split, out_sharding=P('data', None), and each device keeps only its rows "
+            "(a reduce-scatter)")
+    expect_split_across(got, run.device_count, axis=0)
+
+
+SPIKY = RNG.normal(size=128).astype(np.float32)
+
+
+@check(got=call("block_maxima", SPIKY))
+def test_block_maxima_of_a_random_vector(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(
+        got, SPIKY.reshape(n, -1).max(axis=1),
+        {"every element is the maximum of the whole vector: a pmax across 'data' compares the devices' maxima; "
+         "each device should keep the maximum of its own block": np.full(n, SPIKY.max())})
+
+
+@check(got=call("constrain_auto", TALL))
+def test_constrain_auto_of_a_taller_matrix(got, run):
+    expect_close(got, np.sin(TALL.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    expect_split_across(got, run.device_count, axis=0)

@@ -1,0 +1,145 @@
+"""Every lab accepts a correct solution written with an Explicit mesh from `jax.make_mesh`.
+
+`jax.make_mesh` gives `AxisType.Explicit` axes by default (JAX 0.10). A student who follows the
+current JAX documentation builds meshes that way, and meets sharding in types: inputs must be
+placed (`jax.reshard`) before `shard_map` with a spec that names a mesh axis; a matmul contracting
+a sharded dimension needs `out_sharding=`; `with_sharding_constraint` gives way to `jax.reshard`.
+For each lab, a copy of its reference rewritten that way must pass its public and hidden tests on
+one device and on eight, exactly as the reference does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from labkit import catalog
+
+ONE_AXIS = re.compile(r'Mesh\(np\.array\(jax\.devices\(\)\), \(("\w+"),\)\)')
+GRID = 'Mesh(np.array(jax.devices()).reshape(grid_shape(jax.device_count())), ("rows", "cols"))'
+NS = "jax.sharding.NamedSharding"
+
+
+def explicit_meshes(source: str) -> str:
+    """Every mesh of the text built with jax.make_mesh (whose axes are Explicit by default)."""
+    source = ONE_AXIS.sub(r"jax.make_mesh((jax.device_count(),), (\1,))", source)
+    return source.replace(GRID, 'jax.make_mesh(grid_shape(jax.device_count()), ("rows", "cols"))')
+
+
+DATA, ROWS, STAGE = 'P("data")', 'P("data", None)', 'P("stage")'
+
+
+def placed(arg: str, spec: str) -> str:
+    return f"jax.reshard({arg}, {NS}(mesh, {spec}))"
+
+
+# (text of the reference, its Explicit rewrite), lab by lab, applied after explicit_meshes().
+REWRITES: dict[int, list[tuple[str, str]]] = {
+    1: [],
+    2: [
+        # with_sharding_constraint refers to Auto axes only: reshard is its Explicit counterpart
+        ('return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P(("rows", "cols"))))',
+         'return jax.reshard(total, NamedSharding(grid, P(("rows", "cols"))))'),
+    ],
+    3: [("    return double(x)", f"    return double({placed('x', DATA)})")],
+    # x may arrive placed on another (Auto) mesh: move it onto this one once, for both routes
+    4: [("    sm_result = per_device(x)", f"    x = {placed('x', DATA)}\n    sm_result = per_device(x)")],
+    5: [
+        ('in_specs=P("data"), out_specs=P())(x)', f'in_specs=P("data"), out_specs=P())({placed("x", DATA)})'),
+        ('in_specs=P("data"), out_specs=P("data"))(x)',
+         f'in_specs=P("data"), out_specs=P("data"))({placed("x", DATA)})'),
+        ('in_specs=P("data", None), out_specs=P("data"))(x)',
+         f'in_specs=P("data", None), out_specs=P("data"))({placed("x", ROWS)})'),
+    ],
+    6: [
+        ("    return mapped(state, x)\n", f"    return mapped(state, {placed('x', ROWS)})\n"),
+        ("    return mapped(state, x, y)\n",
+         f"    return mapped(state, {placed('x', ROWS)}, {placed('y', ROWS)})\n"),
+    ],
+    7: [
+        # a contraction over the sharded axis: say where its result lives
+        ("    return jax.jit(layer)(x, w, b)",
+         ("    with jax.set_mesh(mesh):\n"
+          "        return jax.jit(lambda x, w, b: jax.nn.sigmoid(jnp.matmul(x, w, out_sharding=P()) + b))(x, w, b)")),
+        ('x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("data")))',
+         'x = jax.reshard(x, NamedSharding(mesh, P("data")))'),
+        ('w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P("data", None)))',
+         'w = jax.reshard(w, NamedSharding(mesh, P("data", None)))'),
+        ("        return layer(x, w, b)",
+         "        return jax.nn.sigmoid(jnp.matmul(x, w, out_sharding=P()) + b)"),
+        # a jitted function that reshards unplaced inputs runs under the mesh it reshards to
+        ("    return constrained(x, w, b)", "    with jax.set_mesh(mesh):\n        return constrained(x, w, b)"),
+        ("    return mapped(x, w, b)",
+         f"    return mapped({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
+    ],
+    8: [
+        ("    loss, grads = step(state, x, y)",
+         f"    loss, grads = step(state, {placed('x', DATA)}, {placed('y', DATA)})"),
+        ("    losses = []\n",
+         f"    x, y = {placed('x', DATA)}, {placed('y', DATA)}\n    losses = []\n"),
+    ],
+    9: [
+        ("jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P()))(x, w1, b1, w2, b2)",
+         (f"jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P()))("
+          f"*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))")),
+        ("out_specs=P(\"data\")))(\n        x, w1, b1, w2, b2)",
+         f"out_specs=P(\"data\")))(\n        *(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, w1, b1, w2, b2)))"),
+        ("    return step(x, y, w1, b1, w2, b2)",
+         f"    return step(*(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, y, w1, b1, w2, b2)))"),
+    ],
+    10: [
+        ('out_specs=P("stage")))(x)', f'out_specs=P("stage")))({placed("x", STAGE)})'),
+        ("    return run(weights, biases, microbatches)",
+         f"    return run({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
+    ],
+    11: [],
+}
+
+
+def explicit_variant(lab: int) -> dict:
+    """The reference notebook of `lab` with every mesh Explicit and the solutions written for it."""
+    nb = json.loads(catalog.lab(lab).reference.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        if "### BEGIN SOLUTION" not in source and "def grid_mesh" not in source:
+            continue  # worked examples stay as they are: only the exercises are judged
+        source = explicit_meshes(source)
+        for old, new in REWRITES[lab]:
+            source = source.replace(old, new)
+        cell["source"] = source
+    return nb
+
+
+@pytest.mark.parametrize("lab", sorted(REWRITES))
+def test_each_rewrite_replaces_text_of_the_reference(lab):
+    reference = "".join(explicit_meshes("".join(c["source"]))
+                        for c in json.loads(catalog.lab(lab).reference.read_text())["cells"])
+    for old, _ in REWRITES[lab]:
+        assert old in reference, f"lab {lab}: the reference no longer has {old!r}"
+
+
+def _passes(lab: int, configs: str, kit, lab_outcomes, tmp_path) -> None:
+    nb = explicit_variant(lab)
+    assert "jax.make_mesh(" in json.dumps(nb), "the variant builds no mesh"
+    path = tmp_path / f"lab-{lab}-explicit.ipynb"
+    path.write_text(json.dumps(nb))
+    done = kit("lab", str(lab), "--notebook", str(path), "--configs", configs, "--hidden")
+    outcomes = lab_outcomes(lab)
+    failed = {config: {t: o["message"] for t, o in tests.items() if o["status"] != "passed"}
+              for config, tests in outcomes.items()}
+    assert done.returncode == 0, failed or done.stdout + done.stderr
+    assert set(outcomes) == set(configs.split(",")), outcomes.keys()
+
+
+@pytest.mark.parametrize("lab", sorted(REWRITES))
+def test_a_solution_with_explicit_meshes_passes_every_test_on_one_device_and_on_eight(lab, kit, lab_outcomes,
+                                                                                     tmp_path):
+    _passes(lab, "cpu-1,cpu-8", kit, lab_outcomes, tmp_path)
+
+
+def test_the_multi_host_lab_with_explicit_meshes_passes_on_two_processes(kit, lab_outcomes, tmp_path):
+    _passes(11, "cpu-2x4", kit, lab_outcomes, tmp_path)
