@@ -77,11 +77,14 @@ list: setup ## list the labs
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs
 
-.PHONY: grade scoreboard
-grade: setup ## grade a class: make grade [SUBMISSIONS=submissions] [OUT=scoreboard] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4]
+.PHONY: grade scoreboard isolation
+isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why none and the fix
+	@$(PY) -m labkit isolation
+
+grade: setup ## grade a class: make grade [SUBMISSIONS=submissions] [OUT=scoreboard] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only]
 	@$(PY) -m labkit grade --submissions $(or $(SUBMISSIONS),submissions) --out $(or $(OUT),scoreboard) \
 	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
-	  $(if $(SHARD),--shard $(SHARD)) --timeout $(TIMEOUT)
+	  $(if $(SHARD),--shard $(SHARD)) $(if $(ISOLATION),--isolation $(ISOLATION)) --timeout $(TIMEOUT)
 
 scoreboard: setup ## your results across labs and configurations, from your last `make lab-N` runs
 	@$(PY) -m labkit scoreboard

@@ -33,7 +33,7 @@ def lab(session: nox.Session) -> None:
 @nox.session
 def grade(session: nox.Session) -> None:
     """Grade a class: nox -s grade -- [--submissions DIR] [--out DIR] [--labs 3,5] [--configs ..] [--jobs N]
-    [--timeout S] [--shard i/N]."""
+    [--timeout S] [--shard i/N] [--isolation sandbox|limits-only]."""
     _kit(session, "grade", *session.posargs)
 
 

@@ -30,10 +30,10 @@ import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from labkit import catalog, configs, execute, judge
+from labkit import catalog, configs, execute, judge, sandbox
 from labkit.configs import DeviceConfig
 from labkit.sandbox import DEFAULT_LIMITS, Limits
 
@@ -613,6 +613,23 @@ def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
                               + "\n  ".join(broken))
 
 
+def check_isolation(limits: Limits, stream) -> None:
+    """Before anything runs: the sandbox every run will get, or `sandbox.SandboxUnavailable` (fail closed).
+
+    Only `--isolation limits-only`, asked for by name, grades without one; every row then says so.
+    """
+    if limits.isolation == sandbox.LIMITS_ONLY:
+        print("isolation: resource limits only, asked for by name (--isolation limits-only): a notebook can read "
+              "what this user can read and use the network; every row says limits-only", file=stream, flush=True)
+        return
+    if limits.isolation != sandbox.SANDBOX:
+        return
+    found = sandbox.require_sandbox()
+    print(f"isolation: every notebook runs in a sandbox: {found.summary()}", file=stream, flush=True)
+    for problem in found.problems:
+        print(f"  not used: {problem.lines()[0]}", file=stream, flush=True)
+
+
 def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceConfig], subs: Submissions,
                students: list[str]) -> dict:
     """The plain data the scoreboard is drawn from (nothing in it depends on when or where it ran)."""
@@ -643,6 +660,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
+    limits = limits or replace(DEFAULT_LIMITS, isolation=sandbox.SANDBOX)
+    check_isolation(limits, stream)
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
                     stream=stream, terminal=terminal)
 
