@@ -40,8 +40,9 @@ def namespace_args(network: bool, user: int | None = None) -> list[str]:
 
 def probe_command(program: str, user: int | None = None) -> list[str]:
     """A sandbox like a run's (namespaces, a read-only root, fresh /proc, /dev and /tmp) that runs `true`."""
+    true = shutil.which("true") or shutil.which("true", path=os.defpath) or "/bin/true"
     return [program, *namespace_args(False, user), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "true"]
+            "--tmpfs", "/tmp", true]
 
 
 def bundled() -> str | None:
