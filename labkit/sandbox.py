@@ -171,13 +171,13 @@ class SandboxUnavailable(RuntimeError):
     """A sandbox is required (`--isolation sandbox`) and none can be made here; the message says why and the fix."""
 
 
-def require_sandbox() -> bwrap.Finding:
+def require_sandbox(consequence: str = "the notebook was not run") -> bwrap.Finding:
     """The bwrap that will make every run's sandbox; SandboxUnavailable, with each check that failed, if none."""
     found = finding()
     if found.program:
         return found
     raise SandboxUnavailable(
-        "no sandbox can be made on this machine, so nothing was graded:\n  "
+        f"no sandbox can be made on this machine, so {consequence}:\n  "
         + found.report().replace("\n", "\n  ")
         + "\nGrade where bubblewrap works (see the README, 'Isolation and limits'), or, knowing that a notebook "
           "can then read what this user can read and use the network, ask for resource limits only by name: "
