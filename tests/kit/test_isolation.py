@@ -299,3 +299,13 @@ def test_grading_limits_only_by_name_grades_and_every_row_says_so(tmp_path):
     rows = json.loads((out / "scoreboard.json").read_text())["rows"]
     assert [(r["student"], r["isolation"]) for r in rows] == [("alice", "limits-only")]
     assert rows[0]["status"] == "failed"  # the unmodified notebook: graded, "not implemented yet"
+
+
+def test_a_unit_graded_with_limits_only_is_graded_again_in_a_sandbox(tmp_path):
+    from labkit import configs, grade
+
+    lab = catalog.lab(3)
+    unit = grade.Unit("alice", 3, "cpu-1", lab.student)
+    keys = {i: grade.Grader(tmp_path, [lab], [configs.CONFIGS["cpu-1"]], jobs=1, timeout=60,
+                            limits=sandbox.Limits(isolation=i)).key(unit) for i in sandbox.ISOLATIONS}
+    assert len(set(keys.values())) == len(sandbox.ISOLATIONS), keys
