@@ -38,14 +38,17 @@ ENV DEP_GROUPS=notebook \
     UV_PYTHON_DOWNLOADS=never \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-COPY Makefile pyproject.toml uv.lock README.md ./
-COPY labkit/ labkit/
-# BuildKit keeps uv's download cache between builds. A CA bundle to trust (a campus proxy that
-# inspects TLS: `make docker-build CA_CERTS=...`) comes as a build secret, never in a layer.
+COPY Makefile pyproject.toml uv.lock ./
+# The kit itself goes in as an editable install (a path to /home/student/kit); its code and README
+# come with the rest of the kit in the last stage, so changing them does not make the environment
+# again: here they are empty stand-ins. BuildKit keeps uv's download cache between builds. A CA
+# bundle to trust (a proxy that inspects TLS: `make docker-build CA_CERTS=...`) comes as a build
+# secret, never in a layer.
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca; fi; \
-    make setup EXTRAS="${EXTRAS}" \
+    mkdir -p labkit && touch README.md labkit/__init__.py \
+ && make setup EXTRAS="${EXTRAS}" \
  && rm -rf .tools
 
 # ---- the course image: the kit and its environment, no build tools, run as `student` ----
@@ -69,7 +72,7 @@ RUN mkdir -p build \
 USER 1000:1000
 # Check the image as it ships (it holds no solutions): the student loop runs lab 3's notebook on one
 # and on eight CPU devices, and every test comes back "not implemented yet", none as an error.
-RUN LABKIT_BUILD=/tmp/check python -m labkit lab 3 --configs cpu-1,cpu-8 --timeout 600 > /tmp/check.txt 2>&1 ; \
+RUN LABKIT_BUILD=/tmp/check python -m labkit lab 3 --configs cpu-1,cpu-8 --timeout 600 > /tmp/check.txt 2>&1 || true; \
     python -c "import json, sys; o = json.load(open('/tmp/check/lab-3/report.json'))['outcomes']; \
 sys.exit(0 if o and {x['status'] for x in o} == {'todo'} else open('/tmp/check.txt').read())" \
  && rm -rf /tmp/check /tmp/check.txt
