@@ -255,9 +255,9 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url.replace("/lab?", "/lab/tree/lab-3.ipynb?"), timeout=120_000)
+            page.goto(url.replace("/lab?", "/lab/tree/labs/lab-3.ipynb?"), timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
             page.locator(".jp-Notebook").first.click()
@@ -270,6 +270,9 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
             output.last.scroll_into_view_if_needed()
             text = output.last.inner_text()
             page.screenshot(path=str(shot))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab-lab-3-failed.png"))
+            raise
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
