@@ -135,8 +135,10 @@ GRADE_ARGS ?=
 DOCKER_PIDS ?= 8192
 # What bubblewrap needs to make the kit's sandbox inside the container, and no more (see the README,
 # "The course image"): the kit's seccomp profile, a /proc it may mount again, no capabilities.
+# DOCKER_RUN_OPTS adds options of your own (e.g. --security-opt apparmor=unconfined on AppArmor hosts).
+DOCKER_RUN_OPTS ?=
 DOCKER_SANDBOX := --security-opt seccomp=$(CURDIR)/docker/seccomp.json --security-opt systempaths=unconfined \
-  --security-opt no-new-privileges --cap-drop ALL --pids-limit $(DOCKER_PIDS)
+  --security-opt no-new-privileges --cap-drop ALL --pids-limit $(DOCKER_PIDS) $(DOCKER_RUN_OPTS)
 
 docker-base: ## a base image from Debian's packages (debootstrap; root): labkit-base:bookworm [DEBIAN_MIRROR=..]
 	@bash docker/base.sh $(BASE_IMAGE) $(DEBIAN_SUITE) $(DEBIAN_MIRROR)
