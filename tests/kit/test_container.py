@@ -221,7 +221,7 @@ def replayed_build(tmp_path_factory) -> Path:
                 shutil.copytree(ROOT / src, kit / src.rstrip("/"), ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy2(ROOT / src, kit / dest / src if dest.endswith("/") else kit / dest)
-    command = re.sub(r"^--mount=\S+\s+", "", setup_run)
+    command = re.sub(r"^(--mount=\S+\s+)+", "", setup_run)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_"))}
     env.update(stage_env("build"), EXTRAS="")
     done = subprocess.run(["bash", "-c", command], cwd=kit, env=env, check=False, capture_output=True, text=True, timeout=900)
