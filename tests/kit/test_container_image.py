@@ -173,7 +173,7 @@ def test_with_dockers_default_profile_bubblewrap_cannot_make_the_sandbox(engine,
     """What the kit's profile is for: under Docker's default seccomp profile, bwrap is refused."""
     probe = "from labkit import sandbox; print(sandbox.bubblewrap()[1] or 'works')"
     default = docker(engine, "run", "--rm", image, "python", "-c", probe).stdout
-    assert "cannot make a sandbox" in default, default
+    assert default.strip() and default.strip() != "works", default  # the kit's reason why not
     kits = docker(engine, "run", "--rm", *sandbox_options(), image, "python", "-c", probe).stdout
     assert kits.strip() == "works", kits
 
