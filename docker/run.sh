@@ -25,6 +25,7 @@ if [[ $(id -u) == 0 ]]; then
     for i in "${!writable[@]}"; do chown -R "${owners[$i]}" "${writable[$i]}"; done
   }
   trap give_back EXIT
+  trap "exit 130" INT TERM
   "$here/client.sh" run --user "$user" "$@"
 else
   exec "$here/client.sh" run --user "$user" "$@"
