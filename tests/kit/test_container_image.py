@@ -51,6 +51,12 @@ def engine():
         pytest.skip(f"no Docker engine: {why}")
     env = dict(env, NO_COLOR="1")
     yield env
+    # What earlier builds left (images no tag names any more, build cache beyond 10 GB) goes;
+    # the base image, the tagged images and the recent cache (uv's downloads) stay for the next run.
+    client = ["bash", str(ROOT / "docker" / "client.sh")]
+    subprocess.run([*client, "image", "prune", "-f"], env=env, capture_output=True, timeout=300, check=False)
+    subprocess.run([*client, "builder", "prune", "-f", "--keep-storage", "10GB"], env=env, capture_output=True,
+                   timeout=300, check=False)
     if started:
         engine_module.stop()
 
