@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def main() -> int:
     try:
         ca = [f"CA_CERTS={CA}"] if CA.exists() else []
         if subprocess.run(["bash", str(ROOT / "docker" / "client.sh"), "image", "inspect", "labkit-base:bookworm"],
-                          env=env, capture_output=True).returncode != 0:
+                          env=env, capture_output=True, check=False).returncode != 0:
             base_s, _ = sh(["make", "docker-base"], env)
             print(f"base image (debootstrap + import): {base_s:.0f} s")
         client = ["bash", str(ROOT / "docker" / "client.sh")]
@@ -121,13 +121,13 @@ def main() -> int:
                 seconds, _ = sh([*client, "run", "--rm", *mount, args.image, "make", "lab-3", "CONFIGS=cpu-1"], env,
                                 check=False)
                 runs.append(seconds)
-            default_s, done = sh([*client, "run", "--rm", *mount, args.image], env, check=False)
+            default_s, _ = sh([*client, "run", "--rm", *mount, args.image], env, check=False)
         load = os.getloadavg()[0]
     finally:
         if started:
             engine.stop()
 
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
     print(f"\n### {when} UTC, load average {load:.1f} at the end\n")
     print("| figure | value |\n| --- | --- |")
     print(f"| image size, uncompressed | {mb(size)} |")

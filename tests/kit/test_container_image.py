@@ -220,7 +220,7 @@ def jupyterlab(engine, image, tmp_path_factory):
     shutil.copy2(ROOT / "reference" / "lab-3.ipynb", labs / "lab-3.ipynb")
     port, name = "18888", "labkit-lab-kit-test"
     docker(engine, "rm", "-f", name, check=False)
-    log = open(tmp / "docker-lab.log", "w+")
+    log = open(tmp / "docker-lab.log", "w+")  # noqa: SIM115 - the server writes it until the fixture ends
     proc = subprocess.Popen(["make", "--no-print-directory", "docker-lab", f"IMAGE={image}", f"PORT={port}",
                              f"LAB_NAME={name}", f"LAB_DIR={labs}"],
                             cwd=ROOT, env=engine, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -229,7 +229,7 @@ def jupyterlab(engine, image, tmp_path_factory):
     while time.monotonic() < deadline and url is None:
         time.sleep(1)
         log.seek(0)
-        found = re.search(rf"http://127\.0\.0\.1:8888/lab\?token=\w+", log.read())
+        found = re.search(r"http://127\.0\.0\.1:8888/lab\?token=\w+", log.read())
         url = found and found.group(0).replace(":8888/", f":{port}/")
         assert proc.poll() is None, (tmp / "docker-lab.log").read_text()[-3000:]
     assert url, (tmp / "docker-lab.log").read_text()[-3000:]
@@ -251,7 +251,7 @@ def test_jupyterlab_answers_on_the_published_port(jupyterlab):
 def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupyterlab):
     from playwright.sync_api import sync_playwright
 
-    url, labs, tmp = jupyterlab
+    url, _, _ = jupyterlab
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(chromium).exists():
         pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
