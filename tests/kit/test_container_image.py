@@ -249,6 +249,7 @@ def test_jupyterlab_answers_on_the_published_port(jupyterlab):
 
 
 def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupyterlab):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     url, _, _ = jupyterlab
@@ -257,6 +258,8 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
         pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "jupyterlab-lab-3.png"
+    for old in (shot, ARTIFACTS / "jupyterlab-lab-3-failed.png"):
+        old.unlink(missing_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -266,10 +269,20 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
             page.goto(url.replace("/lab?", "/lab/tree/labs/lab-3.ipynb?"), timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-            page.locator(".jp-Notebook").first.click()
-            page.keyboard.press("Escape")
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            # The kernel is up when the status bar says so; a "Run All" sent before can be lost, so it
+            # is sent again until a cell's prompt shows it queued or run.
+            page.get_by_text(re.compile(r"ipykernel\) \| Idle")).first.wait_for(timeout=180_000)
+            for _ in range(3):
+                page.locator(".jp-Notebook").first.click()
+                page.keyboard.press("Escape")
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                try:
+                    page.wait_for_function("() => [...document.querySelectorAll('.jp-InputPrompt')]"
+                                           ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))", timeout=60_000)
+                    break
+                except PlaywrightTimeout:
+                    continue
             # The check cell, `check("shard_map_double")`, prints a summary line, then one line per test.
             output = page.locator(".jp-OutputArea-output", has_text="public tests passed")
             output.last.wait_for(timeout=300_000)
