@@ -26,7 +26,7 @@ SELECTION := $(strip $(if $(EXTRAS),--extra $(EXTRAS)) \
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
 .PHONY: help setup system-deps test lab-% labs list configs student-notebooks check-student-notebooks bench clean
-.PHONY: wheelhouse lint docker-build docker-lab docker-grade .selection-changed
+.PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 28
@@ -124,28 +124,56 @@ bench: setup ## benchmarks: the student loop and grading, against plain python
 lint: setup ## lint the Dockerfile with hadolint (the locked `lint` group)
 	$(VENV)/bin/hadolint Dockerfile
 
-# The course image (see the Dockerfile): EXTRAS=tpu builds the TPU variant, labkit:tpu.
-DOCKER ?= docker
+# The course image (see the Dockerfile and docker/): EXTRAS=tpu builds the TPU variant, labkit:tpu.
+# Every docker target goes through docker/client.sh: a client that builds with BuildKit, the engine
+# DOCKER_HOST names, and one clear line when that engine is missing, not running or refuses this user.
+DOCKER_CLIENT := bash docker/client.sh
+BASE_IMAGE ?= labkit-base:bookworm
+DEFAULT_BASE := labkit-base:bookworm
+DEBIAN_SUITE ?= bookworm
+DEBIAN_MIRROR ?=
+CA_CERTS ?=
 IMAGE ?= labkit:$(or $(EXTRAS),cpu)
 KIT_IN_IMAGE := /home/student/kit
 PORT ?= 8888
+LAB_NAME ?= labkit-lab
+LAB_DIR ?= labs
 SUBMISSIONS ?= submissions
 GRADES ?= grades
-DOCKER_USER := --user "$$(id -u):$$(id -g)"
+GRADE_ARGS ?=
+DOCKER_PIDS ?= 8192
+# What bubblewrap needs to make the kit's sandbox inside the container, and no more (see the README,
+# "The course image"): the kit's seccomp profile, a /proc it may mount again, no capabilities.
+# DOCKER_RUN_OPTS adds options of your own (e.g. --security-opt apparmor=unconfined on AppArmor hosts).
+DOCKER_RUN_OPTS ?=
+DOCKER_SANDBOX := --security-opt seccomp=$(CURDIR)/docker/seccomp.json --security-opt systempaths=unconfined \
+  --security-opt no-new-privileges --cap-drop ALL --pids-limit $(DOCKER_PIDS) $(DOCKER_RUN_OPTS)
 
-docker-build: ## build the course image labkit:cpu (EXTRAS=tpu: labkit:tpu)
-	$(DOCKER) build $(if $(EXTRAS),--build-arg EXTRAS=$(EXTRAS)) -t $(IMAGE) .
+docker-base: ## a base image from Debian's packages (debootstrap; root): labkit-base:bookworm [DEBIAN_MIRROR=..]
+	@bash docker/base.sh $(BASE_IMAGE) $(DEBIAN_SUITE) $(DEBIAN_MIRROR)
 
-docker-lab: ## JupyterLab in the course image on http://localhost:8888, with labs/ mounted
-	$(DOCKER) run --rm -it -p $(PORT):8888 $(DOCKER_USER) -v "$(CURDIR)/labs:$(KIT_IN_IMAGE)/labs" $(IMAGE) \
+docker-build: ## build the course image labkit:cpu (EXTRAS=tpu: labkit:tpu) [BASE_IMAGE=..] [CA_CERTS=ca.crt]
+	@$(DOCKER_CLIENT) version >/dev/null
+	@$(if $(CA_CERTS),test -r "$(CA_CERTS)" || { echo "error: CA_CERTS=$(CA_CERTS) is not a readable file" >&2; exit 1; })
+	@$(DOCKER_CLIENT) image inspect $(BASE_IMAGE) >/dev/null 2>&1 || \
+	  if [ "$(BASE_IMAGE)" = "$(DEFAULT_BASE)" ]; then echo "$(BASE_IMAGE) is not there yet: make docker-base"; \
+	    $(MAKE) --no-print-directory docker-base; fi
+	$(DOCKER_CLIENT) build --build-arg BASE_IMAGE=$(BASE_IMAGE) $(if $(EXTRAS),--build-arg EXTRAS=$(EXTRAS)) \
+	  $(if $(CA_CERTS),--secret id=ca$(comma)src=$(abspath $(CA_CERTS))) -t $(IMAGE) .
+
+docker-lab: ## JupyterLab in the course image on http://localhost:8888, with labs/ mounted [PORT=8888] [LAB_DIR=labs]
+	bash docker/run.sh "$(abspath $(LAB_DIR))" -- --rm --name $(LAB_NAME) $$([ -t 0 ] && echo -it) \
+	  -p 127.0.0.1:$(PORT):8888 $(DOCKER_SANDBOX) -v "$(abspath $(LAB_DIR)):$(KIT_IN_IMAGE)/labs" $(IMAGE) \
 	  jupyter lab --ip=0.0.0.0 --port=8888 --no-browser
 
-docker-grade: ## grade SUBMISSIONS into GRADES in the course image, with no network
+docker-grade: ## grade SUBMISSIONS into GRADES in the course image: no network, each notebook in the kit's sandbox
 	@mkdir -p "$(GRADES)"
-	$(DOCKER) run --rm --network none $(DOCKER_USER) -v "$(abspath $(SUBMISSIONS)):/submissions:ro" \
-	  -v "$(abspath $(GRADES)):/grades" -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
+	bash docker/run.sh "$(abspath $(GRADES))" -- --rm --network none $(DOCKER_SANDBOX) \
+	  -v "$(abspath $(SUBMISSIONS)):/submissions:ro" -v "$(abspath $(GRADES)):/grades" \
+	  -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
-	  nox -s grade -- --submissions /submissions --out /grades
+	  nox -s grade -- --submissions /submissions --out /grades $(if $(LABS),--labs $(LABS)) \
+	  $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) --timeout $(TIMEOUT) $(GRADE_ARGS)
 
 .PHONY: workshop-up workshop-links workshop-status workshop-run workshop-collect workshop-grade workshop-idle workshop-down
 WORKSHOP := bash infra/workshop.sh

@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,11 +77,28 @@ def test_hadolint_fails_on_a_dockerfile_that_installs_unpinned_packages(tmp_path
     assert done.returncode != 0 and "DL3013" in done.stdout
 
 
-def test_the_base_image_is_pinned_by_exact_tag_and_digest():
+def test_the_base_image_is_one_argument_defaulting_to_the_debian_base_make_docker_base_builds():
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
     assert base, "the base image is one ARG, BASE_IMAGE"
-    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base.group(1)), base.group(1)
     assert next(rest for _, word, rest in instructions() if word == "FROM").startswith("${BASE_IMAGE}")
+    plan = subprocess.run(["make", "-n", "docker-build"], cwd=ROOT, check=False, capture_output=True, text=True).stdout
+    assert f"--build-arg BASE_IMAGE={base.group(1)}" in plan
+    assert f"docker/base.sh {base.group(1)} bookworm" in subprocess.run(
+        ["make", "-n", "docker-base"], cwd=ROOT, check=False, capture_output=True, text=True).stdout
+
+
+def test_the_official_python_image_is_pinned_by_exact_tag_and_digest_where_it_is_the_base():
+    text = (ROOT / "docker" / "python-base.Dockerfile").read_text()
+    base = re.search(r"^ARG BASE_FROM=(\S+)$", text, re.MULTILINE)
+    assert base and re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base.group(1)), base
+    done = subprocess.run([str(HADOLINT), "--no-color", str(ROOT / "docker" / "python-base.Dockerfile")],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_base_without_python3_or_make_is_refused_by_the_first_step_with_the_reason():
+    first = next(rest for stage, word, rest in instructions() if stage == "base" and word == "RUN")
+    assert "the base image has no python3" in first and "the base image has no make" in first
 
 
 def test_the_environment_comes_from_the_lock_through_make_setup():
@@ -94,9 +112,21 @@ def test_the_dockerfile_keeps_no_list_of_packages_of_its_own():
     installers = re.compile(r"\b(pip3?|python3? -m pip|uv pip|uv add|uv tool|pipx|conda|mamba)\s+install\b|\buv add\b")
     for run in run_lines():
         assert not installers.search(run), f"installs packages outside the lock: {run}"
-        for apt in re.findall(r"apt-get install ([^&;]+)", run):
-            packages = [p for p in apt.split() if not p.startswith("-")]
-            assert packages == ["make=4.3-4.1"], f"Debian packages beyond make: {packages}"
+        assert "apt-get install" not in run, f"Debian packages come with the base image: {run}"
+
+
+def test_a_ca_bundle_comes_as_a_build_secret_never_in_a_layer(tmp_path):
+    setup = next(r for r in run_lines() if "make setup" in r)
+    assert "--mount=type=secret,id=ca" in setup and "/run/secrets/ca" in setup
+    assert not [rest for _, word, rest in instructions() if word in ("COPY", "ADD") and "ca" in rest.split()[:-1]]
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    plan = subprocess.run(["make", "-n", "docker-build", f"CA_CERTS={ca}"], cwd=ROOT, check=False, capture_output=True,
+                          text=True).stdout
+    assert f"--secret id=ca,src={ca}" in plan, plan
+    missing = subprocess.run(["make", "docker-build", f"CA_CERTS={tmp_path}/none.crt"], cwd=ROOT, check=False,
+                             capture_output=True, text=True, env=dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock"))
+    assert missing.returncode != 0
 
 
 def test_the_image_runs_as_a_non_root_user():
@@ -145,7 +175,7 @@ def is_ignored(path: str) -> bool:
 def test_the_build_context_leaves_out_environments_outputs_solutions_and_hidden_tests():
     for path in (".venv/bin/python", ".tools/bin/uv", "build/lab-3/report.json", "wheelhouse/x.whl",
                  ".git/HEAD", "reference/lab-3.ipynb", "tests/hidden/lab_3/test_more.py", "tests/kit/conftest.py",
-                 "infra/terraform.tfstate"):
+                 "infra/terraform.tfstate", "docker/seccomp.json"):
         assert is_ignored(path), path
     for path in ("uv.lock", "pyproject.toml", "Makefile", "README.md", "labkit/cli.py", "labs/lab-3.ipynb",
                  "tests/public/lab_3/test_lab_3.py", "noxfile.py"):
@@ -154,7 +184,7 @@ def test_the_build_context_leaves_out_environments_outputs_solutions_and_hidden_
 
 def test_docker_lab_serves_jupyterlab_on_port_8888_with_labs_mounted():
     plan = subprocess.run(["make", "-n", "docker-lab"], cwd=ROOT, check=False, capture_output=True, text=True, timeout=60).stdout
-    assert "-p 8888:8888" in plan and f'{ROOT}/labs:/home/student/kit/labs' in plan
+    assert "-p 127.0.0.1:8888:8888" in plan and f'{ROOT}/labs:/home/student/kit/labs' in plan
     assert "jupyter lab --ip=0.0.0.0 --port=8888" in plan
     assert (ROOT / ".venv" / "bin" / "jupyter-lab").exists(), "JupyterLab is in the locked notebook group"
 
@@ -166,6 +196,9 @@ def test_docker_grade_runs_nox_grade_with_the_network_off(tmp_path):
     assert f"{tmp_path}/subs:/submissions:ro" in plan and f"{tmp_path}/out:/grades" in plan
     assert "tests/hidden:/home/student/kit/tests/hidden:ro" in plan and "reference:/home/student/kit/reference:ro" in plan
     assert "nox -s grade -- --submissions /submissions --out /grades" in plan
+    assert f"--security-opt seccomp={ROOT}/docker/seccomp.json" in plan and "--cap-drop ALL" in plan
+    assert "--security-opt systempaths=unconfined" in plan and "--security-opt no-new-privileges" in plan
+    assert "seccomp=unconfined" not in plan and "--privileged" not in plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +221,7 @@ def replayed_build(tmp_path_factory) -> Path:
                 shutil.copytree(ROOT / src, kit / src.rstrip("/"), ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy2(ROOT / src, kit / dest / src if dest.endswith("/") else kit / dest)
-    command = re.sub(r"^--mount=\S+\s+", "", setup_run)
+    command = re.sub(r"^(--mount=\S+\s+)+", "", setup_run)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_"))}
     env.update(stage_env("build"), EXTRAS="")
     done = subprocess.run(["bash", "-c", command], cwd=kit, env=env, check=False, capture_output=True, text=True, timeout=900)
@@ -230,3 +263,107 @@ def test_the_images_own_check_passes_on_the_replayed_environment(replayed_build)
     done = subprocess.run(["bash", "-c", check.replace("/tmp/check", str(replayed_build.parent / "check"))],
                           cwd=replayed_build, env=env, check=False, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# No engine: every docker target says so in one line, and which case it is.
+
+DOCKER_TARGETS = ["docker-base", "docker-build", "docker-lab", "docker-grade"]
+
+
+def our_errors(done: subprocess.CompletedProcess) -> list[str]:
+    """The kit's own error lines (make adds its `make: *** ...` line after them)."""
+    return [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("target", DOCKER_TARGETS)
+def test_every_docker_target_says_in_one_line_when_the_engine_is_not_running(target, tmp_path):
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/docker.sock")
+    done = subprocess.run(["make", "--no-print-directory", target, f"GRADES={tmp_path}/grades", f"LAB_DIR={tmp_path}",
+                           f"SUBMISSIONS={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode != 0
+    errors = our_errors(done)
+    assert len(errors) == 1, done.stdout + done.stderr
+    assert "the Docker engine is not running" in errors[0] and f"unix://{tmp_path}/docker.sock" in errors[0]
+    assert "start it" in errors[0].lower()
+
+
+@pytest.mark.parametrize("target", DOCKER_TARGETS)
+def test_every_docker_target_says_in_one_line_when_docker_is_not_installed(target, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in Path("/usr/bin").iterdir():
+        if not tool.name.startswith("docker"):
+            (bin_dir / tool.name).symlink_to(tool)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/sbin:/sbin")
+    env.pop("DOCKER", None)
+    done = subprocess.run(["make", "--no-print-directory", target, f"GRADES={tmp_path}/grades", f"LAB_DIR={tmp_path}",
+                           f"SUBMISSIONS={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode != 0
+    errors = our_errors(done)
+    assert len(errors) == 1 and "no Docker client" in errors[0] and "install" in errors[0].lower(), done.stderr
+
+
+def test_an_engine_that_refuses_the_user_is_named_as_such(tmp_path):
+    """A socket the user may not open (not in the `docker` group): permission denied, and what to do."""
+    import socket
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="labkit-sock-"))
+    try:
+        os.chmod(where, 0o755)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(where / "docker.sock"))
+        server.listen()
+        os.chmod(where / "docker.sock", 0o600 if os.geteuid() == 0 else 0o000)
+        client = where / "client.sh"
+        shutil.copy2(ROOT / "docker" / "client.sh", client)
+        os.chmod(client, 0o755)
+        as_user = ["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups"] if os.geteuid() == 0 else []
+        env = dict(os.environ, DOCKER_HOST=f"unix://{where}/docker.sock", HOME=str(where))
+        done = subprocess.run([*as_user, "bash", str(client), "version"], env=env, capture_output=True, text=True,
+                              timeout=60, cwd=where, check=False)
+        server.close()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    assert done.returncode == 1
+    errors = our_errors(done)
+    assert len(errors) == 1 and "refuses this user (permission denied" in errors[0] and "docker` group" in errors[0], done.stderr
+
+
+def test_the_client_is_one_that_builds_with_buildkit(tmp_path):
+    """A newer client without the buildx plugin cannot build with BuildKit; an older one (before 23) can."""
+    bin_a, bin_b = tmp_path / "a", tmp_path / "b"
+    for folder, version, buildx in ((bin_a, "28.2.2", False), (bin_b, "20.10.24", False)):
+        folder.mkdir()
+        (folder / "docker").write_text(
+            "#!/bin/sh\n"
+            f'case "$1" in buildx) {"exit 0" if buildx else "exit 1"};; '
+            f'version) case "$*" in *Client*) echo {version};; *) echo 1;; esac;; '
+            f'*) echo "{folder.name} $*";; esac\n')
+        (folder / "docker").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_a}:{bin_b}:{os.environ['PATH']}")
+    env.pop("DOCKER", None)
+    done = subprocess.run(["bash", str(ROOT / "docker" / "client.sh"), "build", "."], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "b build .", done.stdout + done.stderr
+
+
+def test_the_seccomp_profile_is_the_one_its_script_writes_and_allows_only_what_bubblewrap_needs_more():
+    import json
+
+    assert subprocess.run([sys.executable, str(ROOT / "docker" / "seccomp.py"), "--check"], check=False).returncode == 0
+    profile = json.loads((ROOT / "docker" / "seccomp.json").read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    allowed = {n for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for n in rule["names"]}
+    assert {"unshare", "clone", "mount", "umount2", "pivot_root", "setns"} <= allowed
+    assert not allowed & {"bpf", "keyctl", "add_key", "kexec_load", "init_module", "finit_module", "reboot",
+                          "open_by_handle_at", "perf_event_open", "userfaultfd", "io_uring_setup", "fsopen"}
+
+
+def test_the_docker_scripts_pass_shellcheck():
+    scripts = sorted((ROOT / "docker").glob("*.sh"))
+    done = subprocess.run(["shellcheck", *map(str, scripts)], check=False, capture_output=True, text=True)
+    assert scripts and done.returncode == 0, done.stdout

@@ -1,0 +1,389 @@
+"""The course image, built and run for real on a Docker engine.
+
+The engine is the one that answers (DOCKER_HOST, or the client's default); else, as root with
+`dockerd` installed, the kit's own, started for these tests and stopped after them
+(`docker/engine.py`: images and build cache under /var/cache/labkit-docker, kept between runs so
+the next `make test` reuses the base image, the layers and uv's downloads). Without either, every
+test here is skipped with the reason. Each test builds nothing itself: the image is built once,
+by `make docker-build` as a user would (on the Debian base `make docker-base` makes).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = "/home/student/kit"
+IMAGE = "labkit:kit-test"
+TPU_IMAGE = "labkit:kit-test-tpu"
+CA = Path("/etc/ssl/certs/ca-certificates.crt")
+ADVERSARIAL = Path(__file__).parent / "adversarial"
+ARTIFACTS = Path(os.environ.get("LABKIT_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
+HOST_USER = 4242  # a host user who is neither root nor the image's own user (1000)
+
+_spec = importlib.util.spec_from_file_location("labkit_docker_engine", ROOT / "docker" / "engine.py")
+engine_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(engine_module)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine and the image.
+
+@pytest.fixture(scope="session")
+def engine():
+    """The environment the docker client needs; the kit's own engine is stopped after the session
+    when this fixture started it."""
+    env, started, why = engine_module.start()
+    if env is None:
+        pytest.skip(f"no Docker engine: {why}")
+    env = dict(env, NO_COLOR="1")
+    yield env
+    # What earlier builds left (images no tag names any more, build cache beyond 10 GB) goes;
+    # the base image, the tagged images and the recent cache (uv's downloads) stay for the next run.
+    client = ["bash", str(ROOT / "docker" / "client.sh")]
+    subprocess.run([*client, "image", "prune", "-f"], env=env, capture_output=True, timeout=300, check=False)
+    subprocess.run([*client, "builder", "prune", "-f", "--keep-storage", "10GB"], env=env, capture_output=True,
+                   timeout=300, check=False)
+    if started:
+        engine_module.stop()
+
+
+def docker(engine, *args, timeout=600, check=True, **kw) -> subprocess.CompletedProcess:
+    done = subprocess.run(["bash", str(ROOT / "docker" / "client.sh"), *args], env=engine, capture_output=True,
+                          text=True, timeout=timeout, check=False, **kw)
+    if check:
+        assert done.returncode == 0, f"docker {' '.join(args)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def make(engine, *args, timeout=1800, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, env=dict(env or engine), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def build_args() -> list[str]:
+    return [f"CA_CERTS={CA}"] if CA.exists() else []
+
+
+@pytest.fixture(scope="session")
+def base(engine):
+    """The Debian base (`make docker-base`), made once per engine."""
+    if docker(engine, "image", "inspect", "labkit-base:bookworm", check=False).returncode != 0:
+        if os.geteuid() != 0 or not shutil.which("debootstrap"):
+            pytest.skip("no labkit-base:bookworm image, and debootstrap (as root) cannot make one here")
+        done = make(engine, "docker-base")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return "labkit-base:bookworm"
+
+
+@pytest.fixture(scope="session")
+def image(engine, base):
+    done = make(engine, "docker-build", f"IMAGE={IMAGE}", *build_args())
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    return IMAGE
+
+
+def owned_by(path: Path, uid: int) -> list[str]:
+    """Files and folders under `path` (itself included) that `uid` does not own."""
+    return [str(p) for p in [path, *path.rglob("*")] if p.lstat().st_uid != uid]
+
+
+def host_folder(tmp_path: Path, name: str, uid: int = HOST_USER) -> Path:
+    """A folder owned by the simulated host user, as the user's own checkout would be."""
+    folder = tmp_path / name
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(tmp_path, 0o755)
+    os.chown(folder, uid, uid)
+    return folder
+
+
+def labs_with(tmp_path: Path, notebook: Path | None = None) -> Path:
+    labs = host_folder(tmp_path, "labs")
+    for nb in (ROOT / "labs").glob("*.ipynb"):
+        shutil.copy2(nb, labs / nb.name)
+    if notebook:
+        shutil.copy2(notebook, labs / "lab-3.ipynb")
+    for p in labs.iterdir():
+        os.chown(p, HOST_USER, HOST_USER)
+    return labs
+
+
+def sandbox_options() -> list[str]:
+    """The options `make docker-lab` and `make docker-grade` give bubblewrap (from the Makefile)."""
+    plan = subprocess.run(["make", "-n", "docker-grade"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    options = re.findall(r"--security-opt \S+|--cap-drop \S+|--pids-limit \S+", plan)
+    assert any("seccomp=" in o for o in options), plan
+    return [word for option in options for word in option.split()]
+
+
+# ---------------------------------------------------------------------------------------------
+# The student loop: `docker run IMAGE` on the mounted labs/.
+
+@pytest.fixture(scope="module")
+def unmodified_run(engine, image, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("student")
+    labs, build = labs_with(tmp), host_folder(tmp, "build")
+    done = docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", "-v", f"{labs}:{KIT}/labs",
+                  "-v", f"{build}:{KIT}/build", image, check=False, timeout=900)
+    return done, build
+
+
+def test_docker_run_on_the_unmodified_lab_says_not_implemented_yet(unmodified_run):
+    done, build = unmodified_run
+    assert "not implemented yet" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((build / "lab-3" / "report.json").read_text())
+    on_cpu = [o for o in report["outcomes"] if o["config"] in ("cpu-1", "cpu-8")]
+    assert {o["config"] for o in on_cpu} == {"cpu-1", "cpu-8"}
+    assert {o["status"] for o in on_cpu} == {"todo"}, [(o["config"], o["test"], o["status"]) for o in on_cpu]
+
+
+def test_files_the_container_writes_to_the_mount_belong_to_the_host_user(unmodified_run):
+    _, build = unmodified_run
+    assert (build / "lab-3" / "report.json").exists()
+    assert owned_by(build, HOST_USER) == []
+
+
+def test_the_container_runs_as_the_user_it_is_given_never_root(engine, image):
+    assert docker(engine, "run", "--rm", image, "id", "-u").stdout.strip() == "1000"
+    assert docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", image, "id", "-u").stdout.strip() == str(HOST_USER)
+
+
+def test_a_correct_notebook_passes_on_cpu_1_and_cpu_8_in_the_kits_sandbox(engine, image, tmp_path):
+    labs, build = labs_with(tmp_path, ROOT / "reference" / "lab-3.ipynb"), host_folder(tmp_path, "build")
+    done = docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", *sandbox_options(),
+                  "-v", f"{labs}:{KIT}/labs", "-v", f"{build}:{KIT}/build", image,
+                  "make", "lab-3", "CONFIGS=cpu-1,cpu-8", check=False, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((build / "lab-3" / "report.json").read_text())
+    by_config = {}
+    for o in report["outcomes"]:
+        by_config.setdefault(o["config"], set()).add(o["status"])
+    assert by_config == {"cpu-1": {"passed"}, "cpu-8": {"passed"}}, by_config
+    assert {r["isolation"] for r in report["runs"].values()} == {"bubblewrap"}, report["runs"]
+
+
+def test_with_dockers_default_profile_bubblewrap_cannot_make_the_sandbox(engine, image):
+    """What the kit's profile is for: under Docker's default seccomp profile, bwrap is refused."""
+    probe = "from labkit import sandbox; print(sandbox.bubblewrap()[1] or 'works')"
+    default = docker(engine, "run", "--rm", image, "python", "-c", probe).stdout
+    assert default.strip() and default.strip() != "works", default  # the kit's reason why not
+    kits = docker(engine, "run", "--rm", *sandbox_options(), image, "python", "-c", probe).stdout
+    assert kits.strip() == "works", kits
+
+
+def test_the_kits_profile_still_refuses_what_bubblewrap_does_not_need(engine, image):
+    """keyctl, bpf and kexec_load stay refused (EPERM) under the kit's seccomp profile."""
+    script = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+              "numbers = {'keyctl': 250, 'bpf': 321, 'kexec_load': 246} if os.uname().machine == 'x86_64' "
+              "else {'keyctl': 219, 'bpf': 280, 'kexec_load': 104}; "
+              "print({name: (libc.syscall(n, 0, 0, 0, 0, 0), ctypes.get_errno()) for name, n in numbers.items()})")
+    out = docker(engine, "run", "--rm", *sandbox_options(), image, "python", "-c", script).stdout
+    assert out.strip() == "{'keyctl': (-1, 1), 'bpf': (-1, 1), 'kexec_load': (-1, 1)}", out
+
+
+# ---------------------------------------------------------------------------------------------
+# What the image holds.
+
+def test_the_image_holds_no_reference_solution_and_no_hidden_test(engine, image):
+    listing = docker(engine, "run", "--rm", image, "sh", "-c",
+                     f"cd {KIT} && find . -path ./.venv -prune -o -type f -print0 | xargs -0 sha256sum").stdout
+    inside = {line.split()[0]: line.split(maxsplit=1)[1] for line in listing.splitlines()}
+    assert "./labs/lab-3.ipynb" in inside.values() and "./labkit/sandbox.py" in inside.values()
+    assert not [p for p in inside.values() if p.startswith(("./reference/", "./tests/hidden/", "./tests/kit/"))]
+    secrets = [p for p in [*(ROOT / "reference").glob("*.ipynb"), *(ROOT / "tests" / "hidden").rglob("*.py")]
+               if p.stat().st_size]
+    leaked = [str(p) for p in secrets if hashlib.sha256(p.read_bytes()).hexdigest() in inside]
+    assert secrets and not leaked, leaked
+
+
+# ---------------------------------------------------------------------------------------------
+# JupyterLab in a real browser: `make docker-lab`, then headless Chromium.
+
+@pytest.fixture(scope="module")
+def jupyterlab(engine, image, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jupyterlab")
+    labs = tmp / "kit" / "labs"
+    labs.mkdir(parents=True)
+    shutil.copy2(ROOT / "reference" / "lab-3.ipynb", labs / "lab-3.ipynb")
+    port, name = "18888", "labkit-lab-kit-test"
+    docker(engine, "rm", "-f", name, check=False)
+    log = open(tmp / "docker-lab.log", "w+")  # noqa: SIM115 - the server writes it until the fixture ends
+    proc = subprocess.Popen(["make", "--no-print-directory", "docker-lab", f"IMAGE={image}", f"PORT={port}",
+                             f"LAB_NAME={name}", f"LAB_DIR={labs}"],
+                            cwd=ROOT, env=engine, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    url, deadline = None, time.monotonic() + 240
+    while time.monotonic() < deadline and url is None:
+        time.sleep(1)
+        log.seek(0)
+        found = re.search(r"http://127\.0\.0\.1:8888/lab\?token=\w+", log.read())
+        url = found and found.group(0).replace(":8888/", f":{port}/")
+        assert proc.poll() is None, (tmp / "docker-lab.log").read_text()[-3000:]
+    assert url, (tmp / "docker-lab.log").read_text()[-3000:]
+    yield url, labs, tmp
+    docker(engine, "stop", "-t", "5", name, check=False)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_jupyterlab_answers_on_the_published_port(jupyterlab):
+    url, _, _ = jupyterlab
+    with urllib.request.urlopen(url.replace("/lab?", "/api/status?"), timeout=30) as r:
+        assert r.status == 200 and "started" in json.loads(r.read())
+
+
+def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupyterlab):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+
+    url, _, _ = jupyterlab
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "jupyterlab-lab-3.png"
+    for old in (shot, ARTIFACTS / "jupyterlab-lab-3-failed.png"):
+        old.unlink(missing_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(url.replace("/lab?", "/lab/tree/labs/lab-3.ipynb?"), timeout=120_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            # The kernel is up when the status bar says so; a "Run All" sent before can be lost, so it
+            # is sent again until a cell's prompt shows it queued or run.
+            page.get_by_text(re.compile(r"ipykernel\) \| Idle")).first.wait_for(timeout=180_000)
+            for _ in range(3):
+                page.locator(".jp-Notebook").first.click()
+                page.keyboard.press("Escape")
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                try:
+                    page.wait_for_function("() => [...document.querySelectorAll('.jp-InputPrompt')]"
+                                           ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))", timeout=60_000)
+                    break
+                except PlaywrightTimeout:
+                    continue
+            # The check cell, `check("shard_map_double")`, prints a summary line, then one line per test.
+            output = page.locator(".jp-OutputArea-output", has_text="public tests passed")
+            output.last.wait_for(timeout=300_000)
+            output.last.scroll_into_view_if_needed()
+            text = output.last.inner_text()
+            page.screenshot(path=str(shot))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab-lab-3-failed.png"))
+            raise
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+    summary = re.search(r"shard_map_double on this kernel's 1 device: (\d+)/(\d+) public tests passed", text)
+    assert summary and summary.group(1) == summary.group(2) != "0", text
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading a hostile class: `make docker-grade`, no network, every notebook in the kit's sandbox.
+
+HOSTILE = ["kill_parents", "read_secrets", "fork_bomb", "forge_results_later", "segfault", "markup_injection"]
+
+
+def with_cell(source: str, path: Path) -> Path:
+    """Lab 3's student notebook with `source` as a new cell right after the exercise's cell."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "labs" / "lab-3.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "def shard_map_double" in c.source)
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(source))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded(engine, image, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("class")
+    subs, grades = tmp / "submissions", tmp / "grades"
+    (subs / "honest").mkdir(parents=True)
+    shutil.copy2(ROOT / "reference" / "lab-3.ipynb", subs / "honest" / "lab-3.ipynb")
+    (subs / "unmodified").mkdir()
+    shutil.copy2(ROOT / "labs" / "lab-3.ipynb", subs / "unmodified" / "lab-3.ipynb")
+    for trick in HOSTILE:
+        with_cell((ADVERSARIAL / f"{trick}.py").read_text(), subs / trick / "lab-3.ipynb")
+    started = time.monotonic()
+    done = make(engine, "docker-grade", f"IMAGE={image}", f"SUBMISSIONS={subs}", f"GRADES={grades}", "LABS=3",
+                "CONFIGS=cpu-1", "TIMEOUT=120", timeout=1500)
+    seconds = time.monotonic() - started
+    rows = list(csv.DictReader((grades / "scoreboard.csv").open())) if (grades / "scoreboard.csv").exists() else []
+    return done, grades, {r["student"]: r for r in rows}, seconds
+
+
+def test_docker_grade_writes_the_scoreboard_to_the_hosts_folder(graded):
+    done, grades, rows, _ = graded
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert {"scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html"} <= {p.name for p in grades.iterdir()}
+    assert set(rows) == {"honest", "unmodified", *HOSTILE}
+
+
+def test_docker_grade_runs_every_notebook_in_the_sandbox(graded):
+    _, _, rows, _ = graded
+    assert rows and {r["isolation"] for r in rows.values()} == {"bubblewrap"}, {s: r["isolation"] for s, r in rows.items()}
+
+
+def test_in_the_container_the_honest_notebook_passes_and_no_hostile_one_scores(graded):
+    _, _, rows, _ = graded
+    assert rows["honest"]["status"] == "ok" and rows["honest"]["passed"] == rows["honest"]["total"] != "0", rows["honest"]
+    assert rows["unmodified"]["passed"] == "0"
+    scored = {s: rows[s]["passed"] for s in HOSTILE if int(rows[s]["passed"]) > int(rows["unmodified"]["passed"])}
+    assert not scored, scored
+
+
+def test_docker_grade_leaves_the_files_it_wrote_to_the_host_user(graded):
+    _, grades, _, _ = graded
+    assert (grades / "scoreboard.csv").exists()
+    assert owned_by(grades, os.getuid()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Other builds: the TPU variant, and bases that lack what the image needs.
+
+def test_the_tpu_variant_builds_installs_libtpu_and_runs_the_cpu_configurations(engine, image):
+    done = make(engine, "docker-build", "EXTRAS=tpu", f"IMAGE={TPU_IMAGE}", *build_args())
+    # The build's own check ran lab 3 on cpu-1 and cpu-8 in the TPU image (see the Dockerfile).
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    found = docker(engine, "run", "--rm", TPU_IMAGE, "python", "-c",
+                   "import importlib.metadata as m; print(m.version('libtpu'))").stdout
+    assert re.fullmatch(r"\d[\w.]*\n", found), found
+    configs = docker(engine, "run", "--rm", TPU_IMAGE, "python", "-m", "labkit", "configs").stdout
+    assert re.search(r"tpu.*(skip|no TPU|not available)", configs, re.IGNORECASE | re.DOTALL), configs
+
+
+@pytest.mark.parametrize("missing, remove", [("make", "rm -f /usr/bin/make"),
+                                             ("python3", "rm -f /usr/bin/python3 /usr/bin/python3.*")])
+def test_a_base_without_python3_or_make_fails_the_build_at_once_with_that_reason(engine, base, missing, remove, tmp_path):
+    broken = f"labkit-test-base-without-{missing}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {base}\nRUN {remove}\n")
+    docker(engine, "build", "-t", broken, str(tmp_path))
+    started = time.monotonic()
+    done = make(engine, "docker-build", f"BASE_IMAGE={broken}", f"IMAGE=labkit:kit-test-broken-{missing}", timeout=600)
+    assert done.returncode != 0
+    assert f"the base image has no {missing}" in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    # It stopped at the base's first step: `make setup` never started (it would print its first command).
+    assert "-m venv .tools" not in done.stdout + done.stderr and time.monotonic() - started < 120
