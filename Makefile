@@ -99,6 +99,10 @@ lab-%: setup ## run lab N on each device configuration: make lab-3 [CONFIGS=cpu-
 list: setup ## list the labs
 	@$(PY) -m labkit list
 
+doctor: ## what this machine can do for the kit and what is missing, with fixes [FOR=lab,grade,test,docker,browser]
+	@if [ -f $(VENV)/.synced ]; then $(PY) -m labkit.doctor --for $(or $(FOR),lab); \
+	else $(PYTHON) -m labkit.doctor --for $(or $(FOR),lab); fi
+
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs
 

@@ -37,6 +37,12 @@ def _configs(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    from labkit import doctor
+
+    return doctor.main(["--for", args.purposes])
+
+
 def _student_notebooks(args) -> int:
     """Generate labs/lab-N.ipynb from reference/ (or, with --check, fail when labs/ is out of date)."""
     stale = []
@@ -138,6 +144,9 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="the labs").set_defaults(func=_list)
     sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
+    doc = sub.add_parser("doctor", help="what this machine can do for the kit, what is missing, and the fixes")
+    doc.add_argument("--for", dest="purposes", default="lab", help="lab, grade, test, docker, browser (comma-separated)")
+    doc.set_defaults(func=_doctor)
 
     gen = sub.add_parser("student-notebooks", help="generate labs/ from reference/")
     gen.add_argument("--check", action="store_true", help="only check that labs/ is up to date")
