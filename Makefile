@@ -10,49 +10,74 @@ CONFIGS ?=
 TIMEOUT ?= 120
 EXTRAS ?=
 FORCE ?=
-# Which dependency groups go into .venv: empty for the default groups of pyproject.toml, or a list,
-# e.g. DEP_GROUPS=notebook for the lean student environment the course image has.
+# Which dependency groups go into .venv. Unset: the student's lean selection (the `notebook` group:
+# the student loop and JupyterLab), plus whatever the goals need on top (`make test`: every group;
+# `make lint`: lint), plus what .venv already has, so nothing installed is taken away again.
+# Set, it is exact: DEP_GROUPS=notebook is the course image's selection.
 DEP_GROUPS ?=
+# FOR=test: `make setup FOR=test` installs what `make test` needs without running it (nox does so).
+FOR ?=
 # OFFLINE=1: install from WHEELHOUSE (made by `make wheelhouse`) with no index and no network.
 OFFLINE ?=
 WHEELHOUSE ?= wheelhouse
 PIP_VERSION := 26.3
 comma := ,
+STUDENT_GROUPS := notebook
+ALL_GROUPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['dependency-groups'])" 2>/dev/null)
+GOALS := $(MAKECMDGOALS) $(FOR)
+NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),lint)
+RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
+# What .venv has now: a stamp without --no-default-groups was written when every group was the default.
+RECORDED_GROUPS = $(if $(wildcard $(VENV)/.synced),$(if $(findstring --no-default-groups,$(RECORDED)),\
+  $(patsubst group=%,%,$(filter group=%,$(subst --group ,group=,$(RECORDED)))),$(ALL_GROUPS)))
 # The part of uv.lock that `make setup` installs; recorded in .venv/.synced, and a different one re-syncs.
-SELECTION := $(strip $(if $(EXTRAS),--extra $(EXTRAS)) \
-  $(if $(DEP_GROUPS),--no-default-groups $(addprefix --group ,$(subst $(comma), ,$(DEP_GROUPS)))))
+SELECTION := $(strip $(if $(EXTRAS),--extra $(EXTRAS)) --no-default-groups \
+  $(addprefix --group ,$(if $(DEP_GROUPS),$(subst $(comma), ,$(DEP_GROUPS)),$(sort $(NEEDED_GROUPS) $(RECORDED_GROUPS)))))
 
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
 .PHONY: help setup system-deps test lab-% labs list configs student-notebooks check-student-notebooks bench clean
-.PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed
+.PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed doctor
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 28
 
-.tools/bin/uv:
-	$(PYTHON) -m venv .tools
-	.tools/bin/pip install --quiet $(if $(OFFLINE),--no-index --find-links $(WHEELHOUSE)) uv==$(UV_VERSION)
+# Python itself, present and new enough, before anything is installed with it (in each set-up recipe).
+define check_python
+@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: \`$(PYTHON)\` is not on the PATH: install Python 3.11 or newer \
+  (Debian and Ubuntu: apt install python3 python3-venv), or name one: make ... PYTHON=/path/to/python3.11" >&2; exit 1; }
+@$(PYTHON) -m labkit.envsetup check-python
+endef
 
-ifneq ($(SELECTION),$(strip $(shell cat $(VENV)/.synced 2>/dev/null)))
+.tools/bin/uv:
+	$(check_python)
+	@echo "Fetching uv $(UV_VERSION) into .tools/ (once; it is not on the PATH)."
+	@$(PYTHON) -m venv .tools >/dev/null 2>&1 || { rm -rf .tools; echo "error: \`$(PYTHON) -m venv\` failed: this Python \
+	  has no working venv module (Debian and Ubuntu: apt install python3-venv)" >&2; exit 1; }
+	@.tools/bin/pip install --quiet --disable-pip-version-check $(if $(OFFLINE),--no-index --find-links $(WHEELHOUSE)) \
+	  uv==$(UV_VERSION) || { rm -rf .tools; echo "error: could not install uv $(UV_VERSION) into .tools/ (see above)" >&2; exit 1; }
+
+ifneq ($(SELECTION),$(RECORDED))
 $(VENV)/.synced: .selection-changed
 endif
 .selection-changed: ;
 $(VENV)/.synced: pyproject.toml uv.lock
+	$(check_python)
 	@test -x "$(UV)" || $(MAKE) --no-print-directory .tools/bin/uv OFFLINE=$(OFFLINE)
 ifeq ($(OFFLINE),)
-	$(UV) sync --frozen $(SELECTION)
+	@$(PYTHON) -m labkit.envsetup sync --uv $(UV) --venv $(VENV) --log build/setup.log -- $(SELECTION)
 else
+	@rm -f $@
 	@$(PYTHON) -m labkit.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- $(SELECTION)
 	$(UV) venv --quiet --allow-existing --prompt labkit $(VENV)
 	$(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate $(SELECTION) -o $(VENV)/requirements.txt
 	$(UV) pip sync --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) $(VENV)/requirements.txt
 	$(UV) pip install --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) --no-deps -e .
-endif
 	@echo '$(SELECTION)' > $@
+endif
 
-setup: $(VENV)/.synced ## create .venv from uv.lock (EXTRAS=tpu on a TPU VM; DEP_GROUPS=notebook; OFFLINE=1)
+setup: $(VENV)/.synced ## create .venv from uv.lock, lean (FOR=test: the kit's tools too; EXTRAS=tpu; OFFLINE=1)
 
 wheelhouse: ## download every locked wheel for this machine (all groups, EXTRAS too) into wheelhouse/
 	@test -x "$(UV)" || $(MAKE) --no-print-directory .tools/bin/uv
@@ -73,6 +98,10 @@ lab-%: setup ## run lab N on each device configuration: make lab-3 [CONFIGS=cpu-
 
 list: setup ## list the labs
 	@$(PY) -m labkit list
+
+doctor: ## what this machine can do for the kit and what is missing, with fixes [FOR=lab,grade,test,docker,browser]
+	@if [ -f $(VENV)/.synced ]; then $(PY) -m labkit.doctor --for $(or $(FOR),lab); \
+	else $(PYTHON) -m labkit.doctor --for $(or $(FOR),lab); fi
 
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs

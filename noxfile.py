@@ -1,6 +1,8 @@
 """nox sessions: thin wrappers over `python -m labkit`, run in the locked environment `.venv`.
 
-Every session reuses `.venv` (made by `make setup` from uv.lock); nothing is resolved again.
+Every session reuses `.venv` (made by `make setup` from uv.lock); nothing is resolved again. Each one
+first asks `make setup` for what it needs (a no-op when `.venv` has it): a `.venv` whose set-up did
+not finish is never taken for a good one.
 Run them as `.venv/bin/nox -s NAME -- ARGS` (or plain `nox` with the environment activated).
 """
 
@@ -18,9 +20,12 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["tests"]
 
 
+def _setup(*make_args: str) -> None:
+    subprocess.run(["make", "--no-print-directory", "-s", "-C", str(ROOT), "setup", *make_args], check=True)
+
+
 def _kit(session: nox.Session, *args: str) -> None:
-    if not Path(PY).exists():
-        subprocess.run(["make", "-C", str(ROOT), "setup"], check=True)
+    _setup()
     session.run(PY, "-m", "labkit", *args, external=True)
 
 
@@ -60,6 +65,7 @@ def release(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The kit's own test suite."""
+    _setup("FOR=test")
     session.run(PY, "-m", "pytest", *session.posargs, external=True)
 
 

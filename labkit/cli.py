@@ -49,6 +49,12 @@ def _isolation(args) -> int:
     return 1
 
 
+def _doctor(args) -> int:
+    from labkit import doctor
+
+    return doctor.main(["--for", args.purposes])
+
+
 def _student_notebooks(args) -> int:
     """Generate labs/lab-N.ipynb from reference/ (or, with --check, fail when labs/ is out of date)."""
     stale = []
@@ -211,6 +217,9 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
     sub.add_parser("isolation", help="whether notebooks run in a sandbox here: which bwrap, or why none and the fix"
                    ).set_defaults(func=_isolation)
+    doc = sub.add_parser("doctor", help="what this machine can do for the kit, what is missing, and the fixes")
+    doc.add_argument("--for", dest="purposes", default="lab", help="lab, grade, test, docker, browser (comma-separated)")
+    doc.set_defaults(func=_doctor)
 
     gen = sub.add_parser("student-notebooks", help="generate labs/ from reference/")
     gen.add_argument("--check", action="store_true", help="only check that labs/ is up to date")

@@ -156,20 +156,3 @@ def test_wheel_names_are_matched_as_pep_427_spells_them(tmp_path):
     assert found[wh.normalize("jinja2")] == {"3.1.6"}
     assert found[wh.normalize("typing-extensions")] == {"4.15.0"}
     assert wh.normalize("ruamel.yaml") == "ruamel_yaml"
-
-
-def test_setup_installs_again_when_extras_or_groups_change(tmp_path):
-    for name in ("Makefile", "pyproject.toml", "uv.lock"):
-        shutil.copy2(ROOT / name, tmp_path / name)
-    stamp = tmp_path / ".venv" / ".synced"
-    stamp.parent.mkdir()
-
-    def plan(*args: str) -> str:
-        return subprocess.run(["make", "-n", "setup", *args], cwd=tmp_path, check=False, capture_output=True, text=True).stdout
-
-    stamp.write_text("\n")  # a plain `make setup`
-    assert "Nothing to be done" in plan()
-    assert "sync --frozen --extra tpu" in plan("EXTRAS=tpu")
-    stamp.write_text("--no-default-groups --group notebook\n")
-    assert "Nothing to be done" in plan("DEP_GROUPS=notebook")
-    assert "sync --frozen\n" in plan() or "sync --frozen \n" in plan()

@@ -1,0 +1,216 @@
+"""Making `.venv` from uv.lock, quietly: a few lines on the terminal, the rest in a log.
+
+`make setup` (and so the first `make lab-N`) calls this module with the system's Python, before
+the environment exists, so it uses the standard library only (and runs on Python 3.8 and newer far
+enough to say that the kit needs 3.11):
+
+    python3 -m labkit.envsetup check-python
+    python3 -m labkit.envsetup sync --uv UV --log build/setup.log -- [uv sync selection]
+
+`sync` says what it installs and about how much it downloads, runs `uv sync --frozen` with its
+output in the log, and says how long it took. When it fails, the end of the log is shown with
+the log's name, a full disk is named as such, and the environment is marked unfinished so that
+the next `make` installs again instead of taking a half-made `.venv` for a good one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MINIMUM_PYTHON = (3, 11)
+# The file whose content is the selection `.venv` was made with; written only after a set-up
+# succeeded, so a missing or stale one always means "install again".
+STAMP = ".synced"
+_PLANNED = re.compile(r"^\s*\+\s*([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+
+
+def python_problem(version: tuple[int, ...] = tuple(sys.version_info[:3]), executable: str = sys.executable) -> str:
+    """One line saying why this Python cannot run the kit, or "" when it can."""
+    if tuple(version[:2]) >= MINIMUM_PYTHON:
+        return ""
+    have = ".".join(str(n) for n in version)
+    need = ".".join(str(n) for n in MINIMUM_PYTHON)
+    return (f"error: the kit needs Python {need} or newer, and `{Path(executable).name}` is Python {have} "
+            f"({executable}). Install Python {need} or newer and name it: `make lab-3 PYTHON=python{need}`.")
+
+
+def human(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.0f} {unit}" if n >= 10 * scale else f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _platform_tags() -> tuple[str, set[str]]:
+    """(this machine's architecture as wheel tags spell it, the Python tags a wheel may carry here)."""
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    machine = {"arm64": "aarch64", "amd64": "x86_64"}.get(machine.lower(), machine.lower())
+    major, minor = sys.version_info[:2]
+    pythons = {"py3", f"py{major}", f"py{major}{minor}", f"cp{major}{minor}", "py2.py3"}
+    pythons |= {f"cp{major}{m}" for m in range(2, minor + 1)}  # abi3 wheels of older minors
+    return machine, pythons
+
+
+def _fits(wheel: str, machine: str, pythons: set[str]) -> bool:
+    """Whether a wheel file name would install on this machine (a close reading of its tags)."""
+    parts = wheel[:-4].split("-")
+    if len(parts) < 5:
+        return False
+    python, abi, platform = parts[-3], parts[-2], parts[-1]
+    if not any(p in pythons for p in python.split(".")):
+        return False
+    if abi not in ("none", "abi3") and not abi.startswith(f"cp{sys.version_info[0]}{sys.version_info[1]}"):
+        return False
+    if platform == "any":
+        return True
+    system = sys.platform
+    tags = platform.split(".")
+    if system.startswith("linux"):
+        return any(("linux" in t) and t.endswith(machine) for t in tags)
+    if system == "darwin":
+        return any(t.startswith("macosx") and (t.endswith(machine) or t.endswith("universal2")) for t in tags)
+    return any(t.startswith("win") for t in tags) if system.startswith("win") else False
+
+
+def lock_sizes(lock: Path) -> dict[tuple[str, str], int]:
+    """(name, version) -> bytes of the wheel this machine would download, read from uv.lock."""
+    import tomllib
+
+    machine, pythons = _platform_tags()
+    sizes: dict[tuple[str, str], int] = {}
+    for package in tomllib.loads(lock.read_text()).get("package", []):
+        fitting = [w.get("size", 0) for w in package.get("wheels", [])
+                   if _fits(w.get("url", "").rsplit("/", 1)[-1], machine, pythons)]
+        if fitting:
+            sizes[(_normalize(package["name"]), str(package.get("version")))] = max(fitting)
+    return sizes
+
+
+def plan(uv: str, selection: list[str], venv: Path) -> list[tuple[str, str]] | None:
+    """What `uv sync` would install into `venv` (name, version); None when uv cannot say."""
+    try:
+        done = subprocess.run([uv, "sync", "--frozen", "--dry-run", *selection], cwd=ROOT, check=False,
+                              capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv)))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    found = []
+    for line in (done.stdout + "\n" + done.stderr).splitlines():
+        m = _PLANNED.match(line)
+        if m and _normalize(m.group(1)) != "labkit":
+            found.append((_normalize(m.group(1)), m.group(2)))
+    return found
+
+
+def describe_selection(selection: list[str]) -> str:
+    groups = [selection[i + 1] for i, a in enumerate(selection[:-1]) if a == "--group"]
+    extras = [selection[i + 1] for i, a in enumerate(selection[:-1]) if a == "--extra"]
+    if "--no-default-groups" not in selection:
+        groups = ["the default groups"]
+    words = ", ".join(groups) if groups else "no extra groups"
+    return words + (f"; extras: {', '.join(extras)}" if extras else "")
+
+
+def _failure_hint(log_text: str, venv: Path) -> str:
+    if "No space left on device" in log_text or "os error 28" in log_text:
+        free = shutil.disk_usage(venv.parent if venv.parent.exists() else ROOT).free
+        return (f"the disk is full (no space left on device; {human(free)} free where .venv lives). "
+                "Free some space (`make clean`, uv's cache: `uv cache clean`) and run the command again.")
+    if re.search(r"(dns error|failed to lookup|Could not connect|connection (refused|reset)|timed out|"
+                 r"certificate)", log_text, re.I):
+        return ("the package index could not be reached. Check the network (and a proxy's CA with "
+                "SSL_CERT_FILE), or set up offline from a wheelhouse: `make setup OFFLINE=1` (see the README).")
+    return "see the log above."
+
+
+def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
+    """`uv sync --frozen SELECTION` into `venv`, its output in `log`; a few lines on the terminal."""
+    stamp = venv / STAMP
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # From here on, .venv is unfinished until the stamp is written again at the end.
+    try:
+        stamp.unlink()
+    except OSError:
+        pass
+    started = time.monotonic()
+    planned = plan(uv, selection, venv)
+    what = f"Setting up {venv.name}/ from uv.lock ({describe_selection(selection)})"
+    if planned:
+        sizes = lock_sizes(ROOT / "uv.lock")
+        total = sum(sizes.get(p, 0) for p in planned)
+        print(f"{what}: {len(planned)} packages, about {human(total)} to download "
+              "(less when uv's cache has them).", flush=True)
+    elif planned == []:
+        print(f"{what}: nothing new to install.", flush=True)
+    else:
+        print(f"{what}.", flush=True)
+    print(f"  the full list goes to {_shown(log)}", flush=True)
+    with open(log, "w") as out:
+        out.write(f"$ {uv} sync --frozen {' '.join(selection)}\n")
+        out.flush()
+        try:
+            code = subprocess.run([uv, "sync", "--frozen", *selection], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv), NO_COLOR="1"),
+                                  check=False).returncode
+        except OSError as e:
+            out.write(f"{e}\n")
+            code = 127
+    seconds = time.monotonic() - started
+    if code != 0:
+        text = log.read_text(errors="replace")
+        tail = "\n".join(text.splitlines()[-15:])
+        print(f"{tail}\nerror: setting up {venv.name}/ failed after {seconds:.0f} s: {_failure_hint(text, venv)}\n"
+              f"  full log: {_shown(log)}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        stamp.write_text(" ".join(selection) + "\n")
+    except OSError as e:
+        print(f"error: {venv.name}/ was installed but could not be marked finished ({e}); "
+              f"{_failure_hint(str(e), venv)}", file=sys.stderr)
+        return 1
+    print(f"  done in {seconds:.0f} s.", flush=True)
+    return 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m labkit.envsetup", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("check-python", help="exit 1, with one line, when this Python is too old for the kit")
+    s = sub.add_parser("sync", help="uv sync --frozen SELECTION, quietly, into --venv")
+    s.add_argument("--uv", default="uv")
+    s.add_argument("--venv", type=Path, default=ROOT / ".venv")
+    s.add_argument("--log", type=Path, default=ROOT / "build" / "setup.log")
+    s.add_argument("selection", nargs="*", help="the uv sync options that select groups and extras")
+    args = p.parse_args(argv)
+    problem = python_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    if args.command == "check-python":
+        return 0
+    return sync(args.uv, args.selection, args.venv.resolve(), args.log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Set-up: the student's lean selection by default, groups on top when a goal needs them, a few quiet
+lines, one clear line for each thing that stops it, and a half-made .venv never taken for a good one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from labkit import doctor, envsetup
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT_FILES = ("Makefile", "pyproject.toml", "uv.lock", "README.md")
+EVERY_GROUP = sorted(tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"])
+
+
+def copy_kit(to: Path) -> Path:
+    to.mkdir(parents=True, exist_ok=True)
+    for name in KIT_FILES:
+        shutil.copy2(ROOT / name, to / name)
+    shutil.copytree(ROOT / "labkit", to / "labkit", ignore=shutil.ignore_patterns("__pycache__"))
+    return to
+
+
+def uv_on_path(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH has uv (the one `make setup` fetched for this checkout) and a Python."""
+    uv = shutil.which("uv") or str(ROOT / ".tools" / "bin" / "uv")
+    bin_dir = tmp_path / "uvbin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "uv").exists():
+        (bin_dir / "uv").symlink_to(uv)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NO_COLOR="1")
+
+
+def make(kit: Path, *args: str, env=None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=kit, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def groups(selection: str) -> list[str]:
+    words = selection.split()
+    return sorted(words[i + 1] for i, w in enumerate(words[:-1]) if w == "--group")
+
+
+def planned_selection(kit: Path, *args: str) -> str | None:
+    """The selection `make` would install for these goals, or None when it would install nothing."""
+    out = make(kit, "-n", *args).stdout
+    for line in out.splitlines():
+        if "labkit.envsetup sync" in line:
+            return line.split(" -- ", 1)[1]
+    return None
+
+
+def test_a_students_first_make_lab_installs_only_the_notebook_group(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    assert groups(planned_selection(kit, "lab-3")) == ["notebook"]
+    assert groups(planned_selection(kit, "list")) == ["notebook"]
+
+
+def test_make_test_installs_every_group_on_top(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    (kit / ".venv").mkdir()
+    (kit / ".venv" / ".synced").write_text("--no-default-groups --group notebook\n")
+    assert groups(planned_selection(kit, "test")) == EVERY_GROUP
+    assert groups(planned_selection(kit, "setup", "FOR=test")) == EVERY_GROUP
+    assert groups(planned_selection(kit, "lint")) == ["lint", "notebook"]
+
+
+def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    (kit / ".venv").mkdir()
+    stamp = kit / ".venv" / ".synced"
+    stamp.write_text("--no-default-groups " + " ".join(f"--group {g}" for g in EVERY_GROUP) + "\n")
+    assert planned_selection(kit, "lab-3") is None, "after `make test`, `make lab-3` must not take groups away"
+    stamp.write_text("\n")  # a stamp from before: every group was the default then
+    assert planned_selection(kit, "setup") is not None  # rewritten once in the new form...
+    assert groups(planned_selection(kit, "setup")) == EVERY_GROUP  # ...keeping every group
+
+
+def test_dep_groups_and_extras_are_exact(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    (kit / ".venv").mkdir()
+    (kit / ".venv" / ".synced").write_text("--no-default-groups --group notebook\n")
+    assert planned_selection(kit, "setup", "DEP_GROUPS=notebook") is None
+    assert planned_selection(kit, "setup", "EXTRAS=tpu", "DEP_GROUPS=notebook").startswith("--extra tpu ")
+
+
+def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    done = make(kit, "setup", env=uv_on_path(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) <= 4, done.stdout
+    assert "packages, about" in lines[0] and "MB to download" in lines[0]
+    assert "build/setup.log" in done.stdout
+    log = (kit / "build" / "setup.log").read_text()
+    assert "+ jaxlib==" in log and "jaxlib" not in done.stdout
+    assert (kit / ".venv" / ".synced").read_text().split() == ["--no-default-groups", "--group", "notebook"]
+    assert make(kit, "-q", ".venv/.synced").returncode == 0, "a finished set-up is up to date"
+    assert not list((kit / ".venv").glob("lib/python*/site-packages/ruff")), "the kit's own tools stay out"
+
+
+def stand_in_python(tmp_path: Path, reported: str, venv_works: bool = True) -> Path:
+    """A `python3` that answers the kit's version check as Python `reported` would, and may lack venv."""
+    script = tmp_path / f"python{reported}"
+    check = (f"from labkit.envsetup import python_problem; import sys; "
+             f"p = python_problem({tuple(int(x) for x in reported.split('.'))}, '{script}'); "
+             f"print(p, file=sys.stderr) if p else None; sys.exit(1 if p else 0)")
+    script.write_text(f"""#!/bin/sh
+if [ "$1 $2 $3" = "-m labkit.envsetup check-python" ]; then exec {sys.executable} -c "{check}"; fi
+if [ "$1 $2" = "-m venv" ] && [ {str(not venv_works).lower()} = true ]; then
+  echo "The virtual environment was not created successfully because ensurepip is not available." >&2; exit 1
+fi
+exec {sys.executable} "$@"
+""")
+    script.chmod(0o755)
+    return script
+
+
+def test_a_python_older_than_311_stops_set_up_with_one_clear_line(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    done = make(kit, "lab-3", f"PYTHON={stand_in_python(tmp_path, '3.10.12')}")
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "needs Python 3.11 or newer" in errors[0] and "3.10.12" in errors[0], done.stderr
+    assert not (kit / ".venv").exists() and not (kit / ".tools").exists()
+
+
+def test_a_python_that_is_not_there_is_named(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    done = make(kit, "lab-3", "PYTHON=python3.99-not-here")
+    assert done.returncode != 0
+    assert "error: `python3.99-not-here` is not on the PATH" in done.stderr
+
+
+def test_a_python_without_venv_is_named_and_leaves_no_half_made_tools(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    env = dict(os.environ, PATH=":".join(p for p in os.environ["PATH"].split(":")
+                                         if not (Path(p) / "uv").exists()))
+    done = make(kit, ".tools/bin/uv", f"PYTHON={stand_in_python(tmp_path, '3.11.7', venv_works=False)}", env=env)
+    assert done.returncode != 0
+    assert "no working venv module" in done.stderr and "python3-venv" in done.stderr
+    assert not (kit / ".tools").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a small tmpfs")
+def test_a_full_disk_is_named_and_the_half_made_venv_is_not_taken_for_a_good_one(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    env = uv_on_path(tmp_path)
+    # The kit on a 60 MB file system: its .venv (hundreds of MB) cannot fit there.
+    script = (f"mount -t tmpfs -o size=60m tmpfs {tmp_path}/small && cp -a {kit}/. {tmp_path}/small/ && "
+              f"cd {tmp_path}/small && make --no-print-directory setup; code=$?; "
+              f"make --no-print-directory -q .venv/.synced; echo \"up-to-date=$?\"; "
+              f"ls .venv/.synced 2>/dev/null; exit $code")
+    (tmp_path / "small").mkdir()
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode != 0, done.stdout
+    assert "the disk is full" in done.stderr, done.stderr[-2000:]
+    assert "up-to-date=1" in done.stdout, "the next make must install again"
+    assert ".venv/.synced" not in done.stdout
+
+
+def test_the_download_size_is_read_from_the_lock_for_this_machine():
+    sizes = envsetup.lock_sizes(ROOT / "uv.lock")
+    jaxlib = [size for (name, _), size in sizes.items() if name == "jaxlib"]
+    assert len(jaxlib) == 1 and 50e6 < jaxlib[0] < 200e6  # one wheel: this machine's, not the sum of all
+    assert envsetup.human(234e6) == "234 MB"
+
+
+def test_doctor_says_the_machine_is_ready_for_the_student_loop():
+    done = subprocess.run([sys.executable, "-m", "labkit", "doctor"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stdout
+    for title in ("Python", "Environment (.venv)", "Sandbox (bubblewrap)", "Configuration cpu-8", "Docker",
+                  "Chromium", "Disk", "Memory"):
+        assert title in done.stdout
+    assert "READY for lab" in done.stdout
+
+
+def test_doctor_fails_what_was_asked_for_and_gives_the_fix():
+    env = dict(os.environ, LABKIT_SANDBOX="none", PATH=str(Path(sys.executable).parent))
+    done = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--for", "grade,docker"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert "NOT READY for grade, docker: Sandbox (bubblewrap); Docker" in done.stdout
+    assert "✗ Docker" in done.stdout and "fix: install Docker" in done.stdout
+    # the same machine is ready for a student: a missing sandbox only warns there
+    done = subprocess.run([sys.executable, "-m", "labkit", "doctor"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "! Sandbox" in done.stdout
+
+
+def test_doctor_tells_an_unfinished_environment_from_a_missing_one(tmp_path):
+    shutil.copy2(ROOT / "uv.lock", tmp_path / "uv.lock")
+    assert doctor.check_environment(tmp_path).detail == "not made yet"
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").touch()
+    unfinished = doctor.check_environment(tmp_path)
+    assert unfinished.status == doctor.FAIL and "did not finish" in unfinished.detail
