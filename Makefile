@@ -52,7 +52,7 @@ else
 endif
 	@echo '$(SELECTION)' > $@
 
-setup: $(VENV)/.synced ## create .venv from uv.lock (EXTRAS=tpu on a TPU VM; DEP_GROUPS=notebook; OFFLINE=1)
+setup: $(VENV)/.synced ## create .venv from uv.lock (EXTRAS=tpu on a TPU VM, EXTRAS=cuda with an NVIDIA GPU; DEP_GROUPS=notebook; OFFLINE=1)
 
 wheelhouse: ## download every locked wheel for this machine (all groups, EXTRAS too) into wheelhouse/
 	@test -x "$(UV)" || $(MAKE) --no-print-directory .tools/bin/uv
