@@ -27,21 +27,27 @@ _DRIVER_FOLDERS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/run/nvi
 _CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 # Platforms whose runtime reserves far more address space than any sensible RLIMIT_AS (see `address_space_limit`).
 ACCELERATOR_PLATFORMS = ("tpu", "cuda", "gpu", "rocm")
+# Where device nodes are (a test points it at a folder of its own).
+DEV = "/dev"
+
+
+def _nodes(*patterns: str) -> list[str]:
+    return [p for pattern in patterns for p in glob.glob(os.path.join(DEV, pattern)) if not os.path.isdir(p)]
 
 
 def tpu_devices() -> list[str]:
-    return sorted(glob.glob("/dev/accel*") + glob.glob("/dev/vfio/*"))
+    return sorted(_nodes("accel*", "vfio/*"))
 
 
 def nvidia_devices() -> list[str]:
     """The NVIDIA driver's device nodes: every GPU, the control and unified-memory nodes, the capability nodes."""
-    return sorted(p for p in glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*") if not os.path.isdir(p))
+    return sorted(_nodes("nvidia*", "nvidia-caps/*"))
 
 
 def nvidia_gpus() -> list[str]:
     """One node per GPU: /dev/nvidia0, /dev/nvidia1, ..."""
-    return sorted((p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia[0-9]+", p)),
-                  key=lambda p: int(p[len("/dev/nvidia"):]))
+    gpus = [p for p in _nodes("nvidia*") if re.fullmatch(r"nvidia[0-9]+", os.path.basename(p))]
+    return sorted(gpus, key=lambda p: int(os.path.basename(p)[len("nvidia"):]))
 
 
 def devices() -> list[str]:
