@@ -164,6 +164,8 @@ def environment() -> dict:
             "process_index": jax.process_index(),
             "process_count": jax.process_count(),
             "device_kind": devices[0].device_kind if devices else "",
+            # what float32 matrix products were asked to be (None: the backend's default); see labkit.precision
+            "matmul_precision": jax.config.jax_default_matmul_precision,
         }
     except Exception as e:  # JAX could not start: say so, the judge reports it
         return {"error": describe_exception(e)}
