@@ -112,3 +112,17 @@ def test_gpu_with_a_device_and_the_plugin_is_available(monkeypatch):
     monkeypatch.setattr(accelerators, "nvidia_gpus", lambda: ["/dev/nvidia0"])
     monkeypatch.setattr(accelerators, "cuda_plugin", lambda: "jax_cuda12_plugin")
     assert configs.CONFIGS["gpu"].availability() == (True, "")
+
+
+def test_make_lab_on_gpu_without_one_is_skipped_with_the_reason_not_an_error(kit, lab_report):
+    done = kit("lab", "3", "--notebook", "reference/lab-3.ipynb", "--configs", "gpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIP  gpu skipped (no NVIDIA GPU on this machine" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert lab_report(3)["runs"]["gpu"]["status"] == "skipped"
+
+
+def test_make_lab_with_an_unknown_configuration_lists_those_that_exist(kit):
+    done = kit("lab", "3", "--configs", "gpu-2")
+    assert done.returncode == 2
+    assert "unknown device configuration 'gpu-2'" in done.stderr and "cpu-4x2" in done.stderr and "gpu" in done.stderr
