@@ -20,8 +20,8 @@ sequential, rolled = public.sequential, public.rolled
 
 RNG = np.random.default_rng(100)
 LONG = RNG.normal(size=(64, 2)).astype(np.float32)
-DEEP = public.make_stack(101, layers=16, d=6, microbatches=4, rows=8)  # fewer microbatches than 8 stages
-MANY = public.make_stack(102, layers=8, d=4, microbatches=12, rows=1)
+DEEP = public.make_stack(101, layers=32, d=6, microbatches=4, rows=8)  # fewer microbatches than 8 stages
+MANY = public.make_stack(102, layers=32, d=4, microbatches=12, rows=1)
 
 
 def close(a, b) -> bool:
@@ -82,7 +82,7 @@ def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
 def test_pipeline_with_fewer_microbatches_than_stages_equals_the_sequence(got, run):
     diagnose(got, DEEP, run.device_count)
     expect_close(got, sequential(*DEEP), rtol=1e-4, atol=1e-5,
-                 hint="16 layers, 4 microbatches: each stage runs L / S consecutive layers")
+                 hint="32 layers, 4 microbatches: each stage runs L / S consecutive layers")
 
 
 @check(got=call("pipeline_forward", *MANY))
