@@ -69,7 +69,8 @@ def diagnose(got, stack, n):
 @check(got=call("pass_to_next_stage", LONG))
 def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
     n = run.device_count
-    if n > 1 and close(got.value, rolled(LONG, n, step=-1)):
+    # on two devices the previous device is the next one: both directions give the same blocks
+    if n > 2 and close(got.value, rolled(LONG, n, step=-1)):
         raise Mismatch(f"every block moved to the previous device, not the next: ppermute's pairs are "
                        f"(source, destination), so forward is (i, (i + 1) % {n}), not ((i + 1) % {n}, i)")
     if n > 1 and close(got.value, LONG):
