@@ -77,7 +77,7 @@ else
 	@echo '$(SELECTION)' > $@
 endif
 
-setup: $(VENV)/.synced ## create .venv from uv.lock, lean (FOR=test: the kit's tools too; EXTRAS=tpu; OFFLINE=1)
+setup: $(VENV)/.synced ## create .venv from uv.lock, lean (FOR=test: the kit's tools too; EXTRAS=tpu on a TPU VM, EXTRAS=cuda with an NVIDIA GPU; OFFLINE=1)
 
 wheelhouse: ## download every locked wheel for this machine (all groups, EXTRAS too) into wheelhouse/
 	@test -x "$(UV)" || $(MAKE) --no-print-directory .tools/bin/uv

@@ -17,6 +17,7 @@ expected against what came back, and, with `hint=`, the likely mistake.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -26,8 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from labkit import plaindata
+from labkit import plaindata, precision
 from labkit.configs import DeviceConfig
+
+# The effective precision of the float32 matrix products of the run a test is looking at (set while
+# its body runs): `expect_close` widens its tolerances to it (see `labkit.precision`).
+_PRODUCTS = contextvars.ContextVar("labkit_matmul_precision", default=precision.FLOAT32)
 
 
 # ----------------------------------------------------------------------------------------
@@ -249,7 +254,11 @@ def check(*, points: float = 1, **calls: Call):
             values = {name: lab_run.value(c) for name, c in calls.items()}
             if "run" in wants:
                 values["run"] = lab_run
-            body(**{k: v for k, v in values.items() if k in wants})
+            token = _PRODUCTS.set(precision.of_run(lab_run.environment or {}))
+            try:
+                body(**{k: v for k, v in values.items() if k in wants})
+            finally:
+                _PRODUCTS.reset(token)
 
         test.__signature__ = inspect.Signature([inspect.Parameter("lab_run", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
         test.__labkit_calls__ = dict(calls)
@@ -312,8 +321,13 @@ def expect_dtype(got: plaindata.Value, dtype, *, hint: str | None = None) -> Non
 
 def expect_close(got: plaindata.Value, want, *, rtol: float = 1e-5, atol: float = 1e-6,
                  hint: str | None = None) -> None:
-    """Same shape, and every value equal within rtol/atol. Says where the first difference is."""
+    """Same shape, and every value equal within rtol/atol. Says where the first difference is.
+
+    rtol and atol are for float32 products; a run whose products were less precise (bfloat16, TF32)
+    gets the tolerances its precision implies (`labkit.precision.tolerances`).
+    """
     want = np.asarray(want)
+    rtol, atol = precision.tolerances(rtol, atol, want, _PRODUCTS.get())
     arr = expect_array(got, hint=hint)
     if arr.shape != want.shape:
         raise Mismatch(_with_hint(f"expected shape {want.shape}, got shape {arr.shape}", hint))
@@ -385,6 +399,7 @@ def expect_close_naming_mistakes(got: plaindata.Value, want, mistakes: dict, *, 
     on one device) cannot be told apart from the right answer and is never named.
     """
     want = np.asarray(want)
+    rtol, atol = precision.tolerances(rtol, atol, want, _PRODUCTS.get())
     try:
         expect_close(got, want, rtol=rtol, atol=atol)
         return

@@ -604,7 +604,7 @@ def choose_configs(text: str | None) -> list[DeviceConfig]:
             return configs.parse(text)
         except configs.UnknownConfig as e:
             raise GradeError(str(e)) from None
-    return [c for c in configs.CONFIGS.values() if c.availability()[0]]
+    return configs.graded_by_default()
 
 
 def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
@@ -845,7 +845,7 @@ def student_results(build: Path, student: str = "you") -> dict:
                     for o in report.get("outcomes", [])]
         for label, rec in report.get("runs", {}).items():
             record = execute.RunRecord.from_json(rec | {"results": {}})
-            config = configs.CONFIGS.get(record.config or label)
+            config = configs.by_name(record.config or label)
             seen.setdefault(label, config)
             mine = [o for o in outcomes if o.run == label]
             rows.append(make_row(student, lab.number, label, record, mine))

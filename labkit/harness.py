@@ -58,7 +58,10 @@ def _materialise(enc: dict):
 
             names = tuple(placement["axes"])
             shape = tuple(placement.get("shape") or (jax.device_count(),))
-            mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
+            # each process's devices together, in process order: a pod may list them interleaved, and
+            # a mesh in that order would give a process blocks that are not contiguous
+            devices = sorted(jax.devices(), key=lambda d: d.process_index)  # stable: keeps the order within one
+            mesh = Mesh(np.array(devices).reshape(shape), names)
             spec = PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in placement["spec"]])
             return jax.device_put(value, NamedSharding(mesh, spec))
         return jnp.asarray(value)
@@ -164,6 +167,8 @@ def environment() -> dict:
             "process_index": jax.process_index(),
             "process_count": jax.process_count(),
             "device_kind": devices[0].device_kind if devices else "",
+            # what float32 matrix products were asked to be (None: the backend's default); see labkit.precision
+            "matmul_precision": jax.config.jax_default_matmul_precision,
         }
     except Exception as e:  # JAX could not start: say so, the judge reports it
         return {"error": describe_exception(e)}

@@ -130,5 +130,9 @@ def print_lab(console: Console, title: str, runs: list[str], outcomes: list[Outc
             console.print(Text(f"  • {line}"), soft_wrap=True)
     line, ok = summary(runs, outcomes, records)
     console.print()
+    if runs and all(records.get(r) is not None and records[r].status == "skipped" for r in runs):
+        # nothing could run here (no GPU, no TPU): said with the reason, neither a pass nor an error
+        console.print(Text("SKIP  " + line, style="bold yellow"), soft_wrap=True)
+        return True
     console.print(Text(("PASS  " if ok else "FAIL  ") + line, style="bold green" if ok else "bold red"), soft_wrap=True)
     return ok

@@ -19,7 +19,8 @@ student loop) gives the run its limits and scratch folder only, says "limits-onl
 record and warns once; `limits-only`, asked for by name, never makes a sandbox. The limits
 hold in every case:
 
-* memory: the address space of each process (`RLIMIT_AS`), and the whole run's memory when
+* memory: the address space of each process (`RLIMIT_AS`; none for an accelerator run, whose runtime
+  reserves more than it uses: see `accelerators.address_space_limit`), and the whole run's memory when
   this process may create a memory cgroup;
 * processes: a pids cgroup when one can be created, else `RLIMIT_NPROC`. That limit never
   binds a process whose real user is root (the kernel exempts root's own user, even in a user
@@ -50,7 +51,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from labkit import bwrap, runusers
+from labkit import accelerators, bwrap, runusers
 from labkit.runusers import RUN_USERS, hand_over, run_user
 
 # labkit.processes (psutil) is imported where it is used: the first step of every launch,
@@ -257,10 +258,8 @@ def _visible(extra: tuple[str | Path, ...] = ()) -> list[str]:
 
 
 def accelerator_devices() -> list[str]:
-    """The TPU device nodes of this host (none on a CPU machine): a run on `tpu` must see them."""
-    import glob
-
-    return sorted(glob.glob("/dev/accel*") + glob.glob("/dev/vfio/*"))
+    """The accelerator device nodes of this host, TPU and NVIDIA (none on a CPU machine): a run must see them."""
+    return accelerators.devices()
 
 
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
@@ -525,8 +524,15 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     cmd = list(cmd)
     if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
         cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's
+    drivers = accelerators.driver_library_folders(env)
+    if drivers:  # the NVIDIA driver's libcuda, where it is not in a system folder
+        extra_ro = (*extra_ro, *drivers)
+        run_env["LD_LIBRARY_PATH"] = ":".join(drivers)
     cgroups = make_cgroups(limits)
-    rlimits = {"AS": limits.memory, "FSIZE": limits.file_size, "CORE": 0}
+    rlimits = {"FSIZE": limits.file_size, "CORE": 0}
+    address_space = accelerators.address_space_limit(env, limits.memory)
+    if address_space is not None:  # an accelerator run has none: its memory cgroup, where there is one, limits it
+        rlimits["AS"] = address_space
     counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
     user = None
     if (kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program)

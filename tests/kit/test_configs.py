@@ -34,3 +34,95 @@ def test_parse_names_the_unknown_configuration_and_lists_the_known_ones():
         assert "'gpu-4'" in str(e) and "cpu-8" in str(e)
     else:
         raise AssertionError("gpu-4 was accepted")
+
+
+# ----------------------------------------------------------------------------------------
+# Pod sizes and accelerators.
+# ----------------------------------------------------------------------------------------
+
+def test_every_pod_size_has_a_cpu_configuration_with_that_many_devices():
+    for n in configs.POD_SIZES:
+        config = configs.parse(f"cpu-{n}")[0]
+        assert config.devices == n and config.env["JAX_NUM_CPU_DEVICES"] == str(n) and config.processes == 1
+
+
+def test_cpu_4x2_is_four_processes_of_two_devices_each():
+    config = configs.parse("cpu-4x2")[0]
+    assert (config.processes, config.devices, config.env["JAX_NUM_CPU_DEVICES"]) == (4, 8, "2")
+    joined = config.process_env(3, "127.0.0.1:5000")
+    assert joined["LABKIT_NUM_PROCESSES"] == "4" and joined["LABKIT_PROCESS_ID"] == "3"
+    assert joined["LABKIT_LOCAL_DEVICE_IDS"] == "0,1"
+
+
+def test_any_cpu_count_is_accepted_by_name():
+    assert configs.parse("cpu-3")[0].devices == 3
+    assert configs.parse("cpu-3x2")[0].processes == 3
+
+
+def test_the_new_configurations_run_only_when_named():
+    named_only = ("gpu", "cpu-2", "cpu-4", "cpu-16", "cpu-32", "cpu-4x2")
+    assert not set(named_only) & set(configs.DEFAULT)
+    assert not set(named_only) & {c.name for c in configs.graded_by_default()}
+    assert "cpu-2x4" in {c.name for c in configs.graded_by_default()}
+
+
+def test_an_unknown_name_lists_every_configuration_that_exists():
+    try:
+        configs.parse("cpu-0")
+    except configs.UnknownConfig as e:
+        for name in ("cpu-1", "cpu-8", "cpu-2x4", "tpu", "gpu", "cpu-16", "cpu-32", "cpu-4x2"):
+            assert name in str(e)
+    else:
+        raise AssertionError("cpu-0 was accepted")
+
+
+def test_gpu_uses_jax_cuda_backend_with_full_float32_products():
+    env = configs.CONFIGS["gpu"].environment({"JAX_DEFAULT_MATMUL_PRECISION": "bfloat16"})
+    assert env["JAX_PLATFORMS"] == "cuda" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+    assert configs.CONFIGS["gpu"].devices is None  # every GPU the machine has
+
+
+def test_tpu_computes_float32_products_in_full_float32():
+    assert configs.CONFIGS["tpu"].environment({})["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+
+
+def test_cpu_runs_leave_matmul_precision_at_jax_default():
+    env = configs.CONFIGS["cpu-8"].environment({"JAX_DEFAULT_MATMUL_PRECISION": "bfloat16"})
+    assert "JAX_DEFAULT_MATMUL_PRECISION" not in env
+
+
+def test_gpu_is_unavailable_here_with_a_reason():
+    ok, reason = configs.CONFIGS["gpu"].availability()
+    assert not ok and "no NVIDIA GPU" in reason
+
+
+def test_gpu_without_jax_cuda_plugin_says_how_to_install_it(monkeypatch):
+    from labkit import accelerators
+
+    monkeypatch.setattr(accelerators, "nvidia_gpus", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(accelerators, "cuda_plugin", lambda: None)
+    ok, reason = configs.CONFIGS["gpu"].availability()
+    assert not ok and "make setup EXTRAS=cuda" in reason
+
+
+def test_gpu_with_a_device_and_the_plugin_is_available(monkeypatch):
+    from labkit import accelerators
+
+    monkeypatch.setattr(accelerators, "nvidia_gpus", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(accelerators, "cuda_plugin", lambda: "jax_cuda12_plugin")
+    assert configs.CONFIGS["gpu"].availability() == (True, "")
+
+
+def test_make_lab_on_gpu_without_one_is_skipped_with_the_reason_not_an_error(kit, lab_report):
+    done = kit("lab", "3", "--notebook", "reference/lab-3.ipynb", "--configs", "gpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIP  gpu skipped (no NVIDIA GPU on this machine" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert lab_report(3)["runs"]["gpu"]["status"] == "skipped"
+
+
+def test_make_lab_with_an_unknown_configuration_lists_those_that_exist(kit):
+    done = kit("lab", "3", "--configs", "gpu-2")
+    assert done.returncode == 2
+    assert "unknown device configuration 'gpu-2'" in done.stderr and "cpu-4x2" in done.stderr and "gpu" in done.stderr

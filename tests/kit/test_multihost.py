@@ -111,13 +111,13 @@ def test_every_process_runs_the_notebook_and_the_record_says_which_process_holds
     processes = run["processes"]
     assert [p["environment"]["process_index"] for p in processes] == [0, 1]
     assert all(p["environment"]["process_count"] == 2 and p["environment"]["device_count"] == 8 for p in processes)
-    data = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)  # the public tests' dataset
+    data = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)  # the public tests' dataset
     value = processes[0]["results"][call("load_global_batch", AsNumpy(data)).id]["value"]
     assert np.array_equal(np.array(value["data"], np.float32).reshape(value["shape"]), data)  # gathered from both
     shards = value["sharding"]["shards"]
     assert value["sharding"]["processes"] == [0, 1] and not value["sharding"]["fully_addressable"]
     rows_of = {p: sorted(r for sh in shards if sh["process"] == p for r in range(*sh["index"][0])) for p in (0, 1)}
-    assert rows_of == {0: list(range(8)), 1: list(range(8, 16))}
+    assert rows_of == {0: list(range(16)), 1: list(range(16, 32))}
 
 
 def test_mistakes_harmless_in_one_process_pass_on_cpu_1_and_fail_on_cpu_2x4(kit, lab_outcomes, variant):
@@ -161,7 +161,7 @@ def test_every_process_loading_the_whole_batch_passes_on_cpu_1_and_fails_on_cpu_
     assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}
     batch = by["cpu-2x4"]["test_the_global_batch_has_the_shape_and_values_of_the_dataset"]
     assert batch["status"] == "failed"
-    assert "expected shape (16, 3), got shape (32, 3)" in batch["message"] and "whole dataset" in batch["message"]
+    assert "expected shape (32, 3), got shape (64, 3)" in batch["message"] and "whole dataset" in batch["message"]
     assert by["cpu-2x4"]["test_each_process_contributes_only_its_rows"]["status"] == "failed"
 
 

@@ -15,7 +15,7 @@ _spec.loader.exec_module(_public)
 
 RNG = np.random.default_rng(1)
 TALL = RNG.normal(size=(64, 3)).astype(np.float32)
-SQUARE = RNG.normal(size=(32, 24)).astype(np.float32)
+SQUARE = RNG.normal(size=(32, 48)).astype(np.float32)
 VECTOR = RNG.normal(size=(40,)).astype(np.float32)
 
 

@@ -20,8 +20,8 @@ sequential, rolled = public.sequential, public.rolled
 
 RNG = np.random.default_rng(100)
 LONG = RNG.normal(size=(64, 2)).astype(np.float32)
-DEEP = public.make_stack(101, layers=16, d=6, microbatches=4, rows=8)  # fewer microbatches than 8 stages
-MANY = public.make_stack(102, layers=8, d=4, microbatches=12, rows=1)
+DEEP = public.make_stack(101, layers=32, d=6, microbatches=4, rows=8)  # fewer microbatches than 8 stages
+MANY = public.make_stack(102, layers=32, d=4, microbatches=12, rows=1)
 
 
 def close(a, b) -> bool:
@@ -69,7 +69,8 @@ def diagnose(got, stack, n):
 @check(got=call("pass_to_next_stage", LONG))
 def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
     n = run.device_count
-    if n > 1 and close(got.value, rolled(LONG, n, step=-1)):
+    # on two devices the previous device is the next one: both directions give the same blocks
+    if n > 2 and close(got.value, rolled(LONG, n, step=-1)):
         raise Mismatch(f"every block moved to the previous device, not the next: ppermute's pairs are "
                        f"(source, destination), so forward is (i, (i + 1) % {n}), not ((i + 1) % {n}, i)")
     if n > 1 and close(got.value, LONG):
@@ -82,7 +83,7 @@ def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
 def test_pipeline_with_fewer_microbatches_than_stages_equals_the_sequence(got, run):
     diagnose(got, DEEP, run.device_count)
     expect_close(got, sequential(*DEEP), rtol=1e-4, atol=1e-5,
-                 hint="16 layers, 4 microbatches: each stage runs L / S consecutive layers")
+                 hint="32 layers, 4 microbatches: each stage runs L / S consecutive layers")
 
 
 @check(got=call("pipeline_forward", *MANY))

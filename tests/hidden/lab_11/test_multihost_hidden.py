@@ -8,7 +8,7 @@ RNG = np.random.default_rng(11)
 DATA = RNG.normal(size=(32, 5)).astype(np.float32)
 TARGETS = (DATA @ RNG.normal(size=5) + 0.1 * RNG.normal(size=32)).astype(np.float32)
 W0 = RNG.normal(size=5).astype(np.float32)
-VECTOR = RNG.normal(size=24).astype(np.float32)
+VECTOR = RNG.normal(size=32).astype(np.float32)
 
 
 def sgd_step(w, x, y, lr=0.1):

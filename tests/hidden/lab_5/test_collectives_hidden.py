@@ -31,7 +31,7 @@ def test_psum_of_a_random_vector_adds_the_blocks_of_every_device(got, run):
     expect_close_naming_mistakes(got, x.sum(), {FORGOT_PSUM.format(n=n): blocks(x, n)[0].sum()}, rtol=1e-4)
 
 
-SQUARES = np.linspace(0.0, 9.0, 48, dtype=np.float32) ** 2
+SQUARES = np.linspace(0.0, 9.0, 64, dtype=np.float32) ** 2
 
 
 @check(got=call("shard_map_center", placed(SQUARES, ("data",))))
@@ -63,7 +63,7 @@ def test_softmax_normalises_over_the_whole_vector(got, run):
     }, atol=1e-6)
 
 
-RING = RNG.integers(-50, 50, size=40).astype(np.float32)
+RING = RNG.integers(-50, 50, size=64).astype(np.float32)
 
 
 @check(got=call("shard_map_ring_shift", RING))
@@ -77,7 +77,7 @@ def test_ring_shift_turns_towards_the_next_device(got, run):
     expect_split_across(got, n, axis=0)
 
 
-WIDE = RNG.integers(0, 5, size=(24, 32)).astype(np.float32)
+WIDE = RNG.integers(0, 5, size=(32, 64)).astype(np.float32)
 
 
 @check(got=call("shard_map_column_sums", placed(WIDE, ("data", None))))
@@ -95,7 +95,7 @@ def test_column_sums_of_a_wide_matrix_are_reduced_and_scattered(got, run):
                                              "each device its own slice of the sums")
 
 
-CUM = RNG.normal(0.5, 1.0, size=56).astype(np.float32)
+CUM = RNG.normal(0.5, 1.0, size=64).astype(np.float32)
 
 
 @check(got=call("shard_map_cumsum", CUM))

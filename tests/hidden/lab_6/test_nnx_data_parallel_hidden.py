@@ -15,8 +15,8 @@ from labkit.checks import (
 )
 
 RNG = np.random.default_rng(6)
-X = RNG.normal(size=(24, 5)).astype(np.float32)
-Y = RNG.normal(size=(24, 2)).astype(np.float32)
+X = RNG.normal(size=(32, 5)).astype(np.float32)
+Y = RNG.normal(size=(32, 2)).astype(np.float32)
 
 
 # The public tests' reference computations (nnx_linears, layer), loaded by path so that this
@@ -65,6 +65,6 @@ def test_mse_is_the_mean_over_the_rows_of_every_device(got, run):
 # Two exercises in one test: it lives here so that the check cell of the first never waits for the second.
 @check(real=call("shard_map_linear", 2.0, X, 3.0), simulated=call("shard_map_simulate", 2.0, X, 8.0, 3.0))
 def test_linear_equals_the_simulation(real, simulated):
-    expect_shape(real, (24, 3))
+    expect_shape(real, (32, 3))
     expect_close(simulated, real.value.reshape(-1), atol=1e-5,
                  hint="Both run nnx.Linear with the same seed on the same rows: they must agree")

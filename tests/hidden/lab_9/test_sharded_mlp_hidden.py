@@ -17,7 +17,7 @@ public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 WEIGHTS, items, mlp, mse_gradients = public.WEIGHTS, public.items, public.mlp, public.mse_gradients
 
-X, Y, W = public.make_case(90, batch=32, d_in=16, d_hidden=64, d_out=8)
+X, Y, W = public.make_case(90, batch=64, d_in=32, d_hidden=64, d_out=32)
 
 
 def close(a, b) -> bool:

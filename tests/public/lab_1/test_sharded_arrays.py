@@ -5,7 +5,7 @@ import numpy as np
 from labkit.checks import (Mismatch, call, check, expect_close, expect_replicated, expect_split_across, placed,
                            single_process)
 
-M = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+M = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by every pod size, 1 to 32 devices
 TILES = np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 # With several processes, x.addressable_shards lists only this process's blocks: lab 11 is about that.

@@ -11,7 +11,7 @@ from labkit.checks import call, check, expect_close, expect_replicated, expect_s
 
 # ---- the sequential computation the tests compare with -------------------------------------
 
-def make_stack(seed, layers=8, d=4, microbatches=8, rows=2):
+def make_stack(seed, layers=32, d=4, microbatches=8, rows=2):  # 32 layers: L / S layers a stage, S = 1 to 32
     rng = np.random.default_rng(seed)
     weights = (rng.normal(size=(layers, d, d)) * 1.2 / np.sqrt(d)).astype(np.float32)
     biases = (0.3 * rng.normal(size=(layers, d))).astype(np.float32)
@@ -34,7 +34,7 @@ def rolled(x, devices, step=1):
     return np.roll(x, step * (len(x) // devices), axis=0)
 
 
-X = np.arange(48, dtype=np.float32).reshape(16, 3)
+X = np.arange(96, dtype=np.float32).reshape(32, 3)
 WEIGHTS, BIASES, MICROBATCHES = make_stack(10)
 NEXT = "Send with perm pairs (i, (i + 1) % n): (source, destination)"
 

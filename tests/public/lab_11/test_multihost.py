@@ -9,14 +9,17 @@ import numpy as np
 from labkit.checks import AsNumpy, Mismatch, call, check, expect_close, expect_equal, expect_replicated, \
     expect_shape, expect_split_across, placed
 
-ROWS = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+ROWS = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)  # 32 rows: one or more per device on up to 32 devices
 W = np.array([0.5, -1.0, 0.25], dtype=np.float32)
-Y = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
+Y = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
 LEARNING_RATE = 0.1
 
 WHOLE_BATCH = ("each process handed the whole dataset to make_array_from_process_local_data, so the global batch "
                "is process_count times too long: pass only data[start:stop] from process_rows")
 SAME_ROWS = "use jax.process_index() to pick this process's block: every process is loading the same rows"
+PERMUTED = ("every row of the dataset is there, but in another order: the mesh's devices are not grouped by process "
+            "(jax.devices() need not list each process's devices together), so this process's consecutive rows "
+            "went to devices spread over the mesh. Build the mesh from devices_by_process()")
 
 
 def field(got, key):
@@ -86,6 +89,9 @@ def test_the_processes_load_disjoint_blocks_that_cover_the_batch(got, run):
 @check(got=call("load_global_batch", AsNumpy(ROWS)))
 def test_the_global_batch_has_the_shape_and_values_of_the_dataset(got):
     expect_shape(got, ROWS.shape, hint=WHOLE_BATCH)
+    rows = np.asarray(got.value)
+    if not np.array_equal(rows, ROWS) and np.array_equal(rows[np.argsort(rows[:, 0])], ROWS):
+        raise Mismatch(PERMUTED)
     expect_close(got, ROWS, hint=SAME_ROWS)
 
 

@@ -4,8 +4,8 @@ import numpy as np
 
 from labkit.checks import Mismatch, call, check, expect_close, expect_split_across, placed
 
-M = np.linspace(-3.0, 3.0, 16 * 8, dtype=np.float32).reshape(16, 8)
-TILES = np.arange(16 * 16, dtype=np.float32).reshape(16, 16) / 16.0
+M = np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(32, 8)  # sizes divide by 1 to 32 devices
+TILES = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 16.0
 NO_CONSTRAINT = ("Without jax.lax.with_sharding_constraint(sums, NamedSharding(grid, P(('rows', 'cols')))) "
                  "inside the jitted function, the column sums stay partially replicated")
 LOWERED_NOT_COMPILED = ("jax.jit(f).lower(x).as_text() is the program before partitioning and has no collectives "

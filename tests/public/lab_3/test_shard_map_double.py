@@ -4,7 +4,7 @@ import numpy as np
 
 from labkit.checks import call, check, expect_close, expect_dtype, expect_shape, expect_split_across, placed
 
-X = np.linspace(-4.0, 4.0, 16, dtype=np.float32)
+X = np.linspace(-4.0, 4.0, 32, dtype=np.float32)  # 32: divides by 1 to 32 devices
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 
 

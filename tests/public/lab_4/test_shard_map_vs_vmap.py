@@ -5,7 +5,7 @@ import numpy as np
 from labkit import plaindata
 from labkit.checks import call, check, expect_close, expect_dtype, expect_shape, placed
 
-X = np.linspace(-2.0, 2.0, 16 * 4, dtype=np.float32).reshape(16, 4)
+X = np.linspace(-2.0, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by 1 to 32 devices
 ONE_DEVICE = ("A mesh over jax.devices()[:1] gives the right numbers with every row computed on device 0: "
               "build the mesh from jax.devices()")
 

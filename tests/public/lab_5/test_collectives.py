@@ -28,7 +28,7 @@ def blocks(x, n):
 
 # -- shard_map_psum -------------------------------------------------------------------------
 
-SUM_X = np.arange(1.0, 17.0, dtype=np.float32)
+SUM_X = np.arange(1.0, 33.0, dtype=np.float32)  # every input here divides by 1 to 32 devices
 
 
 @check(got=call("shard_map_psum", SUM_X))
@@ -49,7 +49,7 @@ def test_psum_gives_a_scalar_held_by_every_device(got, run):
 
 # -- shard_map_center -----------------------------------------------------------------------
 
-CENTER_X = (np.arange(16, dtype=np.float32) ** 2) / 8
+CENTER_X = (np.arange(32, dtype=np.float32) ** 2) / 8
 
 
 @check(got=call("shard_map_center", CENTER_X))
@@ -87,8 +87,8 @@ def softmax_mistakes(x, n):
     }
 
 
-SOFT_X = np.linspace(-3.0, 4.5, 16, dtype=np.float32)
-HUGE_X = np.array([1000.0, 999.0, 998.0, 0.0] * 4, dtype=np.float32)
+SOFT_X = np.linspace(-3.0, 4.5, 32, dtype=np.float32)
+HUGE_X = np.array([1000.0, 999.0, 998.0, 0.0] * 8, dtype=np.float32)
 
 
 @check(got=call("shard_map_softmax", SOFT_X))
@@ -109,7 +109,7 @@ def test_softmax_result_is_split_across_every_device(got, run):
 
 # -- shard_map_ring_shift -------------------------------------------------------------------
 
-RING_X = np.arange(16, dtype=np.float32)
+RING_X = np.arange(32, dtype=np.float32)
 
 
 @check(got=call("shard_map_ring_shift", RING_X))
@@ -129,7 +129,7 @@ def test_ring_shift_result_is_split_across_every_device(got, run):
 
 # -- shard_map_column_sums ------------------------------------------------------------------
 
-COLS_X = np.arange(16 * 8, dtype=np.float32).reshape(16, 8) % 7
+COLS_X = np.arange(32 * 32, dtype=np.float32).reshape(32, 32) % 7
 
 
 def column_sum_mistakes(x, n):
@@ -157,7 +157,7 @@ def test_column_sums_are_scattered_one_slice_per_device(got, run):
 
 # -- shard_map_cumsum -----------------------------------------------------------------------
 
-CUM_X = np.array([1.0, 2.0, -1.0, 0.5] * 4, dtype=np.float32)
+CUM_X = np.array([1.0, 2.0, -1.0, 0.5] * 8, dtype=np.float32)
 
 
 def cumsum_mistakes(x, n):

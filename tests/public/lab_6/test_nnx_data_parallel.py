@@ -51,7 +51,7 @@ REBUILT = ("Each shard ran a different model: the layer was built inside the loo
            "for every shard. Build it once, before the loop, and call that same model on every shard")
 NOT_FLAT = "That is the (N, features) output before flattening: return out.reshape(-1)"
 
-X = (np.arange(16 * 4, dtype=np.float32).reshape(16, 4) % 5 - 2.0) / 2
+X = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 5 - 2.0) / 2  # 32 rows: divides by 1 to 32 devices
 
 
 # -- shard_map_simulate ---------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_simulate_equals_the_layer_on_the_whole_batch(got):
 
 @check(got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
 def test_simulate_returns_one_flat_float32_vector(got):
-    expect_shape(got, (16 * 3,), hint="Join the shards with jnp.concatenate(outs, axis=0), then reshape(-1)")
+    expect_shape(got, (32 * 3,), hint="Join the shards with jnp.concatenate(outs, axis=0), then reshape(-1)")
     expect_dtype(got, "float32")
 
 
@@ -86,13 +86,13 @@ def test_linear_applies_the_seeded_layer_to_every_row(got):
 
 @check(got=call("shard_map_linear", 4, X, 3))
 def test_linear_rows_are_split_across_every_device(got, run):
-    expect_shape(got, (16, 3))
+    expect_shape(got, (32, 3))
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
 
 
 # -- shard_map_mse --------------------------------------------------------------------------
 
-Y = np.linspace(-1.0, 1.0, 16 * 3, dtype=np.float32).reshape(16, 3) ** 3 * 4
+Y = np.linspace(-1.0, 1.0, 32 * 3, dtype=np.float32).reshape(32, 3) ** 3 * 4
 
 
 @check(got=call("shard_map_mse", 6, X, Y, 3))

@@ -13,8 +13,8 @@ from labkit.checks import (
     expect_shape,
 )
 
-X = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
-W = (np.arange(16 * 4, dtype=np.float32).reshape(16, 4) % 7 - 3.0) / 4
+X = np.linspace(-1.0, 1.0, 32, dtype=np.float32)  # 32: divides by 1 to 32 devices
+W = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 7 - 3.0) / 4
 B = np.array([0.5, -0.25, 0.0, 1.0], dtype=np.float32)
 
 

@@ -13,7 +13,7 @@ WEIGHTS = ("w1", "b1", "w2", "b2")
 
 # ---- the unsplit computation the tests compare with ----------------------------------------
 
-def make_case(seed, batch=16, d_in=8, d_hidden=32, d_out=8):
+def make_case(seed, batch=32, d_in=32, d_hidden=32, d_out=32):  # fsdp splits every one: each divides by 1 to 32
     rng = np.random.default_rng(seed)
     f32 = lambda a: np.asarray(a, np.float32)
     x = f32(rng.normal(size=(batch, d_in)))
