@@ -220,7 +220,9 @@ def replayed_build(tmp_path_factory) -> Path:
             if (ROOT / src).is_dir():
                 shutil.copytree(ROOT / src, kit / src.rstrip("/"), ignore=shutil.ignore_patterns("__pycache__"))
             else:
-                shutil.copy2(ROOT / src, kit / dest / src if dest.endswith("/") else kit / dest)
+                target = kit / dest / Path(src).name if dest.endswith("/") else kit / dest  # as COPY does
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / src, target)
     command = re.sub(r"^(--mount=\S+\s+)+", "", setup_run)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_"))}
     env.update(stage_env("build"), EXTRAS="")
