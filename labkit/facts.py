@@ -94,10 +94,33 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
 _MESH_SETTERS = (("jax", "set_mesh"), ("jax.sharding", "set_mesh"), ("jax.sharding", "use_mesh"))
 
 
+def _placing(original):
+    """`jax.device_put` for the trace: what it does eagerly, placing an array, becomes a sharding constraint.
+
+    Under jit, a device_put to an Auto mesh's NamedSharding is dropped when lowering; in the student's
+    eager call it moved the data, and that placement is what the later computation ran on.
+    """
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+
+    def device_put(x, device=None, *args, **kwargs):
+        leaves = jax.tree_util.tree_leaves(x)
+        if (isinstance(device, NamedSharding) and not args and not kwargs and leaves
+                and all(isinstance(v, jax.core.Tracer) for v in leaves)
+                and all(t == AxisType.Auto for t in getattr(device.mesh, "axis_types", ()))):
+            return jax.tree_util.tree_map(lambda v: jax.lax.with_sharding_constraint(v, device), x)
+        return original(x, device, *args, **kwargs)
+
+    return device_put
+
+
 @contextlib.contextmanager
-def _meshes_recorded(seen: list):
-    """While tracing, `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit)."""
+def _traceable(seen: list):
+    """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit), and
+    `jax.device_put` to a mesh constrains the array's sharding instead."""
     import importlib
+
+    import jax
 
     @contextlib.contextmanager
     def record(mesh, *args, **kwargs):
@@ -110,10 +133,12 @@ def _meshes_recorded(seen: list):
         if hasattr(module, attr):
             saved.append((module, attr, getattr(module, attr)))
             setattr(module, attr, record)
+    saved.append((jax, "device_put", jax.device_put))
+    jax.device_put = _placing(jax.device_put)
     try:
         yield
     finally:
-        for module, attr, original in saved:
+        for module, attr, original in reversed(saved):
             setattr(module, attr, original)
 
 
@@ -149,14 +174,14 @@ def _trace(fn, args, kwargs):
     names = [_path_name(leaves[i][0]) for i in arrays]
     seen: list = []
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        with _meshes_recorded(seen):
+        with _traceable(seen):
             try:
                 return jax.jit(program).trace(*structs), names, structs
             except Exception:
                 if not seen:
                     raise
         # The function entered a mesh with jax.set_mesh: trace it again inside that mesh.
-        with jax.set_mesh(seen[-1]), _meshes_recorded([]):
+        with jax.set_mesh(seen[-1]), _traceable([]):
             return jax.jit(program).trace(*structs), names, structs
 
 
