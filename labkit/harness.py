@@ -211,8 +211,13 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
 
 def examine(fn, args, kwargs, settle=None) -> dict:
     """The facts of the compiled program behind the call (see `facts`), asked for by the judge's call."""
+    import time
+
+    started = time.perf_counter()
     try:
-        return facts.gather(fn, args, kwargs, settle)
+        found = facts.gather(fn, args, kwargs, settle)
+        found["seconds"] = round(time.perf_counter() - started, 4)  # what examining this call cost
+        return found
     except Exception as e:  # noqa: BLE001 - whatever stopped it, the facts are missing, not wrong
         if settle is not None:
             settle()

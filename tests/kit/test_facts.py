@@ -51,6 +51,11 @@ SCRIPT = textwrap.dedent('''
         ("psum", psum, (x,)), ("whole", whole, (x,)), ("placed_then_jitted", placed_then_jitted, (x, w)),
         ("explicit", explicit, (x,)), ("untraceable", untraceable, (x,)), ("noisy", noisy, (x,)),
         ("op_by_op", op_by_op, (x,))]}
+    explicit_mesh = jax.make_mesh((8,), ("data",))
+    with jax.set_mesh(explicit_mesh):
+        doubled = jax.jit(lambda a: 2 * a)(jax.device_put(jnp.arange(16.0).reshape(8, 2), P("data", None)))
+    from labkit import plaindata
+    out["explicit_value"] = plaindata.encode(doubled)
     out["set_mesh_is_back"] = jax.set_mesh.__module__.startswith("jax")
     out["device_put_is_back"] = jax.device_put.__module__.startswith("jax")
     sys.stdout.write("FACTS " + json.dumps(out))
@@ -146,3 +151,9 @@ def test_facts_a_backend_does_not_give_decode_as_unavailable_with_the_reason():
     assert got.memory == plaindata.Unavailable("no stats here") and got.flops == 12.0
     assert plaindata.decode_compiled(None) == plaindata.Unavailable(
         "no facts of the compiled program came back for this call")
+
+
+def test_an_explicit_sharded_result_is_read_without_indexing_it(gathered):
+    got = plaindata.decode(gathered["explicit_value"])
+    assert got.value.tolist() == [[2 * (2 * i), 2 * (2 * i + 1)] for i in range(8)]
+    assert got.sharding.spec == ("data", None) and got.sharding.num_devices == 8 and len(got.sharding.shards) == 8
