@@ -30,7 +30,6 @@ import numpy as np
 from labkit import plaindata
 from labkit.configs import DeviceConfig
 
-
 # ----------------------------------------------------------------------------------------
 # Outcomes other than a plain pass: each carries a message for the student.
 # ----------------------------------------------------------------------------------------

@@ -282,9 +282,8 @@ class _World:
 def _guarded_classes() -> list:
     import jax
     import jax.sharding
-    from jax._src import array
-
     import jax.stages
+    from jax._src import array
 
     classes = [array.ArrayImpl, array.Shard, jax.Device]
     classes += [v for v in vars(jax.sharding).values() if isinstance(v, type)]

@@ -6,9 +6,23 @@ import numpy as np
 import pytest
 
 from labkit import plaindata
-from labkit.checks import (FactUnavailable, Mismatch, call, check, compiled_call, expect_close, expect_collective,
-                           expect_dtype, expect_equal, expect_input_split, expect_jitted, expect_replicated,
-                           expect_shape, expect_split_across, expect_work_split)
+from labkit.checks import (
+    FactUnavailable,
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_collective,
+    expect_dtype,
+    expect_equal,
+    expect_input_split,
+    expect_jitted,
+    expect_replicated,
+    expect_shape,
+    expect_split_across,
+    expect_work_split,
+)
 
 
 def value(x):

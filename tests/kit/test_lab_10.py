@@ -5,7 +5,6 @@ import json
 from labkit import catalog
 
 
-
 def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
     buggy = variant(10, ("forward = [(i, (i + 1) % n) for i in range(n)]",
                          "forward = [((i + 1) % n, i) for i in range(n)]"))

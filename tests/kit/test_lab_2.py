@@ -23,9 +23,8 @@ def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_
 
 # follow_data without jit; collectives_of_sum guessed from the placement instead of read from the program.
 UNJITTED = ("return jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x)", "return 2.0 * jnp.sin(x) + 1.0")
-FROM_SHARDING = ("text = jax.jit(jnp.sum).lower(x).compile().as_text()",
-                 'return ["all-reduce"] if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated '
-                 "else []")
+GUESS = 'return ["all-reduce"] if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated else []'
+FROM_SHARDING = ("text = jax.jit(jnp.sum).lower(x).compile().as_text()", GUESS)
 
 
 def test_follow_data_without_jit_fails_publicly_and_a_sharding_guess_fails_the_hidden_test_on_cpu_8(

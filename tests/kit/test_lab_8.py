@@ -5,7 +5,6 @@ import json
 from labkit import catalog
 
 
-
 def test_a_gradient_of_replicated_parameters_without_pcast_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
     # The tutorial recipe: jax.grad of the replicated state, then pmean. In JAX 0.10 the gradient
     # already comes back summed over 'data', so the pmean changes nothing: eight times too large on eight devices.

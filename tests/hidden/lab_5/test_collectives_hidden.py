@@ -9,8 +9,16 @@ everywhere; the compiled program shows it: x whole on each device, and no all-re
 
 import numpy as np
 
-from labkit.checks import (call, check, compiled_call, expect_close_naming_mistakes, expect_collective,
-                           expect_input_split, expect_split_across, placed)
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close_naming_mistakes,
+    expect_collective,
+    expect_input_split,
+    expect_split_across,
+    placed,
+)
 
 RNG = np.random.default_rng(5)
 

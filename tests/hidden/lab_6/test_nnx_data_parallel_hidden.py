@@ -14,9 +14,9 @@ from labkit.checks import (
     check,
     compiled_call,
     expect_close,
+    expect_close_naming_mistakes,
     expect_collective,
     expect_input_split,
-    expect_close_naming_mistakes,
     expect_shape,
     expect_split_across,
 )

@@ -7,8 +7,16 @@ device stores of x and w, and the all-reduce that adds the partial products.
 
 import numpy as np
 
-from labkit.checks import (call, check, compiled_call, expect_close, expect_close_naming_mistakes, expect_collective,
-                           expect_input_split, expect_replicated)
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_collective,
+    expect_input_split,
+    expect_replicated,
+)
 
 RNG = np.random.default_rng(7)
 X = RNG.normal(size=64).astype(np.float32) / 4

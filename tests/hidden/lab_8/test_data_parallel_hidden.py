@@ -11,8 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, compiled_call, expect_close, expect_collective, expect_input_split,
-                           expect_replicated, expect_work_split)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_collective,
+    expect_input_split,
+    expect_replicated,
+    expect_work_split,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "lab8_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py")

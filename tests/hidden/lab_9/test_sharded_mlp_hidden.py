@@ -11,8 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, compiled_call, expect_close, expect_collective, expect_input_split,
-                           expect_split_across)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_collective,
+    expect_input_split,
+    expect_split_across,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "lab9_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_9" / "test_sharded_mlp.py")

@@ -2,8 +2,16 @@
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, compiled_call, expect_close, expect_jitted, expect_split_across,
-                           placed)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_jitted,
+    expect_split_across,
+    placed,
+)
 
 M = np.linspace(-3.0, 3.0, 16 * 8, dtype=np.float32).reshape(16, 8)
 TILES = np.arange(16 * 16, dtype=np.float32).reshape(16, 16) / 16.0
