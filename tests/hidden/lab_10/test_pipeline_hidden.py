@@ -98,7 +98,7 @@ def test_pipeline_sends_activations_forward_through_every_stage(got, run):
 @check(got=compiled_call("pipeline_forward", *DEEP))
 def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
     n = run.device_count
-    hint = (f"every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
+    hint = (f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
             f"and biases in_specs=P('stage'), so that each of the {n} stages holds and runs its own "
             f"{len(DEEP[0]) // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute")
     expect_input_split(got, 0, n, name="the weights", hint=hint)

@@ -121,7 +121,7 @@ def test_cumsum_continues_from_the_blocks_before(got, run):
 @check(got=compiled_call("shard_map_psum", PSUM))
 def test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums(got, run):
     n = run.device_count
-    expect_input_split(got, 0, n, name="x", hint="every device sums the whole vector by itself: that is not "
+    expect_input_split(got, 0, n, name="x", hint="Every device sums the whole vector by itself: that is not "
                                                  "parallel. Give x in_specs=P('data'), so that each device sums "
                                                  "its own block, and add the block sums with jax.lax.psum")
     expect_collective(got, "all-reduce", n, hint="The block sums of the devices are added by "

@@ -80,7 +80,7 @@ def test_linear_equals_the_simulation(real, simulated):
 @check(got=compiled_call("shard_map_mse", 13.0, X, Y, 2.0))
 def test_mse_gives_each_device_its_own_rows_and_averages_the_losses(got, run):
     n = run.device_count
-    hint = ("every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
+    hint = ("Every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
             "in_specs=P('data', None), so that each device takes its own rows, and average the per-device losses "
             "with jax.lax.pmean(..., 'data')")
     expect_input_split(got, 1, n, name="x", hint=hint)

@@ -72,11 +72,11 @@ def test_the_three_approaches_agree(jit, constrained, mapped):
 
 
 SPLIT_THE_LAYER = {
-    "layer_jit": "every device computes the whole layer. Place x with NamedSharding(mesh, P('data')) and w with "
+    "layer_jit": "Every device computes the whole layer. Place x with NamedSharding(mesh, P('data')) and w with "
                  "P('data', None), so that each device multiplies its own slice and the compiler adds the pieces",
-    "layer_constrained": "every device computes the whole layer. Constrain x to P('data') and w to P('data', None) "
+    "layer_constrained": "Every device computes the whole layer. Constrain x to P('data') and w to P('data', None) "
                          "inside the jitted function, so that each device multiplies its own slice",
-    "layer_shard_map": "every device computes the whole layer. Give x in_specs=P('data') and w P('data', None), "
+    "layer_shard_map": "Every device computes the whole layer. Give x in_specs=P('data') and w P('data', None), "
                        "and add the devices' partial products with jax.lax.psum(..., 'data')",
 }
 

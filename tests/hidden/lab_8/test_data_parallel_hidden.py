@@ -118,7 +118,7 @@ def test_final_parameters_are_the_same_on_every_device(got, run):
                           hint="every device's copy should take the same step and stay identical")
 
 
-WHOLE_BATCH = ("every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
+WHOLE_BATCH = ("Every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
                "in_specs=P('data'), so that each device takes 1/{n} of the rows, and average the gradients with "
                "jax.lax.pmean(..., 'data')")
 
