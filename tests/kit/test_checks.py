@@ -214,3 +214,16 @@ def test_a_compiled_call_shares_its_id_with_the_plain_call_and_asks_for_facts():
     plain, examined = call("f", 3, "x"), compiled_call("f", 3, "x")
     assert plain.id == examined.id and plain == examined
     assert examined.facts and not plain.facts
+
+
+def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_examined(tmp_path):
+    from labkit import judge
+
+    (tmp_path / "test_two.py").write_text(
+        "from labkit.checks import call, check, compiled_call\n\n"
+        "@check(got=call('f', 1))\ndef test_plain(got):\n    pass\n\n"
+        "@check(got=compiled_call('f', 1))\ndef test_examined(got):\n    pass\n\n"
+        "@check(got=call('g', 1))\ndef test_other(got):\n    pass\n")
+    calls = {c["function"]: c for c in judge.collect_calls([tmp_path])}
+    assert sorted(calls) == ["f", "g"]
+    assert calls["f"].get("facts") is True and "facts" not in calls["g"]
