@@ -18,6 +18,7 @@ expected against what came back, and, with `hint=`, the likely mistake.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -68,15 +69,17 @@ class Call:
     function: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    facts: bool = field(default=False, compare=False)  # also examine the compiled program (not part of the id)
 
     def encoded(self) -> dict:
-        return {"function": self.function, "args": [_encode_input(a) for a in self.args],
+        what = {"function": self.function, "args": [_encode_input(a) for a in self.args],
                 "kwargs": {k: _encode_input(v) for k, v in self.kwargs.items()}}
+        return {**what, "facts": True} if self.facts else what
 
     @functools.cached_property
     def id(self) -> str:
-        """Equal calls share one id, so a call used by several tests runs once."""
-        text = json.dumps(self.encoded(), sort_keys=True)
+        """Equal calls share one id, so a call used by several tests runs once (examined if any asks)."""
+        text = json.dumps({k: v for k, v in self.encoded().items() if k != "facts"}, sort_keys=True)
         return f"{self.function}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -190,7 +193,10 @@ class LabRun:
             raise RunProblem(f"no result came back for `{c.function}`", "error")
         if "error" in result:
             raise _call_error(c.function, result["error"])
-        return plaindata.decode(result.get("value"))
+        value = plaindata.decode(result.get("value"))
+        if c.facts:
+            value = dataclasses.replace(value, compiled=plaindata.decode_compiled(result.get("facts")))
+        return value
 
 
 def _call_error(function: str, err: dict) -> Exception:
@@ -415,3 +421,114 @@ def expect_close_naming_mistakes(got: plaindata.Value, want, mistakes: dict, *, 
         if np.allclose(arr, value, rtol=rtol, atol=atol, equal_nan=True):
             raise Mismatch(f"{base}. {mistake}")
     raise Mismatch(_with_hint(base, hint))
+
+
+# ----------------------------------------------------------------------------------------
+# Expectations on the compiled program: judge the parallelism, not only the answer.
+# ----------------------------------------------------------------------------------------
+
+class FactUnavailable(Mismatch):
+    """A check needs a fact of the compiled program that did not come back: it fails, saying why."""
+
+
+TRACEABLE = ("The checks of parallelism read the compiled program of your function: it must run under jax.jit "
+             "(no float(), np.asarray() or Python `if` on array values computed inside it)")
+
+
+def compiled_call(function: str, *args, **kwargs) -> Call:
+    """Like `call`, and the harness also examines the compiled program; the value's `.compiled` holds its facts."""
+    return Call(function, tuple(args), dict(kwargs), facts=True)
+
+
+def _compiled(got: plaindata.Value, fact: str):
+    """The named fact of the call's compiled program, or FactUnavailable with the reason."""
+    facts = got.compiled
+    if facts is None:
+        raise FactUnavailable("this check needs the facts of the compiled program: declare the call with "
+                              "compiled_call(...), not call(...)")
+    if isinstance(facts, plaindata.Unavailable):
+        raise FactUnavailable(f"the compiled program could not be examined ({facts.why}). {TRACEABLE}")
+    value = getattr(facts, fact)
+    if isinstance(value, plaindata.Unavailable):
+        raise FactUnavailable(f"this check cannot be made here: {value.why}")
+    return facts, value
+
+
+def _inputs(got: plaindata.Value, which) -> list:
+    _, inputs = _compiled(got, "inputs")
+    prefix = f"args[{which}]" if isinstance(which, int) else str(which)
+    chosen = [p for p in inputs if p.path == prefix or p.path.startswith(prefix + "[")]
+    if not chosen:
+        raise FactUnavailable(f"the compiled program has no array input {prefix} (its inputs: "
+                              f"{', '.join(p.path for p in inputs) or 'none'})")
+    return chosen
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes" if n < 10_000 else f"{n / 1024:.0f} KiB"
+
+
+def expect_input_split(got: plaindata.Value, which, devices: int, *, name: str | None = None,
+                       hint: str | None = None) -> None:
+    """Each device holds 1/`devices` of input `which` (a position, or a path such as "args[0]['w']").
+
+    Read from the sharding the compiled program gives the input: the placement the function asked for
+    (device_put, shard_map's in_specs, a sharding constraint) decides it. An input whose pieces are
+    all held by every device is named as such.
+    """
+    for p in _inputs(got, which):
+        if devices <= 1 or p.bytes == 0:
+            continue
+        if isinstance(p.device_bytes, plaindata.Unavailable):
+            raise FactUnavailable(f"this check cannot be made here: {p.device_bytes.why}")
+        if p.device_bytes * devices <= p.bytes:
+            continue
+        label = name or p.path
+        if p.replicated or p.device_bytes >= p.bytes:
+            message = (f"every device holds all of {label} ({_size(p.bytes)} on each of {devices} devices), "
+                       f"where each should hold 1/{devices} of it")
+        else:
+            message = (f"each device holds {_size(p.device_bytes)} of {label}'s {_size(p.bytes)}, "
+                       f"more than 1/{devices} of it ({p.pieces} distinct pieces)")
+        raise Mismatch(_with_hint(message, hint))
+
+
+def expect_collective(got: plaindata.Value, op: str, devices: int, *, hint: str | None = None) -> None:
+    """The compiled program has an `op` (e.g. "all-reduce") that joins all `devices` devices.
+
+    On one device nothing is communicated, and nothing is asked; the facts must still have come back.
+    """
+    _, found = _compiled(got, "collectives")
+    if devices <= 1:
+        return
+    if any(c.op == op and c.widest >= devices for c in found):
+        return
+    have = ", ".join(sorted({f"{c.op} over {c.widest}" for c in found})) or "none at all"
+    raise Mismatch(_with_hint(f"the compiled program has no {op} over all {devices} devices (its collectives: "
+                              f"{have})", hint))
+
+
+def expect_work_split(got: plaindata.Value, whole_flops: float, devices: int, *, what: str = "the whole batch",
+                      hint: str | None = None) -> None:
+    """No device does the work of all of it: one device's FLOPs stay well below `whole_flops`.
+
+    `whole_flops` is what the computation costs on all its data at once (counted by the test). A
+    device of a split computation does about 1/`devices` of it; the line is drawn halfway between.
+    """
+    _, flops = _compiled(got, "flops")
+    if devices <= 1:
+        return
+    line = (whole_flops / devices + whole_flops) / 2
+    if flops > line:
+        raise Mismatch(_with_hint(
+            f"one device does {flops:.3g} FLOPs, about the {whole_flops:.3g} that {what} needs: every device "
+            f"computes all of it, where each should do about 1/{devices} ({whole_flops / devices:.3g})", hint))
+
+
+def expect_jitted(got: plaindata.Value, *, allowed=("jit", "pjit", "device_put", "sharding_constraint"),
+                  hint: str | None = None) -> None:
+    """The function's work happens inside jax.jit: outside it, only placement is allowed."""
+    facts, _ = _compiled(got, "top_level")
+    loose = sorted(set(facts.top_level) - set(allowed))
+    if loose:
+        raise Mismatch(_with_hint(f"the work ran op by op, outside any jax.jit ({', '.join(loose)})", hint))

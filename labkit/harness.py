@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from labkit import plaindata
+from labkit import facts, plaindata
 
 _STUDENT_FILE_MARKERS = ("/ipykernel_", "<ipython-input", "<cell")
 
@@ -207,8 +207,26 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
         record["value"] = plaindata.encode(out)
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything
         record["error"] = describe_exception(e)
+    else:
+        if call.get("facts"):
+            record["facts"] = examine(fn, args, kwargs, settle)
     record["stdout"] = "".join(printed.kept)  # what the call printed in this process
     return record
+
+
+def examine(fn, args, kwargs, settle=None) -> dict:
+    """The facts of the compiled program behind the call (see `facts`), asked for by the judge's call."""
+    import time
+
+    started = time.perf_counter()
+    try:
+        found = facts.gather(fn, args, kwargs, settle)
+        found["seconds"] = round(time.perf_counter() - started, 4)  # what examining this call cost
+        return found
+    except Exception as e:  # noqa: BLE001 - whatever stopped it, the facts are missing, not wrong
+        if settle is not None:
+            settle()
+        return {"unavailable": f"the compiled program could not be examined: {type(e).__name__}: {_first_line(e)}"}
 
 
 def run(namespace: dict, calls_path: str, results_path: str) -> None:
@@ -235,7 +253,7 @@ _MISSING = object()
 # before every value is encoded. Classes likewise (a property of jax.Array patched to lie).
 _GUARDED_MODULES = ("builtins", "json", "math", "io", "contextlib", "traceback", "hmac", "hashlib", "numpy",
                     "jax", "jax.numpy", "jax.sharding", "jax._src.array", "jax.experimental.multihost_utils",
-                    "labkit", "labkit.plaindata", "labkit.harness")
+                    "jax.stages", "labkit", "labkit.plaindata", "labkit.facts", "labkit.harness")
 
 
 class _World:
@@ -269,10 +287,12 @@ class _World:
 def _guarded_classes() -> list:
     import jax
     import jax.sharding
+    import jax.stages
     from jax._src import array
 
     classes = [array.ArrayImpl, array.Shard, jax.Device]
     classes += [v for v in vars(jax.sharding).values() if isinstance(v, type)]
+    classes += [v for v in vars(jax.stages).values() if isinstance(v, type)]  # how facts are read
     return list(dict.fromkeys(classes))
 
 
@@ -321,7 +341,8 @@ def seal(key_file: str) -> None:
     import importlib
 
     # imported now, before the student's cells, so that the modules and classes kept are the real ones
-    for name in ("numpy", "jax", "jax.numpy", "jax.sharding", "jax._src.array", "jax.experimental.multihost_utils"):
+    for name in ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax._src.array",
+                 "jax.experimental.multihost_utils"):
         importlib.import_module(name)
 
     with open(key_file) as f:

@@ -116,7 +116,11 @@ class _Plugin:
         for item in session.items:
             for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values():
                 calls[c.id] = c
-        encoded = [{"id": cid, **c.encoded()} for cid, c in calls.items()]
+        examined = {c.id for item in session.items
+                    for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values() if c.facts}
+        # a call made by several tests runs once; its compiled program is examined if any of them asks
+        encoded = [{"id": cid, **c.encoded(), **({"facts": True} if cid in examined else {})}
+                   for cid, c in calls.items()]
         self.calls = encoded
         self.single_process = single_process_reason(session.items)
 

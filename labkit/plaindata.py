@@ -2,7 +2,8 @@
 
 The student's process encodes what its functions returned: numbers, strings, arrays as
 nested lists with their dtype and shape, and, for JAX arrays, which devices hold which
-shard. The judge decodes that into `Value` objects. Nothing is pickled, so no object from
+shard. The judge decodes that into `Value` objects. A call can also carry the facts of its compiled
+program (see `facts`), decoded here into `Compiled`. Nothing is pickled, so no object from
 the student's process can run code in the judge or claim to equal anything.
 """
 
@@ -199,6 +200,7 @@ class Value:
     sharding: Sharding | None = None
     is_jax: bool = False
     description: str = field(default="")
+    compiled: Any = None  # Compiled | Unavailable: the facts of the call's compiled program, when asked for
 
     def __repr__(self) -> str:
         if self.kind == "array":
@@ -265,3 +267,93 @@ def decode(data: dict) -> Value:
         return Value("too-large", dtype=data.get("dtype"), shape=tuple(data.get("shape", ())),
                      description=f"an array of shape {tuple(data.get('shape', ()))}, too large to check")
     return Value("object", description=f"a {data.get('type', 'value')}: {data.get('repr', '')}"[:300])
+
+
+# ----------------------------------------------------------------------------------------
+# Facts of the compiled program behind a call (see `facts`), decoded in the judge.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A fact the student's process could not give, and why."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str  # all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all
+    shape: str
+    groups: tuple[tuple[int, ...], ...] = ()  # devices that take part together (not for collective-permute)
+    pairs: tuple[tuple[int, int], ...] = ()  # (source, destination), for collective-permute
+
+    @property
+    def widest(self) -> int:
+        """How many devices the largest group joins (for a collective-permute: how many send)."""
+        if self.pairs:
+            return len({a for a, _ in self.pairs})
+        return max((len(g) for g in self.groups), default=0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One input or output of the compiled program: its bytes, and what one device holds of it."""
+
+    path: str  # args[1], args[0]['w'], out[0]...
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    device_bytes: int | Unavailable
+    replicated: bool = False
+    pieces: int = 1
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the compiled program of one call does; any field may be `Unavailable`, saying why."""
+
+    devices: int
+    collectives: tuple[Collective, ...] | Unavailable
+    memory: dict | Unavailable  # per device: argument, output, temp, alias bytes
+    flops: float | Unavailable
+    inputs: tuple[Placement, ...] | Unavailable
+    outputs: tuple[Placement, ...] | Unavailable
+    top_level: tuple[str, ...] = ()
+
+
+def _maybe(data, build):
+    if isinstance(data, dict) and "unavailable" in data:
+        return Unavailable(str(data["unavailable"]))
+    try:
+        return build(data)
+    except Exception as e:  # noqa: BLE001 - malformed facts are missing facts
+        return Unavailable(f"malformed fact ({type(e).__name__})")
+
+
+def _placement(d: dict) -> Placement:
+    device_bytes = Unavailable(str(d["unavailable"])) if "unavailable" in d else int(d["device_bytes"])
+    return Placement(str(d["path"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]), int(d["bytes"]),
+                     device_bytes, bool(d.get("replicated", False)), int(d.get("pieces", 1)))
+
+
+def _collective(d: dict) -> Collective:
+    return Collective(str(d["op"]), str(d.get("shape", "")),
+                      tuple(tuple(int(i) for i in g) for g in d.get("groups", [])),
+                      tuple((int(a), int(b)) for a, b in d.get("pairs", [])))
+
+
+def decode_compiled(data) -> Compiled | Unavailable:
+    """The facts a call's record carries, or `Unavailable` (the record says why, or nothing came)."""
+    if data is None:
+        return Unavailable("no facts of the compiled program came back for this call")
+    if not isinstance(data, dict) or "unavailable" in data:
+        return Unavailable(str(data.get("unavailable") if isinstance(data, dict) else "malformed facts"))
+    return Compiled(
+        devices=int(data.get("devices") or 1),
+        collectives=_maybe(data.get("collectives"), lambda v: tuple(_collective(c) for c in v)),
+        memory=_maybe(data.get("memory"), lambda v: {str(k): int(n) for k, n in v.items()}),
+        flops=_maybe(data.get("flops"), float),
+        inputs=_maybe(data.get("inputs"), lambda v: tuple(_placement(p) for p in v)),
+        outputs=_maybe(data.get("outputs"), lambda v: tuple(_placement(p) for p in v)),
+        top_level=tuple(str(p) for p in data.get("top_level", [])),
+    )

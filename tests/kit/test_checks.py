@@ -1,11 +1,28 @@
 """The expectations a lab test states, and the messages a student reads when they fail."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from labkit import plaindata
-from labkit.checks import (Mismatch, call, check, expect_close, expect_dtype, expect_equal, expect_replicated,
-                           expect_shape, expect_split_across)
+from labkit.checks import (
+    FactUnavailable,
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_collective,
+    expect_dtype,
+    expect_equal,
+    expect_input_split,
+    expect_jitted,
+    expect_replicated,
+    expect_shape,
+    expect_split_across,
+    expect_work_split,
+)
 
 
 def value(x):
@@ -130,3 +147,83 @@ def test_the_summary_counts_skipped_tests_out_and_still_passes():
     assert ok and line == "1/1 on cpu-2x4 (1 skipped)"
     outcomes[0].status = "failed"
     assert summary(["cpu-2x4"], outcomes, {"cpu-2x4": RunRecord("cpu-2x4", "ok")})[1] is False
+
+
+# -- expectations on the compiled program ------------------------------------------------------
+
+def compiled(**facts):
+    """A decoded value whose call carried these facts of its compiled program."""
+    base = {"devices": 8, "collectives": [], "memory": {"argument": 0, "output": 0, "temp": 0, "alias": 0},
+            "flops": 100.0, "inputs": [], "outputs": [], "top_level": ["jit"]}
+    return dataclasses.replace(value(np.zeros(4, np.float32)), compiled=plaindata.decode_compiled({**base, **facts}))
+
+
+def weight(path, whole, each, replicated=False):
+    return {"path": path, "shape": [whole // 4], "dtype": "float32", "bytes": whole, "device_bytes": each,
+            "replicated": replicated, "pieces": 1 if replicated else whole // each}
+
+
+def test_an_input_stored_one_eighth_per_device_is_split():
+    expect_input_split(compiled(inputs=[weight("args[1]", 4096, 512)]), 1, 8, name="w1")
+
+
+def test_an_input_whole_on_every_device_is_named_with_the_mistake():
+    got = compiled(inputs=[weight("args[1]", 4096, 4096, replicated=True)])
+    text = message(expect_input_split, got, 1, 8, name="w1", hint="That is data parallelism, not FSDP")
+    assert text.startswith("every device holds all of w1 (4096 bytes on each of 8 devices)")
+    assert text.endswith("That is data parallelism, not FSDP")
+
+
+def test_every_leaf_of_a_nested_input_is_checked():
+    got = compiled(inputs=[weight("args[0]['a']", 64, 8), weight("args[0]['b']", 64, 64, replicated=True)])
+    assert "args[0]['b']" in message(expect_input_split, got, 0, 8)
+
+
+def test_an_all_reduce_over_every_device_is_found_and_a_missing_one_named():
+    everyone = {"op": "all-reduce", "shape": "f32[]", "groups": [list(range(8))]}
+    expect_collective(compiled(collectives=[everyone]), "all-reduce", 8)
+    half = {"op": "all-reduce", "shape": "f32[]", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+    text = message(expect_collective, compiled(collectives=[half]), "all-reduce", 8)
+    assert "no all-reduce over all 8 devices" in text and "all-reduce over 4" in text
+
+
+def test_a_device_doing_the_whole_batchs_flops_is_named():
+    expect_work_split(compiled(flops=150.0), 1000.0, 8)
+    assert "every device computes all of it" in message(expect_work_split, compiled(flops=1100.0), 1000.0, 8)
+
+
+def test_work_done_op_by_op_is_not_jitted():
+    expect_jitted(compiled(top_level=["device_put", "jit"]))
+    assert "outside any jax.jit (add, sin)" in message(expect_jitted, compiled(top_level=["add", "sin"]))
+
+
+def test_missing_facts_fail_even_on_one_device_and_say_why():
+    got = dataclasses.replace(value(np.zeros(4)), compiled=plaindata.Unavailable("jax.jit could not trace it"))
+    with pytest.raises(FactUnavailable) as e:
+        expect_collective(got, "all-reduce", 1)
+    assert "jax.jit could not trace it" in str(e.value) and isinstance(e.value, Mismatch)
+    memoryless = compiled(flops={"unavailable": "cost_analysis() gives no FLOPs on this backend"})
+    assert "cannot be made here: cost_analysis()" in message(expect_work_split, memoryless, 10.0, 1)
+
+
+def test_a_value_from_a_plain_call_has_no_facts_to_check():
+    assert "compiled_call" in message(expect_input_split, value(np.zeros(4)), 0, 8)
+
+
+def test_a_compiled_call_shares_its_id_with_the_plain_call_and_asks_for_facts():
+    plain, examined = call("f", 3, "x"), compiled_call("f", 3, "x")
+    assert plain.id == examined.id and plain == examined
+    assert examined.facts and not plain.facts
+
+
+def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_examined(tmp_path):
+    from labkit import judge
+
+    (tmp_path / "test_two.py").write_text(
+        "from labkit.checks import call, check, compiled_call\n\n"
+        "@check(got=call('f', 1))\ndef test_plain(got):\n    pass\n\n"
+        "@check(got=compiled_call('f', 1))\ndef test_examined(got):\n    pass\n\n"
+        "@check(got=call('g', 1))\ndef test_other(got):\n    pass\n")
+    calls = {c["function"]: c for c in judge.collect_calls([tmp_path])}
+    assert sorted(calls) == ["f", "g"]
+    assert calls["f"].get("facts") is True and "facts" not in calls["g"]

@@ -19,3 +19,29 @@ def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_
     assert unconstrained["status"] == "failed" and unconstrained["hidden"]
     assert "with_sharding_constraint" in unconstrained["message"] and "partially replicated" in unconstrained["message"]
     assert by_config["cpu-8"]["test_column_sums_of_a_wide_random_matrix"]["status"] == "passed"
+
+
+# follow_data without jit; collectives_of_sum guessed from the placement instead of read from the program.
+UNJITTED = ("return jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x)", "return 2.0 * jnp.sin(x) + 1.0")
+GUESS = 'return ["all-reduce"] if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated else []'
+FROM_SHARDING = ("text = jax.jit(jnp.sum).lower(x).compile().as_text()", GUESS)
+
+
+def test_follow_data_without_jit_fails_publicly_and_a_sharding_guess_fails_the_hidden_test_on_cpu_8(
+        kit, lab_outcomes, variant):
+    guessed = variant(2, UNJITTED, FROM_SHARDING)
+    done = kit("lab", "2", "--notebook", str(guessed), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1
+    by_config = lab_outcomes(2)
+    for config in ("cpu-1", "cpu-8"):
+        unjitted = by_config[config]["test_follow_data_does_its_work_inside_jit"]
+        assert unjitted["status"] == "failed" and not unjitted["hidden"], unjitted
+        assert "op by op, outside any jax.jit" in unjitted["message"] and "jax.jit(lambda" in unjitted["message"]
+        assert by_config[config]["test_follow_data_computes_two_sin_plus_one"]["status"] == "passed"
+    public_guesses = [o for name, o in by_config["cpu-8"].items() if name.startswith("test_collectives_of_a_sum")]
+    assert public_guesses and all(o["status"] == "passed" for o in public_guesses), public_guesses
+    empty = "test_collectives_of_an_empty_array_split_by_rows_come_from_the_program_not_the_placement"
+    assert by_config["cpu-1"][empty]["status"] == "passed"
+    caught = by_config["cpu-8"][empty]
+    assert caught["hidden"] and caught["status"] == "failed", caught
+    assert "whatever x.sharding says" in caught["message"]

@@ -12,3 +12,13 @@ def test_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8
     assert caught["status"] == "failed" and caught["hidden"]
     assert "all 8 devices" in caught["message"] and "jax.devices()[:1]" in caught["message"]
     assert by_config["cpu-8"]["test_both_routes_agree_on_a_random_batch"]["status"] == "passed"
+
+
+def test_a_mesh_of_one_device_is_named_by_a_public_test_on_cpu_8(kit, lab_outcomes, variant):
+    buggy = variant(4, ('mesh = Mesh(np.array(jax.devices()), ("data",))\n    per_device',
+                        'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    per_device'))
+    done = kit("lab", "4", "--notebook", str(buggy), "--configs", "cpu-8")
+    assert done.returncode == 1
+    caught = lab_outcomes(4)["cpu-8"]["test_the_shard_map_rows_are_spread_over_every_device"]
+    assert caught["status"] == "failed" and not caught["hidden"], caught
+    assert "lives on 1 (devices [0])" in caught["message"] and "jax.devices()[:1]" in caught["message"]

@@ -45,3 +45,24 @@ def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(ki
         outcome = by_config["cpu-8"][test]
         assert outcome["hidden"] and outcome["status"] == "failed", outcome
         assert phrase in outcome["message"], outcome["message"]
+
+
+# shard_map_psum, right but not parallel: every device sums the whole vector, no psum.
+WHOLE_ON_EVERY_DEVICE = [
+    ('return jax.lax.psum(jnp.sum(block), "data")', "return jnp.sum(block)"),
+    ('in_specs=P("data"), out_specs=P())(x)', "in_specs=P(), out_specs=P())(x)"),
+]
+
+
+def test_a_sum_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
+    assert all(old in reference for old, _ in WHOLE_ON_EVERY_DEVICE), "a replacement finds nothing"
+    whole = variant(5, *WHOLE_ON_EVERY_DEVICE)
+    done = kit("lab", "5", "--notebook", str(whole), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_config = lab_outcomes(5)
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    assert by_config["cpu-8"]["test_psum_of_a_random_vector_adds_the_blocks_of_every_device"]["status"] == "passed"
+    named = by_config["cpu-8"]["test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums"]
+    assert named["hidden"] and named["status"] == "failed", named
+    assert "every device holds all of x" in named["message"] and "in_specs=P('data')" in named["message"]

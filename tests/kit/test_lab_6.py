@@ -50,3 +50,25 @@ def test_a_layer_rebuilt_for_every_shard_is_named_even_on_one_device(kit, lab_ou
         assert runs[test]["status"] == "failed" and "built inside the loop" in runs[test]["message"], runs[test]
     assert runs["test_linear_equals_the_simulation"]["status"] == "failed"
     assert runs["test_linear_applies_the_seeded_layer_to_every_row"]["status"] == "passed"
+
+
+# shard_map_mse, right but not parallel: every device takes the whole batch, no pmean.
+WHOLE_BATCH = [
+    ('return jax.lax.pmean(jnp.mean(error ** 2), "data")', "return jnp.mean(error ** 2)"),
+    ('in_specs=(P(), P("data", None), P("data", None)), out_specs=P())', "in_specs=(P(), P(), P()), out_specs=P())"),
+]
+
+
+def test_a_loss_of_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes,
+                                                                                        variant):
+    reference = catalog.lab(6).reference.read_text()
+    assert all(json.dumps(old)[1:-1] in reference for old, _ in WHOLE_BATCH), "a replacement finds nothing"
+    whole = variant(6, *WHOLE_BATCH)
+    done = kit("lab", "6", "--notebook", str(whole), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_config = lab_outcomes(6)
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    assert by_config["cpu-8"]["test_mse_is_the_mean_over_the_rows_of_every_device"]["status"] == "passed"
+    named = by_config["cpu-8"]["test_mse_gives_each_device_its_own_rows_and_averages_the_losses"]
+    assert named["hidden"] and named["status"] == "failed", named
+    assert "every device holds all of x" in named["message"] and "not data parallelism" in named["message"]

@@ -37,3 +37,38 @@ def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(ki
         outcome = runs["cpu-8"][test]
         assert outcome["hidden"] and outcome["status"] == "failed", outcome
         assert all(p in outcome["message"] for p in phrases), outcome["message"]
+
+
+# Each approach right but not parallel: every placement, constraint and spec P(), no psum.
+WHOLE_ON_EVERY_DEVICE = [
+    ('x = jax.device_put(x, NamedSharding(mesh, P("data")))', "x = jax.device_put(x, NamedSharding(mesh, P()))"),
+    ('w = jax.device_put(w, NamedSharding(mesh, P("data", None)))', "w = jax.device_put(w, NamedSharding(mesh, P()))"),
+    ('x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("data")))',
+     "x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))"),
+    ('w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P("data", None)))',
+     "w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P()))"),
+    ('jax.nn.sigmoid(jax.lax.psum(x_block @ w_block, "data") + b)', "jax.nn.sigmoid(x_block @ w_block + b)"),
+    ('in_specs=(P("data"), P("data", None), P())', "in_specs=(P(), P(), P())"),
+]
+
+SPLIT_TESTS = {
+    "test_jit_splits_x_and_w_over_the_devices_and_adds_the_partial_products": "NamedSharding(mesh, P('data'))",
+    "test_constraints_split_x_and_w_over_the_devices_and_add_the_partial_products": "Constrain x to P('data')",
+    "test_shard_map_splits_x_and_w_over_the_devices_and_adds_the_partial_products": "in_specs=P('data')",
+}
+
+
+def test_each_layer_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes,
+                                                                                         variant):
+    cells = json.loads(catalog.lab(7).reference.read_text())["cells"]
+    reference = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert all(old in reference for old, _ in WHOLE_ON_EVERY_DEVICE), "a replacement finds nothing"
+    whole = variant(7, *WHOLE_ON_EVERY_DEVICE)
+    done = kit("lab", "7", "--notebook", str(whole), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_config = lab_outcomes(7)
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    for test, phrase in SPLIT_TESTS.items():
+        outcome = by_config["cpu-8"][test]
+        assert outcome["hidden"] and outcome["status"] == "failed", outcome
+        assert "every device holds all of x" in outcome["message"] and phrase in outcome["message"], outcome

@@ -2,7 +2,9 @@
 
 With one stage, a ppermute in either direction is (0, 0), the last stage is the first, and the
 pipeline delay is zero. With eight stages each of those mistakes changes the output; the tests
-replay the schedule with the mistake in it to say which one happened.
+replay the schedule with the mistake in it to say which one happened. A "pipeline" that runs every
+layer on every device is right everywhere; the compiled program shows every layer's weights whole
+on each device.
 """
 
 import importlib.util
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, expect_close
+from labkit.checks import Mismatch, call, check, compiled_call, expect_close, expect_input_split
 
 _spec = importlib.util.spec_from_file_location(
     "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py")
@@ -92,3 +94,13 @@ def test_pipeline_sends_activations_forward_through_every_stage(got, run):
     expect_close(got, sequential(*MANY), rtol=1e-4, atol=1e-5,
                  hint="stage s must work on what stage s - 1 sent it, microbatch m leaving the last stage at "
                       "step m + S - 1")
+
+
+@check(got=compiled_call("pipeline_forward", *DEEP))
+def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
+    n = run.device_count
+    hint = (f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
+            f"and biases in_specs=P('stage'), so that each of the {n} stages holds and runs its own "
+            f"{len(DEEP[0]) // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute")
+    expect_input_split(got, 0, n, name="the weights", hint=hint)
+    expect_input_split(got, 1, n, name="the biases", hint=hint)

@@ -46,3 +46,16 @@ def test_collectives_are_read_from_the_compiled_not_the_lowered_program(got, run
         raise Mismatch(f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
                        "An empty list is right on one device but not on eight: "
                        + _public.LOWERED_NOT_COMPILED)
+
+
+EMPTY_ROWS = np.zeros((64, 0), np.float32)
+
+
+@check(got=call("collectives_of_sum", placed(EMPTY_ROWS, ("data", None))))
+def test_collectives_of_an_empty_array_split_by_rows_come_from_the_program_not_the_placement(got, run):
+    have = [v.value for v in got.value] if got.kind == "list" else None
+    if have != []:
+        raise Mismatch(f"expected [] for an array of shape (64, 0) split by rows over {run.device_count} device(s), "
+                       f"got {have if have is not None else got!r}. It has no elements: its compiled sum is the "
+                       "constant 0 and needs no communication, whatever x.sharding says. Read the collectives from "
+                       "the text of jax.jit(jnp.sum).lower(x).compile(), not from the placement")

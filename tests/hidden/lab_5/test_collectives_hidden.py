@@ -3,12 +3,22 @@
 On one device every collective is the identity, so each of these mistakes passes there: a psum
 left out behind check_vma=False, a local mean or maximum, a ring that turns the wrong way, a
 running total that restarts at every block. On eight devices each gives a value of its own, and
-the message names it.
+the message names it. A sum computed whole on every device (in_specs=P() and no psum) is right
+everywhere; the compiled program shows it: x whole on each device, and no all-reduce.
 """
 
 import numpy as np
 
-from labkit.checks import call, check, expect_close_naming_mistakes, expect_split_across, placed
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close_naming_mistakes,
+    expect_collective,
+    expect_input_split,
+    expect_split_across,
+    placed,
+)
 
 RNG = np.random.default_rng(5)
 
@@ -106,3 +116,13 @@ def test_cumsum_continues_from_the_blocks_before(got, run):
         f"On {n} devices every block's running total starts again from zero: add the totals of the devices "
         "before yours (jax.lax.all_gather of the block sums, and jax.lax.axis_index('data'))": restart,
     }, rtol=1e-4, atol=1e-4)
+
+
+@check(got=compiled_call("shard_map_psum", PSUM))
+def test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums(got, run):
+    n = run.device_count
+    expect_input_split(got, 0, n, name="x", hint="Every device sums the whole vector by itself: that is not "
+                                                 "parallel. Give x in_specs=P('data'), so that each device sums "
+                                                 "its own block, and add the block sums with jax.lax.psum")
+    expect_collective(got, "all-reduce", n, hint="The block sums of the devices are added by "
+                                                 "jax.lax.psum(local, 'data')")

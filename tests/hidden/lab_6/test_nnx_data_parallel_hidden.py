@@ -1,4 +1,8 @@
-"""Lab 6, hidden tests: other seeds and shapes, and the mistakes only several devices reveal."""
+"""Lab 6, hidden tests: other seeds and shapes, and the mistakes only several devices reveal.
+
+A loss computed over the whole batch on every device (every in_spec P(), no pmean) is right
+everywhere; the compiled program shows it: x and y whole on each device, and no all-reduce.
+"""
 
 import importlib.util
 from pathlib import Path
@@ -8,8 +12,11 @@ import numpy as np
 from labkit.checks import (
     call,
     check,
+    compiled_call,
     expect_close,
     expect_close_naming_mistakes,
+    expect_collective,
+    expect_input_split,
     expect_shape,
     expect_split_across,
 )
@@ -68,3 +75,14 @@ def test_linear_equals_the_simulation(real, simulated):
     expect_shape(real, (32, 3))
     expect_close(simulated, real.value.reshape(-1), atol=1e-5,
                  hint="Both run nnx.Linear with the same seed on the same rows: they must agree")
+
+
+@check(got=compiled_call("shard_map_mse", 13.0, X, Y, 2.0))
+def test_mse_gives_each_device_its_own_rows_and_averages_the_losses(got, run):
+    n = run.device_count
+    hint = ("Every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
+            "in_specs=P('data', None), so that each device takes its own rows, and average the per-device losses "
+            "with jax.lax.pmean(..., 'data')")
+    expect_input_split(got, 1, n, name="x", hint=hint)
+    expect_input_split(got, 2, n, name="y", hint=hint)
+    expect_collective(got, "all-reduce", n, hint="The per-device losses are averaged by jax.lax.pmean(..., 'data')")

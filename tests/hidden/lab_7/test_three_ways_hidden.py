@@ -1,8 +1,22 @@
-"""Lab 7, hidden tests: a wider layer, and the mistakes that only show on several devices."""
+"""Lab 7, hidden tests: a wider layer, and the mistakes that only show on several devices.
+
+A layer computed whole on every device (placements or specs of P()) gives the right values and a
+full copy everywhere, as the split layer does; the compiled program tells them apart: what each
+device stores of x and w, and the all-reduce that adds the partial products.
+"""
 
 import numpy as np
 
-from labkit.checks import call, check, expect_close, expect_close_naming_mistakes, expect_replicated
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_collective,
+    expect_input_split,
+    expect_replicated,
+)
 
 RNG = np.random.default_rng(7)
 X = RNG.normal(size=64).astype(np.float32) / 4
@@ -55,3 +69,35 @@ def test_constraints_spread_the_layer_over_every_device(got, run):
 def test_the_three_approaches_agree(jit, constrained, mapped):
     expect_close(constrained, jit.value, atol=1e-6, hint="layer_constrained and layer_jit should give the same layer")
     expect_close(mapped, jit.value, atol=1e-6, hint="layer_shard_map and layer_jit should give the same layer")
+
+
+SPLIT_THE_LAYER = {
+    "layer_jit": "Every device computes the whole layer. Place x with NamedSharding(mesh, P('data')) and w with "
+                 "P('data', None), so that each device multiplies its own slice and the compiler adds the pieces",
+    "layer_constrained": "Every device computes the whole layer. Constrain x to P('data') and w to P('data', None) "
+                         "inside the jitted function, so that each device multiplies its own slice",
+    "layer_shard_map": "Every device computes the whole layer. Give x in_specs=P('data') and w P('data', None), "
+                       "and add the devices' partial products with jax.lax.psum(..., 'data')",
+}
+
+
+def expect_layer_split(got, n, exercise):
+    hint = SPLIT_THE_LAYER[exercise]
+    expect_input_split(got, 0, n, name="x", hint=hint)
+    expect_input_split(got, 1, n, name="w", hint=hint)
+    expect_collective(got, "all-reduce", n, hint="The partial products x_i @ w_i of the devices must be added up")
+
+
+@check(got=compiled_call("layer_jit", X, W, B))
+def test_jit_splits_x_and_w_over_the_devices_and_adds_the_partial_products(got, run):
+    expect_layer_split(got, run.device_count, "layer_jit")
+
+
+@check(got=compiled_call("layer_constrained", X, W, B))
+def test_constraints_split_x_and_w_over_the_devices_and_add_the_partial_products(got, run):
+    expect_layer_split(got, run.device_count, "layer_constrained")
+
+
+@check(got=compiled_call("layer_shard_map", X, W, B))
+def test_shard_map_splits_x_and_w_over_the_devices_and_adds_the_partial_products(got, run):
+    expect_layer_split(got, run.device_count, "layer_shard_map")

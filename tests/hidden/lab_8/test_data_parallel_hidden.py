@@ -1,7 +1,9 @@
 """Lab 8, hidden tests: new data, and the mistakes that one device cannot show.
 
 On one device a sum over devices, a mean over devices and device 0's own value are all the
-same number. On eight they are not, and these tests say which of them came back.
+same number. On eight they are not, and these tests say which of them came back. Nor can every
+device compute the gradient of the whole batch (x and y given P()): the compiled program shows the
+batch whole on each device, and one device's FLOPs those of the whole batch.
 """
 
 import importlib.util
@@ -9,7 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, expect_close, expect_replicated
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_collective,
+    expect_input_split,
+    expect_replicated,
+    expect_work_split,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "lab8_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py")
@@ -104,3 +116,33 @@ def test_final_parameters_are_the_same_on_every_device(got, run):
         expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5)
         expect_replicated(leaf(final, layer, key), run.device_count,
                           hint="every device's copy should take the same step and stay identical")
+
+
+WHOLE_BATCH = ("Every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
+               "in_specs=P('data'), so that each device takes 1/{n} of the rows, and average the gradients with "
+               "jax.lax.pmean(..., 'data')")
+
+
+def whole_batch_flops(params, x, steps=1):
+    """The matrix products of the forward pass and of the weight gradients over all of x, for `steps` steps."""
+    (d_in, d_hidden), d_out = params["hidden"]["kernel"].shape, params["out"]["kernel"].shape[1]
+    return steps * 2 * (2 * len(x) * (d_in * d_hidden + d_hidden * d_out))
+
+
+@check(got=compiled_call("global_gradients", PARAMS, X, Y))
+def test_gradients_each_device_works_on_its_own_slice_of_the_batch(got, run):
+    n = run.device_count
+    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
+    expect_input_split(got, 2, n, name="y", hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(got, whole_batch_flops(PARAMS, X), n, what="the gradient of the whole batch",
+                      hint=WHOLE_BATCH.format(n=n))
+    expect_collective(got, "all-reduce", n, hint="The devices' gradients are averaged by jax.lax.pmean(grads, 'data')")
+
+
+# The public tests' one-step call: it runs once for both, and one step compiles faster than many.
+@check(got=compiled_call("train_data_parallel", public.PARAMS, public.X, public.Y, 1, public.LR))
+def test_training_steps_each_device_works_on_its_own_slice_of_the_batch(got, run):
+    n = run.device_count
+    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(got, whole_batch_flops(public.PARAMS, public.X), n, what="a step on the whole batch",
+                      hint=WHOLE_BATCH.format(n=n))

@@ -1,7 +1,9 @@
 """Lab 9, hidden tests: new shapes, and the mistakes that one device cannot show.
 
 On one device a bias added before the psum is added once, a psum_scatter's sum is a mean, and
-device 0's partial output is the whole output. On eight none of that holds.
+device 0's partial output is the whole output. On eight none of that holds. Nor can a solution
+that keeps every weight whole on every device pass for tensor parallelism or FSDP: the compiled
+program says what each device stores and which collectives join them.
 """
 
 import importlib.util
@@ -9,7 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, expect_close, expect_split_across
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_collective,
+    expect_input_split,
+    expect_split_across,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "lab9_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_9" / "test_sharded_mlp.py")
@@ -81,3 +92,37 @@ def test_fsdp_gradient_combines_every_devices_slice_of_the_batch(got, run):
                            f"jax.lax.psum_scatter(g, 'data', scatter_dimension=0, tiled=True) sums and cuts in one "
                            f"step")
         expect_close(g, mse_gradients(X, Y, *W)[j], rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")
+
+
+NOT_FSDP = ("That is data parallelism, not FSDP: give every weight in_specs=P('data'), so that each device stores "
+            "1/{n} of it, and jax.lax.all_gather it (tiled=True) inside, only where it is used")
+NOT_TENSOR_PARALLEL = ("That is not tensor parallelism: split w1 by columns, b1 and w2 by rows "
+                       "(P(None, 'model'), P('model'), P('model', None)), so that each device holds 1/{n} of the "
+                       "hidden layer, and add the partial outputs with jax.lax.psum(h @ w2, 'model')")
+
+
+@check(got=compiled_call("fsdp_mlp", X, *W))
+def test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device(got, run):
+    n = run.device_count
+    for position, name in enumerate(WEIGHTS, start=1):
+        expect_input_split(got, position, n, name=name, hint=NOT_FSDP.format(n=n))
+
+
+@check(got=compiled_call("tensor_parallel_mlp", X, *W))
+def test_tensor_parallel_mlp_splits_the_hidden_layer_and_all_reduces(got, run):
+    n = run.device_count
+    for position, name in ((1, "w1"), (2, "b1"), (3, "w2")):
+        expect_input_split(got, position, n, name=name, hint=NOT_TENSOR_PARALLEL.format(n=n))
+    expect_collective(got, "all-reduce", n, hint="The partial outputs of the devices must be added up: "
+                                                 "jax.lax.psum(h @ w2, 'model')")
+
+
+@check(got=compiled_call("fsdp_gradients", X, Y, *W))
+def test_fsdp_gradients_keep_weights_and_gradients_in_pieces(got, run):
+    n = run.device_count
+    for position, name in enumerate(WEIGHTS, start=2):
+        expect_input_split(got, position, n, name=name, hint=NOT_FSDP.format(n=n))
+    for name, g in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)")):
+        expect_split_across(g, n, axis=0, hint=f"(gradient of {name}) Each device keeps only its piece of the "
+                                               "gradient: jax.lax.psum_scatter(g, 'data', scatter_dimension=0, "
+                                               "tiled=True), with out_specs=P('data')")

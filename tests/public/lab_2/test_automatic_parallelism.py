@@ -2,7 +2,16 @@
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, expect_close, expect_split_across, placed
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_jitted,
+    expect_split_across,
+    placed,
+)
 
 M = np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(32, 8)  # sizes divide by 1 to 32 devices
 TILES = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 16.0
@@ -51,6 +60,13 @@ def test_follow_data_computes_two_sin_plus_one(got):
 def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
     expect_split_across(got, run.device_count, axis=0,
                         hint="jit on a sharded input computes where the data is: return its result as it is")
+
+
+# Its own input, so that check() in a notebook, which makes each distinct call once, examines this one.
+@check(got=compiled_call("follow_data", placed(M[:8], ("data", None))))
+def test_follow_data_does_its_work_inside_jit(got):
+    expect_jitted(got, hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function given to jax.jit, "
+                            "e.g. jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x), and let the compiler follow the data")
 
 
 # -- column_sums ---------------------------------------------------------------------------

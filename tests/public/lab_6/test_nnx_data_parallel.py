@@ -24,10 +24,9 @@ ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build 
 def nnx_linears(seed, in_dim, features, count=1):
     """The (kernel, bias) of `count` nnx.Linear layers drawn one after another from one nnx.Rngs(seed)."""
     import jax
-    from jax._src import xla_bridge
 
-    if not xla_bridge.backends_are_initialized():  # the judge: keep off any accelerator a notebook run needs
-        jax.config.update("jax_platforms", "cpu")
+    if not jax.config.jax_platforms:  # the judge: keep off any accelerator a notebook run needs
+        jax.config.update("jax_platforms", "cpu")  # (a kernel that already chose its platforms keeps them)
     from flax import nnx
 
     rngs = nnx.Rngs(int(seed))

@@ -1,0 +1,278 @@
+"""Facts about the compiled program behind one exercise call, gathered in the student's process as plain data.
+
+Values and output placement cannot tell a parallel solution from one that copies everything to
+every device; the compiled program can. After the student's function has returned (and its value
+has been encoded), the harness traces the same function again under `jax.jit`, on the same inputs'
+shapes, dtypes and placements, compiles it, and reads:
+
+* `collectives`: every all-reduce, all-gather, reduce-scatter, collective-permute and all-to-all of
+  the optimised HLO, with its replica groups (or, for a collective-permute, its source-target pairs);
+* `memory`: per-device bytes of arguments, outputs and temporaries (`compiled.memory_analysis()`);
+* `flops`: what one device computes (`compiled.cost_analysis()`);
+* `inputs` / `outputs`: for each array, its global bytes and the bytes one device holds under the
+  sharding the compiled program gave it;
+* `top_level`: the primitives of the traced program outside any inner `jax.jit` (an exercise about
+  jit shows there whether the work ran op by op).
+
+An eager `shard_map` or a loop of jitted steps is traced into one program: its facts describe the
+whole call. The student's Python runs a second time (not its computations); what it prints then is
+dropped. A fact the backend does not give is `{"unavailable": why}`, and so is the whole record when
+the function cannot be traced: the judge then fails the checks that need it, never passes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_GROUPS = re.compile(r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?)")
+_PAIRS = re.compile(r"source_target_pairs=\{(?P<p>[\d,{}\s]*)\}")
+
+
+def _first_line(text) -> str:
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def _unavailable(what: str, exc: BaseException | None = None) -> dict:
+    why = f"{what}: {type(exc).__name__}: {_first_line(exc)}" if exc is not None else what
+    return {"unavailable": why[:400]}
+
+
+# ----------------------------------------------------------------------------------------
+# Reading the optimised HLO text (pure Python: tested without JAX).
+# ----------------------------------------------------------------------------------------
+
+def parse_groups(text: str, devices: int) -> list[list[int]]:
+    """`{{0,1},{2,3}}`, `{}` (every device in one group) or the iota form `[2,4]<=[4,2]T(1,0)`."""
+    text = text.strip()
+    if text == "{}":
+        return [list(range(devices))]
+    if text.startswith("["):
+        import numpy as np
+
+        m = re.match(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
+        shape = [int(v) for v in m.group(1).split(",")]
+        dims = [int(v) for v in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
+        return ids.reshape(shape).tolist()
+    return [[int(v) for v in g.split(",") if v.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+
+
+def collectives_in(hlo: str, devices: int) -> list[dict]:
+    """Every collective of an HLO module's text: op, result shape, and the devices that take part together."""
+    found = []
+    for line in hlo.splitlines():
+        m = _OP.search(line)
+        if not m or "-done(" in line:
+            continue
+        item = {"op": m.group("op"), "shape": m.group("shape").strip()[:120]}
+        pairs = _PAIRS.search(line)
+        groups = _GROUPS.search(line)
+        if pairs:
+            item["pairs"] = [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs.group("p"))]
+        elif groups:
+            item["groups"] = parse_groups(groups.group("g"), devices)
+        else:
+            item["groups"] = [list(range(devices))]
+        found.append(item)
+    return found
+
+
+# ----------------------------------------------------------------------------------------
+# Tracing and compiling the call again (needs JAX).
+# ----------------------------------------------------------------------------------------
+
+_MESH_SETTERS = (("jax", "set_mesh"), ("jax.sharding", "set_mesh"), ("jax.sharding", "use_mesh"))
+
+
+def _placing(original):
+    """`jax.device_put` for the trace: what it does eagerly, placing an array, becomes a sharding constraint.
+
+    Under jit, a device_put to an Auto mesh's NamedSharding is dropped when lowering; in the student's
+    eager call it moved the data, and that placement is what the later computation ran on.
+    """
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+
+    def device_put(x, device=None, *args, **kwargs):
+        leaves = jax.tree_util.tree_leaves(x)
+        if (isinstance(device, NamedSharding) and not args and not kwargs and leaves
+                and all(isinstance(v, jax.core.Tracer) for v in leaves)
+                and all(t == AxisType.Auto for t in getattr(device.mesh, "axis_types", ()))):
+            return jax.tree_util.tree_map(lambda v: jax.lax.with_sharding_constraint(v, device), x)
+        return original(x, device, *args, **kwargs)
+
+    return device_put
+
+
+@contextlib.contextmanager
+def _traceable(seen: list):
+    """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit), and
+    `jax.device_put` to a mesh constrains the array's sharding instead."""
+    import importlib
+
+    import jax
+
+    @contextlib.contextmanager
+    def record(mesh, *args, **kwargs):
+        seen.append(mesh)
+        yield mesh
+
+    saved = []
+    for module_name, attr in _MESH_SETTERS:
+        module = importlib.import_module(module_name)
+        if hasattr(module, attr):
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, record)
+    saved.append((jax, "device_put", jax.device_put))
+    jax.device_put = _placing(jax.device_put)
+    try:
+        yield
+    finally:
+        for module, attr, original in reversed(saved):
+            setattr(module, attr, original)
+
+
+def _path_name(path) -> str:
+    import jax
+
+    first, rest = path[0], path[1:]
+    where = "args" if getattr(first, "idx", None) == 0 else "kwargs"
+    return where + jax.tree_util.keystr(tuple(rest))
+
+
+def _trace(fn, args, kwargs):
+    """The call traced under jax.jit: arrays become abstract inputs (placed ones keep their sharding)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    leaves, tree = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    arrays = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    values = [leaf for _, leaf in leaves]
+    structs = []
+    for i in arrays:
+        x = values[i]
+        sharding = x.sharding if isinstance(x.sharding, NamedSharding) else None
+        structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding))
+
+    def program(*traced):
+        filled = list(values)
+        for i, t in zip(arrays, traced):
+            filled[i] = t
+        a, kw = jax.tree_util.tree_unflatten(tree, filled)
+        return fn(*a, **kw)
+
+    names = [_path_name(leaves[i][0]) for i in arrays]
+    seen: list = []
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with _traceable(seen):
+            try:
+                return jax.jit(program).trace(*structs), names, structs
+            except Exception:
+                if not seen:
+                    raise
+        # The function entered a mesh with jax.set_mesh: trace it again inside that mesh.
+        with jax.set_mesh(seen[-1]), _traceable([]):
+            return jax.jit(program).trace(*structs), names, structs
+
+
+def _placements(shardings, structs, names) -> list[dict]:
+    import numpy as np
+
+    out = []
+    for name, struct, sharding in zip(names, structs, shardings):
+        shape = tuple(struct.shape)
+        item = np.dtype(struct.dtype).itemsize
+        whole = int(np.prod(shape, dtype=np.int64)) * item
+        entry = {"path": name, "shape": list(shape), "dtype": str(struct.dtype), "bytes": whole}
+        try:
+            entry["device_bytes"] = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * item
+            entry["replicated"] = bool(sharding.is_fully_replicated)
+            blocks = {tuple((s.start, s.stop) for s in idx)
+                      for idx in sharding.devices_indices_map(shape).values()}
+            entry["pieces"] = len(blocks)
+            entry["sharding"] = str(sharding)[:200]
+        except Exception as e:  # noqa: BLE001 - a sharding that cannot say: the fact is missing, not wrong
+            entry.update(_unavailable("its per-device share", e))
+        out.append(entry)
+    return out
+
+
+def _memory(compiled) -> dict:
+    try:
+        stats = compiled.memory_analysis()
+    except Exception as e:  # noqa: BLE001
+        return _unavailable("memory_analysis() raised", e)
+    if stats is None:
+        return _unavailable("memory_analysis() gives nothing on this backend")
+    try:
+        return {"argument": int(stats.argument_size_in_bytes), "output": int(stats.output_size_in_bytes),
+                "temp": int(stats.temp_size_in_bytes), "alias": int(stats.alias_size_in_bytes)}
+    except Exception as e:  # noqa: BLE001
+        return _unavailable("memory_analysis() lacks the sizes", e)
+
+
+def _flops(compiled):
+    try:
+        cost = compiled.cost_analysis()
+    except Exception as e:  # noqa: BLE001
+        return _unavailable("cost_analysis() raised", e)
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if not cost or "flops" not in cost:
+        return _unavailable("cost_analysis() gives no FLOPs on this backend")
+    return float(cost["flops"])
+
+
+def _top_level(jaxpr) -> list[str]:
+    return sorted({eqn.primitive.name for eqn in jaxpr.eqns})
+
+
+def gather(fn, args, kwargs, settle=None) -> dict:
+    """The facts of `fn(*args, **kwargs)` compiled under jax.jit, or `{"unavailable": why}`.
+
+    `settle`, when given, runs after the student's code has been traced and before anything is
+    read from the compiled program (the sealed harness puts back whatever the trace patched).
+    """
+    try:
+        traced, names, structs = _trace(fn, args, kwargs)
+        top_level = _top_level(traced.jaxpr.jaxpr)
+        lowered = traced.lower()
+    except Exception as e:  # noqa: BLE001 - the student's code may raise anything when traced
+        return _unavailable("jax.jit could not trace the function to examine its compiled program", e)
+    finally:
+        if settle is not None:
+            settle()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001
+        return _unavailable("the traced program did not compile", e)
+    import jax
+
+    devices = len(compiled.input_shardings[0][0].device_set) if structs else jax.device_count()
+    facts = {"devices": devices, "top_level": top_level, "memory": _memory(compiled), "flops": _flops(compiled)}
+    try:
+        facts["collectives"] = collectives_in(compiled.as_text(), devices)
+    except Exception as e:  # noqa: BLE001
+        facts["collectives"] = _unavailable("the optimised HLO could not be read", e)
+    try:
+        facts["inputs"] = _placements(jax.tree_util.tree_leaves(compiled.input_shardings[0]), structs, names)
+    except Exception as e:  # noqa: BLE001
+        facts["inputs"] = _unavailable("the compiled program's input shardings could not be read", e)
+    try:
+        outs, _ = jax.tree_util.tree_flatten_with_path(lowered.out_info)
+        shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
+        facts["outputs"] = _placements(shardings, [s for _, s in outs],
+                                       ["out" + jax.tree_util.keystr(p) for p, _ in outs])
+    except Exception as e:  # noqa: BLE001
+        facts["outputs"] = _unavailable("the compiled program's output shardings could not be read", e)
+    return facts

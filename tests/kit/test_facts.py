@@ -1,0 +1,160 @@
+"""The facts of a call's compiled program, as the harness gathers them in a process of eight CPU devices."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from labkit import facts, plaindata
+
+SCRIPT = textwrap.dedent('''
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from labkit import facts
+
+    def mesh():
+        return Mesh(np.array(jax.devices()), ("data",))
+
+    def psum(x):  # an eager shard_map: each device sums its block, then the sums are added
+        return jax.shard_map(lambda b: jax.lax.psum(jnp.sum(b), "data"), mesh=mesh(), in_specs=P("data"),
+                             out_specs=P())(x)
+
+    def whole(x):  # right, and every device sums all of x
+        return jax.shard_map(jnp.sum, mesh=mesh(), in_specs=P(), out_specs=P())(x)
+
+    def placed_then_jitted(x, w):  # eager device_put, then jit: the placement decides the program
+        x = jax.device_put(x, NamedSharding(mesh(), P("data")))
+        w = jax.device_put(w, NamedSharding(mesh(), P("data", None)))
+        return jax.jit(lambda a, b: a @ b)(x, w)
+
+    def explicit(x):  # an Explicit mesh from jax.make_mesh, entered with jax.set_mesh
+        with jax.set_mesh(jax.make_mesh((8,), ("data",))):
+            x = jax.reshard(x, P("data"))
+            return jax.shard_map(lambda b: jax.lax.psum(b.sum(), "data"), in_specs=P("data"), out_specs=P())(x)
+
+    def untraceable(x):
+        return float(x.sum())
+
+    def noisy(x):
+        print("traced")
+        return jax.jit(lambda a: 2 * a)(x)
+
+    def op_by_op(x):
+        return 2 * jnp.sin(x) + 1
+
+    x, w = jnp.arange(64.0), jnp.ones((64, 4))
+    out = {name: facts.gather(fn, args, {}) for name, fn, args in [
+        ("psum", psum, (x,)), ("whole", whole, (x,)), ("placed_then_jitted", placed_then_jitted, (x, w)),
+        ("explicit", explicit, (x,)), ("untraceable", untraceable, (x,)), ("noisy", noisy, (x,)),
+        ("op_by_op", op_by_op, (x,))]}
+    explicit_mesh = jax.make_mesh((8,), ("data",))
+    with jax.set_mesh(explicit_mesh):
+        doubled = jax.jit(lambda a: 2 * a)(jax.device_put(jnp.arange(16.0).reshape(8, 2), P("data", None)))
+    from labkit import plaindata
+    out["explicit_value"] = plaindata.encode(doubled)
+    out["set_mesh_is_back"] = jax.set_mesh.__module__.startswith("jax")
+    out["device_put_is_back"] = jax.device_put.__module__.startswith("jax")
+    sys.stdout.write("FACTS " + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def gathered():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    printed, _, data = done.stdout.partition("FACTS ")
+    return {"printed": printed, **json.loads(data)}
+
+
+def test_an_eager_shard_map_shows_its_split_input_and_its_all_reduce_over_every_device(gathered):
+    got = plaindata.decode_compiled(gathered["psum"])
+    assert got.devices == 8
+    assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
+    (x,) = got.inputs
+    assert (x.path, x.bytes, x.device_bytes, x.pieces, x.replicated) == ("args[0]", 256, 32, 8, False)
+
+
+def test_a_sum_computed_whole_on_every_device_shows_its_input_replicated_and_no_collective(gathered):
+    got = plaindata.decode_compiled(gathered["whole"])
+    assert got.collectives == ()
+    assert got.inputs[0].replicated and got.inputs[0].device_bytes == 256
+
+
+def test_an_eager_placement_before_jit_decides_the_inputs_of_the_program(gathered):
+    got = plaindata.decode_compiled(gathered["placed_then_jitted"])
+    assert [p.device_bytes for p in got.inputs] == [32, 128]
+    assert [c.op for c in got.collectives] == ["all-reduce"]
+
+
+def test_an_explicit_mesh_entered_with_set_mesh_is_examined_too(gathered):
+    got = plaindata.decode_compiled(gathered["explicit"])
+    assert isinstance(got, plaindata.Compiled), got
+    assert got.inputs[0].device_bytes == 32 and [c.op for c in got.collectives] == ["all-reduce"]
+
+
+def test_memory_and_flops_are_per_device_numbers(gathered):
+    got = plaindata.decode_compiled(gathered["psum"])
+    assert got.memory["argument"] == 32 and got.memory["output"] == 4
+    assert 0 < got.flops < 64
+
+
+def test_a_function_jax_jit_cannot_trace_has_no_facts_and_says_why(gathered):
+    got = plaindata.decode_compiled(gathered["untraceable"])
+    assert isinstance(got, plaindata.Unavailable) and "could not trace" in got.why and "Concretization" in got.why
+
+
+def test_what_the_function_prints_while_traced_again_is_dropped(gathered):
+    assert "traced" not in gathered["printed"]
+    assert gathered["noisy"]["top_level"] == ["jit"]
+
+
+def test_work_done_op_by_op_shows_outside_any_jit(gathered):
+    assert {"sin", "mul", "add"} <= set(gathered["op_by_op"]["top_level"])
+
+
+def test_the_functions_replaced_while_tracing_are_put_back(gathered):
+    assert gathered["set_mesh_is_back"] and gathered["device_put_is_back"]
+
+
+# -- reading the HLO text ------------------------------------------------------------------
+
+def test_replica_groups_in_every_form_of_the_hlo_text():
+    assert facts.parse_groups("{{0,1},{2,3}}", 4) == [[0, 1], [2, 3]]
+    assert facts.parse_groups("{}", 4) == [[0, 1, 2, 3]]
+    assert facts.parse_groups("[2,4]<=[8]", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert facts.parse_groups("[4,2]<=[2,4]T(1,0)", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_collectives_of_an_hlo_module_with_async_pairs_and_permutes():
+    hlo = textwrap.dedent('''
+        %ars = f32[8]{0} all-reduce-start(f32[8]{0} %p), channel_id=1, replica_groups=[2,4]<=[8], to_apply=%add
+        %ard = f32[8]{0} all-reduce-done(f32[8]{0} %ars)
+        %cp = f32[2]{0} collective-permute(f32[2]{0} %q), channel_id=2, source_target_pairs={{0,1},{1,0}}
+        %rs = f32[1]{0} reduce-scatter(f32[8]{0} %r), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+        %add.1 = f32[] add(f32[] %a, f32[] %b)
+    ''')
+    found = facts.collectives_in(hlo, 8)
+    assert [c["op"] for c in found] == ["all-reduce", "collective-permute", "reduce-scatter"]
+    assert found[0]["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert found[1]["pairs"] == [[0, 1], [1, 0]]
+    assert plaindata.decode_compiled({"devices": 8, "collectives": found}).collectives[2].widest == 8
+
+
+def test_facts_a_backend_does_not_give_decode_as_unavailable_with_the_reason():
+    got = plaindata.decode_compiled({"devices": 2, "collectives": [], "memory": {"unavailable": "no stats here"},
+                                     "flops": 12.0, "inputs": [], "outputs": []})
+    assert got.memory == plaindata.Unavailable("no stats here") and got.flops == 12.0
+    assert plaindata.decode_compiled(None) == plaindata.Unavailable(
+        "no facts of the compiled program came back for this call")
+
+
+def test_an_explicit_sharded_result_is_read_without_indexing_it(gathered):
+    got = plaindata.decode(gathered["explicit_value"])
+    assert got.value.tolist() == [[2 * (2 * i), 2 * (2 * i + 1)] for i in range(8)]
+    assert got.sharding.spec == ("data", None) and got.sharding.num_devices == 8 and len(got.sharding.shards) == 8
