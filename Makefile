@@ -144,7 +144,7 @@ system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packag
 	fi
 
 test: setup system-deps check-student-notebooks ## the kit's own test suite
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_lab.py
