@@ -94,7 +94,7 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
 _MESH_SETTERS = (("jax", "set_mesh"), ("jax.sharding", "set_mesh"), ("jax.sharding", "use_mesh"))
 
 
-def _placing(original):
+def _placing(original, explicit_puts: dict | None = None):
     """`jax.device_put` for the trace: what it does eagerly, placing an array, becomes a sharding constraint.
 
     Under jit, a device_put to an Auto mesh's NamedSharding is dropped when lowering; in the student's
@@ -109,13 +109,16 @@ def _placing(original):
                 and all(isinstance(v, jax.core.Tracer) for v in leaves)
                 and all(t == AxisType.Auto for t in getattr(device.mesh, "axis_types", ()))):
             return jax.tree_util.tree_map(lambda v: jax.lax.with_sharding_constraint(v, device), x)
+        if explicit_puts is not None and isinstance(device, NamedSharding) and not args and not kwargs:
+            for v in leaves:  # an Explicit mesh: `_trace` gives an input placed so its own placement
+                explicit_puts[id(v)] = device
         return original(x, device, *args, **kwargs)
 
     return device_put
 
 
 @contextlib.contextmanager
-def _traceable(seen: list):
+def _traceable(seen: list, explicit_puts: dict | None = None):
     """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit), and
     `jax.device_put` to a mesh constrains the array's sharding instead."""
     import importlib
@@ -134,7 +137,7 @@ def _traceable(seen: list):
             saved.append((module, attr, getattr(module, attr)))
             setattr(module, attr, record)
     saved.append((jax, "device_put", jax.device_put))
-    jax.device_put = _placing(jax.device_put)
+    jax.device_put = _placing(jax.device_put, explicit_puts)
     try:
         yield
     finally:
@@ -151,7 +154,11 @@ def _path_name(path) -> str:
 
 
 def _trace(fn, args, kwargs):
-    """The call traced under jax.jit: arrays become abstract inputs (placed ones keep their sharding)."""
+    """The call traced under jax.jit: arrays become abstract inputs (placed ones keep their sharding).
+
+    An input the function itself places with `jax.device_put` on an Explicit mesh is traced as placed
+    there: eagerly, that call moved the data before any computation, as an input already placed would.
+    """
     import jax
     from jax.sharding import NamedSharding
 
@@ -163,8 +170,10 @@ def _trace(fn, args, kwargs):
         x = values[i]
         sharding = x.sharding if isinstance(x.sharding, NamedSharding) else None
         structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding))
+    inputs: list = []
 
     def program(*traced):
+        inputs[:] = traced
         filled = list(values)
         for i, t in zip(arrays, traced):
             filled[i] = t
@@ -172,17 +181,29 @@ def _trace(fn, args, kwargs):
         return fn(*a, **kw)
 
     names = [_path_name(leaves[i][0]) for i in arrays]
-    seen: list = []
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        with _traceable(seen):
-            try:
-                return jax.jit(program).trace(*structs), names, structs
-            except Exception:
-                if not seen:
-                    raise
-        # The function entered a mesh with jax.set_mesh: trace it again inside that mesh.
-        with jax.set_mesh(seen[-1]), _traceable([]):
-            return jax.jit(program).trace(*structs), names, structs
+
+    def traced_with(structs):
+        seen: list = []
+        puts: dict = {}
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with _traceable(seen, puts):
+                try:
+                    return jax.jit(program).trace(*structs), puts
+                except Exception:
+                    if not seen:
+                        raise
+            # The function entered a mesh with jax.set_mesh: trace it again inside that mesh.
+            puts.clear()
+            with jax.set_mesh(seen[-1]), _traceable([], puts):
+                return jax.jit(program).trace(*structs), puts
+
+    traced, puts = traced_with(structs)
+    placed = [puts.get(id(t)) for t in inputs]
+    if any(p is not None and s.sharding is None for p, s in zip(placed, structs)):
+        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p) if p is not None and s.sharding is None else s
+                   for s, p in zip(structs, placed)]
+        traced, _ = traced_with(structs)
+    return traced, names, structs
 
 
 def _placements(shardings, structs, names) -> list[dict]:
