@@ -189,6 +189,7 @@ def test_an_all_reduce_over_every_device_is_found_and_a_missing_one_named():
 
 def test_a_device_doing_the_whole_batchs_flops_is_named():
     expect_work_split(compiled(flops=150.0), 1000.0, 8)
+    expect_work_split(compiled(flops=780.0), 1000.0, 2)  # half the products on two devices, and the rest of a step
     assert "every device computes all of it" in message(expect_work_split, compiled(flops=1100.0), 1000.0, 8)
 
 

@@ -161,7 +161,7 @@ def test_a_policy_file_gives_the_rule_the_required_configurations_and_the_weight
 
 
 @pytest.mark.parametrize("text, says", [
-    ('[grading]\nrequired = ["cpu-16"]', "unknown configuration 'cpu-16'"),
+    ('[grading]\nrequired = ["tpu-v9"]', "unknown configuration 'tpu-v9'"),
     ("[labs.3]\nweight = -1", "[labs.3] weight must not be negative"),
     ("[labs.42]\nweight = 1", "[labs.42] names no lab"),
     ('[grading]\ncombine = "best"', "combine = 'best' is not one of"),

@@ -63,7 +63,7 @@ def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
 
 
 # Its own input, so that check() in a notebook, which makes each distinct call once, examines this one.
-@check(got=compiled_call("follow_data", placed(M[:8], ("data", None))))
+@check(got=compiled_call("follow_data", placed(-M, ("data", None))))
 def test_follow_data_does_its_work_inside_jit(got):
     expect_jitted(got, hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function given to jax.jit, "
                             "e.g. jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x), and let the compiler follow the data")
