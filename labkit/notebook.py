@@ -12,8 +12,8 @@ Each replay goes through the kit's sandbox (`labkit.sandbox.launch`), as a `make
 a scratch folder of its own (its only writable folder, removed afterwards), no network, the run's
 default limits (memory, processes, output). What it reads besides the kit's Python environment is
 the notebook's own folder (the kernel's working folder), read-only, and the replay starts there, so
-that a cell that reads a data file next to the notebook reads it in the replay too; a cell that
-writes there raises in the replay and is skipped. When that folder is, or holds, the kit's own
+that a cell that reads a data file next to the notebook, or imports a module from there, does so in
+the replay too; a cell that writes there raises in the replay and is skipped. When that folder is, or holds, the kit's own
 repository (its reference notebooks and hidden tests), the replay sees only its scratch folder and
 starts there. Where no sandbox can be made, the replay runs with the limits only (nothing else is
 hidden from it), and check() says so in one line.
@@ -97,6 +97,7 @@ _REPLAY = r"""
 import contextlib, io, json, os, sys
 spec = json.load(open(sys.argv[1]))
 os.chdir(spec["start"])
+sys.path.append(spec["start"])  # a module next to the notebook imports, as in the kernel; it never shadows the kit's
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -101,8 +101,10 @@ SANDBOXED = sandbox.bubblewrap()[0] is not None
 NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 
 LOOK_AROUND = '''import json, os, socket
+import helpers
 def look_around(outside):
     seen = {"cwd": os.getcwd(), "data": open("data.csv").read().strip(), "outside": os.path.exists(outside),
+            "helper": helpers.ANSWER,
             "interfaces": sorted(name for _, name in socket.if_nameindex())}
     try:
         with open("written.txt", "w") as f:
@@ -115,17 +117,18 @@ def look_around(outside):
 
 
 @NEEDS_SANDBOX
-def test_the_replay_reads_the_notebooks_folder_and_nothing_the_kernel_reads_outside_it(tmp_path):
+def test_the_replay_reads_the_notebooks_folder_and_nothing_the_kernel_reads_outside_it_nor_the_network(tmp_path):
     folder, outside = tmp_path / "course" / "labs", tmp_path / "private.txt"
     folder.mkdir(parents=True)
     (folder / "data.csv").write_text("1,2,3\n")
+    (folder / "helpers.py").write_text("ANSWER = 42\n")
     outside.write_text("the kernel can read this\n")
     assert outside.read_text()  # this process, like the student's kernel, can
     look = checks.call("look_around", str(outside))
     done = notebook.run_elsewhere("cpu-1", [LOOK_AROUND], [{"id": look.id, **look.encoded()}], folder=folder)
     assert done["status"] == "ok" and done["isolation"] == "bubblewrap", done
     seen = json.loads(done["results"][look.id]["value"]["value"])
-    assert seen["cwd"] == str(folder) and seen["data"] == "1,2,3"
+    assert seen["cwd"] == str(folder) and seen["data"] == "1,2,3" and seen["helper"] == 42
     assert seen["outside"] is False
     assert seen["wrote"] == "Read-only file system" and not (folder / "written.txt").exists()
     assert seen["interfaces"] == ["lo"]  # a network namespace of its own: nothing beyond loopback
