@@ -252,7 +252,7 @@ def _trace(fn, args, kwargs):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             with _traceable(seen, puts, making[-1]):
                 try:
-                    return jax.jit(program).trace(*structs, *made_structs), puts
+                    return jax.jit(program).trace(*structs, *made_structs), puts, list(inputs)
                 except Exception:
                     if not seen:
                         raise
@@ -260,24 +260,22 @@ def _trace(fn, args, kwargs):
             puts.clear()
             making.append(_Made([] if made_structs else None))
             with jax.set_mesh(seen[-1]), _traceable([], puts, making[-1]):
-                return jax.jit(program).trace(*structs, *made_structs), puts
+                return jax.jit(program).trace(*structs, *made_structs), puts, list(inputs)
 
-    made: list = []
+    first = None
     try:
-        traced, puts = traced_with(structs)
+        first = traced_with(structs)
     except Exception:
-        made = [m for m in making[-1].record if m is not None]
-        if not made:  # nothing made from host data: the trace itself failed
+        if not [m for m in making[-1].record if m is not None]:  # nothing made from host data: the trace failed
             raise
-    else:
-        made = [m for m in making[-1].record if m is not None]
-    if made:  # a second trace, the arrays the function made given to it as inputs
-        traced, puts = traced_with(structs, made)
-    placed = [puts.get(id(t)) for t in inputs]
+    made = [m for m in making[-1].record if m is not None]
+    # A second trace, the arrays the function made given to it as inputs.
+    traced, puts, given = traced_with(structs, made) if made else first
+    placed = [puts.get(id(t)) for t in given]
     if any(p is not None and s.sharding is None for p, s in zip(placed, structs)):
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p) if p is not None and s.sharding is None else s
                    for s, p in zip(structs, placed)]
-        traced, _ = traced_with(structs, made)
+        traced = traced_with(structs, made)[0]
     return traced, names + [f"made[{k}]" for k in range(len(made))], structs + list(made)
 
 
