@@ -26,6 +26,7 @@ used like `sandbox.Sandboxed`. `python -m labkit.warm SPEC` is the server itself
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -179,7 +180,7 @@ class Server:
                 mode = root.stat().st_mode
                 if not mode & 0o001:  # that user passes through it to the runs' folders (it may not list it)
                     root.chmod(mode | 0o001)
-        self._log = open(self.folder / "server.log", "wb")
+        self._log = open(self.folder / "server.log", "wb")  # noqa: SIM115 - open while the server runs
         server_limits = replace(limits, memory=max(limits.memory, 8 << 30), processes=max(limits.processes, 4096))
         self.process = sandbox.launch([sys.executable, "-m", "labkit.warm", json.dumps(spec)], self.folder, self.env,
                                       server_limits, log=self._log, extra_rw=tuple(self.roots), as_user=self.user,
@@ -371,10 +372,8 @@ def _kernel(request: dict, workdir: Path) -> None:
         traceback.print_exc()
         code = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
     os._exit(code)
 
 

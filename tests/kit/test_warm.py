@@ -135,8 +135,8 @@ def test_without_a_sandbox_there_is_no_warm_server(tmp_path):
 
 def test_a_folder_outside_the_servers_is_refused_and_the_run_starts_cold(server, tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    with pytest.raises(OSError, match="not in the warm server's folders"):
-        server.launch([], elsewhere, {}, LIMITS, log=open(os.devnull, "wb"))
+    with pytest.raises(OSError, match="not in the warm server's folders"), open(os.devnull, "wb") as log:
+        server.launch([], elsewhere, {}, LIMITS, log=log)
     record = execute.run_notebook(_notebook(elsewhere / "look.ipynb"), configs.by_name("cpu-1"), [],
                                   elsewhere / "run", timeout=180, limits=LIMITS, warm=server)
     assert record.status == "ok" and record.start == "cold"
