@@ -80,6 +80,7 @@ def enter_namespaces(workdir: Path, roots: list[Path]) -> None:
     work = str(Path(workdir).resolve())
     keep = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     roots = [str(Path(root).resolve()) for root in roots]
+    roots = [r for r in roots if not any(r != o and Path(r).is_relative_to(o) for o in roots)]  # covered already
     # /tmp first: a folder of the run's (its scratch folder, say) may lie under it, and is bound again below
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")

@@ -149,6 +149,7 @@ class Server:
         self.user: int | None = None
         self._log = None
         self._lock = threading.Lock()
+        self._began = 0.0
 
     @property
     def socket_path(self) -> Path:
@@ -156,6 +157,10 @@ class Server:
 
     def start(self, limits) -> bool:
         """Start the server and wait until it is ready; False (and `why`) where no warm start can be had."""
+        return self.begin(limits) and self.ready()
+
+    def begin(self, limits) -> bool:
+        """Start the server without waiting for it (`ready` waits); False (and `why`) where none can be started."""
         from dataclasses import replace
 
         from labkit import runusers, sandbox
@@ -169,6 +174,9 @@ class Server:
             self.why = "root without a pids cgroup: each run starts as a user of its own"
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
+        for stale in (self.socket_path, self.folder / "server.status"):  # a server of an earlier run's
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         spec = {"roots": [str(r) for r in self.roots], "socket": str(self.socket_path)}
         if os.geteuid() == 0:
             # The server's sandbox is an unprivileged user's (a user namespace of its own), as on any machine
@@ -185,7 +193,18 @@ class Server:
         self.process = sandbox.launch([sys.executable, "-m", "labkit.warm", json.dumps(spec)], self.folder, self.env,
                                       server_limits, log=self._log, extra_rw=tuple(self.roots), as_user=self.user,
                                       cgroups=False)
-        deadline = time.monotonic() + START_TIMEOUT
+        self._began = time.monotonic()
+        return True
+
+    def ready(self) -> bool:
+        """Wait until the server begun is ready to fork runs (True), or has failed (False, and `why`)."""
+        with self._lock:
+            if self.available or self.process is None:
+                return self.available
+            return self._wait_ready()
+
+    def _wait_ready(self) -> bool:
+        deadline = self._began + START_TIMEOUT
         status = self.folder / "server.status"
         while time.monotonic() < deadline:
             if status.exists():
@@ -203,20 +222,30 @@ class Server:
             time.sleep(0.05)
         else:
             self.why = f"the server was not ready within {START_TIMEOUT:g} s"
-        self.stop()
+        self._stop()
         return False
 
     def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log) -> WarmRun:
         """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not."""
         from labkit import runusers, sandbox
 
-        if not self.available:
+        if not self.ready():
             raise OSError(f"no warm server: {self.why}")
         workdir = Path(workdir).resolve()
         if not any(workdir.is_relative_to(r) for r in self.roots):
             raise OSError(f"{workdir} is not in the warm server's folders")
         if self.user is not None and not runusers.hand_over(workdir, self.user):
             raise OSError(f"{workdir} could not be handed to the run's user")
+        try:
+            return self._launch(argv, workdir, env, limits, log)
+        except OSError:
+            if self.user is not None:  # the cold start that follows is this process's own user's
+                runusers.hand_over(workdir, os.geteuid())
+            raise
+
+    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log) -> WarmRun:
+        from labkit import sandbox
+
         token = os.urandom(16).hex()
         run_env = sandbox.run_environment(env, workdir, sandboxed=True) | {"LABKIT_RUN_TOKEN": token}
         rlimits = sandbox.run_rlimits(env, limits)
@@ -249,7 +278,8 @@ class Server:
         if pid is None:
             ours.close()
             run.kill()
-            run.wait(10)
+            with contextlib.suppress(Exception):
+                run.wait(10)
             raise OSError("the warm server's child did not report")
         try:
             for group in cgroups:
@@ -264,14 +294,17 @@ class Server:
 
     def stop(self) -> None:
         with self._lock:
-            if self.process is not None:
-                self.process.kill()
-                self.process.wait()
-                self.process = None
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-            self.available = False
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self.available = False
 
 
 def _hello(sock: socket.socket, timeout: float) -> int | None:
@@ -454,6 +487,8 @@ def serve(spec: dict) -> int:
         status.write_text(f"{UNAVAILABLE}: {said}\n")
         return 0
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(spec["socket"])
     listener.bind(spec["socket"])
     listener.listen(64)
     status.write_text(READY + "\n")
