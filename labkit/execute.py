@@ -363,6 +363,12 @@ def _kernel_manager_class():
             # A message far larger than the run's whole output allowance is refused by the socket, not read.
             self.client_context = zmq.asyncio.Context()
             self.client_context.setsockopt(zmq.MAXMSGSIZE, largest_message(limits))
+            # The manager's own sockets (its control channel) never wait for a kernel that is gone: a message
+            # left for a dead kernel would otherwise hold the context open until this process exits, and then
+            # forever (zmq's term waits for every message to be sent).
+            self.context = zmq.asyncio.Context()
+            self.context.setsockopt(zmq.LINGER, 0)
+            self.client_context.setsockopt(zmq.LINGER, 0)
             _LIVE_KERNELS.add(self)
 
         def client(self, **kwargs):
@@ -414,6 +420,9 @@ def _kernel_manager_class():
                 with contextlib.suppress(Exception):
                     kc.stop_channels()
             self.client_context.destroy(linger=0)
+            with contextlib.suppress(Exception):
+                self._close_control_socket()
+            self.context.destroy(linger=0)
             shutil.rmtree(self.link_dir, ignore_errors=True)
             for leftover in [*self.run_dir.glob("kernel-*"), self.run_dir / "kernel.json"]:
                 with contextlib.suppress(OSError):
