@@ -39,7 +39,12 @@ from pathlib import Path
 
 # What every lab's run imports, once, in the server (never starting a backend).
 PRELOAD = ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.experimental.mesh_utils", "flax.nnx", "optax",
-           "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "labkit.harness", "labkit.notebook")
+           "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "labkit.harness", "labkit.notebook",
+           # what the kernel's start imports (its debugger, shell, history, event loop): about 0.5 s each run
+           "ipykernel.debugger", "ipykernel.zmqshell", "ipykernel.iostream", "ipykernel.heartbeat",
+           "ipykernel.comm", "IPython.core.history", "IPython.core.completer", "sqlite3", "pdb", "pydoc",
+           "tornado.ioloop", "tornado.queues", "xml.dom.minidom", "xmlrpc.client", "unicodedata", "faulthandler",
+           "psutil")
 READY, UNAVAILABLE = "ready", "unavailable"
 START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 
