@@ -42,6 +42,9 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         # with_sharding_constraint refers to Auto axes only: reshard is its Explicit counterpart
         ('return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P(("rows", "cols"))))',
          'return jax.reshard(total, NamedSharding(grid, P(("rows", "cols"))))'),
+        # stretch: a contraction over the sharded 'cols' says where its result lives
+        ('return jax.lax.with_sharding_constraint(a @ b, NamedSharding(grid, P(("rows", "cols"))))',
+         'return jnp.matmul(a, b, out_sharding=NamedSharding(grid, P(("rows", "cols"))))'),
     ],
     3: [("    return double(x)", f"    return double({placed('x', DATA)})")],
     # x may arrive placed on another (Auto) mesh: move it onto this one once, for both routes
