@@ -5,8 +5,17 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, compiled_call, expect_close, expect_input_split,
-                           expect_split_across, expect_work_split, placed)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_input_split,
+    expect_split_across,
+    expect_work_split,
+    placed,
+)
 
 # The public tests' helpers, loaded by path so that this folder needs no package of its own.
 _spec = importlib.util.spec_from_file_location(
