@@ -96,6 +96,9 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          f"out_specs=P(\"data\")))(\n        *(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, w1, b1, w2, b2)))"),
         ("    return step(x, y, w1, b1, w2, b2)",
          f"    return step(*(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, y, w1, b1, w2, b2)))"),
+        # stretch: every input placed as its spec says before the shard_map
+        ("    return scattered(x, w1, b1, w2, b2)",
+         f"    return scattered(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))"),
     ],
     10: [
         ('out_specs=P("stage")))(x)', f'out_specs=P("stage")))({placed("x", STAGE)})'),
