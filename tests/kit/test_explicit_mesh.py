@@ -106,7 +106,11 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         ("    return run(weights, biases, microbatches)",
          f"    return run({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
     ],
-    11: [],
+    11: [
+        # the mesh of every exercise (the stretch global_mse included), its devices grouped by process
+        ('Mesh(np.array(devices_by_process()), ("data",))',
+         'jax.make_mesh((jax.device_count(),), ("data",), devices=devices_by_process())'),
+    ],
 }
 
 
