@@ -84,7 +84,7 @@ def _grade(args) -> int:
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
                               jobs=args.jobs, timeout=args.timeout, shard=args.shard,
-                              limits=sandbox.limits_from_args(args), **_grading_inputs(args))
+                              limits=sandbox.limits_from_args(args), start=args.start, **_grading_inputs(args))
     except sandbox.SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
@@ -244,6 +244,10 @@ def parser() -> argparse.ArgumentParser:
     grd.add_argument("--overrides", type=Path, default=None,
                      help="CSV of a TA's overrides (student,lab,points,test,status,comment), applied after grading")
     grd.add_argument("--extensions", type=Path, default=None, help="CSV of extensions (student,lab,days)")
+    grd.add_argument("--start", choices=("warm", "cold"), default="warm",
+                     help="warm: one server imports JAX once and forks each one-process CPU run's kernel, each in a "
+                          "sandbox of its own (cold where that cannot be had); cold: a fresh kernel per run "
+                          "(default %(default)s)")
     sandbox.add_arguments(grd)
     sandbox.add_isolation_argument(grd, sandbox.SANDBOX)
     grd.set_defaults(func=_grade)

@@ -62,6 +62,7 @@ class RunRecord:
     processes: list = field(default_factory=list)  # [{"process", "exit", "environment", "results"}]
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
     limits: dict = field(default_factory=dict)  # the Limits the run had
+    start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.warm`) or "cold" (a kernel of its own)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -224,11 +225,12 @@ def fresh_workdir(workdir: Path) -> None:
 
 
 def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdir: Path,
-                 timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None) -> RunRecord:
+                 timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None, warm=None) -> RunRecord:
     """Run `notebook` on `config` in a child process and return what came back, as plain data.
 
     The child runs sandboxed and under `limits` (see `sandbox`); its results are read once,
-    right after it ended, and only when the run's sealed harness signed them.
+    right after it ended, and only when the run's sealed harness signed them. `warm`, a started
+    `warm.Server`, forks the kernel of a one-process CPU run (a cold start where it cannot).
     """
     workdir = Path(workdir)
     limits = limits or DEFAULT_LIMITS
@@ -245,10 +247,11 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     input_path = prepare(nb, workdir, calls)
     key = new_key()
     env = config.environment() | {"LABKIT_RUN": config.name}
-    ran = _papermill(input_path, workdir / "executed.ipynb", workdir, env, limits, key, timeout)
+    warm = warm if warm is not None and config.platform == "cpu" else None
+    ran = _papermill(input_path, workdir / "executed.ipynb", workdir, env, limits, key, timeout, warm=warm)
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=ran.isolation, limits=limits.to_json())
+                       isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
     if ran.timed_out:
         record.status = "timeout"
         where = f" (still running cell {last_started})" if last_started is not None else ""
@@ -299,6 +302,7 @@ class KernelRun:
     returncode: int | None = None
     isolation: str = ""
     failure: str = ""  # what papermill raised, when it was not the student's cells
+    start: str = ""  # "warm" or "cold" (see RunRecord.start)
 
 
 class _KernelProcess:
@@ -341,10 +345,12 @@ def _kernel_manager_class():
         a socket path may not be longer than about 100 bytes.
         """
 
-        def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str], network=None) -> None:
-            """`network`, when given, is called at launch for the namespaces to join (`sandbox.network_of`)."""
+        def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str], network=None,
+                  warm=None) -> None:
+            """`network`, when given, is called at launch for the namespaces to join (`sandbox.network_of`);
+            `warm`, a `warm.Server`, forks the kernel instead of starting one."""
             self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = workdir, env, limits, log, seal
-            self.network = network
+            self.network, self.warm, self.start_kind = network, warm, ""
             self.started = threading.Event()  # set once the kernel's process exists (or could not be made)
             self.sandboxed: sandbox.Sandboxed | None = None
             self.ended, self.clients, self.asked_to_exit = False, [], False
@@ -370,8 +376,18 @@ def _kernel_manager_class():
             cmd = [*kernel_cmd, "--IPKernelApp.capture_fd_output=False",
                    "--IPKernelApp.exec_lines=" + json.dumps(self.seal_args)]
             try:
-                self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
-                                        join=self.network() if self.network else None)
+                if self.warm is not None and self.network is None and "ipykernel_launcher" in cmd:
+                    try:
+                        argv = cmd[cmd.index("ipykernel_launcher") + 1:]
+                        self.sandboxed = self.warm.launch(argv, self.run_dir, self.run_env, self.run_limits,
+                                                          self.run_log)
+                        self.start_kind = "warm"
+                    except OSError as e:  # the run starts cold, as it would without a warm server
+                        self.run_log.write(f"labkit: no warm start ({e}); the kernel starts cold\n".encode())
+                if self.sandboxed is None:
+                    self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
+                                            join=self.network() if self.network else None)
+                    self.start_kind = "cold"
             finally:
                 self.started.set()
             self.provisioner.process = _KernelProcess(self.sandboxed)
@@ -486,7 +502,8 @@ _PAPERMILL_LOCK = threading.Lock()
 
 
 def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, limits: Limits, key: str,
-               timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None) -> KernelRun:
+               timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None,
+               warm=None) -> KernelRun:
     """Execute `input_path` into `output_path` with papermill, on a sandboxed kernel working in `workdir`.
 
     Every cell runs even after one raised. The kernel reads the run's key from a file only it
@@ -510,7 +527,7 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
     start = time.monotonic()
     with open(workdir / log_name, "wb") as log:
         km = _kernel_manager_class()(kernel_name="python3")
-        km.setup(workdir, env, limits, log, seal, network)
+        km.setup(workdir, env, limits, log, seal, network, warm)
         if kernels is not None:
             kernels.append(km)
         watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
@@ -544,6 +561,7 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
     ran.seconds = time.monotonic() - start
     ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
     ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else sandbox.isolation()[0]
+    ran.start = km.start_kind
     return ran
 
 
@@ -606,7 +624,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json())
+                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold")
     refused = []
     for i, (run, pdir) in enumerate(zip(runs, dirs)):
         payload = _read_payload(pdir / "results.json", key)

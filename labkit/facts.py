@@ -15,7 +15,10 @@ shapes, dtypes and placements, compiles it, and reads:
   jit shows there whether the work ran op by op).
 
 An eager `shard_map` or a loop of jitted steps is traced into one program: its facts describe the
-whole call. The student's Python runs a second time (not its computations); what it prints then is
+whole call. An array the function makes from host data (`jax.make_array_from_process_local_data`,
+`jax.make_array_from_callback`, `jax.device_put` of a numpy array to a mesh) becomes an input of the
+traced program, placed as it was made (named `made[k]`): traced as a constant, it would be folded
+away on one process and refused on several (jit cannot close over an array of other processes). The student's Python runs a second time (not its computations); what it prints then is
 dropped. A fact the backend does not give is `{"unavailable": why}`, and so is the whole record when
 the function cannot be traced: the judge then fails the checks that need it, never passes them.
 """
@@ -94,13 +97,60 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
 _MESH_SETTERS = (("jax", "set_mesh"), ("jax.sharding", "set_mesh"), ("jax.sharding", "use_mesh"))
 
 
-def _placing(original, explicit_puts: dict | None = None):
+_MAKERS = ("make_array_from_process_local_data", "make_array_from_callback", "make_array_from_single_device_arrays")
+
+
+class _Made:
+    """Arrays made from host data while tracing: recorded on a first trace, inputs of the next.
+
+    `record` is a list of ShapeDtypeStructs (the first trace calls the real maker and notes what it
+    made); with `given` (the traced inputs that stand for them) each maker returns the next one.
+    """
+
+    def __init__(self, given=None):
+        self.record: list = []
+        self.given = list(given) if given is not None else None
+        self.inside = 0  # a maker may call another (device_put): only the outermost counts
+
+    def next_given(self):
+        """The traced input that stands for the next array made, or None on the first trace."""
+        if self.given is None or len(self.record) >= len(self.given):
+            return None
+        self.record.append(None)
+        return self.given[len(self.record) - 1]
+
+    def make(self, original, *args, **kwargs):
+        """`original(*args, **kwargs)`, recorded; on a second trace, the input that stands for it."""
+        import jax
+
+        if self.inside:
+            return original(*args, **kwargs)
+        stand_in = self.next_given()
+        if stand_in is not None:
+            return stand_in
+        self.inside += 1
+        try:
+            array = original(*args, **kwargs)
+        finally:
+            self.inside -= 1
+        # Inside jit a maker may give a tracer: its placement is the sharding it was asked for.
+        asked = [a for a in (*args, *kwargs.values()) if isinstance(a, jax.sharding.Sharding)]
+        sharding = asked[0] if asked else getattr(array, "sharding", None)
+        self.record.append(jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding))
+        return array
+
+    def maker(self, original):
+        return lambda *args, **kwargs: self.make(original, *args, **kwargs)
+
+
+def _placing(original, explicit_puts: dict | None = None, made: _Made | None = None):
     """`jax.device_put` for the trace: what it does eagerly, placing an array, becomes a sharding constraint.
 
     Under jit, a device_put to an Auto mesh's NamedSharding is dropped when lowering; in the student's
     eager call it moved the data, and that placement is what the later computation ran on.
     """
     import jax
+    import numpy as np
     from jax.sharding import AxisType, NamedSharding
 
     def device_put(x, device=None, *args, **kwargs):
@@ -112,15 +162,19 @@ def _placing(original, explicit_puts: dict | None = None):
         if explicit_puts is not None and isinstance(device, NamedSharding) and not args and not kwargs:
             for v in leaves:  # an Explicit mesh: `_trace` gives an input placed so its own placement
                 explicit_puts[id(v)] = device
+        if (made is not None and isinstance(device, NamedSharding) and not args and not kwargs
+                and isinstance(x, np.ndarray)):
+            return made.make(original, x, device)
         return original(x, device, *args, **kwargs)
 
     return device_put
 
 
 @contextlib.contextmanager
-def _traceable(seen: list, explicit_puts: dict | None = None):
-    """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit), and
-    `jax.device_put` to a mesh constrains the array's sharding instead."""
+def _traceable(seen: list, explicit_puts: dict | None = None, made: _Made | None = None):
+    """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit),
+    `jax.device_put` to a mesh constrains the array's sharding instead, and an array made from host
+    data goes through `made`."""
     import importlib
 
     import jax
@@ -137,7 +191,12 @@ def _traceable(seen: list, explicit_puts: dict | None = None):
             saved.append((module, attr, getattr(module, attr)))
             setattr(module, attr, record)
     saved.append((jax, "device_put", jax.device_put))
-    jax.device_put = _placing(jax.device_put, explicit_puts)
+    jax.device_put = _placing(jax.device_put, explicit_puts, made)
+    if made is not None:
+        for attr in _MAKERS:
+            if hasattr(jax, attr):
+                saved.append((jax, attr, getattr(jax, attr)))
+                setattr(jax, attr, made.maker(getattr(jax, attr)))
     try:
         yield
     finally:
@@ -158,6 +217,7 @@ def _trace(fn, args, kwargs):
 
     An input the function itself places with `jax.device_put` on an Explicit mesh is traced as placed
     there: eagerly, that call moved the data before any computation, as an input already placed would.
+    An array it makes from host data is an input too, placed as the first trace made it (`_Made`).
     """
     import jax
     from jax.sharding import NamedSharding
@@ -171,9 +231,12 @@ def _trace(fn, args, kwargs):
         sharding = x.sharding if isinstance(x.sharding, NamedSharding) else None
         structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding))
     inputs: list = []
+    making: list = []  # the _Made of the trace under way
 
     def program(*traced):
-        inputs[:] = traced
+        inputs[:] = traced[:len(arrays)]
+        if making[-1].given is not None:
+            making[-1].given = list(traced[len(arrays):])
         filled = list(values)
         for i, t in zip(arrays, traced):
             filled[i] = t
@@ -182,28 +245,38 @@ def _trace(fn, args, kwargs):
 
     names = [_path_name(leaves[i][0]) for i in arrays]
 
-    def traced_with(structs):
+    def traced_with(structs, made_structs=()):
         seen: list = []
         puts: dict = {}
+        making.append(_Made([] if made_structs else None))
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            with _traceable(seen, puts):
+            with _traceable(seen, puts, making[-1]):
                 try:
-                    return jax.jit(program).trace(*structs), puts
+                    return jax.jit(program).trace(*structs, *made_structs), puts, list(inputs)
                 except Exception:
                     if not seen:
                         raise
             # The function entered a mesh with jax.set_mesh: trace it again inside that mesh.
             puts.clear()
-            with jax.set_mesh(seen[-1]), _traceable([], puts):
-                return jax.jit(program).trace(*structs), puts
+            making.append(_Made([] if made_structs else None))
+            with jax.set_mesh(seen[-1]), _traceable([], puts, making[-1]):
+                return jax.jit(program).trace(*structs, *made_structs), puts, list(inputs)
 
-    traced, puts = traced_with(structs)
-    placed = [puts.get(id(t)) for t in inputs]
+    first = None
+    try:
+        first = traced_with(structs)
+    except Exception:
+        if not [m for m in making[-1].record if m is not None]:  # nothing made from host data: the trace failed
+            raise
+    made = [m for m in making[-1].record if m is not None]
+    # A second trace, the arrays the function made given to it as inputs.
+    traced, puts, given = traced_with(structs, made) if made else first
+    placed = [puts.get(id(t)) for t in given]
     if any(p is not None and s.sharding is None for p, s in zip(placed, structs)):
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p) if p is not None and s.sharding is None else s
                    for s, p in zip(structs, placed)]
-        traced, _ = traced_with(structs)
-    return traced, names, structs
+        traced = traced_with(structs, made)[0]
+    return traced, names + [f"made[{k}]" for k in range(len(made))], structs + list(made)
 
 
 def _placements(shardings, structs, names) -> list[dict]:

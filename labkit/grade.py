@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from labkit import catalog, configs, deadlines, execute, history, judge, lms, sandbox, scoreboard
+from labkit import catalog, configs, deadlines, execute, history, judge, lms, sandbox, scoreboard, warm
 from labkit import overrides as overrides_mod
 from labkit import policy as policy_mod
 from labkit import roster as roster_mod
@@ -267,6 +267,7 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
         return row
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
     row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
+    row["start"] = record.start  # "warm" (forked by the warm server) or "cold" (a kernel of its own)
     if record.status == "skipped":
         row.update(status="skipped", total=0, passed=0, points=0, max_points=0, message=record.message)
     elif record.status in ("timeout", "error"):
@@ -386,7 +387,7 @@ class Progress:
 class Grader:
     def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
                  timeout: float, limits: Limits | None = None, stream=None, terminal: bool | None = None,
-                 batch_seconds: float = 3.0):
+                 batch_seconds: float = 3.0, warm: bool = True):
         self.out = Path(out)
         self.labs = {lab.number: lab for lab in labs}
         self.configs = {c.name: c for c in chosen}
@@ -400,6 +401,30 @@ class Grader:
         self._kit = kit_digest()
         self._labs = {n: lab_digest(lab) for n, lab in self.labs.items()}
         self.graded = 0  # units graded (not taken from a previous run) in this process
+        # Warm starts (labkit.warm): one server, started at the first run, forks every one-process CPU run's kernel.
+        self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
+        self._warm = None  # None: not tried yet; False: not to be had here; else the started server
+
+    def warm_server(self):
+        """The warm server of this grading run (started once, at the first need), or None: runs start cold."""
+        if self._warm is None:
+            self._warm = False
+            wanted = [c for c in self.configs.values() if c.platform == "cpu" and c.processes == 1]
+            if self.warm_wanted and wanted:
+                base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+                server = warm.Server([self.out / "work", self.out / "reference" / "work"], base, self.out / ".warm")
+                if server.start(self.limits):
+                    self._warm = server
+                else:
+                    print(f"warm starts: none here ({server.why}); every kernel starts cold", file=self.stream,
+                          flush=True)
+        return self._warm or None
+
+    def close(self) -> None:
+        """Stop the warm server, if one was started."""
+        if self._warm:
+            self._warm.stop()
+        self._warm = None
 
     def calls(self, lab: int) -> list[dict]:
         if lab not in self._calls:
@@ -482,10 +507,12 @@ class Grader:
                                          workdir=str(store.workdir(unit)))
             workdir = store.workdir(unit)
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
-                                        timeout=self.timeout, limits=self.limits)
+                                        timeout=self.timeout, limits=self.limits, warm=self.warm_server())
 
         for unit, _ in todo:
             self.calls(unit.lab)  # collect in this thread, before any run starts
+        if todo:
+            self.warm_server()
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
         running: dict[Future, tuple[Unit, str, float]] = {}
         stop = _StopRequest()
@@ -694,7 +721,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
           limits: Limits | None = None, stream=None, terminal: bool | None = None,
           roster: Path | None = None, policy: Path | None = None, overrides: Path | None = None,
-          extensions: Path | None = None) -> dict:
+          extensions: Path | None = None, start: str = "warm") -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
     stream = stream or sys.stderr
     submissions, out = Path(submissions), Path(out)
@@ -711,41 +738,44 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     limits = limits or replace(DEFAULT_LIMITS, isolation=sandbox.SANDBOX)
     check_isolation(limits, stream)
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
-                    stream=stream, terminal=terminal)
+                    stream=stream, terminal=terminal, warm=start != "cold")
 
-    subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
+    try:
+        subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
 
-    # The reference solutions first: they must pass everything, or nothing else is worth grading.
-    ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
-    ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions")
-    check_reference(ref_rows, grader.labs)
-    expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
+        # The reference solutions first: they must pass everything, or nothing else is worth grading.
+        ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
+        ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions")
+        check_reference(ref_rows, grader.labs)
+        expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
 
-    if people is not None:
-        _with_roster(subs, people)
-    students = sorted(subs.students)
-    if part:
-        students = [s for s in students if shard_of(s, part[1]) == part[0]]
-    units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
-             for s in students for lab in chosen_labs for c in chosen]
-    changes, moved = _overrides_and_extensions(overrides, extensions, set(subs.students), ref_rows)
-    handed = _keep_history(out, subs, students, chosen_labs, times, grading)
-    rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
-    for row in rows:
-        row["digest"] = handed.get((row["student"], row["lab"]), {}).get("digest", "")
-    results = results_of(rows, chosen_labs, chosen, subs, students, ref_rows=ref_rows, grading=grading,
-                         people=people)
-    for (student, lab), info in sorted(handed.items()):
-        results["students"][student].setdefault("submissions", {})[str(lab)] = info
-    if provisional:
-        results["provisional"] = provisional
-    mine = set(students)
-    if changes:
-        results["overrides"] = [o for o in changes if o["student"] in mine]
-    if moved:
-        results["extensions"] = {s: days for s, days in moved.items() if s in mine}
-    scoreboard.write(results, out)
-    return results
+        if people is not None:
+            _with_roster(subs, people)
+        students = sorted(subs.students)
+        if part:
+            students = [s for s in students if shard_of(s, part[1]) == part[0]]
+        units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
+                 for s in students for lab in chosen_labs for c in chosen]
+        changes, moved = _overrides_and_extensions(overrides, extensions, set(subs.students), ref_rows)
+        handed = _keep_history(out, subs, students, chosen_labs, times, grading)
+        rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
+        for row in rows:
+            row["digest"] = handed.get((row["student"], row["lab"]), {}).get("digest", "")
+        results = results_of(rows, chosen_labs, chosen, subs, students, ref_rows=ref_rows, grading=grading,
+                             people=people)
+        for (student, lab), info in sorted(handed.items()):
+            results["students"][student].setdefault("submissions", {})[str(lab)] = info
+        if provisional:
+            results["provisional"] = provisional
+        mine = set(students)
+        if changes:
+            results["overrides"] = [o for o in changes if o["student"] in mine]
+        if moved:
+            results["extensions"] = {s: days for s, days in moved.items() if s in mine}
+        scoreboard.write(results, out)
+        return results
+    finally:
+        grader.close()  # the warm server, if one was started
 
 
 def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,

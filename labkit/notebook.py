@@ -8,6 +8,16 @@ back here, in one table: the student sees without leaving Jupyter what one devic
 It is a convenience, not a verdict: `make lab-N` (and grading) judge in another process, in a
 sandbox. Inside those runs the check cells only say so, to keep runs fast.
 
+Each replay goes through the kit's sandbox (`labkit.sandbox.launch`), as a `make lab-N` run does:
+a scratch folder of its own (its only writable folder, removed afterwards), no network, the run's
+default limits (memory, processes, output). What it reads besides the kit's Python environment is
+the notebook's own folder (the kernel's working folder), read-only, and the replay starts there, so
+that a cell that reads a data file next to the notebook, or imports a module from there, does so in
+the replay too; a cell that writes there raises in the replay and is skipped. When that folder is, or holds, the kit's own
+repository (its reference notebooks and hidden tests), the replay sees only its scratch folder and
+starts there. Where no sandbox can be made, the replay runs with the limits only (nothing else is
+hidden from it), and check() says so in one line.
+
 Importing this module also gives an interactive kernel eight simulated CPU devices (see
 `default_devices`), so that the worked examples show what the course is about. What a kit run's
 configuration sets always wins: it sets the device count in the environment before JAX starts.
@@ -18,11 +28,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
-from labkit import catalog
+from labkit import catalog, sandbox
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = "LABKIT_RUN"
@@ -82,8 +94,10 @@ def replay_sources(history: list[str]) -> list[str]:
 # The program of one replay: run the cells in an IPython shell of its own (magics work), then call
 # the exercise on each input and write the plain data back. Cells that raise are skipped.
 _REPLAY = r"""
-import contextlib, io, json, sys
+import contextlib, io, json, os, sys
 spec = json.load(open(sys.argv[1]))
+os.chdir(spec["start"])
+sys.path.append(spec["start"])  # a module next to the notebook imports, as in the kernel; it never shadows the kit's
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -95,26 +109,61 @@ json.dump({"environment": harness.environment(), "results": results}, open(sys.a
 """
 
 
-def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout: float = 300) -> dict:
-    """Replay `cells` in a fresh process with the configuration's environment; the harness's plain data."""
+def replay_folder(folder: str | os.PathLike | None = None) -> Path | None:
+    """The folder a replay may read and starts in: the notebook's own (default: this process's working
+    folder), or None when it is, or holds, the kit's repository (a replay then sees only its scratch)."""
+    here = Path(folder if folder is not None else os.getcwd()).resolve()
+    kit = catalog.ROOT.resolve()
+    if here == Path("/") or kit == here or kit.is_relative_to(here):
+        return None
+    return here
+
+
+def replay_limits(warn=None) -> sandbox.Limits:
+    """The limits of a replay: `make lab-N`'s (`auto`); where no sandbox can be made, limits only, said in one line."""
+    program, reason = sandbox.bubblewrap()
+    if program:
+        return sandbox.Limits(isolation=sandbox.AUTO)
+    why = next((line.strip() for line in reason.splitlines() if line.strip()), "no bwrap works here")
+    print(f"labkit: warning: check() replays with resource limits only, not in a sandbox ({why}); "
+          "`make doctor` says why", file=warn or sys.stderr, flush=True)
+    return sandbox.Limits(isolation=sandbox.LIMITS_ONLY)
+
+
+def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout: float = 300, *,
+                  limits: sandbox.Limits | None = None, folder: str | os.PathLike | None = None) -> dict:
+    """Replay `cells` in a fresh, sandboxed process with the configuration's environment; the harness's plain data.
+
+    `folder` is the notebook's folder (default: this process's working folder; see `replay_folder`).
+    The answer's `isolation` says whether the replay ran in a sandbox ("bubblewrap") or not ("limits-only").
+    """
     from labkit import configs
 
     config = configs.CONFIGS[config_name]
     env = config.environment() | {"LABKIT_CHECK_REPLAY": config.name}
-    with tempfile.TemporaryDirectory(prefix="labkit-check-") as tmp:
-        spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec, "w") as f:
-            json.dump({"cells": cells, "calls": calls}, f)
-        try:
-            done = subprocess.run([sys.executable, "-c", _REPLAY, spec, out], check=False, env=env, capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "message": f"did not finish within {timeout:g} s"}
-        if done.returncode != 0 or not os.path.exists(out):
-            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            return {"status": "error", "message": last[0][:300]}
-        with open(out) as f:
-            return {"status": "ok", **json.load(f)}
+    limits = limits or sandbox.Limits(isolation=sandbox.AUTO)
+    start = replay_folder(folder)
+    scratch = Path(tempfile.mkdtemp(prefix="labkit-check-"))
+    try:
+        spec, out = scratch / "spec.json", scratch / "out.json"
+        spec.write_text(json.dumps({"cells": cells, "calls": calls, "start": str(start or scratch)}))
+        with open(scratch / "replay.log", "wb") as log:
+            proc = sandbox.launch([sys.executable, "-c", _REPLAY, str(spec), str(out)], scratch, env, limits, log=log,
+                                  extra_ro=(start,) if start else ())
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+                return {"status": "timeout", "message": f"did not finish within {timeout:g} s",
+                        "isolation": proc.isolation}
+        if proc.returncode != 0 or not out.exists():
+            printed = (scratch / "replay.log").read_text(errors="replace")
+            last = printed.strip().splitlines()[-1:] or ["no output"]
+            return {"status": "error", "message": last[0][:300], "isolation": proc.isolation}
+        return {"status": "ok", "isolation": proc.isolation, **json.loads(out.read_text())}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tuple[str, str, str]]:
@@ -167,8 +216,9 @@ class Checker:
             from labkit import configs as known
 
             cells = replay_sources(list(namespace.get("In") or namespace.get("_ih") or []))
+            limits = replay_limits()
             for name in configs:
-                done = run_elsewhere(name, cells, list(calls.values()))
+                done = run_elsewhere(name, cells, list(calls.values()), limits=limits)
                 if done["status"] != "ok":
                     columns[name] = [(t.__name__, "error", done["message"]) for t in tests]
                     continue

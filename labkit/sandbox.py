@@ -263,8 +263,12 @@ def accelerator_devices() -> list[str]:
 
 
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
-                  extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None) -> list[str]:
-    """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it."""
+                  extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None,
+                  extra_rw: tuple[str | Path, ...] = ()) -> list[str]:
+    """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it.
+
+    `extra_rw` names more folders the sandbox may write (a warm server's: the grading output).
+    """
     args = [program, *bwrap.namespace_args(limits.network, user)]
     for p in _SYSTEM:
         if os.path.islink(p):
@@ -284,6 +288,8 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
             args += ["--perms", "0755", "--dir", folder]
     for p in binds:
         args += ["--ro-bind", p, p]
+    for p in extra_rw:
+        args += ["--bind", str(Path(p).resolve()), str(Path(p).resolve())]
     args += ["--bind", work, work, "--chdir", work, "--"]
     return args + list(cmd)
 
@@ -374,7 +380,7 @@ def remove_cgroup(group: Path) -> None:
 # Launching.
 # ----------------------------------------------------------------------------------------
 
-class _Drain(threading.Thread):
+class Drain(threading.Thread):
     """Copies a run's output into its log, up to `cap` bytes; the rest is read and thrown away."""
 
     def __init__(self, pipe, log, cap: int):
@@ -412,7 +418,7 @@ class Sandboxed:
     """
 
     def __init__(self, popen: subprocess.Popen, isolation: str, reason: str, cgroups: list[Path],
-                 drain: _Drain | None, limits: Limits, token: str = ""):
+                 drain: Drain | None, limits: Limits, token: str = ""):
         self.popen, self.isolation, self.reason, self.cgroups, self.drain = popen, isolation, reason, cgroups, drain
         self.limits, self.token = limits, token
         self.pid = popen.pid
@@ -493,6 +499,23 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
     return None
 
 
+def run_rlimits(env: dict[str, str], limits: Limits) -> dict[str, int]:
+    """The resource limits of a run's processes (`RLIMIT_` names less the prefix), RLIMIT_NPROC aside."""
+    rlimits = {"FSIZE": limits.file_size, "CORE": 0}
+    address_space = accelerators.address_space_limit(env, limits.memory)
+    if address_space is not None:  # an accelerator run has none: its memory cgroup, where there is one, limits it
+        rlimits["AS"] = address_space
+    return rlimits
+
+
+def pids_cgroups_available() -> bool:
+    """Whether `make_cgroups` can give each run a pids cgroup here (root, with the pids controller mounted)."""
+    if os.geteuid() != 0 or os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+        return False
+    own = _own_cgroup("pids")
+    return own is not None and (Path("/sys/fs/cgroup/pids") / own.lstrip("/")).is_dir()
+
+
 def descendants(pid: int) -> list[int]:
     """Every process started by `pid`, its children's children included (see `labkit.processes`)."""
     from labkit import processes
@@ -502,7 +525,8 @@ def descendants(pid: int) -> list[int]:
 
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
            stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = (),
-           join: dict[str, str] | None = None) -> Sandboxed:
+           join: dict[str, str] | None = None, extra_rw: tuple[str | Path, ...] = (),
+           as_user: int | None = None, cgroups: bool = True) -> Sandboxed:
     """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
 
     `env` is the run's intended environment (the configuration's); it is reduced to what a run
@@ -511,6 +535,11 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     `extra_ro` names more folders the run may read. `join` (from `network_of`) puts the sandbox
     in another run's private network instead of a new one: the processes of a multi-process run
     reach each other there, and nothing else.
+
+    A warm server (`labkit.warm`) is launched with `extra_rw` (the grading output, where its runs'
+    scratch folders are), `as_user` (a kit running as root starts it as that unprivileged user, so
+    that its bubblewrap makes a user namespace its runs can nest theirs in) and no cgroups of its
+    own (each of its runs gets the run's).
     """
     limits = limits or DEFAULT_LIMITS
     if join:
@@ -528,14 +557,14 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     if drivers:  # the NVIDIA driver's libcuda, where it is not in a system folder
         extra_ro = (*extra_ro, *drivers)
         run_env["LD_LIBRARY_PATH"] = ":".join(drivers)
-    cgroups = make_cgroups(limits)
-    rlimits = {"FSIZE": limits.file_size, "CORE": 0}
-    address_space = accelerators.address_space_limit(env, limits.memory)
-    if address_space is not None:  # an accelerator run has none: its memory cgroup, where there is one, limits it
-        rlimits["AS"] = address_space
+    cgroups = make_cgroups(limits) if cgroups else []
+    rlimits = run_rlimits(env, limits)
     counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
     user = None
-    if (kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program)
+    if as_user is not None:
+        counted = True  # the server's own processes: its runs are counted in their cgroups
+        run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
+    elif (kind == BUBBLEWRAP and os.geteuid() == 0 and not counted and can_run_as_user(program)
             and runusers.open_to_others(accelerator_devices())):
         user = run_user()
         user = user if hand_over(workdir, user) else None
@@ -547,19 +576,22 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         inner = bwrap_command(program, [sys.executable, "-P", "-m", "labkit.sandbox", first, *cmd], workdir, limits,
                               (*extra_ro, Path(__file__).resolve().parent), user=user)
     else:
-        inner = bwrap_command(program, cmd, workdir, limits, extra_ro) if kind == BUBBLEWRAP else cmd
+        inner = bwrap_command(program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw) if kind == BUBBLEWRAP else cmd
         if not counted and os.geteuid() != 0:
             from labkit import processes
 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
     spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
-                      | ({"join": join} if join and kind == BUBBLEWRAP else {}))
+                      | ({"join": join} if join and kind == BUBBLEWRAP else {})
+                      | ({"user": as_user, "reach": [*_visible(extra_ro), str(workdir.resolve()),
+                                                     *(str(Path(p).resolve()) for p in extra_rw)]}
+                         if as_user is not None else {}))
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
     full = [sys.executable, "-P", "-m", "labkit.sandbox", spec, *inner]
     popen = subprocess.Popen(full, cwd=workdir, env=run_env,
                              stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    drain = _Drain(popen.stdout, log, limits.output)
+    drain = Drain(popen.stdout, log, limits.output)
     drain.start()
     if stdin is not None:
         try:
@@ -633,6 +665,10 @@ def _exec(argv: list[str]) -> int:
         _, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
+    if spec.get("reach"):  # root, before becoming the user that starts bwrap: what it must find at its place
+        from labkit import nest
+
+        nest.reach(spec["reach"], int(spec["user"]))
     if "user" in spec:  # inside the sandbox, as root with only CAP_SETUID and CAP_SETGID: become the run's user
         uid = int(spec["user"])
         os.setgroups([])

@@ -5,30 +5,57 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rich.console import Console
-
-from labkit import catalog, configs, execute, report
-from labkit.judge import RunSpec, judge
-
 import os
+
+from labkit import catalog, configs
+
+# execute, judge and report (papermill, pytest, rich) are imported by run_lab once the warm server
+# has begun to start: the two start at once, on two cores.
 
 # Where executed copies and reports go; LABKIT_BUILD moves it (the kit's own tests use a temporary folder).
 BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
 
 
+def _warm_server(out: Path, chosen: list, limits):
+    """A warm server begun for the one-process CPU configurations of this run of the loop, or None."""
+    from labkit import sandbox, warm
+
+    wanted = [c for c in chosen if c.platform == "cpu" and c.processes == 1]
+    if len(wanted) < 2 or os.environ.get("LABKIT_WARM", "on") == "off":
+        return None  # one kernel: forking it from a server saves nothing
+    base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+    server = warm.Server([out], base, out / ".warm")
+    return server if server.begin(limits or sandbox.DEFAULT_LIMITS) else None
+
+
 def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
-            timeout: float = execute.DEFAULT_TIMEOUT, hidden: bool = False, console: Console | None = None,
+            timeout: float | None = None, hidden: bool = False, console=None,
             build: Path | None = None, limits=None) -> bool:
     """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed."""
-    console = console or Console()
     lab = catalog.lab(number)
     notebook = Path(notebook) if notebook else lab.student
     chosen = configs.parse(config_names)
     out = Path(build or BUILD) / lab.name
+    server = _warm_server(out, chosen, limits)
+    try:
+        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server) -> bool:
+    from rich.console import Console
+
+    from labkit import execute, report
+    from labkit.judge import RunSpec, judge
+
+    console = console or Console()
+    timeout = execute.DEFAULT_TIMEOUT if timeout is None else timeout
     runs = [RunSpec(c.name, notebook, c, out / c.name) for c in chosen]
     console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
     judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
-                      limits=limits)
+                      limits=limits, warm=server)
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
     out.mkdir(parents=True, exist_ok=True)

@@ -72,3 +72,23 @@ def variant(tmp_path):
         return path
 
     return make
+
+
+@pytest.fixture(scope="module")
+def outside_tmp():
+    """Makes folders outside /tmp (under build/), as a grading output usually is: a run's own /tmp covers
+    what lies under /tmp, which would hide a mistake in what else covers the runs' folders."""
+    import shutil
+    import tempfile
+
+    made = []
+
+    def make(name: str) -> Path:
+        (ROOT / "build").mkdir(exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=f"test-{name}-", dir=ROOT / "build"))
+        made.append(folder)
+        return folder
+
+    yield make
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)

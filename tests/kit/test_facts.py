@@ -46,11 +46,23 @@ SCRIPT = textwrap.dedent('''
     def op_by_op(x):
         return 2 * jnp.sin(x) + 1
 
+    step = jax.jit(lambda w, x: w - 0.1 * x.T @ (x @ w))
+
+    def loaded(w, x):  # host data made into global arrays (as a multi-host load does), then a jitted step
+        rows = jax.make_array_from_process_local_data(NamedSharding(mesh(), P("data")), x)
+        return step(jax.device_put(w, NamedSharding(mesh(), P())), rows)
+
+    def loaded_whole(w, x):  # the same step with every device given the whole batch
+        return step(jax.device_put(w, NamedSharding(mesh(), P())), jax.device_put(x, NamedSharding(mesh(), P())))
+
     x, w = jnp.arange(64.0), jnp.ones((64, 4))
+    host_w, host_x = np.ones(4, np.float32), np.ones((64, 4), np.float32)
     out = {name: facts.gather(fn, args, {}) for name, fn, args in [
         ("psum", psum, (x,)), ("whole", whole, (x,)), ("placed_then_jitted", placed_then_jitted, (x, w)),
         ("explicit", explicit, (x,)), ("untraceable", untraceable, (x,)), ("noisy", noisy, (x,)),
-        ("op_by_op", op_by_op, (x,))]}
+        ("op_by_op", op_by_op, (x,)), ("loaded", loaded, (host_w, host_x)),
+        ("loaded_whole", loaded_whole, (host_w, host_x))]}
+    out["makers_are_back"] = jax.make_array_from_process_local_data.__module__.startswith("jax")
     explicit_mesh = jax.make_mesh((8,), ("data",))
     with jax.set_mesh(explicit_mesh):
         doubled = jax.jit(lambda a: 2 * a)(jax.device_put(jnp.arange(16.0).reshape(8, 2), P("data", None)))
@@ -158,3 +170,21 @@ def test_an_explicit_sharded_result_is_read_without_indexing_it(gathered):
     got = plaindata.decode(gathered["explicit_value"])
     assert got.value.tolist() == [[2 * (2 * i), 2 * (2 * i + 1)] for i in range(8)]
     assert got.sharding.spec == ("data", None) and got.sharding.num_devices == 8 and len(got.sharding.shards) == 8
+
+
+def test_arrays_made_from_host_data_are_inputs_placed_as_they_were_made(gathered):
+    # Traced as constants they would be folded away (no FLOPs) on one process, and refused by jit
+    # on several; as inputs, the step's program is the one that ran.
+    got = plaindata.decode_compiled(gathered["loaded"])
+    assert [(p.path, p.bytes, p.device_bytes, p.replicated) for p in got.inputs] == [
+        ("made[0]", 1024, 128, False), ("made[1]", 16, 16, True)]
+    assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
+    assert gathered["makers_are_back"]
+
+
+def test_a_step_given_the_whole_batch_on_every_device_shows_the_whole_batchs_flops(gathered):
+    split = plaindata.decode_compiled(gathered["loaded"])
+    whole = plaindata.decode_compiled(gathered["loaded_whole"])
+    matmuls = 2 * (2 * 64 * 4)
+    assert whole.flops > matmuls > 4 * split.flops
+    assert whole.inputs[1].replicated and whole.collectives == ()

@@ -1,5 +1,9 @@
 """Lab 1 through the real pipeline: a placement that is right on one device and wrong on eight is caught."""
 
+import json
+
+from labkit import catalog
+
 
 def test_a_copy_on_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
     buggy = variant(1, ("everywhere = NamedSharding(Mesh(np.array(jax.devices())",
@@ -12,3 +16,45 @@ def test_a_copy_on_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_tes
     assert caught["status"] == "failed" and caught["hidden"]
     assert "full copy on each of 8 devices" in caught["message"] and "jax.devices()[:1]" in caught["message"]
     assert by_config["cpu-8"]["test_shard_rows_of_a_tall_random_matrix"]["status"] == "passed"
+
+
+# Right in value, not parallel: a copy on every device (P()) where the exercise asks for pieces.
+ROWS_WHOLE = ('return jax.device_put(x, NamedSharding(mesh, P("data", None)))',
+              "return jax.device_put(x, NamedSharding(mesh, P()))")
+GRID_WHOLE = ('return jax.device_put(x, NamedSharding(grid, P("rows", "cols")))',
+              "return jax.device_put(x, NamedSharding(grid, P()))")
+
+
+def reference_code() -> str:
+    cells = json.loads(catalog.lab(1).reference.read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+# Lab 1's exercises are placements: their result is all there is, and the tests read where it
+# lives. A copy on every device needs no compiled program to be caught.
+
+def test_a_grid_copied_to_every_device_passes_on_cpu_1_and_fails_the_hidden_tile_test_on_cpu_8(
+        kit, lab_outcomes, variant):
+    assert GRID_WHOLE[0] in reference_code(), "the replacement finds nothing: the reference changed"
+    done = kit("lab", "1", "--notebook", str(variant(1, GRID_WHOLE)), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_config = lab_outcomes(1)
+    assert {o["status"] for o in by_config["cpu-1"].values()} == {"passed"}, by_config["cpu-1"]
+    grid = by_config["cpu-8"]["test_shard_grid_of_a_rectangular_matrix"]
+    assert grid["hidden"] and grid["status"] == "failed", grid
+    assert "expected 8 different tiles" in grid["message"] and "got 1 different tile(s)" in grid["message"]
+    assert "P('rows', 'cols')" in grid["message"]
+    assert by_config["cpu-8"]["test_shard_rows_of_a_tall_random_matrix"]["status"] == "passed"
+
+
+def test_rows_copied_to_every_device_are_caught_on_one_device_already_and_on_eight_as_a_copy(
+        kit, lab_outcomes, variant):
+    assert ROWS_WHOLE[0] in reference_code(), "the replacement finds nothing: the reference changed"
+    done = kit("lab", "1", "--notebook", str(variant(1, ROWS_WHOLE)), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_config = lab_outcomes(1)
+    spec = by_config["cpu-1"]["test_shard_rows_uses_a_named_sharding_over_data"]
+    assert spec["status"] == "failed" and "spec=P('data', None)" in spec["message"], spec
+    rows = by_config["cpu-8"]["test_shard_rows_of_a_tall_random_matrix"]
+    assert rows["hidden"] and rows["status"] == "failed", rows
+    assert "got a full copy on every device" in rows["message"], rows["message"]

@@ -165,6 +165,52 @@ def test_every_process_loading_the_whole_batch_passes_on_cpu_1_and_fails_on_cpu_
     assert by["cpu-2x4"]["test_each_process_contributes_only_its_rows"]["status"] == "failed"
 
 
+def reference_code(lab: int) -> str:
+    cells = json.loads((ROOT / "reference" / f"lab-{lab}.ipynb").read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+# Right in value, not parallel: the step's batch given whole to every device (no load_global_batch).
+WHOLE_BATCH_STEP = ("    xs = load_global_batch(x)\n    ys = load_global_batch(y)\n",
+                    ("    xs = jax.device_put(x, NamedSharding(mesh, P()))\n"
+                     "    ys = jax.device_put(y, NamedSharding(mesh, P()))\n"))
+# A load that puts the whole global batch on every device of every process.
+WHOLE_BATCH_LOAD = (('    start, stop = process_rows(data.shape[0])\n'
+                     '    return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), data[start:stop])'),
+                    '    return jax.device_put(data, NamedSharding(mesh, P()))')
+
+
+def test_a_step_on_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_2x4(kit, lab_outcomes, variant):
+    assert WHOLE_BATCH_STEP[0] in reference_code(11), "the replacement finds nothing: the reference changed"
+    done = kit("lab", "11", "--notebook", str(variant(11, WHOLE_BATCH_STEP)), "--configs", "cpu-1,cpu-2x4",
+               "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by = lab_outcomes(11)
+    assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}, by["cpu-1"]
+    assert by["cpu-2x4"]["test_a_step_on_unseen_data_uses_every_row_once"]["status"] == "passed"
+    named = by["cpu-2x4"]["test_a_step_gives_each_device_only_its_own_rows_of_the_batch"]
+    assert named["hidden"] and named["status"] == "failed", named
+    assert "every device computes all of it" in named["message"], named["message"]
+    assert "not data parallelism" in named["message"] and "load_global_batch" in named["message"]
+    assert [t for t, o in by["cpu-2x4"].items() if o["status"] != "passed"] == [
+        "test_a_step_gives_each_device_only_its_own_rows_of_the_batch"]
+
+
+def test_a_load_that_puts_the_whole_batch_on_every_device_passes_on_cpu_1_and_fails_on_cpu_2x4(
+        kit, lab_outcomes, variant):
+    assert WHOLE_BATCH_LOAD[0] in reference_code(11), "the replacement finds nothing: the reference changed"
+    done = kit("lab", "11", "--notebook", str(variant(11, WHOLE_BATCH_LOAD)), "--configs", "cpu-1,cpu-2x4",
+               "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    by = lab_outcomes(11)
+    assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}, by["cpu-1"]
+    assert by["cpu-2x4"]["test_each_process_contributes_only_its_rows"]["status"] == "passed"
+    split = by["cpu-2x4"]["test_the_global_batch_is_split_across_every_device"]
+    assert split["status"] == "failed" and "full copy" in split["message"], split
+    step = by["cpu-2x4"]["test_a_step_gives_each_device_only_its_own_rows_of_the_batch"]
+    assert step["hidden"] and step["status"] == "failed" and "not data parallelism" in step["message"], step
+
+
 # ----------------------------------------------------------------------------------------
 # A peer that crashes or hangs.
 # ----------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 
-from labkit import catalog, notebook
+import pytest
+
+from labkit import catalog, checks, notebook, sandbox
 
 ROOT = catalog.ROOT
 
@@ -89,3 +91,85 @@ def test_check_of_the_reference_passes_on_both():
                           env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")})
     assert done.returncode == 0, done.stderr
     assert "RESULT True" in done.stdout and "✗" not in done.stdout, done.stdout
+
+
+# ----------------------------------------------------------------------------------------
+# The replay runs in the kit's sandbox: its scratch folder, the notebook's folder read-only, no network.
+# ----------------------------------------------------------------------------------------
+
+SANDBOXED = sandbox.bubblewrap()[0] is not None
+NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
+
+LOOK_AROUND = '''import json, os, socket
+import helpers
+def look_around(outside):
+    seen = {"cwd": os.getcwd(), "data": open("data.csv").read().strip(), "outside": os.path.exists(outside),
+            "helper": helpers.ANSWER,
+            "interfaces": sorted(name for _, name in socket.if_nameindex())}
+    try:
+        with open("written.txt", "w") as f:
+            f.write("x")
+        seen["wrote"] = True
+    except OSError as e:
+        seen["wrote"] = e.strerror
+    return json.dumps(seen)
+'''
+
+
+@NEEDS_SANDBOX
+def test_the_replay_reads_the_notebooks_folder_and_nothing_the_kernel_reads_outside_it_nor_the_network(tmp_path):
+    folder, outside = tmp_path / "course" / "labs", tmp_path / "private.txt"
+    folder.mkdir(parents=True)
+    (folder / "data.csv").write_text("1,2,3\n")
+    (folder / "helpers.py").write_text("ANSWER = 42\n")
+    outside.write_text("the kernel can read this\n")
+    assert outside.read_text()  # this process, like the student's kernel, can
+    look = checks.call("look_around", str(outside))
+    done = notebook.run_elsewhere("cpu-1", [LOOK_AROUND], [{"id": look.id, **look.encoded()}], folder=folder)
+    assert done["status"] == "ok" and done["isolation"] == "bubblewrap", done
+    seen = json.loads(done["results"][look.id]["value"]["value"])
+    assert seen["cwd"] == str(folder) and seen["data"] == "1,2,3" and seen["helper"] == 42
+    assert seen["outside"] is False
+    assert seen["wrote"] == "Read-only file system" and not (folder / "written.txt").exists()
+    assert seen["interfaces"] == ["lo"]  # a network namespace of its own: nothing beyond loopback
+
+
+def test_a_folder_that_holds_the_kit_is_not_shown_to_the_replay():
+    assert notebook.replay_folder(ROOT) is None and notebook.replay_folder(ROOT.parent) is None
+    assert notebook.replay_folder(ROOT / "labs") == (ROOT / "labs").resolve()
+
+
+_CHECK = ("import json, sys\nfrom labkit.notebook import Checker, replay_sources\n"
+          "ns = {'In': json.loads(sys.argv[1])}\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
+          "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n")
+
+
+@NEEDS_SANDBOX
+def test_a_solution_that_reads_a_file_outside_the_notebooks_folder_works_in_the_kernel_and_not_in_the_replay(
+        tmp_path):
+    secret = tmp_path / "answers.txt"
+    secret.write_text("2.0")
+    reads_outside = ("def shard_map_double(x):\n",
+                     f"def shard_map_double(x):\n    factor = float(open({str(secret)!r}).read())\n")
+    cells = _cells(3, reads_outside)
+    assert any(str(secret) in c for c in cells), "the change replaced nothing: the reference changed"
+    (tmp_path / "labs").mkdir()
+    done = subprocess.run([sys.executable, "-c", _CHECK, json.dumps(cells)], check=False, cwd=tmp_path / "labs",
+                          text=True, capture_output=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")})
+    assert done.returncode == 0, done.stderr
+    assert "RESULT False" in done.stdout, done.stdout
+    assert "answers.txt" in done.stdout and "No such file or directory" in done.stdout, done.stdout
+    assert "warning" not in done.stderr, done.stderr
+
+
+def test_where_no_sandbox_can_be_made_the_replay_runs_with_limits_only_and_check_says_so_in_one_line():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "LABKIT_SANDBOX"))}
+    done = subprocess.run([sys.executable, "-c", _CHECK, json.dumps(_cells(3))], check=False, cwd=ROOT, text=True,
+                          capture_output=True, timeout=600, env=env | {"LABKIT_BWRAP": "/bin/false"})
+    assert done.returncode == 0, done.stderr
+    assert "RESULT True" in done.stdout and "✗" not in done.stdout, done.stdout
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, done.stderr
+    assert warnings[0].startswith("labkit: warning: check() replays with resource limits only, not in a sandbox")
+    assert "/bin/false" in warnings[0] and "cannot start" in warnings[0]

@@ -16,12 +16,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from labkit import bwrap, catalog, configs, execute, sandbox
+from labkit import bwrap, catalog, configs, execute, sandbox, warm
 from labkit.judge import RunSpec, judge
 from labkit.sandbox import Limits, MiB
 
@@ -66,6 +66,7 @@ class Battery:
     judgement: object
     out: Path
     sandbox: object  # the bwrap.Finding every run of the battery used
+    start: str = "cold"  # how the runs' kernels started: "cold" or "warm" (forked by a warm server)
 
     def outcomes(self, label: str) -> list:
         return [o for o in self.judgement.outcomes if o.run == label]
@@ -80,9 +81,10 @@ class Battery:
         return self.out / label
 
 
-@pytest.fixture(scope="module")
-def battery(tmp_path_factory) -> Battery:
-    out = tmp_path_factory.mktemp("battery")
+@pytest.fixture(scope="module", params=["cold", "warm"])
+def battery(request, tmp_path_factory, outside_tmp) -> Battery:
+    """Every trick, each in its own run: `cold`, a kernel started per run; `warm`, kernels forked by a warm server."""
+    out = tmp_path_factory.mktemp("battery") if request.param == "cold" else outside_tmp("battery")
     cpu1 = configs.CONFIGS["cpu-1"]
     runs = [RunSpec("honest", LAB.reference, cpu1, out / "honest"),
             RunSpec("student", LAB.student, cpu1, out / "student"),
@@ -102,13 +104,21 @@ def battery(tmp_path_factory) -> Battery:
         if BUNDLED_WORKS:  # the bwrap a fresh machine gets from `make setup`, even where the system has one
             mp.setenv("LABKIT_BWRAP", "bundled")
         sandbox.finding.cache_clear()
+        server = None
         try:
             found = sandbox.finding()
+            if request.param == "warm":
+                env = {k: v for k, v in configs.CONFIGS["cpu-1"].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+                server = warm.Server([out], env, tmp_path_factory.mktemp("warm-server"))
+                if not server.start(replace(LIMITS, isolation=sandbox.SANDBOX)):
+                    pytest.skip(f"no warm start here: {server.why}")
             judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=3,
-                              timeout=TIMEOUT, limits=LIMITS)
+                              timeout=TIMEOUT, limits=LIMITS, warm=server)
         finally:
+            if server is not None:
+                server.stop()
             sandbox.finding.cache_clear()
-    return Battery(judgement, out, found)
+    return Battery(judgement, out, found, request.param)
 
 
 def scores_nothing(battery: Battery, label: str) -> None:
@@ -237,6 +247,21 @@ def test_the_reference_hidden_tests_other_runs_and_the_network_are_out_of_reach(
     assert value == {"kind": "str", "value": "nothing"}
     assert not (battery.out / "planted.txt").exists()
     scores_nothing(battery, "read_secrets")
+
+
+@NEEDS_SANDBOX
+def test_no_other_run_its_processes_sockets_or_folders_can_be_reached_or_uncovered(battery):
+    # Beside every other run of the battery, and (warm) forked from the same server: no process but its own,
+    # no socket of the server, no other run's files, and no cover it can remove from a namespace of its own.
+    record = battery.record("reach_neighbours")
+    value = next(iter(record.results.values()))["value"]
+    assert value == {"kind": "str", "value": "nothing"}, value
+    scores_nothing(battery, "reach_neighbours")
+
+
+def test_every_run_of_the_battery_started_as_asked(battery):
+    starts = {label: r.start for label, r in battery.judgement.records.items()}
+    assert set(starts.values()) == {battery.start}, starts
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""Benchmark: where one graded unit's time goes, started cold and warm.
+
+One unit is one notebook on one configuration (default: lab 3's reference on cpu-8, with its
+hidden tests' calls). It is run `--repeat` times each way, alternately:
+
+* cold: a fresh kernel per run (`sandbox.launch`: bubblewrap, a new Python interpreter that
+  imports JAX, numpy and IPython, then ipykernel's start);
+* warm: a kernel forked by a warm server (`labkit.warm`) that imported all that once.
+
+For each run it reads the executed notebook's own timings (papermill's per-cell start and end)
+and splits the run's wall time into: the kernel's start (from the run's start to its first
+cell), the student's cells, of which JAX's compiles (summed from `jax.monitoring`'s compile
+events by a cell added first), the kit's harness cell (calling the exercises, examining
+compiled programs), and the end (stopping the kernel, reading results). Then the judge (the
+lab's tests on the recorded results) is timed once per way, and, for scale, a bare interpreter
+and one that imports what a run imports. It prints medians.
+
+Usage: python benchmarks/bench_unit.py [--lab 3] [--config cpu-8] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labkit import catalog, configs, execute, judge, sandbox, warm  # noqa: E402
+
+COMPILES_FIRST = """\
+import jax.monitoring as _m
+_labkit_bench = {"compile": 0.0}
+def _labkit_bench_listen(event, duration, **kw):
+    if "compile" in event and event.endswith("duration"):
+        _labkit_bench["compile"] += duration
+_m.register_event_duration_secs_listener(_labkit_bench_listen)
+"""
+COMPILES_LAST = "open('compile_seconds', 'w').write(str(_labkit_bench['compile']))"
+IMPORTS = "import jax, jax.numpy, numpy, flax.nnx, IPython, ipykernel.kernelapp"
+
+
+def instrumented(notebook: Path, folder: Path) -> Path:
+    nb = json.loads(notebook.read_text())
+    cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": []}
+    nb["cells"] = [dict(cell, source=COMPILES_FIRST), *nb["cells"], dict(cell, source=COMPILES_LAST)]
+    path = folder / notebook.name
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def stages(record: execute.RunRecord, wall: float) -> dict[str, float]:
+    """The run's wall time split by the executed notebook's own per-cell timings."""
+    work = Path(record.workdir)
+    nb = json.loads((work / "executed.ipynb").read_text())
+    times = []
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("papermill", {})
+        if cell["cell_type"] == "code" and meta.get("start_time") and meta.get("end_time"):
+            times.append((datetime.fromisoformat(meta["start_time"].rstrip("Z")),
+                          datetime.fromisoformat(meta["end_time"].rstrip("Z")), cell))
+    started = datetime.fromisoformat(nb["metadata"]["papermill"]["start_time"].rstrip("Z"))
+    harness = [t for t in times if "labkit.harness" in "".join(t[2]["source"])]
+    student = [t for t in times if t not in harness]
+    cells = sum((end - start).total_seconds() for start, end, _ in student)
+    harness_s = sum((end - start).total_seconds() for start, end, _ in harness)
+    kernel_start = (times[0][0] - started).total_seconds() if times else 0.0
+    compile_s = float((work / "compile_seconds").read_text()) if (work / "compile_seconds").exists() else 0.0
+    return {"run": wall, "kernel start": kernel_start, "cells": cells, "of which compiles": compile_s,
+            "harness": harness_s, "end": wall - kernel_start - cells - harness_s}
+
+
+def timed(cmd: list[str], repeat: int) -> float:
+    out = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        out.append(time.perf_counter() - start)
+    return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lab", type=int, default=3)
+    ap.add_argument("--config", default="cpu-8")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    lab, config = catalog.lab(args.lab), configs.by_name(args.config)
+    limits = sandbox.Limits(isolation=sandbox.SANDBOX)
+    calls = judge.collect_calls(lab.test_dirs(hidden=True))
+    (ROOT / "build").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ROOT / "build", prefix="bench-unit-") as tmp:
+        folder = Path(tmp)
+        notebook = instrumented(lab.reference, folder)
+        base = {k: v for k, v in config.environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+        server = warm.Server([folder / "runs"], base, folder / "server")
+        began = time.perf_counter()
+        if not server.start(limits):
+            raise SystemExit(f"no warm server here: {server.why}")
+        server_start = time.perf_counter() - began
+        found: dict[str, list[dict]] = {"cold": [], "warm": []}
+        last: dict[str, execute.RunRecord] = {}
+        try:
+            for i in range(args.repeat):
+                for way, with_server in (("cold", None), ("warm", server)):
+                    start = time.perf_counter()
+                    record = execute.run_notebook(notebook, config, calls, folder / "runs" / f"{way}-{i}",
+                                                  limits=limits, warm=with_server)
+                    wall = time.perf_counter() - start
+                    if record.status != "ok" or record.start != way:
+                        raise SystemExit(f"{way} run {i}: {record.status} {record.start} {record.message}")
+                    found[way].append(stages(record, wall))
+                    last[way] = record
+        finally:
+            server.stop()
+        judged = {}
+        for way, record in last.items():
+            spec = judge.RunSpec(way, notebook, config, Path(record.workdir), record=record)
+            start = time.perf_counter()
+            judgement = judge.judge(lab.test_dirs(hidden=True), [spec], hidden_dirs=[lab.hidden_tests], jobs=1)
+            judged[way] = time.perf_counter() - start
+            assert all(o.status == "passed" for o in judgement.outcomes), [(o.test, o.status) for o in judgement.outcomes]
+    bare = timed([sys.executable, "-c", "pass"], args.repeat)
+    imports = timed([sys.executable, "-c", IMPORTS], args.repeat)
+    print(f"lab {args.lab}'s reference on {args.config}, {args.repeat} runs each way, medians in seconds")
+    print(f"{'stage':<22}{'cold':>8}{'warm':>8}")
+    for key in found["cold"][0]:
+        cold = statistics.median(r[key] for r in found["cold"])
+        hot = statistics.median(r[key] for r in found["warm"])
+        print(f"{key:<22}{cold:8.2f}{hot:8.2f}")
+    print(f"{'judge (one session)':<22}{judged['cold']:8.2f}{judged['warm']:8.2f}")
+    print(f"for scale: a bare interpreter {bare:.2f} s; one that imports what a run imports {imports:.2f} s; "
+          f"the warm server's start (paid once per grading run) {server_start:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

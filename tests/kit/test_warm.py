@@ -1,0 +1,174 @@
+"""Warm starts: one server imports JAX once and forks each run's kernel, every run in a sandbox of its own.
+
+The adversarial battery (test_sandbox.py) runs every trick both cold and warm; these tests pin
+down what a warm start must keep of a cold one: the configuration's devices and JAX settings,
+a sandbox per run (its own folder, processes, /tmp, network, no capability), fresh random state,
+and the fall-back to cold starts wherever no warm server can be had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import catalog, configs, execute, judge, sandbox, warm
+from labkit.sandbox import Limits
+
+SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
+pytestmark = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
+LIMITS = Limits(isolation=sandbox.SANDBOX)
+
+# A cell that writes what the run sees of itself into its scratch folder, as facts.json.
+LOOK_AROUND = r'''
+import json, os, jax, numpy as np
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+here = os.getcwd()
+facts = {
+    "devices": len(jax.devices()),
+    "config": {k: repr(v) for k, v in sorted(jax.config.values.items())
+               if isinstance(v, (bool, int, float, str, type(None))) and "cache" not in k},
+    "cap_eff": status["CapEff"].strip(), "no_new_privs": status.get("NoNewPrivs", "").strip(),
+    "uid": os.getuid(),
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "beside_me": sorted(n for n in ("warm-1", "warm-8", "cold-8") if os.path.exists(os.path.join(here, "..", n))),
+    "tmp": sorted(os.listdir("/tmp")),
+    "interfaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]),
+    "random": float(np.random.rand()),
+}
+open("/tmp/mine", "w").write(here)
+json.dump(facts, open("facts.json", "w"))
+'''
+
+
+def _notebook(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(LOOK_AROUND)]
+    nbformat.write(nb, path)
+    return path
+
+
+def _facts(record: execute.RunRecord) -> dict:
+    assert record.status == "ok", (record.status, record.message)
+    return json.loads((Path(record.workdir) / "facts.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs_root(outside_tmp) -> Path:
+    return outside_tmp("warm-runs")
+
+
+@pytest.fixture(scope="module")
+def server(runs_root, tmp_path_factory):
+    env = {k: v for k, v in configs.CONFIGS["cpu-1"].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+    started = warm.Server([runs_root], env, tmp_path_factory.mktemp("warm-server"))
+    if not started.start(LIMITS):
+        pytest.fail(f"the warm server did not start: {started.why}")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def looked(server, runs_root, tmp_path_factory):
+    """Three runs of the look-around notebook: cpu-1 and cpu-8 forked by the server, and cpu-8 started cold."""
+    notebook = _notebook(tmp_path_factory.mktemp("nb") / "look.ipynb")
+    out = {}
+    for label, name, with_server in (("warm-1", "cpu-1", server), ("warm-8", "cpu-8", server),
+                                     ("cold-8", "cpu-8", None)):
+        record = execute.run_notebook(notebook, configs.by_name(name), [], runs_root / label, timeout=180,
+                                      limits=LIMITS, warm=with_server)
+        out[label] = (record, _facts(record))
+    return out
+
+
+def test_one_server_forks_runs_of_one_and_of_eight_devices(looked):
+    assert looked["warm-1"][0].start == looked["warm-8"][0].start == "warm"
+    assert looked["cold-8"][0].start == "cold"
+    assert (looked["warm-1"][1]["devices"], looked["warm-8"][1]["devices"]) == (1, 8)
+
+
+def test_a_warm_kernel_has_the_jax_settings_of_a_cold_one(looked):
+    warm_config, cold_config = looked["warm-8"][1]["config"], looked["cold-8"][1]["config"]
+    differ = {k: (warm_config.get(k), cold_config.get(k)) for k in set(warm_config) | set(cold_config)
+              if warm_config.get(k) != cold_config.get(k)}
+    assert not differ, differ
+
+
+def test_a_warm_run_has_no_capability_and_cannot_gain_one(looked):
+    facts = looked["warm-8"][1]
+    assert facts["cap_eff"] == "0000000000000000"
+    assert facts["no_new_privs"] == "1"
+    assert facts["uid"] != 0
+
+
+def test_a_warm_run_sees_only_its_own_folder_processes_tmp_and_loopback(looked, runs_root):
+    facts = looked["warm-8"][1]
+    assert facts["beside_me"] == ["warm-8"]  # warm-1 and cold-8 are there outside, not here, even by name
+    assert len(facts["processes"]) <= 4, facts["processes"]  # its init, the kernel, and what the cell started
+    assert "mine" not in facts["tmp"], facts["tmp"]  # a /tmp of its own: warm-1 wrote /tmp/mine in its own
+    assert facts["interfaces"] == ["lo"]
+    assert sorted(p.name for p in runs_root.iterdir()) == ["cold-8", "warm-1", "warm-8"]
+
+
+def test_two_warm_runs_draw_different_random_numbers(looked):
+    assert looked["warm-1"][1]["random"] != looked["warm-8"][1]["random"]
+
+
+def test_the_server_never_starts_a_jax_backend(server):
+    # a backend started in the server would fix the device count of every run it forks
+    log = (server.folder / "server.log").read_text(errors="replace")
+    assert "os.fork() was called" not in log
+
+
+def test_without_a_sandbox_there_is_no_warm_server(tmp_path):
+    env = configs.CONFIGS["cpu-1"].environment()
+    server = warm.Server([tmp_path], env, tmp_path / "server")
+    assert not server.start(replace(LIMITS, isolation=sandbox.LIMITS_ONLY))
+    assert "no sandbox" in server.why
+
+
+def test_a_folder_outside_the_servers_is_refused_and_the_run_starts_cold(server, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    with pytest.raises(OSError, match="not in the warm server's folders"), open(os.devnull, "wb") as log:
+        server.launch([], elsewhere, {}, LIMITS, log=log)
+    record = execute.run_notebook(_notebook(elsewhere / "look.ipynb"), configs.by_name("cpu-1"), [],
+                                  elsewhere / "run", timeout=180, limits=LIMITS, warm=server)
+    assert record.status == "ok" and record.start == "cold"
+    assert "no warm start" in (elsewhere / "run" / "run.log").read_text(errors="replace")
+
+
+def test_a_multi_process_run_starts_cold(server, runs_root):
+    lab = catalog.lab(11)
+    calls = judge.collect_calls(lab.test_dirs(hidden=True))
+    record = execute.run_notebook(lab.reference, configs.by_name("cpu-2x4"), calls, runs_root / "procs",
+                                  timeout=240, limits=LIMITS, warm=server)
+    assert record.status == "ok", record.message
+    assert record.start == "cold"  # its processes' kernels join one network: each starts a kernel of its own
+
+
+def _grade(tmp_path: Path, *extra: str) -> dict:
+    subs = tmp_path / "subs"
+    (subs / "ada").mkdir(parents=True)
+    (subs / "ada" / "lab-3.ipynb").write_text(catalog.lab(3).reference.read_text())
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
+                           "--labs", "3", "--configs", "cpu-1,cpu-8", "--jobs", "2", *extra],
+                          cwd=catalog.ROOT, text=True, capture_output=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {(r["student"], r["config"]): r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
+
+
+def test_grading_forks_every_kernel_from_a_warm_server_by_default(tmp_path):
+    rows = _grade(tmp_path)
+    assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", 6, "warm")}
+
+
+def test_grading_with_cold_starts_asked_for_starts_every_kernel_cold(tmp_path):
+    rows = _grade(tmp_path, "--start", "cold")
+    assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", 6, "cold")}
