@@ -42,6 +42,9 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         # with_sharding_constraint refers to Auto axes only: reshard is its Explicit counterpart
         ('return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P(("rows", "cols"))))',
          'return jax.reshard(total, NamedSharding(grid, P(("rows", "cols"))))'),
+        # stretch: a contraction over the sharded 'cols' says where its result lives
+        ('return jax.lax.with_sharding_constraint(a @ b, NamedSharding(grid, P(("rows", "cols"))))',
+         'return jnp.matmul(a, b, out_sharding=NamedSharding(grid, P(("rows", "cols"))))'),
     ],
     3: [("    return double(x)", f"    return double({placed('x', DATA)})")],
     # x may arrive placed on another (Auto) mesh: move it onto this one once, for both routes
@@ -73,6 +76,11 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         ("    return constrained(x, w, b)", "    with jax.set_mesh(mesh):\n        return constrained(x, w, b)"),
         ("    return mapped(x, w, b)",
          f"    return mapped({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
+        # stretch: the 2-D grid from jax.make_mesh, and x and w placed on it before shard_map
+        ('grid = Mesh(np.array(jax.devices()).reshape(shape), ("data", "model"))',
+         'grid = jax.make_mesh(shape, ("data", "model"))'),
+        ("    return batched(x, w, b)",
+         f"    return batched(jax.reshard(x, {NS}(grid, P('data', 'model'))), jax.reshard(w, {NS}(grid, P('model', None))), b)"),
     ],
     8: [
         ("    loss, grads = step(state, x, y)",
@@ -88,13 +96,21 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          f"out_specs=P(\"data\")))(\n        *(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, w1, b1, w2, b2)))"),
         ("    return step(x, y, w1, b1, w2, b2)",
          f"    return step(*(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, y, w1, b1, w2, b2)))"),
+        # stretch: every input placed as its spec says before the shard_map
+        ("    return scattered(x, w1, b1, w2, b2)",
+         f"    return scattered(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))"),
     ],
     10: [
+        # pass_to_next_stage and the stretch ring_sum end the same way: both have x placed
         ('out_specs=P("stage")))(x)', f'out_specs=P("stage")))({placed("x", STAGE)})'),
         ("    return run(weights, biases, microbatches)",
          f"    return run({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
     ],
-    11: [],
+    11: [
+        # the mesh of every exercise (the stretch global_mse included), its devices grouped by process
+        ('Mesh(np.array(devices_by_process()), ("data",))',
+         'jax.make_mesh((jax.device_count(),), ("data",), devices=devices_by_process())'),
+    ],
 }
 
 

@@ -38,3 +38,22 @@ def test_every_layer_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, 
     named = by_config["cpu-8"]["test_pipeline_keeps_each_stages_layers_on_its_own_device"]
     assert named["hidden"] and named["status"] == "failed", named
     assert "every device holds all of the weights" in named["message"] and "not a pipeline" in named["message"]
+
+
+RING_STEPS = ("        for _ in range(n - 1):  # after n - 1 steps every block has visited every device once\n"
+              "            passing = jax.lax.ppermute(passing, \"stage\", perm=forward)\n"
+              "            total = total + passing\n"
+              "        return total")
+
+
+def test_a_stretch_ring_sum_written_with_psum_is_named_by_its_hidden_test_on_one_device_and_on_eight(
+        kit, lab_outcomes, variant):
+    with_psum = variant(10, (RING_STEPS, '        return jax.lax.psum(block, "stage")'))
+    done = kit("lab", "10", "--notebook", str(with_psum), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcomes = lab_outcomes(10)
+    for config, says in (("cpu-1", "1 all-reduce(s)"), ("cpu-8", "no collective-permute over all 8 devices")):
+        failed = {t: o for t, o in outcomes[config].items() if o["status"] != "passed"}
+        assert set(failed) == {"test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"}, (config, failed)
+        caught = failed.popitem()[1]
+        assert caught["hidden"] and caught["points"] == 0 and says in caught["message"], caught

@@ -72,3 +72,19 @@ def test_each_layer_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_
         outcome = by_config["cpu-8"][test]
         assert outcome["hidden"] and outcome["status"] == "failed", outcome
         assert "every device holds all of x" in outcome["message"] and phrase in outcome["message"], outcome
+
+
+def test_a_stretch_that_splits_only_the_batch_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    """layer_batched with x cut by rows alone and w whole: data parallelism, right values, 1/2 of x per device."""
+    rows_only = variant(7, ('return jax.nn.sigmoid(jax.lax.psum(x_block @ w_block, "model") + b)',
+                            "return jax.nn.sigmoid(x_block @ w_block + b)"),
+                        ('specs = (P("data", "model"), P("model", None), P())', 'specs = (P("data", None), P(), P())'))
+    done = kit("lab", "7", "--notebook", str(rows_only), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcomes = lab_outcomes(7)
+    assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
+    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
+    assert set(failed) == {"test_layer_batched_stores_one_tile_of_x_per_device_and_splits_the_work"}, failed
+    caught = failed.popitem()[1]
+    assert caught["hidden"] and caught["points"] == 0
+    assert "more than 1/8 of it" in caught["message"] and "P('data', 'model')" in caught["message"]

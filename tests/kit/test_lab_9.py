@@ -56,3 +56,24 @@ def test_whole_weights_on_every_device_pass_on_cpu_1_and_are_named_by_the_compil
     assert gradients["hidden"] and gradients["status"] == "failed", gradients
     assert "data parallelism, not FSDP" in gradients["message"]
     assert outcomes["cpu-8"]["test_fsdp_equals_the_unsplit_mlp_on_a_wider_layer"]["status"] == "passed"
+
+
+# The stretch with a psum and each device's slice of it: right everywhere, an all-reduce instead of a reduce-scatter.
+PSUM_THEN_SLICE = ('return jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True) + b2',
+                   ('total = jax.lax.psum(h @ w2, "model") + b2\n'
+                    '        k = total.shape[0] // jax.lax.axis_size("model")\n'
+                    '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("model") * k, k)'))
+
+
+def test_a_stretch_that_slices_a_psum_passes_on_cpu_1_and_its_hidden_test_names_the_all_reduce_on_cpu_8(
+        kit, lab_outcomes, variant):
+    sliced = variant(9, PSUM_THEN_SLICE)
+    done = kit("lab", "9", "--notebook", str(sliced), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcomes = lab_outcomes(9)
+    assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
+    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
+    assert set(failed) == {"test_tensor_parallel_scattered_splits_the_hidden_layer_and_reduce_scatters"}, failed
+    caught = failed.popitem()[1]
+    assert caught["hidden"] and caught["points"] == 0 and caught["exercise"] == "tensor_parallel_scattered"
+    assert "no reduce-scatter over all 8 devices" in caught["message"] and "all-reduce over 8" in caught["message"]

@@ -46,3 +46,10 @@ def test_block_owners_of_a_tall_matrix(got, run):
     step = TALL.shape[0] // run.device_count
     _public.expect_owners(got, [[d, d * step, (d + 1) * step] for d in range(run.device_count)],
                           "Read the rows from shard.index[0].indices(x.shape[0]) of every addressable shard")
+
+
+# Stretch (not graded: points=0): columns cut along 'rows', a spec the public tests do not use.
+@_public.ONE_PROCESS
+@check(points=0, got=call("shard_shapes", SQUARE, [None, "rows"]))
+def test_shard_shapes_of_columns_cut_along_rows_of_the_grid(got, run):
+    _public.expect_layout(got, run.device_count, [None, "rows"], SQUARE.shape)

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, compiled_call, expect_close, expect_input_split
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_collective,
+    expect_input_split,
+    expect_split_across,
+)
 
 _spec = importlib.util.spec_from_file_location(
     "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py")
@@ -104,3 +114,27 @@ def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
             f"{len(DEEP[0]) // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute")
     expect_input_split(got, 0, n, name="the weights", hint=hint)
     expect_input_split(got, 1, n, name="the biases", hint=hint)
+
+
+# -- stretch (not graded: points=0): ring_sum ----------------------------------------------------
+
+WIDE_RING = RNG.normal(size=(64, 3)).astype(np.float32)
+
+
+@check(points=0, got=compiled_call("ring_sum", WIDE_RING))
+def test_ring_sum_of_random_blocks(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(got, public.ring_total(WIDE_RING, n), public.ring_mistakes(WIDE_RING, n),
+                                 rtol=1e-5, atol=1e-5)
+    expect_split_across(got, n, axis=0)
+
+
+@check(points=0, got=compiled_call("ring_sum", WIDE_RING))
+def test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce(got, run):
+    n = run.device_count
+    expect_collective(got, "collective-permute", n, hint="Pass the blocks around the ring with jax.lax.ppermute "
+                                                         "and the pairs (i, (i + 1) % n)")
+    reduces = [c for c in got.compiled.collectives if c.op == "all-reduce"]
+    if reduces:
+        raise Mismatch(f"the compiled program has {len(reduces)} all-reduce(s): that is jax.lax.psum's collective. "
+                       "This stretch builds the sum from jax.lax.ppermute alone")

@@ -1,5 +1,8 @@
 """Lab 11, hidden tests: other shapes, and the mistakes that only show across processes."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from labkit.checks import (
@@ -14,6 +17,11 @@ from labkit.checks import (
     expect_work_split,
     placed,
 )
+
+_spec = importlib.util.spec_from_file_location(
+    "lab11_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_11" / "test_multihost.py")
+public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(public)
 
 RNG = np.random.default_rng(11)
 DATA = RNG.normal(size=(32, 5)).astype(np.float32)
@@ -96,3 +104,14 @@ def test_a_step_gives_each_device_only_its_own_rows_of_the_batch(got, run):
     n = run.device_count
     expect_work_split(got, whole_batch_flops(DATA), n, what="a step on the whole batch", hint=WHOLE_BATCH)
     expect_collective(got, "all-reduce", n, hint=WHOLE_BATCH)
+
+
+# Stretch (not graded: points=0): the loss of a larger dataset, which each process must see whole.
+MANY_ROWS = RNG.normal(size=(64, 5)).astype(np.float32)
+MANY_TARGETS = (MANY_ROWS @ W0 + RNG.normal(size=64)).astype(np.float32)
+
+
+@check(points=0, got=call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)))
+def test_global_mse_of_a_larger_dataset(got, run):
+    public.expect_the_whole_datasets_loss_in_every_process(
+        run, call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)), W0, MANY_ROWS, MANY_TARGETS)

@@ -5,7 +5,17 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, expect_close, expect_split_across, placed
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_input_split,
+    expect_split_across,
+    expect_work_split,
+    placed,
+)
 
 # The public tests' helpers, loaded by path so that this folder needs no package of its own.
 _spec = importlib.util.spec_from_file_location(
@@ -59,3 +69,24 @@ def test_collectives_of_an_empty_array_split_by_rows_come_from_the_program_not_t
                        f"got {have if have is not None else got!r}. It has no elements: its compiled sum is the "
                        "constant 0 and needs no communication, whatever x.sharding says. Read the collectives from "
                        "the text of jax.jit(jnp.sum).lower(x).compile(), not from the placement")
+
+
+# -- stretch (not graded: points=0): matvec_split ---------------------------------------------
+
+SKINNY = RNG.normal(size=(64, 32)).astype(np.float32)
+WEIGHTS = RNG.normal(size=(32,)).astype(np.float32)
+NOT_TILED = ("Place x with NamedSharding(grid_mesh(), P('rows', 'cols')) and v with P('cols') before the jitted "
+             "product, so that each device multiplies only its own tile")
+
+
+@check(points=0, got=call("matvec_split", SKINNY, WEIGHTS))
+def test_matvec_split_of_a_random_matrix(got, run):
+    expect_close(got, _public.matvec(SKINNY, WEIGHTS), rtol=1e-5, atol=1e-5)
+    expect_split_across(got, run.device_count, axis=0, hint=_public.NO_SPLIT)
+
+
+@check(points=0, got=compiled_call("matvec_split", SKINNY, WEIGHTS))
+def test_matvec_split_stores_and_multiplies_one_tile_per_device(got, run):
+    n = run.device_count
+    expect_input_split(got, 0, n, name="x", hint=NOT_TILED)
+    expect_work_split(got, 2.0 * SKINNY.size, n, what="the whole product", hint=NOT_TILED)

@@ -5,6 +5,9 @@ full copy everywhere, as the split layer does; the compiled program tells them a
 device stores of x and w, and the all-reduce that adds the partial products.
 """
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from labkit.checks import (
@@ -16,6 +19,7 @@ from labkit.checks import (
     expect_collective,
     expect_input_split,
     expect_replicated,
+    expect_work_split,
 )
 
 RNG = np.random.default_rng(7)
@@ -101,3 +105,33 @@ def test_constraints_split_x_and_w_over_the_devices_and_add_the_partial_products
 @check(got=compiled_call("layer_shard_map", X, W, B))
 def test_shard_map_splits_x_and_w_over_the_devices_and_adds_the_partial_products(got, run):
     expect_layer_split(got, run.device_count, "layer_shard_map")
+
+
+# -- stretch (not graded: points=0): layer_batched --------------------------------------------
+
+_spec = importlib.util.spec_from_file_location(
+    "lab7_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_7" / "test_three_ways.py")
+public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(public)
+
+XH = RNG.normal(size=(64, 32)).astype(np.float32) / 4
+WH = RNG.normal(size=(32, 32)).astype(np.float32) / 4
+BH = RNG.normal(size=32).astype(np.float32)
+SPLIT_BOTH_WAYS = ("Every device computes the whole batch's layer. Give x in_specs=P('data', 'model') and w "
+                   "P('model', None) on the ('data', 'model') grid, and add the partial products with "
+                   "jax.lax.psum(..., 'model')")
+
+
+@check(points=0, got=call("layer_batched", XH, WH, BH))
+def test_layer_batched_of_a_random_batch(got, run):
+    want = sigmoid(XH.astype(np.float64) @ WH.astype(np.float64) + BH)
+    expect_close_naming_mistakes(got, want, public.batched_mistakes(XH, WH, BH, run.device_count), rtol=1e-5,
+                                 atol=1e-6)
+    public.expect_rows_split_along_data(got, run.device_count)
+
+
+@check(points=0, got=compiled_call("layer_batched", XH, WH, BH))
+def test_layer_batched_stores_one_tile_of_x_per_device_and_splits_the_work(got, run):
+    n = run.device_count
+    expect_input_split(got, 0, n, name="x", hint=SPLIT_BOTH_WAYS)
+    expect_work_split(got, 2.0 * XH.shape[0] * WH.size, n, what="the whole batch's layer", hint=SPLIT_BOTH_WAYS)

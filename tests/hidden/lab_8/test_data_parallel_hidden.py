@@ -146,3 +146,24 @@ def test_training_steps_each_device_works_on_its_own_slice_of_the_batch(got, run
     expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
     expect_work_split(got, whole_batch_flops(public.PARAMS, public.X), n, what="a step on the whole batch",
                       hint=WHOLE_BATCH.format(n=n))
+
+
+# -- stretch (not graded: points=0): accumulated_gradients -------------------------------------
+
+X128, Y128 = public.make_batch(83, batch=128, d_in=6, d_out=3)  # four micro-batches of a row or more on 32 devices
+
+
+# One compiled call serves both tests: it runs once, and its value is what the function returned.
+@check(points=0, got=compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4))
+def test_four_micro_batches_give_the_whole_batch_gradient(got, run):
+    public.expect_whole_batch_step(got, PARAMS, X128, Y128, 4)
+
+
+@check(points=0, got=compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4))
+def test_accumulation_keeps_each_device_on_its_own_slice_and_averages_once(got, run):
+    n = run.device_count
+    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(got, whole_batch_flops(PARAMS, X128), n, what="the gradient of the whole batch",
+                      hint=WHOLE_BATCH.format(n=n))
+    expect_collective(got, "all-reduce", n, hint="The devices' accumulated gradients are averaged by "
+                                                 "jax.lax.pmean(grads, 'data')")

@@ -17,6 +17,7 @@ from labkit.checks import (
     check,
     compiled_call,
     expect_close,
+    expect_close_naming_mistakes,
     expect_collective,
     expect_input_split,
     expect_split_across,
@@ -126,3 +127,22 @@ def test_fsdp_gradients_keep_weights_and_gradients_in_pieces(got, run):
         expect_split_across(g, n, axis=0, hint=f"(gradient of {name}) Each device keeps only its piece of the "
                                                "gradient: jax.lax.psum_scatter(g, 'data', scatter_dimension=0, "
                                                "tiled=True), with out_specs=P('data')")
+
+
+# -- stretch (not graded: points=0): tensor_parallel_scattered ---------------------------------
+
+@check(points=0, got=compiled_call("tensor_parallel_scattered", X, *W))
+def test_tensor_parallel_scattered_on_a_wider_layer(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(got, mlp(X, *W), public.scattered_mistakes(X, W, n), rtol=1e-4, atol=1e-5)
+    expect_split_across(got, n, axis=0, hint=public.ROWS_SPLIT)
+
+
+@check(points=0, got=compiled_call("tensor_parallel_scattered", X, *W))
+def test_tensor_parallel_scattered_splits_the_hidden_layer_and_reduce_scatters(got, run):
+    n = run.device_count
+    for position, name in ((1, "w1"), (2, "b1"), (3, "w2")):
+        expect_input_split(got, position, n, name=name, hint=NOT_TENSOR_PARALLEL.format(n=n))
+    expect_collective(got, "reduce-scatter", n, hint="Sum the partial outputs and keep each device's rows in one "
+                                                     "collective, jax.lax.psum_scatter: a psum followed by a slice "
+                                                     "is an all-reduce, twice the traffic")

@@ -126,3 +126,50 @@ def test_block_owners_of_a_replicated_array(got, run):
 @check(got=call("block_owners", M))
 def test_block_owners_of_an_array_on_one_device(got):
     expect_owners(got, [[0, 0, M.shape[0]]], "A fresh array has a single shard on device 0, covering every row")
+
+
+# -- stretch (not graded: points=0): shard_shapes ---------------------------------------------
+
+WIDE = np.zeros((32, 64), dtype=np.float32)  # 32 and 64 divide by every grid of 1 to 32 devices
+
+
+def expect_layout(got, n: int, spec, shape) -> None:
+    """{"shapes": [[device, rows, cols], ...], "distinct": k} of `shape` placed with `spec` on the grid of n devices."""
+    sizes = dict(zip(("rows", "cols"), grid_shape(n)))
+    block, copies = [], n
+    for entry, length in zip(spec, shape):
+        names = entry if isinstance(entry, list) else [] if entry is None else [entry]
+        cut = int(np.prod([sizes[name] for name in names]))
+        block.append(length // cut)
+        copies //= cut
+    if got.kind != "dict" or set(got.value) != {"shapes", "distinct"}:
+        raise Mismatch(f"expected a dict with the keys 'shapes' and 'distinct', got a {got.kind}"
+                       + (f" with the keys {sorted(got.value)}" if got.kind == "dict" else ""))
+    shapes = as_rows(got.value["shapes"])
+    want = [[d, *block] for d in range(n)]
+    if shapes != want:
+        raise Mismatch(f"with spec {spec} on a grid of {grid_shape(n)} devices, expected the blocks {want}, got "
+                       f"{shapes}. One [device_id, block_rows, block_cols] per addressable shard, sorted; build the "
+                       f"grid from all of jax.devices()")
+    if got.value["distinct"].value != n // copies:
+        raise Mismatch(f"with spec {spec}, expected {n // copies} distinct blocks (each held by {copies} device(s)), "
+                       f"got {got.value['distinct'].value!r}: devices whose shard.index is the same slice hold "
+                       f"copies of one block")
+
+
+@ONE_PROCESS
+@check(points=0, got=call("shard_shapes", WIDE, ["rows", "cols"]))
+def test_shard_shapes_of_a_matrix_tiled_over_the_grid(got, run):
+    expect_layout(got, run.device_count, ["rows", "cols"], WIDE.shape)
+
+
+@ONE_PROCESS
+@check(points=0, got=call("shard_shapes", WIDE, ["cols", None]))
+def test_shard_shapes_of_rows_cut_along_one_mesh_axis_and_copied_along_the_other(got, run):
+    expect_layout(got, run.device_count, ["cols", None], WIDE.shape)
+
+
+@ONE_PROCESS
+@check(points=0, got=call("shard_shapes", WIDE, [["rows", "cols"], None]))
+def test_shard_shapes_of_rows_cut_over_both_mesh_axes(got, run):
+    expect_layout(got, run.device_count, [["rows", "cols"], None], WIDE.shape)

@@ -6,7 +6,8 @@ and every microbatch run through every layer in sequence.
 
 import numpy as np
 
-from labkit.checks import call, check, expect_close, expect_replicated, expect_split_across, placed
+from labkit.checks import (call, check, expect_close, expect_close_naming_mistakes, expect_replicated,
+                           expect_split_across, placed)
 
 
 # ---- the sequential computation the tests compare with -------------------------------------
@@ -70,3 +71,33 @@ def test_every_device_holds_the_whole_output(got, run):
                 placed(BIASES, ("stage",), axes=("stage",)), MICROBATCHES))
 def test_accepts_layers_already_placed_on_their_stages(got):
     expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
+
+
+# -- stretch (not graded: points=0): ring_sum ----------------------------------------------------
+
+RING = np.linspace(-2.0, 2.0, 32 * 2, dtype=np.float32).reshape(32, 2)  # 32 rows: a block on each of 1 to 32 devices
+
+
+def ring_total(x, n: int, extra_step: bool = False):
+    """Every device's block replaced by the sum of all n blocks (plus its own once more after an extra step)."""
+    blocks = np.split(np.asarray(x, np.float64), n)
+    total = np.tile(sum(blocks), (n, 1))
+    return total + np.asarray(x, np.float64) if extra_step else total
+
+
+def ring_mistakes(x, n: int) -> dict:
+    return {f"each device's own block is counted twice: after {n - 1} step(s) every block has visited every device; "
+            f"step {n} brings each block home again": ring_total(x, n, extra_step=True)}
+
+
+@check(points=0, got=call("ring_sum", RING))
+def test_ring_sum_gives_every_device_the_sum_of_all_blocks(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(got, ring_total(RING, n), ring_mistakes(RING, n), rtol=1e-5, atol=1e-5)
+
+
+@check(points=0, got=call("ring_sum", RING))
+def test_ring_sum_keeps_one_block_on_each_device(got, run):
+    expect_split_across(got, run.device_count, axis=0,
+                        hint="Return each device's total as its block, with out_specs=P('stage') on a mesh over "
+                             "all of jax.devices()")

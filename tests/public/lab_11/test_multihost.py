@@ -134,3 +134,32 @@ def test_one_step_matches_gradient_descent_on_the_whole_batch(got):
 @check(got=call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
 def test_the_new_weights_are_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint="put w on every device with NamedSharding(mesh, P())")
+
+
+# -- stretch (not graded: points=0): global_mse --------------------------------------------------
+
+def mse(w, x, y) -> float:
+    x, y, w = (np.asarray(a, np.float64) for a in (x, y, w))
+    return float(np.mean((x @ w - y) ** 2))
+
+
+def expect_the_whole_datasets_loss_in_every_process(run, c, w, x, y) -> None:
+    processes = run.each_process(c)
+    per = len(y) // len(processes)
+    for number, value in enumerate(processes):
+        if value.kind != "float":
+            raise Mismatch(f"expected a Python float from process {number}, got a {value.kind}: read the replicated "
+                           "loss from this process's own copy, float(loss.addressable_data(0))")
+        own_rows = mse(w, x[number * per:(number + 1) * per], y[number * per:(number + 1) * per])
+        if len(processes) > 1 and np.isclose(value.value, own_rows, rtol=1e-4) \
+                and not np.isclose(own_rows, mse(w, x, y), rtol=1e-4):
+            raise Mismatch(f"process {number} returned the loss of its own rows only ({value.value:.6g}), and each "
+                           f"process a different one: compute the mean on the global batch (load_global_batch, then "
+                           f"a jitted mean), which every process shares")
+        expect_close(value, mse(w, x, y), rtol=1e-4, atol=1e-6, hint=f"(on process {number})")
+
+
+@check(points=0, got=call("global_mse", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
+def test_global_mse_is_the_loss_of_the_whole_dataset_in_every_process(got, run):
+    expect_the_whole_datasets_loss_in_every_process(
+        run, call("global_mse", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)), W, ROWS / 10, Y)

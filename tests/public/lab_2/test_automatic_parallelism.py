@@ -115,3 +115,25 @@ def test_collectives_of_a_sum_over_rows_split_across_the_devices(got, run):
 def test_collectives_of_a_sum_of_a_replicated_array(got):
     if got.kind != "list" or got.value:
         raise Mismatch(f"expected [] (every device already holds every element), got {got!r}")
+
+
+# -- stretch (not graded: points=0): matvec_split ---------------------------------------------
+
+MATRIX = np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64)  # both divide by 1 to 32 devices
+VECTOR = np.linspace(2.0, -2.0, 64, dtype=np.float32)
+NO_SPLIT = ("Constrain the product inside the jitted function to NamedSharding(grid, P(('rows', 'cols'))): left "
+            "to itself, the compiler keeps x @ v on the devices of one grid column, copied along the other axis")
+
+
+def matvec(x, v):
+    return np.asarray(x, np.float64) @ np.asarray(v, np.float64)
+
+
+@check(points=0, got=call("matvec_split", MATRIX, VECTOR))
+def test_matvec_split_equals_the_product(got):
+    expect_close(got, matvec(MATRIX, VECTOR), rtol=1e-5, atol=1e-5)
+
+
+@check(points=0, got=call("matvec_split", MATRIX, VECTOR))
+def test_matvec_split_is_split_across_every_device(got, run):
+    expect_split_across(got, run.device_count, axis=0, hint=NO_SPLIT)

@@ -4,6 +4,7 @@ shard_map plus psum; each right, each a full copy on every device, and all three
 import numpy as np
 
 from labkit.checks import (
+    Mismatch,
     call,
     check,
     expect_close,
@@ -80,3 +81,53 @@ def test_shard_map_computes_the_layer(got, run):
 def test_shard_map_result_is_a_full_copy_on_every_device(got, run):
     expect_shape(got, (4,), hint="psum the (f,) partial products; do not stack them")
     expect_replicated(got, run.device_count, hint=REPLICATE)
+
+
+# -- stretch (not graded: points=0): layer_batched, a batch on a 2-D mesh ----------------------
+
+XB = np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64)  # 32 rows, 64 columns: divide by any grid
+WB = (np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 5 - 2.0) / 8
+BB = np.linspace(-0.5, 0.5, 16, dtype=np.float32)
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """The stretch's grid: (2, n // 2) when n is even, else (1, n)."""
+    return (2, n // 2) if n % 2 == 0 else (1, n)
+
+
+def batched_mistakes(x, w, b, n):
+    """What layer_batched gives on n devices when the partial products are not added over 'model'."""
+    _, cols = grid_shape(n)
+    k = x.shape[1] // cols
+    device_0 = sigmoid(x[:, :k].astype(np.float64) @ w[:k].astype(np.float64) + b)
+    return {f"Each row used only the first 1/{cols} of its features: add the partial products over 'model' with "
+            "jax.lax.psum(x_block @ w_block, 'model') (check_vma=False lets a missing psum through)": device_0}
+
+
+def expect_rows_split_along_data(got, n: int) -> None:
+    """On an a x b grid, a (B, f) result split along 'data': a distinct row blocks, each held by the b devices of a row."""
+    a, cols = grid_shape(n)
+    sh = got.sharding
+    if sh is None:
+        raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
+    holders: dict = {}
+    for s in sh.shards:
+        holders.setdefault(tuple(map(tuple, s["index"])), set()).add(s["device"])
+    copies = sorted({len(d) for d in holders.values()})
+    if sh.num_devices != n or len(holders) != a or copies != [cols]:
+        raise Mismatch(
+            f"expected the result on all {n} devices as {a} block(s) of rows, each held by the {cols} device(s) of "
+            f"one grid row; got {len(holders)} block(s) held by {copies} device(s) each, on {sh.num_devices} "
+            f"device(s) ({sh.describe()}). Build the ('data', 'model') grid from all of jax.devices() and return "
+            "with out_specs=P('data', None)")
+
+
+@check(points=0, got=call("layer_batched", XB, WB, BB))
+def test_layer_batched_equals_the_layer_of_every_row(got, run):
+    want = sigmoid(XB.astype(np.float64) @ WB.astype(np.float64) + BB)
+    expect_close_naming_mistakes(got, want, batched_mistakes(XB, WB, BB, run.device_count), rtol=1e-5, atol=1e-6)
+
+
+@check(points=0, got=call("layer_batched", XB, WB, BB))
+def test_layer_batched_keeps_the_rows_split_along_data(got, run):
+    expect_rows_split_along_data(got, run.device_count)

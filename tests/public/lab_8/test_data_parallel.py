@@ -6,7 +6,8 @@ the two-layer perceptron on the whole batch, and SGD with momentum 0.9 on the wh
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, describe, expect_close, expect_replicated, expect_shape, placed
+from labkit.checks import (Mismatch, call, check, describe, expect_array, expect_close, expect_replicated,
+                           expect_shape, placed)
 
 MOMENTUM = 0.9
 NAMES = (("hidden", "kernel"), ("hidden", "bias"), ("out", "kernel"), ("out", "bias"))
@@ -137,3 +138,33 @@ def test_one_step_is_one_sgd_update(got):
     for layer, key in NAMES:
         expect_close(leaf(final, layer, key), PARAMS[layer][key] - LR * grads[layer][key], rtol=1e-4, atol=1e-6,
                      hint="the first step of SGD with momentum is params - learning_rate * grads")
+
+
+# -- stretch (not graded: points=0): accumulated_gradients -------------------------------------
+
+X64, Y64 = make_batch(3, batch=64)  # 64 rows: two micro-batches of at least one row on up to 32 devices
+MICRO = 2
+
+
+def expect_whole_batch_step(got, params, x, y, micro: int) -> None:
+    loss, grads = pair(got, "(loss, grads)")
+    want_loss, want = loss_and_grads(params, x, y)
+    for what, value, right in [("the loss", loss, want_loss)] + [
+            (f"[{layer!r}][{key!r}]", leaf(grads, layer, key), want[layer][key]) for layer, key in NAMES]:
+        if micro > 1 and np.allclose(expect_array(value), micro * right, rtol=1e-4, atol=1e-6):
+            raise Mismatch(f"{what} is {micro} times the whole batch's: the losses and gradients of the {micro} "
+                           f"micro-batches were added up. Each is a mean over its rows: divide their sum by the "
+                           f"number of micro-batches")
+        expect_close(value, right, rtol=1e-4, atol=1e-6, hint=f"({what})")
+
+
+@check(points=0, got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
+def test_accumulated_gradients_equal_the_whole_batch_gradient(got):
+    expect_whole_batch_step(got, PARAMS, X64, Y64, MICRO)
+
+
+@check(points=0, got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
+def test_accumulated_gradients_are_whole_on_every_device(got, run):
+    _, grads = pair(got, "(loss, grads)")
+    for layer, key in NAMES:
+        expect_replicated(leaf(grads, layer, key), run.device_count, hint=REPLICATED)

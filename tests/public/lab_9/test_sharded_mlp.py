@@ -5,8 +5,8 @@ The expected values are the unsplit MLP and its gradient, computed here in float
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, describe, expect_close, expect_replicated, expect_split_across,
-                           placed)
+from labkit.checks import (Mismatch, call, check, describe, expect_close, expect_close_naming_mistakes,
+                           expect_replicated, expect_split_across, placed)
 
 WEIGHTS = ("w1", "b1", "w2", "b2")
 
@@ -92,3 +92,24 @@ def test_each_fsdp_gradient_is_split_like_its_weight(got, run):
     for name, g in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)")):
         expect_split_across(g, run.device_count, axis=0,
                             hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')")
+
+
+# -- stretch (not graded: points=0): tensor_parallel_scattered ---------------------------------
+
+ROWS_SPLIT = ("Keep only this device's rows of the sum: jax.lax.psum_scatter(h @ w2, 'model', scatter_dimension=0, "
+              "tiled=True), with out_specs=P('model', None) on a mesh over all of jax.devices()")
+
+
+def scattered_mistakes(x, w, n):
+    return {f"b2 was added on each of the {n} devices before the sum, which then counted it {n} times: add b2 "
+            f"after jax.lax.psum_scatter": mlp(x, *w) + (n - 1) * np.asarray(w[3], np.float64)}
+
+
+@check(points=0, got=call("tensor_parallel_scattered", X, *W))
+def test_tensor_parallel_scattered_equals_the_unsplit_mlp(got, run):
+    expect_close_naming_mistakes(got, mlp(X, *W), scattered_mistakes(X, W, run.device_count), rtol=1e-4, atol=1e-5)
+
+
+@check(points=0, got=call("tensor_parallel_scattered", X, *W))
+def test_tensor_parallel_scattered_splits_the_rows_of_the_output_across_every_device(got, run):
+    expect_split_across(got, run.device_count, axis=0, hint=ROWS_SPLIT)
