@@ -82,3 +82,23 @@ def test_these_stretches_have_public_and_hidden_tests(number):
     name, _ = stretch_of(lab.reference)
     assert calls_of(lab.public_tests, name), f"lab {number}: no public test calls {name}"
     assert calls_of(lab.hidden_tests, name), f"lab {number}: no hidden test calls {name}"
+
+
+def _summary(stretch_status: str):
+    from labkit import report
+    from labkit.execute import RunRecord
+    from labkit.judge import Outcome
+
+    outcomes = [Outcome("doubles", "shard_map_double", "cpu-8", "cpu-8", "passed"),
+                Outcome("stretch", "shard_shapes", "cpu-8", "cpu-8", stretch_status, points=0)]
+    return report.summary(["cpu-8"], outcomes, {"cpu-8": RunRecord("cpu-8", "ok")})
+
+
+def test_a_stretch_not_tried_yet_leaves_the_run_passing_and_says_so():
+    line, ok = _summary("todo")
+    assert ok and line == "1/1 on cpu-8 (1 optional not tried yet)"
+
+
+def test_a_stretch_tried_and_wrong_fails_the_run():
+    line, ok = _summary("failed")
+    assert not ok and line == "1/2 on cpu-8"
