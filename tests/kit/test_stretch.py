@@ -102,3 +102,18 @@ def test_a_stretch_not_tried_yet_leaves_the_run_passing_and_says_so():
 def test_a_stretch_tried_and_wrong_fails_the_run():
     line, ok = _summary("failed")
     assert not ok and line == "1/2 on cpu-8"
+
+
+def test_a_graded_row_leaves_out_a_stretch_not_tried_and_counts_one_tried():
+    from labkit import grade
+    from labkit.execute import RunRecord
+    from labkit.judge import Outcome
+
+    def row(stretch_status):
+        outcomes = [Outcome("doubles", "shard_map_double", "ada", "cpu-8", "passed"),
+                    Outcome("stretch", "shard_shapes", "ada", "cpu-8", stretch_status, points=0)]
+        return grade.make_row("ada", 1, "cpu-8", RunRecord("cpu-8", "ok"), outcomes)
+
+    untried, wrong = row("todo"), row("failed")
+    assert (untried["status"], untried["passed"], untried["total"], untried["points"]) == ("ok", 1, 1, 1)
+    assert (wrong["status"], wrong["passed"], wrong["total"], wrong["points"]) == ("failed", 1, 2, 1)
