@@ -5,7 +5,9 @@ hidden tests' calls). It is run `--repeat` times each way, alternately:
 
 * cold: a fresh kernel per run (`sandbox.launch`: bubblewrap, a new Python interpreter that
   imports JAX, numpy and IPython, then ipykernel's start);
-* warm: a kernel forked by a warm server (`labkit.warm`) that imported all that once.
+* warm: a kernel forked by a warm server (`labkit.warm`) that imported all that once;
+* warm + cache: the same, reading JAX's compilation cache (`labkit.jaxcache`) read-only, as a
+  student's run does once the reference solution's run filled it (here: one run, not counted).
 
 For each run it reads the executed notebook's own timings (papermill's per-cell start and end)
 and splits the run's wall time into: the kernel's start (from the run's start to its first
@@ -33,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs, execute, judge, sandbox, warm  # noqa: E402
+from labkit import catalog, configs, execute, jaxcache, judge, sandbox, warm  # noqa: E402
 
 COMPILES_FIRST = """\
 import jax.monitoring as _m
@@ -44,13 +46,15 @@ def _labkit_bench_listen(event, duration, **kw):
 _m.register_event_duration_secs_listener(_labkit_bench_listen)
 """
 COMPILES_LAST = "open('compile_seconds', 'w').write(str(_labkit_bench['compile']))"
+WAYS = ("cold", "warm", "warm + cache")
 IMPORTS = "import jax, jax.numpy, numpy, flax.nnx, IPython, ipykernel.kernelapp"
 
 
 def instrumented(notebook: Path, folder: Path) -> Path:
     nb = json.loads(notebook.read_text())
-    cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": []}
-    nb["cells"] = [dict(cell, source=COMPILES_FIRST), *nb["cells"], dict(cell, source=COMPILES_LAST)]
+    cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "id": "labkit-bench"}
+    nb["cells"] = [dict(cell, source=COMPILES_FIRST, id="bench-first"), *nb["cells"],
+                   dict(cell, source=COMPILES_LAST, id="bench-last")]
     path = folder / notebook.name
     path.write_text(json.dumps(nb))
     return path
@@ -100,21 +104,27 @@ def main() -> int:
         folder = Path(tmp)
         notebook = instrumented(lab.reference, folder)
         base = {k: v for k, v in config.environment().items() if k != "JAX_NUM_CPU_DEVICES"}
-        server = warm.Server([folder / "runs"], base, folder / "server")
+        cache = jaxcache.prepare(folder / "cache")
+        server = warm.Server([folder / "runs"], base, folder / "server", shared=[cache.folder])
         began = time.perf_counter()
         if not server.start(limits):
             raise SystemExit(f"no warm server here: {server.why}")
         server_start = time.perf_counter() - began
-        found: dict[str, list[dict]] = {"cold": [], "warm": []}
+        found: dict[str, list[dict]] = {way: [] for way in WAYS}
         last: dict[str, execute.RunRecord] = {}
         try:
+            filled = execute.run_notebook(notebook, config, calls, folder / "runs" / "fill", limits=limits,
+                                          warm=server, cache=cache)  # as the reference run does; not counted
+            if filled.status != "ok":
+                raise SystemExit(f"the run that fills the cache: {filled.status} {filled.message}")
             for i in range(args.repeat):
-                for way, with_server in (("cold", None), ("warm", server)):
+                for way, with_server, with_cache in (("cold", None, None), ("warm", server, None),
+                                                     ("warm + cache", server, cache.read_only())):
                     start = time.perf_counter()
-                    record = execute.run_notebook(notebook, config, calls, folder / "runs" / f"{way}-{i}",
-                                                  limits=limits, warm=with_server)
+                    record = execute.run_notebook(notebook, config, calls, folder / "runs" / f"{way[:4]}{i}-{len(way)}",
+                                                  limits=limits, warm=with_server, cache=with_cache)
                     wall = time.perf_counter() - start
-                    if record.status != "ok" or record.start != way:
+                    if record.status != "ok" or record.start != way.split()[0]:
                         raise SystemExit(f"{way} run {i}: {record.status} {record.start} {record.message}")
                     found[way].append(stages(record, wall))
                     last[way] = record
@@ -130,12 +140,10 @@ def main() -> int:
     bare = timed([sys.executable, "-c", "pass"], args.repeat)
     imports = timed([sys.executable, "-c", IMPORTS], args.repeat)
     print(f"lab {args.lab}'s reference on {args.config}, {args.repeat} runs each way, medians in seconds")
-    print(f"{'stage':<22}{'cold':>8}{'warm':>8}")
+    print(f"{'stage':<22}" + "".join(f"{way:>14}" for way in WAYS))
     for key in found["cold"][0]:
-        cold = statistics.median(r[key] for r in found["cold"])
-        hot = statistics.median(r[key] for r in found["warm"])
-        print(f"{key:<22}{cold:8.2f}{hot:8.2f}")
-    print(f"{'judge (one session)':<22}{judged['cold']:8.2f}{judged['warm']:8.2f}")
+        print(f"{key:<22}" + "".join(f"{statistics.median(r[key] for r in found[way]):14.2f}" for way in WAYS))
+    print(f"{'judge (one session)':<22}" + "".join(f"{judged[way]:14.2f}" for way in WAYS))
     print(f"for scale: a bare interpreter {bare:.2f} s; one that imports what a run imports {imports:.2f} s; "
           f"the warm server's start (paid once per grading run) {server_start:.2f} s")
     return 0

@@ -142,19 +142,22 @@ def kill_tree(pid: int) -> None:
 
 
 def launch(cmd: list[str], cwd: Path, env: dict[str, str], log, limits: Limits | None = None,
-           key: str | None = None, join: dict[str, str] | None = None) -> sandbox.Sandboxed:
+           key: str | None = None, join: dict[str, str] | None = None, extra_ro: tuple = (),
+           extra_rw: tuple = ()) -> sandbox.Sandboxed:
     """Start one process of a run, sandboxed and under `limits`, its output into `log` (see `sandbox.launch`).
 
     Every process a run starts goes through here: one for a one-process configuration, one per
     JAX process for a multi-process one. The processes of a multi-process run on this machine
     share one private network (process 0's: `join`, from `sandbox.network_of`); only the workers
     of a multi-host TPU slice, which talk across machines, keep the host's network. `key`, when
-    given, reaches the child on its stdin.
+    given, reaches the child on its stdin. `extra_ro` and `extra_rw` name more folders the run may
+    read or write (JAX's compilation cache: see `jaxcache`).
     """
     limits = limits or DEFAULT_LIMITS
     if harness.tpu_hosts(env) > 1:
         limits = dataclasses.replace(limits, network=True)
-    return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None, join=join)
+    return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None, join=join,
+                          extra_ro=extra_ro, extra_rw=extra_rw)
 
 
 def new_key() -> str:
@@ -225,12 +228,15 @@ def fresh_workdir(workdir: Path) -> None:
 
 
 def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdir: Path,
-                 timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None, warm=None) -> RunRecord:
+                 timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None, warm=None,
+                 cache=None) -> RunRecord:
     """Run `notebook` on `config` in a child process and return what came back, as plain data.
 
     The child runs sandboxed and under `limits` (see `sandbox`); its results are read once,
     right after it ended, and only when the run's sealed harness signed them. `warm`, a started
-    `warm.Server`, forks the kernel of a one-process CPU run (a cold start where it cannot).
+    `warm.Server`, forks the kernel of a one-process CPU run (a cold start where it cannot);
+    `cache`, a `jaxcache.CompileCache`, is JAX's compilation cache for the run (read-only unless
+    the cache says the run fills it).
     """
     workdir = Path(workdir)
     limits = limits or DEFAULT_LIMITS
@@ -246,9 +252,10 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
         return _run_processes(nb, config, calls, workdir, timeout, limits)
     input_path = prepare(nb, workdir, calls)
     key = new_key()
-    env = config.environment() | {"LABKIT_RUN": config.name}
+    env = config.environment() | {"LABKIT_RUN": config.name} | (cache.environment() if cache else {})
     warm = warm if warm is not None and config.platform == "cpu" else None
-    ran = _papermill(input_path, workdir / "executed.ipynb", workdir, env, limits, key, timeout, warm=warm)
+    ran = _papermill(input_path, workdir / "executed.ipynb", workdir, env, limits, key, timeout, warm=warm,
+                     cache=cache)
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
                        isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
@@ -346,11 +353,11 @@ def _kernel_manager_class():
         """
 
         def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str], network=None,
-                  warm=None) -> None:
+                  warm=None, cache=None) -> None:
             """`network`, when given, is called at launch for the namespaces to join (`sandbox.network_of`);
             `warm`, a `warm.Server`, forks the kernel instead of starting one."""
             self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = workdir, env, limits, log, seal
-            self.network, self.warm, self.start_kind = network, warm, ""
+            self.network, self.warm, self.start_kind, self.cache = network, warm, "", cache
             self.started = threading.Event()  # set once the kernel's process exists (or could not be made)
             self.sandboxed: sandbox.Sandboxed | None = None
             self.ended, self.clients, self.asked_to_exit = False, [], False
@@ -386,13 +393,16 @@ def _kernel_manager_class():
                     try:
                         argv = cmd[cmd.index("ipykernel_launcher") + 1:]
                         self.sandboxed = self.warm.launch(argv, self.run_dir, self.run_env, self.run_limits,
-                                                          self.run_log)
+                                                          self.run_log, cache=self.cache)
                         self.start_kind = "warm"
                     except OSError as e:  # the run starts cold, as it would without a warm server
                         self.run_log.write(f"labkit: no warm start ({e}); the kernel starts cold\n".encode())
                 if self.sandboxed is None:
+                    folder = (str(self.cache.folder),) if self.cache else ()
                     self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
-                                            join=self.network() if self.network else None)
+                                            join=self.network() if self.network else None,
+                                            extra_ro=() if self.cache and self.cache.writable else folder,
+                                            extra_rw=folder if self.cache and self.cache.writable else ())
                     self.start_kind = "cold"
             finally:
                 self.started.set()
@@ -512,7 +522,7 @@ _PAPERMILL_LOCK = threading.Lock()
 
 def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, limits: Limits, key: str,
                timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None,
-               warm=None) -> KernelRun:
+               warm=None, cache=None) -> KernelRun:
     """Execute `input_path` into `output_path` with papermill, on a sandboxed kernel working in `workdir`.
 
     Every cell runs even after one raised. The kernel reads the run's key from a file only it
@@ -532,11 +542,15 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
         json.dump({"key": key, "calls": str(workdir / "calls.json"), "results": str(workdir / "results.json"),
                    "output": limits.output}, f)
     seal = ["import labkit.harness", f"labkit.harness.seal({str(key_file)!r})", "del labkit"]
+    if cache is not None:
+        from labkit import jaxcache
+
+        seal.insert(0, jaxcache.QUIET)
     ran = KernelRun()
     start = time.monotonic()
     with open(workdir / log_name, "wb") as log:
         km = _kernel_manager_class()(kernel_name="python3")
-        km.setup(workdir, env, limits, log, seal, network, warm)
+        km.setup(workdir, env, limits, log, seal, network, warm, cache)
         if kernels is not None:
             kernels.append(km)
         watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))

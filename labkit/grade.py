@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from labkit import catalog, configs, deadlines, execute, history, judge, lms, sandbox, scoreboard, warm
+from labkit import catalog, configs, deadlines, execute, history, jaxcache, judge, lms, sandbox, scoreboard, warm
 from labkit import overrides as overrides_mod
 from labkit import policy as policy_mod
 from labkit import roster as roster_mod
@@ -404,6 +404,8 @@ class Grader:
         self.graded = 0  # units graded (not taken from a previous run) in this process
         # Warm starts (labkit.warm): one server, started at the first run, forks every one-process CPU run's kernel.
         self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
+        # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
+        self.cache = jaxcache.prepare(self.out / ".jax-cache") if jaxcache.wanted() else None
         self._warm = None  # None: not tried yet; False: not to be had here; else the started server
 
     def warm_server(self):
@@ -413,7 +415,8 @@ class Grader:
             wanted = [c for c in self.configs.values() if c.platform == "cpu" and c.processes == 1]
             if self.warm_wanted and wanted:
                 base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
-                server = warm.Server([self.out / "work", self.out / "reference" / "work"], base, self.out / ".warm")
+                server = warm.Server([self.out / "work", self.out / "reference" / "work"], base, self.out / ".warm",
+                                     shared=[self.cache.folder] if self.cache else [])
                 if server.start(self.limits):
                     self._warm = server
                 else:
@@ -464,8 +467,13 @@ class Grader:
                 rows.append((unit, key, row, seconds))
         return rows
 
-    def run(self, units: list[Unit], store: Store, title: str, expected: dict | None = None) -> list[dict]:
-        """Grade `units` (skipping those already graded with the same key); their rows, in the order given."""
+    def run(self, units: list[Unit], store: Store, title: str, expected: dict | None = None,
+            fills_cache: bool = False) -> list[dict]:
+        """Grade `units` (skipping those already graded with the same key); their rows, in the order given.
+
+        `fills_cache`: these runs (the reference solutions') write JAX's compilation cache; others only read it.
+        """
+        cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
         expected = expected or {}
         rows: dict[Unit, dict] = {}
         todo: list[tuple[Unit, str]] = []
@@ -508,7 +516,8 @@ class Grader:
                                          workdir=str(store.workdir(unit)))
             workdir = store.workdir(unit)
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
-                                        timeout=self.timeout, limits=self.limits, warm=self.warm_server())
+                                        timeout=self.timeout, limits=self.limits, warm=self.warm_server(),
+                                        cache=cache)
 
         for unit, _ in todo:
             self.calls(unit.lab)  # collect in this thread, before any run starts
@@ -746,7 +755,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
 
         # The reference solutions first: they must pass everything, or nothing else is worth grading.
         ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
-        ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions")
+        ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions", fills_cache=True)
         check_reference(ref_rows, grader.labs)
         expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
 

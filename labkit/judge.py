@@ -80,13 +80,14 @@ def classify(excinfo) -> tuple[str, str]:
 
 class _Plugin:
     def __init__(self, runs: list[RunSpec], hidden_dirs: list[Path], jobs: int, timeout: float, limits=None,
-                 warm=None):
+                 warm=None, cache=None):
         self.runs = {r.label: r for r in runs}
         self.hidden_dirs = [d.resolve() for d in hidden_dirs]
         self.jobs = jobs
         self.timeout = timeout
         self.limits = limits  # sandbox.Limits for every run; None: the defaults
         self.warm = warm  # a started warm.Server that forks the runs' kernels, or None: every kernel starts cold
+        self.cache = cache  # a jaxcache.CompileCache for the runs, or None
         self.judgement = Judgement()
         self.collect_errors: list[str] = []
 
@@ -132,7 +133,7 @@ class _Plugin:
             if spec.record is not None:
                 return spec.record
             return execute.run_notebook(spec.notebook, spec.config, encoded, spec.workdir, timeout=self.timeout,
-                                        limits=self.limits, warm=self.warm)
+                                        limits=self.limits, warm=self.warm, cache=self.cache)
 
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             for spec, record in zip(self.runs.values(), pool.map(run, self.runs.values())):
@@ -205,9 +206,11 @@ def collect_calls(test_dirs: list[Path]) -> list[dict]:
 
 
 def judge(test_dirs: list[Path], runs: list[RunSpec], *, hidden_dirs: list[Path] = (),
-          jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, limits=None, warm=None) -> Judgement:
-    """Run the notebooks of `runs` and the tests in `test_dirs` against them (`warm`: see `warm.Server`)."""
-    plugin = _Plugin(runs, list(hidden_dirs), jobs or os.cpu_count() or 1, timeout, limits, warm)
+          jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, limits=None, warm=None,
+          cache=None) -> Judgement:
+    """Run the notebooks of `runs` and the tests in `test_dirs` against them (`warm`: see `warm.Server`;
+    `cache`: see `jaxcache`)."""
+    plugin = _Plugin(runs, list(hidden_dirs), jobs or os.cpu_count() or 1, timeout, limits, warm, cache)
     code = pytest.main(_args(test_dirs), plugins=[plugin])
     if plugin.collect_errors:
         raise KitError("the lab's tests could not be collected:\n" + "\n".join(plugin.collect_errors))

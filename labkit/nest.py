@@ -63,8 +63,11 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
     _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {fstype or source} on {target}")
 
 
-def enter_namespaces(workdir: Path, roots: list[Path]) -> None:
+def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] | None = None) -> None:
     """In the forked child, before the run's code: new namespaces, and a file system showing only `workdir`.
+
+    `shared` names more folders the server may write, each with whether this run may write it too
+    (a compilation cache: the reference runs fill it, the others only read it).
 
     The process-id namespace applies to the children this process makes next (`become_init`).
     """
@@ -79,6 +82,8 @@ def enter_namespaces(workdir: Path, roots: list[Path]) -> None:
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     work = str(Path(workdir).resolve())
     keep = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    shared = {str(Path(f).resolve()): bool(w) for f, w in (shared or {}).items()}
+    shown = {f: os.open(f, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for f in shared}
     roots = [str(Path(root).resolve()) for root in roots]
     roots = [r for r in roots if not any(r != o and Path(r).is_relative_to(o) for o in roots)]  # covered already
     # /tmp first: a folder of the run's (its scratch folder, say) may lie under it, and is bound again below
@@ -92,8 +97,15 @@ def enter_namespaces(workdir: Path, roots: list[Path]) -> None:
                 os.makedirs(work, exist_ok=True)
                 _mount(libc, f"/proc/self/fd/{keep}", work, None, MS_BIND)
             _mount(libc, None, root_s, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for folder_s, fd in shown.items():  # bound again (one under /tmp is gone by now); read-only unless its to write
+            os.makedirs(folder_s, exist_ok=True)
+            _mount(libc, f"/proc/self/fd/{fd}", folder_s, None, MS_BIND)
+            if not shared[folder_s]:
+                _mount(libc, None, folder_s, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     finally:
         os.close(keep)
+        for fd in shown.values():
+            os.close(fd)
 
 
 def become_init() -> None:

@@ -16,7 +16,7 @@ from labkit import catalog, configs
 BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
 
 
-def _warm_server(out: Path, chosen: list, limits):
+def _warm_server(out: Path, chosen: list, limits, cache):
     """A warm server begun for the one-process CPU configurations of this run of the loop, or None."""
     from labkit import sandbox, warm
 
@@ -24,7 +24,7 @@ def _warm_server(out: Path, chosen: list, limits):
     if len(wanted) < 2 or os.environ.get("LABKIT_WARM", "on") == "off":
         return None  # one kernel: forking it from a server saves nothing
     base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
-    server = warm.Server([out], base, out / ".warm")
+    server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [])
     return server if server.begin(limits or sandbox.DEFAULT_LIMITS) else None
 
 
@@ -36,15 +36,20 @@ def run_lab(number: int | str, *, notebook: Path | None = None, config_names: st
     notebook = Path(notebook) if notebook else lab.student
     chosen = configs.parse(config_names)
     out = Path(build or BUILD) / lab.name
-    server = _warm_server(out, chosen, limits)
+    from labkit import jaxcache
+
+    # the student's own runs fill and read their own cache (programs compiled once, not at every make lab-N)
+    cache = jaxcache.prepare(Path(build or BUILD) / ".jax-cache") if jaxcache.wanted() else None
+    server = _warm_server(out, chosen, limits, cache)
     try:
-        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server)
+        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache)
     finally:
         if server is not None:
             server.stop()
 
 
-def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server) -> bool:
+def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server,
+         cache) -> bool:
     from rich.console import Console
 
     from labkit import execute, report
@@ -55,7 +60,7 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
     runs = [RunSpec(c.name, notebook, c, out / c.name) for c in chosen]
     console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
     judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
-                      limits=limits, warm=server)
+                      limits=limits, warm=server, cache=cache)
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
     out.mkdir(parents=True, exist_ok=True)

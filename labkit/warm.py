@@ -146,8 +146,10 @@ class Server:
     `why`, when the server could not start or cannot make a run's sandbox here.
     """
 
-    def __init__(self, roots: list[Path], env: dict[str, str], folder: Path):
+    def __init__(self, roots: list[Path], env: dict[str, str], folder: Path, shared: list[Path] = ()):
+        """`shared`: more folders its runs may see (a compilation cache), each run read-only unless it fills it."""
         self.roots = [Path(r).resolve() for r in roots]
+        self.shared = [Path(p).resolve() for p in shared]
         self.env, self.folder = env, Path(folder)
         self.available, self.why = False, "not started"
         self.process = None
@@ -188,6 +190,8 @@ class Server:
             # where the kit does not run as root; its runs' scratch folders are handed to that user.
             self.user = runusers.run_user()
             runusers.hand_over(self.folder, self.user)
+            for folder in self.shared:  # its runs that fill it write there as that user
+                os.chown(folder, self.user, self.user)
             for root in self.roots:
                 root.mkdir(parents=True, exist_ok=True)
                 mode = root.stat().st_mode
@@ -196,7 +200,8 @@ class Server:
         self._log = open(self.folder / "server.log", "wb")  # noqa: SIM115 - open while the server runs
         server_limits = replace(limits, memory=max(limits.memory, 8 << 30), processes=max(limits.processes, 4096))
         self.process = sandbox.launch([sys.executable, "-m", "labkit.warm", json.dumps(spec)], self.folder, self.env,
-                                      server_limits, log=self._log, extra_rw=tuple(self.roots), as_user=self.user,
+                                      server_limits, log=self._log, extra_rw=(*self.roots, *self.shared),
+                                      as_user=self.user,
                                       cgroups=False)
         self._began = time.monotonic()
         return True
@@ -230,7 +235,7 @@ class Server:
         self._stop()
         return False
 
-    def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log) -> WarmRun:
+    def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None) -> WarmRun:
         """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not."""
         from labkit import runusers, sandbox
 
@@ -242,13 +247,13 @@ class Server:
         if self.user is not None and not runusers.hand_over(workdir, self.user):
             raise OSError(f"{workdir} could not be handed to the run's user")
         try:
-            return self._launch(argv, workdir, env, limits, log)
+            return self._launch(argv, workdir, env, limits, log, cache)
         except OSError:
             if self.user is not None:  # the cold start that follows is this process's own user's
                 runusers.hand_over(workdir, os.geteuid())
             raise
 
-    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log) -> WarmRun:
+    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None) -> WarmRun:
         from labkit import sandbox
 
         token = os.urandom(16).hex()
@@ -259,7 +264,11 @@ class Server:
             from labkit import processes
 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
-        request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits}
+        if cache is not None and Path(cache.folder).resolve() not in self.shared:
+            raise OSError(f"the compilation cache {cache.folder} is not the warm server's")
+        shared = {str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
+                  for p in self.shared}
+        request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared}
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -353,7 +362,7 @@ def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None
         from labkit import nest
 
         workdir = Path(request["workdir"])
-        nest.enter_namespaces(workdir, roots)
+        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}))
         pid = os.fork()
         if pid == 0:
             _init(request, workdir)

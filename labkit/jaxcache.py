@@ -1,0 +1,50 @@
+"""JAX's persistent compilation cache, shared the one way that carries nothing between students.
+
+Most of a short run's own work is compiling small programs, the same ones in every student's
+run of a lab. When grading, the reference solutions run first and fill a cache folder
+(`OUT/.jax-cache`); every student's run then reads it and writes nothing: the folder is bound
+read-only into the run's sandbox, so no run can leave an entry another run would load. What a
+student's run can take from it is an entry named by the hash of a program it compiles itself
+(the folder may be passed through, never listed), so it learns nothing it did not already have.
+In the student loop (`make lab-N`) the cache is the student's own (`build/.jax-cache`), written
+by their own runs.
+
+A cache entry is XLA's executable for exactly that program, those options and that device count;
+a run that misses compiles as before.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Cache every program, however small or quick to compile: the labs' programs all are.
+SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+# A run that may not write the cache would otherwise print a warning for each program it misses.
+QUIET = ("import warnings; warnings.filterwarnings('ignore', message='Error writing persistent compilation cache')")
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    folder: Path
+    writable: bool  # True for the runs that fill it (the reference solutions; a student's own loop)
+
+    def environment(self) -> dict[str, str]:
+        return SETTINGS | {"JAX_COMPILATION_CACHE_DIR": str(self.folder)}
+
+    def read_only(self) -> "CompileCache":
+        return CompileCache(self.folder, False)
+
+
+def prepare(folder: Path) -> CompileCache:
+    """The cache folder, made if missing: its owner may add entries and open them by name, nobody may list it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o311)
+    return CompileCache(folder.resolve(), True)
+
+
+def wanted() -> bool:
+    """False when `LABKIT_COMPILE_CACHE=off` asks for every program to be compiled in its own run."""
+    return os.environ.get("LABKIT_COMPILE_CACHE", "on") != "off"
