@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs, execute, jaxcache, judge, sandbox, warm  # noqa: E402
+from labkit import catalog, configs, execute, jaxcache, judge, sandbox, warm
 
 COMPILES_FIRST = """\
 import jax.monitoring as _m

@@ -33,7 +33,7 @@ class CompileCache:
     def environment(self) -> dict[str, str]:
         return SETTINGS | {"JAX_COMPILATION_CACHE_DIR": str(self.folder)}
 
-    def read_only(self) -> "CompileCache":
+    def read_only(self) -> CompileCache:
         return CompileCache(self.folder, False)
 
 

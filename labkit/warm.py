@@ -237,7 +237,7 @@ class Server:
 
     def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None) -> WarmRun:
         """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not."""
-        from labkit import runusers, sandbox
+        from labkit import runusers
 
         if not self.ready():
             raise OSError(f"no warm server: {self.why}")
