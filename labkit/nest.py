@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import socket
 import struct
 from pathlib import Path
@@ -86,9 +87,23 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
     shown = {f: os.open(f, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for f in shared}
     roots = [str(Path(root).resolve()) for root in roots]
     roots = [r for r in roots if not any(r != o and Path(r).is_relative_to(o) for o in roots)]  # covered already
-    # /tmp first: a folder of the run's (its scratch folder, say) may lie under it, and is bound again below
+    # /tmp first. What the server's sandbox binds under /tmp (the kit's environment, when it lies there) is bound
+    # again, as it was (read-only stays read-only); a folder of the run's own (its scratch folder) is bound below.
+    under_tmp = _mounts_under("/tmp")
+    kept = {m: os.open(m, os.O_PATH | os.O_CLOEXEC) for m in under_tmp}
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    try:
+        for m, fd in kept.items():
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(m, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(m), exist_ok=True)
+                open(m, "a").close()
+            _mount(libc, f"/proc/self/fd/{fd}", m, None, MS_BIND | MS_REC)
+    finally:
+        for fd in kept.values():
+            os.close(fd)
     try:
         for root_s in roots:
             os.makedirs(root_s, exist_ok=True)  # a folder under /tmp is made again (empty), to be covered
@@ -106,6 +121,17 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
         os.close(keep)
         for fd in shown.values():
             os.close(fd)
+
+
+def _mounts_under(top: str) -> list[str]:
+    """The highest mount points below `top` (not `top` itself) in this mount namespace."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split(" ")[4]
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+        if point.startswith(top.rstrip("/") + "/"):
+            points.append(point)
+    return sorted({p for p in points if not any(p != q and p.startswith(q + "/") for q in points)})
 
 
 def become_init() -> None:
