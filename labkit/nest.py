@@ -95,12 +95,7 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
     _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     try:
         for m, fd in kept.items():
-            if os.path.isdir(f"/proc/self/fd/{fd}"):
-                os.makedirs(m, exist_ok=True)
-            else:
-                os.makedirs(os.path.dirname(m), exist_ok=True)
-                open(m, "a").close()
-            _mount(libc, f"/proc/self/fd/{fd}", m, None, MS_BIND | MS_REC)
+            _bind_again(libc, fd, m)
     finally:
         for fd in kept.values():
             os.close(fd)
@@ -121,6 +116,16 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
         os.close(keep)
         for fd in shown.values():
             os.close(fd)
+
+
+def _bind_again(libc, fd: int, path: str) -> None:
+    """Bind what `fd` (opened before `path` was covered) names at `path` again, making the place for it."""
+    if os.path.isdir(f"/proc/self/fd/{fd}"):
+        os.makedirs(path, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "a").close()
+    _mount(libc, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
 
 
 def _mounts_under(top: str) -> list[str]:
@@ -208,12 +213,7 @@ def reach(paths: list[str], uid: int) -> None:
                 continue  # under a folder covered already: its paths are bound with that one's
             _mount(libc, "tmpfs", str(top), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
             for p in sorted((q for t in tops if t.is_relative_to(top) for q in blocked[t]), key=len):
-                if os.path.isdir(f"/proc/self/fd/{kept[p]}"):
-                    os.makedirs(p, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(p), exist_ok=True)
-                    open(p, "a").close()
-                _mount(libc, f"/proc/self/fd/{kept[p]}", p, None, MS_BIND | MS_REC)
+                _bind_again(libc, kept[p], p)
     finally:
         for fd in kept.values():
             os.close(fd)
