@@ -405,7 +405,7 @@ class Grader:
         # Warm starts (labkit.warm): one server, started at the first run, forks every one-process CPU run's kernel.
         self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
         # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
-        self.cache = jaxcache.prepare(self.out / ".jax-cache") if jaxcache.wanted() else None
+        self.cache = jaxcache.prepare(self.out / ".jax-cache", unlisted=True) if jaxcache.wanted() else None
         self._warm = None  # None: not tried yet; False: not to be had here; else the started server
 
     def warm_server(self):
@@ -425,10 +425,11 @@ class Grader:
         return self._warm or None
 
     def close(self) -> None:
-        """Stop the warm server, if one was started."""
+        """Stop the warm server, if one was started, and give the compilation cache its usual mode back."""
         if self._warm:
             self._warm.stop()
         self._warm = None
+        jaxcache.release(self.cache)
 
     def calls(self, lab: int) -> list[dict]:
         if lab not in self._calls:

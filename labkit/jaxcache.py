@@ -37,12 +37,26 @@ class CompileCache:
         return CompileCache(self.folder, False)
 
 
-def prepare(folder: Path) -> CompileCache:
-    """The cache folder, made if missing: its owner may add entries and open them by name, nobody may list it."""
+def prepare(folder: Path, unlisted: bool = False) -> CompileCache:
+    """The cache folder, made if missing.
+
+    `unlisted` (grading): while the runs go on, entries may be added and opened by name, and the
+    folder listed by nobody but root; `release` gives it back its usual mode (so that it can be
+    removed like any folder). A student's own cache in `make lab-N` is an ordinary folder.
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o311)
+    os.chmod(folder, 0o311 if unlisted else 0o755)
     return CompileCache(folder.resolve(), True)
+
+
+def release(cache: CompileCache | None) -> None:
+    """After grading: the cache folder may be listed (and removed) again by its owner."""
+    if cache is not None:
+        try:
+            os.chmod(cache.folder, 0o755)
+        except OSError:
+            pass
 
 
 def wanted() -> bool:
