@@ -405,7 +405,8 @@ class Grader:
         # Warm starts (labkit.warm): one server, started at the first run, forks every one-process CPU run's kernel.
         self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
         # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
-        self.cache = jaxcache.prepare(self.out / ".jax-cache", unlisted=True) if jaxcache.wanted() else None
+        # Made at the first run, so that a grading run refused before any leaves OUT as it was.
+        self.cache = None
         self._warm = None  # None: not tried yet; False: not to be had here; else the started server
 
     def warm_server(self):
@@ -474,7 +475,6 @@ class Grader:
 
         `fills_cache`: these runs (the reference solutions') write JAX's compilation cache; others only read it.
         """
-        cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
         expected = expected or {}
         rows: dict[Unit, dict] = {}
         todo: list[tuple[Unit, str]] = []
@@ -516,6 +516,7 @@ class Grader:
                                          f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
                                          workdir=str(store.workdir(unit)))
             workdir = store.workdir(unit)
+            cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
                                         timeout=self.timeout, limits=self.limits, warm=self.warm_server(),
                                         cache=cache)
@@ -523,6 +524,8 @@ class Grader:
         for unit, _ in todo:
             self.calls(unit.lab)  # collect in this thread, before any run starts
         if todo:
+            if self.cache is None and jaxcache.wanted():
+                self.cache = jaxcache.prepare(self.out / ".jax-cache", unlisted=True)
             self.warm_server()
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
         running: dict[Future, tuple[Unit, str, float]] = {}
