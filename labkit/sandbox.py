@@ -332,9 +332,19 @@ def _own_cgroup(controller: str) -> str | None:
     return None
 
 
+def _may_make_cgroups() -> bool:
+    """Whether this process may make cgroups for its runs: as root, unless LABKIT_CGROUPS=off."""
+    return os.geteuid() == 0 and os.environ.get("LABKIT_CGROUPS", "auto") != "off"
+
+
+def counts_processes(cgroups: list[Path]) -> bool:
+    """Whether `cgroups` (from make_cgroups) hold a pids cgroup, which counts the run's processes."""
+    return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
+
+
 def make_cgroups(limits: Limits) -> list[Path]:
     """New v1 cgroups (pids, memory) for one run, when they can be made here; [] otherwise."""
-    if os.geteuid() != 0 or os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+    if not _may_make_cgroups():
         return []
     made = []
     name = f"labkit-{uuid.uuid4().hex[:12]}"
@@ -510,7 +520,7 @@ def run_rlimits(env: dict[str, str], limits: Limits) -> dict[str, int]:
 
 def pids_cgroups_available() -> bool:
     """Whether `make_cgroups` can give each run a pids cgroup here (root, with the pids controller mounted)."""
-    if os.geteuid() != 0 or os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+    if not _may_make_cgroups():
         return False
     own = _own_cgroup("pids")
     return own is not None and (Path("/sys/fs/cgroup/pids") / own.lstrip("/")).is_dir()
@@ -559,7 +569,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         run_env["LD_LIBRARY_PATH"] = ":".join(drivers)
     cgroups = make_cgroups(limits) if cgroups else []
     rlimits = run_rlimits(env, limits)
-    counted = any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
+    counted = counts_processes(cgroups)
     user = None
     if as_user is not None:
         counted = True  # the server's own processes: its runs are counted in their cgroups
@@ -650,21 +660,26 @@ def _join(namespaces: dict[str, str]) -> bool:
         os.close(net)
 
 
-def _exec(argv: list[str]) -> int:
-    """The first step of every launch: join the cgroups, set the limits, become the command."""
+def apply_rlimits(rlimits: dict[str, int]) -> None:
+    """Set this process's resource limits (`RLIMIT_` names less the prefix), never above their hard limits."""
     import resource
 
+    for name, value in rlimits.items():
+        which = getattr(resource, f"RLIMIT_{name}")
+        _, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
+def _exec(argv: list[str]) -> int:
+    """The first step of every launch: join the cgroups, set the limits, become the command."""
     spec, cmd = json.loads(argv[0]), argv[1:]
     if spec.get("join") and not _join(spec["join"]):
         return 126
     for procs in spec.get("cgroups", []):
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
-    for name, value in spec.get("rlimits", {}).items():
-        which = getattr(resource, f"RLIMIT_{name}")
-        _, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value))
+    apply_rlimits(spec.get("rlimits", {}))
     if spec.get("reach"):  # root, before becoming the user that starts bwrap: what it must find at its place
         from labkit import nest
 

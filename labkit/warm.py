@@ -260,7 +260,7 @@ class Server:
         run_env = sandbox.run_environment(env, workdir, sandboxed=True) | {"LABKIT_RUN_TOKEN": token}
         rlimits = sandbox.run_rlimits(env, limits)
         cgroups = sandbox.make_cgroups(limits)
-        if not any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups):
+        if not sandbox.counts_processes(cgroups):
             from labkit import processes
 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
@@ -358,20 +358,25 @@ def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None
         if not hello.recv(8).startswith(b"go"):
             os._exit(125)
         hello.close()
-        _set_rlimits(request["rlimits"])
-        from labkit import nest
+        from labkit import nest, sandbox
+
+        sandbox.apply_rlimits(request["rlimits"])
 
         workdir = Path(request["workdir"])
         nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}))
         pid = os.fork()
         if pid == 0:
             _init(request, workdir)
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        code = 128 - code if code < 0 else code
+        code = _exit_code(os.waitpid(pid, 0)[1])
     except BaseException as e:  # noqa: BLE001 - the child reports and ends, whatever happened
         os.write(2, f"labkit: the run's sandbox could not be made: {e}\n".encode(errors="replace"))
     os._exit(code)
+
+
+def _exit_code(status: int) -> int:
+    """A child's wait status as an exit status, 128 + N for a signal N (as a shell, and bwrap, report it)."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 def _init(request: dict, workdir: Path) -> None:
@@ -388,8 +393,7 @@ def _init(request: dict, workdir: Path) -> None:
         while True:
             pid, status = os.wait()
             if pid == kernel:
-                code = os.waitstatus_to_exitcode(status)
-                code = 128 - code if code < 0 else code
+                code = _exit_code(status)
                 break
     except BaseException as e:  # noqa: BLE001
         os.write(2, f"labkit: the run's sandbox could not be made: {e}\n".encode(errors="replace"))
@@ -444,16 +448,6 @@ def configure_jax(env: dict[str, str]) -> None:
         else:
             value = text
         jax_config.update(name, value)
-
-
-def _set_rlimits(rlimits: dict) -> None:
-    import resource
-
-    for name, value in rlimits.items():
-        which = getattr(resource, f"RLIMIT_{name}")
-        _, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value))
 
 
 def probe(folder: Path) -> str:
