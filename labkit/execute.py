@@ -238,7 +238,7 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     `cache`, a `jaxcache.CompileCache`, is JAX's compilation cache for the run (read-only unless
     the cache says the run fills it).
     """
-    workdir = Path(workdir)
+    workdir = Path(workdir).absolute()  # named in the kernel's connection file and the sandbox's binds
     limits = limits or DEFAULT_LIMITS
     available, reason = config.availability()
     if not available:

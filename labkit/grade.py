@@ -738,7 +738,9 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
           extensions: Path | None = None, start: str = "warm") -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
     stream = stream or sys.stderr
-    submissions, out = Path(submissions), Path(out)
+    # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
+    # are all named by path, and a relative one (`make grade`'s default OUT=scoreboard) means nothing there.
+    submissions, out = Path(submissions).absolute(), Path(out).absolute()
     if not submissions.exists():
         raise GradeError(f"the submissions folder {submissions} does not exist "
                          "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)")

@@ -150,7 +150,7 @@ class Server:
         """`shared`: more folders its runs may see (a compilation cache), each run read-only unless it fills it."""
         self.roots = [Path(r).resolve() for r in roots]
         self.shared = [Path(p).resolve() for p in shared]
-        self.env, self.folder = env, Path(folder)
+        self.env, self.folder = env, Path(folder).absolute()  # a socket path bound in another folder
         self.available, self.why = False, "not started"
         self.process = None
         self.user: int | None = None
