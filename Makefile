@@ -106,7 +106,7 @@ doctor: ## what this machine can do for the kit and what is missing, with fixes 
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs
 
-.PHONY: grade scoreboard gradescope isolation
+.PHONY: grade scoreboard gradescope isolation slurm-grade progress
 isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why none and the fix
 	@$(PY) -m labkit isolation
 
@@ -116,6 +116,16 @@ grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboa
 	  $(if $(SHARD),--shard $(SHARD)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLICY)) \
 	  $(if $(OVERRIDES),--overrides $(OVERRIDES)) $(if $(EXTENSIONS),--extensions $(EXTENSIONS)) \
 	  $(if $(ISOLATION),--isolation $(ISOLATION)) $(if $(START),--start $(START)) --timeout $(TIMEOUT)
+
+slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMISSIONS=..] [OUT=..] [LABS=..] [CONFIGS=..] [PARTITION=..] [ACCOUNT=..] [NO_WAIT=1]
+	@test -n "$(SHARDS)" || { echo "usage: make slurm-grade SHARDS=N [SUBMISSIONS=..] [OUT=..]" >&2; exit 2; }
+	@$(PY) -m labkit slurm-grade --shards $(SHARDS) --submissions $(or $(SUBMISSIONS),submissions) \
+	  --out $(or $(OUT),scoreboard) $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) \
+	  $(if $(JOBS),--jobs $(JOBS)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(ACCOUNT),--account $(ACCOUNT)) \
+	  $(if $(NO_WAIT),--no-wait) --timeout $(TIMEOUT)
+
+progress: setup ## how far a grading run (or its shards, on any engine) has got: make progress OUT=scoreboard [WATCH=1]
+	@$(PY) -m labkit progress $(or $(OUT),scoreboard) $(if $(WATCH),--watch)
 
 gradescope: setup ## the Gradescope autograder of one lab: make gradescope LAB=3 -> build/gradescope/lab-3.zip
 	@test -n "$(LAB)" || { echo "usage: make gradescope LAB=N" >&2; exit 2; }

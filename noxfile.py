@@ -44,6 +44,19 @@ def grade(session: nox.Session) -> None:
 
 
 @nox.session
+def slurm_grade(session: nox.Session) -> None:
+    """Grade a class on a Slurm cluster: nox -s slurm_grade -- --shards N [--submissions DIR] [--out DIR]
+    [--labs ..] [--configs ..] [--partition P] [--account A] [--no-wait] [-- more grade arguments]."""
+    _kit(session, "slurm-grade", *session.posargs)
+
+
+@nox.session
+def progress(session: nox.Session) -> None:
+    """How far a grading run, or its shards on any engine, has got: nox -s progress -- OUT [--watch]."""
+    _kit(session, "progress", *session.posargs)
+
+
+@nox.session
 def scoreboard(session: nox.Session) -> None:
     """Your own results across labs (no arguments), or: nox -s scoreboard -- merge DIR... --out DIR,
     or: nox -s scoreboard -- export --format canvas|wide --out FILE SCOREBOARD_DIR."""

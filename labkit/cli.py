@@ -198,6 +198,80 @@ def _add_gradescope(sub) -> None:
     gsr.set_defaults(func=_gradescope_run)
 
 
+def _slurm_grade(args) -> int:
+    """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
+    from labkit import slurm
+
+    request = slurm.Request(args.submissions.absolute(), args.out.absolute(), args.shards, labs=args.labs,
+                            configs=args.configs, jobs=args.jobs, timeout=args.timeout, partition=args.partition,
+                            account=args.account, extra=tuple(args.grade_args))
+    try:
+        array, merge = slurm.submit(request)
+    except (slurm.SlurmError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
+          f"logs in {request.out / 'slurm'}", flush=True)
+    if args.no_wait:
+        print(f"follow it with: python -m labkit progress {request.out} --watch    "
+              f"(cancel: scancel {array} {merge})")
+        return 0
+    try:
+        return slurm.follow(request.out, array, merge, args.shards, every=args.every)
+    except KeyboardInterrupt:
+        print(f"stopped following; the jobs go on (scancel {array} {merge} ends them)", file=sys.stderr)
+        return 130
+
+
+def _slurm_merge(args) -> int:
+    from labkit import scoreboard, slurm
+
+    try:
+        _, failed = slurm.merge(args.out, args.shards)
+    except (slurm.SlurmError, scoreboard.MergeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"merged {args.shards - len(failed)} of {args.shards} shards into {args.out / 'scoreboard.csv'}"
+          + (f"; not finished: shard {', '.join(map(str, failed))}" if failed else ""))
+    return 1 if failed else 0
+
+
+def _progress(args) -> int:
+    from labkit import progress
+
+    if args.watch:
+        progress.watch(args.out, args.every, sys.stdout)
+    else:
+        print(progress.summary(progress.parts(args.out)))
+    return 0
+
+
+def _add_cluster(sub) -> None:
+    sl = sub.add_parser("slurm-grade", help="grade a class on a Slurm cluster: an array job of shards, then a merge")
+    sl.add_argument("--submissions", type=Path, default=Path("submissions"), help="default %(default)s")
+    sl.add_argument("--out", type=Path, default=Path("scoreboard"), help="default %(default)s (a shared folder)")
+    sl.add_argument("--shards", type=int, required=True, help="how many array tasks share the class")
+    sl.add_argument("--labs", default=None)
+    sl.add_argument("--configs", default=None)
+    sl.add_argument("--jobs", type=int, default=2, help="notebooks each shard runs at once: its CPUs (default 2)")
+    sl.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT)
+    sl.add_argument("--partition", default=None)
+    sl.add_argument("--account", default=None)
+    sl.add_argument("--no-wait", action="store_true", help="submit and return at once")
+    sl.add_argument("--every", type=float, default=10.0, help="seconds between progress lines (default 10)")
+    sl.add_argument("grade_args", nargs="*", help="after --: more `grade` arguments for every shard (--roster ..)")
+    sl.set_defaults(func=_slurm_grade)
+    mg = sub.add_parser("slurm-merge", help="(the merge job) merge OUT/shards/* into OUT, naming shards that failed")
+    mg.add_argument("--out", type=Path, required=True)
+    mg.add_argument("--shards", type=int, required=True)
+    mg.set_defaults(func=_slurm_merge)
+    pr = sub.add_parser("progress", help="how far a grading run (or its shards, on any engine) has got")
+    pr.add_argument("out", type=Path, help="the grading run's --out folder")
+    pr.add_argument("--watch", action="store_true", help="print a line every few seconds until every shard is done")
+    pr.add_argument("--every", type=float, default=10.0)
+    pr.set_defaults(func=_progress)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -271,6 +345,7 @@ def parser() -> argparse.ArgumentParser:
                      help="the release folder; OUT.tar.gz is written next to it (default build/student-release)")
     rel.set_defaults(func=_release)
     _add_gradescope(sub)
+    _add_cluster(sub)
     return p
 
 

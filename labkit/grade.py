@@ -38,6 +38,7 @@ import psutil
 
 from labkit import catalog, configs, deadlines, execute, history, jaxcache, judge, lms, sandbox, scoreboard, warm
 from labkit import overrides as overrides_mod
+from labkit import progress as progress_mod
 from labkit import policy as policy_mod
 from labkit import roster as roster_mod
 from labkit.configs import DeviceConfig
@@ -335,8 +336,11 @@ class Store:
 # ----------------------------------------------------------------------------------------
 
 class Progress:
-    def __init__(self, total: int, title: str, stream=None, terminal: bool | None = None):
+    def __init__(self, total: int, title: str, stream=None, terminal: bool | None = None, out: Path | None = None):
+        """`out`: the grading run's folder, where `progress.json` says how far it has got (`labkit.progress`)."""
         self.total, self.done, self.start = total, 0, time.monotonic()
+        self.title, self.out, self.began = title, out, time.time()
+        self._record()
         self.stream = stream or sys.stderr
         self.terminal = self.stream.isatty() if terminal is None else terminal
         self.bar = None
@@ -359,8 +363,13 @@ class Progress:
         elif total:
             print(f"{title}: {total} to grade", file=self.stream, flush=True)
 
+    def _record(self) -> None:
+        if self.out is not None:
+            progress_mod.record(self.out, phase=self.title, total=self.total, done=self.done, started=self.began)
+
     def advance(self, unit: Unit, row: dict) -> None:
         self.done += 1
+        self._record()
         line = f"{unit.student} lab-{unit.lab} {unit.config}: {row['status']} {row['passed']}/{row['total']}"
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=line)
@@ -494,7 +503,7 @@ class Grader:
         if unchanged:
             print(f"{title}: {unchanged} of {len(units)} unchanged since the last run, not graded again",
                   file=self.stream, flush=True)
-        progress = Progress(len(todo), title, self.stream, self.terminal)
+        progress = Progress(len(todo), title, self.stream, self.terminal, out=self.out)
         queue: list[tuple[Unit, str, execute.RunRecord, float]] = []
 
         def finish(done_rows):

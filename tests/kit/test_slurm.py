@@ -1,0 +1,175 @@
+"""Grading on a Slurm cluster: an array job of shards and a merge job, against a real one-node Slurm.
+
+The cluster is Debian's slurm-wlm and munge, started by `slurm_cluster` (root only; skipped with the
+reason elsewhere). Each shard grades in the kit's sandbox exactly as `grade --shard i/N` does here.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import slurm_cluster
+
+from labkit import configs, grade, progress, slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def _students_in_both_shards() -> list[str]:
+    """Three student ids, at least one in each of two shards."""
+    names = [f"student{i}" for i in range(20)]
+    first = [n for n in names if grade.shard_of(n, 2) == 1][:2]
+    second = [n for n in names if grade.shard_of(n, 2) == 2][:1]
+    return first + second
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = slurm_cluster.missing()
+    if why:
+        pytest.skip(why)
+    c = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def klass(tmp_path_factory) -> Path:
+    """Three students' lab 1: one right (the reference), two as handed out (their tests fail)."""
+    folder = tmp_path_factory.mktemp("class") / "submissions"
+    for i, student in enumerate(_students_in_both_shards()):
+        (folder / student).mkdir(parents=True)
+        source = ROOT / ("reference" if i == 0 else "labs") / "lab-1.ipynb"
+        shutil.copy(source, folder / student / "lab-1.ipynb")
+    return folder
+
+
+def _slurm_grade(cluster, klass: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
+    return cluster.run(PY, "-m", "labkit", "slurm-grade", "--submissions", str(klass), "--out", str(out),
+                       "--shards", "2", "--labs", "1", "--configs", "cpu-1", "--jobs", "1", "--every", "2", *more,
+                       cwd=ROOT, timeout=900)
+
+
+def _rows(folder: Path) -> set[tuple]:
+    with open(folder / "scoreboard.csv", newline="") as f:
+        return {(r["student"], r["lab"], r["config"], r["passed"], r["total"], r["status"], r["points"])
+                for r in csv.DictReader(f)}
+
+
+def test_a_class_graded_through_slurm_equals_the_same_class_graded_in_one_run(cluster, klass, tmp_path):
+    done = _slurm_grade(cluster, klass, tmp_path / "slurm")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "submitted: array job" in done.stdout
+    assert "shards finished 2/2" in done.stderr
+    local = subprocess.run([PY, "-m", "labkit", "grade", "--submissions", str(klass), "--out",
+                            str(tmp_path / "local"), "--labs", "1", "--configs", "cpu-1", "--jobs", "1"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert local.returncode == 0, local.stderr
+    assert _rows(tmp_path / "slurm") == _rows(tmp_path / "local")
+    assert len(_rows(tmp_path / "slurm")) == 3
+    # each shard ran in the kit's sandbox, as a local run does
+    with open(tmp_path / "slurm" / "scoreboard.csv", newline="") as f:
+        assert {r["isolation"] for r in csv.DictReader(f)} == {"bubblewrap"}
+
+
+def test_a_shard_that_did_not_finish_is_named_by_the_merge(cluster, klass, tmp_path):
+    out = tmp_path / "out"
+    done = _slurm_grade(cluster, klass, out, "--no-wait")
+    assert done.returncode == 0, done.stderr
+    array, merge = _job_ids(done.stdout)
+    cluster.run("scancel", f"{array}_2")  # shard 2 ends before it can grade anyone
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and cluster.run("squeue", "--noheader", "--jobs", f"{array},{merge}").stdout.strip():
+        time.sleep(2)
+    notes = " ".join(grade_notes(out))
+    assert "shard 2 of 2 did not finish" in notes
+    students = {r[0] for r in _rows(out)}
+    assert students == {s for s in _students_in_both_shards() if grade.shard_of(s, 2) == 1}
+    assert "failed: shard 2" in progress.summary(_parts_with_exits(out))
+
+
+def _job_ids(printed: str) -> tuple[str, str]:
+    return printed.split("array job ")[1].split()[0], printed.split("merge job ")[1].split()[0]
+
+
+def grade_notes(out: Path) -> list[str]:
+    import json
+
+    return json.loads((out / "scoreboard.json").read_text()).get("notes", [])
+
+
+def _parts_with_exits(out: Path) -> list[progress.Part]:
+    found = progress.parts(out)
+    exits = slurm.shard_exits(out, 2)
+    for part in found:
+        part.exit = exits.get(int(part.name))
+    if not any(p.name == "2" for p in found):  # cancelled before it wrote anything: its status file says so
+        found.append(progress.Part("2", exit=exits.get(2) if exits.get(2) is not None else -1))
+    return found
+
+
+def test_cancelling_the_jobs_leaves_nothing_of_the_run_running(cluster, klass, tmp_path):
+    out = tmp_path / "out"
+    done = _slurm_grade(cluster, klass, out, "--no-wait")
+    assert done.returncode == 0, done.stderr
+    array, merge = _job_ids(done.stdout)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(out.glob("shards/*/progress.json")):
+        time.sleep(1)
+    assert list(out.glob("shards/*/progress.json")), "no shard started grading"
+    cluster.run("scancel", array, merge)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (_left(out) or cluster.run("squeue", "--noheader").stdout.strip()):
+        time.sleep(1)
+    assert _left(out) == []
+    assert cluster.run("squeue", "--noheader").stdout.strip() == ""
+
+
+def _left(out: Path) -> list[str]:
+    """Processes whose command line or working folder names the run's folder."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        text = " ".join(p.info["cmdline"] or []) + " " + (p.info["cwd"] or "")
+        if str(out) in text:
+            found.append(f"{p.pid}: {text[:200]}")
+    return found
+
+
+def test_a_shard_asks_for_a_cpu_per_notebook_their_memory_and_a_gpu_for_the_gpu_configuration(tmp_path):
+    request = slurm.Request(tmp_path, tmp_path, 4, configs="cpu-1,gpu", jobs=3, partition="gpu", account="cs101")
+    options = slurm.resources(request)
+    assert "--cpus-per-task=3" in options and "--gres=gpu:1" in options
+    assert "--partition=gpu" in options and "--account=cs101" in options
+    assert f"--mem={(3 * 4 * 1024) + 1024}M" in options
+    assert not any(o.startswith("--gres") for o in slurm.resources(slurm.Request(tmp_path, tmp_path, 2)))
+    assert "gpu" in configs.CONFIGS
+
+
+def test_the_tpu_configuration_is_refused_with_where_to_grade_it(tmp_path):
+    with pytest.raises(slurm.SlurmError, match="grade it on the TPU VM"):
+        slurm.resources(slurm.Request(tmp_path, tmp_path, 2, configs="tpu"))
+
+
+def test_without_sbatch_submitting_says_where_to_run_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(slurm.SlurmError, match="sbatch is not on the PATH"):
+        slurm.submit(slurm.Request(tmp_path, tmp_path / "out", 2))
+
+
+def test_progress_sums_the_shards_and_names_the_slowest_shards_time_left(tmp_path):
+    now = 1000.0
+    parts = [progress.Part("1", "grading 2 students", total=4, done=2, started=now - 10),
+             progress.Part("2", "grading 2 students", total=4, done=4, started=now - 10, finished=True),
+             progress.Part("3", "reference solutions", total=1, done=0, started=now - 1)]
+    line = progress.summary(parts, now=now)
+    assert line.startswith("shards finished 1/3, units graded 6/8")
+    assert "(1 not grading students yet: reference solutions)" in line
+    assert "about 10 s left" in line
