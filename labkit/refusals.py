@@ -12,6 +12,7 @@ the host says about itself (`/proc/sys`, `/proc/self/status`, container markers)
 | `docker-seccomp` | bwrap: "No permissions to create new namespace" / EPERM, `Seccomp: 2`, a container | a seccomp profile that allows namespaces |
 | `debian-userns-clone-off` | `/proc/sys/kernel/unprivileged_userns_clone` = 0 | set it to 1 (sysctl) |
 | `apparmor-userns` | `/proc/sys/kernel/apparmor_restrict_unprivileged_userns` = 1 (Ubuntu 24.04) | an AppArmor profile for bwrap |
+| `gvisor` | gVisor's `/proc/version`, or bwrap: "overflowuid", "Failed to make / slave" (GKE Sandbox) | nodes without gVisor |
 
 Everything is read from `proc` and `root` (by default the real ones), so that each case can be
 simulated with a folder of fake files.
@@ -54,6 +55,17 @@ def _status(proc: Path) -> dict[str, str]:
     return out
 
 
+# The fixed kernel version gVisor shows every sandboxed program in /proc/version.
+GVISOR_VERSION = "#1 SMP Sun Jan 10 15:06:54 PST 2016"
+# What bwrap says under gVisor's runsc 20221219 (Debian 12's), in the order it meets them (tests/kit/test_gvisor.py).
+GVISOR_ERRORS = ("overflowuid", "Failed to make / slave", "RTM_NEWADDR")
+
+
+def under_gvisor(proc: Path = Path("/proc")) -> bool:
+    """Whether this process runs in gVisor (runsc; GKE Sandbox), by the kernel version gVisor reports."""
+    return GVISOR_VERSION in (_read(proc / "version") or "")
+
+
 def in_container(root: Path = Path("/"), environ: dict[str, str] | None = None) -> str | None:
     """Which container this looks like (Docker, Podman, Kubernetes), or None."""
     environ = os.environ if environ is None else environ
@@ -92,6 +104,15 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
     seccomp = status.get("Seccomp") == SECCOMP_FILTER
     refused = "No permissions to create new namespace" in text or "Operation not permitted" in text
 
+    if under_gvisor(proc) or any(e in text for e in GVISOR_ERRORS):
+        return Refusal(
+            "gvisor",
+            f"this is gVisor (runsc, as GKE Sandbox runs pods), which cannot host bwrap's sandbox ({first}): its "
+            "/proc has no kernel/overflowuid, and in a user namespace it refuses to change mount propagation "
+            "(making / a slave mount) and to give the new network's loopback an address",
+            "grade on nodes without gVisor, in a container started with the kit's seccomp profile and "
+            "`systempaths=unconfined` (Kubernetes: the Job in infra/k8s on an ordinary node pool, "
+            "`procMount: Unmasked`); gVisor itself is then not the sandbox, bwrap is")
     if "Can't mount proc" in text:
         where = f"in this {container} container " if container else ""
         return Refusal(

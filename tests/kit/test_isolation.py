@@ -33,9 +33,10 @@ SETUID_NEEDED = ("bwrap: Creating new namespace failed, likely because the kerne
 NO_SPACE = "bwrap: Creating new namespace failed: No space left on device"
 UID_MAP = "bwrap: setting up uid map: Permission denied"
 PROC_MASKED = "bwrap: Can't mount proc on /newroot/proc: Operation not permitted"
+OVERFLOWUID = "bwrap: Can't read /proc/sys/kernel/overflowuid: No such file or directory"
 
 HOST = {"max_user_namespaces": "63422", "unprivileged_userns_clone": None, "apparmor": None,
-        "seccomp": "0", "cap_eff": "0000000000000000", "userns": True, "dockerenv": False}
+        "seccomp": "0", "cap_eff": "0000000000000000", "userns": True, "dockerenv": False, "gvisor": False}
 
 
 def _host(tmp_path: Path, **changes) -> tuple[Path, Path]:
@@ -57,6 +58,8 @@ def _host(tmp_path: Path, **changes) -> tuple[Path, Path]:
         (proc / "self" / "ns" / "user").write_text("")
     if host["dockerenv"]:
         (root / ".dockerenv").write_text("")
+    (proc / "version").write_text("Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016\n" if host["gvisor"] else
+                                  "Linux version 6.1.0-13-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC\n")
     return proc, root
 
 
@@ -119,6 +122,8 @@ REFUSALS = {
                                 ["kernel.unprivileged_userns_clone=1"]),
     # A kernel without user namespaces at all: only a setuid-root bwrap can work, and there is none.
     "no-setuid-helper": ({"userns": False}, SETUID_NEEDED, ["setuid", "chmod u+s"]),
+    # gVisor (GKE Sandbox): a Docker container under runsc, where bwrap's first failure is /proc's overflowuid.
+    "gvisor": ({"gvisor": True, "dockerenv": True, "seccomp": "0"}, OVERFLOWUID, ["without gVisor", "procMount"]),
 }
 
 
