@@ -11,6 +11,7 @@ under this gVisor, so the Job must run on nodes without it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -75,13 +76,14 @@ class Engine:
     def __init__(self, folder: Path):
         self.folder = folder
         (folder / "daemon.json").write_text(
-            '{"runtimes": {"runsc": {"path": "%s", "runtimeArgs": ["--network=none"]}}}' % RUNSC)
+            json.dumps({"runtimes": {"runsc": {"path": RUNSC, "runtimeArgs": ["--network=none"]}}}))
         self.env = dict(os.environ, DOCKER_HOST=f"unix://{folder}/docker.sock")
+        self.log = open(folder / "dockerd.log", "wb")  # noqa: SIM115 - the engine's, closed by stop()
         self.process = subprocess.Popen(
             [DOCKERD, "--config-file", str(folder / "daemon.json"), "--host", self.env["DOCKER_HOST"],
              "--data-root", str(folder / "data"), "--exec-root", str(folder / "exec"), "--pidfile",
              str(folder / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
-            stdout=subprocess.DEVNULL, stderr=open(folder / "dockerd.log", "wb"), start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.docker("version").returncode == 0:
@@ -104,6 +106,7 @@ class Engine:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.log.close()
 
 
 @pytest.fixture(scope="module")
