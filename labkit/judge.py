@@ -53,6 +53,7 @@ class Outcome:
 class Judgement:
     outcomes: list[Outcome] = field(default_factory=list)
     records: dict[str, execute.RunRecord] = field(default_factory=dict)
+    calls: list[dict] = field(default_factory=list)  # the calls the runs made, as the harness got them
 
 
 class KitError(RuntimeError):
@@ -216,4 +217,5 @@ def judge(test_dirs: list[Path], runs: list[RunSpec], *, hidden_dirs: list[Path]
         raise KitError("the lab's tests could not be collected:\n" + "\n".join(plugin.collect_errors))
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
         raise KitError(f"pytest stopped with {code!r}")
+    plugin.judgement.calls = getattr(plugin, "calls", [])
     return plugin.judgement

@@ -30,8 +30,10 @@ def _warm_server(out: Path, chosen: list, limits, cache):
 
 def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
             timeout: float | None = None, hidden: bool = False, console=None,
-            build: Path | None = None, limits=None) -> bool:
-    """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed."""
+            build: Path | None = None, limits=None, record_costs: bool = False) -> bool:
+    """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed.
+
+    `record_costs`: write the runs' cost cards as the lab's reference cards (course staff, on the reference)."""
     lab = catalog.lab(number)
     notebook = Path(notebook) if notebook else lab.student
     chosen = configs.parse(config_names)
@@ -42,17 +44,17 @@ def run_lab(number: int | str, *, notebook: Path | None = None, config_names: st
     cache = jaxcache.prepare(Path(build or BUILD) / ".jax-cache") if jaxcache.wanted() else None
     server = _warm_server(out, chosen, limits, cache)
     try:
-        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache)
+        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache, record_costs)
     finally:
         if server is not None:
             server.stop()
 
 
 def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server,
-         cache) -> bool:
+         cache, record_costs: bool = False) -> bool:
     from rich.console import Console
 
-    from labkit import execute, report
+    from labkit import cost, execute, report
     from labkit.judge import RunSpec, judge
 
     console = console or Console()
@@ -63,11 +65,17 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
                       limits=limits, warm=server, cache=cache)
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
+    found = cost.cards(judgement.calls, judgement.records)
+    if record_costs:
+        console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
+    for line in cost.text(found, cost.read_reference(lab.public_tests)):
+        print(line, file=console.file)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps({
         "lab": lab.number,
         "notebook": str(notebook),
         "runs": {label: rec.to_json() | {"results": None} for label, rec in judgement.records.items()},
         "outcomes": [o.to_json() for o in judgement.outcomes],
+        "costs": cost.to_json(found),
     }, indent=1))
     return ok

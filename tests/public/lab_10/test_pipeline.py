@@ -6,9 +6,16 @@ and every microbatch run through every layer in sequence.
 
 import numpy as np
 
-from labkit.checks import (call, check, expect_close, expect_close_naming_mistakes, expect_replicated,
-                           expect_split_across, placed)
-
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_replicated,
+    expect_split_across,
+    placed,
+)
 
 # ---- the sequential computation the tests compare with -------------------------------------
 
@@ -56,7 +63,7 @@ def test_accepts_an_input_already_split_over_stages(got, run):
     expect_close(got, rolled(X, run.device_count), hint=NEXT)
 
 
-@check(got=call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
+@check(got=compiled_call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
 def test_pipeline_equals_running_the_layers_in_sequence(got):
     expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
 

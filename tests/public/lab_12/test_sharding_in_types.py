@@ -6,6 +6,7 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
+    compiled_call,
     describe,
     expect_close,
     expect_shape,
@@ -53,7 +54,7 @@ A = np.linspace(-1.0, 1.0, 8 * 16, dtype=np.float32).reshape(8, 16)
 B = np.linspace(0.5, 2.0, 16 * 4, dtype=np.float32).reshape(16, 4)
 
 
-@check(got=call("contract_to_rows", A, B))
+@check(got=compiled_call("contract_to_rows", A, B))
 def test_contract_to_rows_multiplies(got):
     expect_close(got, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-4, atol=1e-5)
 

@@ -2,13 +2,22 @@
 
 import numpy as np
 
-from labkit.checks import call, check, expect_close, expect_dtype, expect_shape, expect_split_across, placed
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_dtype,
+    expect_shape,
+    expect_split_across,
+    placed,
+)
 
 X = np.linspace(-4.0, 4.0, 32, dtype=np.float32)  # 32: divides by 1 to 32 devices
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 
 
-@check(got=call("shard_map_double", X))
+@check(got=compiled_call("shard_map_double", X))
 def test_doubles_every_element(got):
     expect_close(got, 2 * X)
 

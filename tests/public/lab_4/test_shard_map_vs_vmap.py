@@ -3,7 +3,16 @@
 import numpy as np
 
 from labkit import plaindata
-from labkit.checks import call, check, expect_close, expect_dtype, expect_shape, expect_split_across, placed
+from labkit.checks import (
+    call,
+    check,
+    compiled_call,
+    expect_close,
+    expect_dtype,
+    expect_shape,
+    expect_split_across,
+    placed,
+)
 
 X = np.linspace(-2.0, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by 1 to 32 devices
 ONE_DEVICE = ("A mesh over jax.devices()[:1] gives the right numbers with every row computed on device 0: "
@@ -21,7 +30,7 @@ def row(got, i: int, batch: int) -> plaindata.Value:
     return plaindata.Value("array", got.value[i], dtype=got.dtype, shape=tuple(got.value[i].shape))
 
 
-@check(got=call("shard_map_vs_vmap", X))
+@check(got=compiled_call("shard_map_vs_vmap", X))
 def test_returns_the_two_results_stacked(got):
     expect_shape(got, (2, X.shape[0]), hint="Stack the two length-B results with jnp.stack([sm, vm], axis=0)")
 

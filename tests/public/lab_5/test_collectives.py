@@ -10,6 +10,7 @@ import numpy as np
 from labkit.checks import (
     call,
     check,
+    compiled_call,
     expect_close,
     expect_close_naming_mistakes,
     expect_dtype,
@@ -143,7 +144,7 @@ def column_sum_mistakes(x, n):
     }
 
 
-@check(got=call("shard_map_column_sums", COLS_X))
+@check(got=compiled_call("shard_map_column_sums", COLS_X))
 def test_column_sums_add_up_every_row(got, run):
     expect_close_naming_mistakes(got, COLS_X.sum(axis=0), column_sum_mistakes(COLS_X, run.device_count))
 

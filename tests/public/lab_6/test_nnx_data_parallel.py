@@ -10,6 +10,7 @@ import numpy as np
 from labkit.checks import (
     call,
     check,
+    compiled_call,
     expect_close,
     expect_close_naming_mistakes,
     expect_dtype,
@@ -94,7 +95,7 @@ def test_linear_rows_are_split_across_every_device(got, run):
 Y = np.linspace(-1.0, 1.0, 32 * 3, dtype=np.float32).reshape(32, 3) ** 3 * 4
 
 
-@check(got=call("shard_map_mse", 6, X, Y, 3))
+@check(got=compiled_call("shard_map_mse", 6, X, Y, 3))
 def test_mse_averages_over_the_whole_batch(got, run):
     errors = (layer(6, X, 3) - Y) ** 2
     first = np.split(errors, run.device_count)[0].mean()

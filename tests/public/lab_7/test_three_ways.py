@@ -7,6 +7,7 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
+    compiled_call,
     expect_close,
     expect_close_naming_mistakes,
     expect_dtype,
@@ -72,7 +73,7 @@ def test_constrained_result_is_a_full_copy_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint=CONSTRAIN)
 
 
-@check(got=call("layer_shard_map", X, W, B))
+@check(got=compiled_call("layer_shard_map", X, W, B))
 def test_shard_map_computes_the_layer(got, run):
     expect_close_naming_mistakes(got, layer(X, W, B), shard_map_mistakes(X, W, B, run.device_count), atol=1e-6)
 

@@ -6,8 +6,18 @@ the two-layer perceptron on the whole batch, and SGD with momentum 0.9 on the wh
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, describe, expect_array, expect_close, expect_replicated,
-                           expect_shape, placed)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    describe,
+    expect_array,
+    expect_close,
+    expect_replicated,
+    expect_shape,
+    placed,
+)
 
 MOMENTUM = 0.9
 NAMES = (("hidden", "kernel"), ("hidden", "bias"), ("out", "kernel"), ("out", "bias"))
@@ -82,7 +92,7 @@ REPLICATED = ("Every device should hold the whole gradient: pmean over 'data' an
               "over all of jax.devices()")
 
 
-@check(got=call("global_gradients", PARAMS, X, Y))
+@check(got=compiled_call("global_gradients", PARAMS, X, Y))
 def test_loss_is_the_whole_batch_loss(got):
     loss, _ = pair(got, "(loss, grads)")
     expect_close(loss, loss_and_grads(PARAMS, X, Y)[0], rtol=1e-4, atol=1e-6)

@@ -5,8 +5,18 @@ The expected values are the unsplit MLP and its gradient, computed here in float
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, describe, expect_close, expect_close_naming_mistakes,
-                           expect_replicated, expect_split_across, placed)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    compiled_call,
+    describe,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_replicated,
+    expect_split_across,
+    placed,
+)
 
 WEIGHTS = ("w1", "b1", "w2", "b2")
 
@@ -66,7 +76,7 @@ def test_tensor_parallel_accepts_weights_already_split(got):
     expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
 
 
-@check(got=call("fsdp_mlp", X, *W))
+@check(got=compiled_call("fsdp_mlp", X, *W))
 def test_fsdp_equals_the_unsplit_mlp(got):
     expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
 

@@ -1,0 +1,303 @@
+"""The cost card: what one examined call's compiled program costs each device, and a step time on real chips.
+
+From the facts the kit reads off a compiled program (`labkit.facts`: per-device FLOPs, the bytes
+each device holds, every collective with the devices that take part) the card gives, per device:
+
+* work: FLOPs;
+* memory: bytes held (arguments, outputs, temporaries);
+* communication: bytes sent, per collective kind, under the standard ring algorithms;
+
+and a modelled time on named chips (`chips.toml`, each figure with its source), split into
+compute, memory (HBM) and communication, with the bound that dominates named in words.
+
+The ring costs, for a collective over a group of n devices (B: the bytes named below):
+
+| collective | B is | bytes each device sends |
+| --- | --- | --- |
+| all-reduce | the array reduced | 2 (n-1)/n B (a reduce-scatter, then an all-gather) |
+| all-gather | the gathered result | (n-1)/n B |
+| reduce-scatter | the array before scattering (n times the result) | (n-1)/n B |
+| all-to-all | the array exchanged | (n-1)/n B |
+| collective-permute | the array sent | B (once, to its one target) |
+
+Time on a chip: compute = FLOPs / peak (bfloat16 or float32 by the outputs' dtype); memory = bytes
+held / HBM bandwidth (each byte read or written once: a lower bound); communication = bytes sent /
+the chip's send bandwidth along one mesh axis. The parts are not added: the slowest bounds the step
+(with perfect overlap), and the card names it. A model, not a measurement: the course's "Reading
+the cost card" says what it leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHIPS_FILE = Path(__file__).with_name("chips.toml")
+
+_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,\s]*)\]")
+
+
+@dataclass(frozen=True)
+class Chip:
+    key: str
+    name: str
+    bf16_flops: float
+    f32_flops: float
+    hbm_bytes: float
+    hbm_bandwidth: float
+    send_bandwidth: float
+    topology: str
+    source: str
+
+
+def chips(path: Path = CHIPS_FILE) -> dict[str, Chip]:
+    """The chips of `chips.toml`, by key (v5e, v6e, h100)."""
+    data = tomllib.loads(Path(path).read_text())
+    return {key: Chip(key=key, **{k: v for k, v in entry.items()}) for key, entry in data.items()}
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO result shape: `f32[8,4]{1,0}`, or a tuple `(f32[8], bf16[2,2])` (summed)."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype not in _ITEM_BYTES:
+            continue
+        count = math.prod(int(d) for d in dims.split(",") if d.strip()) if dims.strip() else 1
+        total += count * _ITEM_BYTES[dtype]
+    return total
+
+
+def bytes_sent(op: str, result_bytes: int, n: int) -> float:
+    """Bytes one device sends for collective `op` over `n` devices, whose HLO result is `result_bytes`."""
+    if n <= 1:
+        return 0.0
+    if op == "all-reduce":
+        return 2 * (n - 1) / n * result_bytes
+    if op == "all-gather":
+        return (n - 1) / n * result_bytes
+    if op == "reduce-scatter":
+        return (n - 1) / n * (n * result_bytes)
+    if op == "all-to-all":
+        return (n - 1) / n * result_bytes
+    if op == "collective-permute":
+        return float(result_bytes)
+    raise ValueError(f"no cost model for the collective {op!r}")
+
+
+@dataclass
+class Timing:
+    chip: str
+    compute: float  # seconds
+    memory: float
+    communication: float
+    fits: bool  # the bytes held fit the chip's HBM
+
+    @property
+    def bound(self) -> str:
+        parts = {"compute": self.compute, "memory": self.memory, "communication": self.communication}
+        return max(parts, key=parts.get)
+
+    @property
+    def step(self) -> float:
+        return max(self.compute, self.memory, self.communication)
+
+
+@dataclass
+class Card:
+    devices: int
+    flops: float
+    held: dict[str, int]  # argument, output, temp (bytes per device)
+    sent: dict[str, float] = field(default_factory=dict)  # collective kind -> bytes each device sends
+    counts: dict[str, int] = field(default_factory=dict)  # collective kind -> how many in the program
+    dtype: str = "f32"
+
+    @property
+    def held_total(self) -> int:
+        return sum(self.held.values())
+
+    @property
+    def sent_total(self) -> float:
+        return sum(self.sent.values())
+
+    def timing(self, chip: Chip) -> Timing:
+        peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_flops
+        return Timing(chip.key, self.flops / peak, self.held_total / chip.hbm_bandwidth,
+                      self.sent_total / chip.send_bandwidth, self.held_total <= chip.hbm_bytes)
+
+    def to_json(self) -> dict:
+        return {"devices": self.devices, "flops": self.flops, "held": self.held, "sent": self.sent,
+                "counts": self.counts, "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Card:
+        return cls(**data)
+
+
+class NoCard(ValueError):
+    """The facts lack what a card needs (the program could not be examined); the message says what."""
+
+
+def card(facts: dict) -> Card:
+    """The card of one examined call, from its facts (`labkit.facts.gather`'s plain data)."""
+    if not isinstance(facts, dict) or "unavailable" in facts:
+        raise NoCard((facts or {}).get("unavailable", "no facts") if isinstance(facts, dict) else "no facts")
+    flops, memory, collectives = facts.get("flops"), facts.get("memory"), facts.get("collectives")
+    for name, value in (("FLOPs", flops), ("memory", memory), ("collectives", collectives)):
+        if value is None or (isinstance(value, dict) and "unavailable" in value):
+            raise NoCard(f"the compiled program gave no {name}")
+    held = {k: int(memory.get(k, 0)) for k in ("argument", "output", "temp")}
+    sent: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for c in collectives:
+        groups = c.get("groups")
+        n = 2 if "pairs" in c else max((len(g) for g in groups), default=1) if groups else facts["devices"]
+        moved = bytes_sent(c["op"], shape_bytes(c["shape"]), n)
+        if moved:
+            sent[c["op"]] = sent.get(c["op"], 0.0) + moved
+            counts[c["op"]] = counts.get(c["op"], 0) + 1
+    outputs = facts.get("outputs") if isinstance(facts.get("outputs"), list) else []
+    dtype = "bf16" if outputs and all(o.get("dtype") == "bfloat16" for o in outputs) else "f32"
+    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# Words: what a student reads.
+# ----------------------------------------------------------------------------------------
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_seconds(s: float) -> str:
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if s >= size:
+            return f"{s / size:.3g} {unit}"
+    return f"{s * 1e12:.3g} ps"
+
+
+def format_flops(f: float) -> str:
+    for unit, size in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if f >= size:
+            return f"{f / size:.3g} {unit}"
+    return f"{f:.0f} FLOP"
+
+
+BOUND_WORDS = {"compute": "compute-bound", "memory": "memory-bound", "communication": "communication-bound"}
+LEGEND = ("compute-bound: the chip's arithmetic is the limit; memory-bound: reading and writing its HBM; "
+          "communication-bound: the interconnect between chips")
+
+
+def compare(mine: Card, reference: Card) -> list[str]:
+    """Where `mine` costs more than the reference's card for the same call (factors of 1.5 or more)."""
+    notes = []
+    for what, a, b in (("the bytes each device sends", mine.sent_total, reference.sent_total),
+                       ("the bytes each device holds", mine.held_total, reference.held_total),
+                       ("the FLOPs each device computes", mine.flops, reference.flops)):
+        if b > 0 and a >= 1.5 * b:
+            notes.append(f"your program has {a / b:.1f}x {what} that the reference needs")
+        elif b == 0 and a > 0 and what.startswith("the bytes each device sends"):
+            notes.append(f"your program sends {format_bytes(a)} per device where the reference sends nothing")
+    return notes
+
+
+def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Card | None = None) -> list[str]:
+    """The card as text: the facts, then one line per chip, then how it compares with the reference."""
+    sent = ", ".join(f"{op} {format_bytes(b)} ({c.counts[op]} in the program)" for op, b in sorted(c.sent.items()))
+    out = [f"{name} on {config} ({c.devices} devices), per device:",
+           f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} (arguments {format_bytes(c.held['argument'])}, "
+           f"outputs {format_bytes(c.held['output'])}, temporaries {format_bytes(c.held['temp'])})",
+           f"  sends {sent or 'nothing'}"]
+    for chip in chip_list:
+        t = c.timing(chip)
+        fits = "" if t.fits else f"; does not fit its {format_bytes(chip.hbm_bytes)} of HBM"
+        out.append(f"  {chip.name} x{c.devices}: compute {format_seconds(t.compute)}, HBM {format_seconds(t.memory)}, "
+                   f"network {format_seconds(t.communication)}: {BOUND_WORDS[t.bound]}{fits}")
+    if reference is not None:
+        notes = compare(c, reference)
+        out += [f"  {n}" for n in notes] or ["  about what the reference solution costs"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# The cards of a lab's runs, and the reference's, kept beside the lab's public tests.
+# ----------------------------------------------------------------------------------------
+
+REFERENCE_FILE = "reference_costs.json"  # in tests/public/lab_<N>/: what the reference solution's calls cost
+SHOWN = ("v5e", "v6e", "h100")
+
+
+@dataclass
+class Examined:
+    """One examined call: its function, and its card in each run (of several devices) that examined it."""
+
+    function: str
+    runs: dict[str, Card] = field(default_factory=dict)
+
+
+def cards(calls: list[dict], records: dict) -> dict[str, Examined]:
+    """call id -> its cards, for the first examined call of each function (runs on one device left out)."""
+    found: dict[str, Examined] = {}
+    shown: set[str] = set()
+    for call in calls:
+        if not call.get("facts") or call["function"] in shown:
+            continue
+        entry = Examined(call["function"])
+        for label, record in records.items():
+            result = (record.results or {}).get(call["id"], {})
+            try:
+                c = card(result["facts"]) if "facts" in result else None
+            except NoCard:
+                c = None
+            if c is not None and c.devices > 1:
+                entry.runs[label] = c
+        if entry.runs:
+            found[call["id"]] = entry
+            shown.add(call["function"])
+    return found
+
+
+def to_json(found: dict[str, Examined]) -> dict:
+    return {cid: {"function": e.function, "runs": {label: c.to_json() for label, c in sorted(e.runs.items())}}
+            for cid, e in sorted(found.items())}
+
+
+def from_json(data: dict) -> dict[str, Examined]:
+    return {cid: Examined(e["function"], {label: Card.from_json(c) for label, c in e["runs"].items()})
+            for cid, e in data.items()}
+
+
+def read_reference(folder: Path) -> dict[str, Examined]:
+    """The reference solution's cards for a lab (empty when none were recorded)."""
+    try:
+        return from_json(json.loads((Path(folder) / REFERENCE_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def write_reference(folder: Path, found: dict[str, Examined]) -> Path:
+    path = Path(folder) / REFERENCE_FILE
+    path.write_text(json.dumps(to_json(found), indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def text(found: dict[str, Examined], reference: dict[str, Examined] | None = None) -> list[str]:
+    """Every card of a lab's runs, as lines, each compared with the reference's card for the same call and run."""
+    if not found:
+        return []
+    chip_list = [chips()[k] for k in SHOWN]
+    out = ["Cost cards: what your compiled programs cost each device, modelled on real chips",
+           "(a model, not a measurement: see the README, 'The cost card'). " + LEGEND + "."]
+    for cid, entry in found.items():
+        for label, c in entry.runs.items():
+            ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
+            out += lines(entry.function, label, c, chip_list, ref)
+    return out

@@ -1,0 +1,170 @@
+"""The cost card's model against figures computed by hand, and against a real compiled program on 8 devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from labkit import cost
+
+CHIPS = cost.chips()
+
+
+def test_every_chip_names_its_source_and_has_every_figure():
+    assert {"v5e", "v6e", "h100"} <= set(CHIPS)
+    for chip in CHIPS.values():
+        assert chip.source and chip.topology
+        assert chip.f32_flops < chip.bf16_flops
+        assert min(chip.hbm_bytes, chip.hbm_bandwidth, chip.send_bandwidth) > 0
+
+
+@pytest.mark.parametrize(("op", "result", "n", "expected"), [
+    # all-reduce of 1 KiB over 8: a reduce-scatter then an all-gather, each 7/8 of the array
+    ("all-reduce", 1024, 8, 2 * 7 / 8 * 1024),
+    # all-gather whose gathered result is 1 KiB: each device sends its 128 B to the 7 others' ring
+    ("all-gather", 1024, 8, 7 * 128),
+    # reduce-scatter to a 128 B block from a 1 KiB array: 7 blocks of 128 B pass through each device
+    ("reduce-scatter", 128, 8, 7 * 128),
+    # all-to-all of 1 KiB: all but the block a device keeps
+    ("all-to-all", 1024, 4, 3 * 256),
+    # ppermute: the whole buffer, once
+    ("collective-permute", 512, 8, 512),
+    # on one device nothing moves
+    ("all-reduce", 1024, 1, 0),
+])
+def test_ring_bytes_each_device_sends(op, result, n, expected):
+    assert cost.bytes_sent(op, result, n) == pytest.approx(expected)
+
+
+def test_an_all_reduce_moves_about_twice_what_a_reduce_scatter_moves_for_the_same_array():
+    array, n = 8 << 20, 8
+    assert cost.bytes_sent("all-reduce", array, n) == pytest.approx(2 * cost.bytes_sent("reduce-scatter", array // n, n))
+
+
+def test_shapes_in_hlo_text_are_counted_with_their_dtypes():
+    assert cost.shape_bytes("f32[8,4]{1,0}") == 128
+    assert cost.shape_bytes("bf16[1024]{0}") == 2048
+    assert cost.shape_bytes("(f32[8]{0}, s32[2,2]{1,0})") == 48
+    assert cost.shape_bytes("f32[]") == 4
+
+
+def _facts(**changes) -> dict:
+    facts = {"devices": 8, "flops": 1e9, "memory": {"argument": 1 << 20, "output": 1 << 20, "temp": 0, "alias": 0},
+             "collectives": [{"op": "all-reduce", "shape": "f32[262144]{0}", "groups": [list(range(8))]}],
+             "outputs": [{"dtype": "float32"}]}
+    return facts | changes
+
+
+def test_a_card_by_hand_on_a_v5e():
+    c = cost.card(_facts())
+    assert c.flops == 1e9 and c.held_total == 2 << 20
+    assert c.sent == {"all-reduce": pytest.approx(2 * 7 / 8 * (1 << 20))}
+    t = c.timing(CHIPS["v5e"])
+    assert t.compute == pytest.approx(1e9 / 32.8e12)  # float32 at six bf16 passes
+    assert t.memory == pytest.approx((2 << 20) / 819e9)
+    assert t.communication == pytest.approx(2 * 7 / 8 * (1 << 20) / 100e9)
+    # 30.5 µs of float32 arithmetic against 18.4 µs on the wire and 2.6 µs of HBM: compute bounds it
+    assert t.bound == "compute" and t.fits
+    # on a v6e the arithmetic is 4.7x faster and the links only 2x: 6.5 µs against 9.2 µs on the wire
+    assert c.timing(CHIPS["v6e"]).bound == "communication"
+
+
+def test_bfloat16_outputs_use_the_bfloat16_peak_and_a_big_matmul_is_compute_bound():
+    c = cost.card(_facts(flops=1e13, collectives=[], outputs=[{"dtype": "bfloat16"}]))
+    t = c.timing(CHIPS["h100"])
+    assert t.compute == pytest.approx(1e13 / 989e12)
+    assert t.bound == "compute" and t.communication == 0
+
+
+def test_groups_smaller_than_the_mesh_count_their_own_size():
+    # a psum over one axis of a 2x4 mesh: groups of 4
+    c = cost.card(_facts(collectives=[{"op": "all-reduce", "shape": "f32[1024]{0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}]))
+    assert c.sent["all-reduce"] == pytest.approx(2 * 3 / 4 * 4096)
+
+
+def test_what_does_not_fit_in_hbm_is_said():
+    c = cost.card(_facts(memory={"argument": 20 * 10**9, "output": 0, "temp": 0}))
+    assert not c.timing(CHIPS["v5e"]).fits and c.timing(CHIPS["h100"]).fits
+    text = "\n".join(cost.lines("f", "cpu-8", c, [CHIPS["v5e"]]))
+    assert "does not fit its 14.9 GiB of HBM" in text
+
+
+def test_unexamined_programs_give_no_card_and_say_why():
+    with pytest.raises(cost.NoCard, match="could not trace"):
+        cost.card({"unavailable": "jax.jit could not trace the function"})
+    with pytest.raises(cost.NoCard, match="FLOPs"):
+        cost.card(_facts(flops={"unavailable": "no cost analysis"}))
+
+
+def test_the_card_compares_with_the_reference_by_factors():
+    reference = cost.card(_facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}",
+                                               "groups": [list(range(8))]}]))
+    mine = cost.card(_facts())  # an all-reduce of the whole array, then a slice
+    notes = cost.compare(mine, reference)
+    assert notes == ["your program has 2.0x the bytes each device sends that the reference needs"]
+    assert cost.compare(reference, reference) == []
+    text = cost.lines("column_sums", "cpu-8", reference, [CHIPS["v5e"]], reference=reference)
+    assert text[-1].strip() == "about what the reference solution costs"
+
+
+def test_a_real_psum_on_eight_devices_gets_the_hand_computed_card():
+    """The facts of a compiled shard_map psum (real JAX, 8 CPU devices), read into a card."""
+    program = textwrap.dedent("""
+        import json
+        import jax, jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+        from labkit import facts
+        mesh = jax.make_mesh((8,), ("data",))
+        f = jax.shard_map(lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=P("data"), out_specs=P())
+        x = jax.device_put(jnp.ones((8, 1024), jnp.float32), jax.NamedSharding(mesh, P("data")))
+        print(json.dumps(facts.gather(f, (x,), {})))
+    """)
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    c = cost.card(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert c.devices == 8
+    # each device's block is f32[1,1024]: 4 KiB all-reduced over 8 devices
+    assert c.sent == {"all-reduce": pytest.approx(2 * 7 / 8 * 4096)}
+    assert c.counts == {"all-reduce": 1}
+
+
+# ----------------------------------------------------------------------------------------
+# The card in `make lab-N`: the reference's own, and a right program that moves twice the bytes.
+# ----------------------------------------------------------------------------------------
+
+SCATTER = 'return jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)'
+ALL_REDUCE_THEN_SLICE = ('total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
+                         '        block = total.shape[0] // jax.lax.psum(1, "data")\n'
+                         '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("data") * block, block)')
+
+
+def test_the_reference_costs_what_its_recorded_card_says(kit, lab_report):
+    from labkit import catalog
+
+    done = kit("lab", "5", "--notebook", str(catalog.lab(5).reference), "--configs", "cpu-1,cpu-8")
+    assert done.returncode == 0, done.stdout[-3000:]
+    card_text = done.stdout[done.stdout.index("Cost cards"):]
+    assert "shard_map_column_sums on cpu-8 (8 devices)" in card_text
+    assert "sends reduce-scatter" in card_text and "about what the reference solution costs" in card_text
+    assert "TPU v5e x8" in card_text and "NVIDIA H100 SXM x8" in card_text
+    costs = lab_report(5)["costs"]
+    assert [e["function"] for e in costs.values()] == ["shard_map_column_sums"]
+    assert set(next(iter(costs.values()))["runs"]) == {"cpu-8"}  # one device: nothing to compare
+
+
+def test_an_all_reduce_then_a_slice_passes_and_the_card_names_twice_the_bytes_sent(kit, variant):
+    from labkit import catalog
+
+    assert SCATTER in catalog.lab(5).reference.read_text().replace('\\"', '"'), "the reference changed"
+    done = kit("lab", "5", "--notebook", str(variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE))), "--configs", "cpu-1,cpu-8")
+    card_text = done.stdout[done.stdout.index("Cost cards"):]
+    assert "shard_map_column_sums on cpu-8" in card_text and "sends all-reduce" in card_text
+    assert "your program has 2.0x the bytes each device sends that the reference needs" in card_text
+    assert "column sums" in done.stdout  # and its public tests ran
