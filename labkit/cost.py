@@ -243,16 +243,18 @@ class Examined:
     runs: dict[str, Card] = field(default_factory=dict)
 
 
-def cards(calls: list[dict], records: dict) -> dict[str, Examined]:
-    """call id -> its cards, for the first examined call of each function (runs on one device left out)."""
+def cards(calls: list[dict], results: dict[str, dict]) -> dict[str, Examined]:
+    """call id -> its cards, for the first examined call of each function (runs on one device left out).
+
+    `results`: run label -> that run's results by call id (`RunRecord.results`)."""
     found: dict[str, Examined] = {}
     shown: set[str] = set()
     for call in calls:
         if not call.get("facts") or call["function"] in shown:
             continue
         entry = Examined(call["function"])
-        for label, record in records.items():
-            result = (record.results or {}).get(call["id"], {})
+        for label, by_id in results.items():
+            result = (by_id or {}).get(call["id"], {})
             try:
                 c = card(result["facts"]) if "facts" in result else None
             except NoCard:

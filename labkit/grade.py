@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from labkit import catalog, configs, deadlines, execute, history, jaxcache, judge, lms, sandbox, scoreboard, warm
+from labkit import catalog, configs, cost, deadlines, execute, history, jaxcache, judge, lms, sandbox, scoreboard, warm
 from labkit import overrides as overrides_mod
 from labkit import progress as progress_mod
 from labkit import policy as policy_mod
@@ -475,6 +475,8 @@ class Grader:
                     e["message"] = _clean(str(e.get("message", "")), unit, store.root)
                 row = make_row(unit.student, unit.lab, unit.config, record, outcomes,
                                submission_notes(unit.path), *expected.get((unit.lab, unit.config), (0, 0)))
+                if record.status == "ok":  # what its examined calls cost (labkit/cost.py), for the feedback
+                    row["costs"] = cost.to_json(cost.cards(self.calls(number), {unit.config: record.results}))
                 rows.append((unit, key, row, seconds))
         return rows
 
@@ -710,6 +712,8 @@ def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceCon
         if ref_rows:
             mine = tests.get(lab.number, {})
             entry["tests"] = mine
+            entry["reference_costs"] = {r["config"]: r["costs"] for r in ref_rows
+                                        if r["lab"] == lab.number and r.get("costs")}
             entry["max_points"] = policy_mod.lab_points(grading or policy_mod.Policy(), mine, {})[1]
         labs_out.append(entry)
     info = people.students if people else {}

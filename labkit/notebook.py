@@ -205,7 +205,7 @@ class Checker:
         for test in tests:
             for c in test.__labkit_calls__.values():
                 calls.setdefault(c.id, {"id": c.id, **c.encoded()})
-        columns = {}
+        columns, results_by = {}, {}
         if configs is None:
             env = harness.environment()
             results = {i: harness.call_one(namespace, c) for i, c in calls.items()}
@@ -223,7 +223,13 @@ class Checker:
                     columns[name] = [(t.__name__, "error", done["message"]) for t in tests]
                     continue
                 columns[name] = _judge(tests, name, known.CONFIGS[name], done["environment"], done["results"])
-        return self._report(exercise, tests, columns)
+                results_by[name] = done["results"]
+        passed = self._report(exercise, tests, columns)
+        from labkit import cost
+
+        for line in cost.text(cost.cards(list(calls.values()), results_by), cost.read_reference(self.lab.public_tests)):
+            print(line)
+        return passed
 
     def _report(self, exercise: str, tests: list, columns: dict) -> bool:
         names = list(columns)

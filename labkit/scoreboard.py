@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit import policy
+from labkit import cost, policy
 from labkit.files import write_atomic
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
@@ -309,6 +309,9 @@ def feedback(results: dict, student: str) -> str:
             for e in row.get("cell_errors", []):
                 lines += [(f"Cell {e.get('cell')} of your notebook raised {_md(e.get('type', ''))}: "
                            f"{_md(e.get('message', ''))}"), ""]
+            card = cost_card(lab, config["name"], row)
+            if card:
+                lines += ["Cost card (a model: see the course's README, 'The cost card'):", "", "```", *card, "```", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -327,6 +330,7 @@ th{background:#f3f5f7;font-weight:600}
 .status-missing{background:#eceff1;color:#6b747c} .status-skipped{background:#f7f8f9;color:#8a939b}
 .status-error,.status-timeout{background:#f3b7b7} .legend span{display:inline-block;padding:.1rem .5rem;margin-right:.3rem;border:1px solid #d4d9de}
 .t-passed{color:#17692f;font-weight:600} .t-failed,.t-error,.t-timeout{color:#a4161a;font-weight:600} .t-todo{color:#8a5a00} .t-skipped{color:#8a939b}
+pre.card{font-size:.8rem;background:#f7f8f9;border:1px solid #d4d9de;padding:.4rem .6rem;overflow-x:auto}
 .hidden-tag{font-size:.75rem;color:#6b747c;border:1px solid #c5ccd3;border-radius:3px;padding:0 .25rem;margin-left:.3rem}
 details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
 .notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
@@ -358,6 +362,17 @@ def _templates():
                                  autoescape=select_autoescape(["html", "j2"], default_for_string=True),
                                  undefined=StrictUndefined, keep_trailing_newline=True)
     return _TEMPLATES
+
+
+def cost_card(lab: dict, config: str, row: dict) -> list[str]:
+    """The cost card of a row's examined calls, each compared with the reference's in the same grading run."""
+    reference = cost.from_json(lab.get("reference_costs", {}).get(config, {}))
+    chip_list = [cost.chips()[k] for k in cost.SHOWN]
+    out = []
+    for cid, entry in cost.from_json(row.get("costs") or {}).items():
+        for label, c in entry.runs.items():
+            out += cost.lines(entry.function, label, c, chip_list, reference.get(cid, cost.Examined("")).runs.get(label))
+    return out
 
 
 def _section(results: dict, student: str, sid: str, index: dict, hidden_messages: bool = True) -> dict:
@@ -397,6 +412,8 @@ def _section(results: dict, student: str, sid: str, index: dict, hidden_messages
             "problems": [{"config": c["name"], "status": r["status"], "message": r["message"]}
                          for c, r in zip(configs, rows) if r and r["status"] in ("missing", "skipped", "error", "timeout")],
             "tests": shown, "notes": first.get("notes", []),
+            "cards": [{"config": c["name"], "text": "\n".join(cost_card(lab, c["name"], r))}
+                      for c, r in zip(configs, rows) if r and r.get("costs")],
             "cell_errors": [{"config": c["name"], "cell": e.get("cell"), "type": e.get("type", ""),
                              "message": e.get("message", "")}
                             for c, r in zip(configs, rows) for e in (r or {}).get("cell_errors", [])],

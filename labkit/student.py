@@ -65,7 +65,7 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
                       limits=limits, warm=server, cache=cache)
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
-    found = cost.cards(judgement.calls, judgement.records)
+    found = cost.cards(judgement.calls, {label: rec.results for label, rec in judgement.records.items()})
     if record_costs:
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
     for line in cost.text(found, cost.read_reference(lab.public_tests)):

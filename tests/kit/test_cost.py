@@ -168,3 +168,18 @@ def test_an_all_reduce_then_a_slice_passes_and_the_card_names_twice_the_bytes_se
     assert "shard_map_column_sums on cpu-8" in card_text and "sends all-reduce" in card_text
     assert "your program has 2.0x the bytes each device sends that the reference needs" in card_text
     assert "column sums" in done.stdout  # and its public tests ran
+
+
+def test_the_feedback_of_a_graded_class_shows_each_students_card_against_the_reference(tmp_path, variant):
+    submissions = tmp_path / "submissions"
+    (submissions / "ada").mkdir(parents=True)
+    (submissions / "ada" / "lab-5.ipynb").write_bytes(variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE)).read_bytes())
+    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(submissions), "--out",
+                           str(tmp_path / "out"), "--labs", "5", "--configs", "cpu-8", "--jobs", "1"],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    md = (tmp_path / "out" / "feedback" / "ada.md").read_text()
+    assert "Cost card" in md and "shard_map_column_sums on cpu-8 (8 devices)" in md
+    assert "your program has 2.0x the bytes each device sends that the reference needs" in md
+    page = (tmp_path / "out" / "feedback" / "ada.html").read_text()
+    assert '<pre class="card" data-config="cpu-8">' in page and "2.0x the bytes" in page

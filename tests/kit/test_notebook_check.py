@@ -91,6 +91,9 @@ def test_check_of_the_reference_passes_on_both():
                           env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")})
     assert done.returncode == 0, done.stderr
     assert "RESULT True" in done.stdout and "✗" not in done.stdout, done.stdout
+    # the exercise's cost card on eight devices, the same as the reference's recorded one
+    assert "shard_map_double on cpu-8 (8 devices)" in done.stdout, done.stdout
+    assert "about what the reference solution costs" in done.stdout
 
 
 # ----------------------------------------------------------------------------------------
