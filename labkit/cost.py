@@ -212,10 +212,10 @@ def compare(mine: Card, reference: Card) -> list[str]:
 def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Card | None = None) -> list[str]:
     """The card as text: the facts, then one line per chip, then how it compares with the reference."""
     sent = ", ".join(f"{op} {format_bytes(b)} ({c.counts[op]} in the program)" for op, b in sorted(c.sent.items()))
+    held = (f"arguments {format_bytes(c.held['argument'])}, outputs {format_bytes(c.held['output'])}, "
+            f"temporaries {format_bytes(c.held['temp'])}")
     out = [f"{name} on {config} ({c.devices} devices), per device:",
-           f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} (arguments {format_bytes(c.held['argument'])}, "
-           f"outputs {format_bytes(c.held['output'])}, temporaries {format_bytes(c.held['temp'])})",
-           f"  sends {sent or 'nothing'}"]
+           f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} ({held})", f"  sends {sent or 'nothing'}"]
     for chip in chip_list:
         t = c.timing(chip)
         fits = "" if t.fits else f"; does not fit its {format_bytes(chip.hbm_bytes)} of HBM"
