@@ -170,11 +170,26 @@ def _placing(original, explicit_puts: dict | None = None, made: _Made | None = N
     return device_put
 
 
+def _resharding(original, explicit_puts: dict | None):
+    """`jax.reshard` for the trace: an input it moves to an Explicit mesh is traced as placed there."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    def reshard(x, sharding, *args, **kwargs):
+        if explicit_puts is not None and isinstance(sharding, NamedSharding):
+            for v in jax.tree_util.tree_leaves(x):
+                explicit_puts[id(v)] = sharding
+        return original(x, sharding, *args, **kwargs)
+
+    return reshard
+
+
 @contextlib.contextmanager
 def _traceable(seen: list, explicit_puts: dict | None = None, made: _Made | None = None):
-    """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit),
-    `jax.device_put` to a mesh constrains the array's sharding instead, and an array made from host
-    data goes through `made`."""
+    """While tracing: `jax.set_mesh(mesh)` only records its mesh (it cannot be entered inside jit), and so
+    does `jax.make_mesh` for an Explicit mesh; `jax.device_put` to a mesh constrains the array's sharding
+    instead (and, with `jax.reshard`, notes where an input goes), and an array made from host data goes
+    through `made`."""
     import importlib
 
     import jax
@@ -184,14 +199,27 @@ def _traceable(seen: list, explicit_puts: dict | None = None, made: _Made | None
         seen.append(mesh)
         yield mesh
 
+    def making_mesh(original):
+        def make_mesh(*args, **kwargs):  # an Explicit mesh made inside the function is the one jit must run in
+            mesh = original(*args, **kwargs)
+            if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+                seen.append(mesh)
+            return mesh
+        return make_mesh
+
     saved = []
     for module_name, attr in _MESH_SETTERS:
         module = importlib.import_module(module_name)
         if hasattr(module, attr):
             saved.append((module, attr, getattr(module, attr)))
             setattr(module, attr, record)
+    saved.append((jax, "make_mesh", jax.make_mesh))
+    jax.make_mesh = making_mesh(jax.make_mesh)
     saved.append((jax, "device_put", jax.device_put))
     jax.device_put = _placing(jax.device_put, explicit_puts, made)
+    if hasattr(jax, "reshard"):  # eagerly, resharding an input moves it as device_put does
+        saved.append((jax, "reshard", jax.reshard))
+        jax.reshard = _resharding(jax.reshard, explicit_puts)
     if made is not None:
         for attr in _MAKERS:
             if hasattr(jax, attr):

@@ -299,8 +299,13 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if "shard_map_double: public tests" in line)
     assert lines[header + 1].split() == ["cpu-1", "cpu-8"], text
-    rows = [line for line in lines[header + 2:] if line.strip() and not line.lstrip().startswith(("•", "("))]
+    # the table's rows run up to the line in brackets that says where `make lab-3` goes further
+    table = next((lines[header + 2:header + 2 + i] for i, line in enumerate(lines[header + 2:])
+                  if line.lstrip().startswith("(")), lines[header + 2:])
+    rows = [line for line in table if line.strip() and not line.lstrip().startswith("•")]
     assert rows and all(row.split()[-2:] == ["✓", "✓"] for row in rows), text
+    # and below it, the cost card of the cpu-8 run
+    assert "shard_map_double on cpu-8 (8 devices), per device:" in text, text
 
 
 # ---------------------------------------------------------------------------------------------
