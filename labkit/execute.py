@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import harness, sandbox
+from labkit import harness, sandbox, scratch
 from labkit.configs import DeviceConfig
 from labkit.sandbox import DEFAULT_LIMITS, Limits
 
@@ -99,16 +99,15 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
 
 
 def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: str | None = None) -> Path:
-    """Write the copy to run: the student's cells, outputs cleared, and the harness cell last.
+    """Write the copy to run into the run's kit folder `workdir`: the student's cells, outputs cleared, the harness last.
 
     `first`, when given, is a cell of the kit's that runs before the student's (a multi-process
-    run joins the other processes there)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    calls_path = workdir / "calls.json"
-    results_path = workdir / "results.json"
+    run joins the other processes there). The harness reads the calls from the kit folder (which
+    the run sees read-only) and writes its results into the run's scratch folder."""
+    folders = start_folders(workdir)
+    calls_path = folders.kit / "calls.json"
+    results_path = folders.scratch / "results.json"
     calls_path.write_text(json.dumps({"calls": calls}))
-    if results_path.exists():
-        results_path.unlink()
     copy = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                              "language": "python"}})
     if first:
@@ -126,7 +125,7 @@ def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: 
     )
     harness.metadata["tags"] = [HARNESS_TAG]
     copy.cells.append(harness)
-    path = workdir / "input.ipynb"
+    path = folders.kit / "input.ipynb"
     nbformat.write(copy, path)
     return path
 
@@ -172,14 +171,14 @@ class ForgedResults(Exception):
 def read_results(path: Path, key: str | None) -> tuple[dict, dict]:
     """(environment, results by call id) from a run's results file, read once, right after the run.
 
-    With a `key`, only a file signed with it is accepted (ForgedResults otherwise): a file
-    written or rewritten by the notebook itself, or by a process it left behind, is refused.
-    Raises OSError, ValueError, KeyError, TypeError or AttributeError when it cannot be read.
+    The file lies in the run's scratch folder: it is read through `scratch.read` (a regular file
+    only, never through a link, at most RESULTS_MAX_BYTES). With a `key`, only a file signed with
+    it is accepted (ForgedResults otherwise): a file written or rewritten by the notebook itself,
+    or by a process it left behind, is refused. Raises OSError (`scratch.Refused` included),
+    ValueError, KeyError, TypeError or AttributeError when it cannot be read.
     """
     path = Path(path)
-    if path.stat().st_size > RESULTS_MAX_BYTES:
-        raise ValueError(f"the results file is larger than {RESULTS_MAX_BYTES >> 20} MiB")
-    outer = json.loads(path.read_text())
+    outer = json.loads(scratch.read(path.parent, path.name, RESULTS_MAX_BYTES))
     if key is not None:
         text, mac = outer.get("payload"), outer.get("mac")
         if not isinstance(text, str) or not isinstance(mac, str):
@@ -193,6 +192,7 @@ def read_results(path: Path, key: str | None) -> tuple[dict, dict]:
     return dict(payload.get("environment", {})), {str(r["id"]): r for r in payload.get("results", [])}
 
 
+NOT_A_FILE = {"link": "symbolic link", "folder": "folder", "other": "special file (a named pipe, a socket or a device)"}
 FORGED = ("the run's results were not written by the kit's harness (a cell or a process it started wrote or "
           "replaced them): nothing from this run is graded")
 
@@ -219,17 +219,36 @@ def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
     return errors, last_started
 
 
+RUN_MARK = ".labkit-run"  # in a kit folder: the kit made it, and may empty it
+
+
 def fresh_workdir(workdir: Path) -> None:
-    """Empty a run's scratch folder: nothing an earlier run left there (a module, a results file) is kept."""
+    """Empty a run's folder before the run: nothing an earlier run left there is kept (links, dangling or not,
+    pipes, modules, results), and nothing is followed on the way (`scratch.remove`).
+
+    Only a folder the kit made (its mark, or an earlier layout's files) or an empty one is emptied:
+    a folder of the user's given by mistake is refused (ValueError)."""
     workdir = Path(workdir)
-    if workdir.is_dir() and any((workdir / name).exists() for name in ("input.ipynb", "run.log", "process-0")):
-        shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(workdir):
+        if workdir.is_dir() and not workdir.is_symlink() and any(workdir.iterdir()) and not any(
+                os.path.lexists(workdir / name) for name in (RUN_MARK, "input.ipynb", "run.log", "process-0")):
+            raise ValueError(f"{workdir} is not a folder the kit made for a run: it is not emptied")
+        scratch.remove(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / RUN_MARK).write_text("a run's folder: the kit empties it before every run\n")
+
+
+def start_folders(workdir: Path) -> scratch.RunFolders:
+    """The run's kit folder `workdir` and its empty scratch folder (made empty now, whatever was there)."""
+    folders = scratch.RunFolders(Path(workdir))
+    folders.kit.mkdir(parents=True, exist_ok=True)
+    scratch.empty(folders.scratch)
+    return folders
 
 
 def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdir: Path,
                  timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None, warm=None,
-                 cache=None) -> RunRecord:
+                 cache=None, keep_scratch: bool = False) -> RunRecord:
     """Run `notebook` on `config` in a child process and return what came back, as plain data.
 
     The child runs sandboxed and under `limits` (see `sandbox`); its results are read once,
@@ -237,6 +256,9 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     `warm.Server`, forks the kernel of a one-process CPU run (a cold start where it cannot);
     `cache`, a `jaxcache.CompileCache`, is JAX's compilation cache for the run (read-only unless
     the cache says the run fills it).
+
+    `workdir` is the run's kit folder (see `scratch`): the kit's files, and the run's scratch folder,
+    which is removed once its results are read unless `keep_scratch`.
     """
     workdir = Path(workdir).absolute()  # named in the kernel's connection file and the sandbox's binds
     limits = limits or DEFAULT_LIMITS
@@ -248,14 +270,24 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
     except BadNotebook as e:
         return RunRecord(config.name, "error", str(e), workdir=str(workdir))
     fresh_workdir(workdir)
-    if config.processes > 1:
-        return _run_processes(nb, config, calls, workdir, timeout, limits)
+    try:
+        if config.processes > 1:
+            return _run_processes(nb, config, calls, workdir, timeout, limits)
+        return _run_one(nb, config, calls, workdir, timeout, limits, warm, cache)
+    finally:
+        if not keep_scratch:
+            for folder in [workdir, *sorted(workdir.glob("process-*"))]:
+                scratch.remove(scratch.RunFolders(folder).scratch)
+
+
+def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm,
+             cache) -> RunRecord:
     input_path = prepare(nb, workdir, calls)
     key = new_key()
     env = config.environment() | {"LABKIT_RUN": config.name} | (cache.environment() if cache else {})
     warm = warm if warm is not None and config.platform == "cpu" else None
-    ran = _papermill(input_path, workdir / "executed.ipynb", workdir, env, limits, key, timeout, warm=warm,
-                     cache=cache)
+    ran = _papermill(input_path, workdir / "executed.ipynb", scratch.RunFolders(workdir), env, limits, key, timeout,
+                     warm=warm, cache=cache)
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
                        isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
@@ -264,16 +296,22 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
         where = f" (still running cell {last_started})" if last_started is not None else ""
         record.message = f"the notebook did not finish within {timeout:g} s{where}"
         return record
-    results_path = workdir / "results.json"
-    if not results_path.exists():
+    results_path = scratch.RunFolders(workdir).scratch / "results.json"
+    found = scratch.kind(results_path.parent, results_path.name)
+    if found != "file":
         record.status = "error"
-        record.message = _why_no_results(workdir / "run.log", ran)
+        record.message = (_why_no_results(workdir / "run.log", ran) if found == "missing" else
+                          f"the run's results file was replaced by a {NOT_A_FILE.get(found, 'special file')}, which "
+                          "the kit never opens: nothing from this run is graded")
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
     except ForgedResults:
         record.status = "error"
         record.message = FORGED
+    except scratch.Refused as e:
+        record.status = "error"
+        record.message = f"the run's results could not be read: {e}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.status = "error"
         record.message = f"the run's results could not be read ({type(e).__name__})"
@@ -353,11 +391,12 @@ def _kernel_manager_class():
         """
 
         def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str], network=None,
-                  warm=None, cache=None) -> None:
+                  warm=None, cache=None, readable: Path | None = None) -> None:
             """`network`, when given, is called at launch for the namespaces to join (`sandbox.network_of`);
             `warm`, a `warm.Server`, forks the kernel instead of starting one."""
             self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = workdir, env, limits, log, seal
             self.network, self.warm, self.start_kind, self.cache = network, warm, "", cache
+            self.readable = (readable,) if readable is not None else ()  # the run's kit folder, read-only
             self.started = threading.Event()  # set once the kernel's process exists (or could not be made)
             self.sandboxed: sandbox.Sandboxed | None = None
             self.ended, self.clients, self.asked_to_exit = False, [], False
@@ -393,7 +432,7 @@ def _kernel_manager_class():
                     try:
                         argv = cmd[cmd.index("ipykernel_launcher") + 1:]
                         self.sandboxed = self.warm.launch(argv, self.run_dir, self.run_env, self.run_limits,
-                                                          self.run_log, cache=self.cache)
+                                                          self.run_log, cache=self.cache, readable=self.readable)
                         self.start_kind = "warm"
                     except OSError as e:  # the run starts cold, as it would without a warm server
                         self.run_log.write(f"labkit: no warm start ({e}); the kernel starts cold\n".encode())
@@ -401,7 +440,8 @@ def _kernel_manager_class():
                     folder = (str(self.cache.folder),) if self.cache else ()
                     self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
                                             join=self.network() if self.network else None,
-                                            extra_ro=() if self.cache and self.cache.writable else folder,
+                                            extra_ro=(*self.readable, *(() if self.cache and self.cache.writable
+                                                                        else folder)),
                                             extra_rw=folder if self.cache and self.cache.writable else ())
                     self.start_kind = "cold"
             finally:
@@ -433,10 +473,7 @@ def _kernel_manager_class():
             with contextlib.suppress(Exception):
                 self._close_control_socket()
             self.context.destroy(linger=0)
-            shutil.rmtree(self.link_dir, ignore_errors=True)
-            for leftover in [*self.run_dir.glob("kernel-*"), self.run_dir / "kernel.json"]:
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
+            shutil.rmtree(self.link_dir, ignore_errors=True)  # the kit's own folder (the link in it is not followed)
 
     _SandboxedKernelManager = SandboxedKernelManager
     return SandboxedKernelManager
@@ -520,14 +557,15 @@ def largest_message(limits: Limits) -> int:
 _PAPERMILL_LOCK = threading.Lock()
 
 
-def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, limits: Limits, key: str,
+def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders, env: dict, limits: Limits, key: str,
                timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None,
                warm=None, cache=None) -> KernelRun:
     """Execute `input_path` into `output_path` with papermill, on a sandboxed kernel working in `workdir`.
 
     Every cell runs even after one raised. The kernel reads the run's key from a file only it
     may read (`seal`), which it removes before the first cell; after `timeout` seconds, or when
-    the notebook is done, the kernel and everything it started are ended.
+    the notebook is done, the kernel and everything it started are ended. papermill's output and
+    the run's log are in the kit folder; the kernel works in the scratch folder (`folders`).
     """
     with _PAPERMILL_LOCK:  # the first use imports papermill and registers the engine, once
         import papermill
@@ -536,11 +574,10 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
         engine = _engine()
     from nbclient.exceptions import DeadKernelError
 
-    key_file = workdir / f".labkit-key-{secrets.token_hex(8)}.json"
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"key": key, "calls": str(workdir / "calls.json"), "results": str(workdir / "results.json"),
-                   "output": limits.output}, f)
+    workdir = folders.scratch
+    key_file = scratch.create(workdir, f".labkit-key-{secrets.token_hex(8)}.json", json.dumps(
+        {"key": key, "calls": str(folders.kit / "calls.json"), "results": str(workdir / "results.json"),
+         "output": limits.output}).encode())
     seal = ["import labkit.harness", f"labkit.harness.seal({str(key_file)!r})", "del labkit"]
     if cache is not None:
         from labkit import jaxcache
@@ -548,9 +585,9 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
         seal.insert(0, jaxcache.QUIET)
     ran = KernelRun()
     start = time.monotonic()
-    with open(workdir / log_name, "wb") as log:
+    with open(folders.kit / log_name, "wb") as log:
         km = _kernel_manager_class()(kernel_name="python3")
-        km.setup(workdir, env, limits, log, seal, network, warm, cache)
+        km.setup(workdir, env, limits, log, seal, network, warm, cache, readable=folders.kit)
         if kernels is not None:
             kernels.append(km)
         watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
@@ -579,8 +616,7 @@ def _papermill(input_path: Path, output_path: Path, workdir: Path, env: dict, li
             km.end()
     if km.asked_to_exit and not ran.timed_out:
         ran.died, ran.failure = True, "a cell asked it to exit (exit() or quit()), so the cells after it never ran"
-    with contextlib.suppress(OSError):
-        key_file.unlink()
+    scratch.unlink(workdir, key_file.name)
     ran.seconds = time.monotonic() - start
     ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
     ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else sandbox.isolation()[0]
@@ -622,7 +658,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
         env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
                | config.process_env(i, coordinator))
-        runs[i] = _papermill(input_path, dirs[i] / "executed.ipynb", dirs[i], env, limits, key, timeout,
+        runs[i] = _papermill(input_path, dirs[i] / "executed.ipynb", scratch.RunFolders(dirs[i]), env, limits, key, timeout,
                              network=network if i else None, kernels=first if i == 0 else None)
         if runs[i].died or runs[i].failure:
             stop.set()
@@ -650,8 +686,9 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
                        isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold")
     refused = []
     for i, (run, pdir) in enumerate(zip(runs, dirs)):
-        payload = _read_payload(pdir / "results.json", key)
-        if payload is None and (pdir / "results.json").exists():
+        results = scratch.RunFolders(pdir).scratch
+        payload = _read_payload(results / "results.json", key)
+        if payload is None and scratch.is_file(results, "results.json"):
             refused.append(i)
         record.processes.append({"process": i, "exit": run.returncode if run else None, "coordinator": coordinator,
                                  "environment": payload[0] if payload else {},
@@ -667,7 +704,8 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
         record.message = f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
         return record
-    missing = [i for i, p in enumerate(record.processes) if not p["results"] and not (dirs[i] / "results.json").exists()]
+    missing = [i for i, p in enumerate(record.processes)
+               if not p["results"] and not scratch.is_file(scratch.RunFolders(dirs[i]).scratch, "results.json")]
     if missing:
         record.status = "error"
         record.message = (f"process {missing[0]} {of} stopped before its functions could be called: "
@@ -685,7 +723,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
 def _end_kernels_in(folder: Path) -> None:
     """End the kernel working in `folder` (a peer of a process that failed): its papermill then returns."""
     for km in list(_LIVE_KERNELS):
-        if Path(km.run_dir) == folder:
+        if Path(km.run_dir) == scratch.RunFolders(folder).scratch:
             km.stop_kernel()
 
 

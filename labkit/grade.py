@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -36,10 +37,23 @@ from pathlib import Path
 
 import psutil
 
-from labkit import catalog, configs, cost, deadlines, execute, history, jaxcache, judge, lms, sandbox, scoreboard, warm
+from labkit import (
+    catalog,
+    configs,
+    cost,
+    deadlines,
+    execute,
+    history,
+    jaxcache,
+    judge,
+    lms,
+    sandbox,
+    scoreboard,
+    warm,
+)
 from labkit import overrides as overrides_mod
-from labkit import progress as progress_mod
 from labkit import policy as policy_mod
+from labkit import progress as progress_mod
 from labkit import roster as roster_mod
 from labkit.configs import DeviceConfig
 from labkit.files import write_atomic
@@ -77,14 +91,28 @@ class Submissions:
     students: dict[str, dict[int, Path]] = field(default_factory=dict)  # student -> lab -> path
     notes: dict[str, list[str]] = field(default_factory=dict)  # student -> what was ignored, and why
     class_notes: list[str] = field(default_factory=list)  # entries of the folder that are not students
+    refused: dict[tuple[str, int], str] = field(default_factory=dict)  # (student, lab) -> why it is not graded
+
+
+LINKED = ("symlink: {what} is a symbolic link, and a link is never followed into the grader (it could name "
+          "another student's notebook or a file of the machine); hand in the notebook itself")
 
 
 def discover(folder: Path, known_labs: list[int]) -> Submissions:
-    """Read the submissions folder: DIR/<student_id>/lab-<N>.ipynb. Anything else is noted and ignored."""
+    """Read the submissions folder: DIR/<student_id>/lab-<N>.ipynb. Anything else is noted and ignored.
+
+    Links are never followed: a student folder or a notebook that is a symbolic link (as `git clone`,
+    `tar` or `cp -a` keep them), or a notebook that is not a regular file, is refused, and its rows say why."""
     subs = Submissions()
     for entry in sorted(Path(folder).iterdir()):
         if entry.name.startswith("."):
             continue  # .DS_Store, .ipynb_checkpoints, .git
+        if entry.is_symlink():
+            subs.students[entry.name] = {}
+            subs.notes[entry.name] = [f"refused: {LINKED.format(what='this student folder')}"]
+            for number in known_labs:
+                subs.refused[(entry.name, number)] = LINKED.format(what="the student folder")
+            continue
         if not entry.is_dir():
             subs.class_notes.append(f"{entry.name}: ignored, not a student folder "
                                     "(submissions go in <student_id>/lab-<N>.ipynb)")
@@ -98,7 +126,13 @@ def discover(folder: Path, known_labs: list[int]) -> Submissions:
             m = catalog.NOTEBOOK_NAME.match(item.name)
             if m:
                 number = int(m.group(1))
-                if number in known_labs:
+                if number in known_labs and item.is_symlink():
+                    subs.refused[(student, number)] = LINKED.format(what=item.name)
+                    notes.append(f"{item.name}: refused, it is a symbolic link")
+                elif number in known_labs and not stat.S_ISREG(item.lstat().st_mode):
+                    subs.refused[(student, number)] = f"{item.name} is not a regular file"
+                    notes.append(f"{item.name}: refused, it is not a regular file")
+                elif number in known_labs:
                     found[number] = item
                 else:
                     notes.append(f"{item.name}: ignored, there is no lab {number}")
@@ -135,7 +169,8 @@ class Unit:
     student: str
     lab: int
     config: str
-    path: Path | None  # the submission; None when it was not handed in
+    path: Path | None  # the submission; None when it was not handed in (or refused)
+    refused: str = ""  # why a submission handed in is not graded (a symbolic link...)
 
     @property
     def label(self) -> str:
@@ -494,6 +529,8 @@ class Grader:
             if unit.path is None:
                 rows[unit] = make_row(unit.student, unit.lab, unit.config, None, [], [],
                                       *expected.get((unit.lab, unit.config), (0, 0)))
+                if unit.refused:
+                    rows[unit].update(status="error", message=f"refused: {unit.refused}")
                 continue
             key = self.key(unit)
             cached = store.row(unit, key)
@@ -783,7 +820,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         students = sorted(subs.students)
         if part:
             students = [s for s in students if shard_of(s, part[1]) == part[0]]
-        units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number))
+        units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number), subs.refused.get((s, lab.number), ""))
                  for s in students for lab in chosen_labs for c in chosen]
         changes, moved = _overrides_and_extensions(overrides, extensions, set(subs.students), ref_rows)
         handed = _keep_history(out, subs, students, chosen_labs, times, grading)

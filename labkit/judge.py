@@ -31,6 +31,7 @@ class RunSpec:
     config: DeviceConfig
     workdir: Path
     record: execute.RunRecord | None = None
+    keep_scratch: bool = False  # keep the run's scratch folder once its results are read (to look at it)
 
 
 @dataclass
@@ -134,7 +135,8 @@ class _Plugin:
             if spec.record is not None:
                 return spec.record
             return execute.run_notebook(spec.notebook, spec.config, encoded, spec.workdir, timeout=self.timeout,
-                                        limits=self.limits, warm=self.warm, cache=self.cache)
+                                        limits=self.limits, warm=self.warm, cache=self.cache,
+                                        keep_scratch=spec.keep_scratch)
 
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             for spec, record in zip(self.runs.values(), pool.map(run, self.runs.values())):

@@ -64,11 +64,13 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
     _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {fstype or source} on {target}")
 
 
-def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] | None = None) -> None:
+def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] | None = None,
+                     readable: Path | None = None) -> None:
     """In the forked child, before the run's code: new namespaces, and a file system showing only `workdir`.
 
     `shared` names more folders the server may write, each with whether this run may write it too
-    (a compilation cache: the reference runs fill it, the others only read it).
+    (a compilation cache: the reference runs fill it, the others only read it). `readable`, a folder
+    that holds `workdir` (the run's kit folder), is shown too, read-only.
 
     The process-id namespace applies to the children this process makes next (`become_init`).
     """
@@ -83,6 +85,10 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     work = str(Path(workdir).resolve())
     keep = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    above = str(Path(readable).resolve()) if readable is not None else None
+    if above is not None and not Path(work).is_relative_to(above):
+        raise OSError(f"{work} is not inside {above}")
+    keep_above = os.open(above, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if above is not None else None
     shared = {str(Path(f).resolve()): bool(w) for f, w in (shared or {}).items()}
     shown = {f: os.open(f, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for f in shared}
     roots = [str(Path(root).resolve()) for root in roots]
@@ -104,7 +110,12 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
             os.makedirs(root_s, exist_ok=True)  # a folder under /tmp is made again (empty), to be covered
             _mount(libc, "tmpfs", root_s, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
             if Path(work).is_relative_to(root_s):
-                os.makedirs(work, exist_ok=True)
+                if keep_above is not None:  # the kit folder, read-only, and the scratch folder in it, writable
+                    os.makedirs(above, exist_ok=True)
+                    _mount(libc, f"/proc/self/fd/{keep_above}", above, None, MS_BIND)
+                    _mount(libc, None, above, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+                else:
+                    os.makedirs(work, exist_ok=True)
                 _mount(libc, f"/proc/self/fd/{keep}", work, None, MS_BIND)
             _mount(libc, None, root_s, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
         for folder_s, fd in shown.items():  # bound again (one under /tmp is gone by now); read-only unless its to write
@@ -114,6 +125,8 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
                 _mount(libc, None, folder_s, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     finally:
         os.close(keep)
+        if keep_above is not None:
+            os.close(keep_above)
         for fd in shown.values():
             os.close(fd)
 
@@ -148,6 +161,27 @@ def become_init() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def forget_server() -> None:
+    """Zero what `/proc/self/cmdline` and `/proc/self/environ` show of the warm server in this forked child.
+
+    Both files read the strings the server's process started with (its command line names its
+    socket and folders; its environment, its marker token), which a fork keeps in its memory;
+    the kernel needs none of it. After this, the C environment is empty (`clearenv`): the caller
+    sets the run's own. Where the kernel does not give the addresses, nothing is changed."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        # fields 48 to 51 of proc(5)'s stat (counted from 1; the list starts at field 3)
+        arg_start, arg_end, env_start, env_end = (int(fields[n - 3]) for n in (48, 49, 50, 51))
+    except (OSError, IndexError, ValueError):
+        return
+    libc = _libc()
+    if arg_end > arg_start:
+        ctypes.memset(arg_start, 0, arg_end - arg_start)
+    if env_end > env_start:
+        ctypes.memset(env_start, 0, env_end - env_start)
+    libc.clearenv()
 
 
 def drop_privileges() -> None:

@@ -342,14 +342,22 @@ def counts_processes(cgroups: list[Path]) -> bool:
     return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
 
 
+CPU_SHARES = 1024  # every run's weight against the others (v1's default for a group)
+
+
 def make_cgroups(limits: Limits) -> list[Path]:
-    """New v1 cgroups (pids, memory) for one run, when they can be made here; [] otherwise."""
+    """New v1 cgroups (pids, memory, cpu) for one run, when they can be made here; [] otherwise.
+
+    The cpu group gives every run the same share of the processors (`cpu.shares`), however many
+    processes it starts: a run that forks two dozen busy processes competes with its neighbour as
+    one run, and cannot push it past its timeout."""
     if not _may_make_cgroups():
         return []
     made = []
     name = f"labkit-{uuid.uuid4().hex[:12]}"
     for controller, settings in (("pids", {"pids.max": limits.processes}),
-                                 ("memory", {"memory.limit_in_bytes": limits.memory})):
+                                 ("memory", {"memory.limit_in_bytes": limits.memory}),
+                                 ("cpu", {"cpu.shares": CPU_SHARES})):
         own = _own_cgroup(controller)
         base = Path("/sys/fs/cgroup") / controller
         if own is None or not (base / "cgroup.procs").exists():

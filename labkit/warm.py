@@ -235,8 +235,11 @@ class Server:
         self._stop()
         return False
 
-    def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None) -> WarmRun:
-        """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not."""
+    def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
+               readable: tuple = ()) -> WarmRun:
+        """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not.
+
+        `readable`: the run's kit folder (at most one), which holds `workdir` and which the run sees read-only."""
         from labkit import runusers
 
         if not self.ready():
@@ -247,13 +250,14 @@ class Server:
         if self.user is not None and not runusers.hand_over(workdir, self.user):
             raise OSError(f"{workdir} could not be handed to the run's user")
         try:
-            return self._launch(argv, workdir, env, limits, log, cache)
+            return self._launch(argv, workdir, env, limits, log, cache, readable)
         except OSError:
             if self.user is not None:  # the cold start that follows is this process's own user's
                 runusers.hand_over(workdir, os.geteuid())
             raise
 
-    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None) -> WarmRun:
+    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
+                readable: tuple = ()) -> WarmRun:
         from labkit import sandbox
 
         token = os.urandom(16).hex()
@@ -268,7 +272,8 @@ class Server:
             raise OSError(f"the compilation cache {cache.folder} is not the warm server's")
         shared = {str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
                   for p in self.shared}
-        request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared}
+        request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared,
+                   "readable": str(Path(readable[0]).resolve()) if readable else None}
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -360,10 +365,12 @@ def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None
         hello.close()
         from labkit import nest, sandbox
 
+        # the server's command line and environment are not the run's to read (its init and kernel keep this copy)
+        nest.forget_server()
         sandbox.apply_rlimits(request["rlimits"])
 
         workdir = Path(request["workdir"])
-        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}))
+        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}), readable=request.get("readable"))
         pid = os.fork()
         if pid == 0:
             _init(request, workdir)

@@ -103,9 +103,9 @@ def test_the_kernel_runs_in_the_sandbox_and_papermill_does_not(tmp_path, calls):
     probe = with_cell("import pathlib\n"
                       "seen = sorted({p.read_text().replace(chr(0), ' ') for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')})\n"
                       "pathlib.Path('seen.json').write_text(__import__('json').dumps(seen))", tmp_path / "probe.ipynb")
-    record = execute.run_notebook(probe, CONFIGS["cpu-1"], calls, tmp_path / "run")
+    record = execute.run_notebook(probe, CONFIGS["cpu-1"], calls, tmp_path / "run", keep_scratch=True)
     assert record.status == "ok", record.message
-    seen = json.loads((tmp_path / "run" / "seen.json").read_text())
+    seen = json.loads((tmp_path / "run" / "scratch" / "seen.json").read_text())
     assert any("ipykernel_launcher" in c for c in seen), seen
     others = [c for c in seen if c.strip() and not c.startswith(("bwrap ", "/usr/bin/bwrap "))
               and "ipykernel_launcher" not in c]

@@ -106,10 +106,14 @@ def make_class(folder: Path) -> Path:
     nb["cells"].insert(at, code_cell("raise KeyError('left over before the exercise')"))
     write(subs / EVIL / "lab-3.ipynb", nb)
     write(subs / "notes.txt", "a stray file at the top of the folder")
+    # links, as `git clone`, `tar` or `cp -a` keep them: a notebook linked to the reference, a folder linked to /etc
+    (subs / "kate").mkdir()
+    (subs / "kate" / "lab-3.ipynb").symlink_to(REFERENCE)
+    (subs / "liam").symlink_to("/etc", target_is_directory=True)
     return subs
 
 
-STUDENTS = ["alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan", "judy", EVIL]
+STUDENTS = ["alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan", "judy", EVIL, "kate", "liam"]
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +250,21 @@ def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
     [row] = grader.run([grade.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], grade.Store(tmp_path / "out"), "t")
     assert row["status"] == "timeout" and row["passed"] == 0
     assert "did not finish within 10 s" in row["message"]
+
+
+def test_a_notebook_that_is_a_symbolic_link_is_refused_and_its_row_says_why(rows, results):
+    for config in ("cpu-1", "cpu-8"):
+        assert rows[("kate", config)]["status"] == "error"
+        assert rows[("kate", config)]["message"].startswith("refused: symlink: lab-3.ipynb is a symbolic link")
+        assert rows[("kate", config)]["passed"] == "0"
+    assert row_of(results, "kate", "cpu-1")["tests"] == []  # nothing of it ran
+
+
+def test_a_student_folder_that_is_a_symbolic_link_is_refused_and_never_listed(rows, graded):
+    assert rows[("liam", "cpu-1")]["message"].startswith("refused: symlink: the student folder")
+    everything = "".join(p.read_text(errors="replace") for p in graded[1].rglob("*")
+                         if p.is_file() and p.suffix in (".csv", ".json", ".md", ".html"))
+    assert "passwd" not in everything and "shadow" not in everything  # /etc's listing appears nowhere
 
 
 def test_a_stray_file_next_to_the_student_folders_is_noted(results):

@@ -323,8 +323,8 @@ def test_the_processes_share_one_private_network_that_reaches_nothing_of_the_hos
         notebook = variant(11, (SETUP_LINE, probe))
         c = call("device_summary")
         record = execute.run_notebook(notebook, TWO_BY_FOUR, [{"id": c.id, **c.encoded()}], tmp_path / "run",
-                                      timeout=300)
+                                      timeout=300, keep_scratch=True)
     assert record.status == "ok", record.message  # the two processes found each other
-    seen = [json.loads((tmp_path / "run" / f"process-{i}" / "network.json").read_text()) for i in range(2)]
+    seen = [json.loads((tmp_path / "run" / f"process-{i}" / "scratch" / "network.json").read_text()) for i in range(2)]
     assert seen[0]["net"] == seen[1]["net"] != os.readlink("/proc/self/ns/net")
     assert not seen[0]["reached_the_host"] and not seen[1]["reached_the_host"]

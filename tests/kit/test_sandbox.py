@@ -59,6 +59,8 @@ def _fork_limit_holds() -> bool:
 
 
 FORK_LIMIT = _fork_limit_holds()
+REMOVED_AFTER = {"fill_disk"}  # tricks whose scratch folder is removed after the run, as in grading
+CLASSMATE = "classmate.ipynb"  # a file of the test's, next to the runs' folders: tricks aim links at it
 
 
 @dataclass
@@ -78,7 +80,12 @@ class Battery:
         return self.judgement.records[label]
 
     def workdir(self, label: str) -> Path:
+        """The run's kit folder: its notebook, papermill's copy, its log."""
         return self.out / label
+
+    def scratch(self, label: str) -> Path:
+        """The run's scratch folder, where its code could write (kept for these tests, except `fill_disk`'s)."""
+        return self.out / label / "scratch"
 
 
 @pytest.fixture(scope="module", params=["cold", "warm"])
@@ -90,6 +97,7 @@ def battery(request, tmp_path_factory, outside_tmp) -> Battery:
             RunSpec("student", LAB.student, cpu1, out / "student"),
             RunSpec("identity", _with_cell((ADVERSARIAL / "identity.control").read_text(), out / "identity.ipynb"),
                     cpu1, out / "identity")]
+    (out / CLASSMATE).write_text(LAB.reference.read_text())
     only = {t.strip() for t in os.environ.get("LABKIT_BATTERY", "").split(",") if t.strip()}
     for trick in sorted(ADVERSARIAL.glob("*.py")):
         if only and trick.stem not in only:
@@ -99,7 +107,7 @@ def battery(request, tmp_path_factory, outside_tmp) -> Battery:
         if trick.stem == "fork_bomb" and not FORK_LIMIT:
             continue
         runs.append(RunSpec(trick.stem, _with_cell(trick.read_text(), out / f"{trick.stem}.ipynb"), cpu1,
-                            out / trick.stem))
+                            out / trick.stem, keep_scratch=trick.stem not in REMOVED_AFTER))
     with pytest.MonkeyPatch.context() as mp:
         if BUNDLED_WORKS:  # the bwrap a fresh machine gets from `make setup`, even where the system has one
             mp.setenv("LABKIT_BWRAP", "bundled")
@@ -168,7 +176,7 @@ def test_a_process_left_behind_neither_forges_the_results_nor_outlives_the_run(b
     record = battery.record("forge_results_later")  # it rewrote the results before the run ended: refused
     assert record.status == "ok" or record.message == execute.FORGED
     scores_nothing(battery, "forge_results_later")
-    heartbeat = battery.workdir("forge_results_later") / "heartbeat"
+    heartbeat = battery.scratch("forge_results_later") / "heartbeat"
     assert heartbeat.exists(), "the trick never started its process"
     before = heartbeat.read_text()
     time.sleep(1.5)
@@ -286,7 +294,7 @@ def test_a_memory_bomb_is_stopped_at_the_memory_limit(battery):
 def test_a_fork_bomb_is_stopped_at_the_process_limit_and_leaves_nothing_behind(battery):
     record = battery.record("fork_bomb")
     assert record.status in ("ok", "error"), (record.status, record.message)  # refused forks, not the clock
-    made = (battery.workdir("fork_bomb") / "forks").stat().st_size
+    made = (battery.scratch("fork_bomb") / "forks").stat().st_size
     assert made < LIMITS.processes, f"the fork bomb reached {made} processes"
     scores_nothing(battery, "fork_bomb")
     assert battery.record("honest").status == "ok"
@@ -561,3 +569,52 @@ def test_a_run_on_a_tpu_host_sees_the_chips_and_the_topology(tmp_path, monkeypat
 def test_a_cpu_host_binds_no_device_nodes(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "accelerator_devices", list)
     assert "--dev-bind" not in sandbox.bwrap_command("bwrap", ["true"], tmp_path, sandbox.DEFAULT_LIMITS)
+
+
+# ----------------------------------------------------------------------------------------
+# The trust boundary: what the kit's own, unsandboxed process does with the run's folders.
+# ----------------------------------------------------------------------------------------
+
+def test_links_in_place_of_the_kits_files_write_nothing_outside_the_run(battery):
+    # The run's kit folder is read-only to it; what it linked in its scratch folder is never followed.
+    classmate = battery.out / CLASSMATE
+    assert classmate.read_text() == LAB.reference.read_text(), "a link made the kit write over another file"
+    assert not (battery.out / "planted.pth").exists(), "a dangling link made the kit create a file outside the run"
+    kit = battery.workdir("link_kit_files")
+    for name in ("executed.ipynb", "run.log", "input.ipynb", "calls.json"):
+        assert not (kit / name).is_symlink() and (kit / name).is_file(), name
+    assert battery.record("link_kit_files").status in ("ok", "error")
+    scores_nothing(battery, "link_kit_files")
+
+
+def test_a_second_grading_of_a_folder_a_run_left_links_in_follows_none_of_them(battery, tmp_path):
+    # The same kit folder graded again (a regrade): the links the first run left in its scratch
+    # folder, dangling ones included, are removed without being followed before anything is written.
+    kit = battery.workdir("link_kit_files")
+    left = sorted(p.name for p in battery.scratch("link_kit_files").iterdir() if p.is_symlink())
+    assert "run.log" in left and "executed.ipynb" in left, left  # the first run's links are there
+    record = execute.run_notebook(LAB.reference, configs.CONFIGS["cpu-1"], [], kit, timeout=TIMEOUT, limits=LIMITS)
+    assert record.status == "ok", record.message
+    assert not (battery.out / "planted.pth").exists()
+    assert (battery.out / CLASSMATE).read_text() == LAB.reference.read_text()
+    assert not (kit / "scratch").exists(), "the scratch folder stays after a run"
+
+
+def test_named_pipes_where_the_kit_reads_neither_block_it_nor_score(battery):
+    record = battery.record("fifo_in_place")
+    # the run ended (the battery is here), and the results, if the pipe won the race, were refused as not a file
+    assert record.status == "ok" or "replaced by a special file" in record.message, record.message
+    scores_nothing(battery, "fifo_in_place")
+
+
+def test_what_a_run_wrote_in_its_scratch_folder_is_removed_when_it_ends(battery):
+    assert battery.record("fill_disk").status == "ok", battery.record("fill_disk").message
+    assert not battery.scratch("fill_disk").exists()
+    assert battery.workdir("fill_disk").is_dir()  # the kit's files stay: papermill's copy, the log
+
+
+def test_a_kernel_reads_nothing_of_the_warm_servers_start_in_its_own_process(battery):
+    shown = (battery.workdir("read_own_proc") / "executed.ipynb").read_text()
+    assert "/proc/self/cmdline" in shown  # the trick ran and printed
+    for secret in ("labkit.warm", "server.sock", str(battery.out)):
+        assert secret not in shown.replace(str(battery.out / "read_own_proc"), ""), secret

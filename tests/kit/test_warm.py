@@ -56,7 +56,7 @@ def _notebook(path: Path) -> Path:
 
 def _facts(record: execute.RunRecord) -> dict:
     assert record.status == "ok", (record.status, record.message)
-    return json.loads((Path(record.workdir) / "facts.json").read_text())
+    return json.loads((Path(record.workdir) / "scratch" / "facts.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def looked(server, runs_root, tmp_path_factory):
     for label, name, with_server in (("warm-1", "cpu-1", server), ("warm-8", "cpu-8", server),
                                      ("cold-8", "cpu-8", None)):
         record = execute.run_notebook(notebook, configs.by_name(name), [], runs_root / label, timeout=180,
-                                      limits=LIMITS, warm=with_server)
+                                      limits=LIMITS, warm=with_server, keep_scratch=True)
         out[label] = (record, _facts(record))
     return out
 

@@ -1,7 +1,7 @@
 # Writes a results file claiming every call came back right (values doubled, split over every device), then ends the kernel so the harness never runs.
 # ruff: noqa
 import json, os
-calls = json.load(open("calls.json"))["calls"]
+calls = json.load(open("../calls.json"))["calls"]  # the run's kit folder (read-only)
 def forged(arg):
     data = [2 * v for v in arg["data"]]
     n = len(data)

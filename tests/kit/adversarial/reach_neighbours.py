@@ -24,8 +24,8 @@ for top in [os.path.dirname(here), os.path.dirname(os.path.dirname(here)), "/tmp
             dirs[:] = []
         for name in files:
             path = os.path.join(folder, name)
-            if path.startswith(here + os.sep):
-                continue
+            if path.startswith(here + os.sep) or folder == os.path.dirname(here):
+                continue  # its own scratch folder, and its own run's kit folder (read-only)
             if name.endswith(".sock"):
                 try:
                     s = socket.socket(socket.AF_UNIX); s.connect(path); s.close()
