@@ -16,7 +16,8 @@ def _lab(args) -> int:
 
     try:
         ok = run_lab(args.lab, notebook=args.notebook, config_names=args.configs, timeout=args.timeout,
-                     hidden=args.hidden, limits=sandbox.limits_from_args(args), record_costs=args.record_costs)
+                     hidden=args.hidden, limits=sandbox.limits_from_args(args), record_costs=args.record_costs,
+                     keep_scratch=args.keep_scratch)
     except (catalog.UnknownLab, configs.UnknownConfig) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -283,6 +284,8 @@ def parser() -> argparse.ArgumentParser:
     lab.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
                      help="seconds one notebook may run on one configuration (default %(default)s)")
     lab.add_argument("--hidden", action="store_true", help="also run the hidden tests (course staff)")
+    lab.add_argument("--keep-scratch", action="store_true",
+                     help="keep each run's scratch folder (build/lab-N/<config>/scratch/), to look at what it wrote")
     lab.add_argument("--record-costs", action="store_true",
                      help="write the runs' cost cards as the lab's reference cards (course staff, with the reference)")
     sandbox.add_arguments(lab)

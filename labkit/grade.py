@@ -129,7 +129,7 @@ def discover(folder: Path, known_labs: list[int]) -> Submissions:
                 if number in known_labs and item.is_symlink():
                     subs.refused[(student, number)] = LINKED.format(what=item.name)
                     notes.append(f"{item.name}: refused, it is a symbolic link")
-                elif number in known_labs and not stat.S_ISREG(item.lstat().st_mode):
+                elif number in known_labs and not stat.S_ISREG(mode := item.lstat().st_mode) and not stat.S_ISDIR(mode):
                     subs.refused[(student, number)] = f"{item.name} is not a regular file"
                     notes.append(f"{item.name}: refused, it is not a regular file")
                 elif number in known_labs:

@@ -30,7 +30,7 @@ def _warm_server(out: Path, chosen: list, limits, cache):
 
 def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
             timeout: float | None = None, hidden: bool = False, console=None,
-            build: Path | None = None, limits=None, record_costs: bool = False) -> bool:
+            build: Path | None = None, limits=None, record_costs: bool = False, keep_scratch: bool = False) -> bool:
     """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed.
 
     `record_costs`: write the runs' cost cards as the lab's reference cards (course staff, on the reference)."""
@@ -44,14 +44,15 @@ def run_lab(number: int | str, *, notebook: Path | None = None, config_names: st
     cache = jaxcache.prepare(Path(build or BUILD) / ".jax-cache") if jaxcache.wanted() else None
     server = _warm_server(out, chosen, limits, cache)
     try:
-        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache, record_costs)
+        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache, record_costs,
+                    keep_scratch)
     finally:
         if server is not None:
             server.stop()
 
 
 def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server,
-         cache, record_costs: bool = False) -> bool:
+         cache, record_costs: bool = False, keep_scratch: bool = False) -> bool:
     from rich.console import Console
 
     from labkit import cost, execute, report
@@ -59,7 +60,7 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
 
     console = console or Console()
     timeout = execute.DEFAULT_TIMEOUT if timeout is None else timeout
-    runs = [RunSpec(c.name, notebook, c, out / c.name) for c in chosen]
+    runs = [RunSpec(c.name, notebook, c, out / c.name, keep_scratch=keep_scratch) for c in chosen]
     console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
     judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
                       limits=limits, warm=server, cache=cache)

@@ -306,10 +306,10 @@ def test_a_fork_bomb_in_a_notebook_run_without_cgroups_is_refused_forks_not_time
     monkeypatch.setenv("LABKIT_CGROUPS", "off")  # as where the kit may not make cgroups (RLIMIT_NPROC only)
     notebook = _with_cell((ADVERSARIAL / "fork_bomb.py").read_text(), tmp_path / "lab-3.ipynb")
     done = kit("lab", "3", "--notebook", str(notebook), "--configs", "cpu-1", "--timeout", "90",
-               "--max-processes", "200")
+               "--max-processes", "200", "--keep-scratch")
     run = lab_report(3)["runs"]["cpu-1"]
     assert run["status"] in ("ok", "error"), (run["status"], run["message"], done.stderr[-2000:])
-    made = (Path(run["workdir"]) / "forks").stat().st_size
+    made = (Path(run["workdir"]) / "scratch" / "forks").stat().st_size
     assert made < 200, f"the fork bomb reached {made} processes under a limit of 200"
 
 

@@ -25,7 +25,8 @@ SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
 pytestmark = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 LIMITS = Limits(isolation=sandbox.SANDBOX)
 
-# A cell that writes what the run sees of itself into its scratch folder, as facts.json.
+# A cell that writes what the run sees of itself into its scratch folder, as facts.json (its kit folder is
+# the one above, the runs beside it one more above).
 LOOK_AROUND = r'''
 import json, os, jax, numpy as np
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
@@ -37,7 +38,7 @@ facts = {
     "cap_eff": status["CapEff"].strip(), "no_new_privs": status.get("NoNewPrivs", "").strip(),
     "uid": os.getuid(),
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
-    "beside_me": sorted(n for n in ("warm-1", "warm-8", "cold-8") if os.path.exists(os.path.join(here, "..", n))),
+    "beside_me": sorted(n for n in ("warm-1", "warm-8", "cold-8") if os.path.exists(os.path.join(here, "..", "..", n))),
     "tmp": sorted(os.listdir("/tmp")),
     "interfaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]),
     "random": float(np.random.rand()),
