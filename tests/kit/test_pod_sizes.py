@@ -26,12 +26,7 @@ def _all_passed(done, report, names) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-# Lab 12 (sharding in types) is sized for up to eight devices: its inputs do not divide by 16 and 32 yet.
-SIZED_FOR_EIGHT = {12}
-
-
-@pytest.mark.parametrize("lab", [lab for lab in catalog.labs() if lab.number not in SIZED_FOR_EIGHT],
-                         ids=lambda lab: lab.name)
+@pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_reference_passes_on_2_4_16_and_32_devices(kit, lab_report, lab):
     done = kit("lab", str(lab.number), "--notebook", str(lab.reference), "--configs", ",".join(POD_SIZES), "--hidden",
                "--timeout", "600", timeout=3000)

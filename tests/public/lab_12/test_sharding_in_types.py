@@ -31,7 +31,7 @@ def expect_types(got, want):
 
 ONE_DEVICE = "build the mesh with jax.make_mesh((jax.device_count(),), ('data',)), not a size you typed"
 
-GRID = np.arange(48, dtype=np.float32).reshape(16, 3)
+GRID = np.arange(96, dtype=np.float32).reshape(32, 3)  # rows divide over 1 to 32 devices
 
 
 @check(got=call("place_rows", GRID))
@@ -47,11 +47,11 @@ def test_place_rows_splits_the_rows_over_every_device(got, run):
 
 @check(got=call("types_after", GRID))
 def test_types_after_reads_the_type_of_each_result(got):
-    expect_types(got, ["float32[16@data,3]", "float32[16@data]", "float32[3]", "float32[3,16@data]"])
+    expect_types(got, ["float32[32@data,3]", "float32[32@data]", "float32[3]", "float32[3,32@data]"])
 
 
-A = np.linspace(-1.0, 1.0, 8 * 16, dtype=np.float32).reshape(8, 16)
-B = np.linspace(0.5, 2.0, 16 * 4, dtype=np.float32).reshape(16, 4)
+A = np.linspace(-1.0, 1.0, 32 * 32, dtype=np.float32).reshape(32, 32)
+B = np.linspace(0.5, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4)
 
 
 @check(got=compiled_call("contract_to_rows", A, B))
@@ -65,7 +65,7 @@ def test_contract_to_rows_leaves_the_rows_of_the_product_split(got, run):
                         hint="out_sharding=P('data', None) reduce-scatters; P() gives every device the whole product")
 
 
-RAMP = np.arange(16, dtype=np.float32)
+RAMP = np.arange(64, dtype=np.float32)
 
 
 @check(got=call("block_maxima", RAMP))
