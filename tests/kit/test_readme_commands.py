@@ -1,0 +1,94 @@
+"""The README's first commands, typed as it writes them, in a fresh copy of the kit, with no setting a user would not make.
+
+Each test takes its command line from README.md itself (`readme_line`): a README that says
+something else changes what is run, and a README that no longer says it fails the test. The copy
+is the kit's tracked and new files (what a clone of this tree would hold, without .venv, build/ or
+anything ignored), so the commands make their own environment exactly as on a new machine, from
+relative paths and default arguments. Variables of the kit's own (LABKIT_*) are removed from the
+environment: a user has none of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def readme_lines() -> list[str]:
+    """Every line of the README's bash blocks, as a user would type it (its comment left out)."""
+    lines, inside = [], False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            inside = line.strip() == "```bash" if not inside else False
+            continue
+        if inside:
+            lines.append(re.sub(r"\s+#.*$", "", line).strip())
+    return lines
+
+
+def readme_line(command: str) -> str:
+    """The README's line that is exactly `command`; fails when the README does not tell users to type it."""
+    assert command in readme_lines(), f"README.md no longer tells users to type `{command}`"
+    return command
+
+
+def user_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("LABKIT_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")}
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Path:
+    """A copy of the kit as a clone of this tree would be: tracked and new files, nothing ignored or built."""
+    where = tmp_path_factory.mktemp("fresh") / "kit"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file() or source.is_symlink():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, where / name, follow_symlinks=False)
+    return where
+
+
+def type_in(fresh: Path, line: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Run `line` in the copy as a shell would, from its top folder."""
+    return subprocess.run(["bash", "-c", line], cwd=fresh, env=user_environment(), text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def test_make_lab_3_on_the_untouched_notebook_sets_up_and_shows_every_configuration(fresh):
+    done = type_in(fresh, readme_line("make lab-3"))
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out[-4000:]
+    assert "cpu-1" in out and "cpu-8" in out, out[-4000:]
+    assert (fresh / ".venv").is_dir()  # made by the command itself
+    assert (fresh / "build" / "lab-3" / "report.json").is_file(), out[-4000:]
+    assert done.returncode != 0  # the student's notebook is not written yet: its tests do not pass
+
+
+def test_make_grade_with_its_default_folders_grades_the_class(fresh):
+    # a TA puts the class in submissions/ (the default folder), then types the README's line
+    (fresh / "submissions" / "ada").mkdir(parents=True)
+    shutil.copy(fresh / "reference" / "lab-3.ipynb", fresh / "submissions" / "ada" / "lab-3.ipynb")
+    done = type_in(fresh, readme_line("make grade LABS=3"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    with open(fresh / "scoreboard" / "scoreboard.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["student"] == "ada"]
+    assert {r["config"] for r in rows} >= {"cpu-1", "cpu-8", "cpu-2x4"}, rows
+    assert {r["status"] for r in rows} == {"ok"}, [(r["config"], r["status"], r["message"]) for r in rows]
+
+
+def test_make_doctor_says_what_this_machine_can_do(fresh):
+    done = type_in(fresh, readme_line("make doctor"), timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "sandbox" in done.stdout.lower() or "bwrap" in done.stdout, done.stdout[-4000:]
