@@ -40,7 +40,7 @@ try:
     _seen["wrote"] = True
 except OSError as e:
     _seen["wrote"] = type(e).__name__
-json.dump(_seen, open("cache_seen.json", "w"))
+print("cache_seen=" + json.dumps(_seen))  # into papermill's copy, in the run's kit folder
 """
 
 
@@ -58,7 +58,9 @@ def _graded(tmp_path: Path, start: str) -> tuple[dict, Path]:
     assert done.returncode == 0, done.stdout + done.stderr
     row = json.loads((out / "scoreboard.json").read_text())["rows"][0]
     assert (row["status"], row["passed"], row["start"]) == ("ok", 6, start), row
-    seen = json.loads(next((out / "work").rglob("cache_seen.json")).read_text())
+    executed = json.loads(next((out / "work").rglob("executed.ipynb")).read_text())
+    printed = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", []))
+    seen = json.loads(printed.split("cache_seen=", 1)[1].splitlines()[0])
     return seen, out / ".jax-cache"
 
 

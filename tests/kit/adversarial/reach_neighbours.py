@@ -44,7 +44,8 @@ if child == 0:
             for target in (os.path.dirname(here), os.path.dirname(os.path.dirname(here)), "/tmp", "/proc"):
                 if libc.umount2(target.encode(), 2) == 0:  # MNT_DETACH
                     said += f"unmounted: {target};"
-            others = [d for d in os.listdir(os.path.dirname(here)) if d != os.path.basename(here)]
+            mine = os.path.dirname(here)  # its own run's kit folder; the runs beside it are one folder up
+            others = [d for d in os.listdir(os.path.dirname(mine)) if d != os.path.basename(mine)]
             if others:
                 said += f"neighbours: {others[:3]};"
     except Exception:
