@@ -9,10 +9,16 @@ Due dates and the late policy are in the course's policy file::
     per_day = 0.1        # a tenth of the lab's points per day (or part of a day) late
     cap = 0.5            # never more than half
     grace_minutes = 15   # up to 15 minutes late is on time
+    accept = ["gradescope", "canvas"]   # the time sources a late penalty may count from (the default)
 
-An extensions file (CSV: student, lab, days) moves one student's due date for one lab. The
-submission time comes from the LMS's metadata, or else from the time the kit collected the file
-(labkit/history.py).
+An extensions file (CSV: student, lab, days) moves one student's due date for one lab.
+
+Each submission records every time the kit knows for it, by source (SOURCES): Gradescope's
+submission time, Canvas's `_LATE` flag (a flag in the file's name, not a time), the time of the
+file's last git commit, the file's modification time, and the time the kit collected it. A late
+penalty counts from the most trustworthy of them that `[late] accept` lists, and from nothing
+else: a submission with no accepted source is never charged, and the collection time (when a TA
+happened to gather the class) can never be accepted. Every lab says which source its time came from.
 """
 
 from __future__ import annotations
@@ -23,6 +29,17 @@ import math
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
+
+# Most trustworthy first: a late penalty counts from the first of these that is known and accepted.
+SOURCES = {
+    "gradescope": "Gradescope's submission time",
+    "canvas": "Canvas's late flag (_LATE in the file's name)",
+    "git": "the time of the file's last git commit",
+    "mtime": "the file's modification time",
+    "collected": "the time the kit collected the file",
+}
+ACCEPT_DEFAULT = ("gradescope", "canvas")
+NEVER_ACCEPTED = {"collected": "it is when the class was gathered, not when the student handed in"}
 
 
 class DeadlineError(ValueError):
@@ -55,6 +72,53 @@ def penalty(submitted: str | None, due: str | None, late: dict, extension_days: 
     days = math.ceil(over / timedelta(days=1))
     taken = min(late.get("per_day", 0) * days, late.get("cap", 1))
     return round(taken, 4), days
+
+
+def charge(handed: dict | None, due: str | None, late: dict, extension_days: float = 0) -> dict:
+    """What one submission is charged: {time_source, late_days, late_penalty, late_note}, only the keys that apply.
+
+    `handed` is what the results say of the submission: `times` (source -> ISO time, None for
+    Canvas's flag) and `late` (Canvas's flag). The time counts from the first source in SOURCES
+    order that `late["accept"]` lists; time_source names it (or, when none is accepted, the best
+    one known, with a note that it was not used).
+    """
+    handed = handed or {}
+    times = handed.get("times")
+    if times is None:  # results from before time sources were recorded: the time's origin is unknown
+        times = {"collected": handed["submitted_at"]} if handed.get("submitted_at") else {}
+    accept = [s for s in late.get("accept", ACCEPT_DEFAULT) if s not in NEVER_ACCEPTED]
+    usable = [s for s in SOURCES if s in times and s in accept]
+    known = [s for s in SOURCES if s in times]
+    if not known:
+        return {}
+    source = (usable or known)[0]
+    out: dict = {"time_source": source}
+    if not due:
+        return out
+    if not usable:
+        out["late_note"] = (f"submission time from {SOURCES[source]}, which the policy does not accept for "
+                            f"late penalties ([late] accept = {list(accept)}): not charged")
+        return out
+    if source == "canvas":
+        if not handed.get("late"):
+            return out
+        if extension_days:
+            out["late_note"] = (f"Canvas marked it late, but it has an extension of {extension_days:g} days and "
+                                "Canvas's flag carries no time to compare with the new due date: not charged")
+            return out
+        taken, days = round(min(late.get("per_day", 0), late.get("cap", 1)), 4), 1
+        out["late_note"] = "Canvas marked it late (_LATE), which carries no time: charged as 1 day late"
+    else:
+        try:
+            taken, days = penalty(times[source], due, late, extension_days)
+        except DeadlineError as e:
+            out["late_note"] = f"{SOURCES[source]} cannot be read ({e}): not charged"
+            return out
+    if days:
+        out.update(late_days=days, late_penalty=taken)
+        out.setdefault("late_note", f"{days:g} day{'s' if days != 1 else ''} late by {SOURCES[source]} "
+                                    f"({times[source]})")
+    return out
 
 
 def parse_extensions(text: str, source: str, students: set[str], labs: set[int]) -> dict[str, dict[str, float]]:

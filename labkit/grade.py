@@ -869,15 +869,17 @@ def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
         if entry["late"] and student in subs.notes:
             subs.notes[student].append(f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})")
     return subs, {k: {"submitted_at": v["submitted_at"], "late": v["late"], "source": v["source"],
-                      "file": v["member"]} for k, v in found.files.items()}
+                      "file": v["member"], "times": v.get("times", {})} for k, v in found.files.items()}
 
 
 def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[catalog.Lab], times: dict,
                   grading: policy_mod.Policy) -> dict[tuple[str, int], dict]:
     """Keep every notebook about to be graded in OUT/history by digest; (student, lab) -> what the results say.
 
-    The results name the digest graded and the LMS's submission time; the time the kit collected
-    the file goes in only for a lab with a due date (it is what a late penalty then counts from).
+    The results name the digest graded, the LMS's submission time and late flag, and every time
+    known for the submission by source (`times`: the LMS's, or a plain folder's git commit, file
+    modification time or Gradescope metadata, and always when the kit collected it); the policy
+    decides which of them a late penalty may count from (labkit/deadlines.py).
     """
     handed = {}
     for student in students:
@@ -890,10 +892,10 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
                                  source=lms_info.get("source", ""), file=lms_info.get("file", ""))
             if entry is None:
                 continue
+            known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
+            known["collected"] = entry["collected_at"]
             info = {"digest": entry["digest"], "submitted_at": lms_info.get("submitted_at"),
-                    "late": bool(lms_info.get("late"))}
-            if lab.number in grading.due and not info["submitted_at"]:
-                info["submitted_at"] = entry["collected_at"]
+                    "late": bool(lms_info.get("late")), "times": known}
             handed[student, lab.number] = info
     return handed
 

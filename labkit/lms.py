@@ -15,9 +15,12 @@ or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
 - Canvas names each file `<name>[_LATE]_<user id>_<submission id>_<file name>`, and adds `-1`,
   `-2`... to a resubmitted file's name; the user id is matched to the roster's `lms_id`, the lab
   number is read from the file name, and the latest resubmission is taken.
-- Gradescope's export has `submission_metadata.yml` and a `submission_<id>/` folder per
-  submission; submitters are matched to the roster by `sid` (student id or lms_id) or email, and
-  `:created_at:` is kept as the submission time.
+- Gradescope's export has `submission_metadata.yml` (or the same as `submission_metadata.json`)
+  and a `submission_<id>/` folder per submission; submitters are matched to the roster by `sid`
+  (student id or lms_id) or email, and `:created_at:` is kept as the submission time.
+
+Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/deadlines.py):
+`gradescope` (a time) or `canvas` (no time: Canvas's `_LATE` flag, in `late`).
 
 A file that cannot be matched is listed with the reason, never graded on a guess. A zip with a
 path that leaves its folder (`../`, an absolute path, a link) or one that would unpack to far more
@@ -48,7 +51,7 @@ MAX_MEMBERS = 50_000
 CANVAS_NAME = re.compile(r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<user>[0-9]+)_(?P<submission>[0-9]+)_(?P<file>.+)$")
 LAB_IN_NAME = re.compile(r"lab[\s_.-]*0*(?P<lab>[1-9][0-9]*)(?:-(?P<resub>[0-9]+))?(?: ?\((?P<copy>[0-9]+)\))?"
                          r"\.ipynb$", re.IGNORECASE)
-GRADESCOPE_METADATA = "submission_metadata.yml"
+GRADESCOPE_METADATA = ("submission_metadata.yml", "submission_metadata.json")
 
 
 class LmsError(ValueError):
@@ -246,7 +249,8 @@ def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
             out.unmatched.append((m.name, why))
             continue
         rank = (resub, int(match.group("submission")))
-        entry = {"member": m.name, "late": bool(match.group("late")), "submitted_at": None, "source": "canvas"}
+        entry = {"member": m.name, "late": bool(match.group("late")), "submitted_at": None, "source": "canvas",
+                 "times": {"canvas": None}}  # Canvas's flag: late or not, never when
         previous = best.get((student, lab))
         if previous is None or rank > previous[0]:
             if previous is not None:
@@ -264,11 +268,11 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
 
     out = Collected(layout="gradescope")
     try:
-        meta = yaml.safe_load(source.read(metadata_name))
+        meta = yaml.safe_load(source.read(metadata_name))  # YAML, or JSON (which YAML reads too)
     except yaml.YAMLError as e:
-        raise LmsError(f"{metadata_name}: not valid YAML ({e})") from None
+        raise LmsError(f"{metadata_name}: not valid YAML or JSON ({e})") from None
     if not isinstance(meta, dict):
-        raise LmsError(f"{metadata_name}: expected one entry per submission_<id>")
+        raise LmsError(f"{metadata_name}: expected one entry per submission_<id> (Gradescope's export)")
     prefix = str(PurePosixPath(metadata_name).parent)
     prefix = "" if prefix == "." else prefix + "/"
     by_sid = {**roster.by("lms_id"), **{s: s for s in roster.students}}
@@ -305,7 +309,8 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
             out.unmatched.append((m.name, why))
             continue
         rank = (created or "", resub)
-        entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope"}
+        entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
+                 "times": {"gradescope": created} if created else {}}
         previous = best.get((student, lab))
         if previous is None or rank > previous[0]:
             if previous is not None:
@@ -317,6 +322,24 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
     return out
 
 
+def _export_metadata(name: str, data: bytes) -> bool:
+    """Whether a submission_metadata file is an export's (one entry per submission_<id>), not one submission's.
+
+    Gradescope's autograder also writes a `submission_metadata.json` for a single submission
+    ({"id", "created_at", "users", ...}); one of those in a student's folder is read by
+    labkit/history.py as that submission's time, not as a download.
+    """
+    import yaml
+
+    if not name.endswith(".json"):
+        return True
+    try:
+        meta = yaml.safe_load(data)
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and any(str(k).startswith("submission_") for k in meta)
+
+
 def is_download(path: Path) -> bool:
     """A zip, or a folder laid out as an LMS download (flat Canvas files, or Gradescope's metadata)."""
     path = Path(path)
@@ -324,8 +347,11 @@ def is_download(path: Path) -> bool:
         return True
     if not path.is_dir():
         return False
-    if any(path.rglob(GRADESCOPE_METADATA)):
-        return True
+    for name in GRADESCOPE_METADATA:
+        for found in path.rglob(name):
+            if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
+                    and _export_metadata(name, found.read_bytes())):
+                return True
     return any(p.is_file() and CANVAS_NAME.match(p.name) for p in path.iterdir())
 
 
@@ -335,8 +361,9 @@ def collect(path: Path, roster: Roster | None, into: Path, known_labs: list[int]
         raise LmsError(f"{path}: an LMS download is matched to students through the roster: add --roster FILE")
     source = Source(path)
     try:
-        meta = sorted((m.name for m in source.members if PurePosixPath(m.name).name == GRADESCOPE_METADATA
-                       and not _skip(m.name)), key=lambda n: n.count("/"))
+        meta = sorted((m.name for m in source.members if PurePosixPath(m.name).name in GRADESCOPE_METADATA
+                       and not _skip(m.name) and _export_metadata(m.name, source.read(m.name))),
+                      key=lambda n: n.count("/"))
         if meta:
             found = gradescope(source, roster, known_labs, meta[0])
         else:

@@ -34,7 +34,7 @@ COMBINE = {
 _TOP = {"grading", "labs", "late"}
 _GRADING = {"combine", "required"}
 _LAB = {"weight", "title", "due", "canvas_id"}
-_LATE = {"per_day", "cap", "grace_minutes"}
+_LATE = {"per_day", "cap", "grace_minutes", "accept"}
 
 
 class PolicyError(ValueError):
@@ -137,12 +137,32 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
     if not isinstance(late, dict):
         raise PolicyError(f"{path}: [late] must be a table")
     _unknown("[late]", late, _LATE, path)
-    late = {k: _number(v, f"[late] {k}", path) for k, v in late.items()}
+    accept = late.get("accept")
+    late = {k: _number(v, f"[late] {k}", path) for k, v in late.items() if k != "accept"}
+    if accept is not None:
+        late["accept"] = _accepted_sources(accept, path)
     for k in ("per_day", "cap"):
         if late.get(k, 0) > 1:
             raise PolicyError(f"{path}: [late] {k} is a fraction of the points, at most 1; got {late[k]!r}")
     return Policy(combine=combine, required=tuple(required), weights=weights, source=str(path), late=late, due=due,
                   canvas=canvas)
+
+
+def _accepted_sources(accept, path) -> list[str]:
+    """[late] accept: the submission-time sources a late penalty may count from (labkit/deadlines.py)."""
+    from labkit import deadlines
+
+    if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
+        raise PolicyError(f"{path}: [late] accept must be a list of time sources, e.g. "
+                          f"{list(deadlines.ACCEPT_DEFAULT)}")
+    for name in accept:
+        if name in deadlines.NEVER_ACCEPTED:
+            raise PolicyError(f"{path}: [late] accept names {name!r}, which a late penalty can never count from: "
+                              f"{deadlines.NEVER_ACCEPTED[name]}")
+        if name not in deadlines.SOURCES:
+            raise PolicyError(f"{path}: [late] accept names the unknown time source {name!r} (known: "
+                              f"{', '.join(s for s in deadlines.SOURCES if s not in deadlines.NEVER_ACCEPTED)})")
+    return list(accept)
 
 
 def load(path: Path | None = None) -> Policy:
@@ -246,8 +266,9 @@ def grades(results: dict) -> dict:
     A lab's possible points come from the reference's tests (results' labs[].tests); results without
     them (a student's own runs) use the tests in the student's rows. Then, in order: a TA's test
     overrides change outcomes before the rule combines them, a late penalty (due dates, [late],
-    extensions) takes its share, and a TA's points override sets the lab's points. Overridden and
-    late labs say so.
+    extensions, counted only from a time source that [late] accept lists) takes its share, and a
+    TA's points override sets the lab's points. Overridden and late labs say so, and each lab names
+    the source of its submission time.
     """
     from labkit import deadlines
 
@@ -282,11 +303,12 @@ def grades(results: dict) -> dict:
             statuses = {r["status"] for r in mine.values()}
             status = "missing" if not mine or statuses == {"missing"} else "graded"
             entry = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
-            taken, days = deadlines.penalty((handed.get(str(number)) or {}).get("submitted_at"),
-                                            policy.due.get(number), policy.late,
-                                            extensions.get(student, {}).get(str(number), 0))
-            if days:
-                entry.update(points=_num(earned * (1 - taken)), late_days=days, late_penalty=_num(taken))
+            charged = deadlines.charge(handed.get(str(number)), policy.due.get(number), policy.late,
+                                       extensions.get(student, {}).get(str(number), 0))
+            entry.update(charged)
+            if charged.get("late_days"):
+                entry.update(points=_num(earned * (1 - charged["late_penalty"])),
+                             late_penalty=_num(charged["late_penalty"]))
             if key in set_points:
                 entry["points"] = _num(set_points[key]["points"])
             if key in comments:

@@ -27,13 +27,13 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit import cost, policy
+from labkit import cost, deadlines, policy
 from labkit.files import write_atomic
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
                "isolation")
 GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "late_days", "late_penalty",
-                 "overridden", "rule")
+                 "time_source", "overridden", "rule")
 MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
 STATUS_STYLE = {"ok": "green", "failed": "red", "error": "red", "timeout": "red", "missing": "dim",
                 "skipped": "dim"}
@@ -162,9 +162,10 @@ def grades_csv(results: dict) -> str:
     for student, mine in g["students"].items():
         for number, lab in mine["labs"].items():
             writer.writerow([_cell(student), number, lab["points"], lab["max_points"], lab["weight"], lab["status"],
-                             lab.get("late_days", ""), lab.get("late_penalty", ""), _cell(lab.get("overridden", "")),
-                             g["rule"]])
-        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", g["rule"]])
+                             lab.get("late_days", ""), lab.get("late_penalty", ""), lab.get("time_source", ""),
+                             _cell(lab.get("overridden", "")), g["rule"]])
+        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", "",
+                         g["rule"]])
     return buf.getvalue()
 
 
@@ -244,7 +245,8 @@ def _points_cell(p: dict) -> str:
     """A lab's points as shown: `missing`, or points/max, with a late penalty and a TA's override marked."""
     text = "missing" if p["status"] == "missing" and "overridden" not in p else f"{p['points']}/{p['max_points']}"
     if p.get("late_days"):
-        text += f" (late {p['late_days']}d, -{round(100 * p['late_penalty'])}%)"
+        source = deadlines.SOURCES.get(p.get("time_source", ""), "an unknown source")
+        text += f" (late {p['late_days']}d, -{round(100 * p['late_penalty'])}%, by {source})"
     if p.get("overridden"):
         text += f" (overridden: {p['overridden']})"
     return text
@@ -281,6 +283,8 @@ def feedback(results: dict, student: str) -> str:
         if mine:
             p = mine["labs"][str(lab["number"])]
             lines += [f"Points: {p['points']}/{p['max_points']}", ""]
+            if p.get("late_note"):
+                lines += [f"Late policy: {_md(p['late_note'])}", ""]
         for config in _configs(results):
             row = index.get((student, lab["number"], config["name"]))
             if row is None:

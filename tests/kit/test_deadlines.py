@@ -1,11 +1,25 @@
-"""Due dates, the late policy and extensions, on submission times written by hand."""
+"""Due dates, the late policy and extensions; and where each submission's time comes from.
+
+The first part works on submission times written by hand. The second reads real downloads and
+folders (a Canvas zip, a Gradescope export, a git repository, files with set modification times)
+through the grading run's own collection code, and grades the results under a policy: no notebook
+is run, so the file takes seconds.
+"""
 
 from __future__ import annotations
 
-import pytest
-from test_policy import bob_rows, results
+import csv
+import io
+import json
+import os
+import subprocess
+import zipfile
+from datetime import datetime
 
-from labkit import deadlines, policy, scoreboard
+import pytest
+from test_policy import bob_rows, results, row, t
+
+from labkit import catalog, deadlines, grade, policy, roster, scoreboard
 
 DUE = "2026-03-01T23:59:00-08:00"
 LATE = {"per_day": 0.1, "cap": 0.3, "grace_minutes": 15}
@@ -52,10 +66,12 @@ def test_the_policy_file_takes_due_dates_with_an_offset_and_the_late_policy():
 
 def test_a_late_lab_loses_its_share_of_points_and_says_so():
     res = results(bob_rows(), policy.Policy(due={3: DUE}, late=LATE))
-    res["students"]["bob"]["submissions"] = {"3": {"digest": "x", "submitted_at": "2026-03-02T12:00:00-08:00"}}
+    res["students"]["bob"]["submissions"] = {"3": {"digest": "x", "submitted_at": "2026-03-02T12:00:00-08:00",
+                                                   "times": {"gradescope": "2026-03-02T12:00:00-08:00"}}}
     lab = policy.grades(res)["students"]["bob"]["labs"]["3"]
     assert (lab["points"], lab["late_days"], lab["late_penalty"]) == (1.8, 1, 0.1)
-    assert "2/5" not in scoreboard.to_markdown(res) and "1.8/5 (late 1d, -10%)" in scoreboard.to_markdown(res)
+    assert "2/5" not in scoreboard.to_markdown(res)
+    assert "1.8/5 (late 1d, -10%, by Gradescope's submission time)" in scoreboard.to_markdown(res)
 
 
 def test_extensions_name_students_and_labs_of_the_class():
@@ -68,3 +84,141 @@ def test_extensions_name_students_and_labs_of_the_class():
     with pytest.raises(deadlines.DeadlineError, match="missing column days"):
         deadlines.parse_extensions("student,lab\nbob,3\n", "ext.csv", {"bob"}, {3})
 
+
+
+# ----------------------------------------------------------------------------------------
+# Where a submission's time comes from, and which sources a late penalty may count from.
+# ----------------------------------------------------------------------------------------
+
+PAST_DUE = "2026-03-01T23:59:00-08:00"  # long before any test collects a file: collection is always "late"
+ROSTER = roster.parse("student,name,email,lms_id\nalice,Alice L,alice@u.edu,4411\nbob,Bob M,bob@u.edu,4412\n")
+NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def graded(submissions, tmp_path, late=None, people=ROSTER) -> dict:
+    """Lab 3's grades when everyone passed every test: the times recorded by the grading run's own
+    collection code (an LMS download read in, the history kept), under a policy with a past due date."""
+    out = tmp_path / "out"
+    subs, lms_times = grade._submissions(submissions, out, people, io.StringIO())
+    labs = [lab for lab in catalog.labs() if lab.number == 3]
+    pol = policy.Policy(due={3: PAST_DUE}, late={"per_day": 0.1, "cap": 0.5, **(late or {})})
+    handed = grade._keep_history(out, subs, sorted(subs.students), labs, lms_times, pol)
+    rows = [row(s, c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for s in subs.students
+            for c in ("cpu-1", "cpu-8")]
+    res = results(rows, pol)
+    for (student, lab), info in handed.items():
+        res["students"][student].setdefault("submissions", {})[str(lab)] = info
+    return res
+
+
+def lab3(res, student):
+    return policy.grades(res)["students"][student]["labs"]["3"]
+
+
+def canvas_zip(tmp_path):
+    path = tmp_path / "canvas.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("liddellalice_4411_90001_lab-3.ipynb", NB)
+        z.writestr("mbob_LATE_4412_90002_lab-3.ipynb", NB)
+    return path
+
+
+def test_a_canvas_file_not_marked_late_is_on_time_whenever_the_kit_collected_it(tmp_path):
+    alice = lab3(graded(canvas_zip(tmp_path), tmp_path), "alice")
+    assert (alice["points"], alice.get("late_days"), alice.get("late_penalty")) == (5, None, None)
+    assert alice["time_source"] == "canvas"
+
+
+def test_a_file_canvas_marked_late_is_charged_one_day_and_says_canvas_flagged_it(tmp_path):
+    res = graded(canvas_zip(tmp_path), tmp_path)
+    bob = lab3(res, "bob")
+    assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (4.5, 1, 0.1, "canvas")
+    assert "by Canvas's late flag (_LATE in the file's name)" in scoreboard.to_markdown(res)
+    assert "Canvas marked it late (_LATE), which carries no time: charged as 1 day late" in \
+        scoreboard.feedback(res, "bob")
+
+
+def test_canvas_flag_is_not_charged_when_the_policy_does_not_accept_it(tmp_path):
+    bob = lab3(graded(canvas_zip(tmp_path), tmp_path, late={"accept": ["gradescope"]}), "bob")
+    assert (bob["points"], bob.get("late_days"), bob["time_source"]) == (5, None, "canvas")
+    assert "does not accept" in bob["late_note"]
+
+
+GRADESCOPE_META = {
+    "submission_1": {":submitters": [{":sid": "4411", ":email": "alice@u.edu"}],
+                     ":created_at": "2026-03-01 20:00:00.000000000 -08:00"},
+    "submission_2": {":submitters": [{":sid": "4412", ":email": "bob@u.edu"}],
+                     ":created_at": "2026-03-03 12:00:00.000000000 -08:00"},
+}
+
+
+@pytest.mark.parametrize("metadata", ["submission_metadata.yml", "submission_metadata.json"])
+def test_a_penalty_counts_from_gradescopes_submission_time(tmp_path, metadata):
+    path = tmp_path / "gradescope.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"export/{metadata}", json.dumps(GRADESCOPE_META))  # JSON is YAML too
+        z.writestr("export/submission_1/lab-3.ipynb", NB)
+        z.writestr("export/submission_2/lab-3.ipynb", NB)
+    res = graded(path, tmp_path)
+    alice, bob = lab3(res, "alice"), lab3(res, "bob")
+    assert (alice["points"], alice.get("late_days"), alice["time_source"]) == (5, None, "gradescope")
+    assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.0, 2, "gradescope")
+
+
+def test_gradescopes_autograder_metadata_in_a_students_folder_dates_its_notebook(tmp_path):
+    (tmp_path / "subs" / "bob").mkdir(parents=True)
+    (tmp_path / "subs" / "bob" / "lab-3.ipynb").write_text(NB)
+    (tmp_path / "subs" / "bob" / "submission_metadata.json").write_text(json.dumps(
+        {"id": 1, "created_at": "2026-03-02T12:00:00.000000-08:00", "users": [{"email": "bob@u.edu"}]}))
+    bob = lab3(graded(tmp_path / "subs", tmp_path, people=None), "bob")
+    assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.5, 1, "gradescope")
+
+
+def plain_folder(tmp_path, when: str):
+    folder = tmp_path / "subs" / "bob"
+    folder.mkdir(parents=True)
+    (folder / "lab-3.ipynb").write_text(NB)
+    stamp = datetime.fromisoformat(when).timestamp()
+    os.utime(folder / "lab-3.ipynb", (stamp, stamp))
+    return tmp_path / "subs"
+
+
+def test_a_plain_folders_file_time_is_recorded_but_not_charged_by_default(tmp_path):
+    bob = lab3(graded(plain_folder(tmp_path, "2026-03-03T12:00:00-08:00"), tmp_path, people=None), "bob")
+    assert (bob["points"], bob.get("late_days"), bob["time_source"]) == (5, None, "mtime")
+    assert "the file's modification time, which the policy does not accept" in bob["late_note"]
+
+
+def test_a_plain_folders_file_time_is_charged_when_the_policy_accepts_it(tmp_path):
+    res = graded(plain_folder(tmp_path, "2026-03-03T12:00:00-08:00"), tmp_path, late={"accept": ["mtime"]},
+                 people=None)
+    bob = lab3(res, "bob")
+    assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.0, 2, "mtime")
+    assert "by the file's modification time" in scoreboard.to_markdown(res)
+
+
+def test_a_git_commit_time_dates_a_students_repository_when_the_policy_accepts_it(tmp_path):
+    subs = plain_folder(tmp_path, "2026-02-01T12:00:00-08:00")  # the file's own time says on time
+    env = {**os.environ, "GIT_COMMITTER_DATE": "2026-03-02T12:00:00-08:00",
+           "GIT_AUTHOR_DATE": "2026-03-02T12:00:00-08:00"}
+    for cmd in (["init", "-q"], ["add", "lab-3.ipynb"],
+                ["-c", "user.name=Bob", "-c", "user.email=bob@u.edu", "commit", "-q", "-m", "lab 3"]):
+        subprocess.run(["git", "-C", str(subs / "bob"), *cmd], env=env, check=True, capture_output=True)
+    bob = lab3(graded(subs, tmp_path, late={"accept": ["git", "mtime"]}, people=None), "bob")
+    assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.5, 1, "git")
+
+
+def test_the_collection_time_is_recorded_but_never_charged(tmp_path):
+    res = graded(plain_folder(tmp_path, "2026-02-01T12:00:00-08:00"), tmp_path, people=None)
+    assert res["students"]["bob"]["submissions"]["3"]["times"]["collected"] > "2026-03"
+    assert lab3(res, "bob").get("late_days") is None
+    with pytest.raises(policy.PolicyError, match="accept names 'collected', which a late penalty can never count"):
+        policy.parse('[late]\naccept = ["collected"]\n', "tests/policy.toml", known_labs=[3])
+    with pytest.raises(policy.PolicyError, match="unknown time source 'email'"):
+        policy.parse('[late]\naccept = ["email"]\n', "tests/policy.toml", known_labs=[3])
+
+
+def test_grades_csv_names_each_labs_time_source(tmp_path):
+    table = list(csv.DictReader(io.StringIO(scoreboard.grades_csv(graded(canvas_zip(tmp_path), tmp_path)))))
+    assert {(r["student"], r["lab"], r["time_source"]) for r in table if r["lab"] == "3"} == \
+        {("alice", "3", "canvas"), ("bob", "3", "canvas")}
