@@ -114,7 +114,7 @@ def _export(args) -> int:
 
     try:
         results = scoreboard.read(args.folder)
-        text = lms.export(results, args.format)
+        text = lms.export(results, args.format, args.missing)
     except (scoreboard.MergeError, lms.LmsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -344,6 +344,9 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("folder", type=Path, help="the --out folder of a grading run (SCOREBOARD_DIR)")
     export.add_argument("--format", choices=("canvas", "wide"), required=True)
     export.add_argument("--out", dest="export_out", type=Path, required=True, help="the file to write")
+    export.add_argument("--missing", choices=("blank", "excused"), default="blank",
+                        help="canvas: a lab not handed in is left blank, so Canvas keeps what it has, or marked EX "
+                             "(excused); never 0 (default %(default)s)")
 
     rel = sub.add_parser("release", help="build the student release (no solutions, no hidden tests)")
     rel.add_argument("--out", type=Path, default=None,

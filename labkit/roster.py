@@ -6,6 +6,12 @@
 `student` is required: the id used as the submission folder name (or matched from an LMS file
 name through `lms_id`, `email` or `student`). The other columns are optional and carried into
 the results, where the LMS exports read them.
+
+A Canvas gradebook export (Grades > Export) is read as one: its header `Student, ID, SIS User ID,
+SIS Login ID, Section, <assignments>...` gives name, lms_id (ID), the student id (SIS User ID, or
+the SIS Login ID where there is none), email (the SIS Login ID when it is an address) and section;
+its `Points Possible` row (and a `Manual Posting` or `Muted` row above it) and Canvas's
+`Test Student` are not students and are skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 COLUMNS = ("student", "name", "email", "lms_id", "section")
+CANVAS_HEADER = ("student", "id", "sis user id", "sis login id")  # a Canvas gradebook's first columns
+CANVAS_TEST_STUDENT = {"test student", "student, test"}  # the student view's account, in either name order
 
 
 class RosterError(ValueError):
@@ -45,11 +53,12 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
     except csv.Error as e:
         raise RosterError(f"{source}, line 1: not CSV ({e})") from None
     header = [h.strip().lower() for h in header]
+    canvas = all(h in header for h in CANVAS_HEADER)
     if "student" not in header:
         raise RosterError(f"{source}, line 1: the header has no `student` column (it has: {', '.join(header)}); "
                           f"expected columns {', '.join(COLUMNS)} (only `student` is required)")
     dupes = sorted({h for h in header if header.count(h) > 1 and h})
-    if dupes:
+    if dupes and not canvas:  # two Canvas assignments may share a title; only the first columns are read
         raise RosterError(f"{source}, line 1: the column{'s' if len(dupes) > 1 else ''} "
                           f"{', '.join(dupes)} appear{'' if len(dupes) > 1 else 's'} twice")
     roster = Roster(source=source)
@@ -63,7 +72,12 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
             if len(values) != len(header):
                 raise RosterError(f"{source}, line {line}: {len(values)} fields where the header has "
                                   f"{len(header)} ({', '.join(header)})")
-            info = {h: v.strip() for h, v in zip(header, values) if h}
+            if canvas:
+                info = _canvas_line(dict(zip(header, values)), source, line)
+                if info is None:
+                    continue
+            else:
+                info = {h: v.strip() for h, v in zip(header, values) if h}
             sid = info.pop("student")
             if not sid:
                 raise RosterError(f"{source}, line {line}: the student id is empty")
@@ -86,6 +100,26 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
     if not roster.students:
         raise RosterError(f"{source}: no students (only a header line)")
     return roster
+
+
+def _canvas_line(cells: dict[str, str], source: str, line: int) -> dict[str, str] | None:
+    """One line of a Canvas gradebook export as a roster line; None for a line that is not a student."""
+    cells = {k: v.strip() for k, v in cells.items()}
+    name, canvas_id = cells["student"], cells["id"]
+    if name.lower() in ("points possible", "muted", "manual posting", "") or name.lower() in CANVAS_TEST_STUDENT:
+        return None  # the Points Possible row, the Manual Posting / Muted row, Canvas's test student
+    if not canvas_id.isdigit():
+        raise RosterError(f"{source}, line {line}: a Canvas gradebook line whose ID is {canvas_id!r}, not Canvas's "
+                          "user number; export the gradebook from Canvas again, or make a roster with a "
+                          "`student` column")
+    sid = cells["sis user id"] or cells["sis login id"]
+    if not sid:
+        raise RosterError(f"{source}, line {line}: Canvas gives {name} (ID {canvas_id}) neither a SIS User ID nor "
+                          "a SIS Login ID, one of which is the kit's student id; make a roster with a `student` "
+                          "column (and lms_id for the Canvas ID)")
+    login = cells["sis login id"]
+    return {"student": sid, "name": name, "lms_id": canvas_id, "email": login if "@" in login else "",
+            "section": cells.get("section", "")}
 
 
 def load(path: Path) -> Roster:

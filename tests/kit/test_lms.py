@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import lms, policy, roster
+from labkit import lms, policy, roster, scoreboard
 
 ROOT = Path(__file__).resolve().parents[2]
 NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
@@ -75,11 +75,72 @@ def test_a_canvas_assignment_id_in_the_policy_heads_its_column_as_canvas_matches
         policy.parse('[labs.3]\ncanvas_id = "abc"\n', "tests/policy.toml", known_labs=[3])
 
 
-def test_a_student_who_handed_in_nothing_is_exported_with_0():
+def test_work_not_handed_in_is_left_blank_for_canvas_so_a_grade_entered_there_is_kept():
     table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
-    assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "0"] in table
+    assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", ""] in table
     wide = {r["student"]: r for r in csv.DictReader(io.StringIO(lms.export(results(), "wide")))}
     assert (wide["dana"]["lab-3"], wide["dana"]["lab-3 status"]) == ("0", "missing")
+
+
+def test_work_not_handed_in_is_marked_excused_when_the_ta_asks(tmp_path):
+    table = list(csv.reader(io.StringIO(lms.export(results(), "canvas", missing="excused"))))
+    assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "EX"] in table
+    assert ["Alice Liddell", "4411", "alice", "alice@u.edu", "A", "5"] in table
+    graded = tmp_path / "graded"
+    graded.mkdir()
+    (graded / "scoreboard.json").write_text(json.dumps(results()))
+    done = subprocess.run([sys.executable, "-m", "labkit", "scoreboard", "export", "--format", "canvas",
+                           "--missing", "excused", "--out", str(tmp_path / "c.csv"), str(graded)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "dana@u.edu,B,EX" in (tmp_path / "c.csv").read_text()
+
+
+def test_a_lab_a_ta_gave_points_is_exported_with_them_even_when_not_handed_in():
+    res = results() | {"overrides": [{"student": "dana", "lab": 3, "points": 4, "comment": "emailed it"}]}
+    table = list(csv.reader(io.StringIO(lms.export(res, "canvas"))))
+    assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "4"] in table
+
+
+def test_the_canvas_export_keeps_the_policys_weights_as_grades_csv_does():
+    res = results() | {"policy": policy.Policy(weights={3: 2}).to_json()}
+    table = list(csv.reader(io.StringIO(lms.export(res, "canvas"))))
+    assert table[1][5] == "10"
+    assert ["Bob Marley", "4412", "bob", "bob@u.edu", "B", "4"] in table
+    totals = {r["student"]: r for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res))) if r["lab"] == "total"}
+    assert (totals["bob"]["points"], totals["bob"]["max_points"]) == ("4", "10")
+
+
+# A gradebook as Canvas exports it (Grades > Export): sortable names, a Manual Posting row, the
+# Points Possible row, read-only score columns, and the test student of Canvas's student view.
+CANVAS_GRADEBOOK = (
+    "Student,ID,SIS User ID,SIS Login ID,Section,Lab 3 · shard_map basics (123456),Current Score,Final Score\n"
+    ",,,,,Manual Posting,,\n"
+    "    Points Possible,,,,,10.00,(read only),(read only)\n"
+    '"Liddell, Alice",4411,alice,alice@u.edu,A,,0.00,0.00\n'
+    '"Marley, Bob",4412,bob,bob@u.edu,B,7.00,70.00,70.00\n'
+    '"Scully, Dana",4414,dana,dana@u.edu,B,8.00,80.00,80.00\n'
+    '"Student, Test",4499,,8f14e45fceea167a5a36dedd4bea2543,,,,\n'
+)
+
+
+def test_a_canvas_gradebook_round_trips_through_roster_grades_and_export_with_weights():
+    people = roster.parse(CANVAS_GRADEBOOK, "gradebook.csv")
+    res = results() | {"policy": policy.Policy(weights={3: 2}, canvas={3: 123456}).to_json(),
+                       "students": {s: {"notes": [], **info} for s, info in people.students.items()},
+                       "rows": [r for r in results()["rows"] if r["student"] in people.students]}
+    exported = lms.export(res, "canvas")
+    sent = list(csv.reader(io.StringIO(exported)))
+    original = list(csv.reader(io.StringIO(CANVAS_GRADEBOOK)))
+    assert sent[0][:6] == original[0][:6]  # the same columns: Canvas updates assignment 123456
+    assert sent[1][5] == "10" and float(original[2][5]) == 10
+    by_id = {line[1]: line for line in sent[2:]}
+    assert {i: (line[2], line[5]) for i, line in by_id.items()} == \
+        {"4411": ("alice", "10"), "4412": ("bob", "4"), "4414": ("dana", "")}  # dana's 8.00 in Canvas is kept
+    totals = {r["student"]: r["points"] for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res)))
+              if r["lab"] == "total"}
+    assert totals["alice"] == by_id["4411"][5] and totals["bob"] == by_id["4412"][5]
+    assert roster.parse(exported, "canvas.csv").students == people.students  # the export reads back as the class
 
 
 def test_the_wide_export_has_points_possible_points_total_and_the_rule():

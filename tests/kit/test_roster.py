@@ -45,3 +45,27 @@ def test_a_bad_roster_is_refused_naming_the_line(text, says):
 def test_a_roster_file_that_is_not_there_is_named(tmp_path):
     with pytest.raises(roster.RosterError, match="nowhere.csv: cannot be read"):
         roster.load(tmp_path / "nowhere.csv")
+
+
+CANVAS_GRADEBOOK = (
+    "Student,ID,SIS User ID,SIS Login ID,Section,Lab 3 (123456),Lab 3 (123457),Current Score\n"
+    "    Points Possible,,,,,10.00,10.00,(read only)\n"
+    '"Liddell, Alice",4411,alice,alice@u.edu,A,9.00,,90.00\n'
+    '"Marley, Bob",4412,,bmarley,B,,,\n'
+    '"Student, Test",4499,,8f14e45fceea167a5a36dedd4bea2543,,,,\n'
+)
+
+
+def test_a_canvas_gradebook_export_is_read_as_one_without_points_possible_or_the_test_student():
+    r = roster.parse(CANVAS_GRADEBOOK, "gradebook.csv")
+    assert r.ids() == ["alice", "bmarley"]
+    assert r.students["alice"] == {"name": "Liddell, Alice", "email": "alice@u.edu", "lms_id": "4411",
+                                   "section": "A"}
+    assert r.students["bmarley"] == {"name": "Marley, Bob", "email": "", "lms_id": "4412", "section": "B"}
+
+
+def test_a_canvas_gradebook_line_with_no_sis_id_is_refused_with_the_reason():
+    text = CANVAS_GRADEBOOK.replace('"Marley, Bob",4412,,bmarley', '"Marley, Bob",4412,,')
+    with pytest.raises(roster.RosterError, match="gradebook.csv, line 4: Canvas gives Marley, Bob \\(ID 4412\\) "
+                                                "neither a SIS User ID nor a SIS Login ID"):
+        roster.parse(text, "gradebook.csv")
