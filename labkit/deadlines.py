@@ -96,8 +96,9 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
     if not due:
         return out
     if not usable:
-        out["late_note"] = (f"submission time from {SOURCES[source]}, which the policy does not accept for "
-                            f"late penalties ([late] accept = {list(accept)}): not charged")
+        if _would_be_late(source, times, handed, due, late, extension_days):
+            out["late_note"] = (f"late by {SOURCES[source]}, which the policy does not accept for late penalties "
+                                f"([late] accept = {list(accept)}): not charged")
         return out
     if source == "canvas":
         if not handed.get("late"):
@@ -119,6 +120,15 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
         out.setdefault("late_note", f"{days:g} day{'s' if days != 1 else ''} late by {SOURCES[source]} "
                                     f"({times[source]})")
     return out
+
+
+def _would_be_late(source: str, times: dict, handed: dict, due: str, late: dict, extension_days: float) -> bool:
+    if source == "canvas":
+        return bool(handed.get("late"))
+    try:
+        return bool(penalty(times[source], due, late, extension_days)[1])
+    except DeadlineError:
+        return False
 
 
 def parse_extensions(text: str, source: str, students: set[str], labs: set[int]) -> dict[str, dict[str, float]]:

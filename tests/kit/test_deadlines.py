@@ -186,7 +186,7 @@ def plain_folder(tmp_path, when: str):
 def test_a_plain_folders_file_time_is_recorded_but_not_charged_by_default(tmp_path):
     bob = lab3(graded(plain_folder(tmp_path, "2026-03-03T12:00:00-08:00"), tmp_path, people=None), "bob")
     assert (bob["points"], bob.get("late_days"), bob["time_source"]) == (5, None, "mtime")
-    assert "the file's modification time, which the policy does not accept" in bob["late_note"]
+    assert "late by the file's modification time, which the policy does not accept" in bob["late_note"]
 
 
 def test_a_plain_folders_file_time_is_charged_when_the_policy_accepts_it(tmp_path):
