@@ -371,11 +371,12 @@ def is_download(path: Path) -> bool:
         return True
     if not path.is_dir():
         return False
-    for name in GRADESCOPE_METADATA:
-        for found in path.rglob(name):
-            if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
-                    and _export_metadata(name, found.read_bytes())):
-                return True
+    if any(path.rglob(GRADESCOPE_METADATA[0])):
+        return True
+    for found in path.rglob(GRADESCOPE_METADATA[1]):
+        if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
+                and _export_metadata(found.name, found.read_bytes())):
+            return True
     return any(p.is_file() and CANVAS_NAME.match(p.name) for p in path.iterdir())
 
 
