@@ -878,7 +878,8 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
 
     The results name the digest graded, the LMS's submission time and late flag, and every time
     known for the submission by source (`times`: the LMS's, or a plain folder's git commit, file
-    modification time or Gradescope metadata, and always when the kit collected it); the policy
+    modification time or Gradescope metadata; when the kit collected it stays in OUT/history, so that
+    grading the same class again writes the same results); the policy
     decides which of them a late penalty may count from (labkit/deadlines.py).
     """
     handed = {}
@@ -893,7 +894,6 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
             if entry is None:
                 continue
             known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
-            known["collected"] = entry["collected_at"]
             info = {"digest": entry["digest"], "submitted_at": lms_info.get("submitted_at"),
                     "late": bool(lms_info.get("late")), "times": known}
             handed[student, lab.number] = info

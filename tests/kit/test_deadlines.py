@@ -210,7 +210,9 @@ def test_a_git_commit_time_dates_a_students_repository_when_the_policy_accepts_i
 
 def test_the_collection_time_is_recorded_but_never_charged(tmp_path):
     res = graded(plain_folder(tmp_path, "2026-02-01T12:00:00-08:00"), tmp_path, people=None)
-    assert res["students"]["bob"]["submissions"]["3"]["times"]["collected"] > "2026-03"
+    kept = list(tmp_path.rglob("history.json"))
+    assert kept and json.loads(kept[0].read_text())[0]["collected_at"] > "2026-03"  # in OUT/history
+    assert "collected" not in res["students"]["bob"]["submissions"]["3"]["times"]  # not in the results
     assert lab3(res, "bob").get("late_days") is None
     with pytest.raises(policy.PolicyError, match="accept names 'collected', which a late penalty can never count"):
         policy.parse('[late]\naccept = ["collected"]\n', "tests/policy.toml", known_labs=[3])
