@@ -618,3 +618,20 @@ def test_a_kernel_reads_nothing_of_the_warm_servers_start_in_its_own_process(bat
     assert "/proc/self/cmdline" in shown  # the trick ran and printed
     for secret in ("labkit.warm", "server.sock", str(battery.out)):
         assert secret not in shown.replace(str(battery.out / "read_own_proc"), ""), secret
+
+
+CPU_GROUPS = os.geteuid() == 0 and (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").exists()
+
+
+@pytest.mark.skipif(not CPU_GROUPS, reason="the kit makes cgroups as root, where a v1 cpu controller is mounted")
+def test_every_run_gets_a_cpu_group_of_its_own_with_the_same_share():
+    # so that a run of two dozen busy processes weighs as one run beside its neighbour
+    # (benchmarks/bench_fair_share.py measures the neighbour's slowdown with and without it)
+    first, second = sandbox.make_cgroups(LIMITS), sandbox.make_cgroups(LIMITS)
+    try:
+        cpu = [g for g in first + second if "/cpu/" in str(g)]
+        assert len(cpu) == 2 and cpu[0] != cpu[1]
+        assert [(g / "cpu.shares").read_text().strip() for g in cpu] == [str(sandbox.CPU_SHARES)] * 2
+    finally:
+        for g in first + second:
+            sandbox.remove_cgroup(g)
