@@ -69,6 +69,7 @@ def _without_cpu_group(make):
 
 def _pair(folder: Path) -> float:
     cpu1 = configs.CONFIGS["cpu-1"]
+    folder.mkdir(parents=True, exist_ok=True)
 
     def run(name: str, source: str):
         return execute.run_notebook(_notebook(source, folder / f"{name}.ipynb"), cpu1, [], folder / name,
