@@ -98,12 +98,15 @@ def lock_sizes(lock: Path) -> dict[tuple[str, str], int]:
     return sizes
 
 
+def _uv_env(venv: Path) -> dict[str, str]:
+    return dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv), NO_COLOR="1")
+
+
 def plan(uv: str, selection: list[str], venv: Path) -> list[tuple[str, str]] | None:
     """What `uv sync` would install into `venv` (name, version); None when uv cannot say."""
     try:
         done = subprocess.run([uv, "sync", "--frozen", "--dry-run", *selection], cwd=ROOT, check=False,
-                              capture_output=True, text=True, timeout=120,
-                              env=dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv)))
+                              capture_output=True, text=True, timeout=120, env=_uv_env(venv))
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
@@ -162,13 +165,9 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
     with open(log, "w") as out:
         out.write(f"$ {uv} sync --frozen {' '.join(selection)}\n")
         out.flush()
-        try:
-            code = subprocess.run([uv, "sync", "--frozen", *selection], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                  env=dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv), NO_COLOR="1"),
-                                  check=False).returncode
-        except OSError as e:
-            out.write(f"{e}\n")
-            code = 127
+        code = _uv_sync(uv, selection, venv, out)
+        if code == 0:
+            code = _repair(uv, selection, venv, out)
     seconds = time.monotonic() - started
     if code != 0:
         text = log.read_text(errors="replace")
@@ -184,6 +183,31 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
         return 1
     print(f"  done in {seconds:.0f} s.", flush=True)
     return 0
+
+
+def _uv_sync(uv: str, selection: list[str], venv: Path, out, *more: str) -> int:
+    try:
+        return subprocess.run([uv, "sync", "--frozen", *selection, *more], cwd=ROOT, stdout=out,
+                              stderr=subprocess.STDOUT, env=_uv_env(venv), check=False).returncode
+    except OSError as e:
+        out.write(f"{e}\n")
+        return 127
+
+
+def _repair(uv: str, selection: list[str], venv: Path, out) -> int:
+    """Reinstall any distribution whose files are gone: removing one of two distributions that
+    installed the same module (as an older lock had: checkov's bc-python-hcl2 and python-hcl2)
+    deletes the other one's files too."""
+    from labkit import venvfiles
+
+    sites = sorted(venv.glob("lib/python3*/site-packages"))
+    broken = sorted({name for site in sites for name in venvfiles.damaged(site)})
+    if not broken:
+        return 0
+    print(f"  reinstalling {', '.join(broken)}: some of their files were gone.", flush=True)
+    out.write(f"reinstalling (files gone): {' '.join(broken)}\n")
+    out.flush()
+    return _uv_sync(uv, selection, venv, out, *[a for name in broken for a in ("--reinstall-package", name)])
 
 
 def _shown(path: Path) -> str:

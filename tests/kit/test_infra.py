@@ -2,7 +2,7 @@
 
 The Terraform is checked by `terraform fmt`, by parsing it with python-hcl2 (the VMs' service account,
 scopes, access, firewall, labels), by real `terraform plan` runs on the variable files alone (validation
-needs no provider), and by checkov (the locked one and a current one); the scripts by shellcheck.
+needs no provider), and by checkov (the kit's pinned one and a current one, each in a tool environment of its own); the scripts by shellcheck.
 Elsewhere: test_infra_schema.py (every argument against the providers' schema), test_infra_startup.py
 (startup.sh run locally), test_infra_workshop.py (workshop.sh against recording stand-ins) and
 test_infra_k8s.py (the GKE grading Jobs).
@@ -29,9 +29,8 @@ SCRIPTS = sorted(INFRA.rglob("*.sh"))
 
 
 # ----------------------------------------------------------------------------------------
-# Reading HCL. Two distributions install the module `hcl2`: python-hcl2 (8.x: strings keep their
-# quotes, attributes are plain values) and checkov's bc-python-hcl2 (every attribute wrapped in a
-# one-element list); whichever was installed last is imported. These helpers read both the same way.
+# Reading HCL with python-hcl2 (8.x: strings keep their quotes, attributes are plain values). checkov's
+# bc-python-hcl2 installs a module of the same name, so checkov never shares .venv with it (below).
 # ----------------------------------------------------------------------------------------
 
 def _unquote(s: str) -> str:
@@ -57,9 +56,9 @@ def hcl(path: Path) -> dict:
 
 
 def attr(block: dict, name: str):
-    """An attribute's value (unwrapped from bc-python-hcl2's one-element list)."""
+    """An attribute's value (a nested block, which python-hcl2 gives as a one-element list, unwrapped)."""
     value = block[name]
-    if isinstance(value, list) and len(value) == 1:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
         return value[0]
     return value
 
@@ -457,18 +456,36 @@ def test_root_configuration_wires_both_modules_and_the_startup_script():
     assert "hashicorp/google-beta" in json.dumps(providers)
 
 
-@pytest.fixture(scope="module")
-def checkov_reports() -> dict[str, dict]:
-    """One checkov run over infra/ (Terraform and Kubernetes): {check_type: report}."""
-    checkov = VENV_BIN / "checkov"
-    if not checkov.exists():
-        pytest.skip("checkov is not installed (uv sync with the infra group)")
+# checkov runs in tool environments of its own (`uv tool run`), never in .venv: it brings bc-python-hcl2,
+# which installs a module `hcl2` over python-hcl2's (the one these tests read HCL with), and pins of its
+# own (packaging, pytest, ...) that stay out of the kit's lock. The kit's checkov is 3.1.47, its
+# dependencies pinned by tools/checkov-3.1.47.txt; a current one (newer checks, CKV2_GCP_32 "Ensure TPU
+# v2 is private" among them) is checked too.
+KIT_CHECKOV = "3.1.47"
+CURRENT_CHECKOV = "3.3.30"
+
+
+def checkov_report(version: str) -> dict[str, dict]:
+    """One run of checkov VERSION over infra/ (Terraform and Kubernetes): {check_type: report}."""
+    uv = shutil.which("uv") or ROOT / ".tools/bin/uv"
+    if not Path(uv).exists():
+        pytest.skip("uv not found (run `make setup` first)")
+    pins = ROOT / "tools" / f"checkov-{version}.txt"
     # The example settings make count > 0, so that checkov sees the VMs (with count = 0 it checks nothing).
-    result = run([str(checkov), "--skip-download", "--compact", "--quiet", "-o", "json", "-d", str(INFRA),
-                  "--framework", "terraform", "kubernetes", "--var-file", str(INFRA / "workshop.tfvars.example")],
-                 env=dict(os.environ, BC_SKIP_MAPPING="TRUE"), timeout=300)
+    result = run([str(uv), "tool", "run", "--python", sys.executable, "--from", f"checkov=={version}",
+                  *(["--constraints", str(pins)] if pins.exists() else []), "checkov", "--skip-download",
+                  "--compact", "-o", "json", "-d", str(INFRA), "--framework", "terraform", "kubernetes",
+                  "--var-file", str(INFRA / "workshop.tfvars.example")],
+                 env=dict(os.environ, BC_SKIP_MAPPING="TRUE", UV_PYTHON_DOWNLOADS="never"), timeout=600)
+    if not result.stdout.strip().startswith(("[", "{")):
+        pytest.skip(f"checkov {version} could not be installed here: {result.stderr[-300:]}")
     data = json.loads(result.stdout)
     return {r["check_type"]: r for r in (data if isinstance(data, list) else [data])}
+
+
+@pytest.fixture(scope="module")
+def checkov_reports() -> dict[str, dict]:
+    return checkov_report(KIT_CHECKOV)
 
 
 @pytest.mark.parametrize("check_type, at_least", [("terraform", 10), ("kubernetes", 50)])
@@ -477,27 +494,12 @@ def test_checkov_passes(checkov_reports, check_type, at_least):
     failed = report["results"]["failed_checks"]
     assert not failed, "\n".join(f"{c['check_id']} {c['check_name']} ({c['resource']})" for c in failed)
     assert report["summary"]["passed"] >= at_least, "checkov checked (almost) nothing"
-
-
-# The locked checkov (the `infra` group) is 3.1; newer releases add checks (CKV2_GCP_32, "Ensure TPU
-# v2 is private", among them). A current one runs in a tool environment of its own (`uv tool run`),
-# so that its pins (packaging 23, pytest 9.1, ...) stay out of the kit's lock.
-CURRENT_CHECKOV = "3.3.30"
+    assert report["summary"]["checkov_version"] == KIT_CHECKOV
 
 
 @pytest.fixture(scope="module")
 def current_checkov_report() -> dict[str, dict]:
-    uv = shutil.which("uv") or ROOT / ".tools/bin/uv"
-    if not Path(uv).exists():
-        pytest.skip("uv not found (run `make setup` first)")
-    result = run([str(uv), "tool", "run", "--from", f"checkov=={CURRENT_CHECKOV}", "checkov", "--skip-download",
-                  "--compact", "-o", "json", "-d", str(INFRA), "--framework", "terraform", "kubernetes",
-                  "--var-file", str(INFRA / "workshop.tfvars.example")],
-                 env=dict(os.environ, BC_SKIP_MAPPING="TRUE"), timeout=600)
-    if not result.stdout.strip().startswith(("[", "{")):
-        pytest.skip(f"checkov {CURRENT_CHECKOV} could not be installed here: {result.stderr[-300:]}")
-    data = json.loads(result.stdout)
-    return {r["check_type"]: r for r in (data if isinstance(data, list) else [data])}
+    return checkov_report(CURRENT_CHECKOV)
 
 
 def test_a_current_checkov_passes_with_tpu_vms_private(current_checkov_report):
