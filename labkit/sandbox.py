@@ -264,12 +264,13 @@ def accelerator_devices() -> list[str]:
 
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
                   extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None,
-                  extra_rw: tuple[str | Path, ...] = ()) -> list[str]:
+                  extra_rw: tuple[str | Path, ...] = (), hostname: str | None = None) -> list[str]:
     """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it.
 
     `extra_rw` names more folders the sandbox may write (a warm server's: the grading output).
+    `hostname`, the name the sandbox's own UTS namespace gets (see `PRIVATE_HOSTNAME`).
     """
-    args = [program, *bwrap.namespace_args(limits.network, user)]
+    args = [program, *bwrap.namespace_args(limits.network, user), *(["--hostname", hostname] if hostname else [])]
     for p in _SYSTEM:
         if os.path.islink(p):
             args += ["--symlink", os.readlink(p), p]
@@ -292,6 +293,13 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
         args += ["--bind", str(Path(p).resolve()), str(Path(p).resolve())]
     args += ["--bind", work, work, "--chdir", work, "--"]
     return args + list(cmd)
+
+
+# The host name of a sandbox with a network of its own (none, or the private one of a multi-process run):
+# JAX's CPU collectives (gloo) bind to the address the host name resolves to, and the machine's own name
+# may resolve to nothing (a container with no network) or to an address this network does not have
+# (Docker's bridge); "localhost" resolves to the loopback, the one interface such a network has.
+PRIVATE_HOSTNAME = "localhost"
 
 
 def _on_the_way(paths: list[str]) -> list[str]:
@@ -560,6 +568,8 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     own (each of its runs gets the run's).
     """
     limits = limits or DEFAULT_LIMITS
+    # a network of the sandbox's own (none, or the one joined) has only a loopback: the host name says so
+    hostname = PRIVATE_HOSTNAME if join or not limits.network else None
     if join:
         limits = replace(limits, network=True)  # bwrap keeps the network it starts in: the one joined
     workdir = Path(workdir)
@@ -592,9 +602,10 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
         first = json.dumps({"rlimits": {"NPROC": limits.processes}, "user": user})
         inner = bwrap_command(program, [sys.executable, "-P", "-m", "labkit.sandbox", first, *cmd], workdir, limits,
-                              (*extra_ro, Path(__file__).resolve().parent), user=user)
+                              (*extra_ro, Path(__file__).resolve().parent), user=user, hostname=hostname)
     else:
-        inner = bwrap_command(program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw) if kind == BUBBLEWRAP else cmd
+        inner = (bwrap_command(program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname)
+                 if kind == BUBBLEWRAP else cmd)
         if not counted and os.geteuid() != 0:
             from labkit import processes
 

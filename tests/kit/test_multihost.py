@@ -328,3 +328,20 @@ def test_the_processes_share_one_private_network_that_reaches_nothing_of_the_hos
     seen = [json.loads((tmp_path / "run" / f"process-{i}" / "scratch" / "network.json").read_text()) for i in range(2)]
     assert seen[0]["net"] == seen[1]["net"] != os.readlink("/proc/self/ns/net")
     assert not seen[0]["reached_the_host"] and not seen[1]["reached_the_host"]
+
+
+# ----------------------------------------------------------------------------------------
+# A machine whose own name resolves to nothing (a container with no network) or elsewhere.
+# ----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="giving the machine another host name for one command needs root (unshare -u)")
+def test_the_processes_join_where_the_machines_host_name_resolves_to_nothing(tmp_path):
+    # As in `docker run --network none`: gloo resolves the host name to find the address it binds to.
+    # The sandbox names itself localhost, which resolves to the one interface its network has.
+    reference = ROOT / "reference" / "lab-3.ipynb"
+    line = (f"hostname labkit-nowhere-host && exec {sys.executable} -m labkit lab 3 --notebook {reference} "
+            "--configs cpu-2x4")
+    done = subprocess.run(["unshare", "--uts", "bash", "-c", line], cwd=ROOT, text=True, capture_output=True,
+                          timeout=600, env=dict(os.environ, LABKIT_BUILD=str(tmp_path / "build"), NO_COLOR="1"))
+    assert "PASS  4/4 on cpu-2x4" in done.stdout, (done.stdout + done.stderr)[-3000:]
