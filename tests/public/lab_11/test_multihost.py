@@ -149,7 +149,7 @@ def expect_the_whole_datasets_loss_in_every_process(run, c, w, x, y) -> None:
     for number, value in enumerate(processes):
         if value.kind != "float":
             raise Mismatch(f"expected a Python float from process {number}, got a {value.kind}: read the replicated "
-                           "loss from this process's own copy, float(loss.addressable_data(0))")
+                           "loss with float(loss): a fully replicated array is read from this process's own copy")
         own_rows = mse(w, x[number * per:(number + 1) * per], y[number * per:(number + 1) * per])
         if len(processes) > 1 and np.isclose(value.value, own_rows, rtol=1e-4) \
                 and not np.isclose(own_rows, mse(w, x, y), rtol=1e-4):
