@@ -127,9 +127,9 @@ slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMI
 progress: setup ## how far a grading run (or its shards, on any engine) has got: make progress OUT=scoreboard [WATCH=1]
 	@$(PY) -m labkit progress $(or $(OUT),scoreboard) $(if $(WATCH),--watch)
 
-gradescope: setup ## the Gradescope autograder of one lab: make gradescope LAB=3 -> build/gradescope/lab-3.zip
+gradescope: setup ## the Gradescope autograder of one lab: make gradescope LAB=3 [ISOLATION=limits-only] -> build/gradescope/lab-3.zip
 	@test -n "$(LAB)" || { echo "usage: make gradescope LAB=N" >&2; exit 2; }
-	@$(PY) -m labkit gradescope $(LAB)
+	@$(PY) -m labkit gradescope $(LAB) $(if $(ISOLATION),--isolation $(ISOLATION))
 
 scoreboard: setup ## your results across labs and configurations, from your last `make lab-N` runs
 	@$(PY) -m labkit scoreboard

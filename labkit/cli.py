@@ -173,7 +173,7 @@ def _gradescope(args) -> int:
     from labkit import gradescope
 
     try:
-        path = gradescope.build(args.lab, args.out)
+        path = gradescope.build(args.lab, args.out, isolation=args.isolation or "")
     except (gradescope.GradescopeError, catalog.UnknownLab) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -191,11 +191,15 @@ def _add_gradescope(sub) -> None:
     gs = sub.add_parser("gradescope", help="the Gradescope autograder zip of one lab (TAs)")
     gs.add_argument("lab", help="the lab number, e.g. 3")
     gs.add_argument("--out", type=Path, default=None, help="the zip (default build/gradescope/lab-N.zip)")
+    gs.add_argument("--isolation", choices=["limits-only"], default=None,
+                    help="grade without the kit's sandbox where Gradescope refuses it (said in every result)")
     gs.set_defaults(func=_gradescope)
     gsr = sub.add_parser("gradescope-run", help="inside the autograder: grade ROOT/submission into "
                                                 "ROOT/results/results.json")
     gsr.add_argument("lab", help="the lab number")
     gsr.add_argument("--root", type=Path, default=Path("/autograder"), help="default %(default)s")
+    gsr.add_argument("--isolation", choices=["limits-only"], default=None,
+                     help="without the sandbox, asked for by name when the zip was built")
     gsr.set_defaults(func=_gradescope_run)
 
 

@@ -2,9 +2,11 @@
 
 `build(lab)` writes build/gradescope/lab-N.zip (`make gradescope LAB=N`)::
 
-    setup.sh            Gradescope runs it once on its Ubuntu image: the kit's locked environment
-    run_autograder      runs on every submission: `python -m labkit gradescope-run N`
-    labkit/ pyproject.toml uv.lock   the kit
+    setup.sh            Gradescope runs it once on its Ubuntu image: a Python the kit supports (uv
+                        installs one where the image's is older), the kit's locked environment
+    run_autograder      runs on every submission, copied to /autograder and run from there:
+                        `python -m labkit gradescope-run N`; a results.json whatever happens
+    labkit/ pyproject.toml README.md uv.lock   the kit
     labs/lab-N.ipynb    the student version (names the lab; no solution is shipped)
     tests/public/lab_N/ tests/hidden/lab_N/ tests/policy.toml
 
@@ -29,10 +31,12 @@ import zipfile
 from pathlib import Path
 
 from labkit import catalog, configs, policy
+from labkit.sandbox import LIMITS_ONLY
 from labkit.files import write_atomic
 
 CONFIGS = ("cpu-1", "cpu-8", "cpu-2x4")  # cpu-2x4 only where it can run
-SHIPPED = ("labkit", "pyproject.toml", "uv.lock", "tests/policy.toml", "tests/__init__.py")
+SHIPPED = ("labkit", "pyproject.toml", "README.md", "uv.lock", "tests/policy.toml", "tests/__init__.py")
+MINIMUM_PYTHON = "3.11"  # Gradescope's Ubuntu 22.04 image has 3.10: setup.sh has uv install this one
 
 # The part of Gradescope's results.json the kit writes (their "Autograder Specifications").
 RESULTS_SCHEMA = {
@@ -64,25 +68,61 @@ RESULTS_SCHEMA = {
 }
 
 SETUP_SH = """#!/usr/bin/env bash
-# Gradescope runs this once, as root, on its Ubuntu image, with the zip unpacked in /autograder/source.
+# Gradescope runs this once, as root, on its Ubuntu image (22.04: python3 is 3.10), with the zip unpacked
+# in /autograder/source and the internet open. AUTOGRADER_ROOT names another folder laid out the same way.
 set -euo pipefail
-cd /autograder/source
-apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
-python3 -m venv /autograder/uv-tool
-/autograder/uv-tool/bin/pip install -q uv
-# The kit's locked environment (uv.lock), without the course's development groups.
-/autograder/uv-tool/bin/uv sync --frozen --no-default-groups
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+cd "$ROOT/source"
+if ! command -v python3 >/dev/null || ! python3 -c 'import ensurepip' 2>/dev/null; then
+  apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
+fi
+python3 -m venv "$ROOT/uv-tool"
+"$ROOT/uv-tool/bin/pip" install -q uv
+UV="$ROOT/uv-tool/bin/uv"
+# The kit needs Python {minimum} or newer: the image's own where it has one, else one uv installs.
+if python3 -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))'; then PY="$(command -v python3)"
+else "$UV" python install --quiet {minimum} && PY="$("$UV" python find {minimum})"; fi
+# The kit's locked environment (uv.lock), without the course's development groups, in source/.venv.
+"$UV" sync --frozen --no-default-groups --python "$PY"
+"$ROOT/source/.venv/bin/python" -m labkit isolation || echo "setup: no sandbox here; see run_autograder's results"
 """
 
-RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for every submission. AUTOGRADER_ROOT names another folder laid out as
-# /autograder (submission/, results/) to run it anywhere else; LABKIT_PYTHON another interpreter.
+# Gradescope copies run_autograder to /autograder/run_autograder and runs it from /autograder for every
+# submission: everything is found from ROOT, never from where the script lies. Whatever fails, a
+# results.json is written (score 0 and the reason): Gradescope shows nothing useful without one.
+RUN_AUTOGRADER = r"""#!/usr/bin/env bash
 set -uo pipefail
-ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
-HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-PY="${{LABKIT_PYTHON:-$HERE/.venv/bin/python}}"
-cd "$HERE"
-LABKIT_ROOT="$HERE" exec "$PY" -m labkit gradescope-run {lab} --root "$ROOT"
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+SOURCE="$ROOT/source"
+PY="$SOURCE/.venv/bin/python"
+RESULTS="$ROOT/results/results.json"
+LOG="$ROOT/results/autograder.log"
+mkdir -p "$ROOT/results"
+rm -f "$RESULTS"
+fail() {  # a results.json saying why ($1), with score 0
+  if command -v python3 >/dev/null; then
+    python3 - "$1" "$RESULTS" <<'WRITE'
+import json, sys
+json.dump({"score": 0, "output": sys.argv[1][-3000:], "visibility": "visible", "stdout_visibility": "hidden",
+           "tests": []}, open(sys.argv[2], "w"))
+WRITE
+  else
+    printf '%s\n' '{"score": 0, "output": "The autograder could not start, and this image has no python3 to say why: nothing was graded.", "visibility": "visible", "stdout_visibility": "hidden", "tests": []}' > "$RESULTS"
+  fi
+}
+if [ ! -x "$PY" ]; then
+  fail "The autograder could not start: $PY does not exist, so setup.sh did not finish (see the autograder's build log on Gradescope). Nothing was graded."
+  exit 0
+fi
+cd "$SOURCE" || exit 0
+"$PY" -m labkit gradescope-run @LAB@ --root "$ROOT" @ISOLATION@> "$LOG" 2>&1
+code=$?
+cat "$LOG"
+if [ ! -s "$RESULTS" ]; then
+  fail "The autograder stopped (exit status $code) before it wrote any results; nothing was graded. The end of its log:
+$(tail -n 30 "$LOG")"
+fi
+exit 0
 """
 
 
@@ -113,8 +153,11 @@ def _text(z: zipfile.ZipFile, arcname: str, text: str) -> None:
     z.writestr(info, text)
 
 
-def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT) -> Path:
-    """Write the autograder zip of lab `number`; its path."""
+def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT, isolation: str = "") -> Path:
+    """Write the autograder zip of lab `number`; its path.
+
+    `isolation`: "" (every submission in the kit's sandbox, or none graded) or "limits-only" (asked for
+    by name: where Gradescope refuses the sandbox, resource limits only, said in every result)."""
     lab = catalog.lab(number, root)
     out = Path(out or root / "build" / "gradescope" / f"{lab.name}.zip")
     if not lab.test_dirs(hidden=True):
@@ -122,8 +165,12 @@ def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     with zipfile.ZipFile(tmp, "w") as z:
-        _text(z, "setup.sh", SETUP_SH)
-        _text(z, "run_autograder", RUN_AUTOGRADER.format(lab=lab.number))
+        if isolation not in ("", LIMITS_ONLY):
+            raise GradescopeError(f"isolation is the sandbox (the default) or {LIMITS_ONLY}, not {isolation!r}")
+        major, minor = MINIMUM_PYTHON.split(".")
+        _text(z, "setup.sh", SETUP_SH.format(minimum=MINIMUM_PYTHON, major=major, minor=minor))
+        _text(z, "run_autograder", RUN_AUTOGRADER.replace("@LAB@", str(lab.number)).replace(
+            "@ISOLATION@", f"--isolation {isolation} " if isolation else ""))
         for part in SHIPPED:
             if (root / part).exists():
                 _add(z, root / part, part)
@@ -206,9 +253,18 @@ def validate(results: dict) -> None:
         raise GradescopeError(f"results.json does not follow the schema: {e.message}") from None
 
 
-def run(root: Path, number: int | str) -> dict:
-    """Grade ROOT/submission into ROOT/results/results.json; the results."""
-    from labkit import judge
+def _nothing_graded(why: str) -> dict:
+    return {"score": 0, "output": why, "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
+
+
+def run(root: Path, number: int | str, isolation: str = "") -> dict:
+    """Grade ROOT/submission into ROOT/results/results.json; the results.
+
+    Every run is in the kit's sandbox, or nothing is graded and the results say why and what the
+    instructor can do; `isolation="limits-only"` (built into the zip by name) grades without it and
+    says so in every result. The configurations run one after another: Gradescope's default
+    container (768 MB, half a CPU) holds one kernel at a time, not four."""
+    from labkit import judge, sandbox
 
     began = time.monotonic()
     root = Path(root)
@@ -217,19 +273,32 @@ def run(root: Path, number: int | str) -> dict:
     chosen = chosen_configs()
     names = [c.name for c in chosen]
     notebook, why = find_notebook(root / "submission", lab)
+    unsandboxed = ""
+    if isolation == LIMITS_ONLY:
+        unsandboxed = ("This autograder was built to run without the kit's sandbox (ISOLATION=limits-only): the "
+                       "notebook ran with resource limits only.")
+    elif notebook is not None:
+        try:
+            sandbox.require_sandbox("this submission was not graded")
+        except sandbox.SandboxUnavailable as e:
+            notebook, why = None, (f"{e}\n\nOn Gradescope: ask for a container that allows user namespaces, or "
+                                   "build the autograder with `make gradescope LAB=N ISOLATION=limits-only`, which "
+                                   "grades without the sandbox and says so in every result.")
     if notebook is None:
-        results = {"score": 0, "output": why, "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
+        results = _nothing_graded(why)
     else:
         work = Path(tempfile.mkdtemp(prefix="labkit-gradescope-"))
         try:
             runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
-            judgement = judge.judge(lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests],
-                                    jobs=len(runs))
+            limits = sandbox.Limits(isolation=isolation or sandbox.SANDBOX)
+            judgement = judge.judge(lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests], jobs=1,
+                                    limits=limits)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         notes = [f"{label}: the run ended with {rec.status}: {rec.message}"
                  for label, rec in judgement.records.items() if rec.status not in ("ok", "skipped")]
-        results = results_json([o.to_json() for o in judgement.outcomes], names, grading, notes)
+        results = results_json([o.to_json() for o in judgement.outcomes], names, grading,
+                               [unsandboxed, *notes] if unsandboxed else notes)
     results["execution_time"] = round(time.monotonic() - began, 2)
     validate(results)
     write_atomic(root / "results" / "results.json", json.dumps(results, indent=1) + "\n")
@@ -238,9 +307,11 @@ def run(root: Path, number: int | str) -> dict:
 
 def main_run(args) -> int:
     try:
-        results = run(args.root, args.lab)
+        results = run(args.root, args.lab, getattr(args, "isolation", "") or "")
     except (GradescopeError, catalog.UnknownLab) as e:
         print(f"error: {e}", file=sys.stderr)
+        results = _nothing_graded(f"The autograder could not grade this submission: {e}")
+        write_atomic(Path(args.root) / "results" / "results.json", json.dumps(results, indent=1) + "\n")
         return 2
     print(f"score {results['score']} of {sum(t['max_score'] for t in results['tests'])}; "
           f"{Path(args.root) / 'results' / 'results.json'}")

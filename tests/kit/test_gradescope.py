@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -144,26 +145,107 @@ def _one_device_notebook() -> str:
     return json.dumps(nb)
 
 
-def test_run_autograder_in_a_folder_laid_out_as_on_gradescope_writes_results_json(built, tmp_path):
-    autograder = tmp_path / "autograder"
-    with zipfile.ZipFile(built) as z:
-        z.extractall(autograder / "source")
-    run_autograder = autograder / "source" / "run_autograder"
-    run_autograder.chmod(0o755)
-    (autograder / "submission").mkdir()
-    (autograder / "results").mkdir()
-    (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
-    env = dict(os.environ, AUTOGRADER_ROOT=str(autograder), LABKIT_PYTHON=str(PY))
-    env.pop("LABKIT_ROOT", None)
-    done = subprocess.run([str(run_autograder)], cwd=tmp_path, env=env, capture_output=True, text=True,
+def user_environment(root: Path) -> dict[str, str]:
+    """What Gradescope's container gives the scripts: no variable of the kit's; only the root moved (a test
+    cannot write /autograder), which the scripts read as Gradescope's own layout otherwise."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LABKIT_") and k not in ("VIRTUAL_ENV",)}
+    return env | {"AUTOGRADER_ROOT": str(root)}
+
+
+def unpacked(zip_path: Path, root: Path) -> Path:
+    """ROOT laid out as Gradescope lays out /autograder: the zip in source/, submission/ and results/."""
+    with zipfile.ZipFile(zip_path) as z:
+        for info in z.infolist():
+            z.extract(info, root / "source")
+            (root / "source" / info.filename).chmod(info.external_attr >> 16 & 0o777)
+    (root / "submission").mkdir(parents=True)
+    (root / "results").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def autograder(built, tmp_path_factory) -> Path:
+    """An autograder set up by its own setup.sh, as Gradescope does once (the kit's environment from the lock;
+    Python 3.11 or newer is on this machine, so uv installs none)."""
+    root = unpacked(built, tmp_path_factory.mktemp("gradescope") / "autograder")
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source",
+                          env=user_environment(root), capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return root
+
+
+def run_as_gradescope(root: Path) -> subprocess.CompletedProcess:
+    """Gradescope copies run_autograder to the root and runs it from there."""
+    (root / "results" / "results.json").unlink(missing_ok=True)
+    script = root / "run_autograder"
+    script.write_bytes((root / "source" / "run_autograder").read_bytes())
+    script.chmod(0o755)
+    return subprocess.run([str(script)], cwd=root, env=user_environment(root), capture_output=True, text=True,
                           timeout=900, check=False)
+
+
+def test_setup_sh_makes_the_environment_in_source(autograder):
+    assert (autograder / "source" / ".venv" / "bin" / "python").exists()
+
+
+def test_run_autograder_copied_to_the_root_grades_on_one_device_and_on_eight(autograder):
+    for old in (autograder / "submission").iterdir():
+        old.unlink()
+    (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
+    done = run_as_gradescope(autograder)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((autograder / "results" / "results.json").read_text())
     gradescope.validate(results)
     cases = {t["name"]: t for t in results["tests"]}
-    assert len(cases) == 6 and sum(t["max_score"] for t in cases.values()) == 6
+    assert len(cases) == 6 and sum(t["max_score"] for t in cases.values()) == 6, results["output"]
     assert any(t["visibility"] == "after_published" for t in cases.values())
     failed = [t for t in cases.values() if t["status"] == "failed" and t["visibility"] == "visible"]
     assert failed and all("cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed)
     assert 0 < results["score"] < 6
     assert "Graded on cpu-1, cpu-8" in results["output"]
+
+
+def test_without_its_environment_the_autograder_still_writes_results_saying_why(built, tmp_path):
+    root = unpacked(built, tmp_path / "autograder")  # setup.sh never ran (or failed)
+    (root / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
+    done = run_as_gradescope(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    gradescope.validate(results)
+    assert results["score"] == 0 and "setup.sh did not finish" in results["output"]
+
+
+def test_a_kit_that_crashes_still_leaves_results_with_the_end_of_its_log(autograder):
+    policy_file = autograder / "source" / "tests" / "policy.toml"
+    kept = policy_file.read_text()
+    policy_file.write_text("this is [not toml")
+    try:
+        done = run_as_gradescope(autograder)
+    finally:
+        policy_file.write_text(kept)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((autograder / "results" / "results.json").read_text())
+    gradescope.validate(results)
+    assert results["score"] == 0 and "before it wrote any results" in results["output"], results["output"]
+    assert "policy.toml" in results["output"]
+
+
+def test_where_no_sandbox_can_be_made_nothing_is_graded_and_the_results_say_why(autograder, tmp_path):
+    # LABKIT_BWRAP naming a program that is not there stands for Gradescope's container refusing bwrap.
+    (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
+    env = user_environment(autograder) | {"LABKIT_BWRAP": str(tmp_path / "no-bwrap")}
+    (autograder / "results" / "results.json").unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, "-m", "labkit", "gradescope-run", "3", "--root", str(autograder)],
+                          cwd=autograder / "source", env=env, capture_output=True, text=True, timeout=600, check=False)
+    results = json.loads((autograder / "results" / "results.json").read_text())
+    gradescope.validate(results)
+    assert results["score"] == 0 and results["tests"] == [], done.stdout + done.stderr
+    assert "no sandbox can be made" in results["output"] and "ISOLATION=limits-only" in results["output"]
+
+
+def test_an_autograder_built_limits_only_by_name_says_so_in_its_results(tmp_path):
+    zipped = gradescope.build(3, tmp_path / "lab-3.zip", isolation="limits-only")
+    with zipfile.ZipFile(zipped) as z:
+        assert "--isolation limits-only" in z.read("run_autograder").decode()
+    with pytest.raises(gradescope.GradescopeError):
+        gradescope.build(3, tmp_path / "other.zip", isolation="none")
