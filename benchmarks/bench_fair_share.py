@@ -3,7 +3,7 @@
 Two notebook runs on cpu-1 start side by side through `execute.run_notebook`, as grading with
 two jobs starts them: a *hog*, whose cell forks 24 processes that each leave for a session of
 their own and spin for 40 s, and a *timed* neighbour, whose cell times a fixed Python loop. The
-loop's time is compared with the same loop alone, and measured two ways, alternately:
+loop's time is compared with the same notebook run alone, and measured two ways, alternately:
 
 * `shares`: as the kit runs them (as root: every run in a `cpu` cgroup of its own with the same
   `cpu.shares`, so the hog's 24 processes weigh as one run);
@@ -67,6 +67,18 @@ def _without_cpu_group(make):
     return make_cgroups
 
 
+def _loop_seconds(folder: Path) -> float:
+    return float(re.search(r"loop seconds ([0-9.]+)", (folder / "executed.ipynb").read_text()).group(1))
+
+
+def _alone(folder: Path) -> float:
+    """The loop's time in a run with nothing beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    execute.run_notebook(_notebook(LOOP, folder / "timed.ipynb"), configs.CONFIGS["cpu-1"], [], folder / "timed",
+                         timeout=300)
+    return _loop_seconds(folder / "timed")
+
+
 def _pair(folder: Path) -> float:
     cpu1 = configs.CONFIGS["cpu-1"]
     folder.mkdir(parents=True, exist_ok=True)
@@ -81,8 +93,7 @@ def _pair(folder: Path) -> float:
         timed = pool.submit(run, "timed", LOOP)
         timed.result()
         hog.result()
-    text = (folder / "timed" / "executed.ipynb").read_text()
-    return float(re.search(r"loop seconds ([0-9.]+)", text).group(1))
+    return _loop_seconds(folder / "timed")
 
 
 def main() -> int:
@@ -95,16 +106,12 @@ def main() -> int:
     if not any("/cpu/" in str(g) for g in probe):
         print("needs root and a v1 cpu cgroup: the kit makes a run's cpu cgroup only there")
         return 1
-    alone = []
-    for _ in range(args.repeat):
-        t, x = time.perf_counter(), 0
-        for i in range(30_000_000):
-            x += i
-        alone.append(time.perf_counter() - t)
     made = sandbox.make_cgroups
     times: dict[str, list[float]] = {"shares": [], "no-cpu-group": []}
+    alone: list[float] = []
     with tempfile.TemporaryDirectory(prefix="labkit-fair-") as tmp:
         for i in range(args.repeat):
+            alone.append(_alone(Path(tmp) / f"alone-{i}"))
             for way, values in times.items():
                 sandbox.make_cgroups = made if way == "shares" else _without_cpu_group(made)
                 try:
