@@ -181,6 +181,8 @@ class Server:
             self.why = "root without a pids cgroup: each run starts as a user of its own"
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
+        for root in self.roots:  # bound into the server's sandbox, so they must exist (OUT/work before any run)
+            root.mkdir(parents=True, exist_ok=True)
         for stale in (self.socket_path, self.folder / "server.status"):  # a server of an earlier run's
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
@@ -193,7 +195,6 @@ class Server:
             for folder in self.shared:  # its runs that fill it write there as that user
                 os.chown(folder, self.user, self.user)
             for root in self.roots:
-                root.mkdir(parents=True, exist_ok=True)
                 mode = root.stat().st_mode
                 if not mode & 0o001:  # that user passes through it to the runs' folders (it may not list it)
                     root.chmod(mode | 0o001)
