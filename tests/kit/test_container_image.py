@@ -370,6 +370,22 @@ def test_docker_grade_leaves_the_files_it_wrote_to_the_host_user(graded):
     assert owned_by(grades, os.getuid()) == []
 
 
+def test_docker_grade_with_its_default_configurations_grades_every_one_and_starts_warm(engine, image, tmp_path):
+    # No CONFIGS: every configuration the container can run, cpu-2x4 among them (its two processes join
+    # over gloo in a container with no network), and the one-process runs forked by a warm server.
+    subs, grades = tmp_path / "submissions", tmp_path / "grades"
+    (subs / "ada").mkdir(parents=True)
+    shutil.copy2(ROOT / "reference" / "lab-3.ipynb", subs / "ada" / "lab-3.ipynb")
+    done = make(engine, "docker-grade", f"IMAGE={image}", f"SUBMISSIONS={subs}", f"GRADES={grades}", "LABS=3",
+                timeout=1500)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    rows = {r["config"]: r for r in json.loads((grades / "scoreboard.json").read_text())["rows"]
+            if r["student"] == "ada"}
+    assert {"cpu-1", "cpu-8", "cpu-2x4"} <= set(rows), sorted(rows)
+    assert {c: r["status"] for c, r in rows.items()} == {c: "ok" for c in rows}, {c: r["message"] for c, r in rows.items()}
+    assert rows["cpu-1"]["start"] == rows["cpu-8"]["start"] == "warm"
+
+
 # ---------------------------------------------------------------------------------------------
 # Other builds: the TPU variant, and bases that lack what the image needs.
 

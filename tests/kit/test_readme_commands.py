@@ -63,7 +63,7 @@ def fresh(tmp_path_factory) -> Path:
 def type_in(fresh: Path, line: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run `line` in the copy as a shell would, from its top folder."""
     return subprocess.run(["bash", "-c", line], cwd=fresh, env=user_environment(), text=True, capture_output=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 def test_make_lab_3_on_the_untouched_notebook_sets_up_and_shows_every_configuration(fresh):
@@ -86,6 +86,32 @@ def test_make_grade_with_its_default_folders_grades_the_class(fresh):
         rows = [r for r in csv.DictReader(f) if r["student"] == "ada"]
     assert {r["config"] for r in rows} >= {"cpu-1", "cpu-8", "cpu-2x4"}, rows
     assert {r["status"] for r in rows} == {"ok"}, [(r["config"], r["status"], r["message"]) for r in rows]
+
+
+def readme_block(containing: str) -> str:
+    """The README's bash block with a line that starts with `containing`, as lines a user types one after another."""
+    blocks, current, inside = [], [], False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            if inside:
+                blocks.append(current)
+            inside, current = line.strip() == "```bash" and not inside, []
+            continue
+        if inside:
+            current.append(re.sub(r"\s+#.*$", "", line).strip())
+    found = [b for b in blocks if any(line.startswith(containing) for line in b)]
+    assert found, f"README.md no longer has a block with `{containing}`"
+    return "\n".join(line for line in found[0] if line)
+
+
+def test_the_exports_block_writes_the_canvas_and_wide_files_from_the_graded_class(fresh):
+    assert (fresh / "scoreboard" / "scoreboard.json").is_file(), "the grading test runs first"
+    done = type_in(fresh, "set -e\n" + readme_block("nox -s scoreboard -- export --format canvas"), timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    with open(fresh / "canvas.csv", newline="") as f:
+        canvas = list(csv.reader(f))
+    assert canvas[0][0] == "Student" and any("ada" in ",".join(row) for row in canvas[1:]), canvas[:3]
+    assert (fresh / "grades-wide.csv").read_text().count("ada") >= 1
 
 
 def test_make_doctor_says_what_this_machine_can_do(fresh):
