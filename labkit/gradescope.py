@@ -31,8 +31,8 @@ import zipfile
 from pathlib import Path
 
 from labkit import catalog, configs, policy
-from labkit.sandbox import LIMITS_ONLY
 from labkit.files import write_atomic
+from labkit.sandbox import LIMITS_ONLY
 
 CONFIGS = ("cpu-1", "cpu-8", "cpu-2x4")  # cpu-2x4 only where it can run
 SHIPPED = ("labkit", "pyproject.toml", "README.md", "uv.lock", "tests/policy.toml", "tests/__init__.py")
@@ -119,11 +119,19 @@ cd "$SOURCE" || exit 0
 code=$?
 cat "$LOG"
 if [ ! -s "$RESULTS" ]; then
+  if [ "$code" -eq 137 ]; then
+    code="137: killed by SIGKILL, which in Gradescope's container is its memory limit: it ran out of memory. Instructor: give the autograder more memory (at least 2 GB, 1 CPU; see the kit's README)"
+  fi
   fail "The autograder stopped (exit status $code) before it wrote any results; nothing was graded. The end of its log:
 $(tail -n 30 "$LOG")"
 fi
 exit 0
 """
+
+
+# Said in results.json, and in every case's output, by an autograder built ISOLATION=limits-only.
+NOT_SANDBOXED = ("Not sandboxed: this autograder was built with ISOLATION=limits-only, so the notebook ran with "
+                 "resource limits only, not in the kit's sandbox.")
 
 
 class GradescopeError(RuntimeError):
@@ -257,6 +265,60 @@ def _nothing_graded(why: str) -> dict:
     return {"score": 0, "output": why, "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
 
 
+def _cgroup_file(controller: str, v1: str, v2: str) -> Path | None:
+    """This process's memory cgroup file (`v1` under cgroup v1, `v2` under v2), or None where there is none."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            base, name = Path("/sys/fs/cgroup") / controller, v1
+        elif controllers == "" and line.startswith("0::"):
+            base, name = Path("/sys/fs/cgroup"), v2
+        else:
+            continue
+        for folder in (base / path.lstrip("/"), base):  # a container sees its own cgroup as the root
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def container_memory() -> tuple[int | None, int | None]:
+    """(the memory limit of this process's cgroup in bytes, the processes its OOM killer has killed so far),
+    each None where it cannot be read (Gradescope's container: its size's memory)."""
+    limit = kills = None
+    found = _cgroup_file("memory", "memory.limit_in_bytes", "memory.max")
+    if found is not None:
+        text = found.read_text().strip()
+        limit = int(text) if text.isdigit() and int(text) < 1 << 60 else None
+    found = _cgroup_file("memory", "memory.oom_control", "memory.events")
+    if found is not None:
+        for line in found.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                kills = int(value)
+    return limit, kills
+
+
+def memory_notes(records: dict, limit: int | None, kills_before: int | None, kills_after: int | None) -> list[str]:
+    """What results.json says where a run died of memory: the kernel's OOM killer counted a kill while grading,
+    or a run's kernel was killed by SIGKILL (which is how the OOM killer ends a process)."""
+    killed = [label for label, rec in records.items() if "killed by signal 9" in (rec.message or "")]
+    counted = (kills_after or 0) - (kills_before or 0) if kills_before is not None and kills_after is not None else 0
+    if not killed and counted <= 0:
+        return []
+    size = f" ({limit / (1 << 20):.0f} MiB)" if limit else ""
+    runs = f"the run on {', '.join(killed)}" if killed else "a run"
+    certain = (f"the container's memory limit{size} was reached and the kernel killed {counted} process"
+               f"{'es' if counted > 1 else ''}" if counted > 0 else
+               f"killed by SIGKILL, which in Gradescope's container is its memory limit{size} being reached")
+    return [(f"Out of memory: {runs} died of memory ({certain}); those tests failed for that, not for the "
+             f"submission. Instructor: give the autograder more memory (Configure Autograder, container size: "
+             f"at least 2 GB and 1 CPU, as the kit's README says), then regrade.")]
+
+
 def run(root: Path, number: int | str, isolation: str = "") -> dict:
     """Grade ROOT/submission into ROOT/results/results.json; the results.
 
@@ -275,8 +337,7 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
     notebook, why = find_notebook(root / "submission", lab)
     unsandboxed = ""
     if isolation == LIMITS_ONLY:
-        unsandboxed = ("This autograder was built to run without the kit's sandbox (ISOLATION=limits-only): the "
-                       "notebook ran with resource limits only.")
+        unsandboxed = NOT_SANDBOXED
     elif notebook is not None:
         try:
             sandbox.require_sandbox("this submission was not graded")
@@ -287,6 +348,7 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
     if notebook is None:
         results = _nothing_graded(why)
     else:
+        limit, kills_before = container_memory()
         work = Path(tempfile.mkdtemp(prefix="labkit-gradescope-"))
         try:
             runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
@@ -297,8 +359,11 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
             shutil.rmtree(work, ignore_errors=True)
         notes = [f"{label}: the run ended with {rec.status}: {rec.message}"
                  for label, rec in judgement.records.items() if rec.status not in ("ok", "skipped")]
+        notes += memory_notes(judgement.records, limit, kills_before, container_memory()[1])
         results = results_json([o.to_json() for o in judgement.outcomes], names, grading,
                                [unsandboxed, *notes] if unsandboxed else notes)
+    for case in results["tests"] if unsandboxed else ():
+        case["output"] = f"{unsandboxed}\n{case['output']}"
     results["execution_time"] = round(time.monotonic() - began, 2)
     validate(results)
     write_atomic(root / "results" / "results.json", json.dumps(results, indent=1) + "\n")

@@ -249,3 +249,76 @@ def test_an_autograder_built_limits_only_by_name_says_so_in_its_results(tmp_path
         assert "--isolation limits-only" in z.read("run_autograder").decode()
     with pytest.raises(gradescope.GradescopeError):
         gradescope.build(3, tmp_path / "other.zip", isolation="none")
+
+
+NO_PERMISSIONS = ("bwrap: No permissions to create new namespace, likely because the kernel does not allow "
+                  "non-privileged user namespaces.")  # what bwrap says in a container without user namespaces
+
+
+def refusing_bwrap(folder: Path) -> Path:
+    """A bwrap that starts and is then refused its namespaces, as in Gradescope's container (LABKIT_BWRAP)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bwrap"
+    path.write_text("#!/bin/sh\n"
+                    'if [ "$1" = --version ]; then echo "bubblewrap 0.11.0"; exit 0; fi\n'
+                    f"printf '%s\\n' {json.dumps(NO_PERMISSIONS)} >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
+def run_with(root: Path, script: bytes, **env) -> dict:
+    """run_autograder (`script`) copied to the root and run there as Gradescope does; its results.json."""
+    (root / "results" / "results.json").unlink(missing_ok=True)
+    copied = root / "run_autograder"
+    copied.write_bytes(script)
+    copied.chmod(0o755)
+    done = subprocess.run([str(copied)], cwd=root, env=user_environment(root) | env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    gradescope.validate(results)
+    return results
+
+
+def test_run_autograder_where_the_container_refuses_bwrap_grades_nothing_and_says_why(autograder, tmp_path):
+    for old in (autograder / "submission").iterdir():
+        old.unlink()
+    (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
+    results = run_with(autograder, (autograder / "source" / "run_autograder").read_bytes(),
+                       LABKIT_BWRAP=str(refusing_bwrap(tmp_path)))
+    assert results["score"] == 0 and results["tests"] == [], results["output"]
+    assert "No permissions to create new namespace" in results["output"]
+    assert "ISOLATION=limits-only" in results["output"]
+
+
+def test_an_autograder_built_limits_only_grades_there_and_every_result_says_it_was_not_sandboxed(autograder,
+                                                                                                  tmp_path):
+    with zipfile.ZipFile(gradescope.build(3, tmp_path / "lab-3.zip", isolation="limits-only")) as z:
+        script = z.read("run_autograder")
+    for old in (autograder / "submission").iterdir():
+        old.unlink()
+    (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
+    results = run_with(autograder, script, LABKIT_BWRAP=str(refusing_bwrap(tmp_path)))
+    assert len(results["tests"]) == 6, results["output"]
+    assert any("cpu-1: passed" in t["output"] for t in results["tests"]), results["output"]
+    assert gradescope.NOT_SANDBOXED in results["output"]
+    assert all(t["output"].startswith(gradescope.NOT_SANDBOXED) for t in results["tests"])
+
+
+def test_a_run_killed_by_the_memory_limit_is_said_to_have_died_of_memory():
+    from labkit.execute import RunRecord
+
+    killed = RunRecord("cpu-8", "error", "the Python kernel died while running the notebook (killed by signal 9: "
+                                         "a crash, or out of memory)")
+    records = {"cpu-1": RunRecord("cpu-1", "ok"), "cpu-8": killed}
+    counted = gradescope.memory_notes(records, 768 << 20, 0, 1)
+    assert len(counted) == 1 and counted[0].startswith("Out of memory: the run on cpu-8 died of memory")
+    assert "the container's memory limit (768 MiB) was reached" in counted[0] and "2 GB" in counted[0]
+    assert "Out of memory" in gradescope.memory_notes(records, None, None, None)[0]
+    assert gradescope.memory_notes({"cpu-1": RunRecord("cpu-1", "error", "a cell raised")}, 768 << 20, 0, 0) == []
+
+
+def test_the_container_memory_is_read_from_this_process_cgroup():
+    limit, kills = gradescope.container_memory()
+    assert limit is None or limit > 0
+    assert kills is None or kills >= 0
