@@ -39,8 +39,9 @@ ENV DEP_GROUPS=notebook \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 COPY Makefile pyproject.toml uv.lock ./
-# `make setup`'s own step (standard library only): it runs uv sync quietly and marks .venv finished.
-COPY labkit/envsetup.py labkit/
+# `make setup`'s own steps (standard library only): uv sync, quietly, then a repair of any distribution
+# whose files are gone (venvfiles reads what each installed); it marks .venv finished.
+COPY labkit/envsetup.py labkit/venvfiles.py labkit/
 # The kit itself goes in as an editable install (a path to /home/student/kit); its code and README
 # come with the rest of the kit in the last stage, so changing them does not make the environment
 # again: here they are empty stand-ins. BuildKit keeps uv's download cache between builds. A CA
