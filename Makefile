@@ -2,9 +2,16 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= python3
+# The Python .venv is made with: PYTHON= when given, else the newest supported one on this machine
+# (on the PATH, or installed by pyenv and not selected there; `python3 -m labkit.envsetup pick-python`).
+# uv never downloads one. Python 3.12 and newer get JAX 0.12, Python 3.11 JAX 0.10.2 (uv.lock).
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(or $(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done),python3)
+endif
+PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
+export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.9
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIGS ?=
 TIMEOUT ?= 120
@@ -31,13 +38,13 @@ RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 RECORDED_GROUPS = $(if $(wildcard $(VENV)/.synced),$(if $(findstring --no-default-groups,$(RECORDED)),\
   $(patsubst group=%,%,$(filter group=%,$(subst --group ,group=,$(RECORDED)))),$(ALL_GROUPS)))
 # The part of uv.lock that `make setup` installs; recorded in .venv/.synced, and a different one re-syncs.
-SELECTION := $(strip $(if $(EXTRAS),--extra $(EXTRAS)) --no-default-groups \
+SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(EXTRAS),--extra $(EXTRAS)) --no-default-groups \
   $(addprefix --group ,$(if $(DEP_GROUPS),$(subst $(comma), ,$(DEP_GROUPS)),$(sort $(NEEDED_GROUPS) $(RECORDED_GROUPS)))))
 
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
-.PHONY: help setup system-deps test lab-% labs list configs student-notebooks check-student-notebooks bench clean
+.PHONY: help setup system-deps test test-other-jax lab-% labs list configs student-notebooks check-student-notebooks bench clean
 .PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed doctor
 
 help: ## show this help
@@ -70,7 +77,10 @@ ifeq ($(OFFLINE),)
 else
 	@rm -f $@
 	@$(PYTHON) -m labkit.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- $(SELECTION)
-	$(UV) venv --quiet --allow-existing --prompt labkit $(VENV)
+	@made=$$(sed -n 's/^version_info = \([0-9]*\.[0-9]*\).*/\1/p' $(VENV)/pyvenv.cfg 2>/dev/null); \
+	want=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	if [ -n "$$made" ] && [ "$$made" != "$$want" ]; then echo "$(VENV)/ was made with Python $$made: making it again with $$want."; rm -rf $(VENV); fi
+	$(UV) venv --quiet --allow-existing --python $(PYTHON_EXE) --prompt labkit $(VENV)
 	$(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate $(SELECTION) -o $(VENV)/requirements.txt
 	$(UV) pip sync --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) $(VENV)/requirements.txt
 	$(UV) pip install --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) --no-deps -e .
@@ -84,7 +94,7 @@ wheelhouse: ## download every locked wheel for this machine (all groups, EXTRAS 
 	@mkdir -p $(WHEELHOUSE)
 	$(UV) export --quiet --frozen --all-groups $(if $(EXTRAS),--extra $(EXTRAS)) --no-emit-project --no-header \
 	  --no-annotate -o $(WHEELHOUSE)/requirements.txt
-	@py=$$($(UV) python find) && pip="$(UV) tool run --from pip==$(PIP_VERSION) pip --python $$py" && \
+	@py=$(PYTHON_EXE) && pip="$(UV) tool run --from pip==$(PIP_VERSION) pip --python $$py" && \
 	set -x && $$pip download --quiet --disable-pip-version-check --only-binary :all: --no-deps --require-hashes \
 	  -r $(WHEELHOUSE)/requirements.txt -d $(WHEELHOUSE) && \
 	$$pip download --quiet --disable-pip-version-check --only-binary :all: -d $(WHEELHOUSE) \
@@ -153,8 +163,21 @@ system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packag
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-test: setup system-deps check-student-notebooks ## the kit's own test suite
+test: setup system-deps check-student-notebooks ## the kit's own test suite, then the student loop on the other JAX
 	$(PY) -m pytest --durations=25
+	@$(MAKE) --no-print-directory test-other-jax
+
+# The lock's other world: where .venv has Python 3.12 or newer (JAX 0.12), a Python 3.11 (JAX 0.10.2),
+# and the other way round. There, in $(OTHER_VENV), every lab's reference and the student loop run
+# again (tests/kit/test_student_loop.py). Skipped, with a line saying so, where no such Python is here.
+OTHER_VENV ?= .venv-other
+test-other-jax: ## every reference and the student loop on the lock's other JAX (Python 3.11 against 3.12+)
+	@other=$$($(PYTHON) -m labkit.envsetup pick-python --other-than $(PYTHON_EXE)) || { \
+	  echo "test-other-jax: no Python here gives the lock's other JAX (3.11 against 3.12 or newer): tested on one JAX only."; \
+	  exit 0; }; \
+	echo "test-other-jax: the student loop on $$other ($(OTHER_VENV)/)"; \
+	$(MAKE) --no-print-directory setup VENV=$(OTHER_VENV) PYTHON=$$other DEP_GROUPS=notebook && \
+	$(OTHER_VENV)/bin/python -m pytest --durations=5 tests/kit/test_student_loop.py
 
 bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_lab.py

@@ -62,6 +62,25 @@ def check_python() -> Check:
     return Check("python", "Python", OK, f"Python {version} ({sys.executable})")
 
 
+def check_jax() -> Check:
+    """Which JAX this Python gets (the lock has two: 0.12 on Python 3.12 and newer, 0.10.2 on 3.11)."""
+    here = tuple(sys.version_info[:3])
+    locked = envsetup.jax_for(here)
+    try:
+        from importlib.metadata import version
+
+        detail = f"JAX {version('jax')}, installed (uv.lock gives Python {here[0]}.{here[1]} JAX {locked})"
+    except Exception:  # noqa: BLE001 - not installed yet (the system's Python, before `make setup`)
+        detail = f"JAX {locked} from uv.lock for Python {here[0]}.{here[1]} (not installed yet)"
+    if here[:2] >= envsetup.NEWER_JAX_FROM:
+        return Check("jax", "JAX", OK, detail)
+    newer = envsetup.jax_for(envsetup.NEWER_JAX_FROM)
+    return Check("jax", "JAX", WARN, f"{detail}; JAX {newer}, what Colab and current TPU images run, needs Python 3.12 or newer",
+                 "install Python 3.12 or 3.13 (Debian 13 and Ubuntu 24.04 have one as python3; elsewhere "
+                 "`pyenv install 3.13` or `uv python install 3.13`); `make setup` then takes the newest Python "
+                 "on the machine, or name it: `make setup PYTHON=python3.13`")
+
+
 def check_environment(root: Path = ROOT) -> Check:
     venv, title = root / ".venv", "Environment (.venv)"
     stamp = venv / envsetup.STAMP
@@ -189,7 +208,7 @@ def check_memory(per_run: int = 4 * GiB) -> Check:
 
 
 def run_checks(root: Path = ROOT) -> list[Check]:
-    checks = [check_python(), check_environment(root)]
+    checks = [check_python(), check_jax(), check_environment(root)]
     for optional in (check_sandbox, check_configurations):
         try:
             result = optional()

@@ -5,7 +5,15 @@ the environment exists, so it uses the standard library only (and runs on Python
 enough to say that the kit needs 3.11):
 
     python3 -m labkit.envsetup check-python
+    python3 -m labkit.envsetup pick-python      (the newest supported Python here, as a path)
+    python3 -m labkit.envsetup pick-python --other-than PYTHON   (the newest of the other JAX world)
     python3 -m labkit.envsetup sync --uv UV --log build/setup.log -- [uv sync selection]
+
+The Python that runs `sync` is the one `.venv` is made with: `PYTHON=` when given, else what
+`pick-python` prints, the newest supported one on the machine (on the PATH, or installed by pyenv
+but not selected there); uv never downloads one. Which JAX comes with it is the lock's
+business: JAX 0.12 on Python 3.12 and newer, 0.10.2 on 3.11 (pyproject.toml says so with markers).
+A `.venv` made with another Python is removed and made again, never synced over.
 
 `sync` says what it installs and about how much it downloads, runs `uv sync --frozen` with its
 output in the log, and says how long it took. When it fails, the end of the log is shown with
@@ -26,6 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MINIMUM_PYTHON = (3, 11)
+# The names the kit looks for on the PATH, newest first. A pyenv shim of a version that is installed
+# but not selected does not run; pyenv's own folder of versions is looked in as well.
+CANDIDATES = ("python3.13", "python3.12", "python3.11", "python3")
+NEWEST_SUPPORTED = (3, 13)
+NEWER_JAX_FROM = (3, 12)
 # The file whose content is the selection `.venv` was made with; written only after a set-up
 # succeeded, so a missing or stale one always means "install again".
 STAMP = ".synced"
@@ -40,6 +53,80 @@ def python_problem(version: tuple[int, ...] = tuple(sys.version_info[:3]), execu
     need = ".".join(str(n) for n in MINIMUM_PYTHON)
     return (f"error: the kit needs Python {need} or newer, and `{Path(executable).name}` is Python {have} "
             f"({executable}). Install Python {need} or newer and name it: `make lab-3 PYTHON=python{need}`.")
+
+
+def jax_for(version: tuple[int, ...], pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """The JAX version the lock gives Python `version`, read from the project's `jax==V; python_version ..`."""
+    ops = {">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "==": lambda a, b: a == b}
+    for m in re.finditer(r"""["']jax==([^;"'\s]+)\s*;\s*python_version\s*(>=|<|==)\s*['"](\d+)\.(\d+)['"]""",
+                         pyproject.read_text()):
+        if ops[m.group(2)](tuple(version[:2]), (int(m.group(3)), int(m.group(4)))):
+            return m.group(1)
+    m = re.search(r"""["']jax==([^;"'\s]+)["']""", pyproject.read_text())
+    return m.group(1) if m else "unknown"
+
+
+def pythons_here(candidates: tuple[str, ...] = CANDIDATES) -> list[tuple[str, tuple[int, ...], str]]:
+    """The candidates that run here, as (name, version, executable); a name on the PATH that does
+    not run (a pyenv shim for a version not selected, say) is passed over."""
+    found, seen = [], set()
+    for name in candidates:
+        path = shutil.which(name)
+        if not path:
+            continue
+        try:
+            out = subprocess.run([path, "-c", "import sys; print(sys.executable); print(*sys.version_info[:3])"],
+                                 capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = out.stdout.split("\n")
+        if out.returncode != 0 or len(lines) < 2:
+            continue
+        executable, version = lines[0], tuple(int(n) for n in lines[1].split())
+        if os.path.realpath(executable) not in seen:
+            seen.add(os.path.realpath(executable))
+            found.append((name, version, executable))
+    return found
+
+
+def _pyenv_pythons() -> list[str]:
+    """The interpreters pyenv has installed (`$PYENV_ROOT/versions/3.X.Y/bin/python3.X`), selected or not."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    try:
+        found = root.glob("versions/3.*/bin/python3.*")
+        return sorted(str(p) for p in found if re.fullmatch(r"python3\.\d+", p.name))
+    except OSError:
+        return []
+
+
+def pick_python(candidates: tuple[str, ...] = CANDIDATES, other_than: tuple[int, ...] | None = None
+                ) -> tuple[tuple[int, ...], str] | None:
+    """The newest supported Python that runs here, as (version, executable): the PATH's names first,
+    then pyenv's installed versions; None when there is none. With `other_than` (a Python version),
+    the newest one whose JAX is not that version's (3.11 against 3.12 and newer, and back)."""
+    supported = [(version, exe) for _, version, exe in pythons_here((*candidates, *_pyenv_pythons()))
+                 if MINIMUM_PYTHON <= tuple(version[:2]) <= NEWEST_SUPPORTED]
+    if other_than is not None:
+        supported = [(version, exe) for version, exe in supported
+                     if (tuple(version[:2]) >= NEWER_JAX_FROM) != (tuple(other_than[:2]) >= NEWER_JAX_FROM)]
+    if not supported:
+        return None
+    best = max(version[:2] for version, _ in supported)
+    return next((version, exe) for version, exe in supported if version[:2] == best)
+
+
+def venv_python(venv: Path) -> tuple[int, ...] | None:
+    """The Python version `venv` was made with (from its pyvenv.cfg), or None when there is none."""
+    try:
+        text = (venv / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^\s*(?:version_info|version)\s*=\s*(\d+)\.(\d+)(?:\.(\d+))?", text, re.M)
+    return tuple(int(n) for n in m.groups() if n is not None) if m else None
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(n) for n in version)
 
 
 def human(n: float) -> str:
@@ -99,7 +186,7 @@ def lock_sizes(lock: Path) -> dict[tuple[str, str], int]:
 
 
 def _uv_env(venv: Path) -> dict[str, str]:
-    return dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv), NO_COLOR="1")
+    return dict(os.environ, UV_PROJECT_ENVIRONMENT=str(venv), UV_PYTHON_DOWNLOADS="never", NO_COLOR="1")
 
 
 def plan(uv: str, selection: list[str], venv: Path) -> list[tuple[str, str]] | None:
@@ -150,6 +237,17 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
     except OSError:
         pass
     started = time.monotonic()
+    here = tuple(sys.version_info[:3])
+    print(f"Python {_dotted(here)} ({sys.executable}): JAX {jax_for(here)}"
+          + ("" if here[:2] >= NEWER_JAX_FROM else
+             f" (JAX {jax_for(NEWER_JAX_FROM)} needs Python {_dotted(NEWER_JAX_FROM)} or newer)") + ".", flush=True)
+    made_with = venv_python(venv)
+    if made_with is not None and made_with[:2] != here[:2]:
+        print(f"  {venv.name}/ was made with Python {_dotted(made_with)}: removing it to make it again "
+              f"with {_dotted(here[:2])}.", flush=True)
+        shutil.rmtree(venv)
+    if "--python" not in selection:
+        selection = ["--python", sys.executable, *selection]
     planned = plan(uv, selection, venv)
     what = f"Setting up {venv.name}/ from uv.lock ({describe_selection(selection)})"
     if planned:
@@ -196,8 +294,7 @@ def _uv_sync(uv: str, selection: list[str], venv: Path, out, *more: str) -> int:
 
 def _repair(uv: str, selection: list[str], venv: Path, out) -> int:
     """Reinstall any distribution whose files are gone: removing one of two distributions that
-    installed the same module (as an older lock had: checkov's bc-python-hcl2 and python-hcl2)
-    deletes the other one's files too."""
+    installed the same module (as an older lock had) deletes the other one's files too."""
     from labkit import venvfiles
 
     sites = sorted(venv.glob("lib/python3*/site-packages"))
@@ -221,12 +318,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m labkit.envsetup", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("check-python", help="exit 1, with one line, when this Python is too old for the kit")
+    pick = sub.add_parser("pick-python", help="print the newest supported Python here (exit 1 when there is none)")
+    pick.add_argument("--other-than", metavar="PYTHON",
+                      help="the newest one whose JAX differs from this Python's (the other world of the lock)")
     s = sub.add_parser("sync", help="uv sync --frozen SELECTION, quietly, into --venv")
     s.add_argument("--uv", default="uv")
     s.add_argument("--venv", type=Path, default=ROOT / ".venv")
     s.add_argument("--log", type=Path, default=ROOT / "build" / "setup.log")
     s.add_argument("selection", nargs="*", help="the uv sync options that select groups and extras")
     args = p.parse_args(argv)
+    if args.command == "pick-python":
+        other = None
+        if args.other_than:
+            found = pythons_here((args.other_than,))
+            if not found:
+                return 1
+            other = found[0][1]
+        picked = pick_python(other_than=other)
+        if picked is None:
+            return 1
+        print(picked[1])
+        return 0
     problem = python_problem()
     if problem:
         print(problem, file=sys.stderr)

@@ -56,6 +56,13 @@ def planned_selection(kit: Path, *args: str) -> str | None:
     return None
 
 
+def interpreter(kit: Path) -> str:
+    """The `--python EXE` the Makefile puts first in every selection (the Python it picked)."""
+    words = planned_selection(kit, "setup").split()
+    assert words[0] == "--python", words
+    return " ".join(words[:2])
+
+
 def test_a_students_first_make_lab_installs_only_the_notebook_group(tmp_path):
     kit = copy_kit(tmp_path / "kit")
     assert groups(planned_selection(kit, "lab-3")) == ["notebook"]
@@ -73,9 +80,10 @@ def test_make_test_installs_every_group_on_top(tmp_path):
 
 def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
     kit = copy_kit(tmp_path / "kit")
+    python = interpreter(kit)
     (kit / ".venv").mkdir()
     stamp = kit / ".venv" / ".synced"
-    stamp.write_text("--no-default-groups " + " ".join(f"--group {g}" for g in EVERY_GROUP) + "\n")
+    stamp.write_text(f"{python} --no-default-groups " + " ".join(f"--group {g}" for g in EVERY_GROUP) + "\n")
     assert planned_selection(kit, "lab-3") is None, "after `make test`, `make lab-3` must not take groups away"
     stamp.write_text("\n")  # a stamp from before: every group was the default then
     assert planned_selection(kit, "setup") is not None  # rewritten once in the new form...
@@ -84,23 +92,27 @@ def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
 
 def test_dep_groups_and_extras_are_exact(tmp_path):
     kit = copy_kit(tmp_path / "kit")
+    python = interpreter(kit)
     (kit / ".venv").mkdir()
-    (kit / ".venv" / ".synced").write_text("--no-default-groups --group notebook\n")
+    (kit / ".venv" / ".synced").write_text(f"{python} --no-default-groups --group notebook\n")
     assert planned_selection(kit, "setup", "DEP_GROUPS=notebook") is None
-    assert planned_selection(kit, "setup", "EXTRAS=tpu", "DEP_GROUPS=notebook").startswith("--extra tpu ")
+    assert planned_selection(kit, "setup", "EXTRAS=tpu", "DEP_GROUPS=notebook").startswith(f"{python} --extra tpu ")
 
 
 def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
     kit = copy_kit(tmp_path / "kit")
+    python = interpreter(kit)
     done = make(kit, "setup", env=uv_on_path(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    assert len(lines) <= 4, done.stdout
-    assert "packages, about" in lines[0] and "MB to download" in lines[0]
+    assert len(lines) <= 5, done.stdout
+    assert lines[0].startswith("Python 3.") and ": JAX 0." in lines[0], "first: which Python and which JAX"
+    assert "packages, about" in lines[1] and "MB to download" in lines[1]
     assert "build/setup.log" in done.stdout
     log = (kit / "build" / "setup.log").read_text()
     assert "+ jaxlib==" in log and "jaxlib" not in done.stdout
-    assert (kit / ".venv" / ".synced").read_text().split() == ["--no-default-groups", "--group", "notebook"]
+    assert (kit / ".venv" / ".synced").read_text().split() == [*python.split(), "--no-default-groups", "--group",
+                                                                "notebook"]
     assert make(kit, "-q", ".venv/.synced").returncode == 0, "a finished set-up is up to date"
     assert not list((kit / ".venv").glob("lib/python*/site-packages/ruff")), "the kit's own tools stay out"
 
@@ -168,8 +180,9 @@ def test_a_full_disk_is_named_and_the_half_made_venv_is_not_taken_for_a_good_one
 
 def test_the_download_size_is_read_from_the_lock_for_this_machine():
     sizes = envsetup.lock_sizes(ROOT / "uv.lock")
-    jaxlib = [size for (name, _), size in sizes.items() if name == "jaxlib"]
-    assert len(jaxlib) == 1 and 50e6 < jaxlib[0] < 200e6  # one wheel: this machine's, not the sum of all
+    # the lock has two jaxlibs (one per world); each has one wheel for this machine, not the sum of all
+    jaxlib = sizes[("jaxlib", envsetup.jax_for(tuple(sys.version_info[:3])))]
+    assert 50e6 < jaxlib < 200e6
     assert envsetup.human(234e6) == "234 MB"
 
 
@@ -203,3 +216,95 @@ def test_doctor_tells_an_unfinished_environment_from_a_missing_one(tmp_path):
     (tmp_path / ".venv" / "bin" / "python").touch()
     unfinished = doctor.check_environment(tmp_path)
     assert unfinished.status == doctor.FAIL and "did not finish" in unfinished.detail
+
+
+# ---------------------------------------------------------------------------------------------
+# Which Python: the newest supported one here (JAX 0.12 on 3.12 and newer, 0.10.2 on 3.11), or PYTHON=.
+
+def real_python(version: str) -> str | None:
+    """An interpreter of `version` ("3.13") that runs on this machine: on the PATH or installed by pyenv."""
+    for _, found, exe in envsetup.pythons_here((f"python{version}", *envsetup._pyenv_pythons())):
+        if f"{found[0]}.{found[1]}" == version:
+            return exe
+    return None
+
+
+NEWER = next((v for v in ("3.13", "3.12") if real_python(v)), None)
+both_worlds = pytest.mark.skipif(not (NEWER and real_python("3.11")),
+                                 reason="needs Python 3.11 and Python 3.12 or newer on this machine")
+
+
+def path_with(tmp_path: Path, **names: str) -> dict[str, str]:
+    """An environment whose PATH has only these Pythons (name -> interpreter) before /usr/bin, and no pyenv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, target in names.items():
+        (bin_dir / name).symlink_to(target)
+    return dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", PYENV_ROOT=str(tmp_path / "no-pyenv"), NO_COLOR="1")
+
+
+def picked(kit: Path, env: dict[str, str], *args: str) -> str:
+    """The version of the Python whose `--python` the Makefile's set-up would pass."""
+    exe = planned_selection_with(kit, env, *args).split()[1]
+    return subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def planned_selection_with(kit: Path, env: dict[str, str], *args: str) -> str:
+    out = make(kit, "-n", "setup", *args, env=env).stdout
+    return next(line.split(" -- ", 1)[1] for line in out.splitlines() if "labkit.envsetup sync" in line)
+
+
+@both_worlds
+def test_set_up_takes_the_newest_python_on_the_path_over_python3(tmp_path):
+    env = path_with(tmp_path, python3=real_python("3.11"), **{"python3.11": real_python("3.11"),
+                                                              f"python{NEWER}": real_python(NEWER)})
+    kit = copy_kit(tmp_path / "kit")
+    assert picked(kit, env) == NEWER
+
+
+@both_worlds
+def test_python_given_by_name_is_the_one_taken(tmp_path):
+    env = path_with(tmp_path, **{"python3.11": real_python("3.11"), f"python{NEWER}": real_python(NEWER)})
+    kit = copy_kit(tmp_path / "kit")
+    assert picked(kit, env, "PYTHON=python3.11") == "3.11"
+
+
+@both_worlds
+def test_a_pyenv_python_that_is_installed_but_not_selected_is_found(tmp_path):
+    """pyenv's shim for a version that is not selected exits 127; the version's own folder still counts."""
+    shim = tmp_path / "shims" / f"python{NEWER}"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\necho 'pyenv: python{NEWER}: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    pyenv = tmp_path / "pyenv"
+    version_bin = pyenv / "versions" / f"{NEWER}.0" / "bin"
+    version_bin.mkdir(parents=True)
+    (version_bin / f"python{NEWER}").symlink_to(real_python(NEWER))
+    env = dict(path_with(tmp_path, python3=real_python("3.11")), PYENV_ROOT=str(pyenv))
+    env["PATH"] = f"{shim.parent}:{env['PATH']}"
+    done = subprocess.run([real_python("3.11"), "-m", "labkit.envsetup", "pick-python"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.strip() == str(version_bin / f"python{NEWER}"), done.stdout + done.stderr
+    assert picked(copy_kit(tmp_path / "kit"), env) == NEWER
+
+
+@both_worlds
+def test_the_other_world_is_the_python_whose_jax_differs(tmp_path):
+    env = path_with(tmp_path, python3=real_python("3.11"), **{"python3.11": real_python("3.11"),
+                                                              f"python{NEWER}": real_python(NEWER)})
+    for mine, other in ((NEWER, "3.11"), ("3.11", NEWER)):
+        done = subprocess.run([real_python("3.11"), "-m", "labkit.envsetup", "pick-python", "--other-than",
+                               f"python{mine}"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.strip().endswith(f"python{other}"), done.stdout
+
+
+def test_with_one_python_there_is_no_other_world_and_each_python_gets_its_jax(tmp_path):
+    only = real_python("3.11") or sys.executable
+    env = path_with(tmp_path, python3=only)
+    env["PATH"] = f"{tmp_path / 'bin'}"  # nothing else: not even /usr/bin's Pythons
+    done = subprocess.run([only, "-m", "labkit.envsetup", "pick-python", "--other-than", "python3"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert envsetup.jax_for((3, 11, 7)) == "0.10.2"
+    assert envsetup.jax_for((3, 13, 0)).startswith("0.12.")
