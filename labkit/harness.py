@@ -252,7 +252,7 @@ _MISSING = object()
 # Modules whose attributes the harness relies on: a patch made by the student's cells is undone
 # before every value is encoded. Classes likewise (a property of jax.Array patched to lie).
 _GUARDED_MODULES = ("builtins", "json", "math", "io", "contextlib", "traceback", "hmac", "hashlib", "numpy",
-                    "jax", "jax.numpy", "jax.sharding", "jax._src.array", "jax.experimental.multihost_utils",
+                    "jax", "jax.numpy", "jax.sharding", "jax.experimental.multihost_utils",
                     "jax.stages", "labkit", "labkit.plaindata", "labkit.facts", "labkit.harness")
 
 
@@ -288,9 +288,10 @@ def _guarded_classes() -> list:
     import jax
     import jax.sharding
     import jax.stages
-    from jax._src import array
 
-    classes = [array.ArrayImpl, array.Shard, jax.Device]
+    # JAX's array classes (every subclass of jax.Array so far: JAX's own) and its shard class, through
+    # public API and without starting a backend (a multi-process run joins the others after this)
+    classes = [*sorted(plaindata.seal_array_classes(), key=lambda c: (c.__module__, c.__qualname__)), jax.Shard, jax.Device]
     classes += [v for v in vars(jax.sharding).values() if isinstance(v, type)]
     classes += [v for v in vars(jax.stages).values() if isinstance(v, type)]  # how facts are read
     return list(dict.fromkeys(classes))
@@ -341,9 +342,10 @@ def seal(key_file: str) -> None:
     import importlib
 
     # imported now, before the student's cells, so that the modules and classes kept are the real ones
-    for name in ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax._src.array",
-                 "jax.experimental.multihost_utils"):
+    for name in ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax.experimental.multihost_utils"):
         importlib.import_module(name)
+    # the modules that define JAX's array classes are guarded too, found by the classes, not by private names
+    guarded = (*_GUARDED_MODULES, *sorted({c.__module__ for c in plaindata.jax_array_classes()}))
 
     with open(key_file) as f:
         spec = json.load(f)
@@ -367,6 +369,6 @@ def seal(key_file: str) -> None:
         sys.stdout.flush()
 
     _SEALED = sealed
-    world = _World(_GUARDED_MODULES, _guarded_classes())
+    world = _World(guarded, _guarded_classes())
     if spec.get("output"):
         cap_streams(int(spec["output"]))

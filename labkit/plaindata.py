@@ -138,13 +138,51 @@ def encode(value, depth: int = 0) -> dict:
     return {"kind": "object", "type": type(value).__name__, "repr": _safe_repr(value)}
 
 
+# JAX's concrete array class, once known, and the classes that subclassed `jax.Array` when the harness
+# was sealed (before the student's cells). Module attributes, so the harness's guard puts them back.
+_ARRAY_TYPE = None
+_SEALED_ARRAY_CLASSES: frozenset = frozenset()
+
+
+def jax_array_classes() -> frozenset:
+    """Every class that subclasses `jax.Array` now, found through public API and without starting a
+    backend (a multi-process run must join the others first). Called before the student's cells,
+    these are JAX's own."""
+    import jax
+
+    seen, todo = set(), [jax.Array]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return frozenset(seen)
+
+
+def seal_array_classes() -> frozenset:
+    """Keep the classes `jax_array_classes` finds now: later, only an array of one of them is JAX's."""
+    global _SEALED_ARRAY_CLASSES
+    _SEALED_ARRAY_CLASSES = jax_array_classes()
+    return _SEALED_ARRAY_CLASSES
+
+
+def array_type() -> type:
+    """JAX's concrete array class: the type of an array JAX made (public API; starts the backend)."""
+    global _ARRAY_TYPE
+    if _ARRAY_TYPE is None:
+        import jax
+
+        _ARRAY_TYPE = type(jax.device_put(0))
+    return _ARRAY_TYPE
+
+
 def _is_jax_array(value) -> bool:
     """Only JAX's own array type: an object that subclasses or registers as `jax.Array` is not one."""
     try:
-        from jax._src.array import ArrayImpl
+        kind = type(value)
+        return kind is array_type() and (not _SEALED_ARRAY_CLASSES or kind in _SEALED_ARRAY_CLASSES)
     except Exception:
         return False
-    return type(value) is ArrayImpl
 
 
 def _safe_repr(value) -> str:
