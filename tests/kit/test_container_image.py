@@ -175,6 +175,38 @@ def test_a_correct_notebook_passes_on_cpu_1_and_cpu_8_in_the_kits_sandbox(engine
     assert {r["isolation"] for r in report["runs"].values()} == {"bubblewrap"}, report["runs"]
 
 
+@pytest.fixture(scope="session")
+def trixie_image(engine):
+    """The course image on Debian 13 (Python 3.13, so JAX 0.12 from the lock), as `make docker-base
+    DEBIAN_SUITE=trixie` and `make docker-build BASE_IMAGE=...` make it."""
+    base_name = "labkit-base:trixie"
+    if docker(engine, "image", "inspect", base_name, check=False).returncode != 0:
+        if os.geteuid() != 0 or not shutil.which("debootstrap"):
+            pytest.skip(f"no {base_name} image, and debootstrap (as root) cannot make one here")
+        done = make(engine, "docker-base", "DEBIAN_SUITE=trixie", f"BASE_IMAGE={base_name}")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = make(engine, "docker-build", f"BASE_IMAGE={base_name}", "IMAGE=labkit:kit-test-trixie", *build_args())
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    return "labkit:kit-test-trixie"
+
+
+def test_the_image_on_debian_13_has_jax_0_12_and_passes_lab_3_on_cpu_1_and_cpu_8(engine, trixie_image, tmp_path):
+    versions = docker(engine, "run", "--rm", trixie_image, "python", "-c",
+                      "import sys, jax, flax; print(*sys.version_info[:2], jax.__version__, flax.__version__)").stdout.split()
+    assert versions[:3] == ["3", "13", "0.12.0.1"], versions
+    labs, build = labs_with(tmp_path, ROOT / "reference" / "lab-3.ipynb"), host_folder(tmp_path, "build")
+    done = docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", *sandbox_options(),
+                  "-v", f"{labs}:{KIT}/labs", "-v", f"{build}:{KIT}/build", trixie_image,
+                  "make", "lab-3", "CONFIGS=cpu-1,cpu-8", check=False, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((build / "lab-3" / "report.json").read_text())
+    by_config = {}
+    for o in report["outcomes"]:
+        by_config.setdefault(o["config"], set()).add(o["status"])
+    assert by_config == {"cpu-1": {"passed"}, "cpu-8": {"passed"}}, by_config
+    assert {r["isolation"] for r in report["runs"].values()} == {"bubblewrap"}, report["runs"]
+
+
 def test_with_dockers_default_profile_bubblewrap_cannot_make_the_sandbox(engine, image):
     """What the kit's profile is for: under Docker's default seccomp profile, bwrap is refused."""
     probe = "from labkit import sandbox; print(sandbox.bubblewrap()[1] or 'works')"
