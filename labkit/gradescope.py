@@ -79,9 +79,13 @@ fi
 python3 -m venv "$ROOT/uv-tool"
 "$ROOT/uv-tool/bin/pip" install -q uv
 UV="$ROOT/uv-tool/bin/uv"
-# The kit needs Python {minimum} or newer: the image's own where it has one, else one uv installs.
-if python3 -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))'; then PY="$(command -v python3)"
+# The course's JAX (0.12) needs Python 3.12 or newer: the image's python3 where it is one, else a 3.13
+# that uv installs; where uv can install none, the image's python3 if it is {minimum} or newer (JAX 0.10.2).
+if python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then PY="$(command -v python3)"
+elif "$UV" python install --quiet 3.13 2>/dev/null; then PY="$("$UV" python find 3.13)"
+elif python3 -c 'import sys; sys.exit(sys.version_info < ({major}, {minor}))'; then PY="$(command -v python3)"
 else "$UV" python install --quiet {minimum} && PY="$("$UV" python find {minimum})"; fi
+echo "setup: Python $("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])') ($PY)"
 # The kit's locked environment (uv.lock), without the course's development groups, in source/.venv.
 "$UV" sync --frozen --no-default-groups --python "$PY"
 "$ROOT/source/.venv/bin/python" -m labkit isolation || echo "setup: no sandbox here; see run_autograder's results"

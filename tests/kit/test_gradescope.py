@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -186,6 +187,68 @@ def run_as_gradescope(root: Path) -> subprocess.CompletedProcess:
 
 def test_setup_sh_makes_the_environment_in_source(autograder):
     assert (autograder / "source" / ".venv" / "bin" / "python").exists()
+
+
+def _python(at_least: tuple[int, int], below: tuple[int, int] = (4, 0)) -> str | None:
+    for p in (shutil.which("python3.13"), shutil.which("python3.12"), shutil.which("python3.11"), sys.executable):
+        check = f"import sys; sys.exit(not {at_least} <= sys.version_info[:2] < {below})"
+        if p and subprocess.run([p, "-c", check], capture_output=True, check=False).returncode == 0:
+            return p
+    return None
+
+
+def _choose_python(built, tmp_path, python3: str, uv_installs: str | None) -> tuple[str, list[str]]:
+    """Run setup.sh's choice of Python with `python3` as the image's, and uv's `python install` standing in
+    for the download (which cannot be reached from here): it records its arguments, and installs
+    `uv_installs` (an interpreter here) or fails as uv does with no network. (what it printed, uv's calls)"""
+    root = unpacked(built, tmp_path / "autograder")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(python3)
+    calls = tmp_path / "uv-calls"
+    stub = tmp_path / "uv"
+    stub.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$1 $2" in
+  "python install") {'exit 0' if uv_installs else 'echo "error: no network" >&2; exit 1'} ;;
+  "python find") echo {uv_installs or '/nowhere'} ;;
+esac
+""")
+    stub.chmod(0o755)
+    script = (root / "source" / "setup.sh").read_text()
+    choice = script[script.index('# The course'):script.index('"$UV" sync')]
+    env = user_environment(root) | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-euc", f'UV={stub}\n' + choice + 'echo "chosen=$PY"'], cwd=root / "source",
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_setup_sh_takes_the_images_python3_when_it_gets_jax_0_12(built, tmp_path):
+    newer = _python((3, 12))
+    if newer is None:
+        pytest.skip("no Python 3.12 or newer here")
+    printed, calls = _choose_python(built, tmp_path, newer, uv_installs=None)
+    assert f"chosen={tmp_path / 'bin' / 'python3'}" in printed and "setup: Python 3.1" in printed, printed
+    assert calls == [], "nothing downloaded"
+
+
+def test_setup_sh_has_uv_install_python_3_13_where_the_images_python3_is_older(built, tmp_path):
+    older, newer = _python((3, 11), (3, 12)), _python((3, 12))
+    if older is None or newer is None:
+        pytest.skip("needs Python 3.11 and 3.12 or newer here")
+    printed, calls = _choose_python(built, tmp_path, older, uv_installs=newer)
+    assert calls[0] == "python install --quiet 3.13", calls
+    assert f"chosen={newer}" in printed, printed
+
+
+def test_setup_sh_falls_back_to_the_images_python_3_11_where_uv_can_install_none(built, tmp_path):
+    older = _python((3, 11), (3, 12))
+    if older is None:
+        pytest.skip("no Python 3.11 here")
+    printed, calls = _choose_python(built, tmp_path, older, uv_installs=None)
+    assert calls == ["python install --quiet 3.13"], calls
+    assert f"chosen={tmp_path / 'bin' / 'python3'}" in printed and "setup: Python 3.11." in printed, printed
 
 
 def test_run_autograder_copied_to_the_root_grades_on_one_device_and_on_eight(autograder):
