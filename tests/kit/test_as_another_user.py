@@ -103,3 +103,62 @@ def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0 and f"{EXPECTED} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm for an ordinary user: the user submits, slurmd runs the shards and the merge as that user.
+
+def _slurm_missing() -> str | None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import slurm_cluster
+
+    return slurm_cluster.missing()
+
+
+@pytest.mark.skipif(WHY_NOT is not None or _slurm_missing() is not None, reason=str(WHY_NOT or _slurm_missing()))
+def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
+    import csv
+    import json
+
+    from labkit import grade
+
+    names = [f"student{i}" for i in range(20)]
+    students = [n for n in names if grade.shard_of(n, 2) == 1][:2] + [n for n in names if grade.shard_of(n, 2) == 2][:1]
+    home = Path(tempfile.mkdtemp(prefix="labkit-nobody-slurm-"))
+    try:
+        os.chmod(home, 0o755)
+        submissions = home / "submissions"
+        for i, student in enumerate(students):
+            (submissions / student).mkdir(parents=True)
+            shutil.copy(ROOT / ("reference" if i == 0 else "labs") / "lab-1.ipynb", submissions / student / "lab-1.ipynb")
+        out = home / "out"
+        out.mkdir()
+        for path in (home, out, *submissions.rglob("*"), submissions):
+            os.chown(path, NOBODY, NOBODY)
+        prefix = Path(sys.base_prefix).resolve()
+        closed = _closed_to_others(prefix)
+        staged, prefix_q = shlex.quote(f"{home}/prefix"), shlex.quote(str(prefix))
+        reopen = "" if closed is None else (
+            f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
+            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
+            f"mount --move {staged} {prefix_q} && ")
+        helper = [sys.executable, str(Path(__file__).resolve().parent / "slurm_as_user.py"), str(home / "slurm"),
+                  str(submissions), str(out), str(home), str(NOBODY)]
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                               reopen + "exec " + shlex.join(helper)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert result["returncode"] == 0, result["stdout"][-3000:] + result["stderr"][-3000:]
+        assert "shards finished 2/2" in result["stderr"], result["stderr"][-2000:]
+        assert result["queued_by"] == []
+        with open(out / "scoreboard.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert {r["student"] for r in rows} == set(students)
+        assert {r["isolation"] for r in rows} == {"bubblewrap"}
+        passed = {r["student"]: r["passed"] == r["total"] for r in rows}
+        assert passed == {s: i == 0 for i, s in enumerate(students)}, rows
+        # the shards and the merge ran as that user: every file they wrote is the user's
+        assert [str(p) for p in out.rglob("*") if p.lstat().st_uid != NOBODY] == []
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
