@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -118,3 +119,71 @@ def test_make_doctor_says_what_this_machine_can_do(fresh):
     done = type_in(fresh, readme_line("make doctor"), timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "sandbox" in done.stdout.lower() or "bwrap" in done.stdout, done.stdout[-4000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every command the README names is one the kit has: make targets and their variables, nox sessions,
+# `python -m labkit` commands and their options (in the bash blocks and in the text's `code`).
+
+def _makefile() -> tuple[set[str], set[str]]:
+    text = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([A-Za-z0-9%_.-]+)\s*:(?!=)", text, re.M))
+    variables = set(re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", text)) | set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*[?:]?=", text, re.M))
+    return targets, variables
+
+
+def readme_commands() -> list[list[str]]:
+    """Each command the README writes (bash lines and `code` spans), as words; options in [brackets] unwrapped."""
+    spans = readme_lines() + re.findall(r"`([^`\n]+)`", README.read_text())
+    commands = []
+    for span in spans:
+        for part in re.split(r"&&|;|\||\(|\)", span.replace("\\", " ")):
+            try:
+                split = shlex.split(part.replace("...", " "))
+            except ValueError:  # an unclosed quote in a fragment of prose
+                split = part.replace("...", " ").split()
+            words = [w.strip("[]") for w in split]
+            words = [w for w in words if w and not w.startswith("..")]
+            while words and words[0] in ("sudo", "time"):
+                words = words[1:]
+            if words:
+                commands.append(words)
+    return commands
+
+
+def test_every_make_target_and_variable_the_readme_names_is_in_the_makefile():
+    targets, variables = _makefile()
+    wrong = []
+    for words in readme_commands():
+        if words[0] != "make":
+            continue
+        for w in words[1:]:
+            if w.startswith("-") or not re.fullmatch(r"[A-Za-z0-9%_.=,/:-]+", w.split("=")[0]):
+                continue
+            if "=" in w:
+                wrong += [f"variable {w.split('=')[0]} in `{' '.join(words)}`"] if w.split("=")[0] not in variables else []
+            elif not (w in targets or any("%" in t and re.fullmatch(t.replace("%", ".+"), w) for t in targets)):
+                wrong.append(f"target {w} in `{' '.join(words)}`")
+    assert wrong == []
+
+
+def test_every_nox_session_and_labkit_option_the_readme_names_exists():
+    import sys
+
+    sessions = set(re.findall(r"^def (\w+)\(session", (ROOT / "noxfile.py").read_text(), re.M))
+    helps: dict[str, str] = {}
+    wrong = []
+    for words in readme_commands():
+        if words[:2] == ["nox", "-s"] and len(words) > 2 and words[2] not in sessions:
+            wrong.append(f"nox session {words[2]}")
+        if words[:3] == ["python", "-m", "labkit"] and len(words) > 3 and not words[3].startswith("-"):
+            command = words[3]
+            if command not in helps:
+                done = subprocess.run([sys.executable, "-m", "labkit", command, "--help"], cwd=ROOT, capture_output=True,
+                                      text=True, timeout=120, check=False)
+                helps[command] = done.stdout if done.returncode == 0 else ""
+            if not helps[command]:
+                wrong.append(f"labkit command {command}")
+            wrong += [f"option {w} of `labkit {command}`" for w in words[4:]
+                      if re.fullmatch(r"--[a-z][a-z0-9-]*", w) and w not in helps[command]]
+    assert wrong == []
