@@ -6,7 +6,8 @@ A release holds what a student needs to work through the labs and run `make lab-
 
 and nothing that gives answers away: no `reference/`, no `tests/hidden/`, no solution text.
 The student notebooks in it are rendered from `reference/` at release time (the same function
-`make student-notebooks` uses), so a release never carries a stale or hand-edited `labs/` file.
+`make student-notebooks` uses), so a release never carries a stale or hand-edited `labs/` file;
+the pages the labs share (`labs/*.md`, such as `meshes.md`) are copied as they are.
 After copying, `leaks()` scans the whole folder; a release with a leak is refused and no
 archive is written.
 """
@@ -159,6 +160,9 @@ def build(out: Path, root: Path = catalog.ROOT) -> Path:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
+    for page in sorted((root / "labs").glob("*.md")):  # what several labs point to, said once
+        (out / "labs").mkdir(exist_ok=True)
+        shutil.copy2(page, out / "labs" / page.name)
     for lab in catalog.labs(root):
         target = out / "labs" / lab.student.name
         target.parent.mkdir(parents=True, exist_ok=True)

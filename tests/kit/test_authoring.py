@@ -68,3 +68,29 @@ def test_an_unedited_generated_notebook_is_regenerated(tmp_path):
     ref.write_text(json.dumps(ref_nb))
     assert authoring.generate(ref, student)
     assert "A changed heading" in student.read_text()
+
+
+def test_what_several_labs_need_lives_in_one_shared_page_and_no_two_labs_share_a_paragraph():
+    """A paragraph (over 80 characters) found in two labs must be a pointer to a shared page in labs/ that
+    exists; anything longer said twice is copy that drifts."""
+    import collections
+    import json
+    import re
+
+    labs = catalog.labs()[0].student.parent
+    found = collections.defaultdict(set)
+    for lab in catalog.labs():
+        for cell in json.loads(lab.student.read_text())["cells"]:
+            if cell["cell_type"] == "markdown":
+                for paragraph in re.split(r"\n\s*\n", "".join(cell["source"])):
+                    text = " ".join(paragraph.split())
+                    if len(text) > 80:
+                        found[text].add(lab.number)
+    repeated = {text: labs_ for text, labs_ in found.items() if len(labs_) > 1}
+    pages = {text: re.findall(r"labs/(\w+\.md)", text) for text in repeated}
+    copied = {text[:100]: sorted(numbers) for text, numbers in repeated.items() if not pages[text]}
+    assert copied == {}, "paragraphs copied between labs: move them to a page in labs/ and point to it"
+    for text, names in pages.items():
+        assert all((labs / name).is_file() for name in names), (names, text[:100])
+        assert len(text) < 300, "a pointer, not the text itself"
+    assert (labs / "meshes.md").is_file()

@@ -59,7 +59,7 @@ def notebook_code(path: Path) -> str:
 
 
 def test_the_release_holds_what_a_student_needs(built):
-    for name in ("labkit/__init__.py", "labkit/cli.py", "labs/lab-3.ipynb", "tests/public/lab_3",
+    for name in ("labkit/__init__.py", "labkit/cli.py", "labs/lab-3.ipynb", "labs/meshes.md", "tests/public/lab_3",
                  "Makefile", "noxfile.py", "pyproject.toml", "uv.lock", "README.md"):
         assert (built / name).exists(), name
     assert {p.name for p in (built / "labs").glob("lab-*.ipynb")} == {lab.student.name for lab in catalog.labs()}
