@@ -26,8 +26,9 @@ def _lab(args) -> int:
 
 def _list(args) -> int:
     console = Console()
-    for lab in catalog.labs():
-        console.print(f"{lab.number:>3}  {lab.title}")
+    for lab in catalog.reading_order():
+        after = catalog.READ_AFTER.get(lab.number)
+        console.print(f"{lab.number:>3}  {lab.title}" + (f"  (read it after lab {after})" if after else ""))
     return 0
 
 
@@ -296,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     sandbox.add_isolation_argument(lab, sandbox.AUTO)
     lab.set_defaults(func=_lab)
 
-    sub.add_parser("list", help="the labs").set_defaults(func=_list)
+    sub.add_parser("list", help="the labs, in the order the course reads them").set_defaults(func=_list)
     sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
     sub.add_parser("isolation", help="whether notebooks run in a sandbox here: which bwrap, or why none and the fix"
                    ).set_defaults(func=_isolation)

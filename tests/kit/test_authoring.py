@@ -94,3 +94,18 @@ def test_what_several_labs_need_lives_in_one_shared_page_and_no_two_labs_share_a
         assert all((labs / name).is_file() for name in names), (names, text[:100])
         assert len(text) < 300, "a pointer, not the text itself"
     assert (labs / "meshes.md").is_file()
+
+
+def test_make_list_gives_the_reading_order_and_each_moved_lab_comes_after_what_it_needs():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "labkit", "list"], cwd=catalog.ROOT, capture_output=True, text=True,
+                          check=True, env={**__import__("os").environ, "COLUMNS": "200"})
+    numbers = [int(line.split()[0]) for line in done.stdout.splitlines() if line.strip()]
+    assert numbers == [lab.number for lab in catalog.reading_order()]
+    assert sorted(numbers) == [lab.number for lab in catalog.labs()]
+    assert numbers.index(12) == numbers.index(3) + 1 and "read it after lab 3" in done.stdout
+    # what lab 12 uses is taught before it: jit and placements (lab 2), shard_map (lab 3)
+    text = catalog.lab(12).student.read_text()
+    assert "shard_map" in text and numbers.index(12) > numbers.index(3) > numbers.index(2)
