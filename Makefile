@@ -8,7 +8,7 @@ SHELL := /bin/bash
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(or $(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done),python3)
 endif
-PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
+PYTHON_EXE := $(shell $(PYTHON) -c 'import os, sys; print(sys.executable if sys.prefix == sys.base_prefix else os.path.realpath(sys.executable))' 2>/dev/null)
 export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.9
 VENV ?= .venv

@@ -39,6 +39,10 @@ MINIMUM_PYTHON = (3, 11)
 CANDIDATES = ("python3.13", "python3.12", "python3.11", "python3")
 NEWEST_SUPPORTED = (3, 13)
 NEWER_JAX_FROM = (3, 12)
+# Prints the interpreter a Python runs on, outside any virtual environment: a `python3.11` found first on
+# the PATH may be .venv's own (an activated .venv, the course image), which no .venv may be made with.
+BASE_INTERPRETER = ("import os, sys; print(sys.executable if sys.prefix == sys.base_prefix "
+                    "else os.path.realpath(sys.executable))")
 # The file whose content is the selection `.venv` was made with; written only after a set-up
 # succeeded, so a missing or stale one always means "install again".
 STAMP = ".synced"
@@ -75,7 +79,7 @@ def pythons_here(candidates: tuple[str, ...] = CANDIDATES) -> list[tuple[str, tu
         if not path:
             continue
         try:
-            out = subprocess.run([path, "-c", "import sys; print(sys.executable); print(*sys.version_info[:3])"],
+            out = subprocess.run([path, "-c", BASE_INTERPRETER + "; print(*sys.version_info[:3])"],
                                  capture_output=True, text=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired):
             continue

@@ -308,3 +308,16 @@ def test_with_one_python_there_is_no_other_world_and_each_python_gets_its_jax(tm
     assert done.returncode == 1 and done.stdout == "", done.stdout
     assert envsetup.jax_for((3, 11, 7)) == "0.10.2"
     assert envsetup.jax_for((3, 13, 0)).startswith("0.12.")
+
+
+def test_an_activated_venv_is_never_the_python_a_venv_is_made_with(tmp_path):
+    """With a virtual environment first on the PATH (`source .venv/bin/activate`, the course image), its
+    python3.X is not the interpreter set-up names: the one it runs on is."""
+    base = real_python(NEWER) if NEWER else real_python("3.11") or sys.executable  # the newest: the one picked
+    venv = tmp_path / "activated"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
+    selection = planned_selection_with(copy_kit(tmp_path / "kit"), env)
+    exe = selection.split()[1]
+    assert not exe.startswith(str(venv)), selection
+    assert Path(exe).resolve() == Path(base).resolve() or not exe.startswith(str(tmp_path)), selection
