@@ -2,16 +2,19 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# The Python .venv is made with: PYTHON= when given, else the newest supported one on this machine
-# (on the PATH, or installed by pyenv and not selected there; `python3 -m labkit.envsetup pick-python`).
-# uv never downloads one. Python 3.12 and newer get JAX 0.12, Python 3.11 JAX 0.10.2 (uv.lock).
+# The Python .venv is made with: PYTHON= when given; else, once .venv exists, the interpreter it was
+# made with (whoever runs make: root at set-up, a student later); else the newest supported one on this
+# machine (on the PATH, or installed by pyenv and not selected there: `python3 -m labkit.envsetup
+# pick-python`). uv never downloads one. Python 3.12 and newer get JAX 0.12, 3.11 JAX 0.10.2 (uv.lock).
+# Interpreters are named by their real path, so that every user names the same one.
+VENV ?= .venv
+BASE_OF := import os, sys; print(os.path.realpath(sys.executable))
 ifeq ($(origin PYTHON),undefined)
-PYTHON := $(or $(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done),python3)
+PYTHON := $(or $(shell $(VENV)/bin/python -c '$(BASE_OF)' 2>/dev/null),$(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done),python3)
 endif
-PYTHON_EXE := $(shell $(PYTHON) -c 'import os, sys; print(sys.executable if sys.prefix == sys.base_prefix else os.path.realpath(sys.executable))' 2>/dev/null)
+PYTHON_EXE := $(shell $(PYTHON) -c '$(BASE_OF)' 2>/dev/null)
 export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.9
-VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIGS ?=
 TIMEOUT ?= 120

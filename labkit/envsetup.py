@@ -39,10 +39,10 @@ MINIMUM_PYTHON = (3, 11)
 CANDIDATES = ("python3.13", "python3.12", "python3.11", "python3")
 NEWEST_SUPPORTED = (3, 13)
 NEWER_JAX_FROM = (3, 12)
-# Prints the interpreter a Python runs on, outside any virtual environment: a `python3.11` found first on
-# the PATH may be .venv's own (an activated .venv, the course image), which no .venv may be made with.
-BASE_INTERPRETER = ("import os, sys; print(sys.executable if sys.prefix == sys.base_prefix "
-                    "else os.path.realpath(sys.executable))")
+# Prints the interpreter a Python runs on, by its real path: outside any virtual environment (a
+# `python3.11` found first on the PATH may be .venv's own: an activated .venv, the course image), and
+# the same for every user (the Makefile names .venv's interpreter the same way).
+BASE_INTERPRETER = "import os, sys; print(os.path.realpath(sys.executable))"
 # The file whose content is the selection `.venv` was made with; written only after a set-up
 # succeeded, so a missing or stale one always means "install again".
 STAMP = ".synced"
@@ -251,7 +251,7 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
               f"with {_dotted(here[:2])}.", flush=True)
         shutil.rmtree(venv)
     if "--python" not in selection:
-        selection = ["--python", sys.executable, *selection]
+        selection = ["--python", os.path.realpath(sys.executable), *selection]
     planned = plan(uv, selection, venv)
     what = f"Setting up {venv.name}/ from uv.lock ({describe_selection(selection)})"
     if planned:

@@ -285,7 +285,7 @@ def test_a_pyenv_python_that_is_installed_but_not_selected_is_found(tmp_path):
     env["PATH"] = f"{shim.parent}:{env['PATH']}"
     done = subprocess.run([real_python("3.11"), "-m", "labkit.envsetup", "pick-python"], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=False)
-    assert done.stdout.strip() == str(version_bin / f"python{NEWER}"), done.stdout + done.stderr
+    assert Path(done.stdout.strip()) == (version_bin / f"python{NEWER}").resolve(), done.stdout + done.stderr
     assert picked(copy_kit(tmp_path / "kit"), env) == NEWER
 
 
@@ -321,3 +321,16 @@ def test_an_activated_venv_is_never_the_python_a_venv_is_made_with(tmp_path):
     exe = selection.split()[1]
     assert not exe.startswith(str(venv)), selection
     assert Path(exe).resolve() == Path(base).resolve() or not exe.startswith(str(tmp_path)), selection
+
+
+@both_worlds
+def test_once_venv_exists_every_user_names_the_interpreter_it_was_made_with(tmp_path):
+    """Set-up by root (or on a machine with a newer Python since) and a later `make lab-N` by anyone name the
+    same interpreter, so the environment is not taken for another and made again; PYTHON= still moves it."""
+    kit = copy_kit(tmp_path / "kit")
+    subprocess.run([real_python("3.11"), "-m", "venv", "--without-pip", str(kit / ".venv")], check=True,
+                   capture_output=True)
+    env = path_with(tmp_path, python3=real_python("3.11"), **{f"python{NEWER}": real_python(NEWER)})
+    assert picked(kit, env) == "3.11"
+    assert planned_selection_with(kit, env).split()[1] == str(Path(real_python("3.11")).resolve())
+    assert picked(kit, env, f"PYTHON=python{NEWER}") == NEWER
