@@ -75,10 +75,14 @@ def check_jax() -> Check:
     if here[:2] >= envsetup.NEWER_JAX_FROM:
         return Check("jax", "JAX", OK, detail)
     newer = envsetup.jax_for(envsetup.NEWER_JAX_FROM)
-    return Check("jax", "JAX", WARN, f"{detail}; JAX {newer}, what Colab and current TPU images run, needs Python 3.12 or newer",
-                 "install Python 3.12 or 3.13 (Debian 13 and Ubuntu 24.04 have one as python3; elsewhere "
-                 "`pyenv install 3.13` or `uv python install 3.13`); `make setup` then takes the newest Python "
-                 "on the machine, or name it: `make setup PYTHON=python3.13`")
+    found = envsetup.pick_python()
+    if found and found[0][:2] >= envsetup.NEWER_JAX_FROM:
+        fix = f"Python {found[0][0]}.{found[0][1]} is here: `make setup PYTHON={found[1]}` makes .venv again with it"
+    else:
+        fix = ("install Python 3.12 or 3.13 (Debian 13 and Ubuntu 24.04 have one as python3; elsewhere "
+               "`pyenv install 3.13` or `uv python install 3.13`), then `make setup PYTHON=python3.13`")
+    return Check("jax", "JAX", WARN, f"{detail}; JAX {newer}, what Colab and current TPU images run, needs Python 3.12 "
+                 "or newer", fix)
 
 
 def check_environment(root: Path = ROOT) -> Check:
