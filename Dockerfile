@@ -6,18 +6,18 @@
 #   docker run --rm -v "$PWD/labs:/home/student/kit/labs" labkit:cpu            # make lab-3
 #   docker run --rm -v "$PWD/labs:/home/student/kit/labs" labkit:cpu make lab-4
 #
-# `make docker-build`, `make docker-lab` and `make docker-grade` wrap these; see the README.
+# `make docker-build`, `make docker-lab` and `make docker-grade` wrap these; see docs/containers.md.
 # Builds with BuildKit (`DOCKER_BUILDKIT=1`, or buildx): the uv cache and the CA secret below need it.
 
 # Any image with python3 (3.11 to 3.13, with venv) and make; `make docker-base` makes one from
-# Debian's packages. Elsewhere, e.g. the official python image plus make (see the README).
+# Debian's packages. Elsewhere, e.g. the official python image plus make (see docs/containers.md).
 ARG BASE_IMAGE=labkit-base:bookworm
 
 FROM ${BASE_IMAGE} AS base
 SHELL ["/bin/sh", "-eu", "-c"]
 # Fail at once, with the reason, on a base that lacks what `make setup` needs.
-RUN command -v python3 >/dev/null || { echo "error: the base image has no python3: the course image needs python3 (3.11 to 3.13, with venv) and make (see the README, 'The course image')" >&2; exit 1; }; \
-    command -v make >/dev/null || { echo "error: the base image has no make: the course image needs python3 (3.11 to 3.13, with venv) and make (see the README, 'The course image')" >&2; exit 1; }; \
+RUN command -v python3 >/dev/null || { echo "error: the base image has no python3: the course image needs python3 (3.11 to 3.13, with venv) and make (see docs/containers.md, 'The course image')" >&2; exit 1; }; \
+    command -v make >/dev/null || { echo "error: the base image has no make: the course image needs python3 (3.11 to 3.13, with venv) and make (see docs/containers.md, 'The course image')" >&2; exit 1; }; \
     python3 -c 'import sys, venv, ensurepip; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' \
       || { echo "error: the base image's python3 is not 3.11 to 3.13 with venv and ensurepip (Debian: python3-venv)" >&2; exit 1; }; \
     getent group 1000 >/dev/null || echo "student:x:1000:" >> /etc/group; \

@@ -35,7 +35,8 @@ comma := ,
 STUDENT_GROUPS := notebook
 ALL_GROUPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['dependency-groups'])" 2>/dev/null)
 GOALS := $(MAKECMDGOALS) $(FOR)
-NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),lint)
+NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),lint) \
+  $(if $(filter docs,$(GOALS)),docs)
 RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 # What .venv has now: a stamp without --no-default-groups was written when every group was the default.
 RECORDED_GROUPS = $(if $(wildcard $(VENV)/.synced),$(if $(findstring --no-default-groups,$(RECORDED)),\
@@ -47,7 +48,7 @@ SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(EXTRAS),-
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
-.PHONY: help setup system-deps test test-other-jax lab-% labs list configs student-notebooks check-student-notebooks bench clean
+.PHONY: help setup system-deps test test-other-jax docs lab-% labs list configs student-notebooks check-student-notebooks bench clean
 .PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed doctor
 
 help: ## show this help
@@ -186,6 +187,9 @@ bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_lab.py
 	$(PY) benchmarks/bench_grade.py
 
+docs: setup ## the course and manual site, offline, into build/site (a broken link fails the build)
+	@$(PY) -m labkit.docsite --out build/site
+
 lint: setup ## lint the Dockerfile with hadolint (the locked `lint` group)
 	$(VENV)/bin/hadolint Dockerfile
 
@@ -207,7 +211,7 @@ SUBMISSIONS ?= submissions
 GRADES ?= grades
 GRADE_ARGS ?=
 DOCKER_PIDS ?= 8192
-# What bubblewrap needs to make the kit's sandbox inside the container, and no more (see the README,
+# What bubblewrap needs to make the kit's sandbox inside the container, and no more (see docs/containers.md,
 # "The course image"): the kit's seccomp profile, a /proc it may mount again, no capabilities.
 # DOCKER_RUN_OPTS adds options of your own (e.g. --security-opt apparmor=unconfined on AppArmor hosts).
 DOCKER_RUN_OPTS ?=

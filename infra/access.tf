@@ -31,7 +31,7 @@ resource "google_iap_tunnel_instance_iam_member" "tunnel" {
 # TPU VMs: the provider has no IAM resource per TPU node, so each grant is a project binding with an
 # IAM condition on the resource's name, ending with the student's node. These conditions have not
 # been tried against a real project from the kit's machines; check one student's access before the
-# day (README, "Reaching the VMs").
+# day (docs/workshop.md, "Reaching the VMs").
 resource "google_project_iam_member" "tpu_student" {
   for_each = local.tpu_grants
 

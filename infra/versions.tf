@@ -15,7 +15,7 @@ terraform {
     }
   }
   # State is local (infra/terraform.tfstate) unless the organiser keeps it in Cloud Storage, so that
-  # another organiser can run `workshop.sh down`; see the README ("Terraform state"):
+  # another organiser can run `workshop.sh down`; see docs/workshop.md ("Terraform state"):
   #   terraform -chdir=infra init -backend-config=backend.gcs.hcl    (with a backend "gcs" {} block in backend.tf)
 }
 

@@ -297,7 +297,7 @@ def text(found: dict[str, Examined], reference: dict[str, Examined] | None = Non
         return []
     chip_list = [chips()[k] for k in SHOWN]
     out = ["Cost cards: what your compiled programs cost each device, modelled on real chips",
-           "(a model, not a measurement: see the README, 'The cost card'). " + LEGEND + "."]
+           "(a model, not a measurement: see docs/student.md, 'The cost card'). " + LEGEND + "."]
     for cid, entry in found.items():
         for label, c in entry.runs.items():
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)

@@ -118,7 +118,7 @@ def check_sandbox() -> Check:
     report = found.report().splitlines()
     fixes = [line.strip() for line in report if line.strip().lower().startswith("fix")]
     return Check("sandbox", "Sandbox (bubblewrap)", FAIL, " / ".join(line.strip() for line in report[:3]),
-                 "; ".join(fixes) or "grading refuses to run without one: `make isolation` says why, and the README, "
+                 "; ".join(fixes) or "grading refuses to run without one: `make isolation` says why, and docs/sandbox.md, "
                  "'Isolation and limits', how to get one")
 
 

@@ -227,7 +227,7 @@ def _failure_hint(log_text: str, venv: Path) -> str:
     if re.search(r"(dns error|failed to lookup|Could not connect|connection (refused|reset)|timed out|"
                  r"certificate)", log_text, re.I):
         return ("the package index could not be reached. Check the network (and a proxy's CA with "
-                "SSL_CERT_FILE), or set up offline from a wheelhouse: `make setup OFFLINE=1` (see the README).")
+                "SSL_CERT_FILE), or set up offline from a wheelhouse: `make setup OFFLINE=1` (see docs/containers.md, 'Offline, without Docker').")
     return "see the log above."
 
 

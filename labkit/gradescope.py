@@ -124,7 +124,7 @@ code=$?
 cat "$LOG"
 if [ ! -s "$RESULTS" ]; then
   if [ "$code" -eq 137 ]; then
-    code="137: killed by SIGKILL, which in Gradescope's container is its memory limit: it ran out of memory. Instructor: give the autograder more memory (at least 2 GB, 1 CPU; see the kit's README)"
+    code="137: killed by SIGKILL, which in Gradescope's container is its memory limit: it ran out of memory. Instructor: give the autograder more memory (at least 2 GB, 1 CPU; see the kit's docs/grading.md, 'Gradescope')"
   fi
   fail "The autograder stopped (exit status $code) before it wrote any results; nothing was graded. The end of its log:
 $(tail -n 30 "$LOG")"
@@ -320,7 +320,7 @@ def memory_notes(records: dict, limit: int | None, kills_before: int | None, kil
                f"killed by SIGKILL, which in Gradescope's container is its memory limit{size} being reached")
     return [(f"Out of memory: {runs} died of memory ({certain}); those tests failed for that, not for the "
              f"submission. Instructor: give the autograder more memory (Configure Autograder, container size: "
-             f"at least 2 GB and 1 CPU, as the kit's README says), then regrade.")]
+             f"at least 2 GB and 1 CPU, as the kit's docs/grading.md says), then regrade.")]
 
 
 def run(root: Path, number: int | str, isolation: str = "") -> dict:

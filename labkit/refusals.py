@@ -159,10 +159,10 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
             f" = 1, Ubuntu 24.04's default) and no profile allows them to {program}"
             + (f"; bwrap: {first}" if text else ""),
             f"allow this bwrap alone: write /etc/apparmor.d/labkit-bwrap with `{apparmor_profile(program)!r}` "
-            "(see the README, 'Isolation and limits') and run `sudo apparmor_parser -r /etc/apparmor.d/labkit-bwrap`;"
+            "(see docs/sandbox.md, 'Isolation and limits') and run `sudo apparmor_parser -r /etc/apparmor.d/labkit-bwrap`;"
             " or, for the whole machine, `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`")
     where = f" (in a {container} container)" if container else ""
     return Refusal(
         "unknown",
         f"bwrap cannot make a sandbox here{where}: {first}",
-        "see the README, 'Isolation and limits': bwrap needs unprivileged user namespaces, or a setuid-root bwrap")
+        "see docs/sandbox.md, 'Isolation and limits': bwrap needs unprivileged user namespaces, or a setuid-root bwrap")

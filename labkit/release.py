@@ -2,7 +2,7 @@
 
 A release holds what a student needs to work through the labs and run `make lab-N`:
 
-    labkit/  labs/  tests/public/  Makefile  noxfile.py  pyproject.toml  uv.lock  README.md
+    labkit/  labs/  tests/public/  docs/  Makefile  noxfile.py  pyproject.toml  uv.lock  README.md  BENCHMARKS.md
 
 and nothing that gives answers away: no `reference/`, no `tests/hidden/`, no solution text.
 The student notebooks in it are rendered from `reference/` at release time (the same function
@@ -26,7 +26,7 @@ import nbformat
 from labkit import authoring, catalog
 
 # What a release holds, relative to the kit's root: folders and files, in this order.
-CONTENTS = ("labkit", "tests/public", "Makefile", "noxfile.py", "pyproject.toml", "uv.lock", "README.md")
+CONTENTS = ("labkit", "tests/public", "docs", "Makefile", "noxfile.py", "pyproject.toml", "uv.lock", "README.md", "BENCHMARKS.md")
 # Never copied, wherever they sit.
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", ".pytest_cache")
 # Folders whose presence alone is a leak.
@@ -36,7 +36,7 @@ MARKER = ".labkit-release"
 # The kit's own code: never scanned for solution text (it is what every student gets anyway).
 KIT_CODE = "labkit/"
 # The kit's own files that document the solution markers; they name the marker but hold no solution.
-DOCUMENTS_MARKERS = ("labkit/authoring.py", "README.md")
+DOCUMENTS_MARKERS = ("labkit/authoring.py", "docs/authoring.md")
 
 
 class ReleaseError(RuntimeError):

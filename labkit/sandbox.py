@@ -27,7 +27,7 @@ hold in every case:
   namespace), so when the kit runs as root without a pids cgroup, the sandbox's processes run as
   a user of their own (`run_user`): an unused uid, one per launch, that owns the scratch folder;
   only outside a sandbox (limits-only) does root stay root, and a fork bomb then meets only the
-  time and memory limits (see the README);
+  time and memory limits (see docs/sandbox.md);
 * output: the run's log is cut at `limits.output` bytes (the child process cuts the cells'
   outputs kept in the executed notebook at the same size);
 * file size (`RLIMIT_FSIZE`) and no core dumps.
@@ -84,7 +84,7 @@ class Limits:
     processes: int = 1024  # processes and threads the run may have at once (JAX starts threads per core)
     output: int = 10 * MiB  # bytes of output kept: in the executed notebook, and in the run's log
     file_size: int = 1 * GiB  # the largest file a run may write
-    network: bool = False  # True only where a run's processes must reach each other (see README)
+    network: bool = False  # True only where a run's processes must reach each other (see docs/sandbox.md)
     isolation: str = AUTO  # SANDBOX, AUTO or LIMITS_ONLY (see ISOLATIONS); grading asks for SANDBOX
 
     def to_json(self) -> dict:
@@ -180,7 +180,7 @@ def require_sandbox(consequence: str = "the notebook was not run") -> bwrap.Find
     raise SandboxUnavailable(
         f"no sandbox can be made on this machine, so {consequence}:\n  "
         + found.report().replace("\n", "\n  ")
-        + "\nGrade where bubblewrap works (see the README, 'Isolation and limits'), or, knowing that a notebook "
+        + "\nGrade where bubblewrap works (see docs/sandbox.md, 'Isolation and limits'), or, knowing that a notebook "
           "can then read what this user can read and use the network, ask for resource limits only by name: "
           "--isolation limits-only (make grade ISOLATION=limits-only).")
 
@@ -223,7 +223,7 @@ def isolation(wanted: str = AUTO) -> tuple[str, str]:
             _warned = True
             print(f"labkit: warning: notebooks run with resource limits only, not in a sandbox:\n  "
                   f"{reason.replace(chr(10), chr(10) + '  ')}\nA notebook can then read what this user can read and "
-                  "use the network; see the README, 'Isolation and limits'.", file=sys.stderr, flush=True)
+                  "use the network; see docs/sandbox.md, 'Isolation and limits'.", file=sys.stderr, flush=True)
     return LIMITS_ONLY, reason
 
 

@@ -232,7 +232,7 @@ def to_markdown(results: dict) -> str:
         lines += ["", "## Isolation", "",
                   f"**{len(weak)} of {len(results.get('rows', []))} runs had resource limits only, no sandbox** "
                   "(bubblewrap could not run): those notebooks could read what the grading user can read and "
-                  "reach the network. See the README, \"Isolation and limits\"."]
+                  "reach the network. See docs/sandbox.md, 'Isolation and limits'."]
     noted = [(s, n) for s in students for n in results["students"][s].get("notes", [])]
     if noted or results.get("notes"):
         lines += ["", "## Notes on the submissions", ""]
@@ -315,7 +315,7 @@ def feedback(results: dict, student: str) -> str:
                            f"{_md(e.get('message', ''))}"), ""]
             card = cost_card(lab, config["name"], row)
             if card:
-                lines += ["Cost card (a model: see the course's README, 'The cost card'):", "", "```", *card, "```", ""]
+                lines += ["Cost card (a model: see the kit's docs/student.md, 'The cost card'):", "", "```", *card, "```", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

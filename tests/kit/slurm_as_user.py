@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import slurm_cluster  # noqa: E402
+import slurm_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

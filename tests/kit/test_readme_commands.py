@@ -1,7 +1,7 @@
 """The README's first commands, typed as it writes them, in a fresh copy of the kit, with no setting a user would not make.
 
-Each test takes its command line from README.md itself (`readme_line`): a README that says
-something else changes what is run, and a README that no longer says it fails the test. The copy
+Each test takes its command line from README.md or the guides in docs/ (`readme_line`): a text that
+says something else changes what is run, and one that no longer says it fails the test. The copy
 is the kit's tracked and new files (what a clone of this tree would hold, without .venv, build/ or
 anything ignored), so the commands make their own environment exactly as on a new machine, from
 relative paths and default arguments. Variables of the kit's own (LABKIT_*) are removed from the
@@ -24,10 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 
+DOCS = sorted((ROOT / "docs").glob("*.md"))  # the guides the README points to (the site's pages)
+
+
+def documentation() -> str:
+    """The README and the guides in docs/: what users read, and type from."""
+    return "\n".join(p.read_text() for p in (README, *DOCS))
+
+
 def readme_lines() -> list[str]:
-    """Every line of the README's bash blocks, as a user would type it (its comment left out)."""
+    """Every line of the README's and the guides' bash blocks, as a user would type it (its comment left out)."""
     lines, inside = [], False
-    for line in README.read_text().splitlines():
+    for line in documentation().splitlines():
         if line.startswith("```"):
             inside = line.strip() == "```bash" if not inside else False
             continue
@@ -92,7 +100,7 @@ def test_make_grade_with_its_default_folders_grades_the_class(fresh):
 def readme_block(containing: str) -> str:
     """The README's bash block with a line that starts with `containing`, as lines a user types one after another."""
     blocks, current, inside = [], [], False
-    for line in README.read_text().splitlines():
+    for line in documentation().splitlines():
         if line.startswith("```"):
             if inside:
                 blocks.append(current)
@@ -134,7 +142,7 @@ def _makefile() -> tuple[set[str], set[str]]:
 
 def readme_commands() -> list[list[str]]:
     """Each command the README writes (bash lines and `code` spans), as words; options in [brackets] unwrapped."""
-    spans = readme_lines() + re.findall(r"`([^`\n]+)`", README.read_text())
+    spans = readme_lines() + re.findall(r"`([^`\n]+)`", documentation())
     commands = []
     for span in spans:
         for part in re.split(r"&&|;|\||\(|\)", span.replace("\\", " ")):
