@@ -104,7 +104,7 @@ wheelhouse: ## download every locked wheel for this machine (all groups, EXTRAS 
 	$$pip download --quiet --disable-pip-version-check --only-binary :all: -d $(WHEELHOUSE) \
 	  $$($(PYTHON) -m labkit.wheelhouse build-requires) uv==$(UV_VERSION)
 	@$(PYTHON) -m labkit.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- \
-	  --all-groups $(if $(EXTRAS),--extra $(EXTRAS))
+	  --python $(PYTHON_EXE) --all-groups $(if $(EXTRAS),--extra $(EXTRAS))
 	@echo "$(WHEELHOUSE)/: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1)"
 
 lab-%: setup ## run lab N on each device configuration: make lab-3 [CONFIGS=cpu-8] [TIMEOUT=120]

@@ -74,7 +74,8 @@ def wheelhouse() -> Path:
     """The repository's wheelhouse/, completed by `make wheelhouse` when it lacks anything (needs network once)."""
     if WHEELHOUSE.is_dir() and any(WHEELHOUSE.glob("*.whl")):
         try:
-            if not wh.missing(WHEELHOUSE, _uv(), ["--all-groups"]):
+            # for the Python this environment runs on (the lock holds another JAX for another Python)
+            if not wh.missing(WHEELHOUSE, _uv(), ["--python", os.path.realpath(sys.executable), "--all-groups"]):
                 return WHEELHOUSE
         except wh.PlanError:
             pass
