@@ -83,6 +83,12 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def other_jax(session: nox.Session) -> None:
+    """Every reference and the student loop on the lock's other JAX (Python 3.11 against 3.12 and newer)."""
+    session.run("make", "--no-print-directory", "-C", str(ROOT), "test-other-jax", external=True)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: the student loop and grading, each against plain python (arguments go to bench_lab.py)."""
     session.run(PY, str(ROOT / "benchmarks" / "bench_lab.py"), *session.posargs, external=True)
