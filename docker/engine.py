@@ -51,6 +51,13 @@ def _own_pid() -> int | None:
         return None
 
 
+def _has_bridge(net: Path = Path("/sys/class/net")) -> bool:
+    """Whether the default bridge the kit's engine made (docker0) is still there. It has been seen to go
+    away on the kit's test machines while the engine ran; every build and run then fails with "could not
+    find bridge docker0"."""
+    return (net / "docker0").exists()
+
+
 def start(timeout: float = 120) -> tuple[dict[str, str] | None, bool, str]:
     """(environment for the docker client, whether this call started the engine, why none).
 
@@ -61,7 +68,9 @@ def start(timeout: float = 120) -> tuple[dict[str, str] | None, bool, str]:
         return env, False, ""
     own = dict(os.environ, DOCKER_HOST=HOST)
     if _own_pid() and answers(own)[0]:
-        return own, False, ""
+        if _has_bridge():
+            return own, False, ""
+        stop()  # it answers but cannot attach a container to its bridge: a new start makes the bridge again
     if os.geteuid() != 0:
         return None, False, f"{why}; and the kit can start its own engine only as root"
     dockerd = subprocess.run(["bash", "-c", "command -v dockerd"], capture_output=True, text=True, check=False).stdout.strip()
