@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import wheelhouse as wh
+from labkit import envsetup, wheelhouse as wh
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -109,7 +109,9 @@ def test_setup_offline_builds_the_environment_from_the_wheelhouse_alone(offline_
                            cwd=kit, env=env, check=False, capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr
     version, where = check.stdout.split()
-    assert version == "0.10.2" and where == str(kit / "labkit" / "__init__.py")
+    # the JAX the lock gives the Python set-up took (0.12 on 3.12 and newer, 0.10.2 on 3.11)
+    assert version == envsetup.jax_for(envsetup.venv_python(kit / ".venv")), version
+    assert where == str(kit / "labkit" / "__init__.py")
     assert (kit / ".tools" / "bin" / "uv").exists(), "uv itself came from the wheelhouse"
 
 
@@ -136,7 +138,7 @@ def test_an_incomplete_wheelhouse_names_every_missing_package(tmp_path, wheelhou
                    env=fresh_env(tmp_path))
     assert done.returncode != 0
     assert "is incomplete: 3 package(s)" in done.stderr, done.stderr
-    assert "jaxlib==0.10.2" in done.stderr and "jupyterlab==" in done.stderr and "hatchling" in done.stderr
+    assert "jaxlib==0." in done.stderr and "jupyterlab==" in done.stderr and "hatchling" in done.stderr
     assert "make wheelhouse" in done.stderr
     assert not (kit / ".venv").exists(), "nothing is installed from an incomplete wheelhouse"
 
