@@ -10,9 +10,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 BASE_OF := import os, sys; print(os.path.realpath(sys.executable))
 ifeq ($(origin PYTHON),undefined)
-PYTHON := $(or $(shell $(VENV)/bin/python -c '$(BASE_OF)' 2>/dev/null),$(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done),python3)
+PYTHON_EXE := $(or $(shell $(VENV)/bin/python -c '$(BASE_OF)' 2>/dev/null),$(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done))
+PYTHON := $(or $(PYTHON_EXE),python3)
 endif
-PYTHON_EXE := $(shell $(PYTHON) -c '$(BASE_OF)' 2>/dev/null)
+# (already found above, by its real path, unless PYTHON= was given or nothing was found)
+PYTHON_EXE := $(or $(PYTHON_EXE),$(shell $(PYTHON) -c '$(BASE_OF)' 2>/dev/null))
 export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.9
 PY := $(VENV)/bin/python
@@ -81,9 +83,7 @@ ifeq ($(OFFLINE),)
 else
 	@rm -f $@
 	@$(PYTHON) -m labkit.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- $(SELECTION)
-	@made=$$(sed -n 's/^version_info = \([0-9]*\.[0-9]*\).*/\1/p' $(VENV)/pyvenv.cfg 2>/dev/null); \
-	want=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-	if [ -n "$$made" ] && [ "$$made" != "$$want" ]; then echo "$(VENV)/ was made with Python $$made: making it again with $$want."; rm -rf $(VENV); fi
+	@$(PYTHON) -m labkit.envsetup remove-other-venv --venv $(VENV)
 	$(UV) venv --quiet --allow-existing --python $(PYTHON_EXE) --prompt labkit $(VENV)
 	$(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate $(SELECTION) -o $(VENV)/requirements.txt
 	$(UV) pip sync --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) $(VENV)/requirements.txt

@@ -7,6 +7,7 @@ enough to say that the kit needs 3.11):
     python3 -m labkit.envsetup check-python
     python3 -m labkit.envsetup pick-python      (the newest supported Python here, as a path)
     python3 -m labkit.envsetup pick-python --other-than PYTHON   (the newest of the other JAX world)
+    python3 -m labkit.envsetup remove-other-venv --venv .venv   (an offline set-up's first step)
     python3 -m labkit.envsetup sync --uv UV --log build/setup.log -- [uv sync selection]
 
 The Python that runs `sync` is the one `.venv` is made with: `PYTHON=` when given, else what
@@ -62,11 +63,11 @@ def python_problem(version: tuple[int, ...] = tuple(sys.version_info[:3]), execu
 def jax_for(version: tuple[int, ...], pyproject: Path = ROOT / "pyproject.toml") -> str:
     """The JAX version the lock gives Python `version`, read from the project's `jax==V; python_version ..`."""
     ops = {">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "==": lambda a, b: a == b}
-    for m in re.finditer(r"""["']jax==([^;"'\s]+)\s*;\s*python_version\s*(>=|<|==)\s*['"](\d+)\.(\d+)['"]""",
-                         pyproject.read_text()):
+    text = pyproject.read_text()
+    for m in re.finditer(r"""["']jax==([^;"'\s]+)\s*;\s*python_version\s*(>=|<|==)\s*['"](\d+)\.(\d+)['"]""", text):
         if ops[m.group(2)](tuple(version[:2]), (int(m.group(3)), int(m.group(4)))):
             return m.group(1)
-    m = re.search(r"""["']jax==([^;"'\s]+)["']""", pyproject.read_text())
+    m = re.search(r"""["']jax==([^;"'\s]+)["']""", text)
     return m.group(1) if m else "unknown"
 
 
@@ -86,9 +87,9 @@ def pythons_here(candidates: tuple[str, ...] = CANDIDATES) -> list[tuple[str, tu
         lines = out.stdout.split("\n")
         if out.returncode != 0 or len(lines) < 2:
             continue
-        executable, version = lines[0], tuple(int(n) for n in lines[1].split())
-        if os.path.realpath(executable) not in seen:
-            seen.add(os.path.realpath(executable))
+        executable, version = lines[0], tuple(int(n) for n in lines[1].split())  # a real path already
+        if executable not in seen:
+            seen.add(executable)
             found.append((name, version, executable))
     return found
 
@@ -125,8 +126,17 @@ def venv_python(venv: Path) -> tuple[int, ...] | None:
         text = (venv / "pyvenv.cfg").read_text()
     except OSError:
         return None
-    m = re.search(r"^\s*(?:version_info|version)\s*=\s*(\d+)\.(\d+)(?:\.(\d+))?", text, re.M)
+    m = re.search(r"^\s*(?:version_info|version)\s*=\s*(\d+)\.(\d+)(?:\.(\d+))?", text, re.MULTILINE)
     return tuple(int(n) for n in m.groups() if n is not None) if m else None
+
+
+def remove_if_made_with_another_python(venv: Path) -> None:
+    """A .venv made with another Python than this one is removed, to be made again, never synced over."""
+    made_with, here = venv_python(venv), tuple(sys.version_info[:2])
+    if made_with is not None and made_with[:2] != here:
+        print(f"  {venv.name}/ was made with Python {_dotted(made_with)}: removing it to make it again "
+              f"with {_dotted(here)}.", flush=True)
+        shutil.rmtree(venv)
 
 
 def _dotted(version: tuple[int, ...]) -> str:
@@ -245,11 +255,7 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
     print(f"Python {_dotted(here)} ({sys.executable}): JAX {jax_for(here)}"
           + ("" if here[:2] >= NEWER_JAX_FROM else
              f" (JAX {jax_for(NEWER_JAX_FROM)} needs Python {_dotted(NEWER_JAX_FROM)} or newer)") + ".", flush=True)
-    made_with = venv_python(venv)
-    if made_with is not None and made_with[:2] != here[:2]:
-        print(f"  {venv.name}/ was made with Python {_dotted(made_with)}: removing it to make it again "
-              f"with {_dotted(here[:2])}.", flush=True)
-        shutil.rmtree(venv)
+    remove_if_made_with_another_python(venv)
     if "--python" not in selection:
         selection = ["--python", os.path.realpath(sys.executable), *selection]
     planned = plan(uv, selection, venv)
@@ -325,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     pick = sub.add_parser("pick-python", help="print the newest supported Python here (exit 1 when there is none)")
     pick.add_argument("--other-than", metavar="PYTHON",
                       help="the newest one whose JAX differs from this Python's (the other world of the lock)")
+    fresh = sub.add_parser("remove-other-venv", help="remove --venv when it was made with another Python than this one")
+    fresh.add_argument("--venv", type=Path, default=ROOT / ".venv")
     s = sub.add_parser("sync", help="uv sync --frozen SELECTION, quietly, into --venv")
     s.add_argument("--uv", default="uv")
     s.add_argument("--venv", type=Path, default=ROOT / ".venv")
@@ -348,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 1
     if args.command == "check-python":
+        return 0
+    if args.command == "remove-other-venv":
+        remove_if_made_with_another_python(args.venv.resolve())
         return 0
     return sync(args.uv, args.selection, args.venv.resolve(), args.log)
 

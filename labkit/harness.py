@@ -284,14 +284,14 @@ class _World:
                     delattr(cls, k)
 
 
-def _guarded_classes() -> list:
+def _guarded_classes(array_classes) -> list:
     import jax
     import jax.sharding
     import jax.stages
 
     # JAX's array classes (every subclass of jax.Array so far: JAX's own) and its shard class, through
     # public API and without starting a backend (a multi-process run joins the others after this)
-    classes = [*sorted(plaindata.seal_array_classes(), key=lambda c: (c.__module__, c.__qualname__)), jax.Shard, jax.Device]
+    classes = [*sorted(array_classes, key=lambda c: (c.__module__, c.__qualname__)), jax.Shard, jax.Device]
     classes += [v for v in vars(jax.sharding).values() if isinstance(v, type)]
     classes += [v for v in vars(jax.stages).values() if isinstance(v, type)]  # how facts are read
     return list(dict.fromkeys(classes))
@@ -344,8 +344,10 @@ def seal(key_file: str) -> None:
     # imported now, before the student's cells, so that the modules and classes kept are the real ones
     for name in ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax.experimental.multihost_utils"):
         importlib.import_module(name)
-    # the modules that define JAX's array classes are guarded too, found by the classes, not by private names
-    guarded = (*_GUARDED_MODULES, *sorted({c.__module__ for c in plaindata.jax_array_classes()}))
+    # JAX's array classes, kept now; the modules that define them are guarded too (found by the classes,
+    # not by private names)
+    array_classes = plaindata.seal_array_classes()
+    guarded = (*_GUARDED_MODULES, *sorted({c.__module__ for c in array_classes}))
 
     with open(key_file) as f:
         spec = json.load(f)
@@ -369,6 +371,6 @@ def seal(key_file: str) -> None:
         sys.stdout.flush()
 
     _SEALED = sealed
-    world = _World(guarded, _guarded_classes())
+    world = _World(guarded, _guarded_classes(array_classes))
     if spec.get("output"):
         cap_streams(int(spec["output"]))

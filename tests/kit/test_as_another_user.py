@@ -73,31 +73,37 @@ def _why_not() -> str | None:
     return None
 
 
+def in_a_namespace_where_others_reach_the_interpreter(home: Path, command: list[str], timeout: float
+                                                     ) -> subprocess.CompletedProcess:
+    """Run `command` (as root) in a mount namespace of the test's own: a fresh root-owned tmpfs (open to
+    others) over the folder that closes the interpreter's prefix to others, with the prefix bound back
+    in its place (staged under `home`)."""
+    prefix = Path(sys.base_prefix).resolve()
+    closed = _closed_to_others(prefix)
+    staged, prefix_q = shlex.quote(f"{home}/prefix"), shlex.quote(str(prefix))
+    reopen = "" if closed is None else (
+        f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
+        f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
+        f"mount --move {staged} {prefix_q} && ")
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                           reopen + "exec " + shlex.join(command)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 WHY_NOT = _why_not()  # once: whether bubblewrap works is found by running it
 
 
 @pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
 def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
-    prefix = Path(sys.base_prefix).resolve()
-    closed = _closed_to_others(prefix)
     home = Path(tempfile.mkdtemp(prefix="labkit-nobody-"))
     try:
         os.chown(home, NOBODY, NOBODY)
-        # In a mount namespace of the test's own: a fresh root-owned tmpfs (open to others) over the
-        # closed folder, with the interpreter's prefix bound back in its place.
-        staged, prefix_q = shlex.quote(f"{home}/prefix"), shlex.quote(str(prefix))
-        reopen = "" if closed is None else (
-            f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
-            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
-            f"mount --move {staged} {prefix_q} && ")
         pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={home}/pt",
                       "-o", "addopts=", *TESTS]
         as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                      "env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={home}", f"LABKIT_BATTERY={BATTERY}",
                      *pytest_cmd]
-        script = reopen + "exec " + shlex.join(as_nobody)
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", script],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
+        done = in_a_namespace_where_others_reach_the_interpreter(home, as_nobody, timeout=1800)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
@@ -135,18 +141,9 @@ def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
         out.mkdir()
         for path in (home, out, *submissions.rglob("*"), submissions):
             os.chown(path, NOBODY, NOBODY)
-        prefix = Path(sys.base_prefix).resolve()
-        closed = _closed_to_others(prefix)
-        staged, prefix_q = shlex.quote(f"{home}/prefix"), shlex.quote(str(prefix))
-        reopen = "" if closed is None else (
-            f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
-            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
-            f"mount --move {staged} {prefix_q} && ")
         helper = [sys.executable, str(Path(__file__).resolve().parent / "slurm_as_user.py"), str(home / "slurm"),
                   str(submissions), str(out), str(home), str(NOBODY)]
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
-                               reopen + "exec " + shlex.join(helper)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+        done = in_a_namespace_where_others_reach_the_interpreter(home, helper, timeout=1200)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert result["returncode"] == 0, result["stdout"][-3000:] + result["stderr"][-3000:]

@@ -47,9 +47,9 @@ def groups(selection: str) -> list[str]:
     return sorted(words[i + 1] for i, w in enumerate(words[:-1]) if w == "--group")
 
 
-def planned_selection(kit: Path, *args: str) -> str | None:
+def planned_selection(kit: Path, *args: str, env=None) -> str | None:
     """The selection `make` would install for these goals, or None when it would install nothing."""
-    out = make(kit, "-n", *args).stdout
+    out = make(kit, "-n", *args, env=env).stdout
     for line in out.splitlines():
         if "labkit.envsetup sync" in line:
             return line.split(" -- ", 1)[1]
@@ -245,14 +245,9 @@ def path_with(tmp_path: Path, **names: str) -> dict[str, str]:
 
 def picked(kit: Path, env: dict[str, str], *args: str) -> str:
     """The version of the Python whose `--python` the Makefile's set-up would pass."""
-    exe = planned_selection_with(kit, env, *args).split()[1]
+    exe = planned_selection(kit, "setup", *args, env=env).split()[1]
     return subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
                           text=True, check=True).stdout.strip()
-
-
-def planned_selection_with(kit: Path, env: dict[str, str], *args: str) -> str:
-    out = make(kit, "-n", "setup", *args, env=env).stdout
-    return next(line.split(" -- ", 1)[1] for line in out.splitlines() if "labkit.envsetup sync" in line)
 
 
 @both_worlds
@@ -317,7 +312,7 @@ def test_an_activated_venv_is_never_the_python_a_venv_is_made_with(tmp_path):
     venv = tmp_path / "activated"
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
-    selection = planned_selection_with(copy_kit(tmp_path / "kit"), env)
+    selection = planned_selection(copy_kit(tmp_path / "kit"), "setup", env=env)
     exe = selection.split()[1]
     assert not exe.startswith(str(venv)), selection
     assert Path(exe).resolve() == Path(base).resolve() or not exe.startswith(str(tmp_path)), selection
@@ -332,5 +327,5 @@ def test_once_venv_exists_every_user_names_the_interpreter_it_was_made_with(tmp_
                    capture_output=True)
     env = path_with(tmp_path, python3=real_python("3.11"), **{f"python{NEWER}": real_python(NEWER)})
     assert picked(kit, env) == "3.11"
-    assert planned_selection_with(kit, env).split()[1] == str(Path(real_python("3.11")).resolve())
+    assert planned_selection(kit, "setup", env=env).split()[1] == str(Path(real_python("3.11")).resolve())
     assert picked(kit, env, f"PYTHON=python{NEWER}") == NEWER
