@@ -442,6 +442,7 @@ class Grader:
         self.stream = stream or sys.stderr
         self.terminal = terminal
         self.batch_seconds = batch_seconds
+        self.stop: _StopRequest | None = None  # grade() sets one for its whole run; run() makes its own otherwise
         self._calls: dict[int, list[dict]] = {}
         self._kit = kit_digest()
         self._labs = {n: lab_digest(lab) for n, lab in self.labs.items()}
@@ -577,7 +578,7 @@ class Grader:
             self.warm_server()
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
         running: dict[Future, tuple[Unit, str, float]] = {}
-        stop = _StopRequest()
+        stop = self.stop or _StopRequest()
         try:
             for unit, key in todo:
                 record = store.record(unit, key)
@@ -612,7 +613,8 @@ class Grader:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         finally:
-            stop.restore()
+            if stop is not self.stop:
+                stop.restore()
             progress.close()
         pool.shutdown(wait=True)
         return [rows[u] for u in units]
@@ -621,8 +623,11 @@ class Grader:
 class _StopRequest:
     """Ctrl-C and SIGTERM stop a grading run between two steps, never inside the judge's pytest session.
 
-    The handler only notes the request; the main loop sees it within half a second, ends the
-    notebooks still running and raises KeyboardInterrupt. What was kept stays kept.
+    The handler only notes the request; the grading loop sees it within half a second, ends the
+    notebooks still running and raises KeyboardInterrupt; outside the loop it is seen at the next
+    step (after the scoreboard is written, never half-way through it). What was kept stays kept.
+    Made once for the whole `grade()` call: a signal that comes between the loop's end and the
+    command's exit is still a stop, not the interpreter's default death.
     """
 
     def __init__(self):
@@ -644,6 +649,7 @@ class _StopRequest:
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous = {}
 
 
 def _stop_children() -> None:
@@ -805,6 +811,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     check_isolation(limits, stream)
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
                     stream=stream, terminal=terminal, warm=start != "cold")
+    grader.stop = stop = _StopRequest()
 
     try:
         subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
@@ -813,6 +820,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
         ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions", fills_cache=True)
         check_reference(ref_rows, grader.labs)
+        stop.check()
         expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
 
         if people is not None:
@@ -839,8 +847,10 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         if moved:
             results["extensions"] = {s: days for s, days in moved.items() if s in mine}
         scoreboard.write(results, out)
+        stop.check()  # a stop asked for while the scoreboard was written: it is whole, and the run still ends as stopped
         return results
     finally:
+        stop.restore()
         grader.close()  # the warm server, if one was started
 
 

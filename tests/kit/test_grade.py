@@ -369,8 +369,11 @@ def test_shards_partition_the_class_and_merge_into_the_single_runs_scoreboard(gr
 
 def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_the_rest(graded, tmp_path):
     subs = tmp_path / "submissions"
-    for s in ("amy", "ben", "cal"):
-        write(subs / s / "lab-3.ipynb", reference_nb())
+    write(subs / "amy" / "lab-3.ipynb", reference_nb())
+    for s in ("ben", "cal"):  # slow, so the stop comes while they run however fast the machine is
+        nb = reference_nb()
+        nb["cells"].insert(1, code_cell("import time\ntime.sleep(15)"))
+        write(subs / s / "lab-3.ipynb", nb)
     out = tmp_path / "out"
     shutil.copytree(graded[1] / "reference", out / "reference")  # the reference is graded already
     kit = grade.kit_digest()
@@ -397,6 +400,36 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
             if p.parts[-3] in kept} == kept
     with open(out / "scoreboard.csv", newline="") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["ok", "ok", "ok"]
+
+
+def test_a_stop_that_comes_while_the_scoreboard_is_written_leaves_it_whole_and_ends_as_a_stop(
+        graded, tmp_path, monkeypatch):
+    same_kit(graded)
+    out = tmp_path / "out"
+    shutil.copytree(graded[1], out, ignore=shutil.ignore_patterns(".warm"))  # every unit graded: straight to the scoreboard
+    (out / "scoreboard.csv").unlink()
+    written = grade.scoreboard.write
+
+    def write_while_stopped(results, folder):
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill` from another terminal, half-way through the step
+        written(results, folder)
+
+    monkeypatch.setattr(grade.scoreboard, "write", write_while_stopped)
+
+    class Killed(Exception):
+        """What this test's process does on SIGTERM outside the kit's handler (the interpreter would die)."""
+
+    def killed(signum, frame):
+        raise Killed
+
+    before = signal.signal(signal.SIGTERM, killed)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            grade.grade(graded[0], out, labs="3", config_names="cpu-1,cpu-8", jobs=1, stream=io.StringIO())
+        assert signal.getsignal(signal.SIGTERM) is killed  # the kit's handler does not outlive the run
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert (out / "scoreboard.csv").read_text() == (graded[1] / "scoreboard.csv").read_text()
 
 
 # ----------------------------------------------------------------------------------------
