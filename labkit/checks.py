@@ -205,7 +205,7 @@ def _call_error(function: str, err: dict) -> Exception:
         return NotDone("not implemented yet")
     if kind == "Missing":
         return CallFailed(f"`{function}` is not defined: is its cell still in the notebook, and does it run?")
-    if kind == "NotCallable":
+    if kind in ("NotCallable", "Unverified"):
         return CallFailed(message)
     at = f" at line {where['line']} of its cell: `{where['code']}`" if where and where.get("code") else ""
     return CallFailed(f"`{function}` raised {kind}{at}: {message}" if message else f"`{function}` raised {kind}{at}")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import harness, sandbox, scratch
+from labkit import harness, sandbox, scratch, verify
 from labkit.configs import DeviceConfig
 from labkit.sandbox import DEFAULT_LIMITS, Limits
 
@@ -63,6 +63,7 @@ class RunRecord:
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
     limits: dict = field(default_factory=dict)  # the Limits the run had
     start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.warm`) or "cold" (a kernel of its own)
+    judged_by: str = ""  # "verified" (values from the kit's own run of the programs, `labkit.verify`) or "reported"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -306,6 +307,8 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
+        verify.verify(record, calls, workdir, env, limits, timeout)
+        record.judged_by = verify.judged_by(record.results)
     except ForgedResults:
         record.status = "error"
         record.message = FORGED
@@ -717,6 +720,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         return record
     record.environment = record.processes[0]["environment"]
     record.results = record.processes[0]["results"]
+    record.judged_by = "reported"  # each process's own report: see labkit.verify
     return record
 
 

@@ -240,15 +240,18 @@ def _path_name(path) -> str:
     return where + jax.tree_util.keystr(tuple(rest))
 
 
-def _trace(fn, args, kwargs):
+def _trace(fn, args, kwargs, how=None):
     """The call traced under jax.jit: arrays become abstract inputs (placed ones keep their sharding).
 
     An input the function itself places with `jax.device_put` on an Explicit mesh is traced as placed
     there: eagerly, that call moved the data before any computation, as an input already placed would.
     An array it makes from host data is an input too, placed as the first trace made it (`_Made`).
+    `how(jitted, *specs)` is what is done with the jitted program (its `trace`, unless told otherwise).
     """
     import jax
     from jax.sharding import NamedSharding
+
+    how = how or (lambda jitted, *specs: jitted.trace(*specs))
 
     leaves, tree = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
     arrays = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
@@ -280,7 +283,7 @@ def _trace(fn, args, kwargs):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             with _traceable(seen, puts, making[-1]):
                 try:
-                    return jax.jit(program).trace(*structs, *made_structs), puts, list(inputs)
+                    return how(jax.jit(program), *structs, *made_structs), puts, list(inputs)
                 except Exception:
                     if not seen:
                         raise
@@ -288,7 +291,7 @@ def _trace(fn, args, kwargs):
             puts.clear()
             making.append(_Made([] if made_structs else None))
             with jax.set_mesh(seen[-1]), _traceable([], puts, making[-1]):
-                return jax.jit(program).trace(*structs, *made_structs), puts, list(inputs)
+                return how(jax.jit(program), *structs, *made_structs), puts, list(inputs)
 
     first = None
     try:
@@ -398,3 +401,36 @@ def gather(fn, args, kwargs, settle=None) -> dict:
     except Exception as e:  # noqa: BLE001
         facts["outputs"] = _unavailable("the compiled program's output shardings could not be read", e)
     return facts
+
+
+PROGRAM_MAX_BYTES = 4 << 20  # a serialized program larger than this is not sent to the kit
+
+
+def export(fn, args, kwargs, settle=None) -> dict:
+    """The call's program, serialized with `jax.export` (traced as `gather` traces it), or `{"unavailable": why}`.
+
+    The kit runs it itself, in a process where no student code ran (`labkit.verify`): the value graded
+    and the program examined are then one and the same. Its inputs are the call's arrays, in the order
+    of `jax.tree_util.tree_leaves((args, kwargs))`; anything else the call was given is a constant of it.
+    """
+    import base64
+
+    import jax
+
+    try:
+        exported, names, _ = _trace(fn, args, kwargs, how=lambda jitted, *specs: jax.export.export(jitted)(*specs))
+    except Exception as e:  # noqa: BLE001 - the student's code may raise anything when traced
+        return _unavailable("jax.export could not export the function's program", e)
+    finally:
+        if settle is not None:
+            settle()
+    if any(n.startswith("made[") for n in names):
+        return {**_unavailable("the function makes arrays from host data inside: its program has inputs the kit "
+                               "does not give"), "host_data": True}
+    try:
+        blob = bytes(exported.serialize())
+    except Exception as e:  # noqa: BLE001
+        return _unavailable("the exported program could not be serialized", e)
+    if len(blob) > PROGRAM_MAX_BYTES:
+        return _unavailable(f"the exported program is {len(blob)} bytes, more than {PROGRAM_MAX_BYTES}")
+    return {"program": base64.b64encode(blob).decode("ascii")}

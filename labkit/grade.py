@@ -305,6 +305,7 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
     row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
     row["start"] = record.start  # "warm" (forked by the warm server) or "cold" (a kernel of its own)
+    row["judged_by"] = record.judged_by  # "verified" (the kit ran the programs itself) or "reported" (see verify)
     if record.status == "skipped":
         row.update(status="skipped", total=0, passed=0, points=0, max_points=0, message=record.message)
     elif record.status in ("timeout", "error"):

@@ -210,8 +210,19 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
     else:
         if call.get("facts"):
             record["facts"] = examine(fn, args, kwargs, settle)
+        if call.get("facts") and _one_process():
+            record["program"] = facts.export(fn, args, kwargs, settle)  # the kit runs it itself: labkit.verify
     record["stdout"] = "".join(printed.kept)  # what the call printed in this process
     return record
+
+
+def _one_process() -> bool:
+    try:
+        import jax
+
+        return jax.process_count() == 1
+    except Exception:  # noqa: BLE001 - JAX could not say: no program is sent, the kit judges the call unverified
+        return False
 
 
 def examine(fn, args, kwargs, settle=None) -> dict:
@@ -251,8 +262,8 @@ _SEALED = None
 _MISSING = object()
 # Modules whose attributes the harness relies on: a patch made by the student's cells is undone
 # before every value is encoded. Classes likewise (a property of jax.Array patched to lie).
-_GUARDED_MODULES = ("builtins", "json", "math", "io", "contextlib", "traceback", "hmac", "hashlib", "numpy",
-                    "jax", "jax.numpy", "jax.sharding", "jax.experimental.multihost_utils",
+_GUARDED_MODULES = ("builtins", "json", "math", "io", "contextlib", "traceback", "hmac", "hashlib", "numpy", "base64",
+                    "jax", "jax.numpy", "jax.sharding", "jax.export", "jax.experimental.multihost_utils",
                     "jax.stages", "labkit", "labkit.plaindata", "labkit.facts", "labkit.harness")
 
 
@@ -342,7 +353,8 @@ def seal(key_file: str) -> None:
     import importlib
 
     # imported now, before the student's cells, so that the modules and classes kept are the real ones
-    for name in ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax.experimental.multihost_utils"):
+    for name in ("numpy", "base64", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax.export",
+                 "jax.experimental.multihost_utils"):
         importlib.import_module(name)
     # JAX's array classes, kept now; the modules that define them are guarded too (found by the classes,
     # not by private names)

@@ -172,6 +172,29 @@ def test_a_results_file_the_notebook_wrote_itself_is_refused(battery):
     scores_nothing(battery, "forge_results_now")
 
 
+def test_results_signed_with_the_stolen_key_grade_nothing_the_kit_did_not_run_itself(battery):
+    record = battery.record("steal_the_key")
+    assert record.status == "ok", record.message  # the signature was good: the key was stolen
+    assert record.judged_by == "verified"
+    assert all(r.get("error", {}).get("type") == "Unverified" for r in record.results.values()), record.results
+    scores_nothing(battery, "steal_the_key")
+
+
+def test_a_function_that_shows_the_examiner_another_program_is_graded_on_that_program(battery):
+    record = battery.record("tracer_aware")
+    assert record.judged_by == "verified"
+    assert battery.passed("tracer_aware") <= battery.passed("identity")
+    failed = {o.test: o for o in battery.outcomes("tracer_aware") if o.status == "failed"}
+    assert "test_doubles_every_element" in failed, sorted(failed)
+
+
+def test_every_call_of_the_honest_submission_is_verified(battery):
+    record = battery.record("honest")
+    assert record.judged_by == "verified"
+    assert {r.get("judged_by") for r in record.results.values()} == {"verified"}
+    assert not any("program" in r for r in record.results.values())  # the program is run, not kept
+
+
 def test_a_process_left_behind_neither_forges_the_results_nor_outlives_the_run(battery):
     record = battery.record("forge_results_later")  # it rewrote the results before the run ended: refused
     assert record.status == "ok" or record.message == execute.FORGED

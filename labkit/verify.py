@@ -1,0 +1,297 @@
+"""Verdicts from a program the kit runs itself: each graded call's value and compiled facts, taken again.
+
+In the student's kernel the sealed harness calls each function on the tests' inputs and, beside what
+came back, exports the call's program with `jax.export` (`facts.export`). That kernel ran the
+student's code, so nothing it reports is evidence: a cell can read the harness's key and sign any
+values, and a function can show the examiner one program and return the graded value from another.
+
+So, after a one-process run, the kit starts a fresh sandboxed Python, in which no student code has
+run, under the run's configuration and limits (`python -m labkit.verify`). It deserializes each
+program, refuses one that calls custom code outside a short allow-list or takes other inputs than the
+call gives, runs it on the tests' inputs (decoded from the kit's own call list) and reads the value
+and, where a test asks, the compiled facts from that same program. Those replace what the kernel
+reported: the value graded and the program examined are one and the same, and no key is worth
+stealing for them.
+
+Which calls: those whose compiled program a test reads (`checks.compiled_call`): a test that looks at
+the program must see the one whose value it grades, and jax.jit must be able to trace such a function
+anyway. Each must be verified, or it is an error that says why, with two exceptions that keep the
+report: a function that makes arrays from host data inside (lab 11's) has a program whose inputs are
+not the call's; and a program the kit cannot place on its devices (an output tiled over a mesh the
+program does not name, as in lab 7's `layer_batched`) is not run. Every other call (`checks.call`: host-side Python is allowed there) keeps the kernel's own
+report too, and so does every call of a multi-process run; each row says which (`judged_by`:
+"verified", "partly verified" or "reported"). What still rests on the report is named in docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from labkit import scratch
+
+VERIFIED_FILE = "verified.json"
+FOLDER = "verify"  # in the run's kit folder: the verifier's only writable folder
+MAX_BYTES = 256 << 20
+# Custom calls an exported program may make: those of sharding itself (no code of the program's own).
+ALLOWED_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
+                                  "annotate_device_placement", "shape_assertion", "AllocateBuffer"})
+_CUSTOM_CALL = re.compile(r'custom_call\s*@"?([\w.$-]+)"?|call_target_name\s*=\s*"([^"]+)"')
+
+
+def custom_calls(module_text: str) -> set[str]:
+    """The custom-call targets a StableHLO module names."""
+    return {a or b for a, b in _CUSTOM_CALL.findall(module_text)}
+
+
+class Unverified(Exception):
+    """The call's program could not be run by the kit; the message says why, in the student's terms."""
+
+
+# ----------------------------------------------------------------------------------------
+# The verifier: a process of its own, in a sandbox, where no student code has run.
+# ----------------------------------------------------------------------------------------
+
+def _array_positions(args, kwargs) -> list[int]:
+    import jax
+
+    leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
+    return [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+
+
+def _placed(exported, arrays: list, replicate: bool = False):
+    """(the inputs, the mesh to run in) on the devices the program was exported for.
+
+    A program exported for n devices runs only in a context of n devices. An input the student's
+    function placed itself (or took already placed) has a sharding in the program and is placed so;
+    one it did not (the test's plain array, on the default device) is left to the compiler, in a mesh
+    of the first n devices, as jit placed it in the student's call.
+    """
+    import contextlib
+
+    import jax
+    import numpy as np
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+    n = exported.nr_devices
+    if n > jax.device_count():
+        raise Unverified(f"its program was made for {n} devices and this configuration has {jax.device_count()}")
+    devices = jax.devices()[:n]
+    meshes: dict = {}
+
+    def concrete(sharding):
+        """The program's own sharding on this process's devices, or None where it names none."""
+        if not (isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, AbstractMesh)):
+            return None
+        abstract = sharding.mesh
+        key = (abstract.axis_sizes, abstract.axis_names, abstract.axis_types)
+        if key not in meshes:
+            meshes[key] = Mesh(np.array(devices).reshape(abstract.axis_sizes), abstract.axis_names,
+                               axis_types=abstract.axis_types)
+        return NamedSharding(meshes[key], sharding.spec)
+
+    out = []
+    everywhere = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
+    for x, sharding in zip(arrays, exported.in_shardings_jax(None)):
+        placed = concrete(sharding) or (everywhere if replicate and len(x.sharding.device_set) != n else None)
+        out.append(x if placed is None else jax.device_put(x, placed))
+    outputs = [concrete(s) for s in exported.out_shardings_jax(None)]
+    if n == 1 or replicate:
+        context = contextlib.nullcontext()
+    else:
+        context = jax.set_mesh(next(iter(meshes.values()), None) or everywhere.mesh)
+    return out, context, outputs
+
+
+def _relabelled(value, shardings: list):
+    """The outputs on the meshes the program names (same devices, same blocks: its axis names, not the kit's)."""
+    import jax
+
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if len(leaves) != len(shardings):
+        return value
+    return jax.tree_util.tree_unflatten(tree, [x if s is None or not isinstance(x, jax.Array) else jax.device_put(x, s)
+                                               for x, s in zip(leaves, shardings)])
+
+
+def run_program(call: dict, blob: str) -> dict:
+    """One call: its program run on the call's own inputs; {"value", "facts"?} or {"unverified": why}."""
+    import jax
+
+    from labkit import facts, harness, plaindata
+
+    try:
+        exported = jax.export.deserialize(bytearray(base64.b64decode(blob)))
+    except Exception as e:  # noqa: BLE001 - whatever the bytes are, they are not a program the kit runs
+        return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
+    try:
+        calls = custom_calls(exported.mlir_module())
+    except Exception as e:  # noqa: BLE001
+        return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
+    foreign = sorted(calls - ALLOWED_CUSTOM_CALLS)
+    if foreign:
+        return {"unverified": f"its program calls code outside JAX's own ({', '.join(foreign)[:200]}), which the "
+                              "kit does not run: a callback or jax.debug.print inside the function does this"}
+    args = [harness._materialise(a) for a in call.get("args", [])]
+    kwargs = {k: harness._materialise(v) for k, v in call.get("kwargs", {}).items()}
+    positions = _array_positions(args, kwargs)
+    leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
+    given = [(tuple(leaves[i].shape), str(leaves[i].dtype)) for i in positions]
+    takes = [(tuple(a.shape), str(a.dtype)) for a in exported.in_avals]
+    if given != takes:
+        return {"unverified": "its exported program takes other inputs than the call gives"}
+
+    def program(*a, **kw):
+        now = jax.tree_util.tree_leaves((tuple(a), dict(kw)))
+        return exported.call(*[now[i] for i in positions])
+
+    tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
+
+    def attempt(replicate: bool) -> dict:
+        placed, context, outputs = _placed(exported, [leaves[i] for i in positions], replicate)
+        now = list(leaves)
+        for i, leaf in zip(positions, placed):
+            now[i] = leaf
+        a, kw = jax.tree_util.tree_unflatten(tree, now)
+        with context:
+            value = jax.block_until_ready(_relabelled(program(*a, **kw), outputs))
+            record = {"value": plaindata.encode(value)}
+            if call.get("facts"):
+                record["facts"] = facts.gather(program, a, kw)
+        return record
+
+    try:
+        try:
+            # the test's plain inputs left to the compiler, in a mesh of the program's devices (as jit did) ...
+            return attempt(replicate=False)
+        except Unverified:
+            raise
+        except Exception:  # noqa: BLE001 - ... and where that mesh does not fit the program, a copy on each device
+            return attempt(replicate=True)
+    except Unverified as e:
+        return {"unverified": str(e)}
+    except Exception as e:  # noqa: BLE001 - the kit could not give this program its devices (see `_placed`)
+        return {"unrunnable": f"{type(e).__name__}: {harness._first_line(e)[:300]}"}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m labkit.verify OUT`: the job (calls and programs, JSON) on stdin; results to OUT, in this folder."""
+    job = json.loads(sys.stdin.buffer.read())
+    from labkit import harness
+
+    started = time.monotonic()
+    results = {}
+    for call in job["calls"]:
+        blob = job["programs"].get(call["id"])
+        if blob is not None:
+            results[call["id"]] = run_program(call, blob)
+    payload = {"environment": harness.environment(), "results": results,
+               "seconds": round(time.monotonic() - started, 3)}
+    Path(argv[0]).write_text(json.dumps(payload))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# The kit's side: start the verifier after a run, and put its findings in the run's record.
+# ----------------------------------------------------------------------------------------
+
+def required(call: dict) -> bool:
+    """Must this call's value come from the kit's own run of its program? Those whose compiled program a test reads."""
+    return bool(call.get("facts"))
+
+
+def programs_of(results: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(call id -> serialized program, call id -> why the kernel sent none) from a run's reported results."""
+    found, missing = {}, {}
+    for cid, result in results.items():
+        if "error" in result:
+            continue  # the call raised: nothing to verify, the error is the verdict
+        sent = result.get("program")
+        if isinstance(sent, dict) and isinstance(sent.get("program"), str):
+            found[cid] = sent["program"]
+        elif isinstance(sent, dict) and sent.get("host_data") is True:
+            continue  # arrays made from host data inside: the program alone is not the call (see facts.export)
+        else:
+            why = sent.get("unavailable") if isinstance(sent, dict) else None
+            missing[cid] = str(why or "the run sent no program for it")
+    return found, missing
+
+
+def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float) -> None:
+    """Run the programs of `record`'s calls in a fresh sandbox and put the values and facts found in `record`.
+
+    Every call's result gets `judged_by`: "verified" (the kit's run) or "reported" (a call the test
+    marks so). A required call whose program is missing, refused or failed becomes an error.
+    """
+    from labkit import sandbox
+
+    by_id = {c["id"]: c for c in calls}
+    programs, missing = programs_of(record.results)
+    host_data = {cid for cid, r in record.results.items()
+                 if isinstance(r.get("program"), dict) and r["program"].get("host_data") is True}
+    for result in record.results.values():
+        result.pop("program", None)  # kept nowhere: what is kept is what the kit's run found
+    for cid, result in record.results.items():
+        if not required(by_id.get(cid, {})) or cid in host_data:
+            result["judged_by"] = "reported"
+        elif "error" in result:
+            result["judged_by"] = "verified"  # the call raised in the student's own process: that is the verdict
+        elif cid in missing:
+            _unverified(result, missing[cid])
+    wanted = {cid: blob for cid, blob in programs.items() if required(by_id.get(cid, {}))}
+    if not wanted:
+        return
+    folder = scratch.empty(Path(kit_folder) / FOLDER)
+    job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
+    with open(Path(kit_folder) / "verify.log", "wb") as log:
+        proc = sandbox.launch([sys.executable, "-m", "labkit.verify", str(folder.resolve() / VERIFIED_FILE)],
+                              folder, env, limits, log=log, stdin=job)
+        try:
+            code = proc.wait(timeout=timeout)
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
+            proc.kill()
+            code = None
+    try:
+        found = json.loads(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        why = ("the kit's own run of the programs did not finish within the time limit" if code is None else
+               f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)")
+        found = {cid: {"unverified": why} for cid in wanted}
+    finally:
+        scratch.remove(folder)
+    for cid in wanted:
+        result, mine = record.results[cid], found.get(cid) or {"unverified": "the kit's run gave nothing for it"}
+        if "unverified" in mine:
+            _unverified(result, mine["unverified"])
+            continue
+        if "unrunnable" in mine:  # the kit's limit, not the student's fault: the report stands, and says so
+            result["judged_by"] = "reported"
+            result["unrunnable"] = mine["unrunnable"]
+            continue
+        result["value"] = mine["value"]
+        if "facts" in mine:
+            reported = result.get("facts") if isinstance(result.get("facts"), dict) else {}
+            result["facts"] = mine["facts"] | ({"top_level": reported["top_level"]} if "top_level" in reported else {})
+        result["judged_by"] = "verified"
+
+
+def _unverified(result: dict, why: str) -> None:
+    result.pop("value", None)
+    result.pop("facts", None)
+    result["error"] = {"type": "Unverified", "message": f"the kit could not run this call's program itself: {why}",
+                       "where": None}
+    result["judged_by"] = "unverified"
+
+
+def judged_by(results: dict) -> str:
+    """A run's results in one word: "verified", "reported", or "partly verified"."""
+    marks = {"reported" if r.get("judged_by", "reported") == "reported" else "verified" for r in results.values()}
+    return "partly verified" if len(marks) > 1 else marks.pop() if marks else "reported"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
