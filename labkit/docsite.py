@@ -3,7 +3,7 @@
     python -m labkit.docsite [--out build/site]
 
 The site's sources are put together in `build/docs-src/`: the guides in `docs/` (student, TA,
-organiser, authoring, containers, the sandbox and its threat model, development), the course (every
+organiser, authoring, containers, the sandbox and its threat model, the architecture, development), the course (every
 student notebook in reading order, as `make list` gives it, and the pages the labs share, such as
 `labs/meshes.md`; never a reference solution), the benchmarks (BENCHMARKS.md), and the pictures the
 kit draws itself (`labkit/pictures.py`). MkDocs with the Material theme builds them into
@@ -39,6 +39,7 @@ GUIDES = (
     ("authoring.md", "Writing labs"),
     ("containers.md", "Containers and offline use"),
     ("sandbox.md", "Sandbox and threat model"),
+    ("architecture.md", "Architecture"),
     ("development.md", "Developing the kit"),
 )
 

@@ -5,7 +5,9 @@
 * `pipeline_svg`: a GPipe schedule, which stage works on which microbatch at each step, and the
   bubble the schedule cannot avoid;
 * `layers_svg`: the layers a graded notebook runs in, from the kit's trusted process inward
-  (docs/sandbox.md says each in full).
+  (docs/sandbox.md says each in full);
+* `architecture_svg`: the pipeline every run goes through, stage by stage, with the modules of each
+  and the side of the trust boundary it runs on (docs/architecture.md says each in full).
 
 Run `python -m labkit.pictures OUT_DIR` to write them; the sharding picture needs JAX and starts a
 process of its own with eight CPU devices.
@@ -13,6 +15,7 @@ process of its own with eight CPU devices.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -148,10 +151,66 @@ def layers_svg() -> str:
     return _svg(width, height, body, "The layers a graded notebook runs in")
 
 
+# ---------------------------------------------------------------------------------------------
+# The pipeline, and the trust boundary it crosses.
+
+# (stage, the modules doing it, trusted?): in the order a submission goes through them. The student's
+# kernel is the one stage on the sandbox's side.
+STAGES = (
+    ("collect", "grade.py (discover), lms.py (collect), roster.py, history.py", True),
+    ("run", "execute.py (papermill); the kernel started by sandbox.py, bwrap.py, warm.py", True),
+    ("the student's kernel", "cells; harness.py, plaindata.py, facts.py", False),
+    ("read back", "scratch.py: the signed results file, never through a link", True),
+    ("judge", "judge.py: a pytest session running the lab's tests (checks.py)", True),
+    ("rows and cost cards", "grade.py (make_row), policy.py, cost.py (chips.toml)", True),
+    ("outputs", "scoreboard.py, spread.py, report.py, lms.py (export), gradescope.py", True),
+)
+
+
+def architecture_svg() -> str:
+    width, box_h, gap, top = 700, 40, 14, 34
+    trusted_w, sandbox_x = 400, 430
+    rows = len(STAGES)
+    height = top + rows * (box_h + gap) + 40
+    marker = ('<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+              '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>')
+    body = [marker,
+            _text(10 + trusted_w / 2, 20, "the kit's process: trusted", 13),
+            _text(sandbox_x + (width - 10 - sandbox_x) / 2, 20, "bubblewrap sandbox: untrusted", 13)]
+    x_line = (10 + trusted_w + sandbox_x) / 2
+    body.append(f'<line x1="{x_line}" y1="28" x2="{x_line}" y2="{height - 44}" stroke="#a4161a" '
+                'stroke-width="2" stroke-dasharray="6 4"/>')
+    centres = []
+    for k, (stage, modules, trusted) in enumerate(STAGES):
+        y = top + k * (box_h + gap)
+        x, w = (10, trusted_w) if trusted else (sandbox_x, width - 10 - sandbox_x)
+        colour = COLOURS[0] if trusted else COLOURS[2]
+        body.append(f'<rect x="{x}" y="{y}" width="{w}" height="{box_h}" rx="6" fill="{colour}" '
+                    'fill-opacity="0.15" stroke="#555"/>')
+        body.append(_text(x + 10, y + 16, f"{k + 1}. {stage}", 12, "start"))
+        body.append(_text(x + 10, y + 31, modules, 10, "start", "#444"))
+        centres.append((x, w, y))
+    for (x0, w0, y0), (x1, w1, y1) in itertools.pairwise(centres):
+        if x0 == x1:  # straight down
+            body.append(f'<line x1="{x0 + 40}" y1="{y0 + box_h}" x2="{x1 + 40}" y2="{y1 - 1}" stroke="#555" '
+                        'marker-end="url(#arrow)"/>')
+        else:  # across the boundary
+            right = x1 > x0
+            a = (x0 + w0 if right else x0, y0 + box_h / 2)
+            b = (x1 - 2 if right else x1 + w1 + 2, y1 + box_h / 2)
+            body.append(f'<line x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#555" '
+                        'marker-end="url(#arrow)"/>')
+    body.append(_text(10, height - 26, "Configurations (configs.py) and where the labs are (catalog.py) are data that "
+                      "every stage asks for;", 10, "start"))
+    body.append(_text(10, height - 12, "the engines (grade --shard, slurm.py, infra/k8s) run this same pipeline on "
+                      "parts of a class, and merge.", 10, "start"))
+    return _svg(width, height, body, "The grading pipeline and its trust boundary")
+
+
 def write_all(out: Path, python: str = sys.executable) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     pictures = {"sharding.svg": sharding_svg(sharding_layouts(python)), "pipeline.svg": pipeline_svg(),
-                "layers.svg": layers_svg()}
+                "layers.svg": layers_svg(), "architecture.svg": architecture_svg()}
     for name, text in pictures.items():
         (out / name).write_text(text)
     return [out / name for name in pictures]

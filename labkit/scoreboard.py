@@ -8,7 +8,8 @@ class back together into exactly the scoreboard a single run would have written.
     scoreboard.csv     student,lab,config,passed,total,status,points,max_points,message,isolation: one row per unit
     scoreboard.json    the results themselves: every test's outcome and message
     scoreboard.md      the class summary: pass rates, and the multi-device bugs most often hit
-    scoreboard.html    one self-contained page: a student x lab heat map per configuration, points, every test
+    scoreboard.html    one self-contained page: the score distribution per lab and configuration (labkit/spread.py),
+                       a student x lab heat map per configuration, points, every test
     grades.csv         each student's points per lab and total, under the course's policy, with its rule
     feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome
     feedback/<id>.html the same as a self-contained page (labkit/templates/, autoescaped)
@@ -27,7 +28,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit import cost, deadlines, policy
+from labkit import cost, deadlines, policy, spread
 from labkit.files import write_atomic
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
@@ -339,6 +340,7 @@ pre.card{font-size:.8rem;background:#f7f8f9;border:1px solid #d4d9de;padding:.4r
 details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
 .notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
 """
+SPREAD_CSS = "#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
 
 
 def _heat(row: dict | None) -> tuple[str, str, str]:
@@ -430,8 +432,21 @@ def _points_cells(results: dict, mine: dict) -> list[dict]:
              "overridden": bool(mine["labs"][str(lab["number"])].get("overridden"))} for lab in _labs(results)]
 
 
+def _spread(results: dict) -> dict:
+    """The score distributions laid out for the page: a row per lab, a histogram per configuration, one scale."""
+    found = spread.distributions(results)
+    scale = max((d["students"] for d in found), default=1)
+    by = {(d["lab"], d["config"]): d for d in found}
+    configs = [c["name"] for c in _configs(results)]
+    return {"configs": configs, "scale": scale, "bars": spread.BARS, "labs": [
+        {"number": lab["number"], "name": lab["name"],
+         "cells": [spread.layout(by[(lab["number"], c)], scale) | {"config": c, "skipped": by[(lab["number"], c)]["skipped"]}
+                   for c in configs]} for lab in _labs(results)]}
+
+
 def to_html(results: dict) -> str:
-    """The class page: a heat map per configuration, points, the bugs most hit, every test (labkit/templates/)."""
+    """The class page: score distributions, a heat map per configuration, points, the bugs most hit, every test
+    (labkit/templates/)."""
     students, labs, configs = _students(results), _labs(results), _configs(results)
     index = _index(results)
     sid = {s: f"s{i}" for i, s in enumerate(students)}
@@ -457,7 +472,8 @@ def to_html(results: dict) -> str:
                f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
                f"{', '.join(c['name'] for c in configs)}")
     return _templates().get_template("scoreboard.html.j2").render(
-        css=CSS, summary=summary, labs=labs, configs=configs, heatmaps=heatmaps, points=points, bugs=bugs,
+        css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results), heatmaps=heatmaps,
+        points=points, bugs=bugs,
         notes=results.get("notes", []), sections=[_section(results, s, sid[s], index) for s in students])
 
 

@@ -59,10 +59,30 @@ def test_the_site_reads_offline_it_loads_nothing_from_another_host(site):
 
 
 def test_the_pictures_are_drawn_by_the_kit_and_shown(site):
-    for name in ("sharding.svg", "pipeline.svg", "layers.svg"):
+    for name in ("sharding.svg", "pipeline.svg", "layers.svg", "architecture.svg"):
         assert (site / "img" / name).read_text().startswith("<svg")
     assert 'img/sharding.svg' in (site / "course.html").read_text()
     assert 'img/layers.svg' in (site / "sandbox.html").read_text()
+    assert 'img/architecture.svg' in (site / "architecture.html").read_text()
+
+
+def test_the_architecture_page_names_every_module_of_the_kit_and_none_that_is_not_there():
+    named = set(re.findall(r"`(?:labkit/)?([a-z_]+)\.py`", (ROOT / "docs" / "architecture.md").read_text()))
+    modules = {p.stem for p in (ROOT / "labkit").glob("*.py")} - {"__init__"}
+    assert named - modules == set(), "named on the page, but not in labkit/"
+    assert modules - named == set(), "in labkit/, but not named on the page"
+
+
+def test_the_architecture_picture_puts_only_the_students_kernel_beyond_the_trust_boundary():
+    untrusted = [stage for stage, _, trusted in pictures.STAGES if not trusted]
+    assert untrusted == ["the student's kernel"]
+    kernel = next(modules for stage, modules, _ in pictures.STAGES if stage in untrusted)
+    assert {"harness.py", "plaindata.py", "facts.py"} <= set(re.findall(r"[a-z_]+\.py", kernel))
+    for _, modules, _ in pictures.STAGES:
+        for name in re.findall(r"([a-z_]+)\.py", modules):
+            assert (ROOT / "labkit" / f"{name}.py").is_file(), name
+    svg = pictures.architecture_svg()
+    assert svg.startswith("<svg") and all(stage.replace("'", "&#x27;") in svg for stage, _, _ in pictures.STAGES)
 
 
 def test_the_sharding_picture_is_what_jax_says():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import catalog, grade, scoreboard
+from labkit import catalog, grade, scoreboard, spread
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SCRIPT = "<script>document.body.setAttribute('data-pwned','yes')</script>"
@@ -308,6 +308,13 @@ def test_the_page_needs_nothing_from_outside_itself(rendered):
     assert not [e for e in rendered.elements if e[0] == "link"]
 
 
+def test_the_page_as_a_browser_shows_it_has_a_histogram_per_lab_and_configuration(rendered):
+    drawn = {(e[1]["data-lab"], e[1]["data-config"]) for e in rendered.elements if e[0] == "svg"
+             and "spread" in e[1].get("class", "")}
+    assert drawn == {("3", "cpu-1"), ("3", "cpu-8")}
+    assert [e[1]["data-count"] for e in rendered.elements if e[0] == "rect" and e[1].get("data-bar") == "100"] == ["2", "1"]
+
+
 # ----------------------------------------------------------------------------------------
 # The student's own view: `make scoreboard` after `make lab-3`.
 # ----------------------------------------------------------------------------------------
@@ -335,3 +342,100 @@ def test_runs_without_a_sandbox_are_counted_and_warned_about_in_the_summary(resu
     assert "## Isolation" in text and f"1 of {len(results['rows'])} runs had resource limits only" in text
     table = list(csv.reader(io.StringIO(scoreboard.to_csv(results))))
     assert table[0][-1] == "isolation" and table[1][-1] == "limits-only"
+
+
+# ----------------------------------------------------------------------------------------
+# The score distribution: a histogram per lab and configuration on the class page.
+# ----------------------------------------------------------------------------------------
+
+def bars(results: dict, config: str, lab: int = 3) -> dict[str, list[str]]:
+    """bar -> the students in it, for the bars with anyone in them."""
+    d = next(d for d in spread.distributions(results) if d["lab"] == lab and d["config"] == config)
+    return {b["key"]: b["students"] for b in d["bars"] if b["students"]}
+
+
+def drawn(page: str) -> dict[str, dict[str, int]]:
+    """config -> bar -> the count its rectangle carries, read from the page's markup."""
+    dom = _Dom()
+    dom.feed(page)
+    out, config = {}, None
+    for tag, attrs, _ in dom.elements:
+        if tag == "svg" and "spread" in attrs.get("class", ""):
+            config = attrs["data-config"]
+            out[config] = {}
+        if tag == "rect" and "data-bar" in attrs:
+            out[config][attrs["data-bar"]] = int(attrs["data-count"])
+    return out
+
+
+def test_a_class_that_passes_on_one_device_and_half_fails_on_eight_shows_that_shape():
+    results = make_results({
+        "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
+        "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": passing("bob", "cpu-8")},
+        "carl": {"cpu-1": passing("carl", "cpu-1"), "cpu-8": one_device_bug("carl", "cpu-8")},
+        "dana": {"cpu-1": passing("dana", "cpu-1"), "cpu-8": one_device_bug("dana", "cpu-8")},
+    })
+    assert bars(results, "cpu-1") == {"100": ["alice", "bob", "carl", "dana"]}
+    assert bars(results, "cpu-8") == {"25-49": ["carl", "dana"], "100": ["alice", "bob"]}  # 1 of 3 tests
+    assert drawn(scoreboard.to_html(results)) == {"cpu-1": {"100": 4}, "cpu-8": {"25-49": 2, "100": 2}}
+
+
+def test_each_student_falls_in_one_bar_by_the_share_of_tests_passed():
+    def shares(passed, total):
+        return spread.bar_of({"status": "ok" if passed == total else "failed", "passed": passed, "total": total})
+
+    assert [shares(0, 3), shares(1, 5), shares(1, 3), shares(2, 3), shares(3, 4), shares(3, 3)] == [
+        "0", "1-24", "25-49", "50-74", "75-99", "100"]
+    assert spread.bar_of({"status": "missing", "passed": 0, "total": 3}) == "missing"
+    assert spread.bar_of({"status": "timeout", "passed": 0, "total": 3}) == "no-result"
+    assert spread.bar_of({"status": "error", "passed": 2, "total": 3}) == "no-result"
+    assert spread.bar_of({"status": "skipped", "passed": 0, "total": 0}) is None
+
+
+def test_missing_work_and_runs_without_a_result_have_bars_of_their_own(results):
+    assert bars(results, "cpu-8") == {"missing": ["dana"], "no-result": [EVIL], "25-49": ["bob", "carl"],
+                                      "100": ["=HYPERLINK(\"http://x\")", "alice"]}
+
+
+def test_a_configuration_that_could_not_run_here_draws_no_bars_and_says_skipped():
+    results = make_results({s: {"cpu-1": passing(s, "cpu-1"),
+                                "cpu-8": row(s, "cpu-8", [], status="skipped", message="needs 8 devices")}
+                            for s in ("alice", "bob")})
+    found = {d["config"]: d["skipped"] for d in spread.distributions(results)}
+    assert found == {"cpu-1": False, "cpu-8": True}
+    page = scoreboard.to_html(results)
+    assert drawn(page) == {"cpu-1": {"100": 2}}
+    assert '<td data-config="cpu-8"><span class="msg">skipped</span></td>' in page
+
+
+def test_every_histogram_of_a_page_is_drawn_on_one_scale():
+    results = make_results({
+        "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
+        "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
+    })
+    one, eight = spread.distributions(results)
+    heights = {(d["config"], b["key"]): b["height"] for d in (one, eight) for b in spread.layout(d, 2)["bars"]}
+    assert heights[("cpu-1", "100")] == spread.HEIGHT  # both students: a full bar
+    assert heights[("cpu-8", "100")] == heights[("cpu-8", "25-49")] == spread.HEIGHT // 2
+    assert heights[("cpu-8", "0")] == 0
+
+
+def test_a_student_id_with_markup_is_shown_in_a_histogram_as_text_only(results):
+    page = scoreboard.to_html(results)
+    section = page[page.index('<table id="spread">'):page.index('<p class="legend">')]
+    assert "<img" not in section and "onerror=\"" not in section
+    assert "&lt;img src=x onerror=&#34;document.title=&#39;pwned&#39;&#34;&gt;" in section
+    dom = _Dom()
+    dom.feed(section)
+    assert not [e for e in dom.elements if e[0] not in ("table", "thead", "tbody", "tr", "th", "td", "span", "p",
+                                                        "svg", "title", "line", "rect", "text")]
+    tooltips = [text for tag, attrs, text in dom.elements if tag == "title" and text.startswith("lab-3 on cpu-1, 0%")]
+    assert tooltips == [f"lab-3 on cpu-1, 0%: 1 student: {EVIL}"]
+
+
+def test_a_bars_tooltip_names_a_few_students_and_counts_the_rest():
+    names = [f"s{k:03d}" for k in range(spread.NAMES_SHOWN + 7)]
+    results = make_results({s: {"cpu-1": passing(s, "cpu-1"), "cpu-8": passing(s, "cpu-8")} for s in names})
+    d = spread.distributions(results)[0]
+    title = next(b["title"] for b in spread.layout(d, len(names))["bars"] if b["key"] == "100")
+    assert title.endswith(f"{names[spread.NAMES_SHOWN - 1]} and 7 more") and names[spread.NAMES_SHOWN] not in title
