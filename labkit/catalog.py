@@ -4,6 +4,9 @@
     labs/lab-<N>.ipynb            the student version, generated from the reference
     tests/public/lab_<N>/         tests students run with `make lab-N`
     tests/hidden/lab_<N>/         tests only grading runs; a student release leaves them out
+
+and what the course says about each lab beyond its files: where it is read (READ_AFTER), and
+whether it has a class leaderboard (LEADERBOARDS).
 """
 
 from __future__ import annotations
@@ -16,6 +19,36 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("LABKIT_ROOT") or Path(__file__).resolve().parent.parent)
 NOTEBOOK_NAME = re.compile(r"^lab-([1-9][0-9]*)\.ipynb$")
+
+
+@dataclass(frozen=True)
+class Leaderboard:
+    """A lab's class leaderboard: students whose run passes, ranked by one examined call's modelled step time.
+
+    `function`: the examined call (a `compiled_call` of the lab's tests) whose cost card ranks the
+    designs; `config`: the configuration whose run it is examined in; `chip`: the chip of
+    labkit/chips.toml the card's step time is modelled on (see labkit/leaderboard.py).
+    """
+
+    function: str
+    config: str
+    chip: str
+
+    def to_json(self) -> dict:
+        return {"function": self.function, "config": self.config, "chip": self.chip}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Leaderboard:
+        return cls(data["function"], data["config"], data["chip"])
+
+
+# Labs with a class leaderboard: lab -> what ranks the designs. Lab 9's fsdp_mlp: its tests fix
+# what each device stores (every weight in pieces) and returns (the output split by rows), not how
+# the pieces are brought together, so several designs pass (every weight gathered at once or
+# each where it is used; or the batch's columns exchanged and the partial products summed and
+# scattered, psum_scatter, instead of the weights gathered) and their cards differ; on eight
+# devices its modelled step is bound by communication, which is what the design changes.
+LEADERBOARDS = {9: Leaderboard(function="fsdp_mlp", config="cpu-8", chip="v5e")}
 
 
 @dataclass(frozen=True)
@@ -42,6 +75,11 @@ class Lab:
     @property
     def hidden_tests(self) -> Path:
         return self.root / "tests" / "hidden" / f"lab_{self.number}"
+
+    @property
+    def leaderboard(self) -> Leaderboard | None:
+        """The lab's class leaderboard, where the course gives it one (LEADERBOARDS)."""
+        return LEADERBOARDS.get(self.number)
 
     def test_dirs(self, hidden: bool = False) -> list[Path]:
         dirs = [self.public_tests] + ([self.hidden_tests] if hidden else [])

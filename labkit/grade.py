@@ -759,6 +759,8 @@ def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceCon
             entry["reference_costs"] = {r["config"]: r["costs"] for r in ref_rows
                                         if r["lab"] == lab.number and r.get("costs")}
             entry["max_points"] = policy_mod.lab_points(grading or policy_mod.Policy(), mine, {})[1]
+        if lab.leaderboard is not None:  # the class leaderboard the catalog gives it (labkit/leaderboard.py)
+            entry["leaderboard"] = lab.leaderboard.to_json()
         labs_out.append(entry)
     info = people.students if people else {}
     results = {

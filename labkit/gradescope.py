@@ -15,7 +15,10 @@ it on cpu-1 and cpu-8 (and cpu-2x4 where it can run), judges it with the public 
 tests, and writes ROOT/results/results.json: one case per test with its `max_score` (its
 points), scored by the course policy's rule over the configurations; public tests `visible`,
 hidden ones `after_published`; each case's `output` says how it did on each configuration, with
-the multi-device messages. ROOT is /autograder, or AUTOGRADER_ROOT where that names another
+the multi-device messages. For a lab with a class leaderboard (labkit/leaderboard.py), a
+submission that passes every test on the leaderboard's configuration reports its modelled step
+time in results.json's `leaderboard` (Gradescope ranks the submissions, lower first), and the
+output says it beside the reference's. ROOT is /autograder, or AUTOGRADER_ROOT where that names another
 folder laid out the same way. The file is checked against RESULTS_SCHEMA before it is written.
 """
 
@@ -30,7 +33,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from labkit import catalog, configs, policy
+from labkit import catalog, configs, leaderboard, policy
 from labkit.files import write_atomic
 from labkit.sandbox import LIMITS_ONLY
 
@@ -62,6 +65,17 @@ RESULTS_SCHEMA = {
                 "visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
                 "output": {"type": "string"},
                 "tags": {"type": "array", "items": {"type": "string"}},
+            },
+        }},
+        # Gradescope's leaderboard: each submission's own values; `order` "asc" ranks lower values first.
+        "leaderboard": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "value"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "value": {"type": ["number", "string"]},
+                "order": {"enum": ["asc", "desc"]},
             },
         }},
     },
@@ -256,6 +270,29 @@ def results_json(outcomes: list[dict], config_names: list[str], grading: policy.
             "stdout_visibility": "hidden", "tests": cases}
 
 
+def with_leaderboard(results: dict, spec: catalog.Leaderboard, seconds: float | None,
+                     reference: float | None) -> dict:
+    """`results` with the lab's leaderboard: the submission's modelled step time (None: its run on the
+    leaderboard's configuration does not pass, so it is not ranked), and a line of output beside the reference's."""
+    results["leaderboard"] = leaderboard.gradescope(seconds, spec)
+    results["output"] += "\n" + leaderboard.words(spec, seconds, reference)
+    return results
+
+
+def leaderboard_time(lab: catalog.Lab, judgement) -> float | None:
+    """The modelled step time of a judged submission for its lab's leaderboard; None where its run there fails."""
+    from labkit import cost
+    from labkit.grade import make_row
+
+    spec = lab.leaderboard
+    record = judgement.records.get(spec.config)
+    mine = [o for o in judgement.outcomes if o.run == spec.config]
+    if record is None or make_row("", lab.number, spec.config, record, mine)["status"] != "ok":
+        return None
+    found = cost.cards(judgement.calls, {spec.config: record.results})
+    return leaderboard.step_time(cost.to_json(found), spec)
+
+
 def validate(results: dict) -> None:
     import jsonschema
 
@@ -366,6 +403,12 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
         notes += memory_notes(judgement.records, limit, kills_before, container_memory()[1])
         results = results_json([o.to_json() for o in judgement.outcomes], names, grading,
                                [unsandboxed, *notes] if unsandboxed else notes)
+        spec = lab.leaderboard
+        if spec is not None and spec.config in names:
+            from labkit import cost
+
+            reference = cost.to_json(cost.read_reference(lab.public_tests))
+            with_leaderboard(results, spec, leaderboard_time(lab, judgement), leaderboard.step_time(reference, spec))
     for case in results["tests"] if unsandboxed else ():
         case["output"] = f"{unsandboxed}\n{case['output']}"
     results["execution_time"] = round(time.monotonic() - began, 2)

@@ -160,10 +160,10 @@ STAGES = (
     ("collect", "grade.py (discover), lms.py (collect), roster.py, history.py", True),
     ("run", "execute.py (papermill); the kernel started by sandbox.py, bwrap.py, warm.py", True),
     ("the student's kernel", "cells; harness.py, plaindata.py, facts.py", False),
-    ("read back", "scratch.py: the signed results file, never through a link", True),
+    ("read back", "scratch.py: the signed results, never through a link; verify.py runs the programs", True),
     ("judge", "judge.py: a pytest session running the lab's tests (checks.py)", True),
     ("rows and cost cards", "grade.py (make_row), policy.py, cost.py (chips.toml)", True),
-    ("outputs", "scoreboard.py, spread.py, report.py, lms.py (export), gradescope.py", True),
+    ("outputs", "scoreboard.py, spread.py, leaderboard.py, report.py, lms.py (export), gradescope.py", True),
 )
 
 

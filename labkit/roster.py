@@ -1,11 +1,14 @@
 """The class list: who is in the course, so that a student who handed in nothing still gets a grade.
 
-    student,name,email,lms_id,section
-    alice,Alice Liddell,alice@uni.edu,4411,A
+    student,name,email,lms_id,section,leaderboard
+    alice,Alice Liddell,alice@uni.edu,4411,A,
+    bob,Bob Katz,bob@uni.edu,4412,A,hide
 
 `student` is required: the id used as the submission folder name (or matched from an LMS file
 name through `lms_id`, `email` or `student`). The other columns are optional and carried into
-the results, where the LMS exports read them.
+the results, where the LMS exports read them. `leaderboard`: `hide` for a student who asked to
+be shown as "anonymous" on the class leaderboards (labkit/leaderboard.py); empty or `show` shows
+their id.
 
 A Canvas gradebook export (Grades > Export) is read as one: its header `Student, ID, SIS User ID,
 SIS Login ID, Section, <assignments>...` gives name, lms_id (ID), the student id (SIS User ID, or
@@ -21,7 +24,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COLUMNS = ("student", "name", "email", "lms_id", "section")
+COLUMNS = ("student", "name", "email", "lms_id", "section", "leaderboard")
+LEADERBOARD_CHOICES = ("", "show", "hide")  # the `leaderboard` column (labkit/leaderboard.py)
 CANVAS_HEADER = ("student", "id", "sis user id", "sis login id")  # a Canvas gradebook's first columns
 CANVAS_TEST_STUDENT = {"test student", "student, test"}  # the student view's account, in either name order
 
@@ -32,7 +36,8 @@ class RosterError(ValueError):
 
 @dataclass
 class Roster:
-    students: dict[str, dict[str, str]] = field(default_factory=dict)  # id -> {name, email, lms_id, section}
+    # id -> {name, email, lms_id, section}, and leaderboard where the line gives one
+    students: dict[str, dict[str, str]] = field(default_factory=dict)
     source: str = ""
 
     def ids(self) -> list[str]:
@@ -93,8 +98,14 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
                                       f"{taken[column, value]}")
                 if value:
                     taken[column, value] = line
+            if info.get("leaderboard", "").lower() not in LEADERBOARD_CHOICES:
+                raise RosterError(f"{source}, line {line}: leaderboard {info['leaderboard']!r} is neither `hide` "
+                                  "(shown as anonymous on the class leaderboards) nor `show` (or empty: shown by id)")
+            info["leaderboard"] = info.get("leaderboard", "").lower()
             first_line[sid] = line
-            roster.students[sid] = {c: info.get(c, "") for c in COLUMNS[1:]}
+            roster.students[sid] = {c: info.get(c, "") for c in COLUMNS[1:5]}
+            if info["leaderboard"]:  # only where the line says, so that a roster without the column reads as before
+                roster.students[sid]["leaderboard"] = info["leaderboard"]
     except csv.Error as e:
         raise RosterError(f"{source}, line {reader.line_num}: not CSV ({e})") from None
     if not roster.students:

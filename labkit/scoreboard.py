@@ -1,17 +1,21 @@
 """The scoreboard: graded results drawn as csv, json, markdown, html and per-student feedback.
 
+A lab the catalog gives a leaderboard (labkit/leaderboard.py) has it drawn in each of them, its
+students by id or, where the roster says `hide`, as "anonymous".
+
 Everything here is a pure function of the results (the plain data `grade` produces, or
 `grade.student_results` makes from a student's own `make lab-N` runs): the same results
 always give the same files, byte for byte, which is what lets `merge` put the shards of a
 class back together into exactly the scoreboard a single run would have written.
 
     scoreboard.csv     student,lab,config,passed,total,status,points,max_points,message,isolation: one row per unit
-    scoreboard.json    the results themselves: every test's outcome and message
-    scoreboard.md      the class summary: pass rates, and the multi-device bugs most often hit
+    scoreboard.json    the results themselves: every test's outcome and message (and `leaderboards`, below)
+    scoreboard.md      the class summary: pass rates, the multi-device bugs most often hit, the leaderboards
     scoreboard.html    one self-contained page: the score distribution per lab and configuration (labkit/spread.py),
-                       a student x lab heat map per configuration, points, every test
+                       a student x lab heat map per configuration, points, the leaderboards, every test
     grades.csv         each student's points per lab and total, under the course's policy, with its rule
-    feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome
+    feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome,
+                       their place on a lab's leaderboard
     feedback/<id>.html the same as a self-contained page (labkit/templates/, autoescaped)
     feedback/<id>.zip  both, in one archive to hand back
 """
@@ -28,7 +32,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit import cost, deadlines, policy, spread
+from labkit import cost, deadlines, leaderboard, policy, spread
 from labkit.files import write_atomic
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
@@ -171,7 +175,10 @@ def grades_csv(results: dict) -> str:
 
 
 def to_json(results: dict) -> str:
-    return json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    """The results, with the leaderboards drawn from them (under `leaderboards`) where a lab has one."""
+    boards = leaderboard.boards(results)
+    shown = {k: v for k, v in results.items() if k != "leaderboards"} | ({"leaderboards": boards} if boards else {})
+    return json.dumps(shown, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 # ----------------------------------------------------------------------------------------
@@ -210,6 +217,7 @@ def to_markdown(results: dict) -> str:
                          f"tests {_pct(r['passed'], r['total'])}")
         lines.append(f"| {_md(_lab_title(lab))} | " + " | ".join(cells) + " |")
     lines += _points_markdown(results)
+    lines += _leaderboards_markdown(results)
     lines += ["", "## Statuses", "", "| lab | configuration | ok | failed | error | timeout | missing | skipped |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rates(results):
@@ -267,6 +275,24 @@ def _points_markdown(results: dict) -> list[str]:
     return lines
 
 
+def _board_markdown(board: dict) -> list[str]:
+    """One leaderboard as a table: rank, who (an id, or anonymous), the modelled step time."""
+    ref = f"The reference: {board['reference']['time']}. " if board["reference"] else ""
+    lines = [f"{ref}Students whose code passes every test on {board['config']}, fastest first.", ""]
+    if not board["places"]:
+        return lines + ["No student is ranked yet."]
+    lines += ["| rank | student | step time |", "| ---: | --- | ---: |"]
+    lines += [f"| {p['rank']} | {_md(p['name'])} | {p['time']} |" for p in board["places"]]
+    return lines
+
+
+def _leaderboards_markdown(results: dict) -> list[str]:
+    lines = []
+    for board in leaderboard.boards(results):
+        lines += ["", f"## Leaderboard: {board['name']} · {board['title']}", "", *_board_markdown(board)]
+    return lines
+
+
 def feedback(results: dict, student: str) -> str:
     """What one student is told: public tests with their messages, hidden tests by name and outcome only."""
     index = _index(results)
@@ -286,6 +312,9 @@ def feedback(results: dict, student: str) -> str:
             lines += [f"Points: {p['points']}/{p['max_points']}", ""]
             if p.get("late_note"):
                 lines += [f"Late policy: {_md(p['late_note'])}", ""]
+        board, mine = leaderboard.board(results, lab), leaderboard.yours(results, lab, student)
+        if board is not None and mine is not None:
+            lines += [_md(mine), "", f"### Leaderboard: {board['title']}", "", *_board_markdown(board), ""]
         for config in _configs(results):
             row = index.get((student, lab["number"], config["name"]))
             if row is None:
@@ -335,6 +364,7 @@ th{background:#f3f5f7;font-weight:600}
 .status-missing{background:#eceff1;color:#6b747c} .status-skipped{background:#f7f8f9;color:#8a939b}
 .status-error,.status-timeout{background:#f3b7b7} .legend span{display:inline-block;padding:.1rem .5rem;margin-right:.3rem;border:1px solid #d4d9de}
 .t-passed{color:#17692f;font-weight:600} .t-failed,.t-error,.t-timeout{color:#a4161a;font-weight:600} .t-todo{color:#8a5a00} .t-skipped{color:#8a939b}
+table.leaderboard caption{text-align:left;font-weight:600;padding:.2rem 0} .yours{font-weight:600}
 pre.card{font-size:.8rem;background:#f7f8f9;border:1px solid #d4d9de;padding:.4rem .6rem;overflow-x:auto}
 .hidden-tag{font-size:.75rem;color:#6b747c;border:1px solid #c5ccd3;border-radius:3px;padding:0 .25rem;margin-left:.3rem}
 details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
@@ -472,8 +502,8 @@ def to_html(results: dict) -> str:
                f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
                f"{', '.join(c['name'] for c in configs)}")
     return _templates().get_template("scoreboard.html.j2").render(
-        css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results), heatmaps=heatmaps,
-        points=points, bugs=bugs,
+        css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
+        heatmaps=heatmaps, points=points, bugs=bugs, boards=leaderboard.boards(results),
         notes=results.get("notes", []), sections=[_section(results, s, sid[s], index) for s in students])
 
 
@@ -485,8 +515,10 @@ def feedback_html(results: dict, student: str) -> str:
     if mine:
         points = {"total": f"{mine['points']}/{mine['max_points']}", "rule": grades["rule"],
                   "cells": _points_cells(results, mine)}
+    boards = [board | {"yours": leaderboard.yours(results, lab, student)} for lab in _labs(results)
+              if (board := leaderboard.board(results, lab)) is not None]
     return _templates().get_template("feedback.html.j2").render(
-        css=CSS, labs=_labs(results), configs=_configs(results), points=points,
+        css=CSS, labs=_labs(results), configs=_configs(results), points=points, boards=boards,
         s=_section(results, student, "s0", _index(results), hidden_messages=False))
 
 
@@ -555,7 +587,8 @@ def merge(parts: list[dict]) -> dict:
             rows[(r["student"], r["lab"], r["config"])] = r
     ordered = sorted(rows.values(), key=lambda r: (r["student"], labs.index(r["lab"]) if r["lab"] in labs else 0,
                                                    configs.index(r["config"]) if r["config"] in configs else 0))
-    return {**first, "students": {s: students[s] for s in sorted(students)}, "notes": notes, "rows": ordered}
+    drawn = {k: v for k, v in first.items() if k != "leaderboards"}  # drawn again from the whole class
+    return {**drawn, "students": {s: students[s] for s in sorted(students)}, "notes": notes, "rows": ordered}
 
 
 def terminal(results: dict) -> Table:

@@ -1,0 +1,236 @@
+"""The class leaderboard: students whose code passes, ranked by their own card's modelled step time.
+
+Drawn from synthetic results (what `grade` writes) with cost cards made here, so that each
+student's time is known: on a TPU v5e (100 GB/s of send bandwidth) an fsdp_mlp card that sends
+N bytes per device and computes little is communication-bound at N / 100e9 seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from labkit import catalog, configs, cost, grade, gradescope, leaderboard, roster, sandbox, scoreboard
+
+EVIL = "<img src=x onerror=\"document.title='pwned'\">"
+SPEC = catalog.LEADERBOARDS[9]
+CALL = "fsdp_mlp-0aa9a0024277"
+REFERENCE_SENT = 7392  # the bytes the reference's fsdp_mlp sends per device: 73.9 ns on a v5e
+
+
+def card(sent: float) -> dict:
+    c = cost.Card(devices=8, flops=16640.0, held={"argument": 1568, "output": 512, "temp": 8448},
+                  sent={"all-gather": float(sent)}, counts={"all-gather": 4})
+    return {CALL: {"function": "fsdp_mlp", "runs": {"cpu-8": c.to_json()}}}
+
+
+def row(student: str, sent: float, passes: bool = True, config: str = "cpu-8") -> dict:
+    tests = [{"test": "test_fsdp_equals_the_unsplit_mlp", "exercise": "fsdp_mlp", "file": "t.py", "hidden": False,
+              "status": "passed", "message": ""},
+             {"test": "test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device", "exercise": "fsdp_mlp",
+              "file": "h.py", "hidden": True, "status": "passed" if passes else "failed",
+              "message": "" if passes else "w1 is whole on every device"}]
+    return {"student": student, "lab": 9, "config": config, "status": "ok" if passes else "failed",
+            "passed": 2 if passes else 1, "total": 2, "message": "" if passes else "1 of 2 tests did not pass",
+            "tests": tests, "cell_errors": [], "notes": [], "costs": card(sent)}
+
+
+def make_results(rows: list[dict], hide: tuple[str, ...] = ()) -> dict:
+    students = sorted({r["student"] for r in rows})
+    return {"format": 1,
+            "labs": [{"number": 9, "name": "lab-9", "title": "Lab 9 · Tensor parallelism and FSDP",
+                      "leaderboard": SPEC.to_json(), "reference_costs": {"cpu-8": card(REFERENCE_SENT)}}],
+            "configs": [{"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8}],
+            "students": {s: {"notes": [], **({"leaderboard": "hide"} if s in hide else {})} for s in students},
+            "notes": [], "rows": rows}
+
+
+def board_of(results: dict) -> dict:
+    return json.loads(scoreboard.to_json(results))["leaderboards"][0]
+
+
+def leaderboard_section(markdown: str) -> str:
+    start = markdown.index("## Leaderboard")
+    return markdown[start:markdown.index("\n## ", start + 1)]
+
+
+# ----------------------------------------------------------------------------------------
+# Who is ranked, and in which order.
+# ----------------------------------------------------------------------------------------
+
+def test_students_are_ranked_by_their_modelled_step_time_fastest_first():
+    results = make_results([row("alice", 20000), row("bob", 5000), row("carl", 10000)])
+    places = board_of(results)["places"]
+    assert [p["name"] for p in places] == ["bob", "carl", "alice"]
+    assert [p["rank"] for p in places] == [1, 2, 3]
+    assert [p["seconds"] for p in places] == pytest.approx([5e-8, 1e-7, 2e-7])
+    table = leaderboard_section(scoreboard.to_markdown(results))
+    assert table.index("| 1 | bob | 50 ns |") < table.index("| 2 | carl | 100 ns |") < table.index("| 3 | alice | 200 ns |")
+
+
+def test_the_time_is_the_step_time_the_students_own_card_models_on_the_named_chip():
+    results = make_results([row("alice", 12345)])
+    want = cost.Card.from_json(card(12345)[CALL]["runs"]["cpu-8"]).timing(cost.chips()[SPEC.chip]).step
+    assert board_of(results)["places"][0]["seconds"] == want
+    assert board_of(results)["reference"]["time"] == "73.9 ns"
+
+
+def test_equal_times_are_ranked_in_the_order_of_the_student_ids():
+    results = make_results([row("dora", 5000), row("carl", 5000), row("bob", 5000), row("alice", 9000)])
+    assert [p["name"] for p in board_of(results)["places"]] == ["bob", "carl", "dora", "alice"]
+
+
+def test_a_student_whose_row_fails_is_not_ranked():
+    results = make_results([row("alice", 20000), row("bob", 1000, passes=False)])
+    assert [p["name"] for p in board_of(results)["places"]] == ["alice"]
+    assert "bob" not in leaderboard_section(scoreboard.to_markdown(results))
+    assert "not ranked: only code that passes every test on cpu-8 is ranked" in scoreboard.feedback(results, "bob")
+
+
+def test_a_row_on_another_configuration_does_not_rank_a_student():
+    results = make_results([row("alice", 20000), row("bob", 1000, config="cpu-1")])
+    results["configs"].append({"name": "cpu-1", "summary": "one CPU device", "devices": 1})
+    assert [p["name"] for p in board_of(results)["places"]] == ["alice"]
+
+
+def test_a_lab_without_a_leaderboard_draws_none():
+    results = make_results([row("alice", 20000)])
+    del results["labs"][0]["leaderboard"]
+    assert "leaderboards" not in json.loads(scoreboard.to_json(results))
+    assert "Leaderboard" not in scoreboard.to_markdown(results) + scoreboard.feedback(results, "alice")
+    assert 'class="leaderboard"' not in scoreboard.to_html(results)
+
+
+# ----------------------------------------------------------------------------------------
+# Opting out, and ids that are markup.
+# ----------------------------------------------------------------------------------------
+
+def test_a_student_who_opted_out_appears_as_anonymous_with_their_rank_and_never_their_id():
+    results = make_results([row("alice", 5000), row("bob", 10000), row("carl", 20000)], hide=("alice",))
+    board = board_of(results)
+    assert [(p["rank"], p["name"]) for p in board["places"]] == [(1, "anonymous"), (2, "bob"), (3, "carl")]
+    assert "alice" not in json.dumps(board)
+    assert "alice" not in leaderboard_section(scoreboard.to_markdown(results))
+    for other in ("bob", "carl"):  # what the others are handed back
+        assert "alice" not in scoreboard.feedback(results, other)
+        assert "alice" not in scoreboard.feedback_html(results, other)
+        assert "anonymous" in scoreboard.feedback(results, other)
+    page = scoreboard.to_html(results)
+    start = page.index('<table class="leaderboard"')
+    table = page[start:page.index("</table>", start)]
+    assert "alice" not in table and "anonymous" in table
+
+
+def test_a_student_who_opted_out_is_told_their_own_rank():
+    results = make_results([row("alice", 5000), row("bob", 10000)], hide=("alice",))
+    assert "rank 1 of 2 (shown as anonymous)" in scoreboard.feedback(results, "alice")
+
+
+def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
+    results = make_results([row(EVIL, 5000), row("bob", 10000)])
+    for page in (scoreboard.to_html(results), scoreboard.feedback_html(results, "bob"),
+                 scoreboard.feedback_html(results, EVIL)):
+        assert "<img src=x" not in page
+        assert "&lt;img src=x onerror=&#34;document.title=&#39;pwned&#39;&#34;&gt;" in page
+    assert "<img" not in leaderboard_section(scoreboard.to_markdown(results))
+    assert "<img" not in scoreboard.feedback(results, "bob")
+
+
+# ----------------------------------------------------------------------------------------
+# What a student is told.
+# ----------------------------------------------------------------------------------------
+
+def test_the_students_feedback_names_their_time_and_the_references():
+    results = make_results([row("alice", 5000), row("bob", 10000)])
+    said = "Leaderboard (fsdp_mlp on cpu-8): yours: 100 ns on a TPU v5e; the reference: 73.9 ns; rank 2 of 2."
+    assert said in scoreboard.feedback(results, "bob")
+    assert said in scoreboard.feedback_html(results, "bob")
+
+
+def test_the_leaderboards_are_drawn_from_the_whole_class_after_merging_its_parts(tmp_path):
+    whole = make_results([row("alice", 20000), row("bob", 5000), row("carl", 10000)])
+    parts = []
+    for i, students in enumerate(({"alice"}, {"bob", "carl"})):
+        part = whole | {"students": {s: v for s, v in whole["students"].items() if s in students},
+                        "rows": [r for r in whole["rows"] if r["student"] in students]}
+        scoreboard.write(part, tmp_path / f"part{i}")
+        parts.append(scoreboard.read(tmp_path / f"part{i}"))
+    assert scoreboard.to_json(scoreboard.merge(parts)) == scoreboard.to_json(whole)
+
+
+# ----------------------------------------------------------------------------------------
+# Gradescope: each submission reports its own time; Gradescope ranks them.
+# ----------------------------------------------------------------------------------------
+
+def gradescope_results(seconds: float | None) -> dict:
+    outcomes = [{"test": "test_fsdp_equals_the_unsplit_mlp", "config": "cpu-8", "status": "passed", "message": "",
+                 "hidden": False, "points": 1}]
+    results = gradescope.results_json(outcomes, ["cpu-8"], gradescope.policy.Policy(), [])
+    return gradescope.with_leaderboard(results, SPEC, seconds, REFERENCE_SENT / 100e9)
+
+
+def test_gradescope_results_carry_the_leaderboard_in_gradescopes_documented_shape():
+    results = gradescope_results(5e-8)
+    gradescope.validate(results)
+    assert results["leaderboard"] == [{"name": "fsdp_mlp on cpu-8: modelled step time on a TPU v5e (µs)",
+                                       "value": 0.05, "order": "asc"}]
+    assert "yours: 50 ns on a TPU v5e; the reference: 73.9 ns." in results["output"]
+
+
+def test_gradescope_ranks_no_submission_whose_run_does_not_pass():
+    results = gradescope_results(None)
+    gradescope.validate(results)
+    assert results["leaderboard"] == []
+    assert "not ranked" in results["output"] and "the reference: 73.9 ns" in results["output"]
+
+
+def test_the_schema_refuses_a_leaderboard_entry_gradescope_would_not_read():
+    results = gradescope_results(5e-8)
+    results["leaderboard"][0]["order"] = "fastest"
+    with pytest.raises(gradescope.GradescopeError):
+        gradescope.validate(results)
+
+
+# ----------------------------------------------------------------------------------------
+# Where it is configured: the catalog, the roster.
+# ----------------------------------------------------------------------------------------
+
+def test_every_leaderboard_of_the_catalog_names_a_chip_a_configuration_and_a_call_the_reference_examines():
+    for number, spec in catalog.LEADERBOARDS.items():
+        lab = catalog.lab(number)
+        assert spec.chip in cost.chips() and spec.config in configs.CONFIGS
+        reference = cost.to_json(cost.read_reference(lab.public_tests))
+        assert leaderboard.step_time(reference, spec) is not None, f"{lab.name}: no reference card for {spec}"
+
+
+def test_the_graded_results_carry_the_labs_leaderboard():
+    subs = grade.Submissions(students={"alice": {}})
+    results = grade.results_of([], [catalog.lab(9), catalog.lab(3)], [configs.CONFIGS["cpu-8"]], subs, ["alice"])
+    assert [lab.get("leaderboard") for lab in results["labs"]] == [SPEC.to_json(), None]
+
+
+def test_a_roster_line_can_hide_a_student_from_the_leaderboards():
+    people = roster.parse("student,name,leaderboard\nalice,Alice,hide\nbob,Bob,\ncarl,Carl,show\n")
+    assert people.students["alice"]["leaderboard"] == "hide"
+    assert "leaderboard" not in people.students["bob"]
+    with pytest.raises(roster.RosterError, match="line 2: leaderboard 'maybe'"):
+        roster.parse("student,leaderboard\nalice,maybe\n")
+
+
+# ----------------------------------------------------------------------------------------
+# One submission graded as Gradescope grades it (real JAX, real sandbox): its own time, ranked.
+# ----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(sandbox.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
+def test_gradescope_reports_the_reference_solutions_own_time_on_the_leaderboard(tmp_path):
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    shutil.copy(catalog.lab(9).reference, root / "submission" / "lab-9.ipynb")
+    results = gradescope.run(root, 9)
+    assert results["score"] == sum(t["max_score"] for t in results["tests"]), results["output"]
+    [entry] = results["leaderboard"]
+    assert entry["order"] == "asc" and entry["value"] == pytest.approx(REFERENCE_SENT / 100e9 * 1e6, rel=0.01)
+    assert json.loads((root / "results" / "results.json").read_text())["leaderboard"] == [entry]
+    assert "yours: 73.9 ns on a TPU v5e; the reference: 73.9 ns." in results["output"]
