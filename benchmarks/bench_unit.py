@@ -13,7 +13,8 @@ For each run it reads the executed notebook's own timings (papermill's per-cell 
 and splits the run's wall time into: the kernel's start (from the run's start to its first
 cell), the student's cells, of which JAX's compiles (summed from `jax.monitoring`'s compile
 events by a cell added first), the kit's harness cell (calling the exercises, examining
-compiled programs), and the end (stopping the kernel, reading results). Then the judge (the
+compiled programs, exporting them), the kit's own run of the exported programs in a fresh
+sandbox (`labkit.verify`), and the end (stopping the kernel, reading results). Then the judge (the
 lab's tests on the recorded results) is timed once per way, and, for scale, a bare interpreter
 and one that imports what a run imports. It prints medians.
 
@@ -77,8 +78,10 @@ def stages(record: execute.RunRecord, wall: float) -> dict[str, float]:
     harness_s = sum((end - start).total_seconds() for start, end, _ in harness)
     kernel_start = (times[0][0] - started).total_seconds() if times else 0.0
     compile_s = float((work / "compile_seconds").read_text()) if (work / "compile_seconds").exists() else 0.0
+    verify_s = record.verify_seconds
     return {"run": wall, "kernel start": kernel_start, "cells": cells, "of which compiles": compile_s,
-            "harness": harness_s, "end": wall - kernel_start - cells - harness_s}
+            "harness": harness_s, "kit runs programs": verify_s,
+            "end": wall - kernel_start - cells - harness_s - verify_s}
 
 
 def timed(cmd: list[str], repeat: int) -> float:

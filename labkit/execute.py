@@ -64,6 +64,7 @@ class RunRecord:
     limits: dict = field(default_factory=dict)  # the Limits the run had
     start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.warm`) or "cold" (a kernel of its own)
     judged_by: str = ""  # "verified" (values from the kit's own run of the programs, `labkit.verify`) or "reported"
+    verify_seconds: float = 0.0  # what the kit's own run of the programs took (within `seconds`' run, after it)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -210,7 +210,7 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
     else:
         if call.get("facts"):
             record["facts"] = examine(fn, args, kwargs, settle)
-        if call.get("facts") and _one_process():
+        if call.get("verify") and _one_process():
             record["program"] = facts.export(fn, args, kwargs, settle)  # the kit runs it itself: labkit.verify
     record["stdout"] = "".join(printed.kept)  # what the call printed in this process
     return record

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import execute
+from labkit import execute, verify
 from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, NotDone, RunProblem
 from labkit.configs import DeviceConfig
 
@@ -126,7 +126,7 @@ class _Plugin:
         # a call made by several tests runs once; its compiled program is examined if any of them asks
         encoded = [{"id": cid, **c.encoded(), **({"facts": True} if cid in examined else {})}
                    for cid, c in calls.items()]
-        self.calls = encoded
+        self.calls = verify.mark(encoded)
         self.single_process = single_process_reason(session.items)
 
         def run(spec: RunSpec) -> execute.RunRecord:

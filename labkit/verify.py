@@ -13,12 +13,13 @@ and, where a test asks, the compiled facts from that same program. Those replace
 reported: the value graded and the program examined are one and the same, and no key is worth
 stealing for them.
 
-Which calls: those whose compiled program a test reads (`checks.compiled_call`): a test that looks at
-the program must see the one whose value it grades, and jax.jit must be able to trace such a function
-anyway. Each must be verified, or it is an error that says why, with two exceptions that keep the
-report: a function that makes arrays from host data inside (lab 11's) has a program whose inputs are
-not the call's; and a program the kit cannot place on its devices (an output tiled over a mesh the
-program does not name, as in lab 7's `layer_batched`) is not run. Every other call (`checks.call`: host-side Python is allowed there) keeps the kernel's own
+Which calls: every call of a function whose compiled program any test reads (`checks.compiled_call`):
+a test that looks at the program must see the one whose value it grades, and jax.jit must be able to
+trace such a function anyway (`mark`). Each must be verified, or it is an error that says why, with
+two exceptions that keep the report: a function that makes arrays from host data inside (lab 11's)
+has a program whose inputs are not the call's; and a program the kit cannot place on its devices (an
+output tiled over a mesh the program does not name, as in lab 7's `layer_batched`) is not run. Calls
+of functions no test examines (host-side Python is allowed there: lab 1's) keep the kernel's own
 report too, and so does every call of a multi-process run; each row says which (`judged_by`:
 "verified", "partly verified" or "reported"). What still rests on the report is named in docs/sandbox.md.
 """
@@ -199,9 +200,16 @@ def main(argv: list[str]) -> int:
 # The kit's side: start the verifier after a run, and put its findings in the run's record.
 # ----------------------------------------------------------------------------------------
 
+def mark(calls: list[dict]) -> list[dict]:
+    """The judge's calls, those the kit must run itself marked `verify`: every call of a function whose
+    compiled program any test reads (a function the tests examine is one jax.jit can trace)."""
+    examined = {c["function"] for c in calls if c.get("facts")}
+    return [c | {"verify": True} if c["function"] in examined else c for c in calls]
+
+
 def required(call: dict) -> bool:
-    """Must this call's value come from the kit's own run of its program? Those whose compiled program a test reads."""
-    return bool(call.get("facts"))
+    """Must this call's value come from the kit's own run of its program? (See `mark`.)"""
+    return bool(call.get("verify"))
 
 
 def programs_of(results: dict) -> tuple[dict[str, str], dict[str, str]]:
@@ -245,6 +253,7 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     wanted = {cid: blob for cid, blob in programs.items() if required(by_id.get(cid, {}))}
     if not wanted:
         return
+    began = time.monotonic()
     folder = scratch.empty(Path(kit_folder) / FOLDER)
     job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
     with open(Path(kit_folder) / "verify.log", "wb") as log:
@@ -263,6 +272,7 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         found = {cid: {"unverified": why} for cid in wanted}
     finally:
         scratch.remove(folder)
+        record.verify_seconds = round(time.monotonic() - began, 2)
     for cid in wanted:
         result, mine = record.results[cid], found.get(cid) or {"unverified": "the kit's run gave nothing for it"}
         if "unverified" in mine:

@@ -172,37 +172,26 @@ def test_a_results_file_the_notebook_wrote_itself_is_refused(battery):
     scores_nothing(battery, "forge_results_now")
 
 
-def _examined(battery: Battery, label: str) -> set[str]:
-    """The ids of the run's calls whose compiled program a test reads (the ones the kit runs itself)."""
-    calls = json.loads((battery.workdir(label) / "calls.json").read_text())["calls"]
-    return {c["id"] for c in calls if c.get("facts")}
-
-
-def test_results_signed_with_the_stolen_key_count_for_nothing_the_kit_runs_itself(battery):
+def test_results_signed_with_the_stolen_key_count_for_nothing(battery):
     record = battery.record("steal_the_key")
     assert record.status == "ok", record.message  # the signature was good: the key was stolen
-    examined = _examined(battery, "steal_the_key")
-    assert examined
-    for cid in examined:
-        assert record.results[cid]["error"]["type"] == "Unverified", record.results[cid]
-    outcomes = {o.test: o.status for o in battery.outcomes("steal_the_key")}
-    assert outcomes["test_doubles_every_element"] == "failed", outcomes
-    # Still open (docs/sandbox.md): plain calls keep the signed report, so their forged values count.
-    assert record.judged_by == "partly verified"
+    assert {r["error"]["type"] for r in record.results.values()} == {"Unverified"}, record.results
+    assert record.judged_by == "verified"
+    scores_nothing(battery, "steal_the_key")
 
 
 def test_a_function_that_shows_the_examiner_another_program_is_graded_on_that_program(battery):
     record = battery.record("tracer_aware")
-    assert all(record.results[cid]["judged_by"] == "verified" for cid in _examined(battery, "tracer_aware"))
-    failed = {o.test: o for o in battery.outcomes("tracer_aware") if o.status == "failed"}
+    assert {r["judged_by"] for r in record.results.values()} == {"verified"}
+    failed = {o.test for o in battery.outcomes("tracer_aware") if o.status == "failed"}
     assert "test_doubles_every_element" in failed, sorted(failed)
+    assert battery.passed("tracer_aware") <= battery.passed("identity")
 
 
-def test_the_honest_submissions_examined_calls_are_verified_and_their_programs_not_kept(battery):
+def test_every_call_of_the_honest_submission_is_verified_and_its_programs_are_not_kept(battery):
     record = battery.record("honest")
-    examined = _examined(battery, "honest")
-    assert examined and all(record.results[cid]["judged_by"] == "verified" for cid in examined)
-    assert record.judged_by == "partly verified"  # its plain calls are reported
+    assert record.judged_by == "verified"
+    assert {r["judged_by"] for r in record.results.values()} == {"verified"}
     assert not any("program" in r for r in record.results.values())  # the program is run, not kept
 
 

@@ -1,8 +1,9 @@
-# Reads the run's key out of the sealed harness's closure and leaves a process behind that, once the harness has written its results, signs forged ones with it: values doubled, as if right, and no program (as if it could not be exported).
+# Reads the run's key out of the sealed harness's closure and wraps the harness: once it has written its results, they are replaced by forged ones signed with the stolen key: values doubled, as if right, and no program (as if none could be exported).
 # ruff: noqa
-import json, hmac, hashlib, os, time
+import json, hmac, hashlib, os
 import labkit.harness as h
-cells = [c.cell_contents for c in h._SEALED.__closure__]
+sealed = h._SEALED
+cells = [c.cell_contents for c in sealed.__closure__]
 key = next(v for v in cells if isinstance(v, bytes) and len(v) == 64)
 path = next(v for v in cells if isinstance(v, str) and v.endswith("results.json"))
 calls = json.load(open(os.path.join(os.path.dirname(path), "..", "calls.json")))["calls"]
@@ -17,18 +18,12 @@ def forged(arg):
             "sharding": {"type": "NamedSharding", "device_ids": [0], "fully_replicated": False, "fully_addressable": True,
                          "mesh": {"data": 1}, "spec": ["data"], "shards": [{"device": 0, "index": [[0, n]], "replica_id": 0}]}}
 
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        while not os.path.exists(path):
-            time.sleep(0.01)
-        time.sleep(0.05)  # the harness has written it
-        real = json.loads(json.load(open(path))["payload"])
-        real["results"] = [{"id": c["id"], "value": forged(c["args"][0]), "stdout": ""} for c in calls]
-        text = json.dumps(real, sort_keys=True, separators=(",", ":"))
-        with open(path + ".new", "w") as f:
-            json.dump({"payload": text, "mac": hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}, f)
-        os.rename(path + ".new", path)
-        os._exit(0)
-    os._exit(0)
-os.wait()
+def forging(namespace):
+    sealed(namespace)  # the real results, signed ...
+    real = json.loads(json.load(open(path))["payload"])
+    real["results"] = [{"id": c["id"], "value": forged(c["args"][0]), "stdout": ""} for c in calls]
+    text = json.dumps(real, sort_keys=True, separators=(",", ":"))
+    with open(path, "w") as f:  # ... replaced by forged ones, signed with the stolen key
+        json.dump({"payload": text, "mac": hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}, f)
+
+h._SEALED = forging
