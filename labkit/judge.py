@@ -134,7 +134,7 @@ class _Plugin:
                 return execute.RunRecord(spec.config.name, "skipped", self.single_process, workdir=str(spec.workdir))
             if spec.record is not None:
                 return spec.record
-            return execute.run_notebook(spec.notebook, spec.config, encoded, spec.workdir, timeout=self.timeout,
+            return execute.run_notebook(spec.notebook, spec.config, self.calls, spec.workdir, timeout=self.timeout,
                                         limits=self.limits, warm=self.warm, cache=self.cache,
                                         keep_scratch=spec.keep_scratch)
 
