@@ -420,6 +420,9 @@ def export(fn, args, kwargs, settle=None) -> dict:
     try:
         exported, names, _ = _trace(fn, args, kwargs, how=lambda jitted, *specs: jax.export.export(jitted)(*specs))
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything when traced
+        if "callback" in str(e).lower():
+            return _unavailable("the function calls back into Python inside its program (jax.debug.print, or a "
+                                "callback), which cannot be exported: take it out of the graded function")
         return _unavailable("jax.export could not export the function's program", e)
     finally:
         if settle is not None:
