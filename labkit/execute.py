@@ -308,7 +308,7 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
-        verify.verify(record, calls, workdir, env, limits, timeout)
+        verify.verify(record, calls, workdir, env, limits, timeout, cache)
         record.judged_by = verify.judged_by(record.results)
     except ForgedResults:
         record.status = "error"

@@ -66,13 +66,14 @@ def _array_positions(args, kwargs) -> list[int]:
     return [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
 
 
-def _placed(exported, arrays: list, replicate: bool = False):
-    """(the inputs, the mesh to run in) on the devices the program was exported for.
+def _placed(exported, arrays: list, shape: tuple | None):
+    """(the inputs, the mesh to run in, the outputs' shardings) on the devices the program was exported for.
 
     A program exported for n devices runs only in a context of n devices. An input the student's
     function placed itself (or took already placed) has a sharding in the program and is placed so;
     one it did not (the test's plain array, on the default device) is left to the compiler, in a mesh
-    of the first n devices, as jit placed it in the student's call.
+    of the first n devices of `shape` (a program that tiles its outputs over a 2-D mesh of its own
+    needs a 2-D one), as jit placed it in the student's call; with `shape` None, it is copied to each.
     """
     import contextlib
 
@@ -100,14 +101,20 @@ def _placed(exported, arrays: list, replicate: bool = False):
     out = []
     everywhere = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
     for x, sharding in zip(arrays, exported.in_shardings_jax(None)):
-        placed = concrete(sharding) or (everywhere if replicate and len(x.sharding.device_set) != n else None)
+        placed = concrete(sharding) or (everywhere if shape is None and len(x.sharding.device_set) != n else None)
         out.append(x if placed is None else jax.device_put(x, placed))
     outputs = [concrete(s) for s in exported.out_shardings_jax(None)]
-    if n == 1 or replicate:
+    if n == 1 or shape is None:
         context = contextlib.nullcontext()
     else:
-        context = jax.set_mesh(next(iter(meshes.values()), None) or everywhere.mesh)
+        names = tuple(f"devices{i or ''}" for i in range(len(shape)))
+        context = jax.set_mesh(next(iter(meshes.values()), None) or Mesh(np.array(devices).reshape(shape), names))
     return out, context, outputs
+
+
+def _mesh_shapes(n: int) -> list:
+    """The context meshes tried, in order: one axis of n devices, then every 2-D split, then none (a copy on each)."""
+    return [(n,), *[(a, n // a) for a in range(2, n) if n % a == 0], None]
 
 
 def _relabelled(value, shardings: list):
@@ -154,8 +161,8 @@ def run_program(call: dict, blob: str) -> dict:
 
     tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
 
-    def attempt(replicate: bool) -> dict:
-        placed, context, outputs = _placed(exported, [leaves[i] for i in positions], replicate)
+    def attempt(shape: tuple | None) -> dict:
+        placed, context, outputs = _placed(exported, [leaves[i] for i in positions], shape)
         now = list(leaves)
         for i, leaf in zip(positions, placed):
             now[i] = leaf
@@ -168,13 +175,15 @@ def run_program(call: dict, blob: str) -> dict:
         return record
 
     try:
-        try:
-            # the test's plain inputs left to the compiler, in a mesh of the program's devices (as jit did) ...
-            return attempt(replicate=False)
-        except Unverified:
-            raise
-        except Exception:  # noqa: BLE001 - ... and where that mesh does not fit the program, a copy on each device
-            return attempt(replicate=True)
+        *shapes, last = _mesh_shapes(exported.nr_devices)
+        for shape in shapes:  # the test's plain inputs left to the compiler, in a mesh the program fits ...
+            try:
+                return attempt(shape)
+            except Unverified:
+                raise
+            except Exception:  # noqa: BLE001, S112 - ... this mesh does not fit its shardings: the next one
+                continue
+        return attempt(last)  # ... or, in none, a copy on each device
     except Unverified as e:
         return {"unverified": str(e)}
     except Exception as e:  # noqa: BLE001 - the kit could not give this program its devices (see `_placed`)
@@ -184,7 +193,11 @@ def run_program(call: dict, blob: str) -> dict:
 def main(argv: list[str]) -> int:
     """`python -m labkit.verify OUT`: the job (calls and programs, JSON) on stdin; results to OUT, in this folder."""
     job = json.loads(sys.stdin.buffer.read())
+    import warnings
+
     from labkit import harness
+
+    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache")  # a read-only cache
 
     started = time.monotonic()
     results = {}
@@ -231,11 +244,14 @@ def programs_of(results: dict) -> tuple[dict[str, str], dict[str, str]]:
     return found, missing
 
 
-def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float) -> None:
+def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None) -> None:
     """Run the programs of `record`'s calls in a fresh sandbox and put the values and facts found in `record`.
 
     Every call's result gets `judged_by`: "verified" (the kit's run) or "reported" (a call the test
     marks so). A required call whose program is missing, refused or failed becomes an error.
+    `cache` (a `jaxcache.CompileCache`, the run's): the verifier compiles through it too, read-only
+    unless the run fills it (a reference solution's), so a student's program the reference compiled
+    is not compiled again.
     """
     from labkit import sandbox
 
@@ -259,8 +275,11 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     folder = scratch.empty(Path(kit_folder) / FOLDER)
     job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
     with open(Path(kit_folder) / "verify.log", "wb") as log:
+        shared = (str(cache.folder),) if cache is not None else ()
         proc = sandbox.launch([sys.executable, "-m", "labkit.verify", str(folder.resolve() / VERIFIED_FILE)],
-                              folder, env, limits, log=log, stdin=job)
+                              folder, env, limits, log=log, stdin=job,
+                              extra_ro=() if cache is not None and cache.writable else shared,
+                              extra_rw=shared if cache is not None and cache.writable else ())
         try:
             code = proc.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
