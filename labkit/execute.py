@@ -284,7 +284,7 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
 
 def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm,
              cache) -> RunRecord:
-    input_path = prepare(nb, workdir, calls)
+    input_path = prepare(nb, workdir, verify.for_the_student(calls))
     key = new_key()
     env = config.environment() | {"LABKIT_RUN": config.name} | (cache.environment() if cache else {})
     warm = warm if warm is not None and config.platform == "cpu" else None

@@ -254,7 +254,7 @@ def _trace(fn, args, kwargs, how=None):
     how = how or (lambda jitted, *specs: jitted.trace(*specs))
 
     leaves, tree = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    arrays = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    arrays = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct))]
     values = [leaf for _, leaf in leaves]
     structs = []
     for i in arrays:
@@ -406,12 +406,14 @@ def gather(fn, args, kwargs, settle=None) -> dict:
 PROGRAM_MAX_BYTES = 4 << 20  # a serialized program larger than this is not sent to the kit
 
 
-def export(fn, args, kwargs, settle=None) -> dict:
+def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
     """The call's program, serialized with `jax.export` (traced as `gather` traces it), or `{"unavailable": why}`.
 
     The kit runs it itself, in a process where no student code ran (`labkit.verify`): the value graded
     and the program examined are then one and the same. Its inputs are the call's arrays, in the order
     of `jax.tree_util.tree_leaves((args, kwargs))`; anything else the call was given is a constant of it.
+    The arrays may be jax.ShapeDtypeStructs: the function is then traced without ever seeing a value.
+    `raising`: an exception the student's code raised while traced is raised, not described.
     """
     import base64
 
@@ -420,6 +422,8 @@ def export(fn, args, kwargs, settle=None) -> dict:
     try:
         exported, names, _ = _trace(fn, args, kwargs, how=lambda jitted, *specs: jax.export.export(jitted)(*specs))
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything when traced
+        if raising and "callback" not in str(e).lower():
+            raise
         if "callback" in str(e).lower():
             return _unavailable("the function calls back into Python inside its program (jax.debug.print, or a "
                                 "callback), which cannot be exported: take it out of the graded function")

@@ -37,9 +37,16 @@ def describe_exception(exc: BaseException) -> dict:
 
 
 def _materialise(enc: dict):
-    """An input, decoded in the student's process: arrays become JAX arrays unless asked otherwise."""
-    value = plaindata.decode(enc).value
+    """An input, decoded in the student's process: arrays become JAX arrays unless asked otherwise; an
+    abstract one (`verify.for_the_student`) becomes a jax.ShapeDtypeStruct, placed as asked."""
     kind = enc.get("kind")
+    if kind == "abstract":
+        import jax
+        import numpy as np
+
+        return jax.ShapeDtypeStruct(tuple(enc["shape"]), np.dtype(enc["dtype"]),
+                                    sharding=_sharding(enc["place"]) if enc.get("place") else None)
+    value = plaindata.decode(enc).value
     if kind in ("list", "tuple"):
         items = [_materialise(v) for v in enc["items"]]
         return items if kind == "list" else tuple(items)
@@ -53,19 +60,25 @@ def _materialise(enc: dict):
 
         placement = enc.get("place")
         if placement:
-            import numpy as np
-            from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-            names = tuple(placement["axes"])
-            shape = tuple(placement.get("shape") or (jax.device_count(),))
-            # each process's devices together, in process order: a pod may list them interleaved, and
-            # a mesh in that order would give a process blocks that are not contiguous
-            devices = sorted(jax.devices(), key=lambda d: d.process_index)  # stable: keeps the order within one
-            mesh = Mesh(np.array(devices).reshape(shape), names)
-            spec = PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in placement["spec"]])
-            return jax.device_put(value, NamedSharding(mesh, spec))
+            return jax.device_put(value, _sharding(placement))
         return jnp.asarray(value)
     return value
+
+
+def _sharding(placement: dict):
+    """The NamedSharding a test asks an input to arrive with (`checks.placed`)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    names = tuple(placement["axes"])
+    shape = tuple(placement.get("shape") or (jax.device_count(),))
+    # each process's devices together, in process order: a pod may list them interleaved, and
+    # a mesh in that order would give a process blocks that are not contiguous
+    devices = sorted(jax.devices(), key=lambda d: d.process_index)  # stable: keeps the order within one
+    mesh = Mesh(np.array(devices).reshape(shape), names)
+    spec = PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in placement["spec"]])
+    return NamedSharding(mesh, spec)
 
 
 def join_distributed() -> None:
@@ -191,9 +204,16 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
                            "where": None}
         return record
     printed = _Tee(sys.stdout)
+    traced = False
     try:
         args = [_materialise(a) for a in call.get("args", [])]
         kwargs = {k: _materialise(v) for k, v in call.get("kwargs", {}).items()}
+        traced = _abstract(args, kwargs)
+        if traced:  # a call the kit runs itself: here it is only traced and exported
+            with contextlib.redirect_stdout(printed):
+                record["program"] = facts.export(fn, args, kwargs, settle, raising=True)
+            record["stdout"] = "".join(printed.kept)
+            return record
         with contextlib.redirect_stdout(printed):
             out = fn(*args, **kwargs)
         if settle is not None:
@@ -207,6 +227,9 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
         record["value"] = plaindata.encode(out)
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything
         record["error"] = describe_exception(e)
+        if traced and type(e).__name__ in _NEEDS_VALUES:
+            record["error"]["message"] = (f"a test examines this function's compiled program, so it runs under "
+                                          f"jax.jit, where its inputs have no values yet: {record['error']['message']}")
     else:
         if call.get("facts"):
             record["facts"] = examine(fn, args, kwargs, settle)
@@ -214,6 +237,25 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
             record["program"] = facts.export(fn, args, kwargs, settle)  # the kit runs it itself: labkit.verify
     record["stdout"] = "".join(printed.kept)  # what the call printed in this process
     return record
+
+
+# What JAX raises when Python code asks a traced array for a value (`if x.sum() > 0`, `np.asarray(x)`).
+_NEEDS_VALUES = {"ConcretizationTypeError", "TracerArrayConversionError", "TracerBoolConversionError",
+                 "TracerIntegerConversionError"}
+
+
+def _abstract(args, kwargs) -> bool:
+    """Does the call carry inputs as shapes only (`verify.for_the_student`)?"""
+    stack = [*args, *kwargs.values()]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif type(v).__name__ == "ShapeDtypeStruct":
+            return True
+    return False
 
 
 def _one_process() -> bool:

@@ -1,17 +1,18 @@
 """Verdicts from a program the kit runs itself: each graded call's value and compiled facts, taken again.
 
-In the student's kernel the sealed harness calls each function on the tests' inputs and, beside what
-came back, exports the call's program with `jax.export` (`facts.export`). That kernel ran the
-student's code, so nothing it reports is evidence: a cell can read the harness's key and sign any
-values, and a function can show the examiner one program and return the graded value from another.
+The student's kernel ran the student's code, so nothing it reports is evidence: a cell can read the
+harness's key and sign any values, a function can show the examiner one program and return the graded
+value from another, and a program can hold as constants the answers to inputs it was shown.
 
-So, after a one-process run, the kit starts a fresh sandboxed Python, in which no student code has
-run, under the run's configuration and limits (`python -m labkit.verify`). It deserializes each
-program, refuses one that calls custom code outside a short allow-list or takes other inputs than the
-call gives, runs it on the tests' inputs (decoded from the kit's own call list) and reads the value
-and, where a test asks, the compiled facts from that same program. Those replace what the kernel
-reported: the value graded and the program examined are one and the same, and no key is worth
-stealing for them.
+So for a call the kit runs itself, the student's process is given only the shapes, dtypes and
+placements of the call's arrays (`for_the_student`): the sealed harness traces the function on them
+and exports its program with `jax.export` (`facts.export`); it never runs it and never sees a value.
+After the run, the kit starts a fresh sandboxed Python, in which no student code has run, under the
+run's configuration and limits (`python -m labkit.verify`). It deserializes each program, refuses one
+that calls custom code outside a short allow-list or takes other inputs than the call gives, runs it
+on the tests' inputs (decoded from the kit's own call list) and reads the value and, where a test
+asks, the compiled facts from that same program. The value graded and the program examined are one
+and the same, no key is worth stealing, and hidden inputs stay hidden.
 
 Which calls: every call of a function whose compiled program any test reads (`checks.compiled_call`):
 a test that looks at the program must see the one whose value it grades, and jax.jit must be able to
@@ -222,6 +223,32 @@ def mark(calls: list[dict]) -> list[dict]:
     return [c | {"verify": True} if c["function"] in examined else c for c in calls]
 
 
+def for_the_student(calls: list[dict]) -> list[dict]:
+    """The calls as the student's process gets them: a call the kit runs itself gets its JAX arrays as
+    shapes, dtypes and placements only, so the tests' inputs (hidden ones too) never enter that process
+    and no program can hold their answers. Inputs given as numpy arrays (host data the function reads
+    on the host, as lab 11's do) and Python values still arrive whole."""
+    return [_abstracted(c) if required(c) else c for c in calls]
+
+
+def _abstracted(call: dict) -> dict:
+    def strip(enc):
+        if not isinstance(enc, dict):
+            return enc
+        kind = enc.get("kind")
+        if kind in ("list", "tuple"):
+            return {**enc, "items": [strip(v) for v in enc["items"]]}
+        if kind == "dict":
+            return {**enc, "items": [[k, strip(v)] for k, v in enc["items"]]}
+        if kind == "array" and enc.get("as") != "numpy":
+            return {"kind": "abstract", "dtype": enc["dtype"], "shape": enc["shape"],
+                    **({"place": enc["place"]} if enc.get("place") else {})}
+        return enc
+
+    return {**call, "args": [strip(a) for a in call.get("args", [])],
+            "kwargs": {k: strip(v) for k, v in call.get("kwargs", {}).items()}}
+
+
 def required(call: dict) -> bool:
     """Must this call's value come from the kit's own run of its program? (See `mark`.)"""
     return bool(call.get("verify"))
@@ -262,7 +289,10 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     for result in record.results.values():
         result.pop("program", None)  # kept nowhere: what is kept is what the kit's run found
     for cid, result in record.results.items():
-        if not required(by_id.get(cid, {})) or cid in host_data:
+        if cid in host_data and "value" not in result:
+            _unverified(result, "the function makes arrays from host data inside, from inputs the kit gives as JAX "
+                                "arrays: it cannot be exported, and its value was not taken in the notebook")
+        elif not required(by_id.get(cid, {})) or cid in host_data:
             result["judged_by"] = "reported"
         elif "error" in result:
             result["judged_by"] = "verified"  # the call raised in the student's own process: that is the verdict
@@ -299,9 +329,14 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         if "unverified" in mine:
             _unverified(result, mine["unverified"])
             continue
-        if "unrunnable" in mine:  # the kit's limit, not the student's fault: the report stands, and says so
+        if "unrunnable" in mine and "value" in result:  # the kit's limit: the report stands, and says so
             result["judged_by"] = "reported"
             result["unrunnable"] = mine["unrunnable"]
+            continue
+        if "unrunnable" in mine:  # and no value was taken in the notebook (its inputs were shapes only)
+            _unverified(result, f"the kit found no way to run it on this configuration's devices "
+                                f"({mine['unrunnable']}); this is the kit's limit, not your program's: tell "
+                                "your course staff")
             continue
         result["value"] = mine["value"]
         if "facts" in mine:

@@ -188,6 +188,12 @@ def test_a_function_that_shows_the_examiner_another_program_is_graded_on_that_pr
     assert battery.passed("tracer_aware") <= battery.passed("identity")
 
 
+def test_the_tests_inputs_never_enter_the_students_process_so_no_program_holds_their_answers(battery):
+    calls = json.loads((battery.workdir("peek_at_inputs") / "calls.json").read_text())["calls"]
+    assert calls and all(a["kind"] == "abstract" and "data" not in a for c in calls for a in c["args"]), calls
+    scores_nothing(battery, "peek_at_inputs")
+
+
 def test_every_call_of_the_honest_submission_is_verified_and_its_programs_are_not_kept(battery):
     record = battery.record("honest")
     assert record.judged_by == "verified"
