@@ -419,8 +419,11 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
 
     import jax
 
+    def traced_and_exported(jitted, *specs):
+        return jitted.trace(*specs), jax.export.export(jitted)(*specs)
+
     try:
-        exported, names, _ = _trace(fn, args, kwargs, how=lambda jitted, *specs: jax.export.export(jitted)(*specs))
+        (traced, exported), names, _ = _trace(fn, args, kwargs, how=traced_and_exported)
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything when traced
         if raising and "callback" not in str(e).lower():
             raise
@@ -440,4 +443,5 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
         return _unavailable("the exported program could not be serialized", e)
     if len(blob) > PROGRAM_MAX_BYTES:
         return _unavailable(f"the exported program is {len(blob)} bytes, more than {PROGRAM_MAX_BYTES}")
-    return {"program": base64.b64encode(blob).decode("ascii")}
+    # What ran outside any inner jax.jit (`gather`'s `top_level`), read from the trace, as the examination does.
+    return {"program": base64.b64encode(blob).decode("ascii"), "top_level": _top_level(traced.jaxpr.jaxpr)}
