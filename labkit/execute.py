@@ -64,7 +64,8 @@ class RunRecord:
     limits: dict = field(default_factory=dict)  # the Limits the run had
     start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.warm`) or "cold" (a kernel of its own)
     judged_by: str = ""  # "verified" (values from the kit's own run of the programs, `labkit.verify`) or "reported"
-    verify_seconds: float = 0.0  # what the kit's own run of the programs took (within `seconds`' run, after it)
+    verify_seconds: float = 0.0  # what the kit's own run of the programs took (after the notebook's run)
+    verify_start: str = ""  # how that run started: "warm" (forked by the warm server) or "cold"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -308,7 +309,7 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
-        verify.verify(record, calls, workdir, env, limits, timeout, cache)
+        verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
         record.judged_by = verify.judged_by(record.results)
     except ForgedResults:
         record.status = "error"

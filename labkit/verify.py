@@ -191,9 +191,12 @@ def run_program(call: dict, blob: str) -> dict:
         return {"unrunnable": f"{type(e).__name__}: {harness._first_line(e)[:300]}"}
 
 
+JOB_FILE = "verify-job.json"  # in the run's kit folder, while the verifier runs: read-only to it, never the student's
+
+
 def main(argv: list[str]) -> int:
-    """`python -m labkit.verify OUT`: the job (calls and programs, JSON) on stdin; results to OUT, in this folder."""
-    job = json.loads(sys.stdin.buffer.read())
+    """`python -m labkit.verify OUT [JOB]`: the job (calls and programs, JSON) from JOB or stdin; results to OUT."""
+    job = json.loads(Path(argv[1]).read_bytes() if len(argv) > 1 else sys.stdin.buffer.read())
     import warnings
 
     from labkit import harness
@@ -271,14 +274,16 @@ def programs_of(results: dict) -> tuple[dict[str, str], dict[str, str]]:
     return found, missing
 
 
-def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None) -> None:
+def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None,
+           warm=None) -> None:
     """Run the programs of `record`'s calls in a fresh sandbox and put the values and facts found in `record`.
 
     Every call's result gets `judged_by`: "verified" (the kit's run) or "reported" (a call the test
     marks so). A required call whose program is missing, refused or failed becomes an error.
     `cache` (a `jaxcache.CompileCache`, the run's): the verifier compiles through it too, read-only
     unless the run fills it (a reference solution's), so a student's program the reference compiled
-    is not compiled again.
+    is not compiled again. `warm` (a started `warm.Server`): the verifier is forked by it, JAX already
+    imported, in a sandbox of its own as a warm kernel is; else, or where it cannot, it starts cold.
     """
     from labkit import sandbox
 
@@ -306,17 +311,31 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     began = time.monotonic()
     folder = scratch.empty(Path(kit_folder) / FOLDER)
     job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
+    job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
+    out = str(folder.resolve() / VERIFIED_FILE)
     with open(Path(kit_folder) / "verify.log", "wb") as log:
-        shared = (str(cache.folder),) if cache is not None else ()
-        proc = sandbox.launch([sys.executable, "-m", "labkit.verify", str(folder.resolve() / VERIFIED_FILE)],
-                              folder, env, limits, log=log, stdin=job,
-                              extra_ro=() if cache is not None and cache.writable else shared,
-                              extra_rw=shared if cache is not None and cache.writable else ())
+        proc = None
+        if warm is not None:
+            job_file.write_bytes(job)
+            try:
+                proc = warm.launch([out, str(job_file.resolve())], folder, env, limits, log, cache=cache,
+                                   readable=(Path(kit_folder),), module="labkit.verify")
+                record.verify_start = "warm"
+            except OSError as e:
+                log.write(f"labkit: no warm start for the verifier ({e}); it starts cold\n".encode())
+        if proc is None:
+            record.verify_start = "cold"
+            shared = (str(cache.folder),) if cache is not None else ()
+            proc = sandbox.launch([sys.executable, "-m", "labkit.verify", out], folder, env, limits, log=log,
+                                  stdin=job, extra_ro=() if cache is not None and cache.writable else shared,
+                                  extra_rw=shared if cache is not None and cache.writable else ())
         try:
             code = proc.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
             proc.kill()
             code = None
+        finally:
+            job_file.unlink(missing_ok=True)  # the tests' inputs, hidden ones too: kept nowhere a later run sees
     try:
         found = json.loads(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))["results"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -44,8 +44,9 @@ PRELOAD = ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.experimental.mesh_u
            "ipykernel.debugger", "ipykernel.zmqshell", "ipykernel.iostream", "ipykernel.heartbeat",
            "ipykernel.comm", "IPython.core.history", "IPython.core.completer", "sqlite3", "pdb", "pydoc",
            "tornado.ioloop", "tornado.queues", "xml.dom.minidom", "xmlrpc.client", "unicodedata", "faulthandler",
-           "psutil")
+           "psutil", "jax.export", "labkit.verify", "labkit.facts")
 READY, UNAVAILABLE = "ready", "unavailable"
+MODULES = ("labkit.verify",)  # what a forked child may run instead of a kernel: the kit's own, never a student's
 START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 
 
@@ -237,10 +238,13 @@ class Server:
         return False
 
     def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
-               readable: tuple = ()) -> WarmRun:
+               readable: tuple = (), module: str | None = None) -> WarmRun:
         """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not.
 
-        `readable`: the run's kit folder (at most one), which holds `workdir` and which the run sees read-only."""
+        `readable`: the run's kit folder (at most one), which holds `workdir` and which the run sees read-only.
+        `module`: instead of a kernel, one of the kit's own programs (`MODULES`: the verifier) with `argv`."""
+        if module is not None and module not in MODULES:
+            raise OSError(f"the warm server runs no module {module!r}")
         from labkit import runusers
 
         if not self.ready():
@@ -251,14 +255,14 @@ class Server:
         if self.user is not None and not runusers.hand_over(workdir, self.user):
             raise OSError(f"{workdir} could not be handed to the run's user")
         try:
-            return self._launch(argv, workdir, env, limits, log, cache, readable)
+            return self._launch(argv, workdir, env, limits, log, cache, readable, module)
         except OSError:
             if self.user is not None:  # the cold start that follows is this process's own user's
                 runusers.hand_over(workdir, os.geteuid())
             raise
 
     def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
-                readable: tuple = ()) -> WarmRun:
+                readable: tuple = (), module: str | None = None) -> WarmRun:
         from labkit import sandbox
 
         token = os.urandom(16).hex()
@@ -274,7 +278,7 @@ class Server:
         shared = {str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
                   for p in self.shared}
         request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared,
-                   "readable": str(Path(readable[0]).resolve()) if readable else None}
+                   "readable": str(Path(readable[0]).resolve()) if readable else None, "module": module}
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -419,6 +423,10 @@ def _kernel(request: dict, workdir: Path) -> None:
             sys.modules["numpy"].random.seed()  # numpy's global generator was made in the server: not shared
         os.chdir(workdir)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request.get("module") == "labkit.verify":  # the kit's own run of a run's exported programs
+            from labkit import verify
+
+            os._exit(verify.main(list(request["argv"])))
         sys.argv = ["ipykernel_launcher", *request["argv"]]
         from ipykernel.kernelapp import IPKernelApp
 

@@ -121,6 +121,18 @@ def test_two_warm_runs_draw_different_random_numbers(looked):
     assert looked["warm-1"][1]["random"] != looked["warm-8"][1]["random"]
 
 
+def test_the_kits_own_run_of_the_programs_is_forked_by_the_server_too_and_leaves_no_inputs_behind(server, runs_root):
+    lab = catalog.lab(3)
+    calls = judge.collect_calls(lab.test_dirs(hidden=True))
+    records = {start: execute.run_notebook(lab.reference, configs.by_name("cpu-8"), calls, runs_root / f"verify-{start}",
+                                           timeout=180, limits=LIMITS, warm=with_server)
+               for start, with_server in (("warm", server), ("cold", None))}
+    for start, record in records.items():
+        assert (record.status, record.judged_by, record.verify_start) == ("ok", "verified", start), record.message
+        assert not (Path(record.workdir) / "verify-job.json").exists()  # the hidden inputs are not kept
+    assert records["warm"].results == records["cold"].results
+
+
 def test_the_server_never_starts_a_jax_backend(server):
     # a backend started in the server would fix the device count of every run it forks
     log = (server.folder / "server.log").read_text(errors="replace")
