@@ -90,7 +90,7 @@ class Placed:
     value: Any
     spec: tuple
     axes: tuple = ("data",)
-    mesh_shape: tuple | None = None  # None: one axis over every device
+    mesh_shape: tuple | None = None  # None: one axis over every device; (2, -1): a grid that fits (harness.fit_mesh_shape)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,11 @@ def call(function: str, *args, **kwargs) -> Call:
 
 
 def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
-    """An input already placed on the student's devices: `placed(x, ("data", None))`."""
+    """An input already placed on the student's devices: `placed(x, ("data", None))`.
+
+    `mesh_shape=(2, -1)` with `axes=("data", "model")` places it on a grid of every device that fits
+    the run: 2 x 4 on eight devices, 1 x 1 on one (see `labkit.harness.fit_mesh_shape`).
+    """
     return Placed(np.asarray(value), tuple(spec), tuple(axes), tuple(mesh_shape) if mesh_shape else None)
 
 

@@ -228,3 +228,13 @@ def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_exami
     calls = {c["function"]: c for c in judge.collect_calls([tmp_path])}
     assert sorted(calls) == ["f", "g"]
     assert calls["f"].get("facts") is True and "facts" not in calls["g"]
+
+
+def test_a_placed_grid_fits_the_devices_of_the_run():
+    from labkit.harness import fit_mesh_shape
+
+    assert fit_mesh_shape(None, 8) == (8,)
+    assert fit_mesh_shape((2, -1), 8) == (2, 4)
+    assert fit_mesh_shape((2, -1), 1) == (1, 1)
+    assert fit_mesh_shape((2, -1), 3) == (1, 3)
+    assert fit_mesh_shape((4, 2), 8) == (4, 2)
