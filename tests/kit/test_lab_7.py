@@ -179,3 +179,28 @@ def test_copying_everything_to_every_device_passes_on_cpu_1_and_breaks_each_budg
     assert "That collective runs over 'data'" in messages["test_layer_grid_communicates_only_over_model"]
     assert "devices repeat each other's work" in messages["test_layer_grid_computes_only_its_share_of_the_products"]
     assert "no device may hold the whole matrix" in messages["test_layer_grid_never_holds_the_whole_of_x"]
+
+
+# layer_grid_w_in_pieces in layer_grid's design: w copied whole, x moved by an all-to-all.
+STRETCH_WITH_W_WHOLE = [
+    ('w_rows = P("data", "model"), P(("data", "model"), None), P("model", None)',
+     'w_rows = P("data", "model"), P(("data", "model"), None), P()'),
+    (('mine = jax.lax.psum_scatter(tile @ w_rows, "model", scatter_dimension=0, tiled=True)\n'
+     '        return jax.nn.sigmoid(mine + b)'),
+     ('mine = jax.lax.all_to_all(tile, "model", split_axis=0, concat_axis=1, tiled=True)\n'
+     '        return jax.nn.sigmoid(mine @ w_rows + b)')),
+]
+
+
+def test_a_stretch_that_copies_w_to_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    """Right values, and every line of the budget kept but the stretch's own: w in pieces."""
+    assert all(old in reference_code() for old, _ in STRETCH_WITH_W_WHOLE), "a replacement finds nothing"
+    done = kit("lab", "7", "--notebook", str(variant(7, *STRETCH_WITH_W_WHOLE)), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcomes = lab_outcomes(7)
+    assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
+    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
+    assert set(failed) == {"test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget"}, failed
+    caught = failed.popitem()[1]
+    assert caught["hidden"] and caught["points"] == 0
+    assert "every device holds all of w" in caught["message"] and "does not fit here" in caught["message"], caught

@@ -167,3 +167,17 @@ def test_layer_grid_never_holds_the_whole_of_x(got, run):
         expect_held_below(got, XH.nbytes, what="all of x: no device may hold the whole matrix",
                           hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
                                "or partial products")
+
+
+# -- stretch (not graded: points=0): layer_grid_w_in_pieces ------------------------------------
+
+@check(points=0, got=compiled_call("layer_grid_w_in_pieces", public.tiled(XH), WH, BH))
+def test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, n), rtol=1e-5, atol=1e-6)
+    public.expect_rows_split_over_every_device(got, n)
+    _, m = public.grid_shape(n)
+    expect_input_split(got, 1, m, name="w", hint=f"Each device may hold 1/{m} of w, its share along 'model': a "
+                                                 "design that needs all of w on every device does not fit here")
+    expect_collectives_within(got, _grid_rows(n), allowed="over 'model'")
+    expect_work_share(got, PRODUCTS, n, what="x @ w for the whole batch")

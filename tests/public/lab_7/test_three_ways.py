@@ -147,3 +147,12 @@ def test_layer_grid_computes_the_layer_of_every_row(got, run):
 @check(got=call("layer_grid", tiled(XG), WG, BG))
 def test_layer_grid_leaves_its_rows_split_over_every_device(got, run):
     expect_rows_split_over_every_device(got, run.device_count)
+
+
+# -- stretch (not graded: points=0): layer_grid_w_in_pieces, the same contract with w in pieces -----
+
+@check(points=0, got=call("layer_grid_w_in_pieces", tiled(XG), WG, BG))
+def test_layer_grid_w_in_pieces_computes_the_layer_of_every_row(got, run):
+    want = sigmoid(XG.astype(np.float64) @ WG.astype(np.float64) + BG)
+    expect_close_naming_mistakes(got, want, grid_mistakes(XG, WG, BG, run.device_count), rtol=1e-5, atol=1e-6)
+    expect_rows_split_over_every_device(got, run.device_count)
