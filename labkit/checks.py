@@ -90,7 +90,7 @@ class Placed:
     value: Any
     spec: tuple
     axes: tuple = ("data",)
-    mesh_shape: tuple | None = None  # None: one axis over every device
+    mesh_shape: tuple | None = None  # None: one axis over every device; (2, -1): a grid that fits (harness.fit_mesh_shape)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,11 @@ def call(function: str, *args, **kwargs) -> Call:
 
 
 def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
-    """An input already placed on the student's devices: `placed(x, ("data", None))`."""
+    """An input already placed on the student's devices: `placed(x, ("data", None))`.
+
+    `mesh_shape=(2, -1)` with `axes=("data", "model")` places it on a grid of every device that fits
+    the run: 2 x 4 on eight devices, 1 x 1 on one (see `labkit.harness.fit_mesh_shape`).
+    """
     return Placed(np.asarray(value), tuple(spec), tuple(axes), tuple(mesh_shape) if mesh_shape else None)
 
 
@@ -534,3 +538,46 @@ def expect_jitted(got: plaindata.Value, *, allowed=("jit", "pjit", "device_put",
     loose = sorted(set(facts.top_level) - set(allowed))
     if loose:
         raise Mismatch(_with_hint(f"the work ran op by op, outside any jax.jit ({', '.join(loose)})", hint))
+
+
+def expect_work_share(got: plaindata.Value, whole_flops: float, devices: int, *, slack: float = 1.5,
+                      what: str = "the whole computation", hint: str | None = None) -> None:
+    """One device's FLOPs stay within `slack` times its 1/`devices` share of `whole_flops`.
+
+    Tighter than `expect_work_split`: that one catches a device computing everything, this one also
+    catches devices that repeat part of each other's work (a grid row whose devices all compute the
+    same rows). `slack` leaves room for the small work around the main products.
+    """
+    _, flops = _compiled(got, "flops")
+    if devices <= 1 or flops <= slack * whole_flops / devices:
+        return
+    raise Mismatch(_with_hint(
+        f"one device does {flops:.3g} FLOPs, {flops / whole_flops:.2f} of the {whole_flops:.3g} that {what} needs, "
+        f"where its 1/{devices} share is {whole_flops / devices:.3g}: devices repeat each other's work", hint))
+
+
+def expect_collectives_within(got: plaindata.Value, blocks, *, allowed: str, hint: str | None = None) -> None:
+    """Every collective joins only devices of one of `blocks` (sets of the program's device positions).
+
+    Positions are the program's own numbering of its devices, the order of its mesh: on a 2 x 4 grid,
+    the blocks {0..3} and {4..7} are its rows, so collectives within them run over the second axis
+    only. A collective-permute counts its sources and destinations as joined.
+    """
+    _, found = _compiled(got, "collectives")
+    blocks = [set(b) for b in blocks]
+    for c in found:
+        for group in (c.groups or [tuple(d for pair in c.pairs for d in pair)]):
+            if not any(set(group) <= b for b in blocks):
+                raise Mismatch(_with_hint(
+                    f"the compiled program has {'an' if c.op[0] in 'aeiou' else 'a'} {c.op} that joins devices "
+                    f"{sorted(group)}, where only "
+                    f"collectives {allowed} are allowed", hint))
+
+
+def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str | None = None) -> None:
+    """One device's arguments and temporaries (the compiled program's memory analysis) stay below `limit` bytes."""
+    _, memory = _compiled(got, "memory")
+    held = memory["argument"] + memory["temp"]
+    if held >= limit:
+        raise Mismatch(_with_hint(f"one device holds {_size(held)} of arguments and temporaries, at least the "
+                                  f"{_size(limit)} of {what}", hint))

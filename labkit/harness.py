@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import traceback
@@ -34,6 +35,21 @@ def describe_exception(exc: BaseException) -> dict:
             where = {"line": frame.lineno, "code": (frame.line or "").strip()[:200]}
             break
     return {"type": type(exc).__name__, "message": _first_line(exc) or "", "where": where}
+
+
+def fit_mesh_shape(shape, devices: int) -> tuple[int, ...]:
+    """The mesh shape a placed input asked for, on `devices` devices: None is one axis over them all; a -1
+    takes the devices the other sizes leave, and each other size is kept where it divides what is left,
+    else cut to the largest size that does (`(2, -1)`: 2 x 4 on eight devices, 1 x 1 on one, 1 x 3 on three)."""
+    if not shape:
+        return (devices,)
+    if -1 not in shape:
+        return tuple(shape)
+    left, fitted = devices, []
+    for size in shape:
+        fitted.append(-1 if size == -1 else math.gcd(size, left))
+        left //= 1 if size == -1 else fitted[-1]
+    return tuple(left if size == -1 else size for size in fitted)
 
 
 def _materialise(enc: dict):
@@ -72,7 +88,7 @@ def _sharding(placement: dict):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     names = tuple(placement["axes"])
-    shape = tuple(placement.get("shape") or (jax.device_count(),))
+    shape = fit_mesh_shape(placement.get("shape"), jax.device_count())
     # each process's devices together, in process order: a pod may list them interleaved, and
     # a mesh in that order would give a process blocks that are not contiguous
     devices = sorted(jax.devices(), key=lambda d: d.process_index)  # stable: keeps the order within one

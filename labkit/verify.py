@@ -19,7 +19,7 @@ a test that looks at the program must see the one whose value it grades, and jax
 trace such a function anyway (`mark`). Each must be verified, or it is an error that says why, with
 two exceptions that keep the report: a function that makes arrays from host data inside (lab 11's)
 has a program whose inputs are not the call's; and a program the kit cannot place on its devices (an
-output tiled over a mesh the program does not name, as in lab 7's `layer_batched`) is not run. Calls
+output tiled over a mesh the program does not name) is not run. Calls
 of functions no test examines (host-side Python is allowed there: lab 1's) keep the kernel's own
 report too, and so does every call of a multi-process run; each row says which (`judged_by`:
 "verified", "partly verified" or "reported"). What still rests on the report is named in docs/sandbox.md.

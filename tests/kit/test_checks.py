@@ -14,13 +14,16 @@ from labkit.checks import (
     compiled_call,
     expect_close,
     expect_collective,
+    expect_collectives_within,
     expect_dtype,
     expect_equal,
+    expect_held_below,
     expect_input_split,
     expect_jitted,
     expect_replicated,
     expect_shape,
     expect_split_across,
+    expect_work_share,
     expect_work_split,
 )
 
@@ -193,6 +196,36 @@ def test_a_device_doing_the_whole_batchs_flops_is_named():
     assert "every device computes all of it" in message(expect_work_split, compiled(flops=1100.0), 1000.0, 8)
 
 
+def test_a_device_repeating_part_of_its_neighbours_work_is_named():
+    expect_work_share(compiled(flops=130.0), 1000.0, 8)  # its 125, and a little around it
+    text = message(expect_work_share, compiled(flops=500.0), 1000.0, 8, what="x @ w")
+    assert text.startswith("one device does 500 FLOPs, 0.50 of the 1e+03 that x @ w needs") and "1/8 share" in text
+
+
+ROWS_OF_A_2X4_GRID = [{0, 1, 2, 3}, {4, 5, 6, 7}]
+
+
+def test_collectives_inside_the_rows_of_a_grid_pass_and_one_across_them_is_named():
+    over_model = {"op": "all-to-all", "shape": "f32[2,8]", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+    expect_collectives_within(compiled(collectives=[over_model]), ROWS_OF_A_2X4_GRID, allowed="over 'model'")
+    over_data = {"op": "all-reduce", "shape": "f32[8]", "groups": [[0, 4], [1, 5], [2, 6], [3, 7]]}
+    text = message(expect_collectives_within, compiled(collectives=[over_model, over_data]), ROWS_OF_A_2X4_GRID,
+                   allowed="over 'model'")
+    assert text == "the compiled program has an all-reduce that joins devices [0, 4], where only collectives over " \
+                   "'model' are allowed"
+    across = {"op": "collective-permute", "shape": "f32[8]", "pairs": [[3, 4]]}
+    assert "a collective-permute that joins devices [3, 4]" in message(
+        expect_collectives_within, compiled(collectives=[across]), ROWS_OF_A_2X4_GRID, allowed="over 'model'")
+
+
+def test_a_device_holding_as_much_as_a_whole_input_is_named():
+    small = {"argument": 4096, "output": 1024, "temp": 4096, "alias": 0}
+    expect_held_below(compiled(memory=small), 32768, what="all of x")
+    big = {"argument": 4096, "output": 1024, "temp": 49152, "alias": 0}
+    assert message(expect_held_below, compiled(memory=big), 32768, what="all of x").startswith(
+        "one device holds 52 KiB of arguments and temporaries, at least the 32 KiB of all of x")
+
+
 def test_work_done_op_by_op_is_not_jitted():
     expect_jitted(compiled(top_level=["device_put", "jit"]))
     assert "outside any jax.jit (add, sin)" in message(expect_jitted, compiled(top_level=["add", "sin"]))
@@ -228,3 +261,13 @@ def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_exami
     calls = {c["function"]: c for c in judge.collect_calls([tmp_path])}
     assert sorted(calls) == ["f", "g"]
     assert calls["f"].get("facts") is True and "facts" not in calls["g"]
+
+
+def test_a_placed_grid_fits_the_devices_of_the_run():
+    from labkit.harness import fit_mesh_shape
+
+    assert fit_mesh_shape(None, 8) == (8,)
+    assert fit_mesh_shape((2, -1), 8) == (2, 4)
+    assert fit_mesh_shape((2, -1), 1) == (1, 1)
+    assert fit_mesh_shape((2, -1), 3) == (1, 3)
+    assert fit_mesh_shape((4, 2), 8) == (4, 2)

@@ -74,13 +74,9 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          "        return jax.nn.sigmoid(jnp.matmul(x, w, out_sharding=P()) + b)"),
         # a jitted function that reshards unplaced inputs runs under the mesh it reshards to
         ("    return constrained(x, w, b)", "    with jax.set_mesh(mesh):\n        return constrained(x, w, b)"),
-        ("    return mapped(x, w, b)",
-         f"    return mapped({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
-        # stretch: the 2-D grid from jax.make_mesh, and x and w placed on it before shard_map
-        ('grid = Mesh(np.array(jax.devices()).reshape(shape), ("data", "model"))',
-         'grid = jax.make_mesh(shape, ("data", "model"))'),
-        ("    return batched(x, w, b)",
-         f"    return batched(jax.reshard(x, {NS}(grid, P('data', 'model'))), jax.reshard(w, {NS}(grid, P('model', None))), b)"),
+        ("out_specs=P())\n    return mapped(x, w, b)",
+         f"out_specs=P())\n    return mapped({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
+        # layer_grid and its stretch build their grid with jax.make_mesh already
     ],
     8: [
         ("    loss, grads = step(state, x, y)",

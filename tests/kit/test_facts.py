@@ -143,6 +143,24 @@ def test_replica_groups_in_every_form_of_the_hlo_text():
     assert facts.parse_groups("[4,2]<=[2,4]T(1,0)", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
+def test_replica_groups_named_by_mesh_axes_join_the_devices_that_differ_only_along_them():
+    assert facts.parse_groups("mesh['data'=2,'model'=4] {'model'}", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert facts.parse_groups("mesh['data'=2,'model'=4] {'data'}", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert facts.parse_groups("mesh['data'=2,'model'=4] {'data','model'}", 8) == [list(range(8))]
+
+
+def test_a_collective_over_one_axis_of_a_grid_is_not_read_as_over_every_device():
+    hlo = ("%rs = f32[2,12]{1,0} reduce-scatter(%f), channel_id=1, replica_groups=mesh['data'=2,'model'=4] "
+           "{'model'}, use_global_device_ids=true, dimensions={0}, to_apply=%region_0.0")
+    found = facts.collectives_in(hlo, 8)
+    assert found == [{"op": "reduce-scatter", "shape": "f32[2,12]{1,0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}]
+
+
+def test_replica_groups_in_a_form_not_known_are_refused_rather_than_read_as_every_device():
+    with pytest.raises(ValueError, match="does not know"):
+        facts.collectives_in("%ar = f32[8]{0} all-reduce(%p), replica_groups=mesh['x'=8] {'x':(2)4}", 8)
+
+
 def test_collectives_of_an_hlo_module_with_async_pairs_and_permutes():
     hlo = textwrap.dedent('''
         %ars = f32[8]{0} all-reduce-start(f32[8]{0} %p), channel_id=1, replica_groups=[2,4]<=[8], to_apply=%add

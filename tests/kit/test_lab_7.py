@@ -3,6 +3,8 @@ and on cpu-8 a hidden test names the mistake."""
 
 import json
 
+import pytest
+
 from labkit import catalog
 
 MISTAKES = [
@@ -74,17 +76,139 @@ def test_each_layer_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_
         assert "every device holds all of x" in outcome["message"] and phrase in outcome["message"], outcome
 
 
-def test_a_stretch_that_splits_only_the_batch_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
-    """layer_batched with x cut by rows alone and w whole: data parallelism, right values, 1/2 of x per device."""
-    rows_only = variant(7, ('return jax.nn.sigmoid(jax.lax.psum(x_block @ w_block, "model") + b)',
-                            "return jax.nn.sigmoid(x_block @ w_block + b)"),
-                        ('specs = (P("data", "model"), P("model", None), P())', 'specs = (P("data", None), P(), P())'))
-    done = kit("lab", "7", "--notebook", str(rows_only), "--configs", "cpu-1,cpu-8", "--hidden")
+# -- layer_grid: designs that meet its budget, and two that do not --------------------------------
+
+# The reference moves x: an all-to-all over 'model' gives each device whole rows, multiplied by a copy of w.
+REFERENCE_DESIGN = (
+    """    w = jax.reshard(w, NamedSharding(grid, P()))
+    b = jax.reshard(b, NamedSharding(grid, P()))
+
+    def per_device(tile, w, b):
+        # Trade tiles inside the grid row: keep 1/m of the rows with all their features.
+        mine = jax.lax.all_to_all(tile, "model", split_axis=0, concat_axis=1, tiled=True)
+        return jax.nn.sigmoid(mine @ w + b)
+
+    mapped = jax.shard_map(per_device, mesh=grid, in_specs=(tiles, P(), P()), out_specs=rows)
+""")
+
+
+def design(per_device: str, w_spec: str = "P()", x_spec: str = "tiles") -> tuple[str, str]:
+    """The reference with another per-device program, w placed as `w_spec` and x handed over as `x_spec`."""
+    return (REFERENCE_DESIGN, f"""    w = jax.reshard(w, NamedSharding(grid, {w_spec}))
+    b = jax.reshard(b, NamedSharding(grid, P()))
+    x = jax.reshard(x, NamedSharding(grid, {x_spec}))
+
+{per_device}
+    mapped = jax.shard_map(per_device, mesh=grid, in_specs=({x_spec}, {w_spec}, P()), out_specs=rows)
+""")
+
+
+# Moves the partial products: each tile times the matching rows of w, added and scattered over 'model'.
+PARTIAL_PRODUCTS_SCATTERED = design("""    def per_device(tile, w_rows, b):
+        mine = jax.lax.psum_scatter(tile @ w_rows, "model", scatter_dimension=0, tiled=True)
+        return jax.nn.sigmoid(mine + b)
+""", w_spec='P("model", None)')
+
+# Lets the compiler move x: a reshard to whole rows before shard_map (it chooses an all-to-all over 'model').
+ROWS_BY_RESHARD = design("""    def per_device(mine, w, b):
+        return jax.nn.sigmoid(mine @ w + b)
+""", x_spec="rows")
+
+# The partial products added over the wrong axis, 'data', then each device keeps its own rows.
+ADDED_OVER_DATA = design("""    def per_device(tile, w_rows, b):
+        total = jax.lax.psum(tile @ w_rows, "data")
+        k = total.shape[0] // jax.lax.axis_size("model")
+        mine = jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("model") * k, k)
+        return jax.nn.sigmoid(mine + b)
+""", w_spec='P("model", None)')
+
+# Everything copied to every device, the whole layer computed there, its rows handed back split.
+COPY_EVERYTHING = (REFERENCE_DESIGN + "    return mapped(x, w, b)\n", """    x = jax.reshard(x, NamedSharding(grid, P()))
+    w = jax.reshard(w, NamedSharding(grid, P()))
+    b = jax.reshard(b, NamedSharding(grid, P()))
+    return jax.reshard(jax.jit(layer)(x, w, b), NamedSharding(grid, rows))
+""")
+
+GRID_TESTS = {"test_layer_grid_computes_the_layer_of_every_row", "test_layer_grid_leaves_its_rows_split_over_every_device",
+              "test_layer_grid_of_a_random_batch", "test_layer_grid_communicates_only_over_model",
+              "test_layer_grid_computes_only_its_share_of_the_products", "test_layer_grid_never_holds_the_whole_of_x"}
+
+
+def reference_code() -> str:
+    cells = json.loads(catalog.lab(7).reference.read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def run_grid_design(kit, lab_outcomes, notebook) -> dict:
+    done = kit("lab", "7", "--notebook", str(notebook), "--configs", "cpu-1,cpu-8", "--hidden")
+    outcomes = lab_outcomes(7)
+    assert GRID_TESTS <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
+    assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), outcomes["cpu-1"]
+    return {"returncode": done.returncode, "output": done.stdout + done.stderr,
+            "failed": {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}}
+
+
+# The reference's design on an Auto mesh, Mesh(...), as the other exercises build theirs: its inputs are
+# placed with jax.device_put (jax.reshard takes Explicit axes only).
+AUTO_MESH = [('grid = jax.make_mesh((2, n // 2) if n % 2 == 0 else (1, n), ("data", "model"))',
+              'grid = Mesh(np.array(jax.devices()).reshape((2, n // 2) if n % 2 == 0 else (1, n)), ("data", "model"))'),
+             ("jax.reshard(", "jax.device_put(")]
+
+
+@pytest.mark.parametrize("other", [[PARTIAL_PRODUCTS_SCATTERED], [ROWS_BY_RESHARD], AUTO_MESH],
+                         ids=["psum_scatter", "reshard", "auto-mesh"])
+def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, variant, other):
+    assert all(old in reference_code() for old, _ in other), "the reference changed: update the designs here"
+    ran = run_grid_design(kit, lab_outcomes, variant(7, *other))
+    assert ran["returncode"] == 0 and not ran["failed"], ran
+
+
+def test_partial_products_added_over_data_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_grid_design(kit, lab_outcomes, variant(7, ADDED_OVER_DATA))
+    assert ran["returncode"] == 1 and set(ran["failed"]) == {
+        "test_layer_grid_computes_the_layer_of_every_row", "test_layer_grid_of_a_random_batch",
+        "test_layer_grid_communicates_only_over_model"}, ran
+    for test in ("test_layer_grid_computes_the_layer_of_every_row", "test_layer_grid_of_a_random_batch"):
+        assert "were added over 'data', whose devices hold different examples" in ran["failed"][test]["message"]
+    axis = ran["failed"]["test_layer_grid_communicates_only_over_model"]
+    assert axis["hidden"] and "an all-reduce that joins devices [0, 4]" in axis["message"], axis
+    assert "That collective runs over 'data'" in axis["message"], axis
+
+
+def test_copying_everything_to_every_device_passes_on_cpu_1_and_breaks_each_budget_on_cpu_8(kit, lab_outcomes,
+                                                                                            variant):
+    assert COPY_EVERYTHING[0] in reference_code(), "the reference's design changed: update REFERENCE_DESIGN"
+    ran = run_grid_design(kit, lab_outcomes, variant(7, COPY_EVERYTHING))
+    assert ran["returncode"] == 1 and set(ran["failed"]) == {
+        "test_layer_grid_communicates_only_over_model", "test_layer_grid_computes_only_its_share_of_the_products",
+        "test_layer_grid_never_holds_the_whole_of_x"}, ran
+    messages = {t: o["message"] for t, o in ran["failed"].items()}
+    assert all(o["hidden"] for o in ran["failed"].values())
+    assert "That collective runs over 'data'" in messages["test_layer_grid_communicates_only_over_model"]
+    assert "devices repeat each other's work" in messages["test_layer_grid_computes_only_its_share_of_the_products"]
+    assert "no device may hold the whole matrix" in messages["test_layer_grid_never_holds_the_whole_of_x"]
+
+
+# layer_grid_w_in_pieces in layer_grid's design: w copied whole, x moved by an all-to-all.
+STRETCH_WITH_W_WHOLE = [
+    ('w_rows = P("data", "model"), P(("data", "model"), None), P("model", None)',
+     'w_rows = P("data", "model"), P(("data", "model"), None), P()'),
+    (('mine = jax.lax.psum_scatter(tile @ w_rows, "model", scatter_dimension=0, tiled=True)\n'
+     '        return jax.nn.sigmoid(mine + b)'),
+     ('mine = jax.lax.all_to_all(tile, "model", split_axis=0, concat_axis=1, tiled=True)\n'
+     '        return jax.nn.sigmoid(mine @ w_rows + b)')),
+]
+
+
+def test_a_stretch_that_copies_w_to_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    """Right values, and every line of the budget kept but the stretch's own: w in pieces."""
+    assert all(old in reference_code() for old, _ in STRETCH_WITH_W_WHOLE), "a replacement finds nothing"
+    done = kit("lab", "7", "--notebook", str(variant(7, *STRETCH_WITH_W_WHOLE)), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     outcomes = lab_outcomes(7)
     assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
     failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
-    assert set(failed) == {"test_layer_batched_stores_one_tile_of_x_per_device_and_splits_the_work"}, failed
+    assert set(failed) == {"test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget"}, failed
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 0
-    assert "more than 1/8 of it" in caught["message"] and "P('data', 'model')" in caught["message"]
+    assert "every device holds all of w" in caught["message"] and "does not fit here" in caught["message"], caught

@@ -2,7 +2,9 @@
 
 A layer computed whole on every device (placements or specs of P()) gives the right values and a
 full copy everywhere, as the split layer does; the compiled program tells them apart: what each
-device stores of x and w, and the all-reduce that adds the partial products.
+device stores of x and w, and the all-reduce that adds the partial products. The grid exercise
+(layer_grid) is held to its budget the same way: which devices its collectives join, the FLOPs and
+the bytes of one device.
 """
 
 import importlib.util
@@ -17,9 +19,11 @@ from labkit.checks import (
     expect_close,
     expect_close_naming_mistakes,
     expect_collective,
+    expect_collectives_within,
+    expect_held_below,
     expect_input_split,
     expect_replicated,
-    expect_work_split,
+    expect_work_share,
 )
 
 RNG = np.random.default_rng(7)
@@ -107,31 +111,73 @@ def test_shard_map_splits_x_and_w_over_the_devices_and_adds_the_partial_products
     expect_layer_split(got, run.device_count, "layer_shard_map")
 
 
-# -- stretch (not graded: points=0): layer_batched --------------------------------------------
+# -- exercise 4: layer_grid, held to its budget --------------------------------------------------
 
 _spec = importlib.util.spec_from_file_location(
     "lab7_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_7" / "test_three_ways.py")
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 
-XH = RNG.normal(size=(64, 32)).astype(np.float32) / 4
-WH = RNG.normal(size=(32, 32)).astype(np.float32) / 4
-BH = RNG.normal(size=32).astype(np.float32)
-SPLIT_BOTH_WAYS = ("Every device computes the whole batch's layer. Give x in_specs=P('data', 'model') and w "
-                   "P('model', None) on the ('data', 'model') grid, and add the partial products with "
-                   "jax.lax.psum(..., 'model')")
+# A layer that narrows (d = 64 features to f = 16): x is 32 KiB, w 4 KiB, a tile of x 4 KiB on eight devices.
+XH = RNG.normal(size=(128, 64)).astype(np.float32) / 4
+WH = RNG.normal(size=(64, 16)).astype(np.float32) / 4
+BH = RNG.normal(size=16).astype(np.float32)
+GRID_WANT = sigmoid(XH.astype(np.float64) @ WH.astype(np.float64) + BH)
+GRID_CALL = compiled_call("layer_grid", public.tiled(XH), WH, BH)
+PRODUCTS = 2.0 * XH.shape[0] * WH.size  # the FLOPs of x @ w
 
 
-@check(points=0, got=call("layer_batched", XH, WH, BH))
-def test_layer_batched_of_a_random_batch(got, run):
-    want = sigmoid(XH.astype(np.float64) @ WH.astype(np.float64) + BH)
-    expect_close_naming_mistakes(got, want, public.batched_mistakes(XH, WH, BH, run.device_count), rtol=1e-5,
+@check(got=call("layer_grid", public.tiled(XH), WH, BH))
+def test_layer_grid_of_a_random_batch(got, run):
+    expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, run.device_count), rtol=1e-5,
                                  atol=1e-6)
-    public.expect_rows_split_along_data(got, run.device_count)
+    public.expect_rows_split_over_every_device(got, run.device_count)
 
 
-@check(points=0, got=compiled_call("layer_batched", XH, WH, BH))
-def test_layer_batched_stores_one_tile_of_x_per_device_and_splits_the_work(got, run):
+def _grid_rows(n: int) -> list[set[int]]:
+    """The devices of each grid row (the program numbers them in the grid's order, row after row)."""
+    a, m = public.grid_shape(n)
+    return [set(range(i * m, (i + 1) * m)) for i in range(a)]
+
+
+@check(got=GRID_CALL)
+def test_layer_grid_communicates_only_over_model(got, run):
     n = run.device_count
-    expect_input_split(got, 0, n, name="x", hint=SPLIT_BOTH_WAYS)
-    expect_work_split(got, 2.0 * XH.shape[0] * WH.size, n, what="the whole batch's layer", hint=SPLIT_BOTH_WAYS)
+    grid = " x ".join(map(str, public.grid_shape(n)))
+    expect_collectives_within(
+        got, _grid_rows(n), allowed=f"inside one row of the {grid} grid, over 'model',",
+        hint="That collective runs over 'data', between devices that hold different examples. One example's "
+             "features are spread over the devices of one grid row, so everything its row of the result needs can "
+             "be brought together, or added up, over 'model'. (A jax.reshard or in_specs that copies x whole to "
+             "every device makes such a collective too)")
+
+
+@check(got=GRID_CALL)
+def test_layer_grid_computes_only_its_share_of_the_products(got, run):
+    expect_work_share(got, PRODUCTS, run.device_count, what="x @ w for the whole batch",
+                      hint="Each device should multiply only numbers no other device multiplies: its own rows with "
+                           "all their features, or its own tile with the matching rows of w")
+
+
+@check(got=GRID_CALL)
+def test_layer_grid_never_holds_the_whole_of_x(got, run):
+    n = run.device_count
+    expect_input_split(got, 0, n, name="x", hint="Leave x in its tiles, P('data', 'model'), as it arrives")
+    if n > 1:
+        expect_held_below(got, XH.nbytes, what="all of x: no device may hold the whole matrix",
+                          hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
+                               "or partial products")
+
+
+# -- stretch (not graded: points=0): layer_grid_w_in_pieces ------------------------------------
+
+@check(points=0, got=compiled_call("layer_grid_w_in_pieces", public.tiled(XH), WH, BH))
+def test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, n), rtol=1e-5, atol=1e-6)
+    public.expect_rows_split_over_every_device(got, n)
+    _, m = public.grid_shape(n)
+    expect_input_split(got, 1, m, name="w", hint=f"Each device may hold 1/{m} of w, its share along 'model': a "
+                                                 "design that needs all of w on every device does not fit here")
+    expect_collectives_within(got, _grid_rows(n), allowed="over 'model'")
+    expect_work_share(got, PRODUCTS, n, what="x @ w for the whole batch")

@@ -1,5 +1,6 @@
 """Lab 7, public tests: the sigmoid layer as jit on sharded inputs, with sharding constraints, and with
-shard_map plus psum; each right, each a full copy on every device, and all three equal."""
+shard_map plus psum; each right, each a full copy on every device, and all three equal; and the layer of a batch
+on a grid, in the design the student chose, with its rows split over every device."""
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from labkit.checks import (
     expect_dtype,
     expect_replicated,
     expect_shape,
+    placed,
 )
 
 X = np.linspace(-1.0, 1.0, 32, dtype=np.float32)  # 32: divides by 1 to 32 devices
@@ -84,51 +86,73 @@ def test_shard_map_result_is_a_full_copy_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint=REPLICATE)
 
 
-# -- stretch (not graded: points=0): layer_batched, a batch on a 2-D mesh ----------------------
+# -- exercise 4: layer_grid, a batch on a ('data', 'model') grid, designed by the student ----------
 
-XB = np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64)  # 32 rows, 64 columns: divide by any grid
-WB = (np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 5 - 2.0) / 8
-BB = np.linspace(-0.5, 0.5, 16, dtype=np.float32)
+XG = np.linspace(-1.0, 1.0, 64 * 32, dtype=np.float32).reshape(64, 32)  # B = 64, d = 32: multiples of n up to 32
+WG = (np.arange(32 * 8, dtype=np.float32).reshape(32, 8) % 5 - 2.0) / 8
+BG = np.linspace(-0.5, 0.5, 8, dtype=np.float32)
+GRID = (2, -1)  # 2 x 4 on eight devices, 1 x 1 on one: the grid of the exercise
 
 
 def grid_shape(n: int) -> tuple[int, int]:
-    """The stretch's grid: (2, n // 2) when n is even, else (1, n)."""
+    """The exercise's grid: (2, n // 2) when n is even, else (1, n)."""
     return (2, n // 2) if n % 2 == 0 else (1, n)
 
 
-def batched_mistakes(x, w, b, n):
-    """What layer_batched gives on n devices when the partial products are not added over 'model'."""
-    _, cols = grid_shape(n)
-    k = x.shape[1] // cols
-    device_0 = sigmoid(x[:, :k].astype(np.float64) @ w[:k].astype(np.float64) + b)
-    return {f"Each row used only the first 1/{cols} of its features: add the partial products over 'model' with "
-            "jax.lax.psum(x_block @ w_block, 'model') (check_vma=False lets a missing psum through)": device_0}
+def tiled(x):
+    """x as the tests hand it over: cut into tiles P('data', 'model') on the grid."""
+    return placed(x, ("data", "model"), axes=("data", "model"), mesh_shape=GRID)
 
 
-def expect_rows_split_along_data(got, n: int) -> None:
-    """On an a x b grid, a (B, f) result split along 'data': a distinct row blocks, each held by the b devices of a row."""
-    a, cols = grid_shape(n)
+def grid_mistakes(x, w, b, n):
+    """What layer_grid gives on n devices when its partial products are added over the wrong axis, or not at all."""
+    a, m = grid_shape(n)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    rows, feats, mine = x.shape[0] // a, x.shape[1] // m, x.shape[0] // n
+    partial = [[x64[i * rows:(i + 1) * rows, j * feats:(j + 1) * feats] @ w64[j * feats:(j + 1) * feats]
+                for j in range(m)] for i in range(a)]
+    over_data = np.concatenate([sum(partial[i][j] for i in range(a))[j * mine:(j + 1) * mine]
+                                for i in range(a) for j in range(m)])
+    no_sum = np.concatenate([partial[i][j][j * mine:(j + 1) * mine] for i in range(a) for j in range(m)])
+    return {
+        "The partial products were added over 'data', whose devices hold different examples, so each row mixes "
+        "two examples: add them over 'model', the axis along which one example's features are spread":
+            sigmoid(over_data + b),
+        f"Each row used only 1/{m} of its features, those of the tile its device holds: the partial products of "
+        "one example must be added up over 'model' (or its features brought together first)": sigmoid(no_sum + b),
+    }
+
+
+def expect_rows_split_over_every_device(got, n: int) -> None:
+    """A (B, f) result in P(('data', 'model'), None): n blocks of whole rows, one per device, in order."""
     sh = got.sharding
     if sh is None:
         raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
-    holders: dict = {}
-    for s in sh.shards:
-        holders.setdefault(tuple(map(tuple, s["index"])), set()).add(s["device"])
-    copies = sorted({len(d) for d in holders.values()})
-    if sh.num_devices != n or len(holders) != a or copies != [cols]:
+    blocks = sorted(tuple(map(tuple, s["index"])) for s in sh.shards)
+    want = [((k * got.shape[0] // n, (k + 1) * got.shape[0] // n), (0, got.shape[1])) for k in range(n)]
+    if sh.num_devices != n or blocks != want:
         raise Mismatch(
-            f"expected the result on all {n} devices as {a} block(s) of rows, each held by the {cols} device(s) of "
-            f"one grid row; got {len(holders)} block(s) held by {copies} device(s) each, on {sh.num_devices} "
-            f"device(s) ({sh.describe()}). Build the ('data', 'model') grid from all of jax.devices() and return "
-            "with out_specs=P('data', None)")
+            f"expected the rows split over all {n} devices, {got.shape[0] // n} whole rows on each and no two devices "
+            f"holding the same rows; got {sh.describe()}. Return with out_specs=P(('data', 'model'), None) on the "
+            "('data', 'model') grid of all of jax.devices()")
 
 
-@check(points=0, got=call("layer_batched", XB, WB, BB))
-def test_layer_batched_equals_the_layer_of_every_row(got, run):
-    want = sigmoid(XB.astype(np.float64) @ WB.astype(np.float64) + BB)
-    expect_close_naming_mistakes(got, want, batched_mistakes(XB, WB, BB, run.device_count), rtol=1e-5, atol=1e-6)
+@check(got=compiled_call("layer_grid", tiled(XG), WG, BG))
+def test_layer_grid_computes_the_layer_of_every_row(got, run):
+    want = sigmoid(XG.astype(np.float64) @ WG.astype(np.float64) + BG)
+    expect_shape(got, want.shape, hint="one row of the result per row of x, f columns")
+    expect_close_naming_mistakes(got, want, grid_mistakes(XG, WG, BG, run.device_count), rtol=1e-5, atol=1e-6)
 
 
-@check(points=0, got=call("layer_batched", XB, WB, BB))
-def test_layer_batched_keeps_the_rows_split_along_data(got, run):
-    expect_rows_split_along_data(got, run.device_count)
+@check(got=call("layer_grid", tiled(XG), WG, BG))
+def test_layer_grid_leaves_its_rows_split_over_every_device(got, run):
+    expect_rows_split_over_every_device(got, run.device_count)
+
+
+# -- stretch (not graded: points=0): layer_grid_w_in_pieces, the same contract with w in pieces -----
+
+@check(points=0, got=call("layer_grid_w_in_pieces", tiled(XG), WG, BG))
+def test_layer_grid_w_in_pieces_computes_the_layer_of_every_row(got, run):
+    want = sigmoid(XG.astype(np.float64) @ WG.astype(np.float64) + BG)
+    expect_close_naming_mistakes(got, want, grid_mistakes(XG, WG, BG, run.device_count), rtol=1e-5, atol=1e-6)
+    expect_rows_split_over_every_device(got, run.device_count)
