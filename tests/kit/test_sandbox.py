@@ -224,15 +224,22 @@ def test_a_fake_harness_module_writes_results_that_are_refused(battery):
     scores_nothing(battery, "replace_harness_module")
 
 
+def scores_no_more_than_returning_x(battery: Battery, label: str) -> None:
+    """What a wrong answer returned plainly scores: a trick whose program the kit ran may pass what `return x`
+    passes (its shape, its one device on cpu-1), never more."""
+    assert battery.outcomes(label), f"{label}: no outcomes"
+    assert battery.passed(label) <= battery.passed("identity"), [(o.test, o.status) for o in battery.outcomes(label)]
+
+
 def test_patched_comparisons_in_the_kernel_do_not_reach_the_judge(battery):
-    scores_nothing(battery, "patch_comparisons")
+    scores_no_more_than_returning_x(battery, "patch_comparisons")
     assert any("shape" in o.message for o in battery.outcomes("patch_comparisons"))
 
 
 def test_objects_that_claim_to_equal_anything_are_not_arrays(battery):
-    scores_nothing(battery, "claims_equal")
-    record = battery.record("claims_equal")
-    assert all(r["value"]["kind"] == "object" for r in record.results.values())
+    scores_no_more_than_returning_x(battery, "claims_equal")
+    record = battery.record("claims_equal")  # what the kit's run of its program gave: plain arrays, judged as such
+    assert {r["judged_by"] for r in record.results.values()} == {"verified"}
 
 
 def test_patching_jax_arrays_and_numpy_does_not_change_the_values_reported(battery):
@@ -279,9 +286,7 @@ def test_killing_the_parent_processes_reaches_nothing_outside_the_run(battery):
 
 @NEEDS_SANDBOX
 def test_the_reference_hidden_tests_other_runs_and_the_network_are_out_of_reach(battery):
-    record = battery.record("read_secrets")
-    value = next(iter(record.results.values()))["value"]
-    assert value == {"kind": "str", "value": "nothing"}
+    assert (battery.scratch("read_secrets") / "found.txt").read_text() == "nothing"
     assert not (battery.out / "planted.txt").exists()
     scores_nothing(battery, "read_secrets")
 
@@ -290,9 +295,7 @@ def test_the_reference_hidden_tests_other_runs_and_the_network_are_out_of_reach(
 def test_no_other_run_its_processes_sockets_or_folders_can_be_reached_or_uncovered(battery):
     # Beside every other run of the battery, and (warm) forked from the same server: no process but its own,
     # no socket of the server, no other run's files, and no cover it can remove from a namespace of its own.
-    record = battery.record("reach_neighbours")
-    value = next(iter(record.results.values()))["value"]
-    assert value == {"kind": "str", "value": "nothing"}, value
+    assert (battery.scratch("reach_neighbours") / "found.txt").read_text() == "nothing"
     scores_nothing(battery, "reach_neighbours")
 
 

@@ -57,5 +57,6 @@ os.waitpid(child, 0)
 extra = os.read(read, 4096).decode()
 if extra:
     found.append(extra)
+open("found.txt", "w").write(";".join(found) or "nothing")  # what it found, for the test to read
 def shard_map_double(x):
     return ";".join(found) or "nothing"
