@@ -60,7 +60,10 @@ def engine():
     env, started, why = engine_module.start()
     if env is None:
         pytest.skip(f"no Docker engine: {why}")
-    yield dict(env, NO_COLOR="1")
+    env = dict(env, NO_COLOR="1")
+    yield env
+    # The set-up image of an earlier run, no longer tagged, goes; the base and the Python archive's image stay.
+    docker(env, "image", "prune", "-f", check=False, timeout=300)
     if started:
         engine_module.stop()
 
