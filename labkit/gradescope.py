@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -91,7 +92,8 @@ if ! command -v python3 >/dev/null || ! python3 -c 'import ensurepip' 2>/dev/nul
   apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
 fi
 python3 -m venv "$ROOT/uv-tool"
-"$ROOT/uv-tool/bin/pip" install -q uv
+# The uv the kit's Makefile pins (UV_VERSION): the one the kit is tested with.
+"$ROOT/uv-tool/bin/pip" install -q uv=={uv}
 UV="$ROOT/uv-tool/bin/uv"
 # The course's JAX (0.12) needs Python 3.12 or newer: the image's python3 where it is one, else a 3.13
 # that uv installs; where uv can install none, the image's python3 if it is {minimum} or newer (JAX 0.10.2).
@@ -179,6 +181,14 @@ def _text(z: zipfile.ZipFile, arcname: str, text: str) -> None:
     z.writestr(info, text)
 
 
+def uv_version(root: Path = catalog.ROOT) -> str:
+    """The uv version the kit's Makefile pins (UV_VERSION): setup.sh installs that one."""
+    found = re.search(r"^UV_VERSION\s*:?=\s*(\S+)\s*$", (root / "Makefile").read_text(), re.MULTILINE)
+    if not found:
+        raise GradescopeError(f"{root / 'Makefile'} pins no UV_VERSION")
+    return found.group(1)
+
+
 def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT, isolation: str = "") -> Path:
     """Write the autograder zip of lab `number`; its path.
 
@@ -194,7 +204,7 @@ def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT,
         if isolation not in ("", LIMITS_ONLY):
             raise GradescopeError(f"isolation is the sandbox (the default) or {LIMITS_ONLY}, not {isolation!r}")
         major, minor = MINIMUM_PYTHON.split(".")
-        _text(z, "setup.sh", SETUP_SH.format(minimum=MINIMUM_PYTHON, major=major, minor=minor))
+        _text(z, "setup.sh", SETUP_SH.format(minimum=MINIMUM_PYTHON, major=major, minor=minor, uv=uv_version(root)))
         _text(z, "run_autograder", RUN_AUTOGRADER.replace("@LAB@", str(lab.number)).replace(
             "@ISOLATION@", f"--isolation {isolation} " if isolation else ""))
         for part in SHIPPED:

@@ -257,6 +257,38 @@ def _visible(extra: tuple[str | Path, ...] = ()) -> list[str]:
     return [p for i, p in enumerate(keep) if not any(p.startswith(q.rstrip("/") + "/") for q in keep[:i])]
 
 
+def links_on_the_way(path: str | Path) -> list[tuple[str, str]]:
+    """(target, link) for each symbolic link met on the way to `path`, in the order they are met.
+
+    A bind shows a folder's resolved path only; a path that reaches it through a link elsewhere (uv's
+    managed Pythons: a venv's interpreter is reached through `cpython-3.13-linux-x86_64-gnu`, a link to
+    the installed `cpython-3.13.5-linux-x86_64-gnu`) would lead nowhere in the sandbox without the link."""
+    out: list[tuple[str, str]] = []
+    pending, done = list(Path(os.path.abspath(path)).parts[1:]), Path("/")
+    for _ in range(64):  # as the kernel, give up on a loop
+        if not pending:
+            break
+        here = done / pending.pop(0)
+        if here.is_symlink():
+            target = os.readlink(here)
+            out.append((target, str(here)))
+            pending = list(Path(os.path.normpath(done / target)).parts[1:]) + pending
+            done = Path("/")
+        else:
+            done = here
+    return out
+
+
+def _links(binds: list[str]) -> list[tuple[str, str]]:
+    """The links (target, link) on the way to this interpreter that no bind shows: made in the sandbox too."""
+    shown = (*_SYSTEM, *binds)
+    out = []
+    for target, link in links_on_the_way(sys.executable):
+        if not any(link == s or link.startswith(s.rstrip("/") + "/") for s in shown) and (target, link) not in out:
+            out.append((target, link))
+    return out
+
+
 def accelerator_devices() -> list[str]:
     """The accelerator device nodes of this host, TPU and NVIDIA (none on a CPU machine): a run must see them."""
     return accelerators.devices()
@@ -283,12 +315,15 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
     if accelerator_devices() and os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
     binds = [p for p in _visible(extra_ro) if not any(p == s or p.startswith(s + "/") for s in _SYSTEM)]
+    links = _links(binds)
     work = str(Path(workdir).resolve())
     if user is not None:  # the folders bwrap makes on the way to a bind are root's alone (0700): open them
-        for folder in _on_the_way([*binds, work]):
+        for folder in _on_the_way([*binds, *(link for _, link in links), work]):
             args += ["--perms", "0755", "--dir", folder]
     for p in binds:
         args += ["--ro-bind", p, p]
+    for target, link in links:
+        args += ["--symlink", target, link]
     for p in extra_rw:
         args += ["--bind", str(Path(p).resolve()), str(Path(p).resolve())]
     args += ["--bind", work, work, "--chdir", work, "--"]
@@ -641,13 +676,15 @@ def _capabilities() -> int:
 
 _CLONE = {"user": 0x10000000, "net": 0x40000000}  # CLONE_NEWUSER, CLONE_NEWNET
 _NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
+_CAP_SYS_ADMIN = 21
 
 
 def _join(namespaces: dict[str, str]) -> bool:
     """Enter the network namespace named; False, and a line on stderr, when it cannot be.
 
-    Root may enter it at once. Another user first enters the user namespace that owns it (made
-    by bubblewrap for that user, so the user's own), where it has the right to.
+    Root with CAP_SYS_ADMIN may enter it at once. Another user, or root without it (in a container with
+    Docker's default capabilities, as Gradescope's), first enters the user namespace that owns it (made by
+    bubblewrap for that user, so the user's own), where it has the right to.
     """
     import ctypes
     import fcntl
@@ -667,7 +704,7 @@ def _join(namespaces: dict[str, str]) -> bool:
         print(f"labkit: process could not join the others' network: {e}", file=sys.stderr, flush=True)
         return False
     try:
-        if os.geteuid() != 0:
+        if os.geteuid() != 0 or not _capabilities() & 1 << _CAP_SYS_ADMIN:
             owner = fcntl.ioctl(net, _NS_GET_USERNS)
             try:
                 if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino and not setns(owner, "user"):

@@ -96,6 +96,12 @@ def test_the_official_python_image_is_pinned_by_exact_tag_and_digest_where_it_is
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_hadolint_passes_on_the_dockerfile_that_builds_the_python_for_the_mirror():
+    done = subprocess.run([str(HADOLINT), "--no-color", str(ROOT / "docker" / "python-archive.Dockerfile")],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_a_base_without_python3_or_make_is_refused_by_the_first_step_with_the_reason():
     first = next(rest for stage, word, rest in instructions() if stage == "base" and word == "RUN")
     assert "the base image has no python3" in first and "the base image has no make" in first

@@ -118,6 +118,14 @@ def test_the_zip_has_setup_run_autograder_the_kit_and_the_hidden_tests_but_no_so
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
 
 
+def test_setup_sh_installs_the_uv_the_makefile_pins(built):
+    pinned = next(line.split(":=")[1].strip() for line in (ROOT / "Makefile").read_text().splitlines()
+                  if line.startswith("UV_VERSION :="))
+    with zipfile.ZipFile(built) as z:
+        setup = z.read("setup.sh").decode()
+    assert f"pip\" install -q uv=={pinned}\n" in setup, setup
+
+
 def test_the_same_kit_builds_the_same_zip(built, tmp_path):
     assert gradescope.build(3, tmp_path / "again.zip").read_bytes() == built.read_bytes()
 

@@ -484,6 +484,36 @@ for where in ("/usr/planted", os.path.join(os.getcwd(), "planted")):
     assert "refused /usr/planted" in out and f"wrote {tmp_path / 'work' / 'planted'}" in out, out
 
 
+def test_the_links_on_the_way_to_a_path_are_each_named_with_their_target(tmp_path):
+    (tmp_path / "cpython-3.13.5" / "bin").mkdir(parents=True)
+    (tmp_path / "cpython-3.13.5" / "bin" / "python3.13").write_text("")
+    (tmp_path / "cpython-3.13").symlink_to(tmp_path / "cpython-3.13.5")  # uv's minor-version link
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(tmp_path / "cpython-3.13" / "bin" / "python3.13")
+    (tmp_path / "venv" / "bin" / "python3").symlink_to("python")  # relative, as venv makes them
+    assert sandbox.links_on_the_way(tmp_path / "venv" / "bin" / "python3") == [
+        ("python", str(tmp_path / "venv" / "bin" / "python3")),
+        (str(tmp_path / "cpython-3.13" / "bin" / "python3.13"), str(tmp_path / "venv" / "bin" / "python")),
+        (str(tmp_path / "cpython-3.13.5"), str(tmp_path / "cpython-3.13"))]
+
+
+@NEEDS_SANDBOX
+def test_an_interpreter_reached_through_a_linked_folder_starts_in_the_sandbox(tmp_path):
+    # As a venv on a Python uv installs: its interpreter is reached through uv's minor-version link, which
+    # lies outside every folder the sandbox binds (the interpreter's resolved folder is bound, not the link).
+    (tmp_path / "minor").symlink_to(Path(sys.executable).resolve().parent.parent)
+    (tmp_path / "work").mkdir()
+    python = tmp_path / "minor" / "bin" / Path(sys.executable).resolve().name
+    code = (f"import subprocess, sys; from labkit import sandbox; "
+            f"cmd = sandbox.bwrap_command(sandbox.bubblewrap()[0], [sys.executable, '-c', 'print(6 * 7)'], "
+            f"{str(tmp_path / 'work')!r}, sandbox.DEFAULT_LIMITS); "
+            f"done = subprocess.run(cmd, capture_output=True, text=True); print(sys.executable, done.stdout, done.stderr)")
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(catalog.ROOT), *site])))
+    assert done.stdout.split()[:2] == [str(python), "42"], done.stdout + done.stderr
+
+
 def test_output_beyond_the_limit_is_cut_from_the_log(tmp_path):
     out = _launch(tmp_path, "import os\nfor _ in range(64): os.write(1, b'x' * 65536)",
                   Limits(output=100_000))
