@@ -11,8 +11,8 @@ calls = json.load(open(os.path.join(os.path.dirname(path), "..", "calls.json")))
 def shard_map_double(x):
     return x  # the wrong answer; the forged results say otherwise
 
-def forged(arg):
-    data = [2 * v for v in arg["data"]]
+def forged(arg):  # the inputs' values where the call list gives them; a kit that gives shapes only gets zeros
+    data = [2 * v for v in arg.get("data") or [0.0] * arg["shape"][0]]
     n = len(data)
     return {"kind": "array", "dtype": "float32", "shape": [n], "data": data, "jax": True,
             "sharding": {"type": "NamedSharding", "device_ids": [0], "fully_replicated": False, "fully_addressable": True,
