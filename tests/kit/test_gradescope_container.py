@@ -257,8 +257,9 @@ def test_uv_refuses_a_mirrored_python_whose_hash_is_not_the_listed_one(mirror, t
         entry["sha256"] = "0" * 64
     (tmp_path / "downloads.json").write_text(json.dumps(listed))
     settings = python_mirror.uv_settings(str(mirror)) | {"UV_PYTHON_DOWNLOADS_JSON_URL": str(tmp_path / "downloads.json")}
+    # an explicit install, as setup.sh's (make exports UV_PYTHON_DOWNLOADS=never for the kit's own set-up)
     env = dict(os.environ, UV_PYTHON_INSTALL_DIR=str(tmp_path / "python"), UV_PYTHON_BIN_DIR=str(tmp_path / "bin"),
-               UV_CACHE_DIR=str(tmp_path / "cache"), **settings)
+               UV_CACHE_DIR=str(tmp_path / "cache"), UV_PYTHON_DOWNLOADS="manual", **settings)
     done = subprocess.run([uv, "python", "install", "3.13"], env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     assert done.returncode != 0 and "0" * 64 in done.stderr, done.stderr
