@@ -309,8 +309,6 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
-        verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
-        record.judged_by = verify.judged_by(record.results)
     except ForgedResults:
         record.status = "error"
         record.message = FORGED
@@ -320,6 +318,9 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.status = "error"
         record.message = f"the run's results could not be read ({type(e).__name__})"
+    else:
+        verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
+        record.judged_by = verify.judged_by(record.results)
     return record
 
 
@@ -442,12 +443,10 @@ def _kernel_manager_class():
                     except OSError as e:  # the run starts cold, as it would without a warm server
                         self.run_log.write(f"labkit: no warm start ({e}); the kernel starts cold\n".encode())
                 if self.sandboxed is None:
-                    folder = (str(self.cache.folder),) if self.cache else ()
+                    cache_ro, cache_rw = self.cache.binds() if self.cache else ((), ())
                     self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
                                             join=self.network() if self.network else None,
-                                            extra_ro=(*self.readable, *(() if self.cache and self.cache.writable
-                                                                        else folder)),
-                                            extra_rw=folder if self.cache and self.cache.writable else ())
+                                            extra_ro=(*self.readable, *cache_ro), extra_rw=cache_rw)
                     self.start_kind = "cold"
             finally:
                 self.started.set()

@@ -264,6 +264,14 @@ def _path_name(path) -> str:
     return where + jax.tree_util.keystr(tuple(rest))
 
 
+def array_positions(leaves: list) -> list[int]:
+    """Which of a call's leaves (`tree_leaves((args, kwargs))`) are the traced program's inputs: its arrays,
+    or their shapes (a `jax.ShapeDtypeStruct`); every other leaf is a constant of the program."""
+    import jax
+
+    return [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct))]
+
+
 def _trace(fn, args, kwargs, how=None):
     """The call traced under jax.jit: arrays become abstract inputs (placed ones keep their sharding).
 
@@ -278,8 +286,8 @@ def _trace(fn, args, kwargs, how=None):
     how = how or (lambda jitted, *specs: jitted.trace(*specs))
 
     leaves, tree = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    arrays = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct))]
     values = [leaf for _, leaf in leaves]
+    arrays = array_positions(values)
     structs = []
     for i in arrays:
         x = values[i]
@@ -449,11 +457,11 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
     try:
         (traced, exported), names, _ = _trace(fn, args, kwargs, how=traced_and_exported)
     except Exception as e:  # the student's code may raise anything when traced
-        if raising and "callback" not in str(e).lower():
-            raise
         if "callback" in str(e).lower():
             return _unavailable("the function calls back into Python inside its program (jax.debug.print, or a "
                                 "callback), which cannot be exported: take it out of the graded function")
+        if raising:
+            raise
         return _unavailable("jax.export could not export the function's program", e)
     finally:
         if settle is not None:

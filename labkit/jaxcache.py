@@ -36,6 +36,10 @@ class CompileCache:
     def read_only(self) -> CompileCache:
         return CompileCache(self.folder, False)
 
+    def binds(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(read-only, writable) folders a sandboxed run that uses this cache must see: the folder, in one of them."""
+        return ((), (str(self.folder),)) if self.writable else ((str(self.folder),), ())
+
 
 def prepare(folder: Path, unlisted: bool = False) -> CompileCache:
     """The cache folder, made if missing.

@@ -60,13 +60,6 @@ class Unverified(Exception):
 # The verifier: a process of its own, in a sandbox, where no student code has run.
 # ----------------------------------------------------------------------------------------
 
-def _array_positions(args, kwargs) -> list[int]:
-    import jax
-
-    leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
-    return [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-
-
 def _placed(exported, arrays: list, shape: tuple | None):
     """(the inputs, the mesh to run in, the outputs' shardings) on the devices the program was exported for.
 
@@ -149,8 +142,8 @@ def run_program(call: dict, blob: str) -> dict:
                               "only sharding's own and jaxlib's linear algebra are allowed"}
     args = [harness._materialise(a) for a in call.get("args", [])]
     kwargs = {k: harness._materialise(v) for k, v in call.get("kwargs", {}).items()}
-    positions = _array_positions(args, kwargs)
     leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
+    positions = facts.array_positions(leaves)  # the program's inputs, in the order the export took them
     given = [(tuple(leaves[i].shape), str(leaves[i].dtype)) for i in positions]
     takes = [(tuple(a.shape), str(a.dtype)) for a in exported.in_avals]
     if given != takes:
@@ -257,29 +250,20 @@ def required(call: dict) -> bool:
     return bool(call.get("verify"))
 
 
-def programs_of(results: dict) -> tuple[dict[str, str], dict[str, str]]:
-    """(call id -> serialized program, call id -> why the kernel sent none) from a run's reported results."""
-    found, missing = {}, {}
-    for cid, result in results.items():
-        if "error" in result:
-            continue  # the call raised: nothing to verify, the error is the verdict
-        sent = result.get("program")
-        if isinstance(sent, dict) and isinstance(sent.get("program"), str):
-            found[cid] = sent["program"]
-        elif isinstance(sent, dict) and sent.get("host_data") is True:
-            continue  # arrays made from host data inside: the program alone is not the call (see facts.export)
-        else:
-            why = sent.get("unavailable") if isinstance(sent, dict) else None
-            missing[cid] = str(why or "the run sent no program for it")
-    return found, missing
+def _sent(results: dict) -> dict[str, dict]:
+    """What the kernel sent beside each call's result (`facts.export`'s record), taken out of the result:
+    the program is run, not kept."""
+    return {cid: sent if isinstance(sent := result.pop("program", None), dict) else {}
+            for cid, result in results.items()}
 
 
 def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None,
            warm=None) -> None:
     """Run the programs of `record`'s calls in a fresh sandbox and put the values and facts found in `record`.
 
-    Every call's result gets `judged_by`: "verified" (the kit's run) or "reported" (a call the test
-    marks so). A required call whose program is missing, refused or failed becomes an error.
+    Every call's result gets `judged_by`: "verified" (the kit's run), "reported" (a call `mark` left
+    out, or one of the exceptions the module names) or "unverified" (a required call whose program is
+    missing, refused or failed: it becomes an error that says why).
     `cache` (a `jaxcache.CompileCache`, the run's): the verifier compiles through it too, read-only
     unless the run fills it (a reference solution's), so a student's program the reference compiled
     is not compiled again. `warm` (a started `warm.Server`): the verifier is forked by it, JAX already
@@ -288,24 +272,22 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     from labkit import sandbox
 
     by_id = {c["id"]: c for c in calls}
-    programs, missing = programs_of(record.results)
-    host_data = {cid for cid, r in record.results.items()
-                 if isinstance(r.get("program"), dict) and r["program"].get("host_data") is True}
-    top_levels = {cid: r["program"]["top_level"] for cid, r in record.results.items()
-                  if isinstance(r.get("program"), dict) and isinstance(r["program"].get("top_level"), list)}
-    for result in record.results.values():
-        result.pop("program", None)  # kept nowhere: what is kept is what the kit's run found
+    sent = _sent(record.results)
+    wanted = {}
     for cid, result in record.results.items():
-        if cid in host_data and "value" not in result:
+        mine = sent[cid]
+        host_data = mine.get("host_data") is True  # arrays made from host data inside: the program is not the call
+        if host_data and "value" not in result:
             _unverified(result, "the function makes arrays from host data inside, from inputs the kit gives as JAX "
                                 "arrays: it cannot be exported, and its value was not taken in the notebook")
-        elif not required(by_id.get(cid, {})) or cid in host_data:
+        elif not required(by_id.get(cid, {})) or host_data:
             result["judged_by"] = "reported"
         elif "error" in result:
             result["judged_by"] = "verified"  # the call raised in the student's own process: that is the verdict
-        elif cid in missing:
-            _unverified(result, missing[cid])
-    wanted = {cid: blob for cid, blob in programs.items() if required(by_id.get(cid, {}))}
+        elif isinstance(mine.get("program"), str):
+            wanted[cid] = mine["program"]
+        else:
+            _unverified(result, str(mine.get("unavailable") or "the run sent no program for it"))
     if not wanted:
         return
     began = time.monotonic()
@@ -325,10 +307,9 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
                 log.write(f"labkit: no warm start for the verifier ({e}); it starts cold\n".encode())
         if proc is None:
             record.verify_start = "cold"
-            shared = (str(cache.folder),) if cache is not None else ()
+            cache_ro, cache_rw = cache.binds() if cache is not None else ((), ())
             proc = sandbox.launch([sys.executable, "-m", "labkit.verify", out], folder, env, limits, log=log,
-                                  stdin=job, extra_ro=() if cache is not None and cache.writable else shared,
-                                  extra_rw=shared if cache is not None and cache.writable else ())
+                                  stdin=job, extra_ro=cache_ro, extra_rw=cache_rw)
         try:
             code = proc.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
@@ -361,7 +342,8 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
             continue
         result["value"] = mine["value"]
         if "facts" in mine:  # what ran outside an inner jax.jit is the trace's (the program alone cannot say)
-            result["facts"] = mine["facts"] | ({"top_level": top_levels[cid]} if cid in top_levels else {})
+            top_level = sent[cid].get("top_level")
+            result["facts"] = mine["facts"] | ({"top_level": top_level} if isinstance(top_level, list) else {})
         result["judged_by"] = "verified"
 
 

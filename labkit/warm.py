@@ -423,10 +423,10 @@ def _kernel(request: dict, workdir: Path) -> None:
             sys.modules["numpy"].random.seed()  # numpy's global generator was made in the server: not shared
         os.chdir(workdir)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if request.get("module") == "labkit.verify":  # the kit's own run of a run's exported programs
-            from labkit import verify
+        if request.get("module") in MODULES:  # one of the kit's own programs (the verifier), not a kernel
+            import importlib
 
-            os._exit(verify.main(list(request["argv"])))
+            os._exit(importlib.import_module(request["module"]).main(list(request["argv"])))
         sys.argv = ["ipykernel_launcher", *request["argv"]]
         from ipykernel.kernelapp import IPKernelApp
 
