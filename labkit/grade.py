@@ -49,6 +49,7 @@ from labkit import (
     lms,
     sandbox,
     scoreboard,
+    similarity,
     warm,
 )
 from labkit import overrides as overrides_mod
@@ -889,13 +890,14 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
                   grading: policy_mod.Policy) -> dict[tuple[str, int], dict]:
     """Keep every notebook about to be graded in OUT/history by digest; (student, lab) -> what the results say.
 
-    The results name the digest graded, the LMS's submission time and late flag, and every time
+    The results name the digest graded, the fingerprint of its code (labkit/similarity.py), the LMS's submission time and late flag, and every time
     known for the submission by source (`times`: the LMS's, or a plain folder's git commit, file
     modification time or Gradescope metadata; when the kit collected it stays in OUT/history, so that
     grading the same class again writes the same results); the policy
     decides which of them a late penalty may count from (labkit/deadlines.py).
     """
     handed = {}
+    handouts = {lab.number: similarity.starter(similarity.read_cells(lab.student) or []) for lab in labs}
     for student in students:
         for lab in labs:
             path = subs.students[student].get(lab.number)
@@ -909,6 +911,9 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
             known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
             info = {"digest": entry["digest"], "submitted_at": lms_info.get("submitted_at"),
                     "late": bool(lms_info.get("late")), "times": known}
+            code = similarity.fingerprint(path, handouts[lab.number])
+            if code is not None:
+                info["code"] = code  # what labkit/similarity.py compares, the handout's own code left out
             handed[student, lab.number] = info
     return handed
 

@@ -9,9 +9,12 @@ always give the same files, byte for byte, which is what lets `merge` put the sh
 class back together into exactly the scoreboard a single run would have written.
 
     scoreboard.csv     student,lab,config,passed,total,status,points,max_points,message,isolation: one row per unit
-    scoreboard.json    the results themselves: every test's outcome and message (and `leaderboards`, below)
+    scoreboard.json    the results themselves: every test's outcome and message (and `leaderboards`, below),
+                       each test's failure rate per configuration and the submissions to look at together
     scoreboard.md      the class summary: pass rates, the multi-device bugs most often hit, the leaderboards
     scoreboard.html    one self-contained page: the score distribution per lab and configuration (labkit/spread.py),
+                       each test's failure rate per configuration (labkit/failrates.py), the submissions whose
+                       code is the same or nearly, to look at together (labkit/similarity.py),
                        a student x lab heat map per configuration, points, the leaderboards, every test
     grades.csv         each student's points per lab and total, under the course's policy, with its rule
     feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome,
@@ -32,7 +35,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit import cost, deadlines, leaderboard, policy, spread
+from labkit import cost, deadlines, failrates, leaderboard, policy, similarity, spread
 from labkit.files import write_atomic
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
@@ -40,6 +43,7 @@ CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points"
 GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "late_days", "late_penalty",
                  "time_source", "overridden", "rule")
 MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
+DRAWN = ("leaderboards", "failure_rates", "similar")  # drawn into scoreboard.json from the results, again on a merge
 STATUS_STYLE = {"ok": "green", "failed": "red", "error": "red", "timeout": "red", "missing": "dim",
                 "skipped": "dim"}
 
@@ -175,9 +179,12 @@ def grades_csv(results: dict) -> str:
 
 
 def to_json(results: dict) -> str:
-    """The results, with the leaderboards drawn from them (under `leaderboards`) where a lab has one."""
-    boards = leaderboard.boards(results)
-    shown = {k: v for k, v in results.items() if k != "leaderboards"} | ({"leaderboards": boards} if boards else {})
+    """The results, with what is drawn from them: the leaderboards (under `leaderboards`) where a lab has one,
+    each test's failure rate per configuration (`failure_rates`), and the submissions to look at together
+    (`similar`) where there are any."""
+    drawn = {"leaderboards": leaderboard.boards(results), "failure_rates": failrates.rates(results),
+             "similar": similarity.pairs(results)}
+    shown = {k: v for k, v in results.items() if k not in DRAWN} | {k: v for k, v in drawn.items() if v}
     return json.dumps(shown, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
@@ -370,7 +377,10 @@ pre.card{font-size:.8rem;background:#f7f8f9;border:1px solid #d4d9de;padding:.4r
 details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
 .notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
 """
-SPREAD_CSS = "#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
+SPREAD_CSS = ("#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
+              "svg.failrate{display:block} tr.several-only th{background:#fbe3df} "
+              ".several-tag{font-size:.75rem;color:#8e2a1e;border:1px solid #d9a49b;border-radius:3px;padding:0 .25rem;"
+              "margin-left:.3rem}\n")
 
 
 def _heat(row: dict | None) -> tuple[str, str, str]:
@@ -474,6 +484,13 @@ def _spread(results: dict) -> dict:
                    for c in configs]} for lab in _labs(results)]}
 
 
+def _similar(results: dict, sid: dict[str, str]) -> dict:
+    """The pairs to look at together, each student linked to their section of the page."""
+    return {"rule": similarity.RULE, "pairs": [
+        p | {"sids": [sid.get(s, "") for s in p["students"]], "percent": round(100 * p["similarity"])}
+        for p in similarity.pairs(results)]}
+
+
 def to_html(results: dict) -> str:
     """The class page: score distributions, a heat map per configuration, points, the bugs most hit, every test
     (labkit/templates/)."""
@@ -503,6 +520,7 @@ def to_html(results: dict) -> str:
                f"{', '.join(c['name'] for c in configs)}")
     return _templates().get_template("scoreboard.html.j2").render(
         css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
+        failrates=[failrates.layout(lab) for lab in failrates.rates(results)], similar=_similar(results, sid),
         heatmaps=heatmaps, points=points, bugs=bugs, boards=leaderboard.boards(results),
         notes=results.get("notes", []), sections=[_section(results, s, sid[s], index) for s in students])
 
@@ -587,7 +605,7 @@ def merge(parts: list[dict]) -> dict:
             rows[(r["student"], r["lab"], r["config"])] = r
     ordered = sorted(rows.values(), key=lambda r: (r["student"], labs.index(r["lab"]) if r["lab"] in labs else 0,
                                                    configs.index(r["config"]) if r["config"] in configs else 0))
-    drawn = {k: v for k, v in first.items() if k != "leaderboards"}  # drawn again from the whole class
+    drawn = {k: v for k, v in first.items() if k not in DRAWN}  # drawn again from the whole class
     return {**drawn, "students": {s: students[s] for s in sorted(students)}, "notes": notes, "rows": ordered}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import catalog, grade, scoreboard, spread
+from labkit import catalog, failrates, grade, scoreboard, spread
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SCRIPT = "<script>document.body.setAttribute('data-pwned','yes')</script>"
@@ -94,8 +94,10 @@ def test_a_spreadsheet_never_reads_a_formula_from_a_student_id(results):
     assert "'=HYPERLINK(\"http://x\")" in ids and not any(i.startswith("=") for i in ids)
 
 
-def test_the_json_is_the_results_themselves(results):
-    assert json.loads(scoreboard.to_json(results)) == results
+def test_the_json_is_the_results_themselves_with_what_is_drawn_from_them(results):
+    shown = json.loads(scoreboard.to_json(results))
+    assert {k: v for k, v in shown.items() if k not in scoreboard.DRAWN} == results
+    assert shown["failure_rates"] == failrates.rates(results)
 
 
 def test_the_summary_gives_the_pass_rate_per_lab_and_configuration(results):
@@ -422,7 +424,8 @@ def test_every_histogram_of_a_page_is_drawn_on_one_scale():
 
 def test_a_student_id_with_markup_is_shown_in_a_histogram_as_text_only(results):
     page = scoreboard.to_html(results)
-    section = page[page.index('<table id="spread">'):page.index('<p class="legend">')]
+    start = page.index('<table id="spread">')
+    section = page[start:page.index('<h2 id="failure-rates">', start)]
     assert "<img" not in section and "onerror=\"" not in section
     assert "&lt;img src=x onerror=&#34;document.title=&#39;pwned&#39;&#34;&gt;" in section
     dom = _Dom()
