@@ -378,7 +378,8 @@ details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
 .notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
 """
 SPREAD_CSS = ("#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
-              "svg.failrate{display:block} tr.several-only th{background:#fbe3df} "
+              "svg.failrate{display:block} table.failrates caption{text-align:left;font-weight:600;padding:.2rem 0} "
+              "tr.several-only th{background:#fbe3df} "
               ".several-tag{font-size:.75rem;color:#8e2a1e;border:1px solid #d9a49b;border-radius:3px;padding:0 .25rem;"
               "margin-left:.3rem}\n")
 

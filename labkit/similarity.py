@@ -13,7 +13,7 @@ What is compared is the code a student wrote, normalised:
   every string literal becomes one placeholder;
 - names become `v1`, `v2`, ... in the order they first appear in the cell, except what the code
   does not choose: keywords, builtins, attributes (`jnp.sum` keeps `sum`), keyword arguments
-  (`in_specs=`), and names a cell imports (`jnp`, `shard_map`). A copy whose variables were
+  (`in_specs=`), and names the notebook or its handout imports (`jnp`, `P`). A copy whose variables were
   renamed reads the same as the original.
 
 Each submission's normalised code is kept in the results as a fingerprint (`fingerprint`): a
@@ -83,10 +83,22 @@ def _raw_tokens(source: str) -> list[tuple[int, str]]:
         return [(tokenize.NAME if w[0].isalpha() or w[0] == "_" else tokenize.OP, w) for w in _ROUGH.findall(source)]
 
 
-def tokens(source: str) -> list[str]:
-    """One cell's code, normalised: the token sequence two copies of the same code share (see the module)."""
-    source = "\n".join(line for line in source.splitlines() if not _MAGIC.match(line))
-    imported = _imported(source)
+def _without_magics(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if not _MAGIC.match(line))
+
+
+def imported(cells: list[str]) -> set[str]:
+    """The names a notebook's cells import, which keep their names in every cell."""
+    return set().union(*(_imported(_without_magics(c)) for c in cells))
+
+
+def tokens(source: str, keep: set[str] = frozenset()) -> list[str]:
+    """One cell's code, normalised: the token sequence two copies of the same code share (see the module).
+
+    `keep`: names imported elsewhere in the notebook, kept as they are like the cell's own imports.
+    """
+    source = _without_magics(source)
+    imported = _imported(source) | keep
     raw = _raw_tokens(source)
     names: dict[str, str] = {}
     out = []
@@ -135,20 +147,23 @@ def _shingles(seq: list[str]) -> set[int]:
 
 
 def starter(cells: list[str]) -> dict:
-    """What a lab's handout gives everyone: its cells' normalised token sequences and their shingles."""
-    seqs = [tokens(c) for c in cells]
-    return {"cells": {tuple(s) for s in seqs if s}, "shingles": set().union(*map(_shingles, seqs))}
+    """What a lab's handout gives everyone (its code cells), for `fingerprint_of` to leave out."""
+    return {"cells": list(cells), "imported": imported(cells)}
 
 
 def fingerprint_of(cells: list[str], handout: dict | None = None) -> dict:
     """A submission's fingerprint from its code cells: {normalised: digest, shingles: [sorted ints]}.
 
-    Cells of the handout, normalised, are left out, and so are the handout's shingles.
+    Cells of the handout, normalised, are left out, and so are the handout's shingles. Both are
+    normalised keeping the names either imports.
     """
-    handout = handout or {"cells": set(), "shingles": set()}
-    own = [seq for seq in map(tokens, cells) if seq and tuple(seq) not in handout["cells"]]
+    handout = handout or starter([])
+    keep = imported(cells) | handout["imported"]
+    given = [tokens(c, keep) for c in handout["cells"]]
+    given_cells, given_shingles = {tuple(s) for s in given if s}, set().union(*map(_shingles, given))
+    own = [seq for seq in (tokens(c, keep) for c in cells) if seq and tuple(seq) not in given_cells]
     stream = "\x1e".join("\x1f".join(seq) for seq in own)
-    shingles = set().union(*map(_shingles, own)) - handout["shingles"]
+    shingles = set().union(*map(_shingles, own)) - given_shingles
     return {"normalised": hashlib.sha256(stream.encode()).hexdigest()[:16] if own else "",
             "shingles": sorted(shingles)}
 
