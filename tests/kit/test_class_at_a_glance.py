@@ -108,9 +108,30 @@ def test_a_merged_class_lists_the_pairs_found_across_its_shards(klass):
     assert json.loads(scoreboard.to_json(merged))["similar"] == similarity.pairs(results)
 
 
+SHOT = ARTIFACTS / "scoreboard-class-at-a-glance.png"
+
+
+def screenshot(page: Path, profile: Path) -> None:
+    """The top of the page as Chromium draws it (distribution, failure rates, pairs), kept in SHOT."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("chromium is not installed: `make system-deps` installs it (.ci/apt-packages.txt)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    SHOT.unlink(missing_ok=True)
+    done = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}",
+         "--window-size=1200,1500", f"--screenshot={SHOT}", page.as_uri()],
+        capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert SHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and SHOT.stat().st_size > 20_000
+
+
 @pytest.fixture(scope="module")
 def page(klass, tmp_path_factory):
+    """The class page rendered by headless Chromium (its DOM), with a screenshot kept for a person to look at."""
     _, out = klass
+    screenshot(out / "scoreboard.html", tmp_path_factory.mktemp("shot") / "profile")
     return render(out / "scoreboard.html", tmp_path_factory.mktemp("chromium"))
 
 
@@ -145,20 +166,3 @@ def test_the_page_lists_the_submissions_to_look_at_together_in_neutral_words(pag
     section = "".join(page.text)
     assert "look at together" in section and "dee" not in table[2] and "eve" not in table[2]
     assert not re.search(r"plagiari|cheat|copied|suspicious|misconduct", section, re.IGNORECASE)
-
-
-def test_a_screenshot_of_the_class_at_a_glance_is_kept(klass, tmp_path):
-    _, out = klass
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.fail("chromium is not installed: `make system-deps` installs it (.ci/apt-packages.txt)")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "scoreboard-class-at-a-glance.png"
-    shot.unlink(missing_ok=True)
-    done = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-         "--window-size=1200,1500", f"--screenshot={shot}", (out / "scoreboard.html").as_uri()],
-        capture_output=True, text=True, timeout=180, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
