@@ -32,8 +32,8 @@ TAKERS = ("typed", "block", "with_values")  # this module's functions by which a
 
 
 def pages() -> list[Path]:
-    """The README and the guides in docs/ (the site's pages): what users read, and type from."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """The README, the guides in docs/ and the benchmarks (the site's pages): what users read, and type from."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "BENCHMARKS.md"]
 
 
 @dataclass(frozen=True)

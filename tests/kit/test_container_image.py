@@ -78,7 +78,7 @@ def make(engine, *args, timeout=1800, env=None) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, check=False)
 
 
-def typed(engine, words: list[str], timeout=1800) -> subprocess.CompletedProcess:
+def make_line(engine, words: list[str], timeout=1800) -> subprocess.CompletedProcess:
     """A make line of the guide, as `doc_commands` gives its words, run from the kit's top folder with
     the engine the guide's user exports (DOCKER_HOST) and nothing of the kit's own."""
     return subprocess.run(words, cwd=ROOT, env=doc_commands.user_environment(engine), capture_output=True, text=True,
@@ -96,7 +96,7 @@ def base(engine):
     if docker(engine, "image", "inspect", "labkit-base:bookworm", check=False).returncode != 0:
         if os.geteuid() != 0 or not shutil.which("debootstrap"):
             pytest.skip("no labkit-base:bookworm image, and debootstrap (as root) cannot make one here")
-        done = typed(engine, doc_commands.with_values("make docker-base"))
+        done = make_line(engine, doc_commands.with_values("make docker-base"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return "labkit-base:bookworm"
 
@@ -105,7 +105,7 @@ def base(engine):
 def image(engine, base):
     line = (doc_commands.with_values("make docker-build CA_CERTS=/etc/ssl/certs/ca-certificates.crt", CA_CERTS=str(CA))
             if CA.exists() else doc_commands.with_values("make docker-build"))
-    done = typed(engine, line)
+    done = make_line(engine, line)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return IMAGE
 
@@ -235,10 +235,10 @@ def trixie_image(engine):
     if docker(engine, "image", "inspect", base_name, check=False).returncode != 0:
         if os.geteuid() != 0 or not shutil.which("debootstrap"):
             pytest.skip(f"no {base_name} image, and debootstrap (as root) cannot make one here")
-        done = typed(engine, doc_commands.with_values("make docker-base DEBIAN_SUITE=trixie BASE_IMAGE=labkit-base:trixie"))
+        done = make_line(engine, doc_commands.with_values("make docker-base DEBIAN_SUITE=trixie BASE_IMAGE=labkit-base:trixie"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # its own tag, so that the bookworm image the other tests run stays labkit:cpu
-    done = typed(engine, doc_commands.with_values("make docker-build BASE_IMAGE=labkit-base:trixie",
+    done = make_line(engine, doc_commands.with_values("make docker-build BASE_IMAGE=labkit-base:trixie",
                                                   also={"IMAGE": "labkit:kit-test-trixie", **behind_the_proxy()}))
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return "labkit:kit-test-trixie"
@@ -412,7 +412,7 @@ def graded(engine, image, tmp_path_factory):
     for trick in HOSTILE:
         with_cell((ADVERSARIAL / f"{trick}.py").read_text(), subs / trick / "lab-3.ipynb")
     started = time.monotonic()
-    done = typed(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+    done = make_line(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
                                                   SUBMISSIONS=str(subs), GRADES=str(grades),
                                                   also={"CONFIGS": "cpu-1", "TIMEOUT": "120"}), timeout=1500)
     seconds = time.monotonic() - started
@@ -452,7 +452,7 @@ def test_docker_grade_with_its_default_configurations_grades_every_one_and_start
     subs, grades = tmp_path / "submissions", tmp_path / "grades"
     (subs / "ada").mkdir(parents=True)
     shutil.copy2(ROOT / "reference" / "lab-3.ipynb", subs / "ada" / "lab-3.ipynb")
-    done = typed(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+    done = make_line(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
                                                   SUBMISSIONS=str(subs), GRADES=str(grades)), timeout=1500)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     rows = {r["config"]: r for r in json.loads((grades / "scoreboard.json").read_text())["rows"]
@@ -466,7 +466,7 @@ def test_docker_grade_with_its_default_configurations_grades_every_one_and_start
 # Other builds: the TPU variant, and bases that lack what the image needs.
 
 def test_the_tpu_variant_builds_installs_libtpu_and_runs_the_cpu_configurations(engine, image):
-    done = typed(engine, doc_commands.with_values("make docker-build EXTRAS=tpu", also=behind_the_proxy()))
+    done = make_line(engine, doc_commands.with_values("make docker-build EXTRAS=tpu", also=behind_the_proxy()))
     # The build's own check ran lab 3 on cpu-1 and cpu-8 in the TPU image (see the Dockerfile).
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     found = docker(engine, "run", "--rm", TPU_IMAGE, "python", "-c",

@@ -1,11 +1,14 @@
-"""The README's first commands, typed as it writes them, in a fresh copy of the kit, with no setting a user would not make.
+"""The commands of the README and the guides, typed as they are written, in a fresh copy of the kit, with no
+setting a user would not make; and no shell block on those pages that no test runs.
 
-Each test takes its command line from README.md or the guides in docs/ (`readme_line`): a text that
-says something else changes what is run, and one that no longer says it fails the test. The copy
-is the kit's tracked and new files (what a clone of this tree would hold, without .venv, build/ or
-anything ignored), so the commands make their own environment exactly as on a new machine, from
-relative paths and default arguments. Variables of the kit's own (LABKIT_*) are removed from the
-environment: a user has none of them.
+Each test takes its command lines from the pages (`doc_commands`: `typed`, `block`): a page that says
+something else changes what is run, and one that no longer says it fails the test. The copy is the
+kit's tracked and new files (what a clone of this tree would hold, without .venv, build/ or anything
+ignored), so the commands make their own environment exactly as on a new machine, from relative paths
+and default arguments. Variables of the kit's own (LABKIT_*) are removed from the environment: a user
+has none of them. Lines that need an engine, a cluster or a wheelhouse are run by the tests of those
+(test_container_image, test_gradescope_container, test_slurm, test_offline, test_docs), taken from the
+pages the same way.
 """
 
 from __future__ import annotations
