@@ -5,7 +5,9 @@ The engine is the one that answers (DOCKER_HOST, or the client's default); else,
 (`docker/engine.py`: images and build cache under /var/cache/labkit-docker, kept between runs so
 the next `make test` reuses the base image, the layers and uv's downloads). Without either, every
 test here is skipped with the reason. Each test builds nothing itself: the image is built once,
-by `make docker-build` as a user would (on the Debian base `make docker-base` makes).
+by `make docker-build` as a user would (on the Debian base `make docker-base` makes). The make and
+docker lines a user types are taken from docs/containers.md (`doc_commands`): a guide that says
+something else changes what is run here.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+import doc_commands
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = "/home/student/kit"
-IMAGE = "labkit:kit-test"
-TPU_IMAGE = "labkit:kit-test-tpu"
+IMAGE = "labkit:cpu"  # what `make docker-build` tags
+TPU_IMAGE = "labkit:tpu"  # and with EXTRAS=tpu
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
 ADVERSARIAL = Path(__file__).parent / "adversarial"
 ARTIFACTS = Path(os.environ.get("LABKIT_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
@@ -74,8 +78,16 @@ def make(engine, *args, timeout=1800, env=None) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, check=False)
 
 
-def build_args() -> list[str]:
-    return [f"CA_CERTS={CA}"] if CA.exists() else []
+def make_line(engine, words: list[str], timeout=1800) -> subprocess.CompletedProcess:
+    """A make line of the guide, as `doc_commands` gives its words, run from the kit's top folder with
+    the engine the guide's user exports (DOCKER_HOST) and nothing of the kit's own."""
+    return subprocess.run(words, cwd=ROOT, env=doc_commands.user_environment(engine), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def behind_the_proxy() -> dict[str, str]:
+    """What the guide adds behind a proxy that inspects TLS, as these machines have one."""
+    return {"CA_CERTS": str(CA)} if CA.exists() else {}
 
 
 @pytest.fixture(scope="session")
@@ -84,14 +96,16 @@ def base(engine):
     if docker(engine, "image", "inspect", "labkit-base:bookworm", check=False).returncode != 0:
         if os.geteuid() != 0 or not shutil.which("debootstrap"):
             pytest.skip("no labkit-base:bookworm image, and debootstrap (as root) cannot make one here")
-        done = make(engine, "docker-base")
+        done = make_line(engine, doc_commands.with_values("make docker-base"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return "labkit-base:bookworm"
 
 
 @pytest.fixture(scope="session")
 def image(engine, base):
-    done = make(engine, "docker-build", f"IMAGE={IMAGE}", *build_args())
+    line = (doc_commands.with_values("make docker-build CA_CERTS=/etc/ssl/certs/ca-certificates.crt", CA_CERTS=str(CA))
+            if CA.exists() else doc_commands.with_values("make docker-build"))
+    done = make_line(engine, line)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return IMAGE
 
@@ -156,6 +170,39 @@ def test_files_the_container_writes_to_the_mount_belong_to_the_host_user(unmodif
     assert owned_by(build, HOST_USER) == []
 
 
+def typed_by_a_host_user(engine, line: str, folder: Path) -> subprocess.CompletedProcess:
+    """`line` typed in `folder` by the host user, whom the engine's group lets reach its socket (the guide's
+    'add the user to the `docker` group'), with a home of their own."""
+    socket = engine.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not socket.startswith("unix://"):
+        pytest.skip(f"the engine is not on a local socket ({socket}): no host user can be given its group")
+    env = dict(doc_commands.user_environment(engine), HOME=str(folder), USER="host")
+    return subprocess.run(["setpriv", f"--reuid={HOST_USER}", f"--regid={HOST_USER}",
+                           f"--groups={os.stat(socket.removeprefix('unix://')).st_gid}", "bash", "-c", line],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_the_guides_student_loop_lines_run_on_the_host_users_labs_as_that_user(engine, image):
+    folder = Path(tempfile.mkdtemp(prefix="labkit-host-user-", dir="/tmp"))  # a folder every user can reach
+    try:
+        os.chmod(folder, 0o755)
+        os.chown(folder, HOST_USER, HOST_USER)
+        labs = labs_with(folder)
+        default = typed_by_a_host_user(engine, doc_commands.typed(
+            'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/labs:/home/student/kit/labs" labkit:cpu'), folder)
+        assert default.returncode != 0 and "not implemented yet" in default.stdout, default.stdout[-3000:] + default.stderr
+        assert "cpu-1" in default.stdout and "cpu-8" in default.stdout, default.stdout[-3000:]
+        lab_4 = typed_by_a_host_user(engine, doc_commands.typed(
+            'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/labs:/home/student/kit/labs" labkit:cpu '
+            "make lab-4 CONFIGS=cpu-8"), folder)
+        assert re.search(r"\d+/\d+ on cpu-8", lab_4.stdout), lab_4.stdout[-3000:] + lab_4.stderr
+        assert not re.search(r"\d+/\d+ on cpu-1", lab_4.stdout), "only the configuration asked for"
+        assert lab_4.returncode != 0, "lab 4 as handed out does not pass"
+        assert owned_by(labs, HOST_USER) == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_the_container_runs_as_the_user_it_is_given_never_root(engine, image):
     assert docker(engine, "run", "--rm", image, "id", "-u").stdout.strip() == "1000"
     assert docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", image, "id", "-u").stdout.strip() == str(HOST_USER)
@@ -188,9 +235,11 @@ def trixie_image(engine):
     if docker(engine, "image", "inspect", base_name, check=False).returncode != 0:
         if os.geteuid() != 0 or not shutil.which("debootstrap"):
             pytest.skip(f"no {base_name} image, and debootstrap (as root) cannot make one here")
-        done = make(engine, "docker-base", "DEBIAN_SUITE=trixie", f"BASE_IMAGE={base_name}")
+        done = make_line(engine, doc_commands.with_values("make docker-base DEBIAN_SUITE=trixie BASE_IMAGE=labkit-base:trixie"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    done = make(engine, "docker-build", f"BASE_IMAGE={base_name}", "IMAGE=labkit:kit-test-trixie", *build_args())
+    # its own tag, so that the bookworm image the other tests run stays labkit:cpu
+    done = make_line(engine, doc_commands.with_values("make docker-build BASE_IMAGE=labkit-base:trixie",
+                                                  also={"IMAGE": "labkit:kit-test-trixie", **behind_the_proxy()}))
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return "labkit:kit-test-trixie"
 
@@ -248,10 +297,9 @@ def jupyterlab(engine, image, tmp_path_factory):
     port, name = "18888", "labkit-lab-kit-test"
     docker(engine, "rm", "-f", name, check=False)
     log = open(tmp / "docker-lab.log", "w+")  # noqa: SIM115 - the server writes it until the fixture ends
-    proc = subprocess.Popen(["make", "--no-print-directory", "docker-lab", f"IMAGE={image}", f"PORT={port}",
-                             f"LAB_NAME={name}", f"LAB_DIR={labs}"],
-                            cwd=ROOT, env=engine, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    line = doc_commands.with_values("make docker-lab", also={"PORT": port, "LAB_NAME": name, "LAB_DIR": str(labs)})
+    proc = subprocess.Popen(line, cwd=ROOT, env=doc_commands.user_environment(engine), stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url, deadline = None, time.monotonic() + 240
     while time.monotonic() < deadline and url is None:
         time.sleep(1)
@@ -364,8 +412,9 @@ def graded(engine, image, tmp_path_factory):
     for trick in HOSTILE:
         with_cell((ADVERSARIAL / f"{trick}.py").read_text(), subs / trick / "lab-3.ipynb")
     started = time.monotonic()
-    done = make(engine, "docker-grade", f"IMAGE={image}", f"SUBMISSIONS={subs}", f"GRADES={grades}", "LABS=3",
-                "CONFIGS=cpu-1", "TIMEOUT=120", timeout=1500)
+    done = make_line(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+                                                  SUBMISSIONS=str(subs), GRADES=str(grades),
+                                                  also={"CONFIGS": "cpu-1", "TIMEOUT": "120"}), timeout=1500)
     seconds = time.monotonic() - started
     rows = list(csv.DictReader((grades / "scoreboard.csv").open())) if (grades / "scoreboard.csv").exists() else []
     return done, grades, {r["student"]: r for r in rows}, seconds
@@ -403,8 +452,8 @@ def test_docker_grade_with_its_default_configurations_grades_every_one_and_start
     subs, grades = tmp_path / "submissions", tmp_path / "grades"
     (subs / "ada").mkdir(parents=True)
     shutil.copy2(ROOT / "reference" / "lab-3.ipynb", subs / "ada" / "lab-3.ipynb")
-    done = make(engine, "docker-grade", f"IMAGE={image}", f"SUBMISSIONS={subs}", f"GRADES={grades}", "LABS=3",
-                timeout=1500)
+    done = make_line(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+                                                  SUBMISSIONS=str(subs), GRADES=str(grades)), timeout=1500)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     rows = {r["config"]: r for r in json.loads((grades / "scoreboard.json").read_text())["rows"]
             if r["student"] == "ada"}
@@ -417,7 +466,7 @@ def test_docker_grade_with_its_default_configurations_grades_every_one_and_start
 # Other builds: the TPU variant, and bases that lack what the image needs.
 
 def test_the_tpu_variant_builds_installs_libtpu_and_runs_the_cpu_configurations(engine, image):
-    done = make(engine, "docker-build", "EXTRAS=tpu", f"IMAGE={TPU_IMAGE}", *build_args())
+    done = make_line(engine, doc_commands.with_values("make docker-build EXTRAS=tpu", also=behind_the_proxy()))
     # The build's own check ran lab 3 on cpu-1 and cpu-8 in the TPU image (see the Dockerfile).
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     found = docker(engine, "run", "--rm", TPU_IMAGE, "python", "-c",

@@ -7,9 +7,9 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import doc_commands
 import pytest
 
 from labkit import catalog, docsite, pictures
@@ -19,12 +19,12 @@ README = ROOT / "README.md"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "labkit.docsite", "--out", str(out / "site")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+def site() -> Path:
+    """The site as the README's `make docs` builds it, into build/site."""
+    done = subprocess.run(["bash", "-c", doc_commands.typed("make docs")], cwd=ROOT,
+                          env=doc_commands.user_environment(), capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out / "site"
+    return ROOT / "build" / "site"
 
 
 def test_the_site_has_every_guide_the_benchmarks_and_every_lab_in_reading_order(site):

@@ -16,6 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import doc_commands
 import jsonschema
 import pytest
 
@@ -133,8 +134,8 @@ def test_the_same_kit_builds_the_same_zip(built, tmp_path):
 def test_make_gradescope_writes_the_zip_under_build_gradescope():
     target = ROOT / "build" / "gradescope" / "lab-3.zip"
     target.unlink(missing_ok=True)
-    done = subprocess.run(["make", "-s", "gradescope", "LAB=3"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = subprocess.run(["bash", "-c", doc_commands.typed("make gradescope LAB=3")], cwd=ROOT,
+                          env=doc_commands.user_environment(), capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     with zipfile.ZipFile(target) as z:
         assert "run_autograder" in z.namelist()

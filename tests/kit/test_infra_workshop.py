@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import cloud_standins
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,68 +23,6 @@ INFRA = ROOT / "infra"
 def run(cmd, *, env=None, timeout=120, cwd=ROOT, input=None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, input=input)
 
-
-FAKE = r'''
-import json, os, shutil, sys
-tool = os.path.basename(sys.argv[0])
-args = sys.argv[1:]
-with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps([tool, *args]) + "\n")
-canned = json.load(open(os.environ["FAKE_CANNED"]))
-remote = os.environ["FAKE_REMOTE"]
-if tool == "terraform":
-    action = [a for a in args if not a.startswith("-")][0]
-    if action in canned.get("fail", []):
-        print(f"terraform {action}: Error: something went wrong", file=sys.stderr)
-        sys.exit(1)
-    if action == "output":
-        value = canned["outputs"].get(args[-1])
-        if value is None:
-            sys.exit(1)
-        print(value if "-raw" in args else json.dumps(value))
-    else:
-        print("terraform " + " ".join(a for a in args if not a.startswith("-chdir")) + ": done")
-elif tool == "gcloud":
-    if "list" in args:
-        fmt = args[args.index("--format") + 1] if "--format" in args else ""
-        kind = {"tpu-vm": "tpus", "queued-resources": "queued", "buckets": "buckets"}.get(args[2], args[1])
-        if kind == "tpus" and "state" in fmt:
-            print("\n".join(f"{n}\t{s}" for n, s in canned.get("states", {}).items()))
-        elif kind == "queued" and "state" in fmt:
-            print("\n".join(f"{n}\t{s}" for n, s in canned.get("queued_states", {}).items()))
-        else:
-            print(canned.get("left", {}).get(kind, ""))
-    elif "describe" in args:
-        print(canned.get("hosts", {}).get(args[args.index("describe") + 1], 1))
-    elif "delete" in args:
-        pass
-    elif "scp" in args:
-        sources = [a for a in args[:-1] if ":" in a and not a.startswith("-")]
-        missing = 0
-        for src in sources:
-            vm, path = src.split(":", 1)
-            there = os.path.join(remote, vm, path.lstrip("/"))
-            if os.path.isdir(there):
-                shutil.copytree(there, os.path.join(args[-1], os.path.basename(path)), dirs_exist_ok=True)
-            elif os.path.isfile(there):
-                shutil.copy(there, args[-1])
-            else:
-                print(f"scp: {path}: No such file or directory", file=sys.stderr)
-                missing += 1
-        sys.exit(1 if missing else 0)
-    elif args[:2] == ["storage", "rsync"]:
-        src, dst = [a for a in args if not a.startswith("-")][-2:]
-        there = os.path.join(remote, "bucket", src.replace("gs://", ""))
-        if not os.path.isdir(there):
-            sys.exit(1)
-        shutil.copytree(there, dst, dirs_exist_ok=True)
-    elif "ssh" in args:
-        sys.stdin.read()  # as ssh does: whatever the script left on standard input is gone
-        name = args[args.index("ssh") + 1]
-        print(canned.get("ssh", {}).get(name, "ready"))
-elif tool == "nox":
-    print("nox " + " ".join(args))
-'''
 
 
 class Workshop:
@@ -96,14 +34,10 @@ class Workshop:
         self.remote = tmp_path / "remote"
         self.logs = tmp_path / "logs"
         bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        for tool in ("gcloud", "terraform", "nox"):
-            (bin_dir / tool).write_text(f"#!{sys.executable}\n{FAKE}")
-            (bin_dir / tool).chmod(0o755)
+        cloud_standins.install(bin_dir, ("gcloud", "terraform", "nox"), self.log, tmp_path / "canned.json", self.remote)
         (tmp_path / "canned.json").write_text(json.dumps({"outputs": outputs, **canned}))
         (tmp_path / "workshop.tfvars").write_text(textwrap.dedent(tfvars))
-        self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_LOG=str(self.log),
-                        FAKE_CANNED=str(tmp_path / "canned.json"), FAKE_REMOTE=str(self.remote),
+        self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                         WORKSHOP_TFVARS=str(tmp_path / "workshop.tfvars"), WORKSHOP_LOGS=str(self.logs),
                         LABKIT_NOX=str(bin_dir / "nox"))
 

@@ -4,7 +4,9 @@ with none at all.
 A fresh copy of the kit (no .venv, no .tools, an empty uv cache, no uv on the PATH) is set up from
 the wheelhouse inside a network namespace with no network (`unshare -n`), and lab 3's reference is
 run there on cpu-1 and cpu-8. The wheelhouse is the repository's own (ignored) wheelhouse/, made
-once and reused: `make wheelhouse` only fetches what is not there yet.
+once and reused: `make wheelhouse` only fetches what is not there yet. The copy finds it where
+docs/containers.md has a user copy it, at wheelhouse/, and the make lines are that guide's
+(`doc_commands`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
 import pytest
 
-from labkit import envsetup, wheelhouse as wh
+from labkit import envsetup
+from labkit import wheelhouse as wh
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -79,7 +83,8 @@ def wheelhouse() -> Path:
                 return WHEELHOUSE
         except wh.PlanError:
             pass
-    done = subprocess.run(["make", "wheelhouse"], cwd=ROOT, check=False, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(doc_commands.with_values("make wheelhouse"), cwd=ROOT, env=doc_commands.user_environment(),
+                          check=False, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return WHEELHOUSE
 
@@ -89,8 +94,9 @@ def offline_kit(tmp_path_factory, wheelhouse):
     """A fresh copy of the kit, set up with `make setup OFFLINE=1` inside a namespace with no network."""
     tmp = tmp_path_factory.mktemp("offline")
     kit = fresh_kit(tmp / "kit")
+    (kit / "wheelhouse").symlink_to(wheelhouse)  # copied there, as the guide says
     env = fresh_env(tmp)
-    done = offline("make", "setup", "OFFLINE=1", f"DEP_GROUPS={SELECTION}", f"WHEELHOUSE={wheelhouse}", cwd=kit, env=env)
+    done = offline(*doc_commands.with_values("make setup OFFLINE=1"), cwd=kit, env=env)
     return kit, env, done
 
 
@@ -115,12 +121,20 @@ def test_setup_offline_builds_the_environment_from_the_wheelhouse_alone(offline_
     assert (kit / ".tools" / "bin" / "uv").exists(), "uv itself came from the wheelhouse"
 
 
+def test_the_course_images_lean_selection_is_what_the_plain_offline_setup_made(offline_kit):
+    kit, env, setup = offline_kit
+    assert setup.returncode == 0, setup.stderr[-2000:]
+    done = offline(*doc_commands.with_values("make setup OFFLINE=1 DEP_GROUPS=notebook"), cwd=kit, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "pip sync" not in done.stdout + done.stderr, "the environment was up to date: nothing was installed again"
+
+
 def test_lab_3_reference_passes_offline_on_cpu_1_and_cpu_8(offline_kit):
     kit, env, setup = offline_kit
     assert setup.returncode == 0, setup.stderr[-2000:]
     shutil.copy(kit / "reference" / "lab-3.ipynb", kit / "labs" / "lab-3.ipynb")
-    done = offline("make", "lab-3", "OFFLINE=1", f"DEP_GROUPS={SELECTION}", "CONFIGS=cpu-1,cpu-8", "TIMEOUT=600", cwd=kit,
-                   env=env)
+    done = offline(*doc_commands.with_values("make lab-3 OFFLINE=1", also={"CONFIGS": "cpu-1,cpu-8", "TIMEOUT": "600"}),
+                   cwd=kit, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "pip sync" not in done.stdout + done.stderr, "the environment was up to date: nothing was installed again"
     assert "PASS" in done.stdout and "on cpu-1" in done.stdout and "on cpu-8" in done.stdout

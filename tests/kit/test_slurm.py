@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import doc_commands
 import psutil
 import pytest
 import slurm_cluster
@@ -64,8 +65,15 @@ def _rows(folder: Path) -> set[tuple]:
                 for r in csv.DictReader(f)}
 
 
-def test_a_class_graded_through_slurm_equals_the_same_class_graded_in_one_run(cluster, klass, tmp_path):
-    done = _slurm_grade(cluster, klass, tmp_path / "slurm")
+def test_the_ta_guides_slurm_command_grades_a_class_as_one_local_run_does(cluster, klass, tmp_path):
+    # The TA guide's line, with the class's and the scoreboard's folders and the partition this cluster
+    # has in place of its own, two shards for three students, and one lab on one configuration.
+    line = doc_commands.with_values(
+        "make slurm-grade SHARDS=8 SUBMISSIONS=/shared/cs101/submissions OUT=/shared/cs101/scoreboard PARTITION=cpu",
+        SHARDS="2", SUBMISSIONS=str(klass), OUT=str(tmp_path / "slurm"), PARTITION="grading",
+        also={"LABS": "1", "CONFIGS": "cpu-1", "JOBS": "1"})
+    done = subprocess.run(line, cwd=ROOT, env=doc_commands.user_environment(cluster.env), capture_output=True,
+                          text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submitted: array job" in done.stdout
     assert "shards finished 2/2" in done.stderr
