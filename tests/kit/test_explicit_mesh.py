@@ -97,10 +97,10 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          f"    return scattered(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))"),
     ],
     10: [
-        # pass_to_next_stage and the stretch ring_sum end the same way: both have x placed
-        ('out_specs=P("stage")))(x)', f'out_specs=P("stage")))({placed("x", STAGE)})'),
-        ("    return run(weights, biases, microbatches)",
-         f"    return run({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
+        # pass_to_next_stage, ring_sum and the stretch ring_sum_both_ways end the same way: each has x placed
+        ("_program(mesh)(x)", f"_program(mesh)({placed('x', STAGE)})"),
+        ("    return pipeline_program(mesh)(weights, biases, microbatches)",
+         f"    return pipeline_program(mesh)({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
     ],
     11: [
         # the mesh of every exercise (the stretch global_mse included), its devices grouped by process
