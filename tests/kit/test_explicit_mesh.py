@@ -73,9 +73,10 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         ("        return layer(x, w, b)",
          "        return jax.nn.sigmoid(jnp.matmul(x, w, out_sharding=P()) + b)"),
         # a jitted function that reshards unplaced inputs runs under the mesh it reshards to
-        ("    return constrained(x, w, b)", "    with jax.set_mesh(mesh):\n        return constrained(x, w, b)"),
-        ("out_specs=P())\n    return mapped(x, w, b)",
-         f"out_specs=P())\n    return mapped({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
+        ("    return constrained_program(mesh)(x, w, b)",
+         "    with jax.set_mesh(mesh):\n        return constrained_program(mesh)(x, w, b)"),
+        ("    return shard_map_program(mesh)(x, w, b)",
+         f"    return shard_map_program(mesh)({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
         # layer_grid and its stretch build their grid with jax.make_mesh already
     ],
     8: [
