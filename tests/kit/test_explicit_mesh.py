@@ -73,9 +73,10 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         ("        return layer(x, w, b)",
          "        return jax.nn.sigmoid(jnp.matmul(x, w, out_sharding=P()) + b)"),
         # a jitted function that reshards unplaced inputs runs under the mesh it reshards to
-        ("    return constrained(x, w, b)", "    with jax.set_mesh(mesh):\n        return constrained(x, w, b)"),
-        ("out_specs=P())\n    return mapped(x, w, b)",
-         f"out_specs=P())\n    return mapped({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
+        ("    return constrained_program(mesh)(x, w, b)",
+         "    with jax.set_mesh(mesh):\n        return constrained_program(mesh)(x, w, b)"),
+        ("    return shard_map_program(mesh)(x, w, b)",
+         f"    return shard_map_program(mesh)({placed('x', DATA)}, {placed('w', ROWS)}, b)"),
         # layer_grid and its stretch build their grid with jax.make_mesh already
     ],
     8: [
@@ -97,10 +98,10 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          f"    return scattered(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))"),
     ],
     10: [
-        # pass_to_next_stage and the stretch ring_sum end the same way: both have x placed
-        ('out_specs=P("stage")))(x)', f'out_specs=P("stage")))({placed("x", STAGE)})'),
-        ("    return run(weights, biases, microbatches)",
-         f"    return run({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
+        # pass_to_next_stage, ring_sum and the stretch ring_sum_both_ways end the same way: each has x placed
+        ("_program(mesh)(x)", f"_program(mesh)({placed('x', STAGE)})"),
+        ("    return pipeline_program(mesh)(weights, biases, microbatches)",
+         f"    return pipeline_program(mesh)({placed('weights', STAGE)}, {placed('biases', STAGE)}, microbatches)"),
     ],
     11: [
         # the mesh of every exercise (the stretch global_mse included), its devices grouped by process

@@ -1,4 +1,5 @@
-"""Lab 10 end to end: a ppermute that sends backwards is right with one stage only."""
+"""Lab 10 end to end: a ppermute that sends backwards is right with one stage only; a pipeline that is none is
+right everywhere and named by its compiled program; ring_sum is held to its budget, whatever its design."""
 
 import json
 
@@ -22,8 +23,8 @@ def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(ki
 
 # Right but not a pipeline: every device runs every layer on every microbatch.
 EVERY_LAYER_EVERYWHERE = [
-    ('run = jax.jit(jax.shard_map(per_stage, mesh=mesh, in_specs=(P("stage"), P("stage"), P()), out_specs=P()))',
-     "run = jax.jit(lambda w, b, m: jnp.stack([run_layers(w, b, mb) for mb in m]))"),
+    ('return jax.jit(jax.shard_map(per_stage, mesh=mesh, in_specs=(P("stage"), P("stage"), P()), out_specs=P()))',
+     "return jax.jit(lambda w, b, m: jnp.stack([run_layers(w, b, mb) for mb in m]))"),
 ]
 
 
@@ -40,20 +41,141 @@ def test_every_layer_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, 
     assert "every device holds all of the weights" in named["message"] and "not a pipeline" in named["message"]
 
 
-RING_STEPS = ("        for _ in range(n - 1):  # after n - 1 steps every block has visited every device once\n"
-              "            passing = jax.lax.ppermute(passing, \"stage\", perm=forward)\n"
-              "            total = total + passing\n"
-              "        return total")
+# -- ring_sum: designs within its budget, and those that are not -------------------------------
+
+# The reference: a reduce-scatter then an all-gather around the ring, one n-th of a block a step.
+REFERENCE_RING = """    def per_stage(block):
+        me = jax.lax.axis_index("stage")
+        pieces = jnp.stack(jnp.split(block, n))  # n pieces of k / n rows
+        # Reduce-scatter: each step adds one's own piece to the running sum that arrives, and passes it on.
+        passing = pieces[me]
+        for step in range(1, n):
+            passing = jax.lax.ppermute(passing, "stage", perm=forward) + pieces[(me - step) % n]
+        # Now device me holds the whole sum of piece (me + 1) % n. All-gather: pass the finished sums on.
+        sums = jnp.zeros_like(pieces).at[(me + 1) % n].set(passing)
+        for step in range(1, n):
+            passing = jax.lax.ppermute(passing, "stage", perm=forward)
+            sums = sums.at[(me + 1 - step) % n].set(passing)
+        return sums.reshape(block.shape)
+"""
+
+# Each piece sent straight to the device that finishes it, then each finished piece straight to every
+# device: one ppermute per distance, the same bytes as the ring in another order.
+DIRECT_SENDS = """    def per_stage(block):
+        me = jax.lax.axis_index("stage")
+        pieces = jnp.stack(jnp.split(block, n))
+        mine = pieces[me]
+        for d in range(1, n):
+            mine = mine + jax.lax.ppermute(pieces[(me + d) % n], "stage", perm=[(i, (i + d) % n) for i in range(n)])
+        sums = jnp.zeros_like(pieces).at[me].set(mine)
+        for d in range(1, n):
+            sums = sums.at[(me - d) % n].set(
+                jax.lax.ppermute(mine, "stage", perm=[(i, (i + d) % n) for i in range(n)]))
+        return sums.reshape(block.shape)
+"""
+
+# The plainest ring: whole blocks passed on n - 1 times. Right, and n - 1 blocks sent from every device.
+WHOLE_BLOCKS = """    def per_stage(block):
+        total, passing = block, block
+        for _ in range(n - 1):  # after n - 1 steps every block has visited every device once
+            passing = jax.lax.ppermute(passing, "stage", perm=forward)
+            total = total + passing
+        return total
+"""
+
+# The same ring in lax.fori_loop: one collective-permute in the program, run n - 1 times.
+WHOLE_BLOCKS_IN_A_LOOP = """    def per_stage(block):
+        def step(_, carried):
+            total, passing = carried
+            passing = jax.lax.ppermute(passing, "stage", perm=forward)
+            return total + passing, passing
+
+        return jax.lax.fori_loop(0, n - 1, step, (block, block))[0]
+"""
+
+# The library's own all-reduce, in one call or in its two halves.
+WITH_PSUM = """    def per_stage(block):
+        return jax.lax.psum(block, "stage")
+"""
+WITH_SCATTER_AND_GATHER = """    def per_stage(block):
+        mine = jax.lax.psum_scatter(block, "stage", scatter_dimension=0, tiled=True)
+        return jax.lax.all_gather(mine, "stage", axis=0, tiled=True)
+"""
+
+RING_TESTS = {"test_ring_sum_gives_every_device_the_sum_of_all_blocks", "test_ring_sum_keeps_one_block_on_each_device",
+              "test_ring_sum_of_random_blocks", "test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce",
+              "test_ring_sum_sends_about_two_blocks_per_device"}
 
 
-def test_a_stretch_ring_sum_written_with_psum_is_named_by_its_hidden_test_on_one_device_and_on_eight(
-        kit, lab_outcomes, variant):
-    with_psum = variant(10, (RING_STEPS, '        return jax.lax.psum(block, "stage")'))
-    done = kit("lab", "10", "--notebook", str(with_psum), "--configs", "cpu-1,cpu-8", "--hidden")
+def run_ring_design(kit, lab_outcomes, variant, per_stage: str) -> dict:
+    """The reference with ring_sum's per-device program replaced; what failed, by configuration."""
+    code = "".join("".join(c["source"]) for c in json.loads(catalog.lab(10).reference.read_text())["cells"])
+    assert REFERENCE_RING in code, "the reference's ring_sum changed: update REFERENCE_RING"
+    done = kit("lab", "10", "--notebook", str(variant(10, (REFERENCE_RING, per_stage))), "--configs", "cpu-1,cpu-8",
+               "--hidden")
+    outcomes = lab_outcomes(10)
+    assert RING_TESTS <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
+    return {"returncode": done.returncode, "output": done.stdout + done.stderr,
+            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+
+
+def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, variant):
+    ran = run_ring_design(kit, lab_outcomes, variant, DIRECT_SENDS)
+    assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
+
+
+def test_passing_whole_blocks_around_the_ring_passes_on_cpu_1_and_is_over_budget_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS)
+    assert ran["returncode"] == 1 and not ran["cpu-1"], ran
+    assert set(ran["cpu-8"]) == {"test_ring_sum_sends_about_two_blocks_per_device"}, ran
+    caught = ran["cpu-8"]["test_ring_sum_sends_about_two_blocks_per_device"]
+    assert caught["hidden"] and "each device sends 7.00 blocks" in caught["message"], caught
+    assert "n - 1 = 7" in caught["message"] and "Cut each block into 8 pieces" in caught["message"], caught
+
+
+def test_a_ring_in_fori_loop_passes_on_cpu_1_and_is_told_its_steps_cannot_be_counted_on_cpu_8(kit, lab_outcomes,
+                                                                                              variant):
+    ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS_IN_A_LOOP)
+    assert ran["returncode"] == 1 and not ran["cpu-1"], ran
+    assert set(ran["cpu-8"]) == {"test_ring_sum_sends_about_two_blocks_per_device"}, ran
+    caught = ran["cpu-8"]["test_ring_sum_sends_about_two_blocks_per_device"]
+    assert "fewer than any all-reduce of 8 devices can (1.75)" in caught["message"], caught
+    assert "lax.fori_loop" in caught["message"] and "Python for loop" in caught["message"], caught
+
+
+def test_a_ring_sum_written_with_psum_is_named_on_one_device_and_on_eight(kit, lab_outcomes, variant):
+    ran = run_ring_design(kit, lab_outcomes, variant, WITH_PSUM)
+    assert ran["returncode"] == 1, ran
+    for config in ("cpu-1", "cpu-8"):
+        assert set(ran[config]) == {"test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"}, ran[config]
+        caught = ran[config]["test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"]
+        assert caught["hidden"] and caught["points"] == 1 and "1 all-reduce(s)" in caught["message"], caught
+        assert "jax.lax.psum's collective" in caught["message"], caught
+
+
+def test_psum_scatter_then_all_gather_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_ring_design(kit, lab_outcomes, variant, WITH_SCATTER_AND_GATHER)
+    assert ran["returncode"] == 1, ran
+    caught = ran["cpu-8"]["test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"]
+    assert caught["hidden"] and "jax.lax.psum_scatter's collective" in caught["message"], caught
+    assert "builds the sum from jax.lax.ppermute alone" in caught["message"], caught
+
+
+# ring_sum_both_ways in ring_sum's design: every block sent forward, the links backward left idle.
+ONE_WAY = ("        return jnp.concatenate([one_ring(first, +1), one_ring(second, -1)])",
+           "        return one_ring(block, +1)")
+
+
+def test_a_stretch_that_sends_everything_one_way_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    """Right values, only ppermutes to neighbours, about two blocks a device: the busiest link carries 1.75."""
+    code = "".join("".join(c["source"]) for c in json.loads(catalog.lab(10).reference.read_text())["cells"])
+    assert ONE_WAY[0] in code, "the reference's stretch changed: update ONE_WAY"
+    done = kit("lab", "10", "--notebook", str(variant(10, ONE_WAY)), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     outcomes = lab_outcomes(10)
-    for config, says in (("cpu-1", "1 all-reduce(s)"), ("cpu-8", "no collective-permute over all 8 devices")):
-        failed = {t: o for t, o in outcomes[config].items() if o["status"] != "passed"}
-        assert set(failed) == {"test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"}, (config, failed)
-        caught = failed.popitem()[1]
-        assert caught["hidden"] and caught["points"] == 0 and says in caught["message"], caught
+    assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
+    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
+    assert set(failed) == {"test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block"}
+    caught = failed.popitem()[1]
+    assert caught["hidden"] and caught["points"] == 0, caught
+    assert "carries 1.75 blocks" in caught["message"] and "half of every block forward" in caught["message"], caught

@@ -66,3 +66,53 @@ def test_a_sum_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_on_cp
     named = by_config["cpu-8"]["test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums"]
     assert named["hidden"] and named["status"] == "failed", named
     assert "every device holds all of x" in named["message"] and "in_specs=P('data')" in named["message"]
+
+
+# -- shard_map_cumsum, a design exercise: what crosses between devices is a few numbers ----------
+
+REFERENCE_CUMSUM = """    def per_device(block):
+        totals = jax.lax.all_gather(jnp.sum(block), "data")
+        me = jax.lax.axis_index("data")
+        before = jnp.sum(jnp.where(jnp.arange(totals.shape[0]) < me, totals, 0.0))
+        return jnp.cumsum(block) + before
+"""
+
+# Every block gathered to every device, the whole running total taken there, each device's slice kept.
+GATHER_THE_BLOCKS = """    def per_device(block):
+        everything = jax.lax.all_gather(block, "data", tiled=True)
+        me = jax.lax.axis_index("data")
+        return jax.lax.dynamic_slice_in_dim(jnp.cumsum(everything), me * block.shape[0], block.shape[0])
+"""
+
+# Each device's total in its own slot of a vector of n numbers, the vectors added with psum.
+TOTALS_BY_PSUM = """    def per_device(block):
+        n, me = jax.lax.axis_size("data"), jax.lax.axis_index("data")
+        totals = jax.lax.psum(jnp.zeros(n).at[me].set(jnp.sum(block)), "data")
+        before = jnp.sum(jnp.where(jnp.arange(n) < me, totals, 0.0))
+        return jnp.cumsum(block) + before
+"""
+
+
+def run_cumsum_design(kit, lab_outcomes, variant, per_device: str) -> dict:
+    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
+    assert REFERENCE_CUMSUM in reference, "the reference's shard_map_cumsum changed: update REFERENCE_CUMSUM"
+    done = kit("lab", "5", "--notebook", str(variant(5, (REFERENCE_CUMSUM, per_device))), "--configs", "cpu-1,cpu-8",
+               "--hidden")
+    outcomes = lab_outcomes(5)
+    assert "test_cumsum_sends_a_few_numbers_per_device_not_blocks" in outcomes["cpu-8"], sorted(outcomes["cpu-8"])
+    return {"returncode": done.returncode,
+            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+
+
+def test_a_cumsum_that_adds_the_totals_with_psum_passes_every_test(kit, lab_outcomes, variant):
+    ran = run_cumsum_design(kit, lab_outcomes, variant, TOTALS_BY_PSUM)
+    assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
+
+
+def test_a_cumsum_that_gathers_every_block_passes_on_cpu_1_and_is_over_budget_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_cumsum_design(kit, lab_outcomes, variant, GATHER_THE_BLOCKS)
+    assert ran["returncode"] == 1 and not ran["cpu-1"], ran
+    assert set(ran["cpu-8"]) == {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"}, ran["cpu-8"]
+    caught = ran["cpu-8"]["test_cumsum_sends_a_few_numbers_per_device_not_blocks"]
+    assert caught["hidden"] and "7.0 block(s) of x" in caught["message"], caught
+    assert "gathering the blocks themselves moves the vector" in caught["message"], caught

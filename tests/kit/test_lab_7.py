@@ -13,11 +13,12 @@ MISTAKES = [
     ('    w = jax.device_put(w, NamedSharding(mesh, P("data", None)))\n', ""),
     ('    b = jax.device_put(b, NamedSharding(mesh, P()))\n', ""),
     # layer_constrained: constraints to a mesh of one device
-    ('mesh = Mesh(np.array(jax.devices()), ("data",))\n\n    @jax.jit',
-     'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n\n    @jax.jit'),
+    ('    mesh = Mesh(np.array(jax.devices()), ("data",))\n    return constrained_program(mesh)',
+     '    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    return constrained_program(mesh)'),
     # layer_shard_map: no psum, its check silenced
     ('jax.nn.sigmoid(jax.lax.psum(x_block @ w_block, "data") + b)', "jax.nn.sigmoid(x_block @ w_block + b)"),
-    ("out_specs=P())\n    return mapped(x, w, b)", "out_specs=P(), check_vma=False)\n    return mapped(x, w, b)"),
+    ('in_specs=(P("data"), P("data", None), P()), out_specs=P()))',
+     'in_specs=(P("data"), P("data", None), P()), out_specs=P(), check_vma=False))'),
 ]
 
 NAMED = {
@@ -80,26 +81,29 @@ def test_each_layer_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_
 
 # The reference moves x: an all-to-all over 'model' gives each device whole rows, multiplied by a copy of w.
 REFERENCE_DESIGN = (
-    """    w = jax.reshard(w, NamedSharding(grid, P()))
-    b = jax.reshard(b, NamedSharding(grid, P()))
-
-    def per_device(tile, w, b):
+    """    def per_device(tile, w, b):
         # Trade tiles inside the grid row: keep 1/m of the rows with all their features.
         mine = jax.lax.all_to_all(tile, "model", split_axis=0, concat_axis=1, tiled=True)
         return jax.nn.sigmoid(mine @ w + b)
 
-    mapped = jax.shard_map(per_device, mesh=grid, in_specs=(tiles, P(), P()), out_specs=rows)
+    mapped = jax.jit(jax.shard_map(per_device, mesh=grid, in_specs=(tiles, P(), P()), out_specs=rows))
+
+    def run(x, w, b):
+        x = jax.reshard(x, NamedSharding(grid, tiles))
+        w = jax.reshard(w, NamedSharding(grid, P()))
+        b = jax.reshard(b, NamedSharding(grid, P()))
 """)
 
 
 def design(per_device: str, w_spec: str = "P()", x_spec: str = "tiles") -> tuple[str, str]:
     """The reference with another per-device program, w placed as `w_spec` and x handed over as `x_spec`."""
-    return (REFERENCE_DESIGN, f"""    w = jax.reshard(w, NamedSharding(grid, {w_spec}))
-    b = jax.reshard(b, NamedSharding(grid, P()))
-    x = jax.reshard(x, NamedSharding(grid, {x_spec}))
+    return (REFERENCE_DESIGN, f"""{per_device}
+    mapped = jax.jit(jax.shard_map(per_device, mesh=grid, in_specs=({x_spec}, {w_spec}, P()), out_specs=rows))
 
-{per_device}
-    mapped = jax.shard_map(per_device, mesh=grid, in_specs=({x_spec}, {w_spec}, P()), out_specs=rows)
+    def run(x, w, b):
+        x = jax.reshard(x, NamedSharding(grid, {x_spec}))
+        w = jax.reshard(w, NamedSharding(grid, {w_spec}))
+        b = jax.reshard(b, NamedSharding(grid, P()))
 """)
 
 
@@ -123,10 +127,11 @@ ADDED_OVER_DATA = design("""    def per_device(tile, w_rows, b):
 """, w_spec='P("model", None)')
 
 # Everything copied to every device, the whole layer computed there, its rows handed back split.
-COPY_EVERYTHING = (REFERENCE_DESIGN + "    return mapped(x, w, b)\n", """    x = jax.reshard(x, NamedSharding(grid, P()))
-    w = jax.reshard(w, NamedSharding(grid, P()))
-    b = jax.reshard(b, NamedSharding(grid, P()))
-    return jax.reshard(jax.jit(layer)(x, w, b), NamedSharding(grid, rows))
+COPY_EVERYTHING = (REFERENCE_DESIGN + "        return mapped(x, w, b)\n", """    def run(x, w, b):
+        x = jax.reshard(x, NamedSharding(grid, P()))
+        w = jax.reshard(w, NamedSharding(grid, P()))
+        b = jax.reshard(b, NamedSharding(grid, P()))
+        return jax.reshard(jax.jit(layer)(x, w, b), NamedSharding(grid, rows))
 """)
 
 GRID_TESTS = {"test_layer_grid_computes_the_layer_of_every_row", "test_layer_grid_leaves_its_rows_split_over_every_device",

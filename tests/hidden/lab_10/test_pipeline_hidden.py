@@ -4,7 +4,8 @@ With one stage, a ppermute in either direction is (0, 0), the last stage is the 
 pipeline delay is zero. With eight stages each of those mistakes changes the output; the tests
 replay the schedule with the mistake in it to say which one happened. A "pipeline" that runs every
 layer on every device is right everywhere; the compiled program shows every layer's weights whole
-on each device.
+on each device. The all-reduce made of ppermutes is held to its budget from the compiled program:
+collective-permutes only, and about two blocks sent from each device.
 """
 
 import importlib.util
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from labkit.checks import (
+    FactUnavailable,
     Mismatch,
     call,
     check,
@@ -23,6 +25,8 @@ from labkit.checks import (
     expect_input_split,
     expect_split_across,
 )
+from labkit.cost import bytes_sent, shape_bytes
+from labkit.plaindata import Unavailable
 
 _spec = importlib.util.spec_from_file_location(
     "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py")
@@ -116,12 +120,52 @@ def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
     expect_input_split(got, 1, n, name="the biases", hint=hint)
 
 
-# -- stretch (not graded: points=0): ring_sum ----------------------------------------------------
+# -- exercise 3: ring_sum, held to its budget ---------------------------------------------------
 
-WIDE_RING = RNG.normal(size=(64, 3)).astype(np.float32)
+WIDE_RING = RNG.normal(size=(1024, 3)).astype(np.float32)
+RING_CALL = compiled_call("ring_sum", WIDE_RING)
+# The collectives ring_sum is built instead of, and the jax.lax call behind each.
+LIBRARY = {"all-reduce": "psum", "reduce-scatter": "psum_scatter", "all-gather": "all_gather",
+           "all-to-all": "all_to_all"}
 
 
-@check(points=0, got=compiled_call("ring_sum", WIDE_RING))
+def permutes(got) -> list:
+    return [c for c in collectives_of(got) if c.op == "collective-permute"]
+
+
+def collectives_of(got) -> list:
+    """The collectives of the compiled program, or FactUnavailable (the check fails, saying why)."""
+    found = getattr(got.compiled, "collectives", got.compiled)
+    if found is None or isinstance(found, Unavailable):
+        raise FactUnavailable(f"the compiled program could not be examined ({getattr(found, 'why', 'no facts')})")
+    return found
+
+
+def bytes_sent_per_device(got) -> float:
+    """What each device sends for all the collectives of the compiled program (the cost card's count)."""
+    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else c.widest) for c in collectives_of(got))
+
+
+def expect_only_permutes(got, n: int, what: str) -> None:
+    for op, call_name in LIBRARY.items():
+        found = [c for c in collectives_of(got) if c.op == op]
+        if found:
+            raise Mismatch(f"the compiled program has {len(found)} {op}(s): that is jax.lax.{call_name}'s collective. "
+                           f"{what} builds the sum from jax.lax.ppermute alone")
+    expect_collective(got, "collective-permute", n, hint="Pass the pieces around the ring with jax.lax.ppermute")
+
+
+def expect_all_steps_counted(sent: float, block: float, n: int) -> None:
+    """No all-reduce of n devices sends less than 2(n-1)/n blocks from each: less means steps went uncounted."""
+    floor = 2 * (n - 1) / n
+    if sent < 0.99 * floor * block:
+        raise Mismatch(f"the compiled program sends {sent / block:.2f} block(s) from each device, fewer than any "
+                       f"all-reduce of {n} devices can ({floor:.2f}): a collective inside lax.fori_loop or lax.scan "
+                       "appears in the program once, however many times it runs. Write the steps as a Python for "
+                       "loop, so that each one is in the program and can be counted")
+
+
+@check(got=RING_CALL)
 def test_ring_sum_of_random_blocks(got, run):
     n = run.device_count
     expect_close_naming_mistakes(got, public.ring_total(WIDE_RING, n), public.ring_mistakes(WIDE_RING, n),
@@ -129,12 +173,48 @@ def test_ring_sum_of_random_blocks(got, run):
     expect_split_across(got, n, axis=0)
 
 
-@check(points=0, got=compiled_call("ring_sum", WIDE_RING))
+@check(got=RING_CALL)
 def test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce(got, run):
+    expect_only_permutes(got, run.device_count, "ring_sum")
+
+
+@check(got=RING_CALL)
+def test_ring_sum_sends_about_two_blocks_per_device(got, run):
     n = run.device_count
-    expect_collective(got, "collective-permute", n, hint="Pass the blocks around the ring with jax.lax.ppermute "
-                                                         "and the pairs (i, (i + 1) % n)")
-    reduces = [c for c in got.compiled.collectives if c.op == "all-reduce"]
-    if reduces:
-        raise Mismatch(f"the compiled program has {len(reduces)} all-reduce(s): that is jax.lax.psum's collective. "
-                       "This stretch builds the sum from jax.lax.ppermute alone")
+    if n == 1:
+        return  # nothing to send
+    block = WIDE_RING.nbytes / n
+    sent = bytes_sent_per_device(got)
+    expect_all_steps_counted(sent, block, n)
+    if sent > 2.2 * block:
+        raise Mismatch(f"each device sends {sent / block:.2f} blocks ({sent / 1024:.0f} KiB, a block being "
+                       f"{block / 1024:.0f} KiB), where the budget is about 2 on any number of devices; passing whole "
+                       f"blocks around the ring sends n - 1 = {n - 1}. Cut each block into {n} pieces: can every "
+                       "device finish the sum of one piece, then hand the finished pieces on?")
+
+
+# -- stretch (not graded: points=0): ring_sum_both_ways ------------------------------------------
+
+BOTH_WAYS = RNG.normal(size=(2048, 3)).astype(np.float32)
+
+
+@check(points=0, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
+def test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block(got, run):
+    n = run.device_count
+    expect_close(got, public.ring_total(BOTH_WAYS, n), rtol=1e-5, atol=1e-5)
+    expect_only_permutes(got, n, "ring_sum_both_ways")
+    if n == 1:
+        return
+    block = BOTH_WAYS.nbytes / n
+    expect_all_steps_counted(sum(shape_bytes(c.shape) for c in permutes(got)), block, n)
+    links: dict[tuple[int, int], float] = {}
+    for c in permutes(got):
+        for a, b in c.pairs:
+            if a != b and (b - a) % n not in (1, n - 1):
+                raise Mismatch(f"device {a} sends to device {b}, which is not its neighbour on the ring: every "
+                               "send goes to device i + 1 or i - 1 (around the ring)")
+            links[a, b] = links.get((a, b), 0.0) + shape_bytes(c.shape)
+    (a, b), busiest = max(links.items(), key=lambda item: item[1])
+    if busiest > 1.1 * block:
+        raise Mismatch(f"the link from device {a} to device {b} carries {busiest / block:.2f} blocks, where the "
+                       "budget is about one in each direction: send half of every block forward and half backward")

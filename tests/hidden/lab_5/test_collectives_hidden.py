@@ -3,22 +3,28 @@
 On one device every collective is the identity, so each of these mistakes passes there: a psum
 left out behind check_vma=False, a local mean or maximum, a ring that turns the wrong way, a
 running total that restarts at every block. On eight devices each gives a value of its own, and
-the message names it. A sum computed whole on every device (in_specs=P() and no psum) is right
+the message names it. A running total that gathers every block is right everywhere; the compiled
+program shows the bytes it sends. A sum computed whole on every device (in_specs=P() and no psum) is right
 everywhere; the compiled program shows it: x whole on each device, and no all-reduce.
 """
 
 import numpy as np
 
 from labkit.checks import (
+    FactUnavailable,
+    Mismatch,
     call,
     check,
     compiled_call,
+    expect_close,
     expect_close_naming_mistakes,
     expect_collective,
     expect_input_split,
     expect_split_across,
     placed,
 )
+from labkit.cost import bytes_sent, shape_bytes
+from labkit.plaindata import Unavailable
 
 RNG = np.random.default_rng(5)
 
@@ -116,6 +122,32 @@ def test_cumsum_continues_from_the_blocks_before(got, run):
         f"On {n} devices every block's running total starts again from zero: add the totals of the devices "
         "before yours (jax.lax.all_gather of the block sums, and jax.lax.axis_index('data'))": restart,
     }, rtol=1e-4, atol=1e-4)
+
+
+LONG_CUM = RNG.normal(0.0, 1.0, size=4096).astype(np.float32)  # a block of 512 numbers on eight devices
+FEW = 16  # the numbers per device the budget allows each device to send
+
+
+def bytes_sent_per_device(got) -> float:
+    """What each device sends for all the collectives of the compiled program (the cost card's count)."""
+    found = getattr(got.compiled, "collectives", got.compiled)
+    if found is None or isinstance(found, Unavailable):
+        raise FactUnavailable(f"the compiled program could not be examined ({getattr(found, 'why', 'no facts')})")
+    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else c.widest) for c in found)
+
+
+@check(got=compiled_call("shard_map_cumsum", LONG_CUM))
+def test_cumsum_sends_a_few_numbers_per_device_not_blocks(got, run):
+    n = run.device_count
+    expect_close(got, np.cumsum(LONG_CUM.astype(np.float64)), rtol=1e-4, atol=1e-3)
+    expect_input_split(got, 0, n, name="x", hint="Give x in_specs=P('data'): each device keeps its own block")
+    if n == 1:
+        return
+    sent, block = bytes_sent_per_device(got), LONG_CUM.nbytes / n
+    if sent > FEW * 4 * n:
+        raise Mismatch(f"each device sends {sent / 1024:.1f} KiB, {sent / block:.1f} block(s) of x, where the budget is "
+                       f"a few numbers for each of the {n} devices: gathering the blocks themselves moves the vector. "
+                       "A device needs only one number from each device before it: what is it?")
 
 
 @check(got=compiled_call("shard_map_psum", PSUM))

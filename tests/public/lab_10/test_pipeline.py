@@ -1,7 +1,8 @@
-"""Lab 10, public tests: a ring step with ppermute, and a pipeline with one stage per device.
+"""Lab 10, public tests: a ring step with ppermute, a pipeline with one stage per device, and an all-reduce
+made of ppermutes.
 
 The expected values are computed here in float64 numpy: the blocks rolled one device forward,
-and every microbatch run through every layer in sequence.
+every microbatch run through every layer in sequence, and the sum of the blocks.
 """
 
 import numpy as np
@@ -80,9 +81,10 @@ def test_accepts_layers_already_placed_on_their_stages(got):
     expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
 
 
-# -- stretch (not graded: points=0): ring_sum ----------------------------------------------------
+# -- exercise 3: ring_sum, an all-reduce made of ppermutes ----------------------------------------
 
-RING = np.linspace(-2.0, 2.0, 32 * 2, dtype=np.float32).reshape(32, 2)  # 32 rows: a block on each of 1 to 32 devices
+# 1024 rows: a block on each of 1 to 32 devices, and each block cuts into as many pieces as there are devices
+RING = np.linspace(-2.0, 2.0, 1024 * 2, dtype=np.float32).reshape(1024, 2)
 
 
 def ring_total(x, n: int, extra_step: bool = False):
@@ -97,14 +99,26 @@ def ring_mistakes(x, n: int) -> dict:
             f"step {n} brings each block home again": ring_total(x, n, extra_step=True)}
 
 
-@check(points=0, got=call("ring_sum", RING))
+@check(got=compiled_call("ring_sum", RING))  # compiled: the cost card shows the bytes each device sends
 def test_ring_sum_gives_every_device_the_sum_of_all_blocks(got, run):
     n = run.device_count
     expect_close_naming_mistakes(got, ring_total(RING, n), ring_mistakes(RING, n), rtol=1e-5, atol=1e-5)
 
 
-@check(points=0, got=call("ring_sum", RING))
+@check(got=call("ring_sum", RING))
 def test_ring_sum_keeps_one_block_on_each_device(got, run):
     expect_split_across(got, run.device_count, axis=0,
                         hint="Return each device's total as its block, with out_specs=P('stage') on a mesh over "
                              "all of jax.devices()")
+
+
+# -- stretch (not graded: points=0): ring_sum_both_ways ------------------------------------------
+
+BOTH_WAYS = np.linspace(-1.0, 3.0, 2048 * 2, dtype=np.float32).reshape(2048, 2)  # 2 n pieces a block, n up to 32
+
+
+@check(points=0, got=call("ring_sum_both_ways", BOTH_WAYS))
+def test_ring_sum_both_ways_gives_every_device_the_sum_of_all_blocks(got, run):
+    expect_close(got, ring_total(BOTH_WAYS, run.device_count), rtol=1e-5, atol=1e-5)
+    expect_split_across(got, run.device_count, axis=0,
+                        hint="Return each device's total as its block, with out_specs=P('stage')")

@@ -1,0 +1,62 @@
+"""The references of labs 7 and 10 build each jitted program once: a second call compiles nothing.
+
+A jax.jit (or a shard_map) of a function defined inside the exercise wraps a new function at every
+call, and JAX traces and compiles it again each time. These labs build their programs in a function
+of the mesh cached with functools.cache, and say why. Read from a run of the reference's code cells
+on one CPU device, with JAX logging every compilation: the second call of each exercise, on new
+values of the same shapes, must log none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from labkit import catalog
+
+RUN_TWICE = r"""
+import io, json, logging, sys
+import numpy as np
+nb, calls = json.loads(sys.stdin.read())
+code = ["\n".join(l for l in "".join(c["source"]).splitlines() if "Checker" not in l)
+        for c in nb["cells"] if c["cell_type"] == "code" and not "".join(c["source"]).startswith("check(")]
+scope = {}
+exec("\n\n".join(code), scope)
+import jax
+log = io.StringIO()
+logging.getLogger("jax").addHandler(logging.StreamHandler(log))
+jax.config.update("jax_log_compiles", True)
+compiled = {}
+for name, args in calls.items():
+    args = [np.asarray(a, np.float32) for a in args]
+    scope[name](*args)
+    log.truncate(0), log.seek(0)
+    scope[name](*[a + 1 for a in args])
+    compiled[name] = [line for line in log.getvalue().splitlines() if line.startswith("Compiling")]
+print(json.dumps(compiled))
+"""
+
+X, W, B = [1.0] * 8, [[0.5, -0.5]] * 8, [0.0, 1.0]
+GRID = [[1.0] * 8] * 8
+CALLS = {
+    7: {"layer_jit": [X, W, B], "layer_constrained": [X, W, B], "layer_shard_map": [X, W, B],
+        "layer_grid": [GRID, W, B], "layer_grid_w_in_pieces": [GRID, W, B]},
+    10: {"pass_to_next_stage": [[1.0, 2.0]], "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
+         "ring_sum": [[[1.0, 2.0]]], "ring_sum_both_ways": [[[1.0], [2.0]]]},
+}
+
+
+@pytest.mark.parametrize("lab", sorted(CALLS))
+def test_a_second_call_of_each_exercise_compiles_nothing(lab):
+    nb = json.loads(catalog.lab(lab).reference.read_text())
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    done = subprocess.run([sys.executable, "-c", RUN_TWICE], input=json.dumps([nb, CALLS[lab]]), env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(compiled) == set(CALLS[lab])
+    assert not any(compiled.values()), {name: lines for name, lines in compiled.items() if lines}
