@@ -27,15 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-
-_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_GROUPS = re.compile(r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
-                     r"|mesh\[[^\]]*\]\s*\{[^}]*\})")
-_MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
-_PAIRS = re.compile(r"source_target_pairs=\{(?P<p>[\d,{}\s]*)\}")
+from labkit.hlo import COLLECTIVES, collectives_in, parse_groups  # noqa: F401 - read by the tests and checks
 
 
 def _first_line(text) -> str:
@@ -48,70 +41,6 @@ def _first_line(text) -> str:
 def _unavailable(what: str, exc: BaseException | None = None) -> dict:
     why = f"{what}: {type(exc).__name__}: {_first_line(exc)}" if exc is not None else what
     return {"unavailable": why[:400]}
-
-
-# ----------------------------------------------------------------------------------------
-# Reading the optimised HLO text (pure Python: tested without JAX).
-# ----------------------------------------------------------------------------------------
-
-def parse_groups(text: str, devices: int) -> list[list[int]]:
-    """`{{0,1},{2,3}}`, `{}` (every device in one group), the iota form `[2,4]<=[4,2]T(1,0)`, or the mesh
-    form `mesh['data'=2,'model'=4] {'model'}` (the devices that differ only along the named axes)."""
-    text = text.strip()
-    if text == "{}":
-        return [list(range(devices))]
-    if text.startswith("mesh"):
-        return _mesh_groups(text)
-    if text.startswith("["):
-        import numpy as np
-
-        m = re.match(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
-        shape = [int(v) for v in m.group(1).split(",")]
-        dims = [int(v) for v in m.group(2).split(",")]
-        ids = np.arange(int(np.prod(dims))).reshape(dims)
-        if m.group(3):
-            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
-        return ids.reshape(shape).tolist()
-    return [[int(v) for v in g.split(",") if v.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
-
-
-def _mesh_groups(text: str) -> list[list[int]]:
-    """The groups of the mesh form: positions in the mesh (row-major, as the iota form numbers them)."""
-    import numpy as np
-
-    m = _MESH_GROUPS.match(text)
-    axes = re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group("axes"))
-    names, sizes = [a for a, _ in axes], [int(k) for _, k in axes]
-    over = re.findall(r"'([^']+)'", m.group("over"))
-    if not names or any(a not in names for a in over) or re.search(r"[():]", m.group("over")):
-        raise ValueError(f"replica groups in a mesh form this reader does not know: {text[:120]}")
-    ids = np.arange(int(np.prod(sizes))).reshape(sizes)
-    kept = [i for i, a in enumerate(names) if a not in over]
-    moved = [names.index(a) for a in over]
-    size = int(np.prod([sizes[i] for i in moved], dtype=np.int64))
-    return ids.transpose(kept + moved).reshape(-1, size).tolist()
-
-
-def collectives_in(hlo: str, devices: int) -> list[dict]:
-    """Every collective of an HLO module's text: op, result shape, and the devices that take part together."""
-    found = []
-    for line in hlo.splitlines():
-        m = _OP.search(line)
-        if not m or "-done(" in line:
-            continue
-        item = {"op": m.group("op"), "shape": m.group("shape").strip()[:120]}
-        pairs = _PAIRS.search(line)
-        groups = _GROUPS.search(line)
-        if pairs:
-            item["pairs"] = [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs.group("p"))]
-        elif groups:
-            item["groups"] = parse_groups(groups.group("g"), devices)
-        elif "replica_groups=" in line:  # a form not read here: never taken for every device
-            raise ValueError(f"replica groups in a form this reader does not know: {line.strip()[:160]}")
-        else:
-            item["groups"] = [list(range(devices))]
-        found.append(item)
-    return found
 
 
 # ----------------------------------------------------------------------------------------

@@ -55,13 +55,25 @@ SCRIPT = textwrap.dedent('''
     def loaded_whole(w, x):  # the same step with every device given the whole batch
         return step(jax.device_put(w, NamedSharding(mesh(), P())), jax.device_put(x, NamedSharding(mesh(), P())))
 
+    def passed_on(b):  # one step of a ring: each device's block to its neighbour
+        return jax.lax.ppermute(b, "data", [(i, (i + 1) % 8) for i in range(8)])
+
+    def ring_in_a_loop(x):  # seven sends written once, inside the body of a loop of seven steps
+        return jax.shard_map(lambda b: jax.lax.fori_loop(0, 7, lambda i, c: passed_on(c) + b, b), mesh=mesh(),
+                             in_specs=P("data"), out_specs=P("data"))(x)
+
+    def loop_of_unknown_length(x, steps):  # as many sends as an input says: nothing in the program counts them
+        return jax.shard_map(lambda b, n: jax.lax.fori_loop(0, n, lambda i, c: passed_on(c), b), mesh=mesh(),
+                             in_specs=(P("data"), P()), out_specs=P("data"))(x, steps)
+
     x, w = jnp.arange(64.0), jnp.ones((64, 4))
     host_w, host_x = np.ones(4, np.float32), np.ones((64, 4), np.float32)
     out = {name: facts.gather(fn, args, {}) for name, fn, args in [
         ("psum", psum, (x,)), ("whole", whole, (x,)), ("placed_then_jitted", placed_then_jitted, (x, w)),
         ("explicit", explicit, (x,)), ("untraceable", untraceable, (x,)), ("noisy", noisy, (x,)),
         ("op_by_op", op_by_op, (x,)), ("loaded", loaded, (host_w, host_x)),
-        ("loaded_whole", loaded_whole, (host_w, host_x))]}
+        ("loaded_whole", loaded_whole, (host_w, host_x)), ("ring_in_a_loop", ring_in_a_loop, (x,)),
+        ("loop_of_unknown_length", loop_of_unknown_length, (x, jnp.int32(3)))]}
     out["makers_are_back"] = jax.make_array_from_process_local_data.__module__.startswith("jax")
     explicit_mesh = jax.make_mesh((8,), ("data",))
     with jax.set_mesh(explicit_mesh):
@@ -90,6 +102,17 @@ def test_an_eager_shard_map_shows_its_split_input_and_its_all_reduce_over_every_
     assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
     (x,) = got.inputs
     assert (x.path, x.bytes, x.device_bytes, x.pieces, x.replicated) == ("args[0]", 256, 32, 8, False)
+
+
+def test_a_collective_inside_a_loop_is_listed_once_for_each_step_the_loop_runs(gathered):
+    got = plaindata.decode_compiled(gathered["ring_in_a_loop"])
+    assert [c.op for c in got.collectives] == ["collective-permute"] * 7
+
+
+def test_a_collective_inside_a_loop_whose_steps_cannot_be_counted_is_unavailable_and_says_why(gathered):
+    got = plaindata.decode_compiled(gathered["loop_of_unknown_length"])
+    assert isinstance(got.collectives, plaindata.Unavailable)
+    assert "number of steps the compiler cannot count" in got.collectives.why
 
 
 def test_a_sum_computed_whole_on_every_device_shows_its_input_replicated_and_no_collective(gathered):
@@ -174,6 +197,28 @@ def test_collectives_of_an_hlo_module_with_async_pairs_and_permutes():
     assert found[0]["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert found[1]["pairs"] == [[0, 1], [1, 0]]
     assert plaindata.decode_compiled({"devices": 8, "collectives": found}).collectives[2].widest == 8
+
+
+def test_the_loops_of_a_module_multiply_the_collectives_of_their_bodies_nested_or_not():
+    hlo = textwrap.dedent('''
+        %inner_body (p: f32[2]) -> f32[2] {
+          %ar = f32[2]{0} all-reduce(f32[2]{0} %p), channel_id=1, replica_groups={}, to_apply=%add
+        }
+        %outer_body (q: f32[2]) -> f32[2] {
+          %cp = f32[2]{0} collective-permute(f32[2]{0} %q), channel_id=2, source_target_pairs={{0,1},{1,0}}
+          %w = (f32[2]) while(%t), condition=%c, body=%inner_body, backend_config={"known_trip_count":{"n":"4"}}
+        }
+        ENTRY %main (x: f32[2]) -> f32[2] {
+          %w.1 = (f32[2]) while(%x), condition=%c.1, body=%outer_body, backend_config={"known_trip_count":{"n":"3"}}
+          %ag = f32[4]{0} all-gather(f32[2]{0} %x), channel_id=3, replica_groups={{0,1}}, dimensions={0}
+        }
+    ''')
+    ops = [c["op"] for c in facts.collectives_in(hlo, 2)]
+    assert ops.count("collective-permute") == 3 and ops.count("all-reduce") == 12 and ops.count("all-gather") == 1
+    uncounted = hlo.replace(',backend_config={"known_trip_count":{"n":"4"}}', "").replace(
+        ', backend_config={"known_trip_count":{"n":"4"}}', "")
+    with pytest.raises(ValueError, match="cannot count"):
+        facts.collectives_in(uncounted, 2)
 
 
 def test_facts_a_backend_does_not_give_decode_as_unavailable_with_the_reason():

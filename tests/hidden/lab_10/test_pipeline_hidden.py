@@ -160,9 +160,8 @@ def expect_all_steps_counted(sent: float, block: float, n: int) -> None:
     floor = 2 * (n - 1) / n
     if sent < 0.99 * floor * block:
         raise Mismatch(f"the compiled program sends {sent / block:.2f} block(s) from each device, fewer than any "
-                       f"all-reduce of {n} devices can ({floor:.2f}): a collective inside lax.fori_loop or lax.scan "
-                       "appears in the program once, however many times it runs. Write the steps as a Python for "
-                       "loop, so that each one is in the program and can be counted")
+                       f"all-reduce of {n} devices can ({floor:.2f}): some of its sends were not counted. Write the "
+                       "steps as a Python for loop, so that each one is in the program and can be counted")
 
 
 @check(got=RING_CALL)

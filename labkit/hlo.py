@@ -1,0 +1,151 @@
+"""Reading the optimised HLO text of a compiled program: its collectives, the devices each joins, and
+how many times each runs (pure Python: tested without JAX).
+
+A collective inside a loop (`lax.fori_loop`, `lax.scan`, a `while`) is written once in the program's
+text, inside the loop's body, however many times the loop runs. The compiler notes the number of steps
+of a loop it can count (`known_trip_count`); each collective is listed once per run, so what a program
+sends is the sum over the list whatever the loops. A collective inside a loop whose steps the compiler
+cannot count is refused: what it costs cannot be known from the program.
+"""
+
+from __future__ import annotations
+
+import re
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_GROUPS = re.compile(r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
+                     r"|mesh\[[^\]]*\]\s*\{[^}]*\})")
+_MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{(?P<p>[\d,{}\s]*)\}")
+
+
+def parse_groups(text: str, devices: int) -> list[list[int]]:
+    """`{{0,1},{2,3}}`, `{}` (every device in one group), the iota form `[2,4]<=[4,2]T(1,0)`, or the mesh
+    form `mesh['data'=2,'model'=4] {'model'}` (the devices that differ only along the named axes)."""
+    text = text.strip()
+    if text == "{}":
+        return [list(range(devices))]
+    if text.startswith("mesh"):
+        return _mesh_groups(text)
+    if text.startswith("["):
+        import numpy as np
+
+        m = re.match(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
+        shape = [int(v) for v in m.group(1).split(",")]
+        dims = [int(v) for v in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
+        return ids.reshape(shape).tolist()
+    return [[int(v) for v in g.split(",") if v.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+
+
+def _mesh_groups(text: str) -> list[list[int]]:
+    """The groups of the mesh form: positions in the mesh (row-major, as the iota form numbers them)."""
+    import numpy as np
+
+    m = _MESH_GROUPS.match(text)
+    axes = re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group("axes"))
+    names, sizes = [a for a, _ in axes], [int(k) for _, k in axes]
+    over = re.findall(r"'([^']+)'", m.group("over"))
+    if not names or any(a not in names for a in over) or re.search(r"[():]", m.group("over")):
+        raise ValueError(f"replica groups in a mesh form this reader does not know: {text[:120]}")
+    ids = np.arange(int(np.prod(sizes))).reshape(sizes)
+    kept = [i for i, a in enumerate(names) if a not in over]
+    moved = [names.index(a) for a in over]
+    size = int(np.prod([sizes[i] for i in moved], dtype=np.int64))
+    return ids.transpose(kept + moved).reshape(-1, size).tolist()
+
+
+_HEADER = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
+_CALLED = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%(?P<name>[\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
+_TRIPS = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(?P<n>\d+)"')
+MOST = 20_000  # collectives listed for one program, loops unrolled: more is refused, not truncated
+
+
+def computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """The program's computations (name -> lines) and the name of its entry; lines outside any
+    computation (a fragment, as the tests write them) belong to the entry `""`."""
+    found: dict[str, list[str]] = {"": []}
+    entry, current = None, ""
+    for line in hlo.splitlines():
+        header = _HEADER.match(line)
+        if header and "=" not in line.split("(", 1)[0]:
+            current = header.group("name")
+            found[current] = []
+            if header.group("entry"):
+                entry = current
+        elif line.strip() == "}":
+            current = ""
+        else:
+            found[current].append(line)
+    return found, entry
+
+
+def _calls(line: str) -> list[tuple[str, int | None]]:
+    """The computations one instruction runs, each with how many times (None: a loop the compiler cannot count)."""
+    if " while(" in line:
+        trips = _TRIPS.search(line)
+        times = int(trips.group("n")) if trips else None
+        return [(m.group("name"), times) for m in _CALLED.finditer(line)]
+    called = [(m.group("name"), 1) for m in _CALLED.finditer(line)]
+    branches = _BRANCHES.search(line)
+    if branches:  # a conditional runs one of its branches: each is counted, an upper bound
+        called += [(n.strip().lstrip("%"), 1) for n in branches.group("names").split(",") if n.strip()]
+    return called
+
+
+def runs(hlo: str) -> dict[str, int | None]:
+    """How many times each computation of the program runs for one call of it (None: not countable)."""
+    found, entry = computations(hlo)
+    times: dict[str, int | None] = {}
+
+    def visit(name: str, count: int | None, depth: int) -> None:
+        if depth > 64 or name not in found:
+            return
+        before = times.get(name, 0)
+        times[name] = None if before is None or count is None else before + count
+        for line in found[name]:
+            for child, each in _calls(line):
+                visit(child, None if count is None or each is None else count * each, depth + 1)
+
+    visit("", 1, 0)
+    if entry is not None:
+        visit(entry, 1, 0)
+    return times
+
+
+def collectives_in(hlo: str, devices: int) -> list[dict]:
+    """Every collective the program runs for one call, once per run (a loop's collective as many times
+    as the loop's steps): op, result shape, and the devices that take part together."""
+    found, _ = computations(hlo)
+    times = runs(hlo)
+    listed: list[dict] = []
+    for name, lines in found.items():
+        for line in lines:
+            m = _OP.search(line)
+            if not m or "-done(" in line:
+                continue
+            count = times.get(name, 1)  # a computation nothing calls is counted once, never left out
+            if count is None:
+                raise ValueError("a collective inside a loop whose number of steps the compiler cannot count "
+                                 f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
+                                 "Python for loop, so that what it sends can be counted")
+            item = {"op": m.group("op"), "shape": m.group("shape").strip()[:120]}
+            pairs = _PAIRS.search(line)
+            groups = _GROUPS.search(line)
+            if pairs:
+                item["pairs"] = [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs.group("p"))]
+            elif groups:
+                item["groups"] = parse_groups(groups.group("g"), devices)
+            elif "replica_groups=" in line:  # a form not read here: never taken for every device
+                raise ValueError(f"replica groups in a form this reader does not know: {line.strip()[:160]}")
+            else:
+                item["groups"] = [list(range(devices))]
+            if len(listed) + count > MOST:
+                raise ValueError(f"the program runs more than {MOST} collectives for one call")
+            listed.extend(dict(item) for _ in range(count))
+    return listed
