@@ -29,6 +29,7 @@ def explicit_meshes(source: str) -> str:
 
 
 DATA, ROWS, STAGE = 'P("data")', 'P("data", None)', 'P("stage")'
+TENSOR_SPECS = '(P(), P(None, "model"), P("model"), P("model", None), P())'  # lab 9: the hidden layer split
 
 
 def placed(arg: str, spec: str) -> str:
@@ -86,16 +87,21 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          f"    x, y = {placed('x', DATA)}, {placed('y', DATA)}\n    losses = []\n"),
     ],
     9: [
-        ("jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P()))(x, w1, b1, w2, b2)",
-         (f"jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P()))("
-          f"*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))")),
-        ("out_specs=P(\"data\")))(\n        x, w1, b1, w2, b2)",
-         f"out_specs=P(\"data\")))(\n        *(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, w1, b1, w2, b2)))"),
-        ("    return step(x, y, w1, b1, w2, b2)",
-         f"    return step(*(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, y, w1, b1, w2, b2)))"),
+        # each program is built once per mesh; its inputs are placed as its specs say at every call
+        ("    return tensor_parallel_program(mesh)(x, w1, b1, w2, b2)",
+         (f"    return tensor_parallel_program(mesh)(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip("
+         f"(x, w1, b1, w2, b2), {TENSOR_SPECS})))")),
+        ("    return fsdp_program(mesh)(x, w1, b1, w2, b2)",
+         f"    return fsdp_program(mesh)(*(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, w1, b1, w2, b2)))"),
+        ("    return fsdp_gradients_program(mesh)(x, y, w1, b1, w2, b2)",
+         (f"    return fsdp_gradients_program(mesh)(*(jax.reshard(a, {NS}(mesh, {DATA})) "
+         f"for a in (x, y, w1, b1, w2, b2)))")),
+        ("    return tensor_parallel_scattered_program(mesh)(x, w1, b1, w2, b2)",
+         (f"    return tensor_parallel_scattered_program(mesh)(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip("
+         f"(x, w1, b1, w2, b2), {TENSOR_SPECS})))")),
         # stretch: every input placed as its spec says before the shard_map
-        ("    return scattered(x, w1, b1, w2, b2)",
-         f"    return scattered(*(jax.reshard(a, {NS}(mesh, s)) for a, s in zip((x, w1, b1, w2, b2), specs)))"),
+        ("    return _layer_by_layer(mesh)(x, w1, b1, w2, b2)",
+         f"    return _layer_by_layer(mesh)(*(jax.reshard(a, {NS}(mesh, {DATA})) for a in (x, w1, b1, w2, b2)))"),
     ],
     10: [
         # pass_to_next_stage, ring_sum and the stretch ring_sum_both_ways end the same way: each has x placed

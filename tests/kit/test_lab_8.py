@@ -1,6 +1,9 @@
-"""Lab 8 end to end: a gradient summed over devices instead of averaged is right on one device only."""
+"""Lab 8 end to end: a gradient summed over devices instead of averaged is right on one device only; micro-batches
+averaged across devices one by one break exercise 3's budget; designs that keep the properties pass."""
 
 import json
+
+import pytest
 
 from labkit import catalog
 
@@ -43,3 +46,86 @@ def test_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(k
         assert named["hidden"] and named["status"] == "failed", named
         assert "every device holds all of x" in named["message"], named
         assert "gradient of the whole batch: that is not data parallelism" in named["message"], named
+
+
+def reference_code() -> str:
+    cells = json.loads(catalog.lab(8).reference.read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def run_cpu_1_and_8(kit, lab_outcomes, variant, *replacements) -> dict:
+    """The reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures."""
+    assert all(old in reference_code() for old, _ in replacements), "a replacement finds nothing"
+    done = kit("lab", "8", "--notebook", str(variant(8, *replacements)), "--configs", "cpu-1,cpu-8", "--hidden")
+    outcomes = lab_outcomes(8)
+    assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
+        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"]
+    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
+    assert (done.returncode == 0) == (not failed), done.stdout + done.stderr
+    return failed
+
+
+ACCUMULATE_WITH_SCAN = """        def add_micro_batch(total, batch):
+            return jax.tree.map(jnp.add, total, jax.value_and_grad(local_loss)(mine, *batch)), None
+
+        first = jax.value_and_grad(local_loss)(mine, xs[0], ys[0])
+        total, _ = jax.lax.scan(add_micro_batch, first, (xs[1:], ys[1:]))
+        loss, grads = jax.tree.map(lambda t: t / count, total)  # a mean of equal-sized means
+        return jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")"""
+
+# Exercise 3 as exercise 1 once per micro-batch: right values, an average across devices per micro-batch.
+AVERAGE_EVERY_MICRO_BATCH = (ACCUMULATE_WITH_SCAN, """        steps = [jax.lax.pmean(jax.value_and_grad(local_loss)(mine, xs[i], ys[i]), "data") for i in range(count)]
+        return jax.tree.map(lambda *t: sum(t) / count, *steps)""")
+
+
+def test_averaging_every_micro_batch_passes_on_cpu_1_and_is_named_over_budget_on_cpu_8(kit, lab_outcomes,
+                                                                                       variant):
+    failed = run_cpu_1_and_8(kit, lab_outcomes, variant, AVERAGE_EVERY_MICRO_BATCH)
+    assert set(failed) == {"test_accumulation_averages_once_per_step"}, failed
+    caught = failed.popitem()[1]
+    assert caught["hidden"] and caught["points"] == 1 and caught["exercise"] == "accumulated_gradients"
+    assert "talked once per micro-batch" in caught["message"], caught["message"]
+
+
+# Designs the prompts allow: the gradient of the loss every device agrees on (no pcast) in every exercise;
+# the micro-batches of exercise 3 in a Python loop, averaged across devices once.
+GRADIENT_OF_THE_AGREED_LOSS = [
+    ("""        mine = jax.lax.pcast(state, "data", to="varying")  # this device's own copy
+        loss, grads = jax.value_and_grad(local_loss)(mine, x, y)
+        return jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")""",
+     """        return jax.value_and_grad(lambda s: jax.lax.pmean(local_loss(s, x, y), "data"))(state)"""),
+    ("""        mine = jax.lax.pcast(state, "data", to="varying")  # this device's own copy
+        loss, grads = jax.value_and_grad(local_loss)(mine, x, y)
+        loss, grads = jax.lax.pmean((loss, grads), "data")""",
+     """        loss, grads = jax.value_and_grad(lambda s: jax.lax.pmean(local_loss(s, x, y), "data"))(state)"""),
+]
+MICRO_BATCHES_IN_A_LOOP = (ACCUMULATE_WITH_SCAN, """        total = [jax.value_and_grad(local_loss)(mine, xs[i], ys[i]) for i in range(count)]
+        loss, grads = jax.tree.map(lambda *t: sum(t) / count, *total)
+        return jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")""")
+
+
+@pytest.mark.parametrize("other", [GRADIENT_OF_THE_AGREED_LOSS, [MICRO_BATCHES_IN_A_LOOP]],
+                         ids=["gradient-of-the-agreed-loss", "micro-batches-in-a-loop"])
+def test_another_design_that_keeps_the_properties_passes_every_test(kit, lab_outcomes, variant, other):
+    assert not run_cpu_1_and_8(kit, lab_outcomes, variant, *other)
+
+
+# The stretch's Adam step taken on each device's own gradient, the parameters and moments averaged after: right
+# on one device only.
+AVERAGE_THE_PARAMETERS = ("""        loss, grads = jax.lax.pmean(jax.value_and_grad(local_loss)(mine, x, y), "data")
+        updates, opt_state = tx.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state, loss""",
+                          """        loss, grads = jax.value_and_grad(local_loss)(mine, x, y)
+        updates, opt_state = tx.update(grads, opt_state, mine)
+        state = jax.lax.pmean(optax.apply_updates(mine, updates), "data")
+        return state, jax.lax.pmean(opt_state, "data"), jax.lax.pmean(loss, "data")""")
+
+
+def test_a_stretch_that_averages_parameters_after_adam_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes,
+                                                                                            variant):
+    failed = run_cpu_1_and_8(kit, lab_outcomes, variant, AVERAGE_THE_PARAMETERS)
+    assert set(failed) <= {"test_adam_averages_gradients_before_the_step_not_parameters_after",
+                           "test_adam_follows_the_single_device_loss_curve"}, failed
+    caught = failed["test_adam_averages_gradients_before_the_step_not_parameters_after"]
+    assert caught["hidden"] and caught["points"] == 0
+    assert "the average of the steps is not the step of the average" in caught["message"], caught["message"]

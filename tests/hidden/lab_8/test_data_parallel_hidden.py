@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from labkit.checks import (
+    FactUnavailable,
     Mismatch,
     call,
     check,
@@ -22,6 +23,7 @@ from labkit.checks import (
     expect_replicated,
     expect_work_split,
 )
+from labkit.cost import bytes_sent, shape_bytes
 
 _spec = importlib.util.spec_from_file_location(
     "lab8_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py")
@@ -148,22 +150,76 @@ def test_training_steps_each_device_works_on_its_own_slice_of_the_batch(got, run
                       hint=WHOLE_BATCH.format(n=n))
 
 
-# -- stretch (not graded: points=0): accumulated_gradients -------------------------------------
+# -- exercise 3: accumulated_gradients, held to its budget ------------------------------------
 
 X128, Y128 = public.make_batch(83, batch=128, d_in=6, d_out=3)  # four micro-batches of a row or more on 32 devices
+ACCUMULATED = compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4)
 
 
-# One compiled call serves both tests: it runs once, and its value is what the function returned.
-@check(points=0, got=compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4))
+# One compiled call serves every test: it runs once, and its value is what the function returned.
+@check(got=ACCUMULATED)
 def test_four_micro_batches_give_the_whole_batch_gradient(got, run):
     public.expect_whole_batch_step(got, PARAMS, X128, Y128, 4)
 
 
-@check(points=0, got=compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4))
-def test_accumulation_keeps_each_device_on_its_own_slice_and_averages_once(got, run):
+@check(got=ACCUMULATED)
+def test_accumulation_keeps_each_device_on_its_own_slice(got, run):
     n = run.device_count
     expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
     expect_work_split(got, whole_batch_flops(PARAMS, X128), n, what="the gradient of the whole batch",
                       hint=WHOLE_BATCH.format(n=n))
-    expect_collective(got, "all-reduce", n, hint="The devices' accumulated gradients are averaged by "
-                                                 "jax.lax.pmean(grads, 'data')")
+
+
+def sent_per_device(got) -> float:
+    """Bytes one device sends for every collective of the compiled program, counted as rings (labkit.cost)."""
+    collectives = getattr(got.compiled, "collectives", got.compiled)
+    if not isinstance(collectives, tuple):
+        raise FactUnavailable(f"this check needs the collectives of the compiled program ({collectives})")
+    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else max(c.widest, 1)) for c in collectives)
+
+
+@check(got=ACCUMULATED)
+def test_accumulation_averages_once_per_step(got, run):
+    n = run.device_count
+    gradient_and_loss = 4 * (1 + sum(np.size(PARAMS[layer][key]) for layer, key in NAMES))
+    budget, sent = bytes_sent("all-reduce", gradient_and_loss, n), sent_per_device(got)
+    if n > 1 and sent > 1.25 * budget:
+        raise Mismatch(f"each device sends {sent:.0f} bytes, {sent / budget:.1f} times the {budget:.0f} that one "
+                       f"average of the gradient and the loss needs: the devices talked once per micro-batch. "
+                       f"Add up the micro-batches' gradients on each device first, and average across devices "
+                       f"once, at the end")
+
+
+# -- stretch (not graded: points=0): train_data_parallel_adam --------------------------------------
+
+def train_adam_averaging_parameters(params, x, y, steps, learning_rate, n, b1=0.9, b2=0.999, eps=1e-8):
+    """What n devices give that each take an Adam step on their own slice's gradient, then average the parameters
+    and the optimizer's moments."""
+    p = {layer: {k: np.asarray(v, np.float64) for k, v in d.items()} for layer, d in params.items()}
+    m = {layer: {k: np.zeros_like(v) for k, v in d.items()} for layer, d in p.items()}
+    v = {layer: {k: np.zeros_like(w) for k, w in d.items()} for layer, d in p.items()}
+    xs, ys, losses = np.split(x, n), np.split(y, n), []
+    for t in range(1, steps + 1):
+        losses.append(loss_and_grads(p, x, y)[0])
+        grads = [loss_and_grads(p, xs[i], ys[i])[1] for i in range(n)]
+        for layer, key in NAMES:
+            ms = [b1 * m[layer][key] + (1 - b1) * g[layer][key] for g in grads]
+            vs = [b2 * v[layer][key] + (1 - b2) * g[layer][key] ** 2 for g in grads]
+            moves = [mi / (1 - b1 ** t) / (np.sqrt(vi / (1 - b2 ** t)) + eps) for mi, vi in zip(ms, vs)]
+            p[layer][key] = p[layer][key] - learning_rate * np.mean(moves, axis=0)
+            m[layer][key], v[layer][key] = np.mean(ms, axis=0), np.mean(vs, axis=0)
+    return np.array(losses), p
+
+
+@check(points=0, got=call("train_data_parallel_adam", PARAMS, X, Y, STEPS, LR))
+def test_adam_averages_gradients_before_the_step_not_parameters_after(got, run):
+    n = run.device_count
+    losses, _ = pair(got, "(losses, final_params)")
+    want = public.train_adam(PARAMS, X, Y, STEPS, LR)[0]
+    if n > 1 and not close(losses.value, want) and close(
+            losses.value, train_adam_averaging_parameters(PARAMS, X, Y, STEPS, LR, n)[0]):
+        raise Mismatch(f"the curve is what {n} devices give that each take their own Adam step and then average "
+                       f"the parameters. Adam divides by a running norm of each device's own gradient, so the "
+                       f"average of the steps is not the step of the average: average the gradients (and the "
+                       f"loss) before tx.update")
+    expect_close(losses, want, rtol=1e-4, atol=1e-6, hint="the curve should not depend on the number of devices")

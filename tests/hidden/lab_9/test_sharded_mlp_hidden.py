@@ -3,7 +3,10 @@
 On one device a bias added before the psum is added once, a psum_scatter's sum is a mean, and
 device 0's partial output is the whole output. On eight none of that holds. Nor can a solution
 that keeps every weight whole on every device pass for tensor parallelism or FSDP: the compiled
-program says what each device stores and which collectives join them.
+program says what each device stores, computes and sends. The tests hold each design to those
+properties, not to one plan: tensor parallelism may add its partial outputs with a psum, or with a
+reduce-scatter and an all-gather; what counts is the weights split, the work split, and the bytes
+each device sends (counted as rings, as the cost card counts them).
 """
 
 import importlib.util
@@ -12,16 +15,18 @@ from pathlib import Path
 import numpy as np
 
 from labkit.checks import (
+    FactUnavailable,
     Mismatch,
     call,
     check,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
-    expect_collective,
     expect_input_split,
     expect_split_across,
+    expect_work_share,
 )
+from labkit.cost import bytes_sent, shape_bytes
 
 _spec = importlib.util.spec_from_file_location(
     "lab9_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_9" / "test_sharded_mlp.py")
@@ -97,9 +102,35 @@ def test_fsdp_gradient_combines_every_devices_slice_of_the_batch(got, run):
 
 NOT_FSDP = ("That is data parallelism, not FSDP: give every weight in_specs=P('data'), so that each device stores "
             "1/{n} of it, and jax.lax.all_gather it (tiled=True) inside, only where it is used")
-NOT_TENSOR_PARALLEL = ("That is not tensor parallelism: split w1 by columns, b1 and w2 by rows "
-                       "(P(None, 'model'), P('model'), P('model', None)), so that each device holds 1/{n} of the "
-                       "hidden layer, and add the partial outputs with jax.lax.psum(h @ w2, 'model')")
+NOT_TENSOR_PARALLEL = ("That is not tensor parallelism: each device should hold 1/{n} of the hidden layer (w1 by "
+                       "columns, b1 and w2 by rows), compute its own hidden units and its partial output h_i @ w2_i, "
+                       "and the devices add those partial outputs")
+PRODUCTS = 2.0 * len(X) * (W[0].size + W[2].size)  # the FLOPs of x @ w1 and h @ w2 for the whole batch
+OUTPUT_BYTES = len(X) * W[2].shape[1] * 4
+
+
+def sent_per_device(got) -> float:
+    """Bytes one device sends for every collective of the compiled program, counted as rings (labkit.cost)."""
+    facts = got.compiled
+    collectives = getattr(facts, "collectives", facts)
+    if facts is None or not isinstance(collectives, tuple):
+        raise FactUnavailable(f"this check needs the collectives of the compiled program ({collectives})")
+    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else max(c.widest, 1)) for c in collectives)
+
+
+def expect_sent_within(got, budget: float, n: int, *, what: str, hint: str) -> None:
+    sent = sent_per_device(got)
+    if n > 1 and sent > 1.25 * budget:
+        raise Mismatch(f"each device sends {sent:.0f} bytes, where {what} needs {budget:.0f}: {hint}")
+
+
+def expect_hidden_layer_split(got, n: int) -> None:
+    for position, name in ((1, "w1"), (2, "b1"), (3, "w2")):
+        expect_input_split(got, position, n, name=name, hint=NOT_TENSOR_PARALLEL.format(n=n))
+    expect_work_share(got, PRODUCTS, n, what="the two matrix products for the whole batch",
+                      hint="Each device should compute only its own hidden units and its own partial output. "
+                           "Gathering the weights whole, then computing everything, is FSDP's forward pass with "
+                           "the batch left whole: every device repeats the same work")
 
 
 @check(got=compiled_call("fsdp_mlp", X, *W))
@@ -109,13 +140,20 @@ def test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device(got, run):
         expect_input_split(got, position, n, name=name, hint=NOT_FSDP.format(n=n))
 
 
-@check(got=compiled_call("tensor_parallel_mlp", X, *W))
-def test_tensor_parallel_mlp_splits_the_hidden_layer_and_all_reduces(got, run):
+TENSOR_CALL = compiled_call("tensor_parallel_mlp", X, *W)
+
+
+@check(got=TENSOR_CALL)
+def test_tensor_parallel_mlp_splits_the_hidden_layer_and_its_work(got, run):
+    expect_hidden_layer_split(got, run.device_count)
+
+
+@check(got=TENSOR_CALL)
+def test_tensor_parallel_mlp_sends_no_more_than_one_sum_of_the_output(got, run):
     n = run.device_count
-    for position, name in ((1, "w1"), (2, "b1"), (3, "w2")):
-        expect_input_split(got, position, n, name=name, hint=NOT_TENSOR_PARALLEL.format(n=n))
-    expect_collective(got, "all-reduce", n, hint="The partial outputs of the devices must be added up: "
-                                                 "jax.lax.psum(h @ w2, 'model')")
+    expect_sent_within(got, bytes_sent("all-reduce", OUTPUT_BYTES, n), n, what="adding the partial outputs",
+                       hint="only the partial outputs need to travel, once (a psum, or a reduce-scatter then an "
+                            "all-gather); the weights stay where they are")
 
 
 @check(got=compiled_call("fsdp_gradients", X, Y, *W))
@@ -129,20 +167,51 @@ def test_fsdp_gradients_keep_weights_and_gradients_in_pieces(got, run):
                                                "tiled=True), with out_specs=P('data')")
 
 
-# -- stretch (not graded: points=0): tensor_parallel_scattered ---------------------------------
+# -- exercise 4: tensor_parallel_scattered, held to its budget ---------------------------------
 
-@check(points=0, got=compiled_call("tensor_parallel_scattered", X, *W))
+SCATTERED_CALL = compiled_call("tensor_parallel_scattered", X, *W)
+
+
+@check(got=SCATTERED_CALL)
 def test_tensor_parallel_scattered_on_a_wider_layer(got, run):
     n = run.device_count
     expect_close_naming_mistakes(got, mlp(X, *W), public.scattered_mistakes(X, W, n), rtol=1e-4, atol=1e-5)
     expect_split_across(got, n, axis=0, hint=public.ROWS_SPLIT)
 
 
-@check(points=0, got=compiled_call("tensor_parallel_scattered", X, *W))
-def test_tensor_parallel_scattered_splits_the_hidden_layer_and_reduce_scatters(got, run):
+@check(got=SCATTERED_CALL)
+def test_tensor_parallel_scattered_splits_the_hidden_layer_and_its_work(got, run):
+    expect_hidden_layer_split(got, run.device_count)
+
+
+@check(got=SCATTERED_CALL)
+def test_tensor_parallel_scattered_sends_only_its_share_of_the_output(got, run):
     n = run.device_count
-    for position, name in ((1, "w1"), (2, "b1"), (3, "w2")):
-        expect_input_split(got, position, n, name=name, hint=NOT_TENSOR_PARALLEL.format(n=n))
-    expect_collective(got, "reduce-scatter", n, hint="Sum the partial outputs and keep each device's rows in one "
-                                                     "collective, jax.lax.psum_scatter: a psum followed by a slice "
-                                                     "is an all-reduce, twice the traffic")
+    expect_sent_within(got, bytes_sent("all-gather", OUTPUT_BYTES, n), n,
+                       what=f"summing the partial outputs into rows split {n} ways",
+                       hint="that is as much as adding them whole on every device. A psum followed by a slice is an "
+                            "all-reduce: twice the traffic of the one collective that sums and leaves each device "
+                            "its own rows")
+
+
+# -- stretch (not graded: points=0): fsdp_layer_by_layer ------------------------------------------
+
+XW, _, WW = public.make_case(91, batch=64, d_in=128, d_hidden=128, d_out=128)  # weights of 64 KiB each
+
+
+@check(points=0, got=compiled_call("fsdp_layer_by_layer", XW, *WW))
+def test_fsdp_layer_by_layer_never_holds_both_layers_whole(got, run):
+    n = run.device_count
+    expect_close(got, mlp(XW, *WW), rtol=1e-4, atol=1e-5)
+    expect_split_across(got, n, axis=0)
+    for position, name in enumerate(WEIGHTS, start=1):
+        expect_input_split(got, position, n, name=name, hint=NOT_FSDP.format(n=n))
+    both = WW[0].nbytes + WW[2].nbytes
+    memory = getattr(got.compiled, "memory", None)
+    if not isinstance(memory, dict):
+        raise FactUnavailable(f"this check needs the memory of the compiled program ({memory})")
+    temp = memory["temp"]
+    if n > 1 and temp >= both:
+        raise Mismatch(f"one device's temporaries come to {temp} bytes, at least w1 and w2 whole together "
+                       f"({both} bytes): both layers were gathered at once. Make the gather of w2 wait for the "
+                       f"hidden layer (jax.lax.optimization_barrier)")

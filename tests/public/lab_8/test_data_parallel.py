@@ -150,7 +150,7 @@ def test_one_step_is_one_sgd_update(got):
                      hint="the first step of SGD with momentum is params - learning_rate * grads")
 
 
-# -- stretch (not graded: points=0): accumulated_gradients -------------------------------------
+# -- exercise 3: accumulated_gradients ----------------------------------------------------------
 
 X64, Y64 = make_batch(3, batch=64)  # 64 rows: two micro-batches of at least one row on up to 32 devices
 MICRO = 2
@@ -168,13 +168,43 @@ def expect_whole_batch_step(got, params, x, y, micro: int) -> None:
         expect_close(value, right, rtol=1e-4, atol=1e-6, hint=f"({what})")
 
 
-@check(points=0, got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
+@check(got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
 def test_accumulated_gradients_equal_the_whole_batch_gradient(got):
     expect_whole_batch_step(got, PARAMS, X64, Y64, MICRO)
 
 
-@check(points=0, got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
+@check(got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
 def test_accumulated_gradients_are_whole_on_every_device(got, run):
     _, grads = pair(got, "(loss, grads)")
     for layer, key in NAMES:
         expect_replicated(leaf(grads, layer, key), run.device_count, hint=REPLICATED)
+
+
+# -- stretch (not graded: points=0): train_data_parallel_adam --------------------------------------
+
+def train_adam(params, x, y, steps, learning_rate, b1=0.9, b2=0.999, eps=1e-8):
+    """Adam on the whole batch (optax.adam's defaults), in float64."""
+    p = {layer: {k: np.asarray(v, np.float64) for k, v in d.items()} for layer, d in params.items()}
+    m = {layer: {k: np.zeros_like(v) for k, v in d.items()} for layer, d in p.items()}
+    v = {layer: {k: np.zeros_like(w) for k, w in d.items()} for layer, d in p.items()}
+    losses = []
+    for t in range(1, steps + 1):
+        loss, g = loss_and_grads(p, x, y)
+        losses.append(loss)
+        for layer, key in NAMES:
+            m[layer][key] = b1 * m[layer][key] + (1 - b1) * g[layer][key]
+            v[layer][key] = b2 * v[layer][key] + (1 - b2) * g[layer][key] ** 2
+            m_hat, v_hat = m[layer][key] / (1 - b1 ** t), v[layer][key] / (1 - b2 ** t)
+            p[layer][key] = p[layer][key] - learning_rate * m_hat / (np.sqrt(v_hat) + eps)
+    return np.array(losses), p
+
+
+@check(points=0, got=call("train_data_parallel_adam", PARAMS, X, Y, STEPS, LR))
+def test_adam_follows_the_single_device_loss_curve(got, run):
+    losses, final = pair(got, "(losses, final_params)")
+    want_losses, want = train_adam(PARAMS, X, Y, STEPS, LR)
+    expect_close(losses, want_losses, rtol=1e-4, atol=1e-6,
+                 hint="losses[i] is the whole batch's loss before step i, with optax.adam(learning_rate)")
+    for layer, key in NAMES:
+        expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5)
+        expect_replicated(leaf(final, layer, key), run.device_count, hint=REPLICATED)

@@ -104,22 +104,30 @@ def test_each_fsdp_gradient_is_split_like_its_weight(got, run):
                             hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')")
 
 
-# -- stretch (not graded: points=0): tensor_parallel_scattered ---------------------------------
+# -- exercise 4: tensor_parallel_scattered -------------------------------------------------------
 
-ROWS_SPLIT = ("Keep only this device's rows of the sum: jax.lax.psum_scatter(h @ w2, 'model', scatter_dimension=0, "
-              "tiled=True), with out_specs=P('model', None) on a mesh over all of jax.devices()")
+ROWS_SPLIT = ("Each device keeps only its own rows of the summed output, on a mesh over all of jax.devices(): the "
+              "output's rows split, not a copy of the whole")
 
 
 def scattered_mistakes(x, w, n):
     return {f"b2 was added on each of the {n} devices before the sum, which then counted it {n} times: add b2 "
-            f"after jax.lax.psum_scatter": mlp(x, *w) + (n - 1) * np.asarray(w[3], np.float64)}
+            f"after the partial outputs are summed": mlp(x, *w) + (n - 1) * np.asarray(w[3], np.float64)}
 
 
-@check(points=0, got=call("tensor_parallel_scattered", X, *W))
+@check(got=call("tensor_parallel_scattered", X, *W))
 def test_tensor_parallel_scattered_equals_the_unsplit_mlp(got, run):
     expect_close_naming_mistakes(got, mlp(X, *W), scattered_mistakes(X, W, run.device_count), rtol=1e-4, atol=1e-5)
 
 
-@check(points=0, got=call("tensor_parallel_scattered", X, *W))
+@check(got=call("tensor_parallel_scattered", X, *W))
 def test_tensor_parallel_scattered_splits_the_rows_of_the_output_across_every_device(got, run):
     expect_split_across(got, run.device_count, axis=0, hint=ROWS_SPLIT)
+
+
+# -- stretch (not graded: points=0): fsdp_layer_by_layer -------------------------------------------
+
+@check(points=0, got=call("fsdp_layer_by_layer", X, *W))
+def test_fsdp_layer_by_layer_equals_the_unsplit_mlp_split_by_rows(got, run):
+    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+    expect_split_across(got, run.device_count, axis=0, hint=SPLIT)
