@@ -294,6 +294,11 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
                        isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
+    if ran.disk:
+        record.status = "error"
+        where = f" (while running cell {last_started})" if last_started is not None else ""
+        record.message = f"{ran.disk}{where}: nothing from this run is graded"
+        return record
     if ran.timed_out:
         record.status = "timeout"
         where = f" (still running cell {last_started})" if last_started is not None else ""
@@ -354,6 +359,7 @@ class KernelRun:
     isolation: str = ""
     failure: str = ""  # what papermill raised, when it was not the student's cells
     start: str = ""  # "warm" or "cold" (see RunRecord.start)
+    disk: str = ""  # why the run was stopped for what it wrote to disk (see `_watch_disk`), when it was
 
 
 class _KernelProcess:
@@ -561,6 +567,32 @@ def largest_message(limits: Limits) -> int:
 _PAPERMILL_LOCK = threading.Lock()
 
 
+DISK_POLL = 0.2  # seconds between two measures of what a run holds on disk
+
+
+def _watch_disk(folder: Path, allowed: int, ran: KernelRun, stop, done: threading.Event) -> None:
+    """While the run goes on, measure its scratch folder every DISK_POLL seconds; past `allowed` bytes, stop the
+    run, `ran.disk` saying why. Between two measures a run writes at most one file of `allowed` bytes more
+    (RLIMIT_FSIZE, see `sandbox.run_rlimits`), and the run is measured once more when it has ended."""
+    while not done.wait(DISK_POLL):
+        if _measure_disk(folder, allowed, ran):
+            stop()
+            return
+
+
+def _measure_disk(folder: Path, allowed: int, ran: KernelRun) -> bool:
+    """Whether the run's scratch folder holds more than `allowed` bytes (`scratch.usage`); if so, `ran.disk` says it."""
+    try:
+        used = scratch.usage(folder, allowed)
+    except scratch.Refused as e:
+        ran.disk = f"the notebook's files could not be measured ({e}), so the run was stopped"
+        return True
+    if used <= allowed:
+        return False
+    ran.disk = f"the notebook wrote more than {sandbox.format_size(allowed)} to disk, so the run was stopped"
+    return True
+
+
 def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders, env: dict, limits: Limits, key: str,
                timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None,
                warm=None, cache=None) -> KernelRun:
@@ -597,6 +629,10 @@ def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders,
         watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
         watchdog.daemon = True
         watchdog.start()
+        done = threading.Event()
+        disk = threading.Thread(target=_watch_disk, args=(workdir, limits.disk, ran, km.stop_kernel, done),
+                                name="labkit-disk", daemon=True)
+        disk.start()
         try:
             papermill.execute_notebook(
                 str(input_path), str(output_path), kernel_name="python3", progress_bar=False, km=km,
@@ -617,8 +653,14 @@ def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders,
                                    "run with it")
         finally:
             watchdog.cancel()
+            done.set()
+            disk.join()
             km.end()
-    if km.asked_to_exit and not ran.timed_out:
+    if not ran.disk:  # once more, now that nothing of the run is left: what it wrote after the last measure
+        _measure_disk(workdir, limits.disk, ran)
+    if ran.disk:
+        ran.died, ran.failure = True, ran.disk
+    elif km.asked_to_exit and not ran.timed_out:
         ran.died, ran.failure = True, "a cell asked it to exit (exit() or quit()), so the cells after it never ran"
     scratch.unlink(workdir, key_file.name)
     ran.seconds = time.monotonic() - start
@@ -738,6 +780,8 @@ def _why_no_results(log_path: Path, ran: KernelRun) -> str:
     if joined:
         return joined[-1].removeprefix("labkit: ")
     returncode = ran.returncode
+    if ran.disk:
+        return ran.disk
     if ran.died and ran.failure:
         return f"the Python kernel died while running the notebook: {ran.failure}"
     if ran.died:

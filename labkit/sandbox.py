@@ -84,6 +84,7 @@ class Limits:
     processes: int = 1024  # processes and threads the run may have at once (JAX starts threads per core)
     output: int = 10 * MiB  # bytes of output kept: in the executed notebook, and in the run's log
     file_size: int = 1 * GiB  # the largest file a run may write
+    disk: int = 2 * GiB  # bytes the run may hold in its scratch folder (and in each of /tmp and /dev/shm)
     network: bool = False  # True only where a run's processes must reach each other (see docs/sandbox.md)
     isolation: str = AUTO  # SANDBOX, AUTO or LIMITS_ONLY (see ISOLATIONS); grading asks for SANDBOX
 
@@ -115,6 +116,9 @@ def add_arguments(parser) -> None:
                         help=f"memory one notebook run may use, e.g. 4G (default {format_size(d.memory)})")
     parser.add_argument("--max-processes", type=int, default=d.processes, metavar="N",
                         help=f"processes and threads one run may have at once (default {d.processes})")
+    parser.add_argument("--disk", type=parse_size, default=d.disk, metavar="SIZE",
+                        help=f"what one run may write to disk (its scratch folder; /tmp and /dev/shm each) before it is "
+                             f"stopped (default {format_size(d.disk)})")
     parser.add_argument("--max-output", type=parse_size, default=d.output, metavar="SIZE",
                         help=f"output of one run that is kept; the rest is cut (default {format_size(d.output)})")
 
@@ -129,7 +133,7 @@ def add_isolation_argument(parser, default: str) -> None:
 
 def limits_from_args(args) -> Limits:
     return Limits(memory=args.memory, processes=args.max_processes, output=args.max_output,
-                  isolation=getattr(args, "isolation", AUTO))
+                  disk=getattr(args, "disk", DEFAULT_LIMITS.disk), isolation=getattr(args, "isolation", AUTO))
 
 
 def format_size(n: int) -> str:
@@ -309,7 +313,11 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
     shared = ["--perms", "1777"] if user is not None else []  # root makes them; `user` must write there
-    args += [*shared, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", *shared, "--tmpfs", "/dev/shm"]
+    # /tmp and /dev/shm vanish with the sandbox; where this bwrap can cap a tmpfs (0.10 and later), each holds at
+    # most the run's disk allowance, else the run's memory cgroup (where there is one) holds them
+    capped = ["--size", str(limits.disk)] if bwrap.sizes_tmpfs(finding().version) else []
+    args += [*shared, *capped, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", *shared, *capped,
+             "--tmpfs", "/dev/shm"]
     for device in accelerator_devices():
         args += ["--dev-bind", device, device]
     if accelerator_devices() and os.path.isdir("/sys"):
@@ -562,7 +570,7 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
 
 def run_rlimits(env: dict[str, str], limits: Limits) -> dict[str, int]:
     """The resource limits of a run's processes (`RLIMIT_` names less the prefix), RLIMIT_NPROC aside."""
-    rlimits = {"FSIZE": limits.file_size, "CORE": 0}
+    rlimits = {"FSIZE": min(limits.file_size, limits.disk), "CORE": 0}
     address_space = accelerators.address_space_limit(env, limits.memory)
     if address_space is not None:  # an accelerator run has none: its memory cgroup, where there is one, limits it
         rlimits["AS"] = address_space
