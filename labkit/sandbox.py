@@ -51,7 +51,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from labkit import accelerators, bwrap, runusers
+from labkit import accelerators, bwrap, cgroup2, runusers
 from labkit.runusers import RUN_USERS, hand_over, run_user
 
 # labkit.processes (psutil) is imported where it is used: the first step of every launch,
@@ -389,21 +389,39 @@ def _may_make_cgroups() -> bool:
 
 
 def counts_processes(cgroups: list[Path]) -> bool:
-    """Whether `cgroups` (from make_cgroups) hold a pids cgroup, which counts the run's processes."""
-    return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
+    """Whether `cgroups` (from make_cgroups) hold a pids cgroup (v1's, or a v2 run cgroup), which counts the
+    run's processes."""
+    return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) or cgroup2.counts_processes(g) for g in cgroups)
+
+
+@functools.cache
+def delegated_cgroup() -> Path | None:
+    """The kit's own v2 cgroup, made ready to hold one cgroup per run (`cgroup2.prepare`, once), or None."""
+    group = cgroup2.own()
+    if group is not None and group.name == cgroup2.LEAF:
+        group = group.parent  # prepared already, by this process or the one that started it
+    return group if cgroup2.prepare(group) else None
 
 
 CPU_SHARES = 1024  # every run's weight against the others (v1's default for a group)
 
 
 def make_cgroups(limits: Limits) -> list[Path]:
-    """New v1 cgroups (pids, memory, cpu) for one run, when they can be made here; [] otherwise.
+    """New cgroups for one run, when they can be made here; [] otherwise.
 
-    The cpu group gives every run the same share of the processors (`cpu.shares`), however many
-    processes it starts: a run that forks two dozen busy processes competes with its neighbour as
-    one run, and cannot push it past its timeout."""
-    if not _may_make_cgroups():
-        return []
+    As root, v1 ones (pids, memory, cpu). Where none is made so, and the kit was handed a v2 cgroup of
+    its own with the cpu controller (`delegated_cgroup`), root or not: one v2 cgroup (cpu.weight,
+    pids.max, and memory.max where delegated). Either gives every run the same share of the processors,
+    however many processes it starts: a run that forks two dozen busy processes competes with its
+    neighbour as one run, and cannot push it past its timeout."""
+    made = _v1_cgroups(limits) if _may_make_cgroups() else []
+    group = None if made or os.environ.get("LABKIT_CGROUPS", "auto") == "off" else delegated_cgroup()
+    one = cgroup2.run_group(group, limits.processes, limits.memory) if group is not None else None
+    return made or ([one] if one is not None else [])
+
+
+def _v1_cgroups(limits: Limits) -> list[Path]:
+    """New v1 cgroups (pids, memory, cpu) below the kit's own, as far as they can be made."""
     made = []
     name = f"labkit-{uuid.uuid4().hex[:12]}"
     for controller, settings in (("pids", {"pids.max": limits.processes}),
