@@ -570,27 +570,41 @@ _PAPERMILL_LOCK = threading.Lock()
 DISK_POLL = 0.2  # seconds between two measures of what a run holds on disk
 
 
-def _watch_disk(folder: Path, allowed: int, ran: KernelRun, stop, done: threading.Event) -> None:
+def _watch_disk(folder: Path, allowed: int, ran: KernelRun, stop, done: threading.Event, pids=list) -> None:
     """While the run goes on, measure its scratch folder every DISK_POLL seconds; past `allowed` bytes, stop the
     run, `ran.disk` saying why. Between two measures a run writes at most one file of `allowed` bytes more
-    (RLIMIT_FSIZE, see `sandbox.run_rlimits`), and the run is measured once more when it has ended."""
+    (RLIMIT_FSIZE, see `sandbox.run_rlimits`), and the run is measured once more when it has ended. Files the
+    run removed but still holds open count too (`pids()`: the run's processes)."""
     while not done.wait(DISK_POLL):
-        if _measure_disk(folder, allowed, ran):
+        if _measure_disk(folder, allowed, ran, pids()):
             stop()
             return
 
 
-def _measure_disk(folder: Path, allowed: int, ran: KernelRun) -> bool:
-    """Whether the run's scratch folder holds more than `allowed` bytes (`scratch.usage`); if so, `ran.disk` says it."""
+def _measure_disk(folder: Path, allowed: int, ran: KernelRun, pids: list[int] = ()) -> bool:
+    """Whether the run's scratch folder, with the removed files its processes `pids` hold open, takes more than
+    `allowed` bytes (`scratch.usage`, `processes.held_after_removal`); if so, `ran.disk` says it."""
+    from labkit import processes
+
     try:
         used = scratch.usage(folder, allowed)
+        if used <= allowed and pids:
+            used += processes.held_after_removal(pids, os.stat(folder).st_dev)
     except scratch.Refused as e:
         ran.disk = f"the notebook's files could not be measured ({e}), so the run was stopped"
         return True
+    except OSError:
+        return False  # the folder is gone: the run is over
     if used <= allowed:
         return False
     ran.disk = f"the notebook wrote more than {sandbox.format_size(allowed)} to disk, so the run was stopped"
     return True
+
+
+def _run_processes_of(km) -> list[int]:
+    """The processes of the run whose kernel `km` started (none before it has started)."""
+    run = km.sandboxed
+    return [run.pid, *sandbox.descendants(run.pid)] if run is not None else []
 
 
 def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders, env: dict, limits: Limits, key: str,
@@ -630,7 +644,8 @@ def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders,
         watchdog.daemon = True
         watchdog.start()
         done = threading.Event()
-        disk = threading.Thread(target=_watch_disk, args=(workdir, limits.disk, ran, km.stop_kernel, done),
+        disk = threading.Thread(target=_watch_disk, args=(workdir, limits.disk, ran, km.stop_kernel, done,
+                                                          lambda: _run_processes_of(km)),
                                 name="labkit-disk", daemon=True)
         disk.start()
         try:

@@ -59,6 +59,27 @@ def test_a_notebook_that_fills_the_disk_is_stopped_named_and_leaves_no_file_whil
     assert honest and all(o.status == "passed" for o in honest), [(o.test, o.message) for o in honest]
 
 
+HIDE = """\
+import os, time
+held = []
+for i in range(3):
+    f = open(f"hidden-{i}", "wb")
+    os.unlink(f"hidden-{i}")  # no name left to find: only the open file holds the disk
+    for _ in range(40):
+        f.write(b"\\1" * (1 << 20))
+    f.flush()
+    held.append(f)
+time.sleep(5)
+"""
+
+
+def test_files_removed_but_held_open_count_against_the_disk(tmp_path):
+    hider = with_cell(HIDE, tmp_path / "hider.ipynb")
+    record = execute.run_notebook(hider, CONFIGS["cpu-1"], [], tmp_path / "run", limits=SMALL_DISK)
+    assert record.status == "error"
+    assert "wrote more than 64 MiB to disk" in record.message, record.message
+
+
 def test_the_scratch_folder_is_kept_when_asked_even_after_the_disk_stopped_the_run(tmp_path):
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
     record = execute.run_notebook(filler, CONFIGS["cpu-1"], [], tmp_path / "run", limits=SMALL_DISK,
