@@ -22,7 +22,8 @@ hold in every case:
 * memory: the address space of each process (`RLIMIT_AS`; none for an accelerator run, whose runtime
   reserves more than it uses: see `accelerators.address_space_limit`), and the whole run's memory when
   this process may create a memory cgroup;
-* processes: a pids cgroup when one can be created, else `RLIMIT_NPROC`. That limit never
+* processes: a pids cgroup when one can be created (v1 as root; v2 in a cgroup handed to the kit, see
+  `labkit.cgroup2`), else `RLIMIT_NPROC`. That limit never
   binds a process whose real user is root (the kernel exempts root's own user, even in a user
   namespace), so when the kit runs as root without a pids cgroup, the sandbox's processes run as
   a user of their own (`run_user`): an unused uid, one per launch, that owns the scratch folder;
@@ -30,7 +31,9 @@ hold in every case:
   time and memory limits (see docs/sandbox.md);
 * output: the run's log is cut at `limits.output` bytes (the child process cuts the cells'
   outputs kept in the executed notebook at the same size);
-* file size (`RLIMIT_FSIZE`) and no core dumps.
+* disk: `/tmp` and `/dev/shm` are tmpfs of `limits.disk` bytes each where bwrap can cap one; the
+  scratch folder is measured while the run goes on, by the kit (`execute`, through `labkit.scratch`);
+* file size (`RLIMIT_FSIZE`, at most `limits.disk`) and no core dumps.
 
 `python -m labkit.sandbox SPEC CMD...` is the small first step of every launch: it joins
 the run's cgroups, sets the resource limits, and becomes CMD.

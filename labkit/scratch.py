@@ -122,7 +122,8 @@ def create(folder: Path, name: str, data: bytes, mode: int = 0o600) -> Path:
 
 
 def usage(folder: Path, limit: int | None = None) -> int:
-    """The bytes of disk everything in `folder` takes (allocated blocks: a sparse file counts what it holds).
+    """The bytes of disk everything in `folder` takes: allocated blocks (a sparse file counts what it holds), and
+    NAME_COST for each name (an inode and room in its folder: a million empty files are not nothing).
 
     Nothing is opened but folders, each with `O_NOFOLLOW` relative to its parent; every other entry is only
     looked at (`lstat`). A file with several names counts once. A folder the run made unreadable is opened up
@@ -146,6 +147,7 @@ def usage(folder: Path, limit: int | None = None) -> int:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue  # gone since it was listed
+            total += NAME_COST
             if (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
@@ -170,6 +172,7 @@ def _names(dir_fd: int) -> list[str]:
 
 
 MAX_DEPTH = 64  # a scratch folder's folders nested deeper than this are refused (see `usage`)
+NAME_COST = 4096  # bytes each name counts for in `usage`, on top of its blocks: a flood of empty files is not free
 
 
 def _open_child_folder(dir_fd: int, name: str) -> int | None:

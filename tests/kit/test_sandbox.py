@@ -384,7 +384,7 @@ def test_sizes_are_read_with_units():
 
 def test_the_default_limits_are_the_documented_ones():
     d = sandbox.DEFAULT_LIMITS
-    assert (d.memory, d.output, d.network) == (4 << 30, 10 << 20, False)
+    assert (d.memory, d.output, d.disk, d.network) == (4 << 30, 10 << 20, 2 << 30, False)
 
 
 def test_a_run_keeps_device_settings_and_drops_the_callers_secrets(tmp_path):

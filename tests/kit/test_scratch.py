@@ -130,3 +130,9 @@ def test_usage_refuses_folders_nested_too_deep_to_measure(folder):
     deep.mkdir(parents=True)
     with pytest.raises(scratch.Refused, match="nested"):
         scratch.usage(folder)
+
+
+def test_usage_counts_every_name_so_a_flood_of_empty_files_is_not_free(folder):
+    for i in range(1000):
+        (folder / f"empty-{i}").touch()
+    assert scratch.usage(folder) >= 1000 * scratch.NAME_COST
