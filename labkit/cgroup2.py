@@ -55,18 +55,26 @@ def _members(group: Path) -> list[int]:
         return []
 
 
+def usable(group: Path | None) -> bool:
+    """Whether `prepare` may make `group` hold one cgroup per run (it is not tried: nothing moves)."""
+    if group is not None and group.name == LEAF:
+        group = group.parent
+    if group is None or not {"cpu", "pids"} <= _controllers(group):
+        return False
+    return {"cpu", "pids"} <= _controllers(group, "cgroup.subtree_control") or (
+        os.access(group / "cgroup.procs", os.W_OK) and os.access(group / "cgroup.subtree_control", os.W_OK))
+
+
 def prepare(group: Path | None) -> bool:
     """Make `group` (the kit's own cgroup) ready to hold one cgroup per run: True when it is.
 
     Moves the processes of `group` (the kit, and whatever started it in the subtree handed to it: make,
     a shell) into the leaf `LEAF` below it and hands the cpu and pids controllers (and memory, where
     delegated) down to the cgroups below. Undone, and False, where any step is refused."""
-    if group is None or not {"cpu", "pids"} <= _controllers(group):
+    if not usable(group):
         return False
     if {"cpu", "pids"} <= _controllers(group, "cgroup.subtree_control"):
         return True  # done already (by this process, or by whoever handed the kit this subtree)
-    if not os.access(group / "cgroup.procs", os.W_OK) or not os.access(group / "cgroup.subtree_control", os.W_OK):
-        return False
     leaf = group / LEAF
     try:
         leaf.mkdir(exist_ok=True)

@@ -409,6 +409,29 @@ def delegated_cgroup() -> Path | None:
 CPU_SHARES = 1024  # every run's weight against the others (v1's default for a group)
 
 
+def cpu_share() -> str:
+    """Which CPU share each run gets here, in words (see docs/sandbox.md, 'Limits'); nothing is made or moved."""
+    if os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+        return "none: cgroups are turned off (LABKIT_CGROUPS=off); runs compete process by process"
+    if _may_make_cgroups() and _own_cgroup("cpu") is not None and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
+        return f"a v1 cpu cgroup per run (cpu.shares {CPU_SHARES}), made as root"
+    if cgroup2.usable(cgroup2.own()):
+        return f"a v2 cgroup per run (cpu.weight {cgroup2.CPU_WEIGHT}, pids.max) in the cgroup handed to the kit"
+    return ("none: the kit may make no v1 cgroup (it is not root, or they are not mounted) and was handed no v2 "
+            "cgroup with the cpu and pids controllers; runs compete process by process")
+
+
+def tmpfs_sizes() -> str:
+    """Whether the sandbox's /tmp and /dev/shm are capped here, in words."""
+    found = finding()
+    if not found.program:
+        return "no sandbox: a run's TMPDIR is in its scratch folder, which is measured (the machine's /tmp is not)"
+    if bwrap.sizes_tmpfs(found.version):
+        return "tmpfs of the run's --disk each (bwrap --size)"
+    return (f"tmpfs without a size ({found.version} cannot cap one; bubblewrap 0.10 and later can, as the bundled "
+            "one: LABKIT_BWRAP=bundled), held only by the run's memory cgroup where there is one")
+
+
 def make_cgroups(limits: Limits) -> list[Path]:
     """New cgroups for one run, when they can be made here; [] otherwise.
 

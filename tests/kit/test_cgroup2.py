@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,28 @@ def test_memory_is_capped_only_where_its_controller_was_handed_down(tmp_path):
     assert cgroup2.prepare(group)
     run = cgroup2.run_group(group, 160, 3 << 30)
     assert (run / "pids.max").exists() and not (run / "memory.max").exists()
+
+
+def test_whether_a_cgroup_is_usable_is_told_without_moving_anything(tmp_path):
+    group = kit_group(tmp_path)
+    assert cgroup2.usable(group)
+    assert not (group / cgroup2.LEAF).exists() and (group / "cgroup.subtree_control").read_text() == ""
+    (tmp_path / "other").mkdir()
+    assert not cgroup2.usable(kit_group(tmp_path / "other", controllers="memory pids"))
+
+
+def isolation_command(**env) -> str:
+    done = subprocess.run([sys.executable, "-m", "labkit", "isolation"], env=os.environ | env, text=True,
+                          capture_output=True, timeout=120, check=False)
+    return done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").exists()
+                    or sandbox.isolation()[0] != sandbox.BUBBLEWRAP,
+                    reason="needs root, a v1 cpu controller and a sandbox")
+def test_the_isolation_command_says_which_cpu_share_runs_get_here():
+    assert "CPU share: a v1 cpu cgroup per run (cpu.shares 1024), made as root" in isolation_command()
+    assert "CPU share: none: cgroups are turned off" in isolation_command(LABKIT_CGROUPS="off")
 
 
 DELEGATED = os.geteuid() != 0 and sandbox.delegated_cgroup() is not None

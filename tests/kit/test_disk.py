@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,6 +128,21 @@ def test_the_sandboxs_tmp_holds_no_more_than_the_disk_allowance(tmp_path):
 def test_no_single_file_is_larger_than_the_disk_allowance(tmp_path):
     _, said = _in_sandbox(writer(".", 1, 100), tmp_path, replace_disk(32 * sandbox.MiB))
     assert "refused EFBIG 32" in said, said  # RLIMIT_FSIZE: the file stops at the allowance
+
+
+def test_a_bwrap_caps_a_tmpfs_from_version_0_10_on():
+    assert [sandbox.bwrap.sizes_tmpfs(f"bubblewrap {v}") for v in ("0.6.1", "0.9.0", "0.10.0", "0.11.0", "1.0")] == [
+        False, False, True, True, True]
+    assert not sandbox.bwrap.sizes_tmpfs("")
+
+
+@pytest.mark.skipif(sandbox.isolation()[0] != sandbox.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
+def test_the_isolation_command_says_whether_tmp_is_capped():
+    done = subprocess.run([sys.executable, "-m", "labkit", "isolation"], text=True, capture_output=True,
+                          timeout=120, check=False)
+    capped = sandbox.bwrap.sizes_tmpfs(sandbox.finding().version)
+    assert ("/tmp and /dev/shm: tmpfs of the run's --disk each" in done.stdout) == capped, done.stdout
+    assert ("/tmp and /dev/shm: tmpfs without a size" in done.stdout) == (not capped), done.stdout
 
 
 def replace_disk(disk: int) -> sandbox.Limits:
