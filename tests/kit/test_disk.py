@@ -81,6 +81,18 @@ def test_files_removed_but_held_open_count_against_the_disk(tmp_path):
     assert "wrote more than 64 MiB to disk" in record.message, record.message
 
 
+def test_each_process_of_a_multi_process_run_is_held_to_the_allowance_and_the_run_says_so(tmp_path):
+    config = CONFIGS["cpu-2x4"]
+    available, why = config.availability()
+    if not available:
+        pytest.skip(why)
+    filler = with_cell(FILL, tmp_path / "filler.ipynb")
+    record = execute.run_notebook(filler, config, [], tmp_path / "run", limits=SMALL_DISK)
+    assert record.status == "error"
+    assert "stopped early" in record.message and "wrote more than 64 MiB to disk" in record.message, record.message
+    assert not list((tmp_path / "run").glob("process-*/scratch"))
+
+
 def test_the_scratch_folder_is_kept_when_asked_even_after_the_disk_stopped_the_run(tmp_path):
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
     record = execute.run_notebook(filler, CONFIGS["cpu-1"], [], tmp_path / "run", limits=SMALL_DISK,
