@@ -572,11 +572,11 @@ DISK_POLL = 0.2  # seconds between two measures of what a run holds on disk
 
 def _watch_disk(folder: Path, allowed: int, ran: KernelRun, stop, done: threading.Event, pids=list) -> None:
     """While the run goes on, measure its scratch folder every DISK_POLL seconds (or four times as long as the last
-    measure took, when longer: the kit's other runs share this process); past `allowed` bytes, stop the
-    run, `ran.disk` saying why. Between two measures a run may write past it, what the disk takes in that time
-    (each file at most `allowed` bytes: RLIMIT_FSIZE, see `sandbox.run_rlimits`), and the run is measured once
-    more when it has ended. Files the
-    run removed but still holds open count too (`pids()`: the run's processes)."""
+    measure took, when longer: the kit's other runs share this process); past `allowed` bytes, stop the run,
+    `ran.disk` saying why. Files the run removed but still holds open count too (`pids()`: the run's processes).
+
+    Between two measures a run may write past the limit what the disk takes in that time (each file at most
+    `allowed` bytes: RLIMIT_FSIZE, see `sandbox.run_rlimits`); the run is measured once more when it has ended."""
     pause = DISK_POLL
     while not done.wait(pause):
         began = time.monotonic()
