@@ -15,6 +15,7 @@ names the host policy that refused it and the fix.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -36,6 +37,12 @@ def namespace_args(network: bool, user: int | None = None) -> list[str]:
     args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     return args + ([] if network else ["--unshare-net"])
+
+
+def sizes_tmpfs(version: str) -> bool:
+    """Whether the bwrap of this version line ("bubblewrap 0.11.0") caps a tmpfs (`--size`, 0.10 and later)."""
+    m = re.match(r"bubblewrap (\d+)\.(\d+)", version or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (0, 10)
 
 
 def probe_command(program: str, user: int | None = None) -> list[str]:

@@ -46,6 +46,8 @@ def _isolation(args) -> int:
         print(f"sandbox: {found.summary()}")
         for problem in found.problems:
             print("\n".join(["not used:", *("  " + line for line in problem.lines())]))
+        print(f"/tmp and /dev/shm: {sandbox.tmpfs_sizes()}")
+        print(f"CPU share: {sandbox.cpu_share()}")
         return 0
     print(f"no sandbox can be made here:\n  {found.report().replace(chr(10), chr(10) + '  ')}")
     return 1

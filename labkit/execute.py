@@ -294,6 +294,11 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
                        isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
+    if ran.disk:
+        record.status = "error"
+        where = f" (while running cell {last_started})" if last_started is not None else ""
+        record.message = f"{ran.disk}{where}: nothing from this run is graded"
+        return record
     if ran.timed_out:
         record.status = "timeout"
         where = f" (still running cell {last_started})" if last_started is not None else ""
@@ -354,6 +359,7 @@ class KernelRun:
     isolation: str = ""
     failure: str = ""  # what papermill raised, when it was not the student's cells
     start: str = ""  # "warm" or "cold" (see RunRecord.start)
+    disk: str = ""  # why the run was stopped for what it wrote to disk (see `_watch_disk`), when it was
 
 
 class _KernelProcess:
@@ -561,6 +567,51 @@ def largest_message(limits: Limits) -> int:
 _PAPERMILL_LOCK = threading.Lock()
 
 
+DISK_POLL = 0.2  # seconds between two measures of what a run holds on disk
+
+
+def _watch_disk(folder: Path, allowed: int, ran: KernelRun, stop, done: threading.Event, pids=list) -> None:
+    """While the run goes on, measure its scratch folder every DISK_POLL seconds (or four times as long as the last
+    measure took, when longer: the kit's other runs share this process); past `allowed` bytes, stop the run,
+    `ran.disk` saying why. Files the run removed but still holds open count too (`pids()`: the run's processes).
+
+    Between two measures a run may write past the limit what the disk takes in that time (each file at most
+    `allowed` bytes: RLIMIT_FSIZE, see `sandbox.run_rlimits`); the run is measured once more when it has ended."""
+    pause = DISK_POLL
+    while not done.wait(pause):
+        began = time.monotonic()
+        if _measure_disk(folder, allowed, ran, pids()):
+            stop()
+            return
+        pause = max(DISK_POLL, 4 * (time.monotonic() - began))  # a folder of many names is measured less often
+
+
+def _measure_disk(folder: Path, allowed: int, ran: KernelRun, pids: list[int] = ()) -> bool:
+    """Whether the run's scratch folder, with the removed files its processes `pids` hold open, takes more than
+    `allowed` bytes (`scratch.usage`, `processes.held_after_removal`); if so, `ran.disk` says it."""
+    from labkit import processes
+
+    try:
+        used = scratch.usage(folder, allowed)
+        if used <= allowed and pids:
+            used += processes.held_after_removal(pids, os.stat(folder).st_dev)
+    except scratch.Refused as e:
+        ran.disk = f"the notebook's files could not be measured ({e}), so the run was stopped"
+        return True
+    except OSError:
+        return False  # the folder is gone: the run is over
+    if used <= allowed:
+        return False
+    ran.disk = f"the notebook wrote more than {sandbox.format_size(allowed)} to disk, so the run was stopped"
+    return True
+
+
+def _run_processes_of(km) -> list[int]:
+    """The processes of the run whose kernel `km` started (none before it has started)."""
+    run = km.sandboxed
+    return [run.pid, *sandbox.descendants(run.pid)] if run is not None else []
+
+
 def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders, env: dict, limits: Limits, key: str,
                timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None,
                warm=None, cache=None) -> KernelRun:
@@ -597,6 +648,11 @@ def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders,
         watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
         watchdog.daemon = True
         watchdog.start()
+        done = threading.Event()
+        disk = threading.Thread(target=_watch_disk, args=(workdir, limits.disk, ran, km.stop_kernel, done,
+                                                          lambda: _run_processes_of(km)),
+                                name="labkit-disk", daemon=True)
+        disk.start()
         try:
             papermill.execute_notebook(
                 str(input_path), str(output_path), kernel_name="python3", progress_bar=False, km=km,
@@ -617,8 +673,14 @@ def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders,
                                    "run with it")
         finally:
             watchdog.cancel()
+            done.set()
+            disk.join()
             km.end()
-    if km.asked_to_exit and not ran.timed_out:
+    if not ran.disk:  # once more, now that nothing of the run is left: what it wrote after the last measure
+        _measure_disk(workdir, limits.disk, ran)
+    if ran.disk:
+        ran.died, ran.failure = True, ran.disk
+    elif km.asked_to_exit and not ran.timed_out:
         ran.died, ran.failure = True, "a cell asked it to exit (exit() or quit()), so the cells after it never ran"
     scratch.unlink(workdir, key_file.name)
     ran.seconds = time.monotonic() - start
@@ -738,6 +800,8 @@ def _why_no_results(log_path: Path, ran: KernelRun) -> str:
     if joined:
         return joined[-1].removeprefix("labkit: ")
     returncode = ran.returncode
+    if ran.disk:
+        return ran.disk
     if ran.died and ran.failure:
         return f"the Python kernel died while running the notebook: {ran.failure}"
     if ran.died:

@@ -65,12 +65,13 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
 
 
 def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] | None = None,
-                     readable: Path | None = None) -> None:
+                     readable: Path | None = None, tmp_size: int | None = None) -> None:
     """In the forked child, before the run's code: new namespaces, and a file system showing only `workdir`.
 
     `shared` names more folders the server may write, each with whether this run may write it too
     (a compilation cache: the reference runs fill it, the others only read it). `readable`, a folder
-    that holds `workdir` (the run's kit folder), is shown too, read-only.
+    that holds `workdir` (the run's kit folder), is shown too, read-only. `tmp_size`, when given, caps
+    each of the run's /tmp and /dev/shm (bytes: the run's disk allowance).
 
     The process-id namespace applies to the children this process makes next (`become_init`).
     """
@@ -97,8 +98,9 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
     # again, as it was (read-only stays read-only); a folder of the run's own (its scratch folder) is bound below.
     under_tmp = _mounts_under("/tmp")
     kept = {m: os.open(m, os.O_PATH | os.O_CLOEXEC) for m in under_tmp}
-    _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    options = "mode=1777" + (f",size={int(tmp_size)}" if tmp_size else "")
+    _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
     try:
         for m, fd in kept.items():
             _bind_again(libc, fd, m)

@@ -22,7 +22,8 @@ hold in every case:
 * memory: the address space of each process (`RLIMIT_AS`; none for an accelerator run, whose runtime
   reserves more than it uses: see `accelerators.address_space_limit`), and the whole run's memory when
   this process may create a memory cgroup;
-* processes: a pids cgroup when one can be created, else `RLIMIT_NPROC`. That limit never
+* processes: a pids cgroup when one can be created (v1 as root; v2 in a cgroup handed to the kit, see
+  `labkit.cgroup2`), else `RLIMIT_NPROC`. That limit never
   binds a process whose real user is root (the kernel exempts root's own user, even in a user
   namespace), so when the kit runs as root without a pids cgroup, the sandbox's processes run as
   a user of their own (`run_user`): an unused uid, one per launch, that owns the scratch folder;
@@ -30,7 +31,9 @@ hold in every case:
   time and memory limits (see docs/sandbox.md);
 * output: the run's log is cut at `limits.output` bytes (the child process cuts the cells'
   outputs kept in the executed notebook at the same size);
-* file size (`RLIMIT_FSIZE`) and no core dumps.
+* disk: `/tmp` and `/dev/shm` are tmpfs of `limits.disk` bytes each where bwrap can cap one; the
+  scratch folder is measured while the run goes on, by the kit (`execute`, through `labkit.scratch`);
+* file size (`RLIMIT_FSIZE`, at most `limits.disk`) and no core dumps.
 
 `python -m labkit.sandbox SPEC CMD...` is the small first step of every launch: it joins
 the run's cgroups, sets the resource limits, and becomes CMD.
@@ -51,7 +54,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from labkit import accelerators, bwrap, runusers
+from labkit import accelerators, bwrap, cgroup2, runusers
 from labkit.runusers import RUN_USERS, hand_over, run_user
 
 # labkit.processes (psutil) is imported where it is used: the first step of every launch,
@@ -84,6 +87,7 @@ class Limits:
     processes: int = 1024  # processes and threads the run may have at once (JAX starts threads per core)
     output: int = 10 * MiB  # bytes of output kept: in the executed notebook, and in the run's log
     file_size: int = 1 * GiB  # the largest file a run may write
+    disk: int = 2 * GiB  # bytes the run may hold in its scratch folder (and in each of /tmp and /dev/shm)
     network: bool = False  # True only where a run's processes must reach each other (see docs/sandbox.md)
     isolation: str = AUTO  # SANDBOX, AUTO or LIMITS_ONLY (see ISOLATIONS); grading asks for SANDBOX
 
@@ -115,6 +119,9 @@ def add_arguments(parser) -> None:
                         help=f"memory one notebook run may use, e.g. 4G (default {format_size(d.memory)})")
     parser.add_argument("--max-processes", type=int, default=d.processes, metavar="N",
                         help=f"processes and threads one run may have at once (default {d.processes})")
+    parser.add_argument("--disk", type=parse_size, default=d.disk, metavar="SIZE",
+                        help=f"what one run may write to disk (its scratch folder; /tmp and /dev/shm each) before it is "
+                             f"stopped (default {format_size(d.disk)})")
     parser.add_argument("--max-output", type=parse_size, default=d.output, metavar="SIZE",
                         help=f"output of one run that is kept; the rest is cut (default {format_size(d.output)})")
 
@@ -129,7 +136,7 @@ def add_isolation_argument(parser, default: str) -> None:
 
 def limits_from_args(args) -> Limits:
     return Limits(memory=args.memory, processes=args.max_processes, output=args.max_output,
-                  isolation=getattr(args, "isolation", AUTO))
+                  disk=getattr(args, "disk", DEFAULT_LIMITS.disk), isolation=getattr(args, "isolation", AUTO))
 
 
 def format_size(n: int) -> str:
@@ -309,7 +316,11 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
     shared = ["--perms", "1777"] if user is not None else []  # root makes them; `user` must write there
-    args += [*shared, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", *shared, "--tmpfs", "/dev/shm"]
+    # /tmp and /dev/shm vanish with the sandbox; where this bwrap can cap a tmpfs (0.10 and later), each holds at
+    # most the run's disk allowance, else the run's memory cgroup (where there is one) holds them
+    capped = ["--size", str(limits.disk)] if bwrap.sizes_tmpfs(finding().version) else []
+    args += [*shared, *capped, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", *shared, *capped,
+             "--tmpfs", "/dev/shm"]
     for device in accelerator_devices():
         args += ["--dev-bind", device, device]
     if accelerator_devices() and os.path.isdir("/sys"):
@@ -381,21 +392,62 @@ def _may_make_cgroups() -> bool:
 
 
 def counts_processes(cgroups: list[Path]) -> bool:
-    """Whether `cgroups` (from make_cgroups) hold a pids cgroup, which counts the run's processes."""
-    return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) for g in cgroups)
+    """Whether `cgroups` (from make_cgroups) hold a pids cgroup (v1's, or a v2 run cgroup), which counts the
+    run's processes."""
+    return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) or cgroup2.counts_processes(g) for g in cgroups)
+
+
+@functools.cache
+def delegated_cgroup() -> Path | None:
+    """The kit's own v2 cgroup, made ready to hold one cgroup per run (`cgroup2.prepare`, once), or None."""
+    group = cgroup2.own()
+    if group is not None and group.name == cgroup2.LEAF:
+        group = group.parent  # prepared already, by this process or the one that started it
+    return group if cgroup2.prepare(group) else None
 
 
 CPU_SHARES = 1024  # every run's weight against the others (v1's default for a group)
 
 
-def make_cgroups(limits: Limits) -> list[Path]:
-    """New v1 cgroups (pids, memory, cpu) for one run, when they can be made here; [] otherwise.
+def cpu_share() -> str:
+    """Which CPU share each run gets here, in words (see docs/sandbox.md, 'Limits'); nothing is made or moved."""
+    if os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+        return "none: cgroups are turned off (LABKIT_CGROUPS=off); runs compete process by process"
+    if _may_make_cgroups() and _own_cgroup("cpu") is not None and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
+        return f"a v1 cpu cgroup per run (cpu.shares {CPU_SHARES}), made as root"
+    if cgroup2.usable(cgroup2.own()):
+        return f"a v2 cgroup per run (cpu.weight {cgroup2.CPU_WEIGHT}, pids.max) in the cgroup handed to the kit"
+    return ("none: the kit may make no v1 cgroup (it is not root, or they are not mounted) and was handed no v2 "
+            "cgroup with the cpu and pids controllers; runs compete process by process")
 
-    The cpu group gives every run the same share of the processors (`cpu.shares`), however many
-    processes it starts: a run that forks two dozen busy processes competes with its neighbour as
-    one run, and cannot push it past its timeout."""
-    if not _may_make_cgroups():
-        return []
+
+def tmpfs_sizes() -> str:
+    """Whether the sandbox's /tmp and /dev/shm are capped here, in words."""
+    found = finding()
+    if not found.program:
+        return "no sandbox: a run's TMPDIR is in its scratch folder, which is measured (the machine's /tmp is not)"
+    if bwrap.sizes_tmpfs(found.version):
+        return "tmpfs of the run's --disk each (bwrap --size)"
+    return (f"tmpfs without a size ({found.version} cannot cap one; bubblewrap 0.10 and later can, as the bundled "
+            "one: LABKIT_BWRAP=bundled), held only by the run's memory cgroup where there is one")
+
+
+def make_cgroups(limits: Limits) -> list[Path]:
+    """New cgroups for one run, when they can be made here; [] otherwise.
+
+    As root, v1 ones (pids, memory, cpu). Where none is made so, and the kit was handed a v2 cgroup of
+    its own with the cpu controller (`delegated_cgroup`), root or not: one v2 cgroup (cpu.weight,
+    pids.max, and memory.max where delegated). Either gives every run the same share of the processors,
+    however many processes it starts: a run that forks two dozen busy processes competes with its
+    neighbour as one run, and cannot push it past its timeout."""
+    made = _v1_cgroups(limits) if _may_make_cgroups() else []
+    group = None if made or os.environ.get("LABKIT_CGROUPS", "auto") == "off" else delegated_cgroup()
+    one = cgroup2.run_group(group, limits.processes, limits.memory) if group is not None else None
+    return made or ([one] if one is not None else [])
+
+
+def _v1_cgroups(limits: Limits) -> list[Path]:
+    """New v1 cgroups (pids, memory, cpu) below the kit's own, as far as they can be made."""
     made = []
     name = f"labkit-{uuid.uuid4().hex[:12]}"
     for controller, settings in (("pids", {"pids.max": limits.processes}),
@@ -562,7 +614,7 @@ def network_of(other: Sandboxed, wait: float = 10.0) -> dict[str, str] | None:
 
 def run_rlimits(env: dict[str, str], limits: Limits) -> dict[str, int]:
     """The resource limits of a run's processes (`RLIMIT_` names less the prefix), RLIMIT_NPROC aside."""
-    rlimits = {"FSIZE": limits.file_size, "CORE": 0}
+    rlimits = {"FSIZE": min(limits.file_size, limits.disk), "CORE": 0}
     address_space = accelerators.address_space_limit(env, limits.memory)
     if address_space is not None:  # an accelerator run has none: its memory cgroup, where there is one, limits it
         rlimits["AS"] = address_space

@@ -13,6 +13,8 @@ So the trusted process never opens, lists, follows or writes a path inside it ex
   and `remove` removes the whole folder after it;
 * `read` opens one name with `O_NOFOLLOW | O_NONBLOCK`, relative to the folder opened itself with
   `O_NOFOLLOW`, accepts only a regular file, and reads at most a given number of bytes;
+* `usage` adds up the disk space of everything in it (files, folders, links: never through one),
+  which the kit reads while the run goes on to stop a run that writes more than it may;
 * `create` writes a new file with `O_CREAT | O_EXCL | O_NOFOLLOW`, so it never writes through a
   name that already exists (it is used before the run starts, in a folder just emptied).
 """
@@ -117,6 +119,80 @@ def create(folder: Path, name: str, data: bytes, mode: int = 0o600) -> Path:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     return Path(folder) / name
+
+
+def usage(folder: Path, limit: int | None = None) -> int:
+    """The bytes of disk everything in `folder` takes: allocated blocks (a sparse file counts what it holds), and
+    NAME_COST for each name (an inode and room in its folder: a million empty files are not nothing).
+
+    Nothing is opened but folders, each with `O_NOFOLLOW` relative to its parent; every other entry is only
+    looked at (`lstat`). A file with several names counts once. A folder the run made unreadable is opened up
+    (its files are the run's). The walk stops as soon as the sum passes `limit`, when one is given. Folders
+    nested more than MAX_DEPTH deep are `Refused`: a walk that cannot end soon is no measure."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    try:
+        top = _open_folder(folder)
+    except OSError:
+        return 0
+    stack = [(top, iter(_names(top)))]  # depth first: at most MAX_DEPTH folders open at once
+    try:
+        while stack and (limit is None or total <= limit):
+            dir_fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone since it was listed
+            total += NAME_COST
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) > MAX_DEPTH:
+                    raise Refused(f"folders nested more than {MAX_DEPTH} deep")
+                child = _open_child_folder(dir_fd, name)
+                if child is not None:
+                    stack.append((child, iter(_names(child))))
+    finally:
+        for dir_fd, _ in stack:
+            os.close(dir_fd)
+    return total
+
+
+def _names(dir_fd: int) -> list[str]:
+    try:
+        with os.scandir(dir_fd) as entries:
+            return [e.name for e in entries]
+    except OSError:
+        return []
+
+
+MAX_DEPTH = 64  # a scratch folder's folders nested deeper than this are refused (see `usage`)
+NAME_COST = 4096  # bytes each name counts for in `usage`, on top of its blocks: a flood of empty files is not free
+
+
+def _open_child_folder(dir_fd: int, name: str) -> int | None:
+    """A descriptor of the folder `name` in `dir_fd` (never through a link), opened up first if it refuses; or None."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
+        pass
+    except OSError:
+        return None
+    try:  # a folder the run made unreadable: make it readable again through a handle on the folder itself
+        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+        finally:
+            os.close(path_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
 
 
 def unlink(folder: Path, name: str) -> None:

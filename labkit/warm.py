@@ -278,7 +278,8 @@ class Server:
         shared = {str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
                   for p in self.shared}
         request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared,
-                   "readable": str(Path(readable[0]).resolve()) if readable else None, "module": module}
+                   "readable": str(Path(readable[0]).resolve()) if readable else None, "module": module,
+                   "tmp_size": limits.disk}
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -375,7 +376,8 @@ def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None
         sandbox.apply_rlimits(request["rlimits"])
 
         workdir = Path(request["workdir"])
-        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}), readable=request.get("readable"))
+        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}), readable=request.get("readable"),
+                              tmp_size=request.get("tmp_size"))
         pid = os.fork()
         if pid == 0:
             _init(request, workdir)

@@ -28,7 +28,7 @@ from labkit.sandbox import Limits, MiB
 ADVERSARIAL = Path(__file__).parent / "adversarial"
 LAB = catalog.lab(3)
 TIMEOUT = 150.0  # seconds: generous, the machine may be busy; the cell that never returns takes all of it
-LIMITS = Limits(memory=3 << 30, processes=160, output=2 * MiB)
+LIMITS = Limits(memory=3 << 30, processes=160, output=2 * MiB, disk=64 * MiB)
 SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
 NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 # Tricks that would harm the machine running the tests without a sandbox around them.
@@ -384,7 +384,7 @@ def test_sizes_are_read_with_units():
 
 def test_the_default_limits_are_the_documented_ones():
     d = sandbox.DEFAULT_LIMITS
-    assert (d.memory, d.output, d.network) == (4 << 30, 10 << 20, False)
+    assert (d.memory, d.output, d.disk, d.network) == (4 << 30, 10 << 20, 2 << 30, False)
 
 
 def test_a_run_keeps_device_settings_and_drops_the_callers_secrets(tmp_path):
@@ -669,10 +669,12 @@ def test_named_pipes_where_the_kit_reads_neither_block_it_nor_score(battery):
     scores_nothing(battery, "fifo_in_place")
 
 
-def test_what_a_run_wrote_in_its_scratch_folder_is_removed_when_it_ends(battery):
-    assert battery.record("fill_disk").status == "ok", battery.record("fill_disk").message
+def test_a_run_that_fills_its_disk_is_stopped_and_what_it_wrote_is_removed_when_it_ends(battery):
+    record = battery.record("fill_disk")
+    assert record.status == "error" and "wrote more than 64 MiB to disk" in record.message, record.message
     assert not battery.scratch("fill_disk").exists()
     assert battery.workdir("fill_disk").is_dir()  # the kit's files stay: papermill's copy, the log
+    scores_nothing(battery, "fill_disk")
 
 
 def test_a_kernel_reads_nothing_of_the_warm_servers_start_in_its_own_process(battery):

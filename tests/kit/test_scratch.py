@@ -85,3 +85,54 @@ def test_a_link_in_place_of_the_folder_is_removed_not_followed(tmp_path):
     scratch.empty(tmp_path / "scratch")
     assert (tmp_path / "scratch").is_dir() and not (tmp_path / "scratch").is_symlink()
     assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_usage_adds_up_the_disk_each_file_takes(folder):
+    (folder / "a").write_bytes(b"\1" * (1 << 20))
+    (folder / "sub").mkdir()
+    (folder / "sub" / "b").write_bytes(b"\1" * (2 << 20))
+    assert 3 << 20 <= scratch.usage(folder) < (3 << 20) + (1 << 16)
+
+
+def test_usage_never_counts_through_a_link(folder, tmp_path):
+    (tmp_path / "big-elsewhere").write_bytes(b"\1" * (4 << 20))
+    (tmp_path / "folder-elsewhere").mkdir()
+    (tmp_path / "folder-elsewhere" / "big").write_bytes(b"\1" * (4 << 20))
+    (folder / "file-link").symlink_to(tmp_path / "big-elsewhere")
+    (folder / "folder-link").symlink_to(tmp_path / "folder-elsewhere", target_is_directory=True)
+    assert scratch.usage(folder) < 1 << 20
+
+
+def test_usage_counts_a_file_with_several_names_once_and_a_sparse_file_by_what_it_holds(folder):
+    (folder / "a").write_bytes(b"\1" * (2 << 20))
+    os.link(folder / "a", folder / "b")
+    with open(folder / "sparse", "wb") as f:
+        f.truncate(10 << 30)
+    assert 2 << 20 <= scratch.usage(folder) < 3 << 20
+
+
+def test_usage_opens_up_a_folder_made_unreadable(folder):
+    hidden = folder / "hidden"
+    hidden.mkdir()
+    (hidden / "big").write_bytes(b"\1" * (2 << 20))
+    hidden.chmod(0)
+    assert scratch.usage(folder) >= 2 << 20
+
+
+def test_usage_stops_once_past_the_limit(folder):
+    for i in range(4):
+        (folder / f"f{i}").write_bytes(b"\1" * (1 << 20))
+    assert (1 << 20) < scratch.usage(folder, limit=1 << 20) < 4 << 20
+
+
+def test_usage_refuses_folders_nested_too_deep_to_measure(folder):
+    deep = folder.joinpath(*["d"] * (scratch.MAX_DEPTH + 2))
+    deep.mkdir(parents=True)
+    with pytest.raises(scratch.Refused, match="nested"):
+        scratch.usage(folder)
+
+
+def test_usage_counts_every_name_so_a_flood_of_empty_files_is_not_free(folder):
+    for i in range(1000):
+        (folder / f"empty-{i}").touch()
+    assert scratch.usage(folder) >= 1000 * scratch.NAME_COST
