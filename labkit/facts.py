@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+from labkit import hlo
 from labkit.hlo import COLLECTIVES, collectives_in, parse_groups  # noqa: F401 - read by the tests and checks
 
 
@@ -346,6 +347,11 @@ def gather(fn, args, kwargs, settle=None) -> dict:
 
     devices = len(compiled.input_shardings[0][0].device_set) if structs else jax.device_count()
     facts = {"devices": devices, "top_level": top_level, "memory": _memory(compiled), "flops": _flops(compiled)}
+    if isinstance(facts["flops"], float):
+        try:
+            facts["flops"] += hlo.loop_flops(compiled.as_text())
+        except Exception as e:  # noqa: BLE001
+            facts["flops"] = _unavailable("the work of the program's loops could not be counted", e)
     try:
         facts["collectives"] = collectives_in(compiled.as_text(), devices)
     except Exception as e:  # noqa: BLE001

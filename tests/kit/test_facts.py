@@ -66,6 +66,14 @@ SCRIPT = textwrap.dedent('''
         return jax.shard_map(lambda b, n: jax.lax.fori_loop(0, n, lambda i, c: passed_on(c), b), mesh=mesh(),
                              in_specs=(P("data"), P()), out_specs=P("data"))(x, steps)
 
+    def one_product(x):  # an (8, 8) matrix times itself
+        m = x.reshape(8, 8)
+        return jax.jit(lambda a: a @ a)(m)
+
+    def products_in_a_loop(x):  # the same product, then three more, in a loop of four steps
+        m = x.reshape(8, 8)
+        return jax.jit(lambda a: jax.lax.fori_loop(0, 4, lambda i, c: c @ a, a))(m)
+
     x, w = jnp.arange(64.0), jnp.ones((64, 4))
     host_w, host_x = np.ones(4, np.float32), np.ones((64, 4), np.float32)
     out = {name: facts.gather(fn, args, {}) for name, fn, args in [
@@ -73,7 +81,8 @@ SCRIPT = textwrap.dedent('''
         ("explicit", explicit, (x,)), ("untraceable", untraceable, (x,)), ("noisy", noisy, (x,)),
         ("op_by_op", op_by_op, (x,)), ("loaded", loaded, (host_w, host_x)),
         ("loaded_whole", loaded_whole, (host_w, host_x)), ("ring_in_a_loop", ring_in_a_loop, (x,)),
-        ("loop_of_unknown_length", loop_of_unknown_length, (x, jnp.int32(3)))]}
+        ("loop_of_unknown_length", loop_of_unknown_length, (x, jnp.int32(3))),
+        ("one_product", one_product, (x,)), ("products_in_a_loop", products_in_a_loop, (x,))]}
     out["makers_are_back"] = jax.make_array_from_process_local_data.__module__.startswith("jax")
     explicit_mesh = jax.make_mesh((8,), ("data",))
     with jax.set_mesh(explicit_mesh):
@@ -113,6 +122,13 @@ def test_a_collective_inside_a_loop_whose_steps_cannot_be_counted_is_unavailable
     got = plaindata.decode_compiled(gathered["loop_of_unknown_length"])
     assert isinstance(got.collectives, plaindata.Unavailable)
     assert "number of steps the compiler cannot count" in got.collectives.why
+
+
+def test_the_work_of_a_loop_counts_every_step_not_only_the_first(gathered):
+    one = plaindata.decode_compiled(gathered["one_product"]).flops
+    four = plaindata.decode_compiled(gathered["products_in_a_loop"]).flops
+    assert one >= 2 * 8 * 8 * 8
+    assert four >= 4 * one * 0.99, (one, four)
 
 
 def test_a_sum_computed_whole_on_every_device_shows_its_input_replicated_and_no_collective(gathered):
@@ -219,6 +235,21 @@ def test_the_loops_of_a_module_multiply_the_collectives_of_their_bodies_nested_o
         ', backend_config={"known_trip_count":{"n":"4"}}', "")
     with pytest.raises(ValueError, match="cannot count"):
         facts.collectives_in(uncounted, 2)
+
+
+def test_the_products_of_a_loops_body_are_counted_again_for_each_further_step():
+    hlo = textwrap.dedent('''
+        %body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
+          %d = f32[4,8]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+          %a = f32[4,16]{1,0} parameter(0)
+        }
+        ENTRY %main (x: f32[4,16]) -> f32[4,8] {
+          %w = (s32[], f32[4,8]) while(%t), condition=%c, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+        }
+    ''')
+    assert facts.hlo.loop_flops(hlo) == 4 * 2 * (4 * 8) * 16
+    with pytest.raises(ValueError, match="cannot count"):
+        facts.hlo.loop_flops(hlo.replace(', backend_config={"known_trip_count":{"n":"5"}}', ""))
 
 
 def test_facts_a_backend_does_not_give_decode_as_unavailable_with_the_reason():
