@@ -27,7 +27,7 @@ def _single(config: dict) -> bool:
 
 
 def rates(results: dict) -> list[dict]:
-    """Per lab: its tests, in the order first met, each with one cell per configuration.
+    """Per lab: its tests, in the order they ran, each with one cell per configuration.
 
     Each lab: {lab, lab_name, configs: [names], tests: [{test, hidden, cells: [{config, judged,
     failed, rate (0..1, or None where nothing was judged), several_only (students)}]}]}.
@@ -39,13 +39,18 @@ def rates(results: dict) -> list[dict]:
     for lab in results.get("labs", []):
         mine = [r for r in rows if r["lab"] == lab["number"]]
         outcome = {(r["student"], r["config"], t["test"]): t["status"] for r in mine for t in r.get("tests", [])}
-        names = list(lab.get("tests") or {})
-        hidden = {name: bool(t.get("hidden")) for name, t in (lab.get("tests") or {}).items()}
-        for r in mine:
+        # The order the tests ran in, from the fullest row, so that a scoreboard read back from JSON (its
+        # keys sorted) or merged from shards draws the same table as the run that wrote it.
+        names, hidden = [], {}
+        for r in sorted(mine, key=lambda r: (-len(r.get("tests", [])), r["student"], r["config"])):
             for t in r.get("tests", []):
                 if t["test"] not in hidden:
                     names.append(t["test"])
                     hidden[t["test"]] = bool(t.get("hidden"))
+        for name, t in sorted((lab.get("tests") or {}).items()):
+            if name not in hidden:
+                names.append(name)
+                hidden[name] = bool(t.get("hidden"))
         students = sorted({r["student"] for r in mine})
         tests = []
         for name in names:

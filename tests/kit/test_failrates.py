@@ -62,13 +62,13 @@ def test_a_configuration_where_nothing_was_judged_has_no_rate():
                                                "several_only": []}
 
 
-def test_tests_come_in_the_labs_order_then_as_met():
+def test_tests_come_in_the_order_they_ran_then_those_no_row_has_by_name():
     res = results([row("ann", "cpu-1", [outcome("extra", "passed"), outcome("doubles", "failed")])],
                   configs=(("cpu-1", 1),))
     res["labs"][0]["tests"] = {"test_is_split": {"hidden": True}, "test_doubles": {"hidden": False}}
     tests = failrates.rates(res)[0]["tests"]
-    assert [(t["test"], t["hidden"]) for t in tests] == [("test_is_split", True), ("test_doubles", False),
-                                                        ("test_extra", False)]
+    assert [(t["test"], t["hidden"]) for t in tests] == [("test_extra", False), ("test_doubles", False),
+                                                        ("test_is_split", True)]
 
 
 def test_the_drawn_bars_are_as_long_as_the_rate_and_mark_the_several_device_rows():
@@ -81,3 +81,13 @@ def test_the_drawn_bars_are_as_long_as_the_rate_and_mark_the_several_device_rows
     assert "2 of them pass it on one device: ann, ben" in eight["title"]
     one = next(c for c in doubles["cells"] if c["config"] == "cpu-1")
     assert one["length"] == failrates.BAR_LENGTH // 4 and one["text"] == "25%"
+
+
+def test_tests_are_drawn_in_the_order_they_ran_whatever_order_the_results_were_read_back_in():
+    # A lab's tests as a grading run records them, and as JSON with sorted keys gives them back.
+    ran = results(CLASS)
+    ran["labs"][0]["tests"] = {"test_is_split": {"hidden": False}, "test_doubles": {"hidden": False}}
+    read_back = {**ran, "labs": [{**ran["labs"][0], "tests": dict(sorted(ran["labs"][0]["tests"].items()))}],
+                 "rows": list(reversed(ran["rows"]))}
+    for found in (failrates.rates(ran), failrates.rates(read_back)):
+        assert [t["test"] for t in found[0]["tests"]] == ["test_doubles", "test_is_split"]
