@@ -8,13 +8,12 @@ same size where the bwrap in use can cap one.
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
+from notebook_variants import with_cell
 
 from labkit import catalog, cli, execute, sandbox
 from labkit.configs import CONFIGS
@@ -30,15 +29,6 @@ for i in range(3):
         for _ in range(40):
             f.write(b"\\1" * (1 << 20))
 """
-
-
-def with_cell(source: str, path: Path) -> Path:
-    """Lab 3's reference with `source` as a new code cell after the exercise's cell."""
-    nb = json.loads(LAB.reference.read_text())
-    at = next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
-    nb["cells"].insert(at + 1, nbformat.v4.new_code_cell(source))
-    path.write_text(json.dumps(nb))
-    return path
 
 
 def test_a_notebook_that_fills_the_disk_is_stopped_named_and_leaves_no_file_while_grading_goes_on(tmp_path):

@@ -10,8 +10,8 @@ import json
 import threading
 from pathlib import Path
 
-import nbformat
 import pytest
+from notebook_variants import with_cell
 
 from labkit import catalog, execute, judge, sandbox
 from labkit.configs import CONFIGS
@@ -23,15 +23,6 @@ SMALL = sandbox.Limits(output=2 * sandbox.MiB)
 @pytest.fixture(scope="module")
 def calls() -> list[dict]:
     return judge.collect_calls(LAB.test_dirs(hidden=True))
-
-
-def with_cell(source: str, path: Path) -> Path:
-    """Lab 3's reference with `source` as a new code cell after the exercise's cell."""
-    nb = json.loads(LAB.reference.read_text())
-    at = next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
-    nb["cells"].insert(at + 1, nbformat.v4.new_code_cell(source))
-    path.write_text(json.dumps(nb))
-    return path
 
 
 def outputs_of(workdir: Path) -> str:

@@ -4,6 +4,7 @@ averaged across devices one by one break exercise 3's budget; designs that keep 
 import json
 
 import pytest
+from notebook_variants import failed_on_cpu_8
 
 from labkit import catalog
 
@@ -48,21 +49,8 @@ def test_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(k
         assert "gradient of the whole batch: that is not data parallelism" in named["message"], named
 
 
-def reference_code() -> str:
-    cells = json.loads(catalog.lab(8).reference.read_text())["cells"]
-    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-
-
 def run_cpu_1_and_8(kit, lab_outcomes, variant, *replacements) -> dict:
-    """The reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures."""
-    assert all(old in reference_code() for old, _ in replacements), "a replacement finds nothing"
-    done = kit("lab", "8", "--notebook", str(variant(8, *replacements)), "--configs", "cpu-1,cpu-8", "--hidden")
-    outcomes = lab_outcomes(8)
-    assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
-        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"]
-    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
-    assert (done.returncode == 0) == (not failed), done.stdout + done.stderr
-    return failed
+    return failed_on_cpu_8(kit, lab_outcomes, variant, 8, *replacements)
 
 
 ACCUMULATE_WITH_SCAN = """        def add_micro_batch(total, batch):

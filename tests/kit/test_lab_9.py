@@ -5,6 +5,7 @@ designs that keep to the properties pass, whichever collectives they chose."""
 import json
 
 import pytest
+from notebook_variants import failed_on_cpu_8
 
 from labkit import catalog
 
@@ -63,21 +64,8 @@ def test_whole_weights_on_every_device_pass_on_cpu_1_and_are_named_by_the_compil
     assert outcomes["cpu-8"]["test_fsdp_equals_the_unsplit_mlp_on_a_wider_layer"]["status"] == "passed"
 
 
-def reference_code() -> str:
-    cells = json.loads(catalog.lab(9).reference.read_text())["cells"]
-    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-
-
 def run_cpu_1_and_8(kit, lab_outcomes, variant, *replacements) -> dict:
-    """The reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures."""
-    assert all(old in reference_code() for old, _ in replacements), "a replacement finds nothing"
-    done = kit("lab", "9", "--notebook", str(variant(9, *replacements)), "--configs", "cpu-1,cpu-8", "--hidden")
-    outcomes = lab_outcomes(9)
-    assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
-        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"]
-    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
-    assert (done.returncode == 0) == (not failed), done.stdout + done.stderr
-    return failed
+    return failed_on_cpu_8(kit, lab_outcomes, variant, 9, *replacements)
 
 
 # Exercise 4 with a psum and each device's slice of it: right everywhere, twice the traffic of a reduce-scatter.

@@ -1,0 +1,38 @@
+"""Notebooks the kit's tests make from a lab's reference: one with a cell added, and designs (the
+reference with parts of its solution replaced) judged on one device and on eight."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+
+from labkit import catalog
+
+
+def with_cell(source: str, path: Path) -> Path:
+    """Lab 3's reference with `source` as a new code cell after the exercise's cell."""
+    nb = json.loads(catalog.lab(3).reference.read_text())
+    at = next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
+    nb["cells"].insert(at + 1, nbformat.v4.new_code_cell(source))
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def reference_code(lab: int) -> str:
+    cells = json.loads(catalog.lab(lab).reference.read_text())["cells"]
+    return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements) -> dict:
+    """Lab `lab`'s reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures."""
+    assert all(old in reference_code(lab) for old, _ in replacements), "a replacement finds nothing"
+    done = kit("lab", str(lab), "--notebook", str(variant(lab, *replacements)), "--configs", "cpu-1,cpu-8",
+               "--hidden")
+    outcomes = lab_outcomes(lab)
+    assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
+        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"]
+    failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
+    assert (done.returncode == 0) == (not failed), done.stdout + done.stderr
+    return failed
