@@ -1,5 +1,6 @@
 """Lab 6 through the real pipeline: the mistakes of data parallelism with a Flax NNX layer, and what
-the tests say about each."""
+the tests say about each; the grid exercise, linear_grid, with designs that keep its budget and two that
+break it."""
 
 import json
 
@@ -72,3 +73,94 @@ def test_a_loss_of_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_
     named = by_config["cpu-8"]["test_mse_gives_each_device_its_own_rows_and_averages_the_losses"]
     assert named["hidden"] and named["status"] == "failed", named
     assert "every device holds all of x" in named["message"] and "not data parallelism" in named["message"]
+
+
+# -- linear_grid: designs that meet its budget, and two that do not --------------------------------
+
+# The reference: x cut along 'data', the kernel and the bias along 'model', each block of the result computed alone.
+REFERENCE_DESIGN = '''    columns = {"kernel": P(None, "model"), "bias": P("model")}
+
+    def per_device(rows, local_params):
+        state = jax.tree.map(lambda leaf: leaf, abstract)  # a copy, filled with this device's columns
+        nnx.replace_by_pure_dict(state, local_params)
+        return nnx.merge(graphdef, state)(rows)
+
+    return jax.jit(jax.shard_map(per_device, mesh=grid, in_specs=(P("data", None), columns),
+                                 out_specs=P("data", "model")))
+'''
+
+# No shard_map: the compiler is told where x, the kernel, the bias and the result lie, and plans the rest.
+CONSTRAINED = (REFERENCE_DESIGN, '''    def run(x, params):
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(grid, P("data", None)))
+        kernel = jax.lax.with_sharding_constraint(params["kernel"], NamedSharding(grid, P(None, "model")))
+        bias = jax.lax.with_sharding_constraint(params["bias"], NamedSharding(grid, P("model")))
+        return jax.lax.with_sharding_constraint(x @ kernel + bias, NamedSharding(grid, P("data", "model")))
+
+    return jax.jit(run)
+''')
+
+# The layer copied whole to every device: every feature computed, then the device's own columns kept.
+LAYER_WHOLE = (REFERENCE_DESIGN, '''    def per_device(rows, params):
+        state = jax.tree.map(lambda leaf: leaf, abstract)
+        nnx.replace_by_pure_dict(state, params)
+        out = nnx.merge(graphdef, state)(rows)
+        k = features // jax.lax.axis_size("model")
+        return jax.lax.dynamic_slice_in_dim(out, jax.lax.axis_index("model") * k, k, axis=1)
+
+    return jax.jit(jax.shard_map(per_device, mesh=grid, in_specs=(P("data", None), P()),
+                                 out_specs=P("data", "model")))
+''')
+
+# The batch copied whole to every device, each device cutting out its rows itself.
+BATCH_WHOLE = (REFERENCE_DESIGN, '''    columns = {"kernel": P(None, "model"), "bias": P("model")}
+
+    def per_device(x, local_params):
+        state = jax.tree.map(lambda leaf: leaf, abstract)
+        nnx.replace_by_pure_dict(state, local_params)
+        k = x.shape[0] // jax.lax.axis_size("data")
+        rows = jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("data") * k, k)
+        return nnx.merge(graphdef, state)(rows)
+
+    return jax.jit(jax.shard_map(per_device, mesh=grid, in_specs=(P(), columns), out_specs=P("data", "model")))
+''')
+
+GRID_TESTS = {"test_linear_grid_applies_the_layer_to_every_row",
+              "test_linear_grid_leaves_each_block_of_rows_and_features_on_its_own_device",
+              "test_linear_grid_of_a_wider_layer", "test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel",
+              "test_linear_grid_computes_only_its_share_of_the_products", "test_linear_grid_communicates_nothing"}
+
+
+def run_grid_design(kit, lab_outcomes, notebook) -> dict:
+    done = kit("lab", "6", "--notebook", str(notebook), "--configs", "cpu-1,cpu-8", "--hidden")
+    outcomes = lab_outcomes(6)
+    assert GRID_TESTS <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
+    assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), outcomes["cpu-1"]
+    return {"returncode": done.returncode, "output": done.stdout + done.stderr,
+            "failed": {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}}
+
+
+def test_a_design_of_sharding_constraints_within_the_budget_passes_every_test(kit, lab_outcomes, variant):
+    assert REFERENCE_DESIGN in reference_code(), "the reference's design changed: update REFERENCE_DESIGN"
+    ran = run_grid_design(kit, lab_outcomes, variant(6, CONSTRAINED))
+    assert ran["returncode"] == 0 and not ran["failed"], ran
+
+
+def test_a_layer_copied_whole_to_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_grid_design(kit, lab_outcomes, variant(6, LAYER_WHOLE))
+    assert ran["returncode"] == 1 and set(ran["failed"]) == {
+        "test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel",
+        "test_linear_grid_computes_only_its_share_of_the_products"}, ran
+    assert all(o["hidden"] for o in ran["failed"].values())
+    held = ran["failed"]["test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel"]["message"]
+    assert "every device holds all of the kernel" in held and "1/4 of it, cut along 'model'" in held, held
+    work = ran["failed"]["test_linear_grid_computes_only_its_share_of_the_products"]["message"]
+    assert "devices repeat each other's work" in work, work
+
+
+def test_a_batch_copied_whole_to_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_grid_design(kit, lab_outcomes, variant(6, BATCH_WHOLE))
+    assert ran["returncode"] == 1 and set(ran["failed"]) == {
+        "test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel"}, ran
+    held = ran["failed"].popitem()[1]
+    assert held["hidden"] and "every device holds all of x" in held["message"], held
+    assert "1/2 of x, cut along 'data'" in held["message"], held

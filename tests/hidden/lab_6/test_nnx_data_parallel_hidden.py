@@ -1,7 +1,9 @@
 """Lab 6, hidden tests: other seeds and shapes, and the mistakes only several devices reveal.
 
 A loss computed over the whole batch on every device (every in_spec P(), no pmean) is right
-everywhere; the compiled program shows it: x and y whole on each device, and no all-reduce.
+everywhere; the compiled program shows it: x and y whole on each device, and no all-reduce. The
+grid exercise (linear_grid) is held to its budget the same way: what each device holds of x and of
+the kernel, its share of the products, and no collective at all.
 """
 
 import importlib.util
@@ -16,9 +18,11 @@ from labkit.checks import (
     expect_close,
     expect_close_naming_mistakes,
     expect_collective,
+    expect_collectives_within,
     expect_input_split,
     expect_shape,
     expect_split_across,
+    expect_work_share,
 )
 
 RNG = np.random.default_rng(6)
@@ -35,7 +39,7 @@ _spec.loader.exec_module(_public)
 nnx_linears, layer = _public.nnx_linears, _public.layer
 
 
-@check(got=call("shard_map_simulate", 11.0, X, 8.0, 2.0))
+@check(points=0, got=call("shard_map_simulate", 11.0, X, 8.0, 2.0))  # a worked example: a check of it
 def test_simulate_builds_the_model_once_for_eight_shards(got):
     shards = np.split(X.astype(np.float64), 8)
     rebuilt = np.concatenate([s @ k + b for s, (k, b) in zip(shards, nnx_linears(11, 5, 2, count=8))])
@@ -86,3 +90,44 @@ def test_mse_gives_each_device_its_own_rows_and_averages_the_losses(got, run):
     expect_input_split(got, 1, n, name="x", hint=hint)
     expect_input_split(got, 2, n, name="y", hint=hint)
     expect_collective(got, "all-reduce", n, hint="The per-device losses are averaged by jax.lax.pmean(..., 'data')")
+
+
+# -- exercise 4: linear_grid, held to its budget ---------------------------------------------
+
+# A wider layer: x is 16 KiB, the kernel 16 KiB, and a device's share of either 2 KiB on eight devices.
+XW = RNG.normal(size=(128, 32)).astype(np.float32)
+GRID_PARAMS, (GRID_KERNEL, GRID_BIAS) = _public.grid_params(17, 32, 128)
+GRID_CALL = compiled_call("linear_grid", XW, GRID_PARAMS)
+PRODUCTS = 2.0 * XW.shape[0] * GRID_KERNEL.size  # the FLOPs of x @ kernel
+
+
+@check(got=call("linear_grid", XW, GRID_PARAMS))
+def test_linear_grid_of_a_wider_layer(got, run):
+    expect_close(got, XW.astype(np.float64) @ GRID_KERNEL + GRID_BIAS, rtol=1e-5, atol=1e-5)
+    _public.expect_blocks_on_the_grid(got, run.device_count)
+
+
+@check(got=GRID_CALL)
+def test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel(got, run):
+    a, m = _public.grid_shape(run.device_count)
+    expect_input_split(got, 0, a, name="x",
+                       hint=f"Each device needs only the rows of its block of the result: 1/{a} of x, cut along "
+                            "'data' and copied along 'model'")
+    expect_input_split(got, "args[1]['kernel']", m, name="the kernel",
+                       hint=f"Each device needs only the columns of the kernel (and the numbers of the bias) for its "
+                            f"block of features: 1/{m} of it, cut along 'model'")
+
+
+@check(got=GRID_CALL)
+def test_linear_grid_computes_only_its_share_of_the_products(got, run):
+    expect_work_share(got, PRODUCTS, run.device_count, what="x @ kernel for the whole batch",
+                      hint="Each device should compute only its own block of the result: its rows times its columns "
+                           "of the kernel, not a larger block it then slices")
+
+
+@check(got=GRID_CALL)
+def test_linear_grid_communicates_nothing(got, run):
+    expect_collectives_within(
+        got, [{d} for d in range(run.device_count)], allowed="(none: every device has what its block needs)",
+        hint="Each number of the result needs one row of x and one column of the kernel: a device that holds its "
+             "rows and its columns computes its whole block alone, with nothing to add up or gather")

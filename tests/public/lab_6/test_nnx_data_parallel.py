@@ -1,4 +1,7 @@
-"""Lab 6, public tests: one nnx.Linear, simulated shard by shard, then through jax.shard_map.
+"""Lab 6, public tests: one nnx.Linear, simulated shard by shard, through jax.shard_map, then on a grid.
+
+shard_map_simulate is a worked example, written in the notebook: its tests check the example and
+are worth no points.
 
 The expected values come from Flax itself, here in the judge: nnx.Linear with the same seed gives
 the same parameters the student's model starts with. JAX is kept on the CPU for that, so the judge
@@ -8,6 +11,7 @@ never takes an accelerator that a notebook run needs.
 import numpy as np
 
 from labkit.checks import (
+    Mismatch,
     call,
     check,
     compiled_call,
@@ -54,22 +58,22 @@ NOT_FLAT = "That is the (N, features) output before flattening: return out.resha
 X = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 5 - 2.0) / 2  # 32 rows: divides by 1 to 32 devices
 
 
-# -- shard_map_simulate ---------------------------------------------------------------------
+# -- shard_map_simulate (a worked example: its tests are worth no points) ----------------------
 
-@check(got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
+@check(points=0, got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
 def test_simulate_equals_the_layer_on_the_whole_batch(got):
     want = layer(3, X, 3)
     expect_close_naming_mistakes(got, want.reshape(-1), {REBUILT: rebuilt_per_shard(3, X, 4, 3), NOT_FLAT: want},
                                  atol=1e-5)
 
 
-@check(got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
+@check(points=0, got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
 def test_simulate_returns_one_flat_float32_vector(got):
     expect_shape(got, (32 * 3,), hint="Join the shards with jnp.concatenate(outs, axis=0), then reshape(-1)")
     expect_dtype(got, "float32")
 
 
-@check(one=call("shard_map_simulate", 1.0, X, 1.0, 2.0), eight=call("shard_map_simulate", 1.0, X, 8.0, 2.0))
+@check(points=0, one=call("shard_map_simulate", 1.0, X, 1.0, 2.0), eight=call("shard_map_simulate", 1.0, X, 8.0, 2.0))
 def test_simulate_gives_the_same_answer_for_any_number_of_shards(one, eight):
     expect_close_naming_mistakes(eight, layer(1, X, 2).reshape(-1), {REBUILT: rebuilt_per_shard(1, X, 8, 2)},
                                  atol=1e-5)
@@ -111,3 +115,49 @@ def test_mse_is_a_scalar_held_by_every_device(got, run):
     expect_dtype(got, "float32")
     expect_replicated(got, run.device_count, hint="After pmean every device holds the loss: out_specs=P(), "
                                                   "on a mesh built from jax.devices()")
+
+
+# -- linear_grid ----------------------------------------------------------------------------
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """The exercise's grid: (2, n // 2) when n is even, else (1, n)."""
+    return (2, n // 2) if n % 2 == 0 else (1, n)
+
+
+def grid_params(seed, in_dim, features):
+    """An nnx.Linear's state as the plain dict linear_grid takes, and the same (kernel, bias) in float64."""
+    (kernel, bias), = nnx_linears(seed, in_dim, features)
+    return {"kernel": kernel.astype(np.float32), "bias": bias.astype(np.float32)}, (kernel, bias)
+
+
+def expect_blocks_on_the_grid(got, n: int) -> None:
+    """An (N, f) result in P('data', 'model'): device (i, j) of the grid holds rows block i, features block j."""
+    sh = got.sharding
+    if sh is None:
+        raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
+    a, m = grid_shape(n)
+    rows, cols = got.shape[0] // a, got.shape[1] // m
+    want = sorted(((i * rows, (i + 1) * rows), (j * cols, (j + 1) * cols)) for i in range(a) for j in range(m))
+    blocks = sorted(tuple(map(tuple, s["index"])) for s in sh.shards)
+    if sh.num_devices != n or blocks != want:
+        raise Mismatch(
+            f"expected the result on all {n} devices of the {a} x {m} grid, its rows split over 'data' and its "
+            f"features over 'model': a block of {rows} rows by {cols} features on each device, no two the same; "
+            f"got {sh.describe()}. The result's spec is P('data', 'model'), on a grid of all of jax.devices()")
+
+
+XG = (np.arange(16 * 6, dtype=np.float32).reshape(16, 6) % 7 - 3.0) / 3  # 16 rows: two blocks on any grid
+PARAMS, (KERNEL, BIAS) = grid_params(5, 6, 32)  # 32 features: they divide over 'model' on 1 to 32 devices
+
+
+@check(got=call("linear_grid", XG, PARAMS))
+def test_linear_grid_applies_the_layer_to_every_row(got):
+    expect_shape(got, (16, 32))
+    expect_dtype(got, "float32")
+    expect_close(got, XG.astype(np.float64) @ KERNEL + BIAS, atol=1e-5,
+                 hint="Every row of x goes through the layer whose state is params: x @ kernel + bias")
+
+
+@check(got=call("linear_grid", XG, PARAMS))
+def test_linear_grid_leaves_each_block_of_rows_and_features_on_its_own_device(got, run):
+    expect_blocks_on_the_grid(got, run.device_count)
