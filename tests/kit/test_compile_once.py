@@ -1,4 +1,4 @@
-"""The references of labs 7 and 10 build each jitted program once: a second call compiles nothing.
+"""The references of labs 7, 9 and 10 build each jitted program once: a second call compiles nothing.
 
 A jax.jit (or a shard_map) of a function defined inside the exercise wraps a new function at every
 call, and JAX traces and compiles it again each time. These labs build their programs in a function
@@ -41,10 +41,14 @@ print(json.dumps(compiled))
 """
 
 X, W, B = [1.0] * 8, [[0.5, -0.5]] * 8, [0.0, 1.0]
+ROWS, W1, B1, W2, B2 = [[1.0] * 4] * 8, [[0.25] * 8] * 4, [0.0] * 8, [[0.5] * 4] * 8, [1.0] * 4
+MLP = [ROWS, W1, B1, W2, B2]
 GRID = [[1.0] * 8] * 8
 CALLS = {
     7: {"layer_jit": [X, W, B], "layer_constrained": [X, W, B], "layer_shard_map": [X, W, B],
         "layer_grid": [GRID, W, B], "layer_grid_w_in_pieces": [GRID, W, B]},
+    9: {"tensor_parallel_mlp": MLP, "fsdp_mlp": MLP, "fsdp_gradients": [ROWS, ROWS, W1, B1, W2, B2],
+        "tensor_parallel_scattered": MLP, "fsdp_layer_by_layer": MLP},
     10: {"pass_to_next_stage": [[1.0, 2.0]], "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
          "ring_sum": [[[1.0, 2.0]]], "ring_sum_both_ways": [[[1.0], [2.0]]]},
 }
