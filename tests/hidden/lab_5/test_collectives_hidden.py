@@ -5,7 +5,9 @@ left out behind check_vma=False, a local mean or maximum, a ring that turns the 
 running total that restarts at every block. On eight devices each gives a value of its own, and
 the message names it. A running total that gathers every block is right everywhere; the compiled
 program shows the bytes it sends. A sum computed whole on every device (in_specs=P() and no psum) is right
-everywhere; the compiled program shows it: x whole on each device, and no all-reduce.
+everywhere; the compiled program shows it: x whole on each device, and no all-reduce. A matrix re-split
+from rows to columns by gathering it whole and slicing is right everywhere too; the compiled program shows
+an all-gather of all of x, and each device sending n - 1 blocks where one all-to-all sends (n - 1)/n of one.
 """
 
 import numpy as np
@@ -19,6 +21,7 @@ from labkit.checks import (
     expect_close,
     expect_close_naming_mistakes,
     expect_collective,
+    expect_held_below,
     expect_input_split,
     expect_split_across,
     placed,
@@ -128,12 +131,17 @@ LONG_CUM = RNG.normal(0.0, 1.0, size=4096).astype(np.float32)  # a block of 512 
 FEW = 16  # the numbers per device the budget allows each device to send
 
 
-def bytes_sent_per_device(got) -> float:
-    """What each device sends for all the collectives of the compiled program (the cost card's count)."""
+def collectives_of(got) -> list:
+    """The collectives of the compiled program, or FactUnavailable (the check fails, saying why)."""
     found = getattr(got.compiled, "collectives", got.compiled)
     if found is None or isinstance(found, Unavailable):
         raise FactUnavailable(f"the compiled program could not be examined ({getattr(found, 'why', 'no facts')})")
-    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else c.widest) for c in found)
+    return found
+
+
+def bytes_sent_per_device(got) -> float:
+    """What each device sends for all the collectives of the compiled program (the cost card's count)."""
+    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else c.widest) for c in collectives_of(got))
 
 
 @check(got=compiled_call("shard_map_cumsum", LONG_CUM))
@@ -158,3 +166,49 @@ def test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums(got, ru
                                                  "its own block, and add the block sums with jax.lax.psum")
     expect_collective(got, "all-reduce", n, hint="The block sums of the devices are added by "
                                                  "jax.lax.psum(local, 'data')")
+
+
+# -- rows_to_columns, held to its budget: one all-to-all's traffic, and x never whole on a device --
+
+TILES = RNG.normal(size=(128, 128)).astype(np.float32)  # 64 KiB; a block of rows is 128 / n of them
+TILES_CALL = compiled_call("rows_to_columns", placed(TILES, ("data", None)))
+MARGIN = 1.1  # a little over what one all-to-all sends passes; a whole block more does not
+
+
+@check(got=TILES_CALL)
+def test_rows_to_columns_of_a_random_matrix(got, run):
+    n = run.device_count
+    expect_close_naming_mistakes(got, TILES, {
+        "That is x transposed: the values stay where they are in x, only which device holds them changes": TILES.T,
+    })
+    expect_split_across(got, n, axis=1, hint="Split the result by columns over 'data': P(None, 'data')")
+
+
+@check(got=TILES_CALL)
+def test_rows_to_columns_sends_at_most_what_one_all_to_all_sends(got, run):
+    n = run.device_count
+    if n == 1:
+        return  # nothing to send
+    block = TILES.nbytes / n
+    sent, budget = bytes_sent_per_device(got), (n - 1) / n * block
+    if sent > MARGIN * budget:
+        raise Mismatch(f"each device sends {sent / block:.2f} block(s) of rows ({sent / 1024:.1f} KiB, a block being "
+                       f"{block / 1024:.1f} KiB), where the budget is the {n - 1}/{n} of its block that belongs to "
+                       "other devices' columns: gathering the blocks sends every device's whole block to every "
+                       "other. Which tile of your block does each device need, and only that one?")
+
+
+@check(got=TILES_CALL)
+def test_rows_to_columns_never_holds_the_whole_matrix_on_one_device(got, run):
+    n = run.device_count
+    expect_input_split(got, 0, n, name="x", hint="x arrives split by rows: keep it so, P('data', None)")
+    if n == 1:
+        return
+    whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= TILES.nbytes]
+    if whole:
+        raise Mismatch(f"the compiled program's {whole[0].op} hands each device an array of "
+                       f"{shape_bytes(whole[0].shape) / 1024:.0f} KiB, all of x: no device may hold the whole "
+                       "matrix. Each device needs only its own columns: send it those, and nothing else")
+    if n >= 4:  # on two devices a block and the buffers of one exchange already add up to x's size
+        expect_held_below(got, TILES.nbytes, what="all of x",
+                          hint="no device may hold the whole matrix: keep only blocks of x and the tiles in flight")

@@ -184,3 +184,24 @@ def test_cumsum_carries_the_total_over_from_block_to_block(got, run):
 def test_cumsum_of_an_input_that_is_already_sharded(got, run):
     expect_close(got, np.cumsum(CUM_X.astype(np.float64)), atol=1e-5)
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
+
+
+# -- rows_to_columns ------------------------------------------------------------------------
+
+TILES_X = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)  # 32 x 32: one row per device on 32 devices
+TRANSPOSED = ("That is x transposed: the values stay where they are in x, only which device holds them "
+              "changes. Device j ends up with columns j * m/n onward, every row of them")
+
+
+@check(got=call("rows_to_columns", placed(TILES_X, ("data", None))))
+def test_rows_to_columns_gives_back_the_same_matrix(got, run):
+    expect_shape(got, TILES_X.shape, hint="Each device ends with (m, m/n): all the rows of its own columns")
+    expect_dtype(got, "float32")
+    expect_close_naming_mistakes(got, TILES_X, {TRANSPOSED: TILES_X.T})
+
+
+@check(got=call("rows_to_columns", placed(TILES_X, ("data", None))))
+def test_rows_to_columns_leaves_each_device_its_own_columns(got, run):
+    expect_split_across(got, run.device_count, axis=1,
+                        hint="The result is split by columns over 'data': P(None, 'data'), each device a block of "
+                             "columns with every row")
