@@ -2,6 +2,11 @@
 one device, and on eight the hidden tests name each mistake."""
 
 import json
+import os
+import subprocess
+import sys
+
+from test_compile_once import RUN_TWICE
 
 from labkit import catalog
 
@@ -116,3 +121,70 @@ def test_a_cumsum_that_gathers_every_block_passes_on_cpu_1_and_is_over_budget_on
     caught = ran["cpu-8"]["test_cumsum_sends_a_few_numbers_per_device_not_blocks"]
     assert caught["hidden"] and "7.0 block(s) of x" in caught["message"], caught
     assert "gathering the blocks themselves moves the vector" in caught["message"], caught
+
+
+# -- rows_to_columns, a design exercise: the same matrix split by columns, one all-to-all's traffic ----
+
+REFERENCE_ROWS_TO_COLUMNS = """    def per_device(rows):
+        # Cut the block into n tiles of columns, send tile j to device j, stack the tiles that arrive.
+        return jax.lax.all_to_all(rows, "data", split_axis=1, concat_axis=0, tiled=True)
+
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("data", None), out_specs=P(None, "data")))
+"""
+
+# Every block gathered to every device, each device's columns sliced out of the whole matrix.
+GATHER_AND_SLICE = """    def per_device(rows):
+        whole = jax.lax.all_gather(rows, "data", axis=0, tiled=True)
+        n, me = jax.lax.axis_size("data"), jax.lax.axis_index("data")
+        width = whole.shape[1] // n
+        return jax.lax.dynamic_slice_in_dim(whole, me * width, width, axis=1)
+
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("data", None), out_specs=P(None, "data")))
+"""
+
+# No collective written: jax.jit told where x is and where the result must be, the compiler moves the tiles.
+SHARDING_CONSTRAINTS = """    from jax.sharding import NamedSharding
+
+    by_rows, by_columns = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P(None, "data"))
+    return jax.jit(lambda x: jax.lax.with_sharding_constraint(x, by_columns), in_shardings=by_rows)
+"""
+
+ROWS_TO_COLUMNS_TESTS = {"test_rows_to_columns_sends_at_most_what_one_all_to_all_sends",
+                         "test_rows_to_columns_never_holds_the_whole_matrix_on_one_device"}
+
+
+def run_rows_to_columns_design(kit, lab_outcomes, variant, design: str) -> dict:
+    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
+    assert REFERENCE_ROWS_TO_COLUMNS in reference, "the reference's rows_to_columns changed: update it here"
+    done = kit("lab", "5", "--notebook", str(variant(5, (REFERENCE_ROWS_TO_COLUMNS, design))), "--configs",
+               "cpu-1,cpu-8", "--hidden")
+    outcomes = lab_outcomes(5)
+    assert ROWS_TO_COLUMNS_TESTS <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
+    return {"returncode": done.returncode,
+            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+
+
+def test_rows_to_columns_by_sharding_constraints_passes_every_test(kit, lab_outcomes, variant):
+    ran = run_rows_to_columns_design(kit, lab_outcomes, variant, SHARDING_CONSTRAINTS)
+    assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
+
+
+def test_rows_to_columns_that_gathers_the_matrix_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_rows_to_columns_design(kit, lab_outcomes, variant, GATHER_AND_SLICE)
+    assert ran["returncode"] == 1 and not ran["cpu-1"], ran
+    assert set(ran["cpu-8"]) == ROWS_TO_COLUMNS_TESTS, ran["cpu-8"]
+    over = ran["cpu-8"]["test_rows_to_columns_sends_at_most_what_one_all_to_all_sends"]
+    whole = ran["cpu-8"]["test_rows_to_columns_never_holds_the_whole_matrix_on_one_device"]
+    assert over["hidden"] and "7.00 block(s) of rows" in over["message"], over
+    assert "where the budget is the 7/8 of its block" in over["message"], over
+    assert whole["hidden"] and "all-gather hands each device an array of 64 KiB, all of x" in whole["message"], whole
+
+
+def test_rows_to_columns_is_built_once_so_a_second_call_compiles_nothing():
+    nb = json.loads(catalog.lab(5).reference.read_text())
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    calls = {"rows_to_columns": [[[1.0] * 4] * 4]}
+    done = subprocess.run([sys.executable, "-c", RUN_TWICE], input=json.dumps([nb, calls]), env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows_to_columns": []}
