@@ -70,6 +70,13 @@ _TRIPS = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(?P<n>\d+)"')
 MOST = 20_000  # collectives listed for one program, loops unrolled: more is refused, not truncated
 
 
+def _compact(shape: str) -> str:
+    """A result shape without its index comments: `(f32[4]{0}, /*index=1*/f32[4]{0})` is
+    `(f32[4]{0}, f32[4]{0})`. Whole, never cut: what a collective sends is read from it (a tuple of one
+    entry per device, as an all-to-all on CPU gives, runs long)."""
+    return re.sub(r"\s+", " ", re.sub(r"/\*[^*]*\*/", "", shape)).strip()
+
+
 def computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
     """The program's computations (name -> lines) and the name of its entry; lines outside any
     computation (a fragment, as the tests write them) belong to the entry `""`."""
@@ -138,7 +145,7 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
                 raise ValueError("a collective inside a loop whose number of steps the compiler cannot count "
                                  f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
                                  "Python for loop, so that what it sends can be counted")
-            item = {"op": m.group("op"), "shape": m.group("shape").strip()[:120]}
+            item = {"op": m.group("op"), "shape": _compact(m.group("shape"))}
             pairs = _PAIRS.search(line)
             groups = _GROUPS.search(line)
             if pairs:

@@ -282,3 +282,12 @@ def test_a_step_given_the_whole_batch_on_every_device_shows_the_whole_batchs_flo
     matmuls = 2 * (2 * 64 * 4)
     assert whole.flops > matmuls > 4 * split.flops
     assert whole.inputs[1].replicated and whole.collectives == ()
+
+
+def test_a_collective_whose_result_is_a_long_tuple_keeps_its_whole_shape_so_its_bytes_are_all_counted():
+    from labkit import cost
+
+    pieces = ", ".join(f"/*index={i}*/f32[4,128]{{1,0}}" for i in range(32))
+    hlo = f"%a2a = ({pieces}) all-to-all(%p), channel_id=1, replica_groups={{}}, dimensions={{0}}"
+    (found,) = facts.collectives_in(hlo, 32)
+    assert cost.shape_bytes(found["shape"]) == 32 * 4 * 128 * 4
