@@ -74,6 +74,9 @@ SCRIPT = textwrap.dedent('''
         m = x.reshape(8, 8)
         return jax.jit(lambda a: jax.lax.fori_loop(0, 4, lambda i, c: c @ a, a))(m)
 
+    def moves_only(x):  # no arithmetic at all: a transpose
+        return jax.jit(lambda a: a.reshape(8, 8).T)(x)
+
     x, w = jnp.arange(64.0), jnp.ones((64, 4))
     host_w, host_x = np.ones(4, np.float32), np.ones((64, 4), np.float32)
     out = {name: facts.gather(fn, args, {}) for name, fn, args in [
@@ -82,7 +85,8 @@ SCRIPT = textwrap.dedent('''
         ("op_by_op", op_by_op, (x,)), ("loaded", loaded, (host_w, host_x)),
         ("loaded_whole", loaded_whole, (host_w, host_x)), ("ring_in_a_loop", ring_in_a_loop, (x,)),
         ("loop_of_unknown_length", loop_of_unknown_length, (x, jnp.int32(3))),
-        ("one_product", one_product, (x,)), ("products_in_a_loop", products_in_a_loop, (x,))]}
+        ("one_product", one_product, (x,)), ("products_in_a_loop", products_in_a_loop, (x,)),
+        ("moves_only", moves_only, (x,))]}
     out["makers_are_back"] = jax.make_array_from_process_local_data.__module__.startswith("jax")
     explicit_mesh = jax.make_mesh((8,), ("data",))
     with jax.set_mesh(explicit_mesh):
@@ -129,6 +133,10 @@ def test_the_work_of_a_loop_counts_every_step_not_only_the_first(gathered):
     four = plaindata.decode_compiled(gathered["products_in_a_loop"]).flops
     assert one >= 2 * 8 * 8 * 8
     assert four >= 4 * one * 0.99, (one, four)
+
+
+def test_a_program_that_only_moves_data_does_no_flops_rather_than_unknown_ones(gathered):
+    assert plaindata.decode_compiled(gathered["moves_only"]).flops == 0.0
 
 
 def test_a_sum_computed_whole_on_every_device_shows_its_input_replicated_and_no_collective(gathered):
