@@ -137,9 +137,12 @@ def with_values(command: str, also: dict[str, str] | None = None, **values: str)
 
 def user_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """`base` (the tests' environment) less what a user typing the pages' commands would not have set: the
-    kit's own variables (LABKIT_*) and the tests' interpreter's (VIRTUAL_ENV, PYTHONPATH, JAX_NUM_CPU_DEVICES)."""
+    kit's own variables (LABKIT_*), the tests' interpreter's (VIRTUAL_ENV, PYTHONPATH, JAX_NUM_CPU_DEVICES), and
+    those of a `make` the tests run under (`make test`: MAKELEVEL and its flags, which make a nested make print
+    `make[1]: Entering directory` and change its exit status)."""
     return {k: v for k, v in (os.environ if base is None else base).items()
-            if not k.startswith("LABKIT_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")}
+            if not k.startswith("LABKIT_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")
+            and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")}
 
 
 def taken_by_tests(folder: Path = TESTS) -> tuple[set[str], set[str]]:

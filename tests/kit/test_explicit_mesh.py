@@ -56,6 +56,7 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
          f'in_specs=P("data"), out_specs=P("data"))({placed("x", DATA)})'),
         ('in_specs=P("data", None), out_specs=P("data"))(x)',
          f'in_specs=P("data", None), out_specs=P("data"))({placed("x", ROWS)})'),
+        ("    return rows_to_columns_program(mesh)(x)", f"    return rows_to_columns_program(mesh)({placed('x', ROWS)})"),
     ],
     6: [
         ("    return mapped(state, x)\n", f"    return mapped(state, {placed('x', ROWS)})\n"),

@@ -4,6 +4,8 @@ import pytest
 
 from labkit import catalog
 
+WORKED_EXAMPLES = {"shard_map_simulate"}
+
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(kit, lab):
@@ -24,7 +26,9 @@ def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit,
     assert "not implemented yet" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     report = lab_report(lab.number)
-    assert report["outcomes"] and {o["status"] for o in report["outcomes"]} == {"todo"}
+    # A worked example (its code given, its tests worth no points, as lab 6's shard_map_simulate) may pass.
+    graded = [o for o in report["outcomes"] if o["exercise"] not in WORKED_EXAMPLES]
+    assert graded and {o["status"] for o in graded} == {"todo"}
 
 
 def test_a_mesh_over_one_device_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
