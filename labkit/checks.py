@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from labkit import plaindata, precision
+from labkit import cost, plaindata, precision
 from labkit.configs import DeviceConfig
 
 # The effective precision of the float32 matrix products of the run a test is looking at (set while
@@ -442,6 +442,18 @@ TRACEABLE = ("The checks of parallelism read the compiled program of your functi
 def compiled_call(function: str, *args, **kwargs) -> Call:
     """Like `call`, and the harness also examines the compiled program; the value's `.compiled` holds its facts."""
     return Call(function, tuple(args), dict(kwargs), facts=True)
+
+
+def collectives_of(got: plaindata.Value) -> tuple:
+    """The collectives of the call's compiled program, each once per run, or FactUnavailable with the reason."""
+    return _compiled(got, "collectives")[1]
+
+
+def sent_per_device(got: plaindata.Value) -> float:
+    """Bytes one device sends for every collective of the call's compiled program, counted as the cost card
+    counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices)."""
+    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), 2 if c.pairs else max(c.widest, 1))
+               for c in collectives_of(got))
 
 
 def _compiled(got: plaindata.Value, fact: str):

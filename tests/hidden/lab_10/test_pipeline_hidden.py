@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from labkit.checks import (
-    FactUnavailable,
     Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
@@ -25,8 +25,8 @@ from labkit.checks import (
     expect_input_split,
     expect_split_across,
 )
-from labkit.cost import bytes_sent, shape_bytes
-from labkit.plaindata import Unavailable
+from labkit.checks import sent_per_device as bytes_sent_per_device
+from labkit.cost import shape_bytes
 
 _spec = importlib.util.spec_from_file_location(
     "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py")
@@ -131,19 +131,6 @@ LIBRARY = {"all-reduce": "psum", "reduce-scatter": "psum_scatter", "all-gather":
 
 def permutes(got) -> list:
     return [c for c in collectives_of(got) if c.op == "collective-permute"]
-
-
-def collectives_of(got) -> list:
-    """The collectives of the compiled program, or FactUnavailable (the check fails, saying why)."""
-    found = getattr(got.compiled, "collectives", got.compiled)
-    if found is None or isinstance(found, Unavailable):
-        raise FactUnavailable(f"the compiled program could not be examined ({getattr(found, 'why', 'no facts')})")
-    return found
-
-
-def bytes_sent_per_device(got) -> float:
-    """What each device sends for all the collectives of the compiled program (the cost card's count)."""
-    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else c.widest) for c in collectives_of(got))
 
 
 def expect_only_permutes(got, n: int, what: str) -> None:

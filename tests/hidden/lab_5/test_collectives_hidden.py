@@ -13,10 +13,10 @@ an all-gather of all of x, and each device sending n - 1 blocks where one all-to
 import numpy as np
 
 from labkit.checks import (
-    FactUnavailable,
     Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
@@ -26,8 +26,8 @@ from labkit.checks import (
     expect_split_across,
     placed,
 )
-from labkit.cost import bytes_sent, shape_bytes
-from labkit.plaindata import Unavailable
+from labkit.checks import sent_per_device as bytes_sent_per_device
+from labkit.cost import shape_bytes
 
 RNG = np.random.default_rng(5)
 
@@ -129,19 +129,6 @@ def test_cumsum_continues_from_the_blocks_before(got, run):
 
 LONG_CUM = RNG.normal(0.0, 1.0, size=4096).astype(np.float32)  # a block of 512 numbers on eight devices
 FEW = 16  # the numbers per device the budget allows each device to send
-
-
-def collectives_of(got) -> list:
-    """The collectives of the compiled program, or FactUnavailable (the check fails, saying why)."""
-    found = getattr(got.compiled, "collectives", got.compiled)
-    if found is None or isinstance(found, Unavailable):
-        raise FactUnavailable(f"the compiled program could not be examined ({getattr(found, 'why', 'no facts')})")
-    return found
-
-
-def bytes_sent_per_device(got) -> float:
-    """What each device sends for all the collectives of the compiled program (the cost card's count)."""
-    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else c.widest) for c in collectives_of(got))
 
 
 @check(got=compiled_call("shard_map_cumsum", LONG_CUM))

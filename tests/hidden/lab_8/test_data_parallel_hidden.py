@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from labkit.checks import (
-    FactUnavailable,
     Mismatch,
     call,
     check,
@@ -22,8 +21,9 @@ from labkit.checks import (
     expect_input_split,
     expect_replicated,
     expect_work_split,
+    sent_per_device,
 )
-from labkit.cost import bytes_sent, shape_bytes
+from labkit.cost import bytes_sent
 
 _spec = importlib.util.spec_from_file_location(
     "lab8_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py")
@@ -168,14 +168,6 @@ def test_accumulation_keeps_each_device_on_its_own_slice(got, run):
     expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
     expect_work_split(got, whole_batch_flops(PARAMS, X128), n, what="the gradient of the whole batch",
                       hint=WHOLE_BATCH.format(n=n))
-
-
-def sent_per_device(got) -> float:
-    """Bytes one device sends for every collective of the compiled program, counted as rings (labkit.cost)."""
-    collectives = getattr(got.compiled, "collectives", got.compiled)
-    if not isinstance(collectives, tuple):
-        raise FactUnavailable(f"this check needs the collectives of the compiled program ({collectives})")
-    return sum(bytes_sent(c.op, shape_bytes(c.shape), 2 if c.pairs else max(c.widest, 1)) for c in collectives)
 
 
 @check(got=ACCUMULATED)
