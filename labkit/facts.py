@@ -308,6 +308,10 @@ def _memory(compiled) -> dict:
         return _unavailable("memory_analysis() lacks the sizes", e)
 
 
+def _raise(exc: BaseException):
+    raise exc
+
+
 def _flops(compiled):
     try:
         cost = compiled.cost_analysis()
@@ -349,13 +353,17 @@ def gather(fn, args, kwargs, settle=None) -> dict:
 
     devices = len(compiled.input_shardings[0][0].device_set) if structs else jax.device_count()
     facts = {"devices": devices, "top_level": top_level, "memory": _memory(compiled), "flops": _flops(compiled)}
+    try:
+        text = compiled.as_text()
+    except Exception as e:  # noqa: BLE001
+        text, unread = None, e
     if isinstance(facts["flops"], float):
         try:
-            facts["flops"] += hlo.loop_flops(compiled.as_text())
+            facts["flops"] += hlo.loop_flops(text) if text is not None else _raise(unread)
         except Exception as e:  # noqa: BLE001
             facts["flops"] = _unavailable("the work of the program's loops could not be counted", e)
     try:
-        facts["collectives"] = collectives_in(compiled.as_text(), devices)
+        facts["collectives"] = collectives_in(text, devices) if text is not None else _raise(unread)
     except Exception as e:  # noqa: BLE001
         facts["collectives"] = _unavailable("the optimised HLO could not be read", e)
     try:

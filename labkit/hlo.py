@@ -14,6 +14,7 @@ hides.
 
 from __future__ import annotations
 
+import math
 import re
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
@@ -109,9 +110,9 @@ def _calls(line: str) -> list[tuple[str, int | None]]:
     return called
 
 
-def runs(hlo: str) -> dict[str, int | None]:
-    """How many times each computation of the program runs for one call of it (None: not countable)."""
-    found, entry = computations(hlo)
+def runs(found: dict[str, list[str]], entry: str | None) -> dict[str, int | None]:
+    """How many times each computation (as `computations` reads them) runs for one call of the program
+    (None: not countable)."""
     times: dict[str, int | None] = {}
 
     def visit(name: str, count: int | None, depth: int) -> None:
@@ -132,8 +133,8 @@ def runs(hlo: str) -> dict[str, int | None]:
 def collectives_in(hlo: str, devices: int) -> list[dict]:
     """Every collective the program runs for one call, once per run (a loop's collective as many times
     as the loop's steps): op, result shape, and the devices that take part together."""
-    found, _ = computations(hlo)
-    times = runs(hlo)
+    found, entry = computations(hlo)
+    times = runs(found, entry)
     listed: list[dict] = []
     for name, lines in found.items():
         for line in lines:
@@ -173,18 +174,11 @@ def _dims(shape: str) -> list[int]:
     return [int(v) for v in inside.split(",") if v]
 
 
-def _product(values) -> int:
-    total = 1
-    for v in values:
-        total *= v
-    return total
-
-
 def loop_flops(hlo: str) -> float:
     """The FLOPs of matrix products that XLA's cost analysis leaves out: those of a loop's body for each
     step after the first. A product in a loop whose steps cannot be counted is refused (ValueError)."""
-    found, _ = computations(hlo)
-    times = runs(hlo)
+    found, entry = computations(hlo)
+    times = runs(found, entry)
     extra = 0.0
     for name, lines in found.items():
         count = times.get(name, 1)
@@ -203,6 +197,6 @@ def loop_flops(hlo: str) -> float:
             if dot.group("op") != "dot" or not contracting or lhs is None:
                 raise ValueError(f"a {dot.group('op')} inside a loop whose work this reader cannot count")
             lhs_dims = _dims(lhs)
-            summed = _product(lhs_dims[int(i)] for i in contracting.group("d").split(",") if i)
-            extra += (count - 1) * 2.0 * _product(_dims(dot.group("shape"))) * summed
+            summed = math.prod(lhs_dims[int(i)] for i in contracting.group("d").split(",") if i)
+            extra += (count - 1) * 2.0 * math.prod(_dims(dot.group("shape"))) * summed
     return extra
