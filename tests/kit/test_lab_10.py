@@ -3,6 +3,8 @@ right everywhere and named by its compiled program; ring_sum is held to its budg
 
 import json
 
+from notebook_variants import failures_by_config
+
 from labkit import catalog
 
 
@@ -108,15 +110,7 @@ RING_TESTS = {"test_ring_sum_gives_every_device_the_sum_of_all_blocks", "test_ri
 
 
 def run_ring_design(kit, lab_outcomes, variant, per_stage: str) -> dict:
-    """The reference with ring_sum's per-device program replaced; what failed, by configuration."""
-    code = "".join("".join(c["source"]) for c in json.loads(catalog.lab(10).reference.read_text())["cells"])
-    assert REFERENCE_RING in code, "the reference's ring_sum changed: update REFERENCE_RING"
-    done = kit("lab", "10", "--notebook", str(variant(10, (REFERENCE_RING, per_stage))), "--configs", "cpu-1,cpu-8",
-               "--hidden")
-    outcomes = lab_outcomes(10)
-    assert RING_TESTS <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
-    return {"returncode": done.returncode, "output": done.stdout + done.stderr,
-            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+    return failures_by_config(kit, lab_outcomes, variant, 10, REFERENCE_RING, per_stage, RING_TESTS)
 
 
 def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, variant):

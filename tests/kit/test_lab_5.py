@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from notebook_variants import failures_by_config
 from test_compile_once import RUN_TWICE
 
 from labkit import catalog
@@ -99,14 +100,8 @@ TOTALS_BY_PSUM = """    def per_device(block):
 
 
 def run_cumsum_design(kit, lab_outcomes, variant, per_device: str) -> dict:
-    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
-    assert REFERENCE_CUMSUM in reference, "the reference's shard_map_cumsum changed: update REFERENCE_CUMSUM"
-    done = kit("lab", "5", "--notebook", str(variant(5, (REFERENCE_CUMSUM, per_device))), "--configs", "cpu-1,cpu-8",
-               "--hidden")
-    outcomes = lab_outcomes(5)
-    assert "test_cumsum_sends_a_few_numbers_per_device_not_blocks" in outcomes["cpu-8"], sorted(outcomes["cpu-8"])
-    return {"returncode": done.returncode,
-            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+    return failures_by_config(kit, lab_outcomes, variant, 5, REFERENCE_CUMSUM, per_device,
+                              {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"})
 
 
 def test_a_cumsum_that_adds_the_totals_with_psum_passes_every_test(kit, lab_outcomes, variant):
@@ -154,14 +149,7 @@ ROWS_TO_COLUMNS_TESTS = {"test_rows_to_columns_sends_at_most_what_one_all_to_all
 
 
 def run_rows_to_columns_design(kit, lab_outcomes, variant, design: str) -> dict:
-    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
-    assert REFERENCE_ROWS_TO_COLUMNS in reference, "the reference's rows_to_columns changed: update it here"
-    done = kit("lab", "5", "--notebook", str(variant(5, (REFERENCE_ROWS_TO_COLUMNS, design))), "--configs",
-               "cpu-1,cpu-8", "--hidden")
-    outcomes = lab_outcomes(5)
-    assert ROWS_TO_COLUMNS_TESTS <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
-    return {"returncode": done.returncode,
-            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+    return failures_by_config(kit, lab_outcomes, variant, 5, REFERENCE_ROWS_TO_COLUMNS, design, ROWS_TO_COLUMNS_TESTS)
 
 
 def test_rows_to_columns_by_sharding_constraints_passes_every_test(kit, lab_outcomes, variant):
