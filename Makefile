@@ -167,8 +167,10 @@ system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packag
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# TEST_WORKERS: pytest-xdist workers (`auto`: one per CPU, at most 4); 0 runs the suite in one process.
+TEST_WORKERS ?= auto
 test: setup system-deps check-student-notebooks ## the kit's own test suite, then the student loop on the other JAX
-	$(PY) -m pytest --durations=25
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25
 	@$(MAKE) --no-print-directory test-other-jax
 
 # The lock's other world: where .venv has Python 3.12 or newer (JAX 0.12), a Python 3.11 (JAX 0.10.2),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -95,3 +96,41 @@ def outside_tmp():
     yield make
     for folder in made:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# Running the suite in parallel (`make test` runs it in pytest-xdist workers): each test module stays
+# whole in one worker, so its module fixtures (a lab's judge run, the sandbox battery) are made once;
+# and the modules that start or stop a service of the whole machine (the kit's Docker engine, the
+# one-node Slurm, a second user account) say so with `pytestmark = pytest.mark.machine_wide` and go
+# to one worker together, which runs them one after another, so no two of them start, use and stop
+# such a service under each other.
+MACHINE_WIDE = "machine_wide"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{MACHINE_WIDE}: the module starts, uses or stops a service of the "
+                                       "whole machine (Docker engine, Slurm, user accounts); such modules run "
+                                       "one after another in one worker")
+
+
+@functools.cache
+def _machine_wide(path: str) -> bool:
+    """Whether the test module at `path` (relative to the root, as in a test's id) is marked machine_wide."""
+    try:
+        text = (ROOT / path).read_text()
+    except OSError:
+        return False
+    return f"pytestmark = pytest.mark.{MACHINE_WIDE}" in text
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only where it is installed
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules to workers (xdist's loadfile), the machine-wide ones as one unit."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModulesAndMachineWide(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return MACHINE_WIDE if _machine_wide(path) else path
+
+    return ModulesAndMachineWide(config, log)

@@ -21,6 +21,8 @@ import pytest
 
 from labkit import sandbox
 
+pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
+
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 

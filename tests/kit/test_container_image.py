@@ -29,6 +29,8 @@ from pathlib import Path
 import doc_commands
 import pytest
 
+pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
+
 ROOT = Path(__file__).resolve().parents[2]
 KIT = "/home/student/kit"
 IMAGE = "labkit:cpu"  # what `make docker-build` tags

@@ -24,6 +24,8 @@ import pytest
 
 from labkit import bwrap, refusals
 
+pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
+
 RUNSC = shutil.which("runsc")
 DOCKERD = shutil.which("dockerd")
 DEBIAN_BWRAP = "bubblewrap"  # the Debian package whose bwrap is the second candidate

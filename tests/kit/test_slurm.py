@@ -20,6 +20,8 @@ import slurm_cluster
 
 from labkit import configs, grade, progress, slurm
 
+pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
