@@ -114,8 +114,9 @@ def labs(root: Path = ROOT) -> list[Lab]:
 
 # Labs whose place in the course is not their number (numbers stay: submissions, hidden tests and
 # scripts name them): lab -> the lab it is read after. Lab 12 (sharding in types) builds on lab 2's
-# jit and placements, and one of its exercises is a shard_map, which lab 3 teaches.
-READ_AFTER = {12: 3}
+# jit and placements, and one of its exercises is a shard_map, which lab 3 teaches. Lab 13 (the cost
+# of a program) reads the costs of lab 9's designs and lab 10's rings.
+READ_AFTER = {12: 3, 13: 10}
 
 
 def reading_order(root: Path = ROOT) -> list[Lab]:

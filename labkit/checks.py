@@ -451,9 +451,23 @@ def collectives_of(got: plaindata.Value) -> tuple:
 
 def sent_per_device(got: plaindata.Value) -> float:
     """Bytes one device sends for every collective of the call's compiled program, counted as the cost card
-    counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices)."""
-    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), 2 if c.pairs else max(c.widest, 1))
+    counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices, and a
+    device sending to itself sends nothing)."""
+    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.permute_width(c.pairs) if c.pairs
+                               else max(c.widest, 1))
                for c in collectives_of(got))
+
+
+def card_of(got: plaindata.Value) -> cost.Card:
+    """The cost card of the call's compiled program, as the kit prints it (labkit.cost.card: FLOPs, bytes held
+    and bytes sent per device, timed on a chip with `.timing(chip)`), or FactUnavailable with the reason."""
+    facts, flops = _compiled(got, "flops")
+    memory, found = _compiled(got, "memory")[1], collectives_of(got)
+    outputs = facts.outputs if not isinstance(facts.outputs, plaindata.Unavailable) else ()
+    return cost.card({"devices": facts.devices, "flops": flops, "memory": memory,
+                      "collectives": [{"op": c.op, "shape": c.shape,
+                                       **({"pairs": c.pairs} if c.pairs else {"groups": c.groups})} for c in found],
+                      "outputs": [{"dtype": o.dtype} for o in outputs]})
 
 
 def _compiled(got: plaindata.Value, fact: str):

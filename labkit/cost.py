@@ -90,6 +90,12 @@ def bytes_sent(op: str, result_bytes: int, n: int) -> float:
     raise ValueError(f"no cost model for the collective {op!r}")
 
 
+def permute_width(pairs) -> int:
+    """The `n` a collective-permute counts as: 2 (one device sends to another), or 1 when every pair sends a
+    device's data to itself (a ring of one device): that moves nothing across the network."""
+    return 2 if any(a != b for a, b in pairs) else 1
+
+
 @dataclass
 class Timing:
     chip: str
@@ -156,7 +162,8 @@ def card(facts: dict) -> Card:
     counts: dict[str, int] = {}
     for c in collectives:
         groups = c.get("groups")
-        n = 2 if "pairs" in c else max((len(g) for g in groups), default=1) if groups else facts["devices"]
+        n = permute_width(c["pairs"]) if "pairs" in c else max((len(g) for g in groups), default=1) if groups \
+            else facts["devices"]
         moved = bytes_sent(c["op"], shape_bytes(c["shape"]), n)
         if moved:
             sent[c["op"]] = sent.get(c["op"], 0.0) + moved

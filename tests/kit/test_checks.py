@@ -10,6 +10,7 @@ from labkit.checks import (
     FactUnavailable,
     Mismatch,
     call,
+    card_of,
     check,
     compiled_call,
     expect_close,
@@ -25,6 +26,7 @@ from labkit.checks import (
     expect_split_across,
     expect_work_share,
     expect_work_split,
+    sent_per_device,
 )
 
 
@@ -216,6 +218,23 @@ def test_collectives_inside_the_rows_of_a_grid_pass_and_one_across_them_is_named
     across = {"op": "collective-permute", "shape": "f32[8]", "pairs": [[3, 4]]}
     assert "a collective-permute that joins devices [3, 4]" in message(
         expect_collectives_within, compiled(collectives=[across]), ROWS_OF_A_2X4_GRID, allowed="over 'model'")
+
+
+def test_a_ring_shift_sends_its_block_once_and_a_device_sending_to_itself_sends_nothing():
+    ring = {"op": "collective-permute", "shape": "f32[64]", "pairs": [[i, (i + 1) % 8] for i in range(8)]}
+    assert sent_per_device(compiled(collectives=[ring])) == 256
+    assert sent_per_device(compiled(devices=1, collectives=[{**ring, "pairs": [[0, 0]]}])) == 0
+
+
+def test_the_card_of_a_call_is_the_kits_card_of_its_compiled_program():
+    gather = {"op": "all-gather", "shape": "f32[1024]", "groups": [list(range(8))]}
+    card = card_of(compiled(flops=2e6, collectives=[gather], outputs=[
+        {"path": "out", "shape": [8], "dtype": "float32", "bytes": 32, "device_bytes": 4}],
+        memory={"argument": 512, "output": 4, "temp": 4096, "alias": 0}))
+    assert card.devices == 8 and card.flops == 2e6 and card.dtype == "f32"
+    assert card.sent == {"all-gather": 7 / 8 * 4096} and card.held == {"argument": 512, "output": 4, "temp": 4096}
+    with pytest.raises(FactUnavailable, match="cannot be made here: no FLOPs here"):
+        card_of(compiled(flops={"unavailable": "no FLOPs here"}))
 
 
 def test_a_device_holding_as_much_as_a_whole_input_is_named():

@@ -87,6 +87,15 @@ def test_groups_smaller_than_the_mesh_count_their_own_size():
     assert c.sent["all-reduce"] == pytest.approx(2 * 3 / 4 * 4096)
 
 
+def test_a_collective_permute_sends_its_buffer_once_and_nothing_when_a_device_sends_to_itself():
+    # a ring shift over 8 devices, and the same ring on one device (XLA keeps it as a permute from 0 to 0)
+    ring = cost.card(_facts(collectives=[{"op": "collective-permute", "shape": "f32[256]{0}",
+                                          "pairs": [[i, (i + 1) % 8] for i in range(8)]}]))
+    alone = cost.card(_facts(devices=1, collectives=[{"op": "collective-permute", "shape": "f32[256]{0}",
+                                                      "pairs": [[0, 0]]}]))
+    assert ring.sent == {"collective-permute": 1024} and alone.sent == {}
+
+
 def test_what_does_not_fit_in_hbm_is_said():
     c = cost.card(_facts(memory={"argument": 20 * 10**9, "output": 0, "temp": 0}))
     assert not c.timing(CHIPS["v5e"]).fits and c.timing(CHIPS["h100"]).fits
