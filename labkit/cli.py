@@ -88,7 +88,8 @@ def _grade(args) -> int:
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
                               jobs=args.jobs, timeout=args.timeout, shard=args.shard,
-                              limits=sandbox.limits_from_args(args), start=args.start, **_grading_inputs(args))
+                              limits=sandbox.limits_from_args(args), start=args.start, runs_from=args.runs_from,
+                              plan=args.plan, **_grading_inputs(args))
     except sandbox.SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
@@ -334,9 +335,16 @@ def parser() -> argparse.ArgumentParser:
                      help="warm: one server imports JAX once and forks each one-process CPU run's kernel, each in a "
                           "sandbox of its own (cold where that cannot be had); cold: a fresh kernel per run "
                           "(default %(default)s)")
+    grd.add_argument("--runs-from", type=Path, default=None,
+                     help="the notebooks ran in pods of their own (`pods run`): read each unit's output from "
+                          "RUNS/<i>/ as untrusted data instead of running it (with --plan)")
+    grd.add_argument("--plan", type=Path, default=None, help="the folder `pods plan` wrote (with --runs-from)")
     sandbox.add_arguments(grd)
     sandbox.add_isolation_argument(grd, sandbox.SANDBOX)
     grd.set_defaults(func=_grade)
+    from labkit import pods
+
+    pods.add_parser(sub)
 
     board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")
     board.add_argument("--build", type=Path, default=None, help="the build folder of `make lab-N` (default build/)")

@@ -53,6 +53,7 @@ from labkit import (
     warm,
 )
 from labkit import overrides as overrides_mod
+from labkit import pods as pods_mod
 from labkit import policy as policy_mod
 from labkit import progress as progress_mod
 from labkit import roster as roster_mod
@@ -434,8 +435,10 @@ class Progress:
 class Grader:
     def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
                  timeout: float, limits: Limits | None = None, stream=None, terminal: bool | None = None,
-                 batch_seconds: float = 3.0, warm: bool = True):
+                 batch_seconds: float = 3.0, warm: bool = True, pods: tuple[Path, Path] | None = None):
         self.out = Path(out)
+        # (RUNS, PLAN): the notebooks ran in pods of their own (labkit.pods); each unit's output is read, not run
+        self.pods = pods
         self.labs = {lab.number: lab for lab in labs}
         self.configs = {c.name: c for c in chosen}
         self.jobs = max(1, jobs)
@@ -486,7 +489,8 @@ class Grader:
 
     def key(self, unit: Unit) -> str:
         return _sha(json.dumps([FORMAT, self._kit, self._labs[unit.lab], config_digest(self.configs[unit.config]),
-                                submission_digest(unit.path), float(self.timeout), self.limits.to_json()]).encode())
+                                submission_digest(unit.path), float(self.timeout), self.limits.to_json()]
+                               + (["pods", str(self.pods[0])] if self.pods else [])).encode())
 
     def _judge(self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]],
                expected: dict) -> list[tuple[Unit, str, dict, float]]:
@@ -567,6 +571,11 @@ class Grader:
                                          f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
                                          workdir=str(store.workdir(unit)))
             workdir = store.workdir(unit)
+            if self.pods:
+                runs, plan = self.pods
+                return pods_mod.record_of(pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config),
+                                          self.configs[unit.config], self.calls(unit.lab), workdir, self.timeout,
+                                          self.limits)
             cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
                                         timeout=self.timeout, limits=self.limits, warm=self.warm_server(),
@@ -574,7 +583,7 @@ class Grader:
 
         for unit, _ in todo:
             self.calls(unit.lab)  # collect in this thread, before any run starts
-        if todo:
+        if todo and not self.pods:
             if self.cache is None and jaxcache.wanted():
                 self.cache = jaxcache.prepare(self.out / ".jax-cache", unlisted=True)
             self.warm_server()
@@ -733,6 +742,13 @@ def check_isolation(limits: Limits, stream) -> None:
         print("isolation: resource limits only, asked for by name (--isolation limits-only): a notebook can read "
               "what this user can read and use the network; every row says limits-only", file=stream, flush=True)
         return
+    if limits.isolation == sandbox.POD:
+        problem = sandbox.pod_problem()
+        if problem:
+            raise sandbox.SandboxUnavailable(problem)
+        print("isolation: no bubblewrap, the pod is the sandbox, asked for by name (--isolation pod); every row "
+              "says pod", file=stream, flush=True)
+        return
     if limits.isolation != sandbox.SANDBOX:
         return
     found = sandbox.require_sandbox("nothing was graded")
@@ -795,7 +811,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
           limits: Limits | None = None, stream=None, terminal: bool | None = None,
           roster: Path | None = None, policy: Path | None = None, overrides: Path | None = None,
-          extensions: Path | None = None, start: str = "warm") -> dict:
+          extensions: Path | None = None, start: str = "warm", runs_from: Path | None = None,
+          plan: Path | None = None) -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
     stream = stream or sys.stderr
     # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
@@ -813,8 +830,11 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     grading, people, provisional = _policy_and_roster(policy, roster, [c.name for c in chosen])
     limits = limits or replace(DEFAULT_LIMITS, isolation=sandbox.SANDBOX)
     check_isolation(limits, stream)
+    if (runs_from is None) != (plan is None):
+        raise GradeError("--runs-from and --plan go together: the pods' outputs and the plan that made their inputs")
+    pods = (Path(runs_from).absolute(), Path(plan).absolute()) if runs_from is not None else None
     grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
-                    stream=stream, terminal=terminal, warm=start != "cold")
+                    stream=stream, terminal=terminal, warm=start != "cold", pods=pods)
     grader.stop = stop = _StopRequest()
 
     try:

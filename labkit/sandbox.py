@@ -68,7 +68,10 @@ LIMITS_ONLY = "limits-only"
 # What a run asks for (`--isolation`): a sandbox or nothing (grading's default), a sandbox where one can
 # be made and limits only elsewhere, with a warning (the student loop's), or limits only, by name.
 SANDBOX, AUTO = "sandbox", "auto"
-ISOLATIONS = (SANDBOX, LIMITS_ONLY, AUTO)
+# One more, only by name: the run's container is the sandbox (a pod of its own per graded unit, under
+# gVisor: `labkit.pods`), so no bubblewrap is made inside it; refused where / is writable (`pod_problem`).
+POD = "pod"
+ISOLATIONS = (SANDBOX, LIMITS_ONLY, AUTO, POD)
 
 # The variables a run's environment keeps from the caller's; everything else (tokens, keys,
 # the TA's own settings) stays out of the student's process.
@@ -89,7 +92,7 @@ class Limits:
     file_size: int = 1 * GiB  # the largest file a run may write
     disk: int = 2 * GiB  # bytes the run may hold in its scratch folder (and in each of /tmp and /dev/shm)
     network: bool = False  # True only where a run's processes must reach each other (see docs/sandbox.md)
-    isolation: str = AUTO  # SANDBOX, AUTO or LIMITS_ONLY (see ISOLATIONS); grading asks for SANDBOX
+    isolation: str = AUTO  # SANDBOX, AUTO, LIMITS_ONLY or POD (see ISOLATIONS); grading asks for SANDBOX
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -131,7 +134,9 @@ def add_isolation_argument(parser, default: str) -> None:
     parser.add_argument("--isolation", choices=ISOLATIONS, default=default,
                         help=f"{SANDBOX}: run notebooks only in a sandbox, and stop before running any where none can "
                              f"be made; {AUTO}: a sandbox where one can be made, else limits only with a warning; "
-                             f"{LIMITS_ONLY}: resource limits only, no sandbox (default %(default)s)")
+                             f"{LIMITS_ONLY}: resource limits only, no sandbox; {POD}: no bubblewrap, the container "
+                             f"the kit runs in is the sandbox (one pod per graded unit, see docs/grading.md; refused "
+                             f"where / is writable) (default %(default)s)")
 
 
 def limits_from_args(args) -> Limits:
@@ -217,6 +222,11 @@ def isolation(wanted: str = AUTO) -> tuple[str, str]:
     and warns once, on stderr; LIMITS_ONLY, asked for by name, is limits only wherever the kit runs.
     """
     global _warned
+    if wanted == POD:
+        problem = pod_problem()
+        if problem:
+            raise SandboxUnavailable(problem)
+        return POD, "the pod is the sandbox, asked for by name (--isolation pod)"
     if wanted == LIMITS_ONLY:
         return LIMITS_ONLY, "resource limits only, asked for by name (--isolation limits-only)"
     program, reason = bubblewrap()
@@ -232,6 +242,33 @@ def isolation(wanted: str = AUTO) -> tuple[str, str]:
                   f"{reason.replace(chr(10), chr(10) + '  ')}\nA notebook can then read what this user can read and "
                   "use the network; see docs/sandbox.md, 'Isolation and limits'.", file=sys.stderr, flush=True)
     return LIMITS_ONLY, reason
+
+
+def pod_problem(root: str = "/") -> str:
+    """Why this is not a pod the kit may run a notebook in without bubblewrap, or "" when it may.
+
+    The pod's own walls (gVisor, no network, the unit's inputs only) cannot be seen from inside; one
+    thing every pod of the kit's manifest has, and a TA's machine or a shared VM has not, can: a root
+    file system mounted read-only. So `--isolation pod` typed by mistake outside such a container stops."""
+    if _read_only(root):
+        return ""
+    return (f"--isolation pod runs notebooks without bubblewrap, the container being the sandbox, but {root} is "
+            "writable here, so this is not a container of the kit's pod-per-unit design (read-only root, no "
+            "network, its inputs read-only, one output folder): nothing was run. Outside such a pod, grade with "
+            "--isolation sandbox (see docs/sandbox.md).")
+
+
+def _read_only(root: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether the file system at `root` is mounted read-only: its mount's own options (the last mount on
+    that point), as gVisor reports them (its statfs does not say ST_RDONLY), else statvfs's flag."""
+    try:
+        with open(mountinfo) as f:
+            options = [line.split()[5].split(",") for line in f if len(line.split()) > 5 and line.split()[4] == root]
+    except OSError:
+        options = []
+    if options:
+        return "ro" in options[-1]
+    return bool(os.statvfs(root).f_flag & os.ST_RDONLY)
 
 
 # ----------------------------------------------------------------------------------------
@@ -662,7 +699,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     kind, reason = isolation(limits.isolation)
-    program = bubblewrap()[0]
+    program = bubblewrap()[0] if kind == BUBBLEWRAP else None
     token = uuid.uuid4().hex
     run_env = run_environment(env, workdir, sandboxed=kind == BUBBLEWRAP) | {"LABKIT_RUN_TOKEN": token}
     cmd = list(cmd)
