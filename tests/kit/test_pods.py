@@ -25,6 +25,8 @@ from labkit import sandbox
 sys.path.insert(0, str(Path(__file__).parent))
 import test_gvisor  # the Docker engine with the runsc runtime
 
+pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = [sys.executable, "-m", "labkit"]
 
