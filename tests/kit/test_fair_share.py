@@ -156,3 +156,49 @@ def test_a_run_may_not_start_a_session_of_its_own(tmp_path, monkeypatch, isolati
     said = log.read_text()
     assert "setsid: Operation not permitted" in said and "new session: Operation not permitted" in said, said
     assert "own group: True" in said, said  # process groups (job control, jupyter's signals) are still allowed
+
+
+def _machine(tmp_path: Path, cgroup: str, mounts: list[str], enabled: str = "1") -> dict:
+    (tmp_path / "cgroup").write_text(cgroup)
+    (tmp_path / "mountinfo").write_text("".join(line + "\n" for line in mounts))
+    (tmp_path / "enabled").write_text(enabled + "\n")
+    return {"proc": tmp_path / "cgroup", "mounts": tmp_path / "mountinfo", "enabled": tmp_path / "enabled"}
+
+
+V1_CPU = "32 31 0:29 {root} /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu"
+
+
+def test_autogroups_hold_in_the_root_of_a_v1_cpu_hierarchy_and_only_when_on(tmp_path):
+    here = _machine(tmp_path, "2:cpuacct:/\n1:cpu:/\n0::/\n", [V1_CPU.format(root="/")])
+    assert sessions.in_effect(**here)
+    assert not sessions.in_effect(**_machine(tmp_path, "1:cpu:/\n", [V1_CPU.format(root="/")], enabled="0"))
+
+
+def test_autogroups_do_not_hold_in_a_cpu_cgroup_or_a_containers_view_of_one(tmp_path):
+    assert not sessions.in_effect(**_machine(tmp_path, "1:cpu:/docker/abc\n", [V1_CPU.format(root="/")]))
+    # a cgroup namespace shows its own cgroup as "/": the mount's root says where it really is
+    assert not sessions.in_effect(**_machine(tmp_path, "1:cpu:/\n", [V1_CPU.format(root="/docker/abc")]))
+
+
+def test_under_cgroup_v2_autogroups_hold_only_where_the_root_hands_the_cpu_controller_to_no_one(tmp_path):
+    hierarchy = tmp_path / "unified"
+    hierarchy.mkdir()
+    mount = f"30 23 0:27 / {hierarchy} rw,relatime - cgroup2 cgroup2 rw"
+    (hierarchy / "cgroup.subtree_control").write_text("memory pids\n")
+    assert sessions.in_effect(**_machine(tmp_path, "0::/user.slice/session-1.scope\n", [mount]))
+    (hierarchy / "cgroup.subtree_control").write_text("cpu memory pids\n")  # systemd's usual: each slice a group
+    assert not sessions.in_effect(**_machine(tmp_path, "0::/user.slice/session-1.scope\n", [mount]))
+
+
+def test_the_filter_refuses_setsid_by_its_number_on_each_architecture_it_knows():
+    for machine, number in (("x86_64", 112), ("aarch64", 157)):
+        code = sessions.program(machine)
+        assert len(code) % 8 == 0 and number in [int.from_bytes(code[i + 4:i + 8], sys.byteorder)
+                                                 for i in range(0, len(code), 8)]
+    assert sessions.program("s390x") is None  # then no run is said to have an autogroup of its own
+
+
+@AUTOGROUPS
+def test_the_isolation_command_names_one_autogroup_per_run_where_no_cgroup_is_made(monkeypatch):
+    monkeypatch.setenv("LABKIT_CGROUPS", "off")
+    assert sandbox.cpu_share().startswith("one scheduling group per run: the kernel's autogroups")
