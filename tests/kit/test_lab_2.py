@@ -1,5 +1,7 @@
 """Lab 2 through the real pipeline: answers that are right on one device and wrong on eight are caught."""
 
+from notebook_variants import failures_by_config
+
 
 def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_tests_on_cpu_8(kit, lab_outcomes, variant):
     buggy = variant(2, (".lower(x).compile().as_text()", ".lower(x).as_text()"),
@@ -45,3 +47,42 @@ def test_follow_data_without_jit_fails_publicly_and_a_sharding_guess_fails_the_h
     caught = by_config["cpu-8"][empty]
     assert caught["hidden"] and caught["status"] == "failed", caught
     assert "whatever x.sharding says" in caught["message"]
+
+
+# -- column_sums_split: one piece of the sums per device, never every sum whole on a device -------------
+
+REFERENCE_SPLIT = """        return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P(("rows", "cols"))))
+
+    return sums(tiles)"""
+
+# The sums made whole on every device inside the jit (an all-reduce of the columns), placed in pieces after it.
+WHOLE_THEN_PLACED = """        return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P()))
+
+    return jax.device_put(sums(tiles), NamedSharding(grid, P(("rows", "cols"))))"""
+
+# Each device's partial sums reduce-scattered down its grid column by hand: pieces in another device order.
+SCATTERED_BY_HAND = """        return total
+
+    def per_device(tile):
+        return jax.lax.psum_scatter(tile.sum(axis=0), "rows", scatter_dimension=0, tiled=True)
+
+    return jax.jit(jax.shard_map(per_device, mesh=grid, in_specs=P("rows", "cols"), out_specs=P(("cols", "rows"))))(tiles)"""
+
+WHOLE_ON_A_DEVICE = "test_column_sums_split_never_makes_every_sum_whole_on_a_device"
+
+
+def run_split_design(kit, lab_outcomes, variant, design: str) -> dict:
+    return failures_by_config(kit, lab_outcomes, variant, 2, REFERENCE_SPLIT, design, {WHOLE_ON_A_DEVICE})
+
+
+def test_column_sums_made_whole_then_placed_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_outcomes, variant):
+    ran = run_split_design(kit, lab_outcomes, variant, WHOLE_THEN_PLACED)
+    assert ran["returncode"] == 1 and not ran["cpu-1"], ran
+    assert set(ran["cpu-8"]) == {WHOLE_ON_A_DEVICE}, ran["cpu-8"]
+    caught = ran["cpu-8"][WHOLE_ON_A_DEVICE]
+    assert caught["hidden"] and "hands each device all 32 column sums" in caught["message"], caught
+
+
+def test_column_sums_reduce_scattered_by_hand_in_another_device_order_pass_every_test(kit, lab_outcomes, variant):
+    ran = run_split_design(kit, lab_outcomes, variant, SCATTERED_BY_HAND)
+    assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
