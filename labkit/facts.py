@@ -351,7 +351,9 @@ def gather(fn, args, kwargs, settle=None) -> dict:
         return _unavailable("the traced program did not compile", e)
     import jax
 
-    devices = len(compiled.input_shardings[0][0].device_set) if structs else jax.device_count()
+    # the first input the program keeps gives its devices: one it does not use is pruned, its sharding None
+    placed = [s for s in jax.tree_util.tree_leaves(compiled.input_shardings[0]) if s is not None]
+    devices = len(placed[0].device_set) if structs and placed else jax.device_count()
     facts = {"devices": devices, "top_level": top_level, "memory": _memory(compiled), "flops": _flops(compiled)}
     try:
         text = compiled.as_text()
