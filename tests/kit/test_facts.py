@@ -123,6 +123,10 @@ def test_a_program_that_never_reads_its_first_input_is_examined_over_the_devices
     got = plaindata.decode_compiled(gathered["ignores_its_first"])
     assert got.devices == 8
     assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
+    unread, x = got.inputs
+    assert unread.path == "args[0]" and isinstance(unread.device_bytes, plaindata.Unavailable)
+    assert "never reads it" in unread.device_bytes.why
+    assert (x.path, x.bytes, x.device_bytes, x.pieces, x.replicated) == ("args[1]", 256, 32, 8, False)
 
 
 def test_a_collective_inside_a_loop_is_listed_once_for_each_step_the_loop_runs(gathered):
