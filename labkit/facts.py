@@ -281,6 +281,10 @@ def _placements(shardings, structs, names) -> list[dict]:
         item = np.dtype(struct.dtype).itemsize
         whole = int(np.prod(shape, dtype=np.int64)) * item
         entry = {"path": name, "shape": list(shape), "dtype": str(struct.dtype), "bytes": whole}
+        if sharding is None:  # an input the program never reads: jax.jit pruned it and placed it nowhere
+            entry.update(_unavailable("its per-device share: the program never reads it"))
+            out.append(entry)
+            continue
         try:
             entry["device_bytes"] = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * item
             entry["replicated"] = bool(sharding.is_fully_replicated)
@@ -351,7 +355,9 @@ def gather(fn, args, kwargs, settle=None) -> dict:
         return _unavailable("the traced program did not compile", e)
     import jax
 
-    devices = len(compiled.input_shardings[0][0].device_set) if structs else jax.device_count()
+    # the first input the program keeps gives its devices: one it does not use is pruned, its sharding None
+    placed = [s for s in jax.tree_util.tree_leaves(compiled.input_shardings[0]) if s is not None]
+    devices = len(placed[0].device_set) if structs and placed else jax.device_count()
     facts = {"devices": devices, "top_level": top_level, "memory": _memory(compiled), "flops": _flops(compiled)}
     try:
         text = compiled.as_text()
@@ -367,7 +373,8 @@ def gather(fn, args, kwargs, settle=None) -> dict:
     except Exception as e:  # noqa: BLE001
         facts["collectives"] = _unavailable("the optimised HLO could not be read", e)
     try:
-        facts["inputs"] = _placements(jax.tree_util.tree_leaves(compiled.input_shardings[0]), structs, names)
+        shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0], is_leaf=lambda s: s is None)
+        facts["inputs"] = _placements(shardings, structs, names)
     except Exception as e:  # noqa: BLE001
         facts["inputs"] = _unavailable("the compiled program's input shardings could not be read", e)
     try:

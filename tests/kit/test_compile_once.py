@@ -1,4 +1,4 @@
-"""The references of labs 7, 9 and 10 build each jitted program once: a second call compiles nothing.
+"""The references of labs 7, 8, 9 and 10 build each jitted program once: a second call compiles nothing.
 
 A jax.jit (or a shard_map) of a function defined inside the exercise wraps a new function at every
 call, and JAX traces and compiles it again each time. These labs build their programs in a function
@@ -30,12 +30,20 @@ import jax
 log = io.StringIO()
 logging.getLogger("jax").addHandler(logging.StreamHandler(log))
 jax.config.update("jax_log_compiles", True)
+def arrays(a):  # lists become arrays, dicts of them stay dicts; a plain number (steps, a learning rate) stays one
+    if isinstance(a, dict):
+        return {k: arrays(v) for k, v in a.items()}
+    return np.asarray(a, np.float32) if isinstance(a, list) else a
+def shifted(a):  # new values of the same shapes
+    if isinstance(a, dict):
+        return {k: shifted(v) for k, v in a.items()}
+    return a + 1 if isinstance(a, np.ndarray) else a
 compiled = {}
 for name, args in calls.items():
-    args = [np.asarray(a, np.float32) for a in args]
+    args = [arrays(a) for a in args]
     scope[name](*args)
     log.truncate(0), log.seek(0)
-    scope[name](*[a + 1 for a in args])
+    scope[name](*[shifted(a) for a in args])
     compiled[name] = [line for line in log.getvalue().splitlines() if line.startswith("Compiling")]
 print(json.dumps(compiled))
 """
@@ -44,9 +52,13 @@ X, W, B = [1.0] * 8, [[0.5, -0.5]] * 8, [0.0, 1.0]
 ROWS, W1, B1, W2, B2 = [[1.0] * 4] * 8, [[0.25] * 8] * 4, [0.0] * 8, [[0.5] * 4] * 8, [1.0] * 4
 MLP = [ROWS, W1, B1, W2, B2]
 GRID = [[1.0] * 8] * 8
+PARAMS = {"hidden": {"kernel": [[0.5] * 8] * 3, "bias": [0.0] * 8}, "out": {"kernel": [[0.25]] * 8, "bias": [0.0]}}
+BATCH = [PARAMS, [[1.0] * 3] * 8, [[0.0]] * 8]
 CALLS = {
     7: {"layer_jit": [X, W, B], "layer_constrained": [X, W, B], "layer_shard_map": [X, W, B],
         "layer_grid": [GRID, W, B], "layer_grid_w_in_pieces": [GRID, W, B]},
+    8: {"global_gradients": BATCH, "train_data_parallel": [*BATCH, 2, 0.05], "accumulated_gradients": [*BATCH, 2],
+        "train_data_parallel_adam": [*BATCH, 2, 0.05]},
     9: {"tensor_parallel_mlp": MLP, "fsdp_mlp": MLP, "fsdp_gradients": [ROWS, ROWS, W1, B1, W2, B2],
         "tensor_parallel_scattered": MLP, "fsdp_layer_by_layer": MLP},
     10: {"pass_to_next_stage": [[1.0, 2.0]], "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],

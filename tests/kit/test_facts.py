@@ -76,6 +76,8 @@ SCRIPT = textwrap.dedent('''
 
     def moves_only(x):  # no arithmetic at all: a transpose
         return jax.jit(lambda a: a.reshape(8, 8).T)(x)
+    def ignores_its_first(unused, x):  # an input the program never reads: jax.jit prunes it
+        return psum(x)
 
     x, w = jnp.arange(64.0), jnp.ones((64, 4))
     host_w, host_x = np.ones(4, np.float32), np.ones((64, 4), np.float32)
@@ -86,7 +88,7 @@ SCRIPT = textwrap.dedent('''
         ("loaded_whole", loaded_whole, (host_w, host_x)), ("ring_in_a_loop", ring_in_a_loop, (x,)),
         ("loop_of_unknown_length", loop_of_unknown_length, (x, jnp.int32(3))),
         ("one_product", one_product, (x,)), ("products_in_a_loop", products_in_a_loop, (x,)),
-        ("moves_only", moves_only, (x,))]}
+        ("moves_only", moves_only, (x,)), ("ignores_its_first", ignores_its_first, (w, x))]}
     out["makers_are_back"] = jax.make_array_from_process_local_data.__module__.startswith("jax")
     explicit_mesh = jax.make_mesh((8,), ("data",))
     with jax.set_mesh(explicit_mesh):
@@ -115,6 +117,16 @@ def test_an_eager_shard_map_shows_its_split_input_and_its_all_reduce_over_every_
     assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
     (x,) = got.inputs
     assert (x.path, x.bytes, x.device_bytes, x.pieces, x.replicated) == ("args[0]", 256, 32, 8, False)
+
+
+def test_a_program_that_never_reads_its_first_input_is_examined_over_the_devices_of_the_others(gathered):
+    got = plaindata.decode_compiled(gathered["ignores_its_first"])
+    assert got.devices == 8
+    assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
+    unread, x = got.inputs
+    assert unread.path == "args[0]" and isinstance(unread.device_bytes, plaindata.Unavailable)
+    assert "never reads it" in unread.device_bytes.why
+    assert (x.path, x.bytes, x.device_bytes, x.pieces, x.replicated) == ("args[1]", 256, 32, 8, False)
 
 
 def test_a_collective_inside_a_loop_is_listed_once_for_each_step_the_loop_runs(gathered):

@@ -9,6 +9,7 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     expect_close,
     expect_input_split,
@@ -16,6 +17,7 @@ from labkit.checks import (
     expect_work_split,
     placed,
 )
+from labkit.cost import shape_bytes
 
 # The public tests' helpers, loaded by path so that this folder needs no package of its own.
 _spec = importlib.util.spec_from_file_location(
@@ -46,6 +48,22 @@ def test_column_sums_split_is_not_left_partially_replicated(got, run):
     expect_split_across(got, run.device_count, axis=0,
                         hint=_public.NO_CONSTRAINT + ": two copies of each piece rather than one piece per device. "
                         "On one device every layout is the same, so only a run on several devices shows it")
+
+
+@check(got=compiled_call("column_sums_split", WIDE))
+def test_column_sums_split_never_makes_every_sum_whole_on_a_device(got, run):
+    """The constraint asks the compiler for one piece per device: what it sends are partial sums of a
+    device's own columns. Every sum made whole on every device (an all-reduce of all the columns, or a
+    gather of the sums) and then cut holds the copies the exercise is about avoiding."""
+    if run.device_count == 1:
+        return
+    whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= WIDE.shape[1] * WIDE.itemsize]
+    if whole:
+        raise Mismatch(
+            f"the compiled program's {whole[0].op} hands each device all {WIDE.shape[1]} column sums, which are "
+            "then cut into pieces: every device held a whole copy on the way. Constrain the sums inside the "
+            "jitted function, where they are computed, so that the compiler adds each device's partial sums "
+            "only for the piece it keeps")
 
 
 @check(got=call("collectives_of_sum", placed(TALL, ("data", None))))
