@@ -1,4 +1,4 @@
-"""The references of labs 7, 9 and 10 build each jitted program once: a second call compiles nothing.
+"""The references of labs 7, 9, 10 and 14 build each jitted program once: a second call compiles nothing.
 
 A jax.jit (or a shard_map) of a function defined inside the exercise wraps a new function at every
 call, and JAX traces and compiles it again each time. These labs build their programs in a function
@@ -31,11 +31,13 @@ log = io.StringIO()
 logging.getLogger("jax").addHandler(logging.StreamHandler(log))
 jax.config.update("jax_log_compiles", True)
 compiled = {}
+def as_input(a):  # a dict of arrays (lab 14's parameters) stays a dict
+    return {k: as_input(v) for k, v in a.items()} if isinstance(a, dict) else np.asarray(a, np.float32)
 for name, args in calls.items():
-    args = [np.asarray(a, np.float32) for a in args]
+    args = [as_input(a) for a in args]
     scope[name](*args)
     log.truncate(0), log.seek(0)
-    scope[name](*[a + 1 for a in args])
+    scope[name](*[jax.tree.map(lambda v: v + 1, a) for a in args])
     compiled[name] = [line for line in log.getvalue().splitlines() if line.startswith("Compiling")]
 print(json.dumps(compiled))
 """
@@ -44,6 +46,8 @@ X, W, B = [1.0] * 8, [[0.5, -0.5]] * 8, [0.0, 1.0]
 ROWS, W1, B1, W2, B2 = [[1.0] * 4] * 8, [[0.25] * 8] * 4, [0.0] * 8, [[0.5] * 4] * 8, [1.0] * 4
 MLP = [ROWS, W1, B1, W2, B2]
 GRID = [[1.0] * 8] * 8
+STATE = {name: [[0.125] * 16] * 16 for name in ("wq", "wk", "wv", "wo", "w1", "w2")}  # dim 16: one of 16 heads each
+TOKENS = [[[1.0] * 16] * 2] * 2  # (batch, seq, dim)
 CALLS = {
     7: {"layer_jit": [X, W, B], "layer_constrained": [X, W, B], "layer_shard_map": [X, W, B],
         "layer_grid": [GRID, W, B], "layer_grid_w_in_pieces": [GRID, W, B]},
@@ -51,6 +55,7 @@ CALLS = {
         "tensor_parallel_scattered": MLP, "fsdp_layer_by_layer": MLP},
     10: {"pass_to_next_stage": [[1.0, 2.0]], "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
          "ring_sum": [[[1.0, 2.0]]], "ring_sum_both_ways": [[[1.0], [2.0]]]},
+    14: {"train_step": [STATE, STATE, TOKENS, TOKENS], "train_steps": [STATE, STATE, [TOKENS] * 3, [TOKENS] * 3]},
 }
 
 
