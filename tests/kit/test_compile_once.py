@@ -1,4 +1,4 @@
-"""The references of labs 7, 8, 9 and 10 build each jitted program once: a second call compiles nothing.
+"""The references of labs 7, 8, 9, 10 and 14 build each jitted program once: a second call compiles nothing.
 
 A jax.jit (or a shard_map) of a function defined inside the exercise wraps a new function at every
 call, and JAX traces and compiles it again each time. These labs build their programs in a function
@@ -54,6 +54,8 @@ MLP = [ROWS, W1, B1, W2, B2]
 GRID = [[1.0] * 8] * 8
 PARAMS = {"hidden": {"kernel": [[0.5] * 8] * 3, "bias": [0.0] * 8}, "out": {"kernel": [[0.25]] * 8, "bias": [0.0]}}
 BATCH = [PARAMS, [[1.0] * 3] * 8, [[0.0]] * 8]
+STATE = {name: [[0.125] * 16] * 16 for name in ("wq", "wk", "wv", "wo", "w1", "w2")}  # dim 16: one of 16 heads each
+TOKENS = [[[1.0] * 16] * 2] * 2  # (batch, seq, dim)
 CALLS = {
     7: {"layer_jit": [X, W, B], "layer_constrained": [X, W, B], "layer_shard_map": [X, W, B],
         "layer_grid": [GRID, W, B], "layer_grid_w_in_pieces": [GRID, W, B]},
@@ -63,6 +65,7 @@ CALLS = {
         "tensor_parallel_scattered": MLP, "fsdp_layer_by_layer": MLP},
     10: {"pass_to_next_stage": [[1.0, 2.0]], "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
          "ring_sum": [[[1.0, 2.0]]], "ring_sum_both_ways": [[[1.0], [2.0]]]},
+    14: {"train_step": [STATE, STATE, TOKENS, TOKENS], "train_steps": [STATE, STATE, [TOKENS] * 3, [TOKENS] * 3]},
 }
 
 

@@ -115,6 +115,9 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         ('Mesh(np.array(devices_by_process()), ("data",))',
          'jax.make_mesh((jax.device_count(),), ("data",), devices=devices_by_process())'),
     ],
+    # the grid of every design, made with jax.make_mesh; the step's shardings then name Explicit axes
+    14: [('Mesh(np.array(jax.devices()).reshape((2, n // 2) if n % 2 == 0 else (1, n)), ("data", "model"))',
+          'jax.make_mesh((2, n // 2) if n % 2 == 0 else (1, n), ("data", "model"))')],
 }
 
 

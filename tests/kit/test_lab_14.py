@@ -1,0 +1,142 @@
+"""Lab 14 end to end, the capstone: several designs of one training step pass, whichever plan they chose;
+designs over a budget are named by it on eight devices and pass on one; the class leaderboard ranks the
+designs that pass in the order of the cost model; a design that copies everything is refused by the memory
+budget, though its card, which sends nothing, models faster than FSDP's.
+
+One grading run of a class whose students each hand in the reference with its design replaced judges
+every design on cpu-1 and cpu-8 at once (one warm judge for all of them).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from notebook_variants import reference_code
+
+from labkit import catalog, cost, leaderboard
+
+ROOT = catalog.ROOT
+LAB = catalog.lab(14)
+
+# The reference's design: the batch over 'data', the heads and hidden units over 'model'.
+SPECS = ('    state = {"wq": cols, "wk": cols, "wv": cols, "wo": rows, "w1": cols, "w2": rows}\n'
+         '    batch = P("data")\n')
+PLACES = "place((state, state, batch, batch)),\n                   out_shardings=place((state, state, P())))"
+JIT = "return jax.jit(sgd_step, "
+
+# FSDP: every weight and its momentum in n pieces over the whole grid, the batch too.
+FSDP = [(SPECS, '    state = {name: P(("data", "model")) for name in WEIGHTS}\n    batch = P(("data", "model"))\n')]
+# The weights as the reference splits them, the momentum split further, over every device (optimizer-state
+# sharding).
+MOMENTUM_SPLIT_FURTHER = [(PLACES, ("place((state, moments, batch, batch)),\n"
+                                    "                   out_shardings=place((state, moments, P())))")),
+                          (SPECS, SPECS + '    moments = {name: P(("data", "model")) for name in WEIGHTS}\n')]
+# Everything whole on every device: it sends nothing.
+REPLICATED = [(SPECS, "    state = {name: P() for name in WEIGHTS}\n    batch = P()\n")]
+# FSDP whose gradient comes from four micro-batches, each one's gradient averaged across devices on its own:
+# right, and four times the traffic of the gradient.
+MICRO_BATCHES = FSDP + [(JIT, (
+    "def micro_batched_step(params, momentum, x, y):\n"
+    "        parts = [jax.value_and_grad(loss_fn)(params, x[i::4], y[i::4]) for i in range(4)]\n"
+    "        grads = jax.tree.map(lambda *g: sum(g) / 4, *[g for _, g in parts])\n"
+    "        momentum = jax.tree.map(lambda m, g: MOMENTUM * m + g, momentum, grads)\n"
+    "        params = jax.tree.map(lambda p, m: p - LEARNING_RATE * m, params, momentum)\n"
+    "        return params, momentum, sum(loss for loss, _ in parts) / 4\n\n"
+    "    return jax.jit(micro_batched_step, "))]
+
+DESIGNS = {"data-x-model": [], "fsdp": FSDP, "momentum-split-further": MOMENTUM_SPLIT_FURTHER,
+           "replicated": REPLICATED, "micro-batches": MICRO_BATCHES}
+VALID = ("data-x-model", "fsdp", "momentum-split-further")  # data-x-model: the reference itself
+MEMORY = "test_each_device_keeps_within_the_memory_budget"
+COMMUNICATION = "test_each_device_sends_within_the_communication_budget"
+
+
+def design(replacements) -> str:
+    nb = json.loads(LAB.reference.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            for old, new in replacements:
+                source = source.replace(old, new)
+            cell["source"] = source
+    return json.dumps(nb)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class graded on cpu-1 and cpu-8: scoreboard.json, and each student's rows by configuration."""
+    root = tmp_path_factory.mktemp("lab14")
+    for student, replacements in DESIGNS.items():
+        assert all(old in reference_code(14) for old, _ in replacements), f"{student}: a replacement finds nothing"
+        (root / "submissions" / student).mkdir(parents=True)
+        (root / "submissions" / student / "lab-14.ipynb").write_text(design(replacements))
+    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(root / "submissions"),
+                           "--out", str(root / "out"), "--labs", "14", "--configs", "cpu-1,cpu-8", "--jobs", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((root / "out" / "scoreboard.json").read_text())
+    rows = {(r["student"], r["config"]): r for r in results["rows"]}
+    return results, rows
+
+
+def failed(row: dict) -> dict[str, dict]:
+    return {t["test"]: t for t in row["tests"] if t["status"] != "passed"}
+
+
+def test_the_reference_passes_every_test_on_one_device_and_on_eight(graded):
+    _, rows = graded
+    for config in ("cpu-1", "cpu-8"):
+        row = rows[("data-x-model", config)]
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 5, (config, failed(row))
+
+
+@pytest.mark.parametrize("student", VALID[1:])
+def test_another_valid_design_passes_every_test_on_one_device_and_on_eight(graded, student):
+    _, rows = graded
+    for config in ("cpu-1", "cpu-8"):
+        row = rows[(student, config)]
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 5, (config, failed(row))
+
+
+def test_the_valid_designs_differ_in_what_they_send(graded):
+    _, rows = graded
+    sent = {s: cost.from_json(rows[(s, "cpu-8")]["costs"]).popitem()[1].runs["cpu-8"].sent for s in VALID}
+    assert sent["data-x-model"].keys() == {"all-reduce"}
+    assert "all-gather" in sent["fsdp"] and "all-gather" in sent["momentum-split-further"]
+    assert len({round(sum(s.values())) for s in sent.values()}) == 3, sent
+
+
+def test_a_replicated_design_passes_on_one_device_and_is_refused_by_the_memory_budget_on_eight(graded):
+    _, rows = graded
+    assert rows[("replicated", "cpu-1")]["status"] == "ok"
+    over = failed(rows[("replicated", "cpu-8")])
+    assert set(over) == {MEMORY}, over
+    message = over[MEMORY]["message"]
+    assert over[MEMORY]["hidden"] and "over the memory budget" in message, message
+    assert "each device keeps 384.0 KiB" in message and "the budget is 96.0 KiB, 2/8 of the 384.0 KiB" in message
+    assert "every device holds all of params['w1']" in message
+
+
+def test_micro_batches_averaged_one_by_one_pass_on_one_device_and_break_the_communication_budget_on_eight(graded):
+    _, rows = graded
+    assert rows[("micro-batches", "cpu-1")]["status"] == "ok"
+    over = failed(rows[("micro-batches", "cpu-8")])
+    assert set(over) == {COMMUNICATION}, over
+    message = over[COMMUNICATION]["message"]
+    assert over[COMMUNICATION]["hidden"] and "over the communication budget" in message, message
+    assert "the budget is 672.0 KiB, 4 (8-1)/8 of the 192.0 KiB of the parameters" in message, message
+
+
+def test_the_leaderboard_ranks_the_valid_designs_in_the_order_of_the_cost_model(graded):
+    results, rows = graded
+    (board,) = [b for b in results["leaderboards"] if b["lab"] == 14]
+    spec = catalog.LEADERBOARDS[14]
+    modelled = {s: leaderboard.step_time(rows[(s, "cpu-8")]["costs"], spec) for s in DESIGNS}
+    assert [p["name"] for p in board["places"]] == sorted(VALID, key=modelled.get)
+    assert [p["seconds"] for p in board["places"]] == sorted(modelled[s] for s in VALID)
+    # the replicated design, which sends nothing, models faster than FSDP, and is not ranked: it is over budget
+    assert modelled["replicated"] < modelled["fsdp"]
+    assert board["reference"]["seconds"] == pytest.approx(modelled["data-x-model"], rel=0.05)
