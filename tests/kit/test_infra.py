@@ -5,7 +5,7 @@ scopes, access, firewall, labels), by real `terraform plan` runs on the variable
 needs no provider), and by checkov (the kit's pinned one and a current one, each in a tool environment of its own); the scripts by shellcheck.
 Elsewhere: test_infra_schema.py (every argument against the providers' schema), test_infra_startup.py
 (startup.sh run locally), test_infra_workshop.py (workshop.sh against recording stand-ins) and
-test_infra_k8s.py (the GKE grading Jobs).
+test_infra_k8s.py and test_infra_k8s_pods.py (the GKE grading Jobs).
 """
 
 from __future__ import annotations
