@@ -105,6 +105,19 @@ def test_every_pod_runs_unprivileged_under_gke_sandbox_with_a_read_only_root(k8s
         assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
 
 
+@pytest.mark.parametrize("job", ["labkit-plan", "labkit-units", "labkit-judge"])
+def test_every_pod_matches_the_course_image(k8s, job):
+    """The folder, the user and the `python` each Job names are the course image's (Dockerfile)."""
+    text = (ROOT / "Dockerfile").read_text()
+    spec = pod(k8s, job)
+    container = spec["containers"][0]
+    kit = re.findall(r"^WORKDIR (\S+)", text, re.M)[-1]
+    assert container["workingDir"] == kit
+    assert f"USER {spec['securityContext']['runAsUser']}:" in text
+    assert f"PATH={kit}/.venv/bin:" in text  # the image's python is the kit's environment
+    assert re.search(r"(^|[ ;&])python -m labkit ", " ".join(container.get("command", []) + container.get("args", [])))
+
+
 def test_no_role_binding_gives_the_pods_the_kubernetes_api(docs):
     assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
 
