@@ -133,11 +133,21 @@ def _with_first_cell(lab: int, folder: Path) -> Path:
     return path
 
 
+# Tests whose subject is the FLOP count of the compiled program itself: the first cell rounds each
+# product's operands with two conversions per element, which a TPU does not have and which
+# cost_analysis() counts as FLOPs, so under it such a count is the emulation's, not the hardware's.
+COUNTS_THE_EMULATION = {13: {"test_predict_flops_is_within_2_percent_of_the_compiled_program",
+                             "test_predict_flops_on_another_mlp_is_within_2_percent_of_the_compiled_program"}}
+
+
 @pytest.mark.parametrize("lab", [lab.number for lab in catalog.labs()])
 def test_every_reference_passes_every_test_with_products_in_bfloat16(lab, kit, lab_report, tmp_path):
     notebook = _with_first_cell(lab, tmp_path)
     done = kit("lab", str(lab), "--notebook", str(notebook), "--configs", "cpu-8", "--hidden")
     report = lab_report(lab)
-    failed = {o["test"]: o.get("message") for o in report["outcomes"] if o["status"] != "passed"}
-    assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:])
+    left_out = COUNTS_THE_EMULATION.get(lab, set())
+    assert left_out <= {o["test"] for o in report["outcomes"]}, "a test left out here is no longer in the lab"
+    failed = {o["test"]: o.get("message") for o in report["outcomes"]
+              if o["status"] != "passed" and o["test"] not in left_out}
+    assert (done.returncode == 0 or left_out) and not failed, (failed, done.stdout[-3000:])
     assert report["runs"]["cpu-8"]["environment"]["matmul_precision"] == "bfloat16"
