@@ -82,8 +82,11 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
         # layer_grid and its stretch build their grid with jax.make_mesh already
     ],
     8: [
-        ("    loss, grads = step(state, x, y)",
-         f"    loss, grads = step(state, {placed('x', DATA)}, {placed('y', DATA)})"),
+        ("    loss, grads = gradients_program(mesh, graphdef)(state, x, y)",
+         f"    loss, grads = gradients_program(mesh, graphdef)(state, {placed('x', DATA)}, {placed('y', DATA)})"),
+        ("    loss, grads = accumulated_program(mesh, graphdef, int(micro_batches))(state, x, y)",
+         (f"    loss, grads = accumulated_program(mesh, graphdef, int(micro_batches))(state, {placed('x', DATA)}, "
+          f"{placed('y', DATA)})")),
         ("    losses = []\n",
          f"    x, y = {placed('x', DATA)}, {placed('y', DATA)}\n    losses = []\n"),
     ],
