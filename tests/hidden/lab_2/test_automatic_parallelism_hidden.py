@@ -55,7 +55,10 @@ def test_column_sums_split_never_makes_every_sum_whole_on_a_device(got, run):
     """The constraint asks the compiler for one piece per device: what it sends are partial sums of a
     device's own columns. Every sum made whole on every device (an all-reduce of all the columns, or a
     gather of the sums) and then cut holds the copies the exercise is about avoiding."""
-    if run.device_count == 1:
+    if run.device_count <= 2:
+        # One device, or a grid of 2 x 1: one column of devices, so each device's partial sums span every
+        # column, and the reduce-scatter the constraint asks for is over all of them, which the CPU compiler
+        # carries out as an all-reduce and a slice (as lab 12 says): every design's program is the same.
         return
     whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= WIDE.shape[1] * WIDE.itemsize]
     if whole:
