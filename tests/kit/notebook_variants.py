@@ -20,6 +20,17 @@ def with_cell(source: str, path: Path) -> Path:
     return path
 
 
+def with_code(nb: dict, *replacements: tuple[str, str]) -> dict:
+    """`nb` with each (old, new) replaced in every code cell (in place; also returned)."""
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            for old, new in replacements:
+                source = source.replace(old, new)
+            cell["source"] = source
+    return nb
+
+
 def reference_code(lab: int) -> str:
     cells = json.loads(catalog.lab(lab).reference.read_text())["cells"]
     return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from notebook_variants import with_code
 
 from labkit import catalog, configs, execute, grade, judge, sandbox
 
@@ -46,14 +47,6 @@ def reference_nb() -> dict:
     return json.loads(REFERENCE.read_text())
 
 
-def with_code(nb: dict, *replacements: tuple[str, str]) -> dict:
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            source = "".join(cell["source"])
-            for old, new in replacements:
-                source = source.replace(old, new)
-            cell["source"] = source
-    return nb
 
 
 def code_cell(source: str) -> dict:

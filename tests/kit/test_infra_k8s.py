@@ -74,7 +74,11 @@ def test_grading_never_asks_for_less_than_the_kits_sandbox(k8s):
 
 @pytest.mark.parametrize("job", ["labkit-grade", "labkit-merge"])
 def test_containers_are_unprivileged_with_a_read_only_root(k8s, job):
-    spec = pod(k8s, job)
+    assert_unprivileged_with_a_read_only_root(pod(k8s, job))
+
+
+def assert_unprivileged_with_a_read_only_root(spec: dict) -> None:
+    """A pod that runs as non-root, with the runtime's seccomp profile, no capability and a read-only root."""
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     for container in spec["containers"]:

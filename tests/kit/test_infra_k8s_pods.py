@@ -21,7 +21,12 @@ from labkit import cli, configs, execute, slurm
 from labkit.sandbox import DEFAULT_LIMITS, GiB
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_infra_k8s import ROOT, env_of, pod  # the shard manifest's helpers
+from test_infra_k8s import (  # the shard manifest's helpers
+    ROOT,
+    assert_unprivileged_with_a_read_only_root,
+    env_of,
+    pod,
+)
 
 MANIFEST = ROOT / "infra/k8s/grade-pods.yaml"
 SHARDS = ROOT / "infra/k8s/grade-job.yaml"
@@ -97,12 +102,7 @@ def test_every_pod_runs_unprivileged_under_gke_sandbox_with_a_read_only_root(k8s
     spec = pod(k8s, job)
     assert spec["runtimeClassName"] == "gvisor"
     assert spec["automountServiceAccountToken"] is False
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    for container in spec["containers"]:
-        sc = container["securityContext"]
-        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert_unprivileged_with_a_read_only_root(spec)
 
 
 @pytest.mark.parametrize("job", ["labkit-plan", "labkit-units", "labkit-judge"])

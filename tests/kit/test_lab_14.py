@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from notebook_variants import reference_code
+from notebook_variants import reference_code, with_code
 
 from labkit import catalog, cost, leaderboard
 
@@ -55,14 +55,7 @@ COMMUNICATION = "test_each_device_sends_within_the_communication_budget"
 
 
 def design(replacements) -> str:
-    nb = json.loads(LAB.reference.read_text())
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            source = "".join(cell["source"])
-            for old, new in replacements:
-                source = source.replace(old, new)
-            cell["source"] = source
-    return json.dumps(nb)
+    return json.dumps(with_code(json.loads(LAB.reference.read_text()), *replacements))
 
 
 @pytest.fixture(scope="module")
