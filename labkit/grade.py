@@ -743,9 +743,7 @@ def check_isolation(limits: Limits, stream) -> None:
               "what this user can read and use the network; every row says limits-only", file=stream, flush=True)
         return
     if limits.isolation == sandbox.POD:
-        problem = sandbox.pod_problem()
-        if problem:
-            raise sandbox.SandboxUnavailable(problem)
+        sandbox.isolation(sandbox.POD)  # raises, with the reason, where this is no pod of the kit's design
         print("isolation: no bubblewrap, the pod is the sandbox, asked for by name (--isolation pod); every row "
               "says pod", file=stream, flush=True)
         return

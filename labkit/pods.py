@@ -25,6 +25,7 @@ CPU and memory as its limits and a deadline. Three steps, each a command of `pyt
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -86,12 +87,16 @@ def units_of(plan_folder: Path) -> list[dict]:
     return json.loads((Path(plan_folder) / "units.json").read_text())["units"]
 
 
+@functools.lru_cache(maxsize=4)
+def _indexes(plan_folder: Path) -> dict[tuple[str, int, str], int]:
+    """The plan's unit indexes by (student, lab, configuration), read once: a plan folder is written once."""
+    return {(u["student"], u["lab"], u["config"]): u["index"] for u in reversed(units_of(plan_folder))}
+
+
 def output_of(runs: Path, plan_folder: Path, student: str, lab: int, config: str) -> Path | None:
     """The output folder of the pod that ran `student`'s lab on `config`, or None when the plan has no such unit."""
-    for unit in units_of(plan_folder):
-        if (unit["student"], unit["lab"], unit["config"]) == (student, lab, config):
-            return Path(runs) / str(unit["index"])
-    return None
+    index = _indexes(Path(plan_folder)).get((student, lab, config))
+    return None if index is None else Path(runs) / str(index)
 
 
 # ----------------------------------------------------------------------------------------
@@ -108,9 +113,7 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
     if limits.isolation != sandbox.POD:
         raise sandbox.SandboxUnavailable("`pods run` runs a notebook with the pod as its only sandbox, so it asks "
                                          "for it by name: --isolation pod")
-    problem = sandbox.pod_problem()
-    if problem:
-        raise sandbox.SandboxUnavailable(problem)
+    sandbox.isolation(sandbox.POD)  # raises, with the reason, where this is no pod of the kit's design
     unit = json.loads((Path(unit_folder) / UNIT_FILE).read_text())
     config = configs.by_name(unit["config"])
     if config is None or config.processes > 1:
