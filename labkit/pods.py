@@ -176,7 +176,7 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
                           "deadline or for its memory): nothing from this run is graded")
         return record
     except (OSError, ValueError, TypeError) as e:
-        record.message = f"the unit's pod left a record the kit does not read ({_text(e)}): nothing from it is graded"
+        record.message = f"the unit's pod left a record the kit does not read ({_text(str(e))}): nothing from it is graded"
         return record
     status = ended.get("status")
     if status in ("error", "skipped"):

@@ -62,6 +62,20 @@ def test_read_only_is_taken_from_the_root_mount_as_gvisor_reports_it(tmp_path):
     assert not sandbox._read_only("/", str(info))
 
 
+@pytest.mark.parametrize("make,what", [(lambda p: os.mkfifo(p), "not a regular file"),
+                                       (lambda p: os.symlink("/etc/passwd", p), "a symbolic link")],
+                         ids=["pipe", "link"])
+def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why(tmp_path, make, what):
+    from labkit import configs, pods
+
+    out = tmp_path / "out"
+    out.mkdir()
+    make(out / pods.ENDED)
+    record = pods.record_of(out, configs.CONFIGS["cpu-1"], [], tmp_path / "kit", 60, sandbox.DEFAULT_LIMITS)
+    assert record.status == "error" and record.results == {}
+    assert f"a record the kit does not read ({pods.ENDED} is {what})" in record.message, record.message
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plan")
