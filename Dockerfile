@@ -41,7 +41,7 @@ ENV DEP_GROUPS=notebook \
 COPY Makefile pyproject.toml uv.lock ./
 # `make setup`'s own steps (standard library only): uv sync, quietly, then a repair of any distribution
 # whose files are gone (venvfiles reads what each installed); it marks .venv finished.
-COPY labkit/envsetup.py labkit/venvfiles.py labkit/
+COPY labkit/machine/__init__.py labkit/machine/envsetup.py labkit/machine/venvfiles.py labkit/machine/
 # The kit itself goes in as an editable install (a path to /home/student/kit); its code and README
 # come with the rest of the kit in the last stage, so changing them does not make the environment
 # again: here they are empty stand-ins. BuildKit keeps uv's download cache between builds. A CA

@@ -4,13 +4,13 @@ SHELL := /bin/bash
 
 # The Python .venv is made with: PYTHON= when given; else, once .venv exists, the interpreter it was
 # made with (whoever runs make: root at set-up, a student later); else the newest supported one on this
-# machine (on the PATH, or installed by pyenv and not selected there: `python3 -m labkit.envsetup
+# machine (on the PATH, or installed by pyenv and not selected there: `python3 -m labkit.machine.envsetup
 # pick-python`). uv never downloads one. Python 3.12 and newer get JAX 0.12, 3.11 JAX 0.10.2 (uv.lock).
 # Interpreters are named by their real path, so that every user names the same one.
 VENV ?= .venv
 BASE_OF := import os, sys; print(os.path.realpath(sys.executable))
 ifeq ($(origin PYTHON),undefined)
-PYTHON_EXE := $(or $(shell $(VENV)/bin/python -c '$(BASE_OF)' 2>/dev/null),$(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.envsetup pick-python 2>/dev/null && break; done))
+PYTHON_EXE := $(or $(shell $(VENV)/bin/python -c '$(BASE_OF)' 2>/dev/null),$(shell for p in python3 python3.13 python3.12 python3.11; do $$p -m labkit.machine.envsetup pick-python 2>/dev/null && break; done))
 PYTHON := $(or $(PYTHON_EXE),python3)
 endif
 # (already found above, by its real path, unless PYTHON= was given or nothing was found)
@@ -60,7 +60,7 @@ help: ## show this help
 define check_python
 @command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: \`$(PYTHON)\` is not on the PATH: install Python 3.11 or newer \
   (Debian and Ubuntu: apt install python3 python3-venv), or name one: make ... PYTHON=/path/to/python3.11" >&2; exit 1; }
-@$(PYTHON) -m labkit.envsetup check-python
+@$(PYTHON) -m labkit.machine.envsetup check-python
 endef
 
 .tools/bin/uv:
@@ -79,11 +79,11 @@ $(VENV)/.synced: pyproject.toml uv.lock
 	$(check_python)
 	@test -x "$(UV)" || $(MAKE) --no-print-directory .tools/bin/uv OFFLINE=$(OFFLINE)
 ifeq ($(OFFLINE),)
-	@$(PYTHON) -m labkit.envsetup sync --uv $(UV) --venv $(VENV) --log build/setup.log -- $(SELECTION)
+	@$(PYTHON) -m labkit.machine.envsetup sync --uv $(UV) --venv $(VENV) --log build/setup.log -- $(SELECTION)
 else
 	@rm -f $@
-	@$(PYTHON) -m labkit.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- $(SELECTION)
-	@$(PYTHON) -m labkit.envsetup remove-other-venv --venv $(VENV)
+	@$(PYTHON) -m labkit.machine.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- $(SELECTION)
+	@$(PYTHON) -m labkit.machine.envsetup remove-other-venv --venv $(VENV)
 	$(UV) venv --quiet --allow-existing --python $(PYTHON_EXE) --prompt labkit $(VENV)
 	$(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate $(SELECTION) -o $(VENV)/requirements.txt
 	$(UV) pip sync --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) $(VENV)/requirements.txt
@@ -102,8 +102,8 @@ wheelhouse: ## download every locked wheel for this machine (all groups, EXTRAS 
 	set -x && $$pip download --quiet --disable-pip-version-check --only-binary :all: --no-deps --require-hashes \
 	  -r $(WHEELHOUSE)/requirements.txt -d $(WHEELHOUSE) && \
 	$$pip download --quiet --disable-pip-version-check --only-binary :all: -d $(WHEELHOUSE) \
-	  $$($(PYTHON) -m labkit.wheelhouse build-requires) uv==$(UV_VERSION)
-	@$(PYTHON) -m labkit.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- \
+	  $$($(PYTHON) -m labkit.machine.wheelhouse build-requires) uv==$(UV_VERSION)
+	@$(PYTHON) -m labkit.machine.wheelhouse missing --wheelhouse $(WHEELHOUSE) --uv $(UV) -- \
 	  --python $(PYTHON_EXE) --all-groups $(if $(EXTRAS),--extra $(EXTRAS))
 	@echo "$(WHEELHOUSE)/: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1)"
 
@@ -114,8 +114,8 @@ list: setup ## list the labs
 	@$(PY) -m labkit list
 
 doctor: ## what this machine can do for the kit and what is missing, with fixes [FOR=lab,grade,test,docker,browser]
-	@if [ -f $(VENV)/.synced ]; then $(PY) -m labkit.doctor --for $(or $(FOR),lab); \
-	else $(PYTHON) -m labkit.doctor --for $(or $(FOR),lab); fi
+	@if [ -f $(VENV)/.synced ]; then $(PY) -m labkit.machine.doctor --for $(or $(FOR),lab); \
+	else $(PYTHON) -m labkit.machine.doctor --for $(or $(FOR),lab); fi
 
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs
@@ -178,7 +178,7 @@ test: setup system-deps check-student-notebooks ## the kit's own test suite, the
 # again (tests/kit/test_student_loop.py). Skipped, with a line saying so, where no such Python is here.
 OTHER_VENV ?= .venv-other
 test-other-jax: ## every reference and the student loop on the lock's other JAX (Python 3.11 against 3.12+)
-	@other=$$($(PYTHON) -m labkit.envsetup pick-python --other-than $(PYTHON_EXE)) || { \
+	@other=$$($(PYTHON) -m labkit.machine.envsetup pick-python --other-than $(PYTHON_EXE)) || { \
 	  echo "test-other-jax: no Python here gives the lock's other JAX (3.11 against 3.12 or newer): tested on one JAX only."; \
 	  exit 0; }; \
 	echo "test-other-jax: the student loop on $$other ($(OTHER_VENV)/)"; \
@@ -190,7 +190,7 @@ bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_grade.py
 
 docs: setup ## the course and manual site, offline, into build/site (a broken link fails the build)
-	@$(PY) -m labkit.docsite --out build/site
+	@$(PY) -m labkit.course.docsite --out build/site
 
 lint: setup ## lint the Dockerfile with hadolint (the locked `lint` group)
 	$(VENV)/bin/hadolint Dockerfile

@@ -31,7 +31,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import configs, execute, sandbox
+from labkit.course import configs
+from labkit.run import execute, sandbox
 
 HOG = """import os, time
 for _ in range(24):

@@ -38,7 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs, grade, judge
+from labkit.course import catalog, configs
+from labkit.grading import grade
+from labkit.judge import judge
 
 CONFIGS = ("cpu-1", "cpu-8")
 KINDS = ("reference", "student", "buggy")
@@ -85,7 +87,7 @@ def script_of(notebook: Path, calls: list[dict], folder: Path) -> Path:
              "        exec(compile(_src, f'<cell {_i}>', 'exec'), globals())",
              "    except Exception:",
              "        _tb.print_exc()",
-             "import labkit.harness as _h",
+             "import labkit.judge.harness as _h",
              f"_h.run(globals(), {str(calls_path)!r}, {str(results_path)!r})"]
     script = folder / "run.py"
     script.write_text("\n".join(lines) + "\n")
@@ -153,7 +155,7 @@ def main() -> int:
         units = [(lab.reference, lab, c) for lab in labs for c in CONFIGS]  # the sanity pass
         units += [(subs / s / f"{lab.name}.ipynb", lab, c) for s in sorted(kinds) for lab in labs for c in CONFIGS]
         # Warm the file cache (python, jax, the kit) once; not counted.
-        subprocess.run([sys.executable, "-c", "import jax, papermill, labkit.judge"], check=True)
+        subprocess.run([sys.executable, "-c", "import jax, papermill, labkit.judge.judge"], check=True)
         n = len(units)
         print(f"{n} units; load average before: {load()}", flush=True)
         firsts, agains = {}, {}

@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs, judge  # noqa: E402
+from labkit.course import catalog, configs
+from labkit.judge import judge  # noqa: E402
 
 CONFIGS = ("cpu-1", "cpu-8")
 
@@ -41,7 +42,7 @@ def baseline_script(lab: catalog.Lab, folder: Path) -> Path:
     script = folder / "lab.py"
     script.write_text(
         code
-        + "\n\nimport labkit.harness as _h\n"
+        + "\n\nimport labkit.judge.harness as _h\n"
         + f"_h.run(globals(), {str(folder / 'calls.json')!r}, {str(folder / 'results.json')!r})\n"
     )
     return script

@@ -5,8 +5,8 @@ hidden tests' calls). It is run `--repeat` times each way, alternately:
 
 * cold: a fresh kernel per run (`sandbox.launch`: bubblewrap, a new Python interpreter that
   imports JAX, numpy and IPython, then ipykernel's start);
-* warm: a kernel forked by a warm server (`labkit.warm`) that imported all that once;
-* warm + cache: the same, reading JAX's compilation cache (`labkit.jaxcache`) read-only, as a
+* warm: a kernel forked by a warm server (`labkit.run.warm`) that imported all that once;
+* warm + cache: the same, reading JAX's compilation cache (`labkit.run.jaxcache`) read-only, as a
   student's run does once the reference solution's run filled it (here: one run, not counted).
 
 For each run it reads the executed notebook's own timings (papermill's per-cell start and end)
@@ -14,7 +14,7 @@ and splits the run's wall time into: the kernel's start (from the run's start to
 cell), the student's cells, of which JAX's compiles (summed from `jax.monitoring`'s compile
 events by a cell added first), the kit's harness cell (calling the exercises, examining
 compiled programs, exporting them), the kit's own run of the exported programs in a fresh
-sandbox (`labkit.verify`), and the end (stopping the kernel, reading results). Then the judge (the
+sandbox (`labkit.judge.verify`), and the end (stopping the kernel, reading results). Then the judge (the
 lab's tests on the recorded results) is timed once per way, and, for scale, a bare interpreter
 and one that imports what a run imports. It prints medians.
 
@@ -36,7 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import catalog, configs, execute, jaxcache, judge, sandbox, warm
+from labkit.course import catalog, configs
+from labkit.judge import judge
+from labkit.run import execute, jaxcache, sandbox, warm
 
 COMPILES_FIRST = """\
 import jax.monitoring as _m
@@ -72,7 +74,7 @@ def stages(record: execute.RunRecord, wall: float) -> dict[str, float]:
             times.append((datetime.fromisoformat(meta["start_time"].rstrip("Z")),
                           datetime.fromisoformat(meta["end_time"].rstrip("Z")), cell))
     started = datetime.fromisoformat(nb["metadata"]["papermill"]["start_time"].rstrip("Z"))
-    harness = [t for t in times if "labkit.harness" in "".join(t[2]["source"])]
+    harness = [t for t in times if "labkit.judge.harness" in "".join(t[2]["source"])]
     student = [t for t in times if t not in harness]
     cells = sum((end - start).total_seconds() for start, end, _ in student)
     harness_s = sum((end - start).total_seconds() for start, end, _ in harness)

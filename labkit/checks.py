@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from labkit import cost, plaindata, precision
-from labkit.configs import DeviceConfig
+from labkit import cost
+from labkit.course.configs import DeviceConfig
+from labkit.judge import plaindata, precision
 
 # The effective precision of the float32 matrix products of the run a test is looking at (set while
-# its body runs): `expect_close` widens its tolerances to it (see `labkit.precision`).
+# its body runs): `expect_close` widens its tolerances to it (see `labkit.judge.precision`).
 _PRODUCTS = contextvars.ContextVar("labkit_matmul_precision", default=precision.FLOAT32)
 
 
@@ -109,7 +110,7 @@ def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
     """An input already placed on the student's devices: `placed(x, ("data", None))`.
 
     `mesh_shape=(2, -1)` with `axes=("data", "model")` places it on a grid of every device that fits
-    the run: 2 x 4 on eight devices, 1 x 1 on one (see `labkit.harness.fit_mesh_shape`).
+    the run: 2 x 4 on eight devices, 1 x 1 on one (see `labkit.judge.harness.fit_mesh_shape`).
     """
     return Placed(np.asarray(value), tuple(spec), tuple(axes), tuple(mesh_shape) if mesh_shape else None)
 
@@ -243,7 +244,7 @@ def single_process(reason: str):
 def check(*, points: float = 1, **calls: Call):
     """Declare the student calls a test needs; the test receives their values by the same names.
 
-    `points` is what the test is worth in a grade (default 1; see labkit/policy.py for how
+    `points` is what the test is worth in a grade (default 1; see labkit/grading/policy.py for how
     configurations combine).
     """
 
@@ -334,7 +335,7 @@ def expect_close(got: plaindata.Value, want, *, rtol: float = 1e-5, atol: float 
     """Same shape, and every value equal within rtol/atol. Says where the first difference is.
 
     rtol and atol are for float32 products; a run whose products were less precise (bfloat16, TF32)
-    gets the tolerances its precision implies (`labkit.precision.tolerances`).
+    gets the tolerances its precision implies (`labkit.judge.precision.tolerances`).
     """
     want = np.asarray(want)
     rtol, atol = precision.tolerances(rtol, atol, want, _PRODUCTS.get())

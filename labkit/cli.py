@@ -8,11 +8,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from labkit import authoring, catalog, configs, execute, sandbox
+from labkit.course import authoring, catalog, configs
+from labkit.run import execute, sandbox
 
 
 def _lab(args) -> int:
-    from labkit.student import run_lab
+    from labkit.student.loop import run_lab
 
     try:
         ok = run_lab(args.lab, notebook=args.notebook, config_names=args.configs, timeout=args.timeout,
@@ -54,7 +55,7 @@ def _isolation(args) -> int:
 
 
 def _doctor(args) -> int:
-    from labkit import doctor
+    from labkit.machine import doctor
 
     return doctor.main(["--for", args.purposes])
 
@@ -83,7 +84,7 @@ def _student_notebooks(args) -> int:
 
 
 def _grade(args) -> int:
-    from labkit import grade, scoreboard
+    from labkit.grading import grade, scoreboard
 
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
@@ -108,13 +109,13 @@ def _grade(args) -> int:
 
 
 def _grading_inputs(args) -> dict:
-    """The class list and the grading policy of `grade` (see labkit/roster.py and labkit/policy.py)."""
+    """The class list and the grading policy of `grade` (see labkit/grading/roster.py and labkit/grading/policy.py)."""
     return {"roster": args.roster, "policy": args.policy, "overrides": args.overrides, "extensions": args.extensions}
 
 
 def _export(args) -> int:
     """`scoreboard export`: an LMS gradebook file from a graded --out folder, with no regrade."""
-    from labkit import lms, scoreboard
+    from labkit.grading import lms, scoreboard
 
     try:
         results = scoreboard.read(args.folder)
@@ -122,7 +123,7 @@ def _export(args) -> int:
     except (scoreboard.MergeError, lms.LmsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from labkit.files import write_atomic
+    from labkit.grading.files import write_atomic
 
     write_atomic(args.export_out, text)
     print(f"wrote {args.export_out} ({args.format}: {len(results.get('students', {}))} students)")
@@ -130,8 +131,8 @@ def _export(args) -> int:
 
 
 def _scoreboard(args) -> int:
-    from labkit import grade, scoreboard
-    from labkit.student import BUILD
+    from labkit.grading import grade, scoreboard
+    from labkit.student.loop import BUILD
 
     if args.action == "export":
         return _export(args)
@@ -159,8 +160,8 @@ def _scoreboard(args) -> int:
 
 def _release(args) -> int:
     """Build the student release: a folder and a .tar.gz with no reference solution and no hidden test."""
-    from labkit import release
-    from labkit.student import BUILD
+    from labkit.course import release
+    from labkit.student.loop import BUILD
 
     out = args.out or BUILD / "student-release"
     try:
@@ -174,7 +175,7 @@ def _release(args) -> int:
 
 def _gradescope(args) -> int:
     """Build the Gradescope autograder zip of one lab."""
-    from labkit import gradescope
+    from labkit.grading import gradescope
 
     try:
         path = gradescope.build(args.lab, args.out, isolation=args.isolation or "")
@@ -186,7 +187,7 @@ def _gradescope(args) -> int:
 
 
 def _gradescope_run(args) -> int:
-    from labkit import gradescope
+    from labkit.grading import gradescope
 
     return gradescope.main_run(args)
 
@@ -209,7 +210,7 @@ def _add_gradescope(sub) -> None:
 
 def _slurm_grade(args) -> int:
     """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
-    from labkit import slurm
+    from labkit.grading import slurm
 
     request = slurm.Request(args.submissions.absolute(), args.out.absolute(), args.shards, labs=args.labs,
                             configs=args.configs, jobs=args.jobs, timeout=args.timeout, partition=args.partition,
@@ -233,7 +234,7 @@ def _slurm_grade(args) -> int:
 
 
 def _slurm_merge(args) -> int:
-    from labkit import scoreboard, slurm
+    from labkit.grading import scoreboard, slurm
 
     try:
         _, failed = slurm.merge(args.out, args.shards)
@@ -246,7 +247,7 @@ def _slurm_merge(args) -> int:
 
 
 def _progress(args) -> int:
-    from labkit import progress
+    from labkit.grading import progress
 
     if args.watch:
         progress.watch(args.out, args.every, sys.stdout)
@@ -342,7 +343,7 @@ def parser() -> argparse.ArgumentParser:
     sandbox.add_arguments(grd)
     sandbox.add_isolation_argument(grd, sandbox.SANDBOX)
     grd.set_defaults(func=_grade)
-    from labkit import pods
+    from labkit.grading import pods
 
     pods.add_parser(sub)
 

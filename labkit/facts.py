@@ -28,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import io
 
-from labkit import hlo
-from labkit.hlo import COLLECTIVES, collectives_in, parse_groups  # noqa: F401 - read by the tests and checks
+from labkit.judge import hlo
+from labkit.judge.hlo import COLLECTIVES, collectives_in, parse_groups  # noqa: F401 - read by the tests and checks
 
 
 def _first_line(text) -> str:
@@ -393,7 +393,7 @@ PROGRAM_MAX_BYTES = 4 << 20  # a serialized program larger than this is not sent
 def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
     """The call's program, serialized with `jax.export` (traced as `gather` traces it), or `{"unavailable": why}`.
 
-    The kit runs it itself, in a process where no student code ran (`labkit.verify`): the value graded
+    The kit runs it itself, in a process where no student code ran (`labkit.judge.verify`): the value graded
     and the program examined are then one and the same. Its inputs are the call's arrays, in the order
     of `jax.tree_util.tree_leaves((args, kwargs))`; anything else the call was given is a constant of it.
     The arrays may be jax.ShapeDtypeStructs: the function is then traced without ever seeing a value.

@@ -8,7 +8,7 @@ back here, in one table: the student sees without leaving Jupyter what one devic
 It is a convenience, not a verdict: `make lab-N` (and grading) judge in another process, in a
 sandbox. Inside those runs the check cells only say so, to keep runs fast.
 
-Each replay goes through the kit's sandbox (`labkit.sandbox.launch`), as a `make lab-N` run does:
+Each replay goes through the kit's sandbox (`labkit.run.sandbox.launch`), as a `make lab-N` run does:
 a scratch folder of its own (its only writable folder, removed afterwards), no network, the run's
 default limits (memory, processes, output). What it reads besides the kit's Python environment is
 the notebook's own folder (the kernel's working folder), read-only, and the replay starts there, so
@@ -34,7 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from labkit import catalog, sandbox
+from labkit.course import catalog
+from labkit.run import sandbox
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = "LABKIT_RUN"
@@ -103,7 +104,7 @@ shell = InteractiveShell.instance()
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     for source in spec["cells"]:
         shell.run_cell(source, silent=True)
-from labkit import harness
+from labkit.judge import harness
 results = {c["id"]: harness.call_one(shell.user_ns, c) for c in spec["calls"]}
 json.dump({"environment": harness.environment(), "results": results}, open(sys.argv[2], "w"))
 """
@@ -137,7 +138,7 @@ def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout
     `folder` is the notebook's folder (default: this process's working folder; see `replay_folder`).
     The answer's `isolation` says whether the replay ran in a sandbox ("bubblewrap") or not ("limits-only").
     """
-    from labkit import configs
+    from labkit.course import configs
 
     config = configs.CONFIGS[config_name]
     env = config.environment() | {"LABKIT_CHECK_REPLAY": config.name}
@@ -168,8 +169,8 @@ def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout
 
 def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tuple[str, str, str]]:
     from labkit.checks import LabRun
-    from labkit.execute import RunRecord
-    from labkit.judge import classify
+    from labkit.judge.judge import classify
+    from labkit.run.execute import RunRecord
 
     record = RunRecord(label, "ok", environment=env, results=results)
     run = LabRun(label, config, record)
@@ -193,8 +194,8 @@ class Checker:
         if os.environ.get(RUN_MARKER) or os.environ.get("LABKIT_CHECK_REPLAY"):
             print(f"(`make {self.lab.name}` checks {exercise} on every device configuration)")
             return None
-        from labkit import harness
-        from labkit.configs import DeviceConfig
+        from labkit.course.configs import DeviceConfig
+        from labkit.judge import harness
 
         namespace = namespace if namespace is not None else sys._getframe(1).f_globals
         tests = _tests_of(self.lab, exercise)
@@ -213,7 +214,7 @@ class Checker:
             config = DeviceConfig("this kernel", "", env.get("backend", "cpu"), devices=devices)
             columns["this kernel"] = _judge(tests, "this kernel", config, env, results)
         else:
-            from labkit import configs as known
+            from labkit.course import configs as known
 
             cells = replay_sources(list(namespace.get("In") or namespace.get("_ih") or []))
             limits = replay_limits()

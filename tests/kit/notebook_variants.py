@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import catalog
+from labkit.course import catalog
 
 
 def with_cell(source: str, path: Path) -> Path:

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from labkit import accelerators, execute, sandbox
+from labkit.machine import accelerators
+from labkit.run import execute, sandbox
 
 SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
 

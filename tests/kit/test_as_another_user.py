@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import sandbox
+from labkit.run import sandbox
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 
@@ -128,7 +128,7 @@ def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
     import csv
     import json
 
-    from labkit import grade
+    from labkit.grading import grade
 
     names = [f"student{i}" for i in range(20)]
     students = [n for n in names if grade.shard_of(n, 2) == 1][:2] + [n for n in names if grade.shard_of(n, 2) == 2][:1]

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from labkit import authoring, catalog
+from labkit.course import authoring, catalog
 
 SOLVED = """def f(x):
     ### BEGIN SOLUTION

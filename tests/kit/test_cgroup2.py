@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import cgroup2, sandbox
+from labkit.run import cgroup2, sandbox
 
 
 def kit_group(root: Path, controllers: str = "cpu pids memory", members: list[int] | None = None) -> Path:

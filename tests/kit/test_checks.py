@@ -5,7 +5,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from labkit import plaindata
 from labkit.checks import (
     FactUnavailable,
     Mismatch,
@@ -28,6 +27,7 @@ from labkit.checks import (
     expect_work_split,
     sent_per_device,
 )
+from labkit.judge import plaindata
 
 
 def value(x):
@@ -142,9 +142,9 @@ def test_a_mistake_that_gives_the_right_answer_is_never_named():
 
 
 def test_the_summary_counts_skipped_tests_out_and_still_passes():
-    from labkit.execute import RunRecord
-    from labkit.judge import Outcome
-    from labkit.report import summary
+    from labkit.judge.judge import Outcome
+    from labkit.run.execute import RunRecord
+    from labkit.student.report import summary
 
     outcomes = [Outcome("test_a", "f", "cpu-2x4", "cpu-2x4", "passed"),
                 Outcome("test_b", "f", "cpu-2x4", "cpu-2x4", "skipped", "one process only")]
@@ -270,7 +270,7 @@ def test_a_compiled_call_shares_its_id_with_the_plain_call_and_asks_for_facts():
 
 
 def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_examined(tmp_path):
-    from labkit import judge
+    from labkit.judge import judge
 
     (tmp_path / "test_two.py").write_text(
         "from labkit.checks import call, check, compiled_call\n\n"
@@ -283,7 +283,7 @@ def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_exami
 
 
 def test_a_placed_grid_fits_the_devices_of_the_run():
-    from labkit.harness import fit_mesh_shape
+    from labkit.judge.harness import fit_mesh_shape
 
     assert fit_mesh_shape(None, 8) == (8,)
     assert fit_mesh_shape((2, -1), 8) == (2, 4)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from test_scoreboard import one_device_bug, passing, render, row
 
-from labkit import catalog, grade, scoreboard, similarity
+from labkit.course import catalog
+from labkit.grading import grade, scoreboard, similarity
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("LABKIT_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from labkit import catalog
+from labkit.course import catalog
 
 RUN_TWICE = r"""
 import io, json, logging, sys

@@ -1,4 +1,4 @@
-from labkit import configs
+from labkit.course import configs
 
 
 def test_cpu_configs_set_the_device_count_before_jax_starts():
@@ -98,7 +98,7 @@ def test_gpu_is_unavailable_here_with_a_reason():
 
 
 def test_gpu_without_jax_cuda_plugin_says_how_to_install_it(monkeypatch):
-    from labkit import accelerators
+    from labkit.machine import accelerators
 
     monkeypatch.setattr(accelerators, "nvidia_gpus", lambda: ["/dev/nvidia0"])
     monkeypatch.setattr(accelerators, "cuda_plugin", lambda: None)
@@ -107,7 +107,7 @@ def test_gpu_without_jax_cuda_plugin_says_how_to_install_it(monkeypatch):
 
 
 def test_gpu_with_a_device_and_the_plugin_is_available(monkeypatch):
-    from labkit import accelerators
+    from labkit.machine import accelerators
 
     monkeypatch.setattr(accelerators, "nvidia_gpus", lambda: ["/dev/nvidia0"])
     monkeypatch.setattr(accelerators, "cuda_plugin", lambda: "jax_cuda12_plugin")

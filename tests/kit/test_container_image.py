@@ -279,7 +279,7 @@ def test_the_image_holds_no_reference_solution_and_no_hidden_test(engine, image)
     listing = docker(engine, "run", "--rm", image, "sh", "-c",
                      f"cd {KIT} && find . -path ./.venv -prune -o -type f -print0 | xargs -0 sha256sum").stdout
     inside = {line.split()[0]: line.split(maxsplit=1)[1] for line in listing.splitlines()}
-    assert "./labs/lab-3.ipynb" in inside.values() and "./labkit/sandbox.py" in inside.values()
+    assert "./labs/lab-3.ipynb" in inside.values() and "./labkit/run/sandbox.py" in inside.values()
     assert not [p for p in inside.values() if p.startswith(("./reference/", "./tests/hidden/", "./tests/kit/"))]
     secrets = [p for p in [*(ROOT / "reference").glob("*.ipynb"), *(ROOT / "tests" / "hidden").rglob("*.py")]
                if p.stat().st_size]

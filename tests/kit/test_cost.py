@@ -155,7 +155,7 @@ ALL_REDUCE_THEN_SLICE = ('total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
 
 
 def test_the_reference_costs_what_its_recorded_card_says(kit, lab_report):
-    from labkit import catalog
+    from labkit.course import catalog
 
     done = kit("lab", "5", "--notebook", str(catalog.lab(5).reference), "--configs", "cpu-1,cpu-8")
     assert done.returncode == 0, done.stdout[-3000:]
@@ -169,7 +169,7 @@ def test_the_reference_costs_what_its_recorded_card_says(kit, lab_report):
 
 
 def test_an_all_reduce_then_a_slice_passes_and_the_card_names_twice_the_bytes_sent(kit, variant):
-    from labkit import catalog
+    from labkit.course import catalog
 
     assert SCATTER in catalog.lab(5).reference.read_text().replace('\\"', '"'), "the reference changed"
     done = kit("lab", "5", "--notebook", str(variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE))), "--configs", "cpu-1,cpu-8")

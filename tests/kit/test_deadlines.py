@@ -19,7 +19,8 @@ from datetime import datetime
 import pytest
 from test_policy import bob_rows, results, row, t
 
-from labkit import catalog, deadlines, grade, policy, roster, scoreboard
+from labkit.course import catalog
+from labkit.grading import deadlines, grade, policy, roster, scoreboard
 
 DUE = "2026-03-01T23:59:00-08:00"
 LATE = {"per_day": 0.1, "cap": 0.3, "grace_minutes": 15}

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from notebook_variants import with_cell
 
-from labkit import catalog, cli, execute, sandbox
-from labkit.configs import CONFIGS
-from labkit.judge import RunSpec, judge
+from labkit import cli
+from labkit.course import catalog
+from labkit.course.configs import CONFIGS
+from labkit.judge.judge import RunSpec, judge
+from labkit.run import execute, sandbox
 
 LAB = catalog.Lab(3)
 DISK = 64 * sandbox.MiB

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from notebook_variants import with_cell
 
-from labkit import catalog, execute, judge, sandbox
-from labkit.configs import CONFIGS
+from labkit.course import catalog
+from labkit.course.configs import CONFIGS
+from labkit.judge import judge
+from labkit.run import execute, sandbox
 
 LAB = catalog.Lab(3)
 SMALL = sandbox.Limits(output=2 * sandbox.MiB)

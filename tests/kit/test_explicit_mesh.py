@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from labkit import catalog
+from labkit.course import catalog
 
 ONE_AXIS = re.compile(r'Mesh\(np\.array\(jax\.devices\(\)\), \(("\w+"),\)\)')
 GRID = 'Mesh(np.array(jax.devices()).reshape(grid_shape(jax.device_count())), ("rows", "cols"))'

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from labkit import facts, plaindata
+from labkit import facts
+from labkit.judge import plaindata
 
 SCRIPT = textwrap.dedent('''
     import json, sys
@@ -93,7 +94,7 @@ SCRIPT = textwrap.dedent('''
     explicit_mesh = jax.make_mesh((8,), ("data",))
     with jax.set_mesh(explicit_mesh):
         doubled = jax.jit(lambda a: 2 * a)(jax.device_put(jnp.arange(16.0).reshape(8, 2), P("data", None)))
-    from labkit import plaindata
+    from labkit.judge import plaindata
     out["explicit_value"] = plaindata.encode(doubled)
     out["set_mesh_is_back"] = jax.set_mesh.__module__.startswith("jax")
     out["device_put_is_back"] = jax.device_put.__module__.startswith("jax")

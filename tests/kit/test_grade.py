@@ -22,7 +22,10 @@ import nbformat
 import pytest
 from notebook_variants import with_code
 
-from labkit import catalog, configs, execute, grade, judge, sandbox
+from labkit.course import catalog, configs
+from labkit.grading import grade
+from labkit.judge import judge
+from labkit.run import execute, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "reference" / "lab-3.ipynb"
@@ -233,7 +236,7 @@ def test_stray_cells_that_raise_before_and_after_the_exercise_do_not_stop_its_gr
 
 
 def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
-    from labkit import catalog, configs
+    from labkit.course import catalog, configs
 
     nb = reference_nb()
     nb["cells"].insert(1, code_cell("import time\nwhile True:\n    time.sleep(1)"))
@@ -490,7 +493,7 @@ def test_a_run_that_timed_out_or_failed_to_start_maps_to_its_row_status():
 
 
 def test_the_key_changes_with_the_submission_the_configuration_and_the_timeout(tmp_path):
-    from labkit import catalog, configs
+    from labkit.course import catalog, configs
 
     a, b = tmp_path / "a.ipynb", tmp_path / "b.ipynb"
     a.write_text("one")
@@ -516,7 +519,7 @@ def test_a_terminal_gets_a_progress_bar_with_an_eta(tmp_path):
 
 
 def test_the_calls_grading_makes_are_the_ones_the_labs_tests_declare():
-    from labkit import catalog
+    from labkit.course import catalog
 
     calls = judge.collect_calls(catalog.lab(3).test_dirs(hidden=True))
     assert calls and all(c["function"] == "shard_map_double" for c in calls)

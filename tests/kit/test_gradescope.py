@@ -20,7 +20,7 @@ import doc_commands
 import jsonschema
 import pytest
 
-from labkit import gradescope, policy
+from labkit.grading import gradescope, policy
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"
@@ -84,7 +84,7 @@ def test_results_follow_the_schema_and_the_schema_can_refuse(results):
 
 
 def test_a_submission_is_found_by_its_name_or_as_the_only_notebook(tmp_path):
-    from labkit import catalog
+    from labkit.course import catalog
 
     lab = catalog.lab(3)
     (tmp_path / "a").mkdir()
@@ -111,7 +111,7 @@ def test_the_zip_has_setup_run_autograder_the_kit_and_the_hidden_tests_but_no_so
     with zipfile.ZipFile(built) as z:
         names = z.namelist()
         modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
-    assert {"setup.sh", "run_autograder", "pyproject.toml", "uv.lock", "labkit/grade.py", "tests/policy.toml",
+    assert {"setup.sh", "run_autograder", "pyproject.toml", "uv.lock", "labkit/grading/grade.py", "tests/policy.toml",
             "labs/lab-3.ipynb"} <= set(names)
     assert any(n.startswith("tests/hidden/lab_3/") for n in names)
     assert any(n.startswith("tests/public/lab_3/") for n in names)
@@ -378,7 +378,7 @@ def test_an_autograder_built_limits_only_grades_there_and_every_result_says_it_w
 
 
 def test_a_run_killed_by_the_memory_limit_is_said_to_have_died_of_memory():
-    from labkit.execute import RunRecord
+    from labkit.run.execute import RunRecord
 
     killed = RunRecord("cpu-8", "error", "the Python kernel died while running the notebook (killed by signal 9: "
                                          "a crash, or out of memory)")

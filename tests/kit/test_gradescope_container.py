@@ -36,7 +36,7 @@ from pathlib import Path
 import doc_commands
 import pytest
 
-from labkit import gradescope
+from labkit.grading import gradescope
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import bwrap, refusals
+from labkit.run import bwrap, refusals
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 

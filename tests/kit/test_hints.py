@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from labkit import catalog
+from labkit.course import catalog
 
 HINT = re.compile(r"<summary>(?P<title>Hint (?P<tier>\d)[^<]*)</summary>(?P<body>.*?)</details>", re.S)
 SPAN = re.compile(r"`([^`]+)`")

@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import cli, configs, execute, slurm
-from labkit.sandbox import DEFAULT_LIMITS, GiB
+from labkit import cli
+from labkit.course import configs
+from labkit.grading import slurm
+from labkit.run import execute
+from labkit.run.sandbox import DEFAULT_LIMITS, GiB
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_infra_k8s import (  # the shard manifest's helpers
@@ -162,7 +165,7 @@ def parse_size(text: str) -> int:
 
 def test_a_unit_pod_is_sized_and_timed_as_one_notebook_run(unit):
     limits = unit["containers"][0]["resources"]["limits"]
-    assert limits["cpu"] == "1", "a CPU per notebook, as labkit/slurm.py gives one"
+    assert limits["cpu"] == "1", "a CPU per notebook, as labkit/grading/slurm.py gives one"
     assert parse_size(limits["memory"]) == DEFAULT_LIMITS.memory + slurm.KIT_MEMORY
     deadline = unit["activeDeadlineSeconds"]
     assert execute.DEFAULT_TIMEOUT < deadline <= 10 * execute.DEFAULT_TIMEOUT, "the run's timeout, plus the pod's start"

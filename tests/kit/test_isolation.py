@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import bwrap, catalog, refusals, sandbox
+from labkit.course import catalog
+from labkit.run import bwrap, refusals, sandbox
 
 ROOT = catalog.ROOT
 BUNDLED = bwrap.bundled()
@@ -307,7 +308,8 @@ def test_grading_limits_only_by_name_grades_and_every_row_says_so(tmp_path):
 
 
 def test_a_unit_graded_with_limits_only_is_graded_again_in_a_sandbox(tmp_path):
-    from labkit import configs, grade
+    from labkit.course import configs
+    from labkit.grading import grade
 
     lab = catalog.lab(3)
     unit = grade.Unit("alice", 3, "cpu-1", lab.student)

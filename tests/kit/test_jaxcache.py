@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import catalog, sandbox
+from labkit.course import catalog
+from labkit.run import sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.isolation()[0] != sandbox.BUBBLEWRAP,
                                 reason="bubblewrap cannot make a sandbox on this machine")

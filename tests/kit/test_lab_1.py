@@ -2,7 +2,7 @@
 
 import json
 
-from labkit import catalog
+from labkit.course import catalog
 
 
 def test_a_copy_on_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(kit, lab_outcomes, variant):

@@ -5,7 +5,7 @@ import json
 
 from notebook_variants import failures_by_config
 
-from labkit import catalog
+from labkit.course import catalog
 
 
 def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):

@@ -4,7 +4,7 @@ jax.device_put from the dataset every process holds passes, as each process stil
 
 import json
 
-from labkit import catalog
+from labkit.course import catalog
 
 REFERENCE_LOAD = ('    start, stop = process_rows(data.shape[0])\n'
                   '    return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), data[start:stop])')

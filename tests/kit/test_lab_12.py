@@ -3,7 +3,7 @@ on eight the hidden tests name each one."""
 
 import json
 
-from labkit import catalog
+from labkit.course import catalog
 
 # (text in the reference, the mistake put in its place)
 MISTAKES = [

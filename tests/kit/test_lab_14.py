@@ -16,7 +16,9 @@ import sys
 import pytest
 from notebook_variants import reference_code, with_code
 
-from labkit import catalog, cost, leaderboard
+from labkit import cost
+from labkit.course import catalog
+from labkit.grading import leaderboard
 
 ROOT = catalog.ROOT
 LAB = catalog.lab(14)

@@ -9,7 +9,7 @@ solution comes to it by accident.)
 
 import json
 
-from labkit import catalog
+from labkit.course import catalog
 
 WHOLE_ON_EVERY_DEVICE = ('in_specs=P("data"), out_specs=P("data"))\n    return double(x)',
                          "in_specs=P(), out_specs=P())\n    return double(x)")

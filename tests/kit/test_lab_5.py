@@ -9,7 +9,7 @@ import sys
 from notebook_variants import failures_by_config
 from test_compile_once import RUN_TWICE
 
-from labkit import catalog
+from labkit.course import catalog
 
 # (text in the reference, the mistake put in its place)
 MISTAKES = [

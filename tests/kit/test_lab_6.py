@@ -4,7 +4,7 @@ break it."""
 
 import json
 
-from labkit import catalog
+from labkit.course import catalog
 
 # shard_map_linear on a mesh of one device; shard_map_mse with a local mean, its check silenced.
 ONE_DEVICE_ONLY = [

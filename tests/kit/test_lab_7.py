@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from labkit import catalog
+from labkit.course import catalog
 
 MISTAKES = [
     # layer_jit: the inputs are never placed on the mesh

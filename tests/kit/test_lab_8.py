@@ -5,7 +5,7 @@ import json
 
 from notebook_variants import failed_on_cpu_8
 
-from labkit import catalog
+from labkit.course import catalog
 
 
 def test_a_gradient_of_replicated_parameters_without_pcast_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):

@@ -7,7 +7,7 @@ import json
 import pytest
 from notebook_variants import failed_on_cpu_8
 
-from labkit import catalog
+from labkit.course import catalog
 
 
 def test_a_bias_inside_the_psum_and_an_unscaled_psum_scatter_pass_on_cpu_1_and_fail_on_cpu_8(kit, lab_outcomes,

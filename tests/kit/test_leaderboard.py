@@ -12,7 +12,10 @@ import shutil
 
 import pytest
 
-from labkit import catalog, configs, cost, grade, gradescope, leaderboard, roster, sandbox, scoreboard
+from labkit import cost
+from labkit.course import catalog, configs
+from labkit.grading import grade, gradescope, leaderboard, roster, scoreboard
+from labkit.run import sandbox
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SPEC = catalog.LEADERBOARDS[9]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import lms, policy, roster, scoreboard
+from labkit.grading import lms, policy, roster, scoreboard
 
 ROOT = Path(__file__).resolve().parents[2]
 NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})

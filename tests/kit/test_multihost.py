@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import configs, execute
 from labkit.checks import AsNumpy, call
+from labkit.course import configs
+from labkit.run import execute
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_BY_FOUR = configs.CONFIGS["cpu-2x4"]
@@ -270,7 +271,7 @@ def test_a_lab_whose_tests_declare_one_process_is_skipped_on_cpu_2x4_with_the_re
 def test_a_process_that_cannot_join_the_others_stops_and_says_why(tmp_path):
     env = TWO_BY_FOUR.environment() | TWO_BY_FOUR.process_env(1, f"127.0.0.1:{execute.free_port()}") | {
         "LABKIT_JOIN_TIMEOUT": "3"}
-    done = subprocess.run([sys.executable, "-c", "import labkit.harness as h; h.join_distributed(); print('joined')"],
+    done = subprocess.run([sys.executable, "-c", "import labkit.judge.harness as h; h.join_distributed(); print('joined')"],
                           cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
     assert done.returncode == 3 and "joined" not in done.stdout
     assert "labkit: process 1 could not join the others: nothing answered at 127.0.0.1:" in done.stderr
@@ -279,7 +280,7 @@ def test_a_process_that_cannot_join_the_others_stops_and_says_why(tmp_path):
 def test_each_worker_of_a_multi_host_tpu_slice_joins_the_others(monkeypatch):
     import jax
 
-    from labkit import harness
+    from labkit.judge import harness
 
     joined = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: joined.append((a, k)))
@@ -298,7 +299,7 @@ def test_each_worker_of_a_multi_host_tpu_slice_joins_the_others(monkeypatch):
 
 
 def test_the_workers_of_a_tpu_slice_share_the_network_inside_the_sandbox():
-    from labkit import harness
+    from labkit.judge import harness
 
     assert harness.tpu_hosts({"JAX_PLATFORMS": "tpu", "LABKIT_TPU_HOSTS": "4"}) == 4
     assert harness.tpu_hosts({"JAX_PLATFORMS": "cpu", "LABKIT_TPU_HOSTS": "4"}) == 1

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from labkit import catalog, checks, notebook, sandbox
+from labkit import checks, notebook
+from labkit.course import catalog
+from labkit.run import sandbox
 
 ROOT = catalog.ROOT
 

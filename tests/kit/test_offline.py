@@ -20,8 +20,8 @@ from pathlib import Path
 import doc_commands
 import pytest
 
-from labkit import envsetup
-from labkit import wheelhouse as wh
+from labkit.machine import envsetup
+from labkit.machine import wheelhouse as wh
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -159,7 +159,7 @@ def test_an_incomplete_wheelhouse_names_every_missing_package(tmp_path, wheelhou
 
 def test_no_wheelhouse_at_all_says_how_to_make_one(tmp_path):
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, "-m", "labkit.wheelhouse", "missing", "--wheelhouse",
+    done = subprocess.run([sys.executable, "-m", "labkit.machine.wheelhouse", "missing", "--wheelhouse",
                            str(tmp_path / "empty"), "--uv", _uv()], cwd=ROOT, check=False, capture_output=True, text=True)
     assert done.returncode == 1
     assert "no wheelhouse" in done.stderr and "make wheelhouse" in done.stderr

@@ -8,7 +8,7 @@ import io
 import pytest
 from test_policy import bob_rows, results
 
-from labkit import lms, overrides, policy, scoreboard
+from labkit.grading import lms, overrides, policy, scoreboard
 
 TESTS = {3: {"test_doubles", "test_split"}, 5: {"test_mlp"}}
 

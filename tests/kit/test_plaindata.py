@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from labkit import plaindata
+from labkit.judge import plaindata
 
 
 def roundtrip(value):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import catalog, configs
+from labkit.course import catalog, configs
 
 POD_SIZES = [f"cpu-{n}" for n in configs.POD_SIZES if n not in (1, 8)]  # 1 and 8: test_student_loop.py
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import sandbox
+from labkit.run import sandbox
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_gvisor  # the Docker engine with the runsc runtime
@@ -66,7 +66,8 @@ def test_read_only_is_taken_from_the_root_mount_as_gvisor_reports_it(tmp_path):
                                        (lambda p: os.symlink("/etc/passwd", p), "a symbolic link")],
                          ids=["pipe", "link"])
 def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why(tmp_path, make, what):
-    from labkit import configs, pods
+    from labkit.course import configs
+    from labkit.grading import pods
 
     out = tmp_path / "out"
     out.mkdir()

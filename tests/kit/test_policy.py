@@ -11,8 +11,9 @@ import io
 
 import pytest
 
-from labkit import checks, policy, scoreboard
+from labkit import checks
 from labkit.checks import call, check
+from labkit.grading import policy, scoreboard
 
 
 def t(name, status, points=1, hidden=False):
@@ -188,7 +189,7 @@ def test_provisional_grades_say_so_in_their_rule():
 
 
 def test_grading_refuses_final_grades_when_a_required_configuration_cannot_run_here():
-    from labkit import configs
+    from labkit.course import configs
 
     unavailable = [c for c in configs.CONFIGS.values() if not c.availability()[0]]
     if not unavailable:

@@ -2,7 +2,7 @@
 
 On CPU a float32 product is exact float32; a TPU rounds its operands to bfloat16 by default and an
 NVIDIA GPU to TF32. The kit's accelerator configurations ask for full float32, and a check's
-tolerance widens to the precision a run reports (`labkit.precision`). The proof that every
+tolerance widens to the precision a run reports (`labkit.judge.precision`). The proof that every
 reference and every test holds when products are done in bfloat16 runs here, on CPU: each lab's
 reference with a first cell (precision/bfloat16_products.py) that makes every XLA dot round its
 float32 operands to bfloat16, as a TPU does by default.
@@ -21,8 +21,9 @@ import nbformat
 import numpy as np
 import pytest
 
-from labkit import catalog, configs, plaindata, precision
 from labkit.checks import LabRun, Mismatch, call, check, expect_close
+from labkit.course import catalog, configs
+from labkit.judge import plaindata, precision
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_CELL = Path(__file__).parent / "precision" / "bfloat16_products.py"

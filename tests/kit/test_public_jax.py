@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 import labkit
-from labkit import envsetup
+from labkit.machine import envsetup
 
 KIT = Path(labkit.__file__).parent
 ROOT = KIT.parent
@@ -57,7 +57,7 @@ def test_no_module_of_the_kit_imports_jax_internals():
 
 def test_every_module_of_the_kit_imports_with_deprecation_warnings_made_errors():
     modules = kit_modules()
-    assert len(modules) > 30 and "labkit.harness" in modules
+    assert len(modules) > 30 and "labkit.judge.harness" in modules
     script = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\nimport jax\nprint(jax.__version__)"
     done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-W", "error::PendingDeprecationWarning",
                            "-c", script, *modules], capture_output=True, text=True, timeout=300, check=False)
@@ -102,7 +102,7 @@ def test_this_environment_has_the_jax_the_lock_gives_its_python():
 # The labs name the JAX they teach.
 
 def test_every_labs_first_cell_prints_the_jax_version_it_runs_on():
-    from labkit import catalog
+    from labkit.course import catalog
 
     for lab in catalog.labs():
         for notebook in (lab.reference, lab.student):
@@ -112,7 +112,7 @@ def test_every_labs_first_cell_prints_the_jax_version_it_runs_on():
 
 
 def test_the_first_lab_names_both_versions_and_the_one_difference_a_student_could_meet():
-    from labkit import catalog
+    from labkit.course import catalog
 
     intro = "".join(json.loads(catalog.lab(1).student.read_text())["cells"][0]["source"])
     newer, older = envsetup.jax_for((3, 13, 0)), envsetup.jax_for((3, 11, 7))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import catalog, release
+from labkit.course import catalog, release
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$", re.MULTILINE)
@@ -78,7 +78,7 @@ def test_no_notebook_in_the_release_has_a_solution_marker(built):
 
 def test_only_the_kit_files_that_document_the_markers_mention_them(built):
     mentions = [f for f in files(built) if MARKER_LINE.search((built / f).read_text(errors="replace"))]
-    assert set(mentions) <= {"labkit/authoring.py", "docs/authoring.md"}, mentions
+    assert set(mentions) <= {"labkit/course/authoring.py", "docs/authoring.md"}, mentions
 
 
 def test_no_reference_solution_appears_in_any_student_notebook(built):

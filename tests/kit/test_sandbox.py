@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from labkit import bwrap, catalog, configs, execute, sandbox, warm
-from labkit.judge import RunSpec, judge
-from labkit.sandbox import Limits, MiB
+from labkit.course import catalog, configs
+from labkit.judge.judge import RunSpec, judge
+from labkit.run import bwrap, execute, sandbox, warm
+from labkit.run.sandbox import Limits, MiB
 
 ADVERSARIAL = Path(__file__).parent / "adversarial"
 LAB = catalog.lab(3)
@@ -680,7 +681,7 @@ def test_a_run_that_fills_its_disk_is_stopped_and_what_it_wrote_is_removed_when_
 def test_a_kernel_reads_nothing_of_the_warm_servers_start_in_its_own_process(battery):
     shown = (battery.workdir("read_own_proc") / "executed.ipynb").read_text()
     assert "/proc/self/cmdline" in shown  # the trick ran and printed
-    for secret in ("labkit.warm", "server.sock", str(battery.out)):
+    for secret in ("labkit.run.warm", "server.sock", str(battery.out)):
         assert secret not in shown.replace(str(battery.out / "read_own_proc"), ""), secret
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import catalog, failrates, grade, scoreboard, spread
+from labkit.course import catalog
+from labkit.grading import failrates, grade, scoreboard, spread
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SCRIPT = "<script>document.body.setAttribute('data-pwned','yes')</script>"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from labkit import scratch
+from labkit.run import scratch
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import doctor, envsetup
+from labkit.machine import doctor, envsetup
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT_FILES = ("Makefile", "pyproject.toml", "uv.lock", "README.md")
@@ -51,7 +51,7 @@ def planned_selection(kit: Path, *args: str, env=None) -> str | None:
     """The selection `make` would install for these goals, or None when it would install nothing."""
     out = make(kit, "-n", *args, env=env).stdout
     for line in out.splitlines():
-        if "labkit.envsetup sync" in line:
+        if "labkit.machine.envsetup sync" in line:
             return line.split(" -- ", 1)[1]
     return None
 
@@ -120,11 +120,11 @@ def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
 def stand_in_python(tmp_path: Path, reported: str, venv_works: bool = True) -> Path:
     """A `python3` that answers the kit's version check as Python `reported` would, and may lack venv."""
     script = tmp_path / f"python{reported}"
-    check = (f"from labkit.envsetup import python_problem; import sys; "
+    check = (f"from labkit.machine.envsetup import python_problem; import sys; "
              f"p = python_problem({tuple(int(x) for x in reported.split('.'))}, '{script}'); "
              f"print(p, file=sys.stderr) if p else None; sys.exit(1 if p else 0)")
     script.write_text(f"""#!/bin/sh
-if [ "$1 $2 $3" = "-m labkit.envsetup check-python" ]; then exec {sys.executable} -c "{check}"; fi
+if [ "$1 $2 $3" = "-m labkit.machine.envsetup check-python" ]; then exec {sys.executable} -c "{check}"; fi
 if [ "$1 $2" = "-m venv" ] && [ {str(not venv_works).lower()} = true ]; then
   echo "The virtual environment was not created successfully because ensurepip is not available." >&2; exit 1
 fi
@@ -278,7 +278,7 @@ def test_a_pyenv_python_that_is_installed_but_not_selected_is_found(tmp_path):
     (version_bin / f"python{NEWER}").symlink_to(real_python(NEWER))
     env = dict(path_with(tmp_path, python3=real_python("3.11")), PYENV_ROOT=str(pyenv))
     env["PATH"] = f"{shim.parent}:{env['PATH']}"
-    done = subprocess.run([real_python("3.11"), "-m", "labkit.envsetup", "pick-python"], cwd=ROOT, env=env,
+    done = subprocess.run([real_python("3.11"), "-m", "labkit.machine.envsetup", "pick-python"], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=False)
     assert Path(done.stdout.strip()) == (version_bin / f"python{NEWER}").resolve(), done.stdout + done.stderr
     assert picked(copy_kit(tmp_path / "kit"), env) == NEWER
@@ -289,7 +289,7 @@ def test_the_other_world_is_the_python_whose_jax_differs(tmp_path):
     env = path_with(tmp_path, python3=real_python("3.11"), **{"python3.11": real_python("3.11"),
                                                               f"python{NEWER}": real_python(NEWER)})
     for mine, other in ((NEWER, "3.11"), ("3.11", NEWER)):
-        done = subprocess.run([real_python("3.11"), "-m", "labkit.envsetup", "pick-python", "--other-than",
+        done = subprocess.run([real_python("3.11"), "-m", "labkit.machine.envsetup", "pick-python", "--other-than",
                                f"python{mine}"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
         assert done.stdout.strip().endswith(f"python{other}"), done.stdout
 
@@ -298,7 +298,7 @@ def test_with_one_python_there_is_no_other_world_and_each_python_gets_its_jax(tm
     only = real_python("3.11") or sys.executable
     env = path_with(tmp_path, python3=only)
     env["PATH"] = f"{tmp_path / 'bin'}"  # nothing else: not even /usr/bin's Pythons
-    done = subprocess.run([only, "-m", "labkit.envsetup", "pick-python", "--other-than", "python3"], cwd=ROOT,
+    done = subprocess.run([only, "-m", "labkit.machine.envsetup", "pick-python", "--other-than", "python3"], cwd=ROOT,
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 1 and done.stdout == "", done.stdout
     assert envsetup.jax_for((3, 11, 7)) == "0.10.2"

@@ -18,7 +18,8 @@ import psutil
 import pytest
 import slurm_cluster
 
-from labkit import configs, grade, progress, slurm
+from labkit.course import configs
+from labkit.grading import grade, progress, slurm
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from labkit import catalog
+from labkit.course import catalog
 
 HEADING = "## Stretch (not graded): "
 DEFINES = re.compile(r"^def (\w+)\(")
@@ -85,9 +85,9 @@ def test_these_stretches_have_public_and_hidden_tests(number):
 
 
 def _summary(stretch_status: str):
-    from labkit import report
-    from labkit.execute import RunRecord
-    from labkit.judge import Outcome
+    from labkit.judge.judge import Outcome
+    from labkit.run.execute import RunRecord
+    from labkit.student import report
 
     outcomes = [Outcome("doubles", "shard_map_double", "cpu-8", "cpu-8", "passed"),
                 Outcome("stretch", "shard_shapes", "cpu-8", "cpu-8", stretch_status, points=0)]
@@ -105,9 +105,9 @@ def test_a_stretch_tried_and_wrong_fails_the_run():
 
 
 def test_a_graded_row_leaves_out_a_stretch_not_tried_and_counts_one_tried():
-    from labkit import grade
-    from labkit.execute import RunRecord
-    from labkit.judge import Outcome
+    from labkit.grading import grade
+    from labkit.judge.judge import Outcome
+    from labkit.run.execute import RunRecord
 
     def row(stretch_status):
         outcomes = [Outcome("doubles", "shard_map_double", "ada", "cpu-8", "passed"),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit import catalog
+from labkit.course import catalog
 
 WORKED_EXAMPLES = {"shard_map_simulate"}
 

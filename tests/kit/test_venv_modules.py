@@ -6,7 +6,7 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-from labkit import venvfiles
+from labkit.machine import venvfiles
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 

@@ -1,4 +1,4 @@
-"""The kit's own run of an exported program (labkit/verify.py): what it runs, what it refuses, and why.
+"""The kit's own run of an exported program (labkit/judge/verify.py): what it runs, what it refuses, and why.
 
 These call the verifier's pieces in this process, on one CPU device; the battery in test_sandbox.py
 runs them through the whole pipeline against a stolen key and a function that knows it is traced.
@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from labkit import checks, facts, plaindata, verify
+from labkit import checks, facts
+from labkit.judge import plaindata, verify
 
 X = np.linspace(-4.0, 4.0, 32, dtype=np.float32)
 

@@ -18,8 +18,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import catalog, configs, execute, judge, sandbox, warm
-from labkit.sandbox import Limits
+from labkit.course import catalog, configs
+from labkit.judge import judge
+from labkit.run import execute, sandbox, warm
+from labkit.run.sandbox import Limits
 
 SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
 pytestmark = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")

@@ -16,7 +16,7 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine
         cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         continue
-    if "labkit.warm" in cmd or ("kernel" in cmd and ".json" in cmd and here not in cmd):
+    if "labkit.run.warm" in cmd or ("kernel" in cmd and ".json" in cmd and here not in cmd):
         found.append(f"process: {cmd[:80]}")
 for top in [os.path.dirname(here), os.path.dirname(os.path.dirname(here)), "/tmp", "/work"]:
     for folder, dirs, files in os.walk(top):

@@ -1,7 +1,7 @@
 # Reads the run's key out of the sealed harness's closure and wraps the harness: once it has written its results, they are replaced by forged ones signed with the stolen key: values doubled, as if right, and no program (as if none could be exported).
 # ruff: noqa
 import json, hmac, hashlib, os
-import labkit.harness as h
+import labkit.judge.harness as h
 sealed = h._SEALED
 cells = [c.cell_contents for c in sealed.__closure__]
 key = next(v for v in cells if isinstance(v, bytes) and len(v) == 64)

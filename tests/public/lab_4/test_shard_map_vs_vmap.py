@@ -2,7 +2,6 @@
 
 import numpy as np
 
-from labkit import plaindata
 from labkit.checks import (
     call,
     check,
@@ -13,6 +12,7 @@ from labkit.checks import (
     expect_split_across,
     placed,
 )
+from labkit.judge import plaindata
 
 X = np.linspace(-2.0, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by 1 to 32 devices
 ONE_DEVICE = ("A mesh over jax.devices()[:1] gives the right numbers with every row computed on device 0: "

@@ -1,0 +1,181 @@
+"""Device configurations, as data, in one place.
+
+Every other part of the kit asks this module what a configuration is called, which
+environment a notebook run gets for it, and whether it can run on this machine.
+A configuration is applied to a fresh process before JAX starts its backend, so
+configurations never leak into each other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from labkit.machine import accelerators
+
+# Variables that decide which devices JAX sees. A run never inherits them from the
+# caller: the configuration alone sets them. (TPU_* variables are facts of a TPU host that
+# libtpu reads; they pass through.)
+_DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS",
+                     "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", "LABKIT_COORDINATOR", "LABKIT_NUM_PROCESSES",
+                     "LABKIT_PROCESS_ID", "LABKIT_LOCAL_DEVICE_IDS", "LABKIT_CPU_COLLECTIVES",
+                     "JAX_DEFAULT_MATMUL_PRECISION", "XLA_PYTHON_CLIENT_")
+
+# The precision of float32 matrix products on an accelerator configuration. TPUs multiply float32 in
+# one bfloat16 pass by default, recent NVIDIA GPUs in TF32: errors near 1e-3, which would fail checks
+# written against float64 numpy. "highest" makes both compute in full float32; a lab that teaches
+# lower precision asks for it with `jax.default_matmul_precision`, and the checks' tolerances
+# follow the precision a run reports (`harness.environment`, `checks.expect_close`).
+ACCELERATOR_MATMUL_PRECISION = "highest"
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    name: str
+    summary: str
+    platform: str  # the jax backend the run must report: "cpu", "gpu" or "tpu"
+    env: dict[str, str] = field(default_factory=dict)
+    devices: int | None = None  # how many devices the run must see; None: whatever the host has
+    processes: int = 1
+    # For processes > 1: the environment of each process, joined with jax.distributed (see process_env).
+    distributed: dict[str, str] = field(default_factory=dict)
+    # Only when named (CONFIGS=, --configs): never in `make lab-N`'s default nor in grading's "every one available".
+    on_request: bool = False
+
+    def availability(self) -> tuple[bool, str]:
+        """(True, "") when this configuration can run here, else (False, reason)."""
+        if self.platform == "tpu":
+            return tpu_available()
+        if self.platform == "gpu":
+            return accelerators.gpu_available()
+        return True, ""
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of a run: the caller's, less its device variables, plus this configuration's."""
+        base = dict(os.environ if base is None else base)
+        env = {k: v for k, v in base.items() if not k.startswith(_DEVICE_VARIABLES)}
+        env.update(self.env)
+        return env
+
+    def process_env(self, process_id: int, coordinator: str) -> dict[str, str]:
+        """What process `process_id` of a multi-process run adds to `environment()`: how to join the others.
+
+        The kit's first cell (`harness.join_distributed`) reads these before the student's cells run.
+        """
+        if self.processes <= 1:
+            return {}
+        return {**self.distributed, "LABKIT_COORDINATOR": coordinator,
+                "LABKIT_NUM_PROCESSES": str(self.processes), "LABKIT_PROCESS_ID": str(process_id)}
+
+
+def tpu_available() -> tuple[bool, str]:
+    return accelerators.tpu_available()
+
+
+# Device counts of the pod sizes a lab must be right on: every lab's inputs divide by each of them.
+POD_SIZES = (1, 2, 4, 8, 16, 32)
+_NUMBERS = {1: "one", 2: "two", 4: "four", 8: "eight", 16: "sixteen", 32: "thirty-two"}
+
+
+def cpu(devices: int, *, on_request: bool = True) -> DeviceConfig:
+    """`cpu-N`: N simulated CPU devices in one process."""
+    if devices < 1:
+        raise UnknownConfig(f"cpu-{devices}: a configuration needs at least one device")
+    count = _NUMBERS.get(devices, str(devices))
+    summary = "one CPU device" if devices == 1 else f"{count} simulated CPU devices in one process"
+    return DeviceConfig(name=f"cpu-{devices}", summary=summary, platform="cpu",
+                        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices)},
+                        devices=devices, on_request=on_request)
+
+
+def cpu_processes(processes: int, devices: int, *, on_request: bool = True) -> DeviceConfig:
+    """`cpu-PxD`: P JAX processes of D CPU devices each, joined over localhost (gloo collectives)."""
+    if processes < 2 or devices < 1:
+        raise UnknownConfig(f"cpu-{processes}x{devices}: a multi-process configuration needs at least two "
+                            f"processes of at least one device")
+    return DeviceConfig(
+        name=f"cpu-{processes}x{devices}",
+        summary=f"{_NUMBERS.get(processes, processes)} JAX processes of {_NUMBERS.get(devices, devices)} CPU "
+                f"device{'s' if devices > 1 else ''} each, joined over localhost",
+        platform="cpu",
+        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices)},
+        devices=processes * devices,
+        processes=processes,
+        distributed={"LABKIT_CPU_COLLECTIVES": "gloo",
+                     "LABKIT_LOCAL_DEVICE_IDS": ",".join(str(i) for i in range(devices))},
+        on_request=on_request,
+    )
+
+
+CONFIGS: dict[str, DeviceConfig] = {
+    c.name: c
+    for c in (
+        cpu(1, on_request=False),
+        cpu(8, on_request=False),
+        cpu_processes(2, 4, on_request=False),
+        DeviceConfig(
+            name="tpu",
+            summary="the TPU devices of this VM",
+            platform="tpu",
+            env={"JAX_PLATFORMS": "tpu", "JAX_DEFAULT_MATMUL_PRECISION": ACCELERATOR_MATMUL_PRECISION},
+        ),
+        DeviceConfig(
+            name="gpu",
+            summary="every NVIDIA GPU of this machine, through JAX's CUDA backend",
+            platform="gpu",
+            # Allocate GPU memory as needed (not 75% of it at start): several runs may share one GPU.
+            env={"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                 "JAX_DEFAULT_MATMUL_PRECISION": ACCELERATOR_MATMUL_PRECISION},
+            on_request=True,
+        ),
+        # Pod sizes: every lab's reference must pass on each (see tests/kit/test_pod_sizes.py).
+        *(cpu(n) for n in POD_SIZES if n not in (1, 8)),
+        cpu_processes(4, 2),
+    )
+}
+
+# What `make lab-N` runs when no configuration is named: one and eight CPU devices, and the TPU when there is one.
+DEFAULT = ("cpu-1", "cpu-8", "tpu")
+
+class UnknownConfig(ValueError):
+    pass
+
+
+def parse(names: str | list[str] | None) -> list[DeviceConfig]:
+    """Configurations from a comma-separated list of names (or the defaults), in the order given."""
+    if names is None or names == "" or names == []:
+        wanted = list(DEFAULT)
+    elif isinstance(names, str):
+        wanted = [n.strip() for n in names.split(",") if n.strip()]
+    else:
+        wanted = list(names)
+    found, unknown = {}, []
+    for n in dict.fromkeys(wanted):
+        config = by_name(n)
+        if config is None:
+            unknown.append(n)
+        else:
+            found[n] = config
+    if unknown:
+        raise UnknownConfig(
+            f"unknown device configuration {', '.join(map(repr, unknown))}; "
+            f"the configurations are: {', '.join(CONFIGS)} (and cpu-N, cpu-PxD for other counts)"
+        )
+    return list(found.values())
+
+
+def by_name(name: str) -> DeviceConfig | None:
+    """The configuration called `name`: one of CONFIGS, or any `cpu-N` / `cpu-PxD` with N, D >= 1 and P >= 2."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    if m := re.fullmatch(r"cpu-([1-9][0-9]{0,2})", name):
+        return cpu(int(m.group(1)))
+    if (m := re.fullmatch(r"cpu-([1-9][0-9]?)x([1-9][0-9]{0,2})", name)) and int(m.group(1)) >= 2:
+        return cpu_processes(int(m.group(1)), int(m.group(2)))
+    return None
+
+
+def graded_by_default() -> list[DeviceConfig]:
+    """What grading runs when no configuration is named: every one available here that is not on request."""
+    return [c for c in CONFIGS.values() if not c.on_request and c.availability()[0]]

@@ -1,0 +1,402 @@
+"""Grades in and out of a learning management system: gradebook exports, and submissions imported.
+
+Export (from graded results, no regrade): `export(results, "canvas" | "wide", missing="blank" | "excused")`.
+
+- canvas: Canvas's gradebook CSV: Student, ID, SIS User ID, SIS Login ID, Section, one column per
+  lab, and a "Points Possible" row. ID is the roster's `lms_id` (Canvas's user id), SIS User ID the
+  student id, SIS Login ID the email. A lab with `canvas_id` in the policy is headed `Title (id)`,
+  which Canvas matches to that assignment; without one, Canvas makes a new assignment. Each lab's
+  points and points possible are multiplied by the policy's weight (the sum of the columns is the
+  total of grades.csv); work not handed in is blank (Canvas keeps what it has) or `EX` (excused),
+  never a 0 that would overwrite a grade entered in Canvas.
+- wide: one row per student: the roster's columns, each lab's points, possible points and status,
+  the total, and the rule that produced it.
+
+Import (`collect(source, roster, into)`): a Canvas bulk download or a Gradescope export, as a zip
+or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
+
+- Canvas names each file `<name>[_LATE]_<user id>_<submission id>_<file name>`, and adds `-1`,
+  `-2`... to a resubmitted file's name; the user id is matched to the roster's `lms_id`, the lab
+  number is read from the file name, and the latest resubmission is taken.
+- Gradescope's export has `submission_metadata.yml` (or the same as `submission_metadata.json`)
+  and a `submission_<id>/` folder per submission; submitters are matched to the roster by `sid`
+  (student id or lms_id) or email, and `:created_at:` is kept as the submission time.
+
+Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/grading/deadlines.py):
+`gradescope` (a time) or `canvas` (no time: Canvas's `_LATE` flag, in `late`).
+
+A file that cannot be matched is listed with the reason, never graded on a guess. A zip with a
+path that leaves its folder (`../`, an absolute path, a link) or one that would unpack to far more
+than it holds (a zip bomb) is refused whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import stat
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from labkit.grading import policy
+from labkit.grading.files import write_atomic
+from labkit.grading.roster import Roster
+from labkit.grading.scoreboard import _cell
+
+MAX_FILE = 200_000_000  # one notebook: the most grading reads (grade.MAX_BYTES)
+MAX_TOTAL = 2_000_000_000  # a whole download
+MAX_RATIO = 200  # uncompressed / compressed, for members over RATIO_FLOOR
+RATIO_FLOOR = 1_000_000
+MAX_MEMBERS = 50_000
+
+CANVAS_NAME = re.compile(r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<user>[0-9]+)_(?P<submission>[0-9]+)_(?P<file>.+)$")
+LAB_IN_NAME = re.compile(r"lab[\s_.-]*0*(?P<lab>[1-9][0-9]*)(?:-(?P<resub>[0-9]+))?(?: ?\((?P<copy>[0-9]+)\))?"
+                         r"\.ipynb$", re.IGNORECASE)
+GRADESCOPE_METADATA = ("submission_metadata.yml", "submission_metadata.json")
+
+
+class LmsError(ValueError):
+    """An LMS file that cannot be used at all: the message names it."""
+
+
+# ----------------------------------------------------------------------------------------
+# Export.
+# ----------------------------------------------------------------------------------------
+
+def _roster_of(results: dict, student: str) -> dict:
+    return results.get("students", {}).get(student, {})
+
+
+MISSING = {"blank": "", "excused": "EX"}  # what the Canvas export writes for work not handed in
+
+
+def to_canvas(results: dict, missing: str = "blank") -> str:
+    """Canvas's gradebook CSV: each lab's points times its weight, so Canvas's sum is the kit's total.
+
+    Work not handed in is left blank (Canvas keeps what it has) or `EX` (excused), never 0; a lab a
+    TA overrode is exported with the override's points.
+    """
+    if missing not in MISSING:
+        raise LmsError(f"unknown choice for missing work {missing!r} ({', '.join(MISSING)})")
+    grades = policy.grades(results)
+    labs = results.get("labs", [])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    pol = policy.Policy.from_json(results.get("policy"))
+    ids = pol.canvas
+    w.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+               + [_lab_column(lab) + (f" ({ids[lab['number']]})" if lab["number"] in ids else "") for lab in labs])
+    possible = [next((_weighted(g["labs"][str(lab["number"])], "max_points") for g in grades["students"].values()),
+                     lab.get("max_points", "")) for lab in labs]
+    w.writerow(["    Points Possible", "", "", "", ""] + possible)
+    for student, mine in grades["students"].items():
+        info = _roster_of(results, student)
+        cells = []
+        for lab in labs:
+            p = mine["labs"][str(lab["number"])]
+            cells.append(MISSING[missing] if p["status"] == "missing" and "overridden" not in p
+                         else _weighted(p, "points"))
+        w.writerow([_cell(info.get("name") or student), _cell(info.get("lms_id", "")), _cell(student),
+                    _cell(info.get("email", "")), _cell(info.get("section", ""))] + cells)
+    return buf.getvalue()
+
+
+def _weighted(lab: dict, key: str) -> float | int:
+    """A lab's points (or points possible) times its weight: what the lab adds to the kit's total."""
+    value = lab[key] * lab.get("weight", 1)
+    return int(value) if float(value).is_integer() else round(float(value), 4)
+
+
+def _lab_column(lab: dict) -> str:
+    title = lab.get("title") or lab["name"]
+    return title if title.lower().replace(" ", "-").startswith(lab["name"]) else f"{lab['name']}: {title}"
+
+
+def to_wide(results: dict) -> str:
+    grades = policy.grades(results)
+    labs = results.get("labs", [])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    header = ["student", "name", "email", "lms_id", "section"]
+    for lab in labs:
+        header += [lab["name"], f"{lab['name']} max", f"{lab['name']} status"]
+    w.writerow(header + ["total", "total max", "rule"])
+    for student, mine in grades["students"].items():
+        info = _roster_of(results, student)
+        line = [_cell(student)] + [_cell(info.get(c, "")) for c in ("name", "email", "lms_id", "section")]
+        for lab in labs:
+            p = mine["labs"][str(lab["number"])]
+            line += [p["points"], p["max_points"], p["status"]]
+        w.writerow(line + [mine["points"], mine["max_points"], grades["rule"]])
+    return buf.getvalue()
+
+
+def export(results: dict, fmt: str, missing: str = "blank") -> str:
+    if not results.get("students"):
+        raise LmsError("the results have no students: nothing to export")
+    if results.get("provisional"):
+        raise LmsError(f"these grades are {results['provisional']}: grade again with every required "
+                       "configuration before exporting to an LMS")
+    if fmt == "canvas":
+        return to_canvas(results, missing)
+    if fmt == "wide":
+        return to_wide(results)
+    raise LmsError(f"unknown export format {fmt!r} (canvas, wide)")
+
+
+# ----------------------------------------------------------------------------------------
+# Import: reading a zip or a folder safely.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Member:
+    name: str  # posix path inside the download
+    size: int
+
+
+class Source:
+    """The files of a download, a zip (checked before anything is read) or a folder."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.zip: zipfile.ZipFile | None = None
+        if self.path.is_dir():
+            self.members = [Member(p.relative_to(self.path).as_posix(), p.stat().st_size)
+                            for p in sorted(self.path.rglob("*")) if p.is_file() and not p.is_symlink()]
+            return
+        try:
+            self.zip = zipfile.ZipFile(self.path)
+        except (OSError, zipfile.BadZipFile) as e:
+            raise LmsError(f"{self.path}: not a zip file nor a folder ({e})") from None
+        self.members = check_zip(self.zip, self.path)
+
+    def read(self, name: str) -> bytes:
+        if self.zip is None:
+            return (self.path / name).read_bytes()
+        with self.zip.open(name) as f:
+            data = f.read(MAX_FILE + 1)
+        if len(data) > MAX_FILE:
+            raise LmsError(f"{self.path}: {name} unpacks to more than {MAX_FILE} bytes")
+        return data
+
+    def close(self) -> None:
+        if self.zip is not None:
+            self.zip.close()
+
+
+def check_zip(zf: zipfile.ZipFile, where: Path) -> list[Member]:
+    """The zip's files, once every member is known to stay inside its folder and not to unpack to a bomb."""
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise LmsError(f"{where}: {len(infos)} files, more than the {MAX_MEMBERS} a download may have")
+    total, members = 0, []
+    for info in infos:
+        name = info.filename
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or ".." in parts:
+            raise LmsError(f"{where}: refused, the member {name!r} would be written outside its folder "
+                           "(path traversal)")
+        mode = info.external_attr >> 16
+        if stat.S_ISLNK(mode):
+            raise LmsError(f"{where}: refused, the member {name!r} is a symbolic link")
+        if info.is_dir():
+            continue
+        if info.file_size > MAX_FILE:
+            raise LmsError(f"{where}: refused, {name!r} unpacks to {info.file_size} bytes (a notebook may have "
+                           f"{MAX_FILE}): a zip bomb, or not a notebook")
+        if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+            raise LmsError(f"{where}: refused, {name!r} unpacks to {info.file_size} bytes from "
+                           f"{info.compress_size} (more than {MAX_RATIO} to 1): a zip bomb")
+        total += info.file_size
+        if total > MAX_TOTAL:
+            raise LmsError(f"{where}: refused, it unpacks to more than {MAX_TOTAL} bytes: a zip bomb")
+        members.append(Member(name, info.file_size))
+    return members
+
+
+# ----------------------------------------------------------------------------------------
+# Import: which file is whose.
+# ----------------------------------------------------------------------------------------
+
+@dataclass
+class Collected:
+    """Where a download's notebooks went, and what could not be matched (file, reason)."""
+
+    files: dict[tuple[str, int], dict] = field(default_factory=dict)  # (student, lab) -> {member, submitted_at, ..}
+    unmatched: list[tuple[str, str]] = field(default_factory=list)
+    layout: str = ""
+
+    def notes(self) -> list[str]:
+        return [f"{name}: not graded, {reason}" for name, reason in self.unmatched]
+
+
+def _skip(name: str) -> bool:
+    parts = PurePosixPath(name).parts
+    return any(p.startswith(".") or p == "__MACOSX" for p in parts)
+
+
+def _lab_of(filename: str, known_labs: list[int]) -> tuple[int | None, int, str]:
+    """(lab number, resubmission number, reason when there is no lab) read from a file's name."""
+    if not filename.lower().endswith(".ipynb"):
+        return None, 0, "not a notebook (.ipynb)"
+    m = LAB_IN_NAME.search(filename)
+    if not m:
+        return None, 0, "its name says no lab number (expected lab-<N>.ipynb in it)"
+    lab = int(m.group("lab"))
+    if lab not in known_labs:
+        return None, 0, f"there is no lab {lab}"
+    return lab, int(m.group("resub") or m.group("copy") or 0), ""
+
+
+def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
+    out = Collected(layout="canvas")
+    by_lms = roster.by("lms_id")
+    best: dict[tuple[str, int], tuple] = {}
+    for m in source.members:
+        if _skip(m.name):
+            continue
+        base = PurePosixPath(m.name).name
+        match = CANVAS_NAME.match(base)
+        if not match:
+            out.unmatched.append((m.name, ("its name matches no pattern (Canvas names files "
+                                           "<name>_<user id>_<submission id>_<file>)")))
+            continue
+        user = match.group("user")
+        student = by_lms.get(user)
+        if student is None:
+            out.unmatched.append((m.name, f"Canvas user id {user} is on no roster line (column lms_id)"))
+            continue
+        lab, resub, why = _lab_of(match.group("file"), known_labs)
+        if lab is None:
+            out.unmatched.append((m.name, why))
+            continue
+        rank = (resub, int(match.group("submission")))
+        entry = {"member": m.name, "late": bool(match.group("late")), "submitted_at": None, "source": "canvas",
+                 "times": {"canvas": None}}  # Canvas's flag: late or not, never when
+        previous = best.get((student, lab))
+        if previous is None or rank > previous[0]:
+            if previous is not None:
+                out.unmatched.append((previous[1]["member"], (f"an earlier version: {m.name} is a later "
+                                                              "resubmission of the same lab")))
+            best[student, lab] = (rank, entry)
+        else:
+            out.unmatched.append((m.name, f"an earlier version: {previous[1]['member']} is a later resubmission"))
+    out.files = {k: v[1] for k, v in best.items()}
+    return out
+
+
+def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_name: str) -> Collected:
+    import yaml
+
+    out = Collected(layout="gradescope")
+    try:
+        meta = yaml.safe_load(source.read(metadata_name))  # YAML, or JSON (which YAML reads too)
+    except yaml.YAMLError as e:
+        raise LmsError(f"{metadata_name}: not valid YAML or JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise LmsError(f"{metadata_name}: expected one entry per submission_<id> (Gradescope's export)")
+    prefix = str(PurePosixPath(metadata_name).parent)
+    prefix = "" if prefix == "." else prefix + "/"
+    by_sid = {**roster.by("lms_id"), **{s: s for s in roster.students}}
+    by_email = {e.lower(): s for e, s in roster.by("email").items()}
+    best: dict[tuple[str, int], tuple] = {}
+    owners: dict[str, tuple[str | None, str, str | None]] = {}  # submission folder -> (student, why, created_at)
+    for folder, info in meta.items():
+        info = info if isinstance(info, dict) else {}
+        submitters = info.get(":submitters") or info.get("submitters") or []
+        created = info.get(":created_at") or info.get("created_at")
+        student, why = None, "no submitter in submission_metadata.yml"
+        for person in submitters if isinstance(submitters, list) else []:
+            sid = str(person.get(":sid") or person.get("sid") or "")
+            email = str(person.get(":email") or person.get("email") or "").lower()
+            student = by_sid.get(sid) or by_email.get(email)
+            if student:
+                break
+            why = f"its submitter (sid {sid or '–'}, email {email or '–'}) is on no roster line"
+        owners[str(folder)] = (student, why, str(created) if created is not None else None)
+    for m in source.members:
+        if _skip(m.name) or m.name == metadata_name:
+            continue
+        rel = m.name.removeprefix(prefix)
+        parts = PurePosixPath(rel).parts
+        if len(parts) < 2 or parts[0] not in owners:
+            out.unmatched.append((m.name, "in no submission_<id> folder named in submission_metadata.yml"))
+            continue
+        student, why, created = owners[parts[0]]
+        if student is None:
+            out.unmatched.append((m.name, why))
+            continue
+        lab, resub, why = _lab_of(parts[-1], known_labs)
+        if lab is None:
+            out.unmatched.append((m.name, why))
+            continue
+        rank = (created or "", resub)
+        entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
+                 "times": {"gradescope": created} if created else {}}
+        previous = best.get((student, lab))
+        if previous is None or rank > previous[0]:
+            if previous is not None:
+                out.unmatched.append((previous[1]["member"], f"an earlier version: {m.name} is later"))
+            best[student, lab] = (rank, entry)
+        else:
+            out.unmatched.append((m.name, f"an earlier version: {previous[1]['member']} is later"))
+    out.files = {k: v[1] for k, v in best.items()}
+    return out
+
+
+def _export_metadata(name: str, data: bytes) -> bool:
+    """Whether a submission_metadata file is an export's (one entry per submission_<id>), not one submission's.
+
+    Gradescope's autograder also writes a `submission_metadata.json` for a single submission
+    ({"id", "created_at", "users", ...}); one of those in a student's folder is read by
+    labkit/grading/history.py as that submission's time, not as a download.
+    """
+    import yaml
+
+    if not name.endswith(".json"):
+        return True
+    try:
+        meta = yaml.safe_load(data)
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and any(str(k).startswith("submission_") for k in meta)
+
+
+def is_download(path: Path) -> bool:
+    """A zip, or a folder laid out as an LMS download (flat Canvas files, or Gradescope's metadata)."""
+    path = Path(path)
+    if path.is_file():
+        return True
+    if not path.is_dir():
+        return False
+    if any(path.rglob(GRADESCOPE_METADATA[0])):
+        return True
+    for found in path.rglob(GRADESCOPE_METADATA[1]):
+        if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
+                and _export_metadata(found.name, found.read_bytes())):
+            return True
+    return any(p.is_file() and CANVAS_NAME.match(p.name) for p in path.iterdir())
+
+
+def collect(path: Path, roster: Roster | None, into: Path, known_labs: list[int]) -> Collected:
+    """Read an LMS download into `into/<student>/lab-<N>.ipynb`; what was matched and what was not."""
+    if roster is None:
+        raise LmsError(f"{path}: an LMS download is matched to students through the roster: add --roster FILE")
+    source = Source(path)
+    try:
+        meta = sorted((m.name for m in source.members if PurePosixPath(m.name).name in GRADESCOPE_METADATA
+                       and not _skip(m.name) and _export_metadata(m.name, source.read(m.name))),
+                      key=lambda n: n.count("/"))
+        if meta:
+            found = gradescope(source, roster, known_labs, meta[0])
+        else:
+            found = canvas(source, roster, known_labs)
+        for (student, lab), entry in sorted(found.files.items()):
+            data = source.read(entry["member"])
+            write_atomic(Path(into) / student / f"lab-{lab}.ipynb", data)
+    finally:
+        source.close()
+    found.unmatched.sort()
+    return found

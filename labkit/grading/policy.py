@@ -1,0 +1,320 @@
+"""The course's grading policy: lab weights, the configurations a grade needs, and how they combine.
+
+The policy is a TOML file kept with the tests (tests/policy.toml), so every TA grades with the same
+rule::
+
+    [grading]
+    combine = "all"               # a test earns its points only if it passes on every configuration graded
+    required = ["cpu-1", "cpu-8"] # no final grades where one of these cannot run
+
+    [labs.3]
+    weight = 2                    # lab 3 counts twice (default 1)
+    canvas_id = 123456            # the Canvas assignment its column updates (exports)
+
+`combine` is one of COMBINE. A test's points come from `@check(points=...)`; a lab's points are
+those its tests earn under `combine`, and a student's total is the sum of lab points times lab
+weights. `grades()` is a pure function of the graded results (scoreboard.json), which carry the
+policy they were graded with, so exports and regrades need no second look at the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.course import catalog, configs
+
+DEFAULT_PATH = catalog.ROOT / "tests" / "policy.toml"
+COMBINE = {
+    "all": "a test earns its points only if it passes on every configuration graded",
+    "any": "a test earns its points if it passes on at least one configuration graded",
+    "mean": "a test earns its points times the share of configurations graded it passes on",
+}
+_TOP = {"grading", "labs", "late"}
+_GRADING = {"combine", "required"}
+_LAB = {"weight", "title", "due", "canvas_id"}
+_LATE = {"per_day", "cap", "grace_minutes", "accept"}
+
+
+class PolicyError(ValueError):
+    """The policy file cannot be used: the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    combine: str = "all"
+    required: tuple[str, ...] = ()
+    weights: dict[int, float] = field(default_factory=dict)  # lab number -> weight; absent: 1
+    source: str = "the kit's default policy"
+    late: dict = field(default_factory=dict)  # per_day, cap, grace_minutes (see labkit/grading/deadlines.py)
+    due: dict[int, str] = field(default_factory=dict)  # lab number -> ISO 8601 due date
+    canvas: dict[int, int] = field(default_factory=dict)  # lab number -> Canvas assignment id (exports)
+
+    def weight(self, lab: int) -> float:
+        return self.weights.get(lab, 1)
+
+    def to_json(self) -> dict:
+        return {"combine": self.combine, "required": list(self.required),
+                "weights": {str(k): v for k, v in sorted(self.weights.items())}, "source": self.source,
+                "late": dict(self.late), "due": {str(k): v for k, v in sorted(self.due.items())},
+                "canvas": {str(k): v for k, v in sorted(self.canvas.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> Policy:
+        if not data:
+            return cls()
+        return cls(combine=data.get("combine", "all"), required=tuple(data.get("required", ())),
+                   weights={int(k): v for k, v in data.get("weights", {}).items()},
+                   source=data.get("source", ""), late=dict(data.get("late", {})),
+                   due={int(k): v for k, v in data.get("due", {}).items()},
+                   canvas={int(k): v for k, v in data.get("canvas", {}).items()})
+
+
+def _unknown(where: str, keys, allowed: set[str], path) -> None:
+    extra = sorted(set(keys) - allowed)
+    if extra:
+        raise PolicyError(f"{path}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} "
+                          f"in {where} (known: {', '.join(sorted(allowed))})")
+
+
+def _number(value, what: str, path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PolicyError(f"{path}: {what} must be a number, got {value!r}")
+    if value < 0:
+        raise PolicyError(f"{path}: {what} must not be negative, got {value!r}")
+    return value
+
+
+def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | None = None) -> Policy:
+    """A policy from TOML text; PolicyError names `path` and the key for anything it cannot use."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(f"{path}: not valid TOML ({e})") from None
+    _unknown("the file", data, _TOP, path)
+    grading = data.get("grading", {})
+    if not isinstance(grading, dict):
+        raise PolicyError(f"{path}: [grading] must be a table")
+    _unknown("[grading]", grading, _GRADING, path)
+    combine = grading.get("combine", "all")
+    if combine not in COMBINE:
+        raise PolicyError(f"{path}: [grading] combine = {combine!r} is not one of {', '.join(COMBINE)}")
+    required = grading.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise PolicyError(f"{path}: [grading] required must be a list of configuration names")
+    for name in required:
+        if name not in configs.CONFIGS:
+            raise PolicyError(f"{path}: [grading] required names the unknown configuration {name!r} "
+                              f"(known: {', '.join(configs.CONFIGS)})")
+    known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
+    weights, due, canvas = {}, {}, {}
+    labs = data.get("labs", {})
+    if not isinstance(labs, dict):
+        raise PolicyError(f"{path}: [labs] must be a table of [labs.N] tables")
+    for key, table in labs.items():
+        if not str(key).isdigit() or int(key) not in known:
+            raise PolicyError(f"{path}: [labs.{key}] names no lab of this course (labs: "
+                              f"{', '.join(map(str, known))})")
+        if not isinstance(table, dict):
+            raise PolicyError(f"{path}: [labs.{key}] must be a table, e.g. weight = 1")
+        _unknown(f"[labs.{key}]", table, _LAB, path)
+        if "weight" in table:
+            weights[int(key)] = _number(table["weight"], f"[labs.{key}] weight", path)
+        if "canvas_id" in table:
+            value = table["canvas_id"]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise PolicyError(f"{path}: [labs.{key}] canvas_id must be the assignment's number in Canvas, "
+                                  f"got {value!r}")
+            canvas[int(key)] = value
+        if "due" in table:
+            value = table["due"]
+            if not hasattr(value, "isoformat") or not hasattr(value, "tzinfo") or value.tzinfo is None:
+                raise PolicyError(f"{path}: [labs.{key}] due must be a date and time with its offset, "
+                                  f"e.g. 2026-03-01T23:59:00Z; got {value!r}")
+            due[int(key)] = value.isoformat()
+    late = data.get("late", {})
+    if not isinstance(late, dict):
+        raise PolicyError(f"{path}: [late] must be a table")
+    _unknown("[late]", late, _LATE, path)
+    accept = late.get("accept")
+    late = {k: _number(v, f"[late] {k}", path) for k, v in late.items() if k != "accept"}
+    if accept is not None:
+        late["accept"] = _accepted_sources(accept, path)
+    for k in ("per_day", "cap"):
+        if late.get(k, 0) > 1:
+            raise PolicyError(f"{path}: [late] {k} is a fraction of the points, at most 1; got {late[k]!r}")
+    return Policy(combine=combine, required=tuple(required), weights=weights, source=str(path), late=late, due=due,
+                  canvas=canvas)
+
+
+def _accepted_sources(accept, path) -> list[str]:
+    """[late] accept: the submission-time sources a late penalty may count from (labkit/grading/deadlines.py)."""
+    from labkit.grading import deadlines
+
+    if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
+        raise PolicyError(f"{path}: [late] accept must be a list of time sources, e.g. "
+                          f"{list(deadlines.ACCEPT_DEFAULT)}")
+    for name in accept:
+        if name in deadlines.NEVER_ACCEPTED:
+            raise PolicyError(f"{path}: [late] accept names {name!r}, which a late penalty can never count from: "
+                              f"{deadlines.NEVER_ACCEPTED[name]}")
+        if name not in deadlines.SOURCES:
+            raise PolicyError(f"{path}: [late] accept names the unknown time source {name!r} (known: "
+                              f"{', '.join(s for s in deadlines.SOURCES if s not in deadlines.NEVER_ACCEPTED)})")
+    return list(accept)
+
+
+def load(path: Path | None = None) -> Policy:
+    """The policy in `path`, or tests/policy.toml when there is one, or the default (combine all, weight 1)."""
+    if path is None:
+        if not DEFAULT_PATH.exists():
+            return Policy()
+        path = DEFAULT_PATH
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot be read ({e.strerror or e})") from None
+    shown = path.relative_to(catalog.ROOT) if path.resolve().is_relative_to(catalog.ROOT) else path
+    return parse(text, shown)
+
+
+def check_required(policy: Policy, chosen: list[str]) -> str:
+    """Refuse final grades when a configuration the policy requires cannot run here (PolicyError).
+
+    One that runs here but that --configs leaves out gives provisional grades: the reason is
+    returned ("" for final grades), carried in the results, and stated wherever the grades are shown;
+    LMS exports refuse them.
+    """
+    left_out = []
+    for name in policy.required:
+        ok, reason = configs.CONFIGS[name].availability()
+        if not ok:
+            raise PolicyError(f"{policy.source} requires {name}, which cannot run here ({reason}): no final "
+                              "grades without it; grade on a machine that has it")
+        if name not in chosen:
+            left_out.append(name)
+    if left_out:
+        return (f"provisional: {policy.source} requires {', '.join(left_out)}, which --configs left out")
+    return ""
+
+
+# ----------------------------------------------------------------------------------------
+# From graded results to points: pure functions of scoreboard.json-shaped data.
+# ----------------------------------------------------------------------------------------
+
+def _num(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else round(float(x), 4)
+
+
+def lab_tests(rows: list[dict]) -> dict[int, dict[str, dict]]:
+    """lab -> test -> {points, hidden, configs it ran on}: what a lab is worth, from the reference's rows."""
+    out: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        for t in r.get("tests", []):
+            entry = out.setdefault(r["lab"], {}).setdefault(
+                t["test"], {"points": t.get("points", 1), "hidden": t.get("hidden", False), "configs": []})
+            if t["status"] != "skipped" and r["config"] not in entry["configs"]:
+                entry["configs"].append(r["config"])
+    return out
+
+
+def rule(policy: Policy, config_names: list[str]) -> str:
+    weights = ", ".join(f"lab {n} x{_num(w)}" for n, w in sorted(policy.weights.items()))
+    return (f"{COMBINE[policy.combine]} ({', '.join(config_names) or 'none'}); total = the sum of lab points "
+            f"times lab weights ({weights or 'every lab x1'}); policy: {policy.source}")
+
+
+def lab_points(policy: Policy, tests: dict[str, dict], rows: dict[str, dict]) -> tuple[float, float]:
+    """(points earned, points possible) of one student's lab: `rows` maps a configuration to its row."""
+    possible = sum(t["points"] for t in tests.values() if t["configs"])
+    earned = 0.0
+    for name, t in tests.items():
+        where = t["configs"]
+        if not where:
+            continue
+        passed = []
+        for config in where:
+            row = rows.get(config)
+            mine = next((u for u in (row or {}).get("tests", []) if u["test"] == name), None)
+            passed.append(bool(mine and mine["status"] == "passed"))
+        if policy.combine == "all":
+            earned += t["points"] if all(passed) else 0
+        elif policy.combine == "any":
+            earned += t["points"] if any(passed) else 0
+        else:
+            earned += t["points"] * sum(passed) / len(passed)
+    return _num(earned), _num(possible)
+
+
+def _with_test_overrides(rows: dict[str, dict], changes: dict[str, str]) -> dict[str, dict]:
+    """The rows with the overridden tests' outcomes changed on every configuration they ran on."""
+    if not changes:
+        return rows
+    out = {}
+    for config, row in rows.items():
+        tests = [t | {"status": changes[t["test"]]} if t["test"] in changes and t["status"] != "skipped" else t
+                 for t in row.get("tests", [])]
+        out[config] = row | {"tests": tests}
+    return out
+
+
+def grades(results: dict) -> dict:
+    """Each student's points per lab and total, under the policy the results carry, and the rule that made them.
+
+    A lab's possible points come from the reference's tests (results' labs[].tests); results without
+    them (a student's own runs) use the tests in the student's rows. Then, in order: a TA's test
+    overrides change outcomes before the rule combines them, a late penalty (due dates, [late],
+    extensions, counted only from a time source that [late] accept lists) takes its share, and a
+    TA's points override sets the lab's points. Overridden and late labs say so, and each lab names
+    the source of its submission time.
+    """
+    from labkit.grading import deadlines
+
+    policy = Policy.from_json(results.get("policy"))
+    config_names = [c["name"] for c in results.get("configs", [])]
+    rows: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in results.get("rows", []):
+        rows.setdefault((r["student"], r["lab"]), {})[r["config"]] = r
+    test_changes: dict[tuple[str, int], dict[str, str]] = {}
+    set_points: dict[tuple[str, int], dict] = {}
+    for o in results.get("overrides", []):
+        if "test" in o:
+            test_changes.setdefault((o["student"], o["lab"]), {})[o["test"]] = o["status"]
+        else:
+            set_points[o["student"], o["lab"]] = o
+    comments: dict[tuple[str, int], list[str]] = {}
+    for o in results.get("overrides", []):
+        comments.setdefault((o["student"], o["lab"]), []).append(o.get("comment") or "overridden")
+    extensions = results.get("extensions", {})
+    provisional = results.get("provisional", "")
+    out = {"rule": (provisional.upper().split(":")[0] + ":" + provisional.split(":", 1)[1] + "; "
+                    if provisional else "") + rule(policy, config_names),
+           "combine": policy.combine, "provisional": provisional, "students": {}}
+    for student in sorted(results.get("students", {})):
+        labs, total, possible = {}, 0.0, 0.0
+        handed = results["students"][student].get("submissions", {})
+        for lab in results.get("labs", []):
+            number, key = lab["number"], (student, lab["number"])
+            mine = _with_test_overrides(rows.get(key, {}), test_changes.get(key, {}))
+            tests = lab.get("tests") or lab_tests(list(mine.values())).get(number, {})
+            earned, most = lab_points(policy, tests, mine)
+            statuses = {r["status"] for r in mine.values()}
+            status = "missing" if not mine or statuses == {"missing"} else "graded"
+            entry = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
+            charged = deadlines.charge(handed.get(str(number)), policy.due.get(number), policy.late,
+                                       extensions.get(student, {}).get(str(number), 0))
+            entry.update(charged)
+            if charged.get("late_days"):
+                entry.update(points=_num(earned * (1 - charged["late_penalty"])),
+                             late_penalty=_num(charged["late_penalty"]))
+            if key in set_points:
+                entry["points"] = _num(set_points[key]["points"])
+            if key in comments:
+                entry["overridden"] = "; ".join(comments[key])
+            labs[str(number)] = entry
+            total += policy.weight(number) * entry["points"]
+            possible += policy.weight(number) * most
+        out["students"][student] = {"labs": labs, "points": _num(total), "max_points": _num(possible)}
+    return out

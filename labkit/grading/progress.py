@@ -1,0 +1,89 @@
+"""How far a grading run has got, from the files it writes: one run, or the shards of one on any engine.
+
+Every grading run writes `OUT/progress.json` as it goes (`record`). A class graded in shards (Slurm's
+array tasks, Kubernetes pods, `--shard i/N` by hand) has one such file per shard folder,
+`OUT/shards/<i>/progress.json`; `read` sums them, and `python -m labkit progress OUT` prints the sum,
+once or every few seconds (`--watch`), whichever engine runs the shards.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.grading.files import write_atomic
+
+FILE = "progress.json"
+
+
+def record(out: Path, *, phase: str, total: int, done: int, started: float) -> None:
+    """Write what a grading run has done so far (called after each graded unit)."""
+    write_atomic(Path(out) / FILE, json.dumps({"phase": phase, "total": total, "done": done, "started": started,
+                                               "updated": time.time()}))
+
+
+@dataclass
+class Part:
+    name: str
+    phase: str = "waiting"  # "waiting" (nothing written yet), "reference solutions", "grading N students", ...
+    total: int = 0
+    done: int = 0
+    started: float = 0.0
+    updated: float = 0.0
+    finished: bool = False  # the run wrote its scoreboard
+    exit: int | None = None  # the exit status an engine recorded for it (see labkit.grading.slurm), when there is one
+
+
+def _read_part(folder: Path, name: str) -> Part:
+    part = Part(name)
+    try:
+        data = json.loads((folder / FILE).read_text())
+        part.phase, part.total, part.done = str(data["phase"]), int(data["total"]), int(data["done"])
+        part.started, part.updated = float(data["started"]), float(data["updated"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    part.finished = (folder / "scoreboard.json").is_file()
+    return part
+
+
+def parts(out: Path) -> list[Part]:
+    """Each shard's progress under OUT/shards/, or OUT's own when it was graded in one run."""
+    out = Path(out)
+    shards = out / "shards"
+    if shards.is_dir():
+        folders = sorted((p for p in shards.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
+        return [_read_part(p, p.name) for p in folders]
+    return [_read_part(out, out.name)]
+
+
+def summary(found: list[Part], now: float | None = None) -> str:
+    """One line: shards done, units graded (of those known so far), and an estimate of the time left."""
+    now = time.time() if now is None else now
+    finished = sum(p.finished for p in found)
+    grading = [p for p in found if p.phase.startswith("grading")]
+    done, total = sum(p.done for p in grading), sum(p.total for p in grading)
+    line = f"shards finished {finished}/{len(found)}, units graded {done}/{total}"
+    waiting = [p for p in found if not p.finished and not p.phase.startswith("grading")]
+    if waiting:
+        line += f" ({len(waiting)} not grading students yet: {', '.join(p.phase for p in waiting)})"
+    running = [p for p in grading if not p.finished and p.done and p.started]
+    if running:
+        # the slowest shard decides: its own rate over what it has left
+        left = max((now - p.started) / p.done * (p.total - p.done) for p in running)
+        line += f", about {left:.0f} s left"
+    failed = [p.name for p in found if p.exit not in (None, 0)]
+    if failed:
+        line += f"; failed: shard {', '.join(failed)}"
+    return line
+
+
+def watch(out: Path, every: float, stream, until=None) -> None:
+    """Print `summary` every `every` seconds until every shard has finished (or `until()` says stop)."""
+    while True:
+        found = parts(out)
+        print(summary(found), file=stream, flush=True)
+        if all(p.finished for p in found) or (until is not None and until()):
+            return
+        time.sleep(every)

@@ -1,0 +1,144 @@
+"""The class list: who is in the course, so that a student who handed in nothing still gets a grade.
+
+    student,name,email,lms_id,section,leaderboard
+    alice,Alice Liddell,alice@uni.edu,4411,A,
+    bob,Bob Katz,bob@uni.edu,4412,A,hide
+
+`student` is required: the id used as the submission folder name (or matched from an LMS file
+name through `lms_id`, `email` or `student`). The other columns are optional and carried into
+the results, where the LMS exports read them. `leaderboard`: `hide` for a student who asked to
+be shown as "anonymous" on the class leaderboards (labkit/grading/leaderboard.py); empty or `show` shows
+their id.
+
+A Canvas gradebook export (Grades > Export) is read as one: its header `Student, ID, SIS User ID,
+SIS Login ID, Section, <assignments>...` gives name, lms_id (ID), the student id (SIS User ID, or
+the SIS Login ID where there is none), email (the SIS Login ID when it is an address) and section;
+its `Points Possible` row (and a `Manual Posting` or `Muted` row above it) and Canvas's
+`Test Student` are not students and are skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COLUMNS = ("student", "name", "email", "lms_id", "section", "leaderboard")
+LEADERBOARD_CHOICES = ("", "show", "hide")  # the `leaderboard` column (labkit/grading/leaderboard.py)
+CANVAS_HEADER = ("student", "id", "sis user id", "sis login id")  # a Canvas gradebook's first columns
+CANVAS_TEST_STUDENT = {"test student", "student, test"}  # the student view's account, in either name order
+
+
+class RosterError(ValueError):
+    """The roster cannot be used: the message names the file and the line."""
+
+
+@dataclass
+class Roster:
+    # id -> {name, email, lms_id, section}, and leaderboard where the line gives one
+    students: dict[str, dict[str, str]] = field(default_factory=dict)
+    source: str = ""
+
+    def ids(self) -> list[str]:
+        return sorted(self.students)
+
+    def by(self, column: str) -> dict[str, str]:
+        """value of `column` -> student id, for the rows that have one."""
+        return {info[column]: s for s, info in self.students.items() if info.get(column)}
+
+
+def parse(text: str, source: str = "roster.csv") -> Roster:
+    text = text.removeprefix("\ufeff")  # a spreadsheet's byte order mark
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise RosterError(f"{source}: empty; it needs a header line with a `student` column") from None
+    except csv.Error as e:
+        raise RosterError(f"{source}, line 1: not CSV ({e})") from None
+    header = [h.strip().lower() for h in header]
+    canvas = all(h in header for h in CANVAS_HEADER)
+    if "student" not in header:
+        raise RosterError(f"{source}, line 1: the header has no `student` column (it has: {', '.join(header)}); "
+                          f"expected columns {', '.join(COLUMNS)} (only `student` is required)")
+    dupes = sorted({h for h in header if header.count(h) > 1 and h})
+    if dupes and not canvas:  # two Canvas assignments may share a title; only the first columns are read
+        raise RosterError(f"{source}, line 1: the column{'s' if len(dupes) > 1 else ''} "
+                          f"{', '.join(dupes)} appear{'' if len(dupes) > 1 else 's'} twice")
+    roster = Roster(source=source)
+    first_line: dict[str, int] = {}
+    taken: dict[tuple[str, str], int] = {}
+    try:
+        for values in reader:
+            line = reader.line_num
+            if not any(v.strip() for v in values):
+                continue
+            if len(values) != len(header):
+                raise RosterError(f"{source}, line {line}: {len(values)} fields where the header has "
+                                  f"{len(header)} ({', '.join(header)})")
+            if canvas:
+                info = _canvas_line(dict(zip(header, values)), source, line)
+                if info is None:
+                    continue
+            else:
+                info = {h: v.strip() for h, v in zip(header, values) if h}
+            sid = info.pop("student")
+            if not sid:
+                raise RosterError(f"{source}, line {line}: the student id is empty")
+            if sid in (".", "..") or "/" in sid or "\\" in sid or sid.startswith("."):
+                raise RosterError(f"{source}, line {line}: {sid!r} cannot be a student id (it is used as a folder name)")
+            if sid in first_line:
+                raise RosterError(f"{source}, line {line}: the student id {sid!r} is already on line "
+                                  f"{first_line[sid]}")
+            for column in ("lms_id", "email"):
+                value = info.get(column, "")
+                if value and (column, value) in taken:
+                    raise RosterError(f"{source}, line {line}: {column} {value!r} is already on line "
+                                      f"{taken[column, value]}")
+                if value:
+                    taken[column, value] = line
+            if info.get("leaderboard", "").lower() not in LEADERBOARD_CHOICES:
+                raise RosterError(f"{source}, line {line}: leaderboard {info['leaderboard']!r} is neither `hide` "
+                                  "(shown as anonymous on the class leaderboards) nor `show` (or empty: shown by id)")
+            info["leaderboard"] = info.get("leaderboard", "").lower()
+            first_line[sid] = line
+            roster.students[sid] = {c: info.get(c, "") for c in COLUMNS[1:5]}
+            if info["leaderboard"]:  # only where the line says, so that a roster without the column reads as before
+                roster.students[sid]["leaderboard"] = info["leaderboard"]
+    except csv.Error as e:
+        raise RosterError(f"{source}, line {reader.line_num}: not CSV ({e})") from None
+    if not roster.students:
+        raise RosterError(f"{source}: no students (only a header line)")
+    return roster
+
+
+def _canvas_line(cells: dict[str, str], source: str, line: int) -> dict[str, str] | None:
+    """One line of a Canvas gradebook export as a roster line; None for a line that is not a student."""
+    cells = {k: v.strip() for k, v in cells.items()}
+    name, canvas_id = cells["student"], cells["id"]
+    if name.lower() in ("points possible", "muted", "manual posting", "") or name.lower() in CANVAS_TEST_STUDENT:
+        return None  # the Points Possible row, the Manual Posting / Muted row, Canvas's test student
+    if not canvas_id.isdigit():
+        raise RosterError(f"{source}, line {line}: a Canvas gradebook line whose ID is {canvas_id!r}, not Canvas's "
+                          "user number; export the gradebook from Canvas again, or make a roster with a "
+                          "`student` column")
+    sid = cells["sis user id"] or cells["sis login id"]
+    if not sid:
+        raise RosterError(f"{source}, line {line}: Canvas gives {name} (ID {canvas_id}) neither a SIS User ID nor "
+                          "a SIS Login ID, one of which is the kit's student id; make a roster with a `student` "
+                          "column (and lms_id for the Canvas ID)")
+    login = cells["sis login id"]
+    return {"student": sid, "name": name, "lms_id": canvas_id, "email": login if "@" in login else "",
+            "section": cells.get("section", "")}
+
+
+def load(path: Path) -> Roster:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RosterError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise RosterError(f"{path}: not UTF-8 text (save the roster as CSV UTF-8)") from None
+    return parse(text, str(path))

@@ -1,0 +1,570 @@
+"""Warm starts: a server that has imported what every run imports, and forks each run's kernel.
+
+Most of a short notebook run is fixed start-up: a Python interpreter, importing JAX, numpy,
+flax and IPython, starting a Jupyter kernel. None of it depends on the student. A warm server
+pays it once per grading run: it starts in a bubblewrap sandbox of its own (`sandbox.launch`:
+read-only system and environment, no network, its own process ids, no capabilities), imports
+those modules without starting any JAX backend, and then, for each run, forks a child that:
+
+1. reports to the kit (which moves it into the run's own cgroups, as a cold run's first step
+   does itself) and sets the run's resource limits;
+2. makes the run's own sandbox inside the server's (`labkit.run.nest`): new user, mount, network,
+   IPC and process-id namespaces, only the run's scratch folder visible of the grading output,
+   a private `/tmp`, its own `/proc`, then no capability at all;
+3. starts the Jupyter kernel there, with the run's environment. The device count and the other
+   `JAX_*` settings are read when JAX starts its backend, which no process did before: one server
+   serves cpu-1 and cpu-8 alike.
+
+The server never runs a student's code, and holds nothing of one run that another could reach:
+a run's child keeps none of the server's descriptors, sees no other run's files, processes or
+sockets, and shares only the read-only pages of the imported modules. Where the kernel does not
+let the server make namespaces of its own (`probe`), the kit starts every run cold, as before.
+
+The kit's side is `Server` (start, `launch` a kernel, stop); `WarmRun` is a launched kernel,
+used like `sandbox.Sandboxed`. `python -m labkit.run.warm SPEC` is the server itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+# What every lab's run imports, once, in the server (never starting a backend).
+PRELOAD = ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.experimental.mesh_utils", "flax.nnx", "optax",
+           "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "labkit.judge.harness", "labkit.notebook",
+           # what the kernel's start imports (its debugger, shell, history, event loop): about 0.5 s each run
+           "ipykernel.debugger", "ipykernel.zmqshell", "ipykernel.iostream", "ipykernel.heartbeat",
+           "ipykernel.comm", "IPython.core.history", "IPython.core.completer", "sqlite3", "pdb", "pydoc",
+           "tornado.ioloop", "tornado.queues", "xml.dom.minidom", "xmlrpc.client", "unicodedata", "faulthandler",
+           "psutil", "jax.export", "labkit.judge.verify", "labkit.facts")
+READY, UNAVAILABLE = "ready", "unavailable"
+MODULES = ("labkit.judge.verify",)  # what a forked child may run instead of a kernel: the kit's own, never a student's
+START_TIMEOUT = 120.0  # seconds the server may take to import and probe
+
+
+# ----------------------------------------------------------------------------------------
+# The kit's side.
+# ----------------------------------------------------------------------------------------
+
+class WarmRun:
+    """A kernel forked by the server, seen like `sandbox.Sandboxed`: `pid`, `poll()`, `wait()`, `kill()`."""
+
+    isolation, reason = "bubblewrap", ""
+
+    def __init__(self, conn: socket.socket, pid: int, cgroups: list[Path], drain, limits, token: str):
+        self.conn, self.pid, self.cgroups, self.drain, self.limits, self.token = conn, pid, cgroups, drain, limits, token
+        self.returncode: int | None = None
+        self._finished = False
+        self._lock = threading.Lock()
+
+    @property
+    def output_cut(self) -> bool:
+        return bool(self.drain and self.drain.seen > self.drain.cap)
+
+    def _read_exit(self, timeout: float | None) -> int | None:
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            ready, _, _ = select.select([self.conn], [], [], timeout)
+            if not ready:
+                return None
+            data = b""
+            try:
+                data = self.conn.recv(256)
+            except OSError:
+                pass
+            try:
+                self.returncode = int(json.loads(data.decode().strip().splitlines()[0])["exit"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                self.returncode = -9  # the server went away: the run is over
+        self._finish()
+        return self.returncode
+
+    def poll(self):
+        return self._read_exit(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._read_exit(timeout)
+        if code is None:
+            import subprocess
+
+            raise subprocess.TimeoutExpired("warm kernel", timeout)
+        return code
+
+    def kill(self) -> None:
+        for target in (self.pid,):
+            try:
+                os.killpg(target, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                os.kill(target, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            self.conn.sendall(b"kill\n")
+        except OSError:
+            pass
+        self._end_rest()
+
+    def _end_rest(self) -> None:
+        from labkit.run import processes, sandbox
+
+        for pid in processes.marked(self.token) if self.token else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for group in self.cgroups:
+            sandbox.remove_cgroup(group)
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._end_rest()
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.drain is not None:
+            self.drain.join(timeout=10)
+
+
+class Server:
+    """One warm server for a grading run: `start()`, then `launch(...)` per run, `stop()` at the end.
+
+    `roots` are the folders the runs' scratch folders lie in (the grading output); the server's
+    sandbox may write there, each run's sees its own folder only. `available` is False, with
+    `why`, when the server could not start or cannot make a run's sandbox here.
+    """
+
+    def __init__(self, roots: list[Path], env: dict[str, str], folder: Path, shared: list[Path] = ()):
+        """`shared`: more folders its runs may see (a compilation cache), each run read-only unless it fills it."""
+        self.roots = [Path(r).resolve() for r in roots]
+        self.shared = [Path(p).resolve() for p in shared]
+        self.env, self.folder = env, Path(folder).absolute()  # a socket path bound in another folder
+        self.available, self.why = False, "not started"
+        self.process = None
+        self.user: int | None = None
+        self._log = None
+        self._lock = threading.Lock()
+        self._began = 0.0
+
+    @property
+    def socket_path(self) -> Path:
+        return self.folder / "server.sock"
+
+    def start(self, limits) -> bool:
+        """Start the server and wait until it is ready; False (and `why`) where no warm start can be had."""
+        return self.begin(limits) and self.ready()
+
+    def begin(self, limits) -> bool:
+        """Start the server without waiting for it (`ready` waits); False (and `why`) where none can be started."""
+        from dataclasses import replace
+
+        from labkit.run import runusers, sandbox
+
+        kind, reason = sandbox.isolation(limits.isolation)
+        if kind != sandbox.BUBBLEWRAP:
+            self.why = f"no sandbox ({reason or kind})"
+            return False
+        if os.geteuid() == 0 and not sandbox.pids_cgroups_available():
+            # without a pids cgroup per run, each run needs a user of its own for RLIMIT_NPROC: cold starts do that
+            self.why = "root without a pids cgroup: each run starts as a user of its own"
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for root in self.roots:  # bound into the server's sandbox, so they must exist (OUT/work before any run)
+            root.mkdir(parents=True, exist_ok=True)
+        for stale in (self.socket_path, self.folder / "server.status"):  # a server of an earlier run's
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        spec = {"roots": [str(r) for r in self.roots], "socket": str(self.socket_path)}
+        if os.geteuid() == 0:
+            # The server's sandbox is an unprivileged user's (a user namespace of its own), as on any machine
+            # where the kit does not run as root; its runs' scratch folders are handed to that user.
+            self.user = runusers.run_user()
+            runusers.hand_over(self.folder, self.user)
+            for folder in self.shared:  # its runs that fill it write there as that user
+                os.chown(folder, self.user, self.user)
+            for root in self.roots:
+                mode = root.stat().st_mode
+                if not mode & 0o001:  # that user passes through it to the runs' folders (it may not list it)
+                    root.chmod(mode | 0o001)
+        self._log = open(self.folder / "server.log", "wb")  # noqa: SIM115 - open while the server runs
+        server_limits = replace(limits, memory=max(limits.memory, 8 << 30), processes=max(limits.processes, 4096))
+        self.process = sandbox.launch([sys.executable, "-m", "labkit.run.warm", json.dumps(spec)], self.folder, self.env,
+                                      server_limits, log=self._log, extra_rw=(*self.roots, *self.shared),
+                                      as_user=self.user,
+                                      cgroups=False)
+        self._began = time.monotonic()
+        return True
+
+    def ready(self) -> bool:
+        """Wait until the server begun is ready to fork runs (True), or has failed (False, and `why`)."""
+        with self._lock:
+            if self.available or self.process is None:
+                return self.available
+            return self._wait_ready()
+
+    def _wait_ready(self) -> bool:
+        deadline = self._began + START_TIMEOUT
+        status = self.folder / "server.status"
+        while time.monotonic() < deadline:
+            if status.exists():
+                line = status.read_text().strip()
+                if line == READY:
+                    self.available, self.why = True, ""
+                    return True
+                if line:
+                    self.why = line.removeprefix(UNAVAILABLE + ": ")
+                    break
+            if self.process.poll() is not None:
+                tail = (self.folder / "server.log").read_text(errors="replace").strip().splitlines()[-1:]
+                self.why = f"the server stopped ({tail[0][:200] if tail else 'no output'})"
+                break
+            time.sleep(0.05)
+        else:
+            self.why = f"the server was not ready within {START_TIMEOUT:g} s"
+        self._stop()
+        return False
+
+    def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
+               readable: tuple = (), module: str | None = None) -> WarmRun:
+        """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not.
+
+        `readable`: the run's kit folder (at most one), which holds `workdir` and which the run sees read-only.
+        `module`: instead of a kernel, one of the kit's own programs (`MODULES`: the verifier) with `argv`."""
+        if module is not None and module not in MODULES:
+            raise OSError(f"the warm server runs no module {module!r}")
+        from labkit.run import runusers
+
+        if not self.ready():
+            raise OSError(f"no warm server: {self.why}")
+        workdir = Path(workdir).resolve()
+        if not any(workdir.is_relative_to(r) for r in self.roots):
+            raise OSError(f"{workdir} is not in the warm server's folders")
+        if self.user is not None and not runusers.hand_over(workdir, self.user):
+            raise OSError(f"{workdir} could not be handed to the run's user")
+        try:
+            return self._launch(argv, workdir, env, limits, log, cache, readable, module)
+        except OSError:
+            if self.user is not None:  # the cold start that follows is this process's own user's
+                runusers.hand_over(workdir, os.geteuid())
+            raise
+
+    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
+                readable: tuple = (), module: str | None = None) -> WarmRun:
+        from labkit.run import sandbox
+
+        token = os.urandom(16).hex()
+        run_env = sandbox.run_environment(env, workdir, sandboxed=True) | {"LABKIT_RUN_TOKEN": token}
+        rlimits = sandbox.run_rlimits(env, limits)
+        cgroups = sandbox.make_cgroups(limits)
+        if not sandbox.counts_processes(cgroups):
+            from labkit.run import processes
+
+            rlimits["NPROC"] = processes.user_tasks() + limits.processes
+        if cache is not None and Path(cache.folder).resolve() not in self.shared:
+            raise OSError(f"the compilation cache {cache.folder} is not the warm server's")
+        shared = {str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
+                  for p in self.shared}
+        request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared,
+                   "readable": str(Path(readable[0]).resolve()) if readable else None, "module": module,
+                   "tmp_size": limits.disk}
+        read_end, write_end = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(str(self.socket_path))
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [write_end, theirs.fileno()])
+        except OSError:
+            conn.close()
+            for g in cgroups:
+                sandbox.remove_cgroup(g)
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+            theirs.close()
+        drain = sandbox.Drain(os.fdopen(read_end, "rb", buffering=0), log, limits.output)
+        drain.start()
+        pid = _hello(ours, timeout=60)
+        run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
+        if pid is None:
+            ours.close()
+            run.kill()
+            with contextlib.suppress(Exception):
+                run.wait(10)
+            raise OSError("the warm server's child did not report")
+        try:
+            for group in cgroups:
+                (group / "cgroup.procs").write_text(str(pid))
+            ours.sendall(b"go\n")
+        except OSError:
+            run.kill()
+            raise
+        finally:
+            ours.close()
+        return run
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self.available = False
+
+
+def _hello(sock: socket.socket, timeout: float) -> int | None:
+    """The pid (in this process's namespace) of the child that says hello on `sock`, from the kernel's credentials."""
+    sock.settimeout(timeout)
+    try:
+        data, ancillary, _, _ = sock.recvmsg(16, socket.CMSG_SPACE(12))
+    except OSError:
+        return None
+    if not data.startswith(b"hello"):
+        return None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return int.from_bytes(payload[:4], sys.byteorder, signed=True)
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# The server (inside its own sandbox).
+# ----------------------------------------------------------------------------------------
+
+def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None:
+    """The forked child of one run: never returns."""
+    code = 125
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the kernel's, never its keepers'
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.dup2(hello_fd, 3)
+        os.closerange(4, 1 << 16)
+        hello = socket.socket(fileno=3)
+        hello.sendall(b"hello")
+        hello.settimeout(60)
+        if not hello.recv(8).startswith(b"go"):
+            os._exit(125)
+        hello.close()
+        from labkit.run import nest, sandbox
+
+        # the server's command line and environment are not the run's to read (its init and kernel keep this copy)
+        nest.forget_server()
+        sandbox.apply_rlimits(request["rlimits"])
+
+        workdir = Path(request["workdir"])
+        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}), readable=request.get("readable"),
+                              tmp_size=request.get("tmp_size"))
+        pid = os.fork()
+        if pid == 0:
+            _init(request, workdir)
+        code = _exit_code(os.waitpid(pid, 0)[1])
+    except BaseException as e:  # noqa: BLE001 - the child reports and ends, whatever happened
+        os.write(2, f"labkit: the run's sandbox could not be made: {e}\n".encode(errors="replace"))
+    os._exit(code)
+
+
+def _exit_code(status: int) -> int:
+    """A child's wait status as an exit status, 128 + N for a signal N (as a shell, and bwrap, report it)."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _init(request: dict, workdir: Path) -> None:
+    """Process 1 of the run's process-id namespace: its `/proc`, no privileges, then the kernel as its child."""
+    code = 125
+    try:
+        from labkit.run import nest
+
+        nest.become_init()
+        nest.drop_privileges()
+        kernel = os.fork()
+        if kernel == 0:
+            _kernel(request, workdir)
+        while True:
+            pid, status = os.wait()
+            if pid == kernel:
+                code = _exit_code(status)
+                break
+    except BaseException as e:  # noqa: BLE001
+        os.write(2, f"labkit: the run's sandbox could not be made: {e}\n".encode(errors="replace"))
+    os._exit(code)
+
+
+def _kernel(request: dict, workdir: Path) -> None:
+    """The run's Jupyter kernel, in the run's environment, as a cold start would have it."""
+    code = 0
+    try:
+        os.environ.clear()
+        os.environ.update(request["env"])
+        configure_jax(request["env"])
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()  # numpy's global generator was made in the server: not shared
+        os.chdir(workdir)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request.get("module") in MODULES:  # one of the kit's own programs (the verifier), not a kernel
+            import importlib
+
+            os._exit(importlib.import_module(request["module"]).main(list(request["argv"])))
+        sys.argv = ["ipykernel_launcher", *request["argv"]]
+        from ipykernel.kernelapp import IPKernelApp
+
+        IPKernelApp.launch_instance(argv=list(request["argv"]))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def configure_jax(env: dict[str, str]) -> None:
+    """Give JAX the `JAX_*` settings of `env`, which it reads from the environment only when imported."""
+    jax_config = sys.modules.get("jax") and sys.modules["jax"].config
+    if not jax_config:
+        return
+    holders = getattr(jax_config, "_value_holders", {})
+    for key, text in env.items():
+        name = key.lower()
+        if not key.startswith("JAX_") or name not in holders:
+            continue
+        current = holders[name].value
+        if isinstance(current, bool):
+            value = text.strip().lower() in ("1", "y", "yes", "t", "true", "on")
+        elif isinstance(current, int):
+            value = int(text)
+        elif isinstance(current, float):
+            value = float(text)
+        else:
+            value = text
+        jax_config.update(name, value)
+
+
+def probe(folder: Path) -> str:
+    """READY when a child of this process can make a run's sandbox here, else what stopped it."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            from labkit.run import nest
+
+            nest.enter_namespaces(folder, [])
+            inner = os.fork()
+            if inner == 0:
+                try:
+                    nest.become_init()
+                    nest.drop_privileges()
+                    os.write(write_end, READY.encode())
+                except BaseException as e:  # noqa: BLE001
+                    os.write(write_end, str(e).encode(errors="replace")[:300])
+                os._exit(0)
+            os.waitpid(inner, 0)
+        except BaseException as e:  # noqa: BLE001
+            os.write(write_end, str(e).encode(errors="replace")[:300])
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as f:
+        said = f.read().decode(errors="replace").strip()
+    return said or "the probe said nothing"
+
+
+def serve(spec: dict) -> int:
+    roots = [Path(r) for r in spec["roots"]]
+    status = Path(spec["socket"]).with_name("server.status")
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    said = probe(Path.cwd())
+    if said != READY:
+        status.write_text(f"{UNAVAILABLE}: {said}\n")
+        return 0
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(spec["socket"])
+    listener.bind(spec["socket"])
+    listener.listen(64)
+    status.write_text(READY + "\n")
+    children: dict[int, socket.socket] = {}
+    while True:
+        conns = list(children.values())
+        ready, _, _ = select.select([listener, *conns], [], [], 0.1)
+        for sock in ready:
+            if sock is listener:
+                conn, _ = listener.accept()
+                try:
+                    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+                    request = json.loads(msg.decode())
+                    if len(fds) != 2 or not any(Path(request["workdir"]).is_relative_to(r) for r in roots):
+                        raise ValueError("a request the server does not serve")
+                except (OSError, ValueError, KeyError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for other in children.values():
+                        other.close()
+                    conn.close()
+                    _child(request, fds[0], fds[1], [*roots, Path.cwd()])  # the server's own folder too
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+            else:  # the kit closed its side or asked for a kill: end the run
+                pid = next(p for p, c in children.items() if c is sock)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        while children:
+            try:
+                pid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                code = os.waitstatus_to_exitcode(wstatus)
+                try:
+                    conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    sys.exit(serve(json.loads(sys.argv[1])))

@@ -1,0 +1,83 @@
+"""The student loop: run one lab notebook on each device configuration and show what passed where."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from labkit.course import catalog, configs
+
+# execute, judge and report (papermill, pytest, rich) are imported by run_lab once the warm server
+# has begun to start: the two start at once, on two cores.
+
+# Where executed copies and reports go; LABKIT_BUILD moves it (the kit's own tests use a temporary folder).
+BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
+
+
+def _warm_server(out: Path, chosen: list, limits, cache):
+    """A warm server begun for the one-process CPU configurations of this run of the loop, or None."""
+    from labkit.run import sandbox, warm
+
+    wanted = [c for c in chosen if c.platform == "cpu" and c.processes == 1]
+    if len(wanted) < 2 or os.environ.get("LABKIT_WARM", "on") == "off":
+        return None  # one kernel: forking it from a server saves nothing
+    base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+    server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [])
+    return server if server.begin(limits or sandbox.DEFAULT_LIMITS) else None
+
+
+def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
+            timeout: float | None = None, hidden: bool = False, console=None,
+            build: Path | None = None, limits=None, record_costs: bool = False, keep_scratch: bool = False) -> bool:
+    """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed.
+
+    `record_costs`: write the runs' cost cards as the lab's reference cards (course staff, on the reference)."""
+    lab = catalog.lab(number)
+    notebook = Path(notebook) if notebook else lab.student
+    chosen = configs.parse(config_names)
+    out = Path(build or BUILD) / lab.name
+    from labkit.run import jaxcache
+
+    # the student's own runs fill and read their own cache (programs compiled once, not at every make lab-N)
+    cache = jaxcache.prepare(Path(build or BUILD) / ".jax-cache") if jaxcache.wanted() else None
+    server = _warm_server(out, chosen, limits, cache)
+    try:
+        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache, record_costs,
+                    keep_scratch)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server,
+         cache, record_costs: bool = False, keep_scratch: bool = False) -> bool:
+    from rich.console import Console
+
+    from labkit import cost
+    from labkit.judge.judge import RunSpec, judge
+    from labkit.run import execute
+    from labkit.student import report
+
+    console = console or Console()
+    timeout = execute.DEFAULT_TIMEOUT if timeout is None else timeout
+    runs = [RunSpec(c.name, notebook, c, out / c.name, keep_scratch=keep_scratch) for c in chosen]
+    console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
+    judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
+                      limits=limits, warm=server, cache=cache)
+    labels = [r.label for r in runs]
+    ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
+    found = cost.cards(judgement.calls, {label: rec.results for label, rec in judgement.records.items()})
+    if record_costs:
+        console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
+    for line in cost.text(found, cost.read_reference(lab.public_tests)):
+        print(line, file=console.file)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({
+        "lab": lab.number,
+        "notebook": str(notebook),
+        "runs": {label: rec.to_json() | {"results": None} for label, rec in judgement.records.items()},
+        "outcomes": [o.to_json() for o in judgement.outcomes],
+        "costs": cost.to_json(found),
+    }, indent=1))
+    return ok
