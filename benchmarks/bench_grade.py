@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit.course import catalog, configs
-from labkit.grading import grade
+from labkit.grading import engine
 from labkit.judge import judge
 
 CONFIGS = ("cpu-1", "cpu-8")
@@ -138,7 +138,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--students", type=int, default=20)
     ap.add_argument("--labs", default=None, help="comma-separated (default: those of 3, 4, 5, 6 that exist)")
-    ap.add_argument("--jobs", type=int, default=grade.default_jobs())
+    ap.add_argument("--jobs", type=int, default=engine.default_jobs())
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per notebook (default %(default)s)")
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--starts", default="warm", help="comma-separated: warm, cold (default %(default)s)")

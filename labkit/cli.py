@@ -84,7 +84,7 @@ def _student_notebooks(args) -> int:
 
 
 def _grade(args) -> int:
-    from labkit.grading import grade, scoreboard
+    from labkit.grading import collect, grade, scoreboard
 
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
@@ -94,9 +94,9 @@ def _grade(args) -> int:
     except sandbox.SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except grade.GradeError as e:
+    except collect.GradeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2 if not isinstance(e, grade.ReferenceBroken) else 1
+        return 2 if not isinstance(e, collect.ReferenceBroken) else 1
     except grade.judge.KitError as e:
         print(f"error: the kit could not grade: {e}", file=sys.stderr)
         return 1

@@ -45,7 +45,7 @@ from labkit.grading.files import write_atomic
 from labkit.grading.roster import Roster
 from labkit.grading.scoreboard import _cell
 
-MAX_FILE = 200_000_000  # one notebook: the most grading reads (grade.MAX_BYTES)
+MAX_FILE = 200_000_000  # one notebook: the most grading reads (collect.MAX_BYTES)
 MAX_TOTAL = 2_000_000_000  # a whole download
 MAX_RATIO = 200  # uncompressed / compressed, for members over RATIO_FLOOR
 RATIO_FLOOR = 1_000_000

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from labkit.course import configs
+from labkit.grading import collect
 from labkit.judge import verify
 from labkit.run import execute, sandbox, scratch
 from labkit.run.sandbox import Limits
@@ -56,21 +57,20 @@ class PodError(RuntimeError):
 
 def plan(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None) -> list[dict]:
     """Write one input folder per unit (reference solutions first) under `out`; the units, as listed in units.json."""
-    from labkit.grading import grade
     from labkit.judge import judge
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise PodError(f"{out} is not empty: give every plan a new folder")
-    chosen_labs, chosen = grade.choose_labs(labs), grade.choose_configs(config_names)
+    chosen_labs, chosen = collect.choose_labs(labs), collect.choose_configs(config_names)
     several = [c.name for c in chosen if c.processes > 1]
     if several:
         raise PodError(f"one pod per unit runs one-process configurations only, not {', '.join(several)}")
-    subs = grade.discover(Path(submissions), [lab.number for lab in chosen_labs])
+    subs = collect.discover(Path(submissions), [lab.number for lab in chosen_labs])
     units = []
     for lab in chosen_labs:
         calls = verify.for_the_student(verify.mark(judge.collect_calls(lab.test_dirs(hidden=True))))
-        handed = [(grade.REFERENCE, lab.reference)] + [
+        handed = [(collect.REFERENCE, lab.reference)] + [
             (s, found[lab.number]) for s, found in sorted(subs.students.items()) if lab.number in found]
         for student, notebook in handed:
             for config in chosen:
@@ -266,11 +266,9 @@ def add_parser(sub) -> None:
 
 
 def _plan(args) -> int:
-    from labkit.grading import grade
-
     try:
         units = plan(args.submissions, args.out, labs=args.labs, config_names=args.configs)
-    except (PodError, grade.GradeError) as e:
+    except (PodError, collect.GradeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(units)} units planned in {args.out}/units (one pod each: indexes 0 to {len(units) - 1})")

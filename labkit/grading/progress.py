@@ -9,6 +9,7 @@ once or every few seconds (`--watch`), whichever engine runs the shards.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,3 +88,60 @@ def watch(out: Path, every: float, stream, until=None) -> None:
         if all(p.finished for p in found) or (until is not None and until()):
             return
         time.sleep(every)
+
+
+class Progress:
+    """A grading run's progress as it goes: a bar with an ETA on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, title: str, stream=None, terminal: bool | None = None, out: Path | None = None):
+        """`out`: the grading run's folder, where `progress.json` says how far it has got (`record`)."""
+        self.total, self.done, self.start = total, 0, time.monotonic()
+        self.title, self.out, self.began = title, out, time.time()
+        self._record()
+        self.stream = stream or sys.stderr
+        self.terminal = self.stream.isatty() if terminal is None else terminal
+        self.bar = None
+        if self.terminal and total:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
+
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                           console=Console(file=self.stream), auto_refresh=False, transient=False)
+            self.task = self.bar.add_task(title, total=total)
+            self.bar.start()
+        elif total:
+            print(f"{title}: {total} to grade", file=self.stream, flush=True)
+
+    def _record(self) -> None:
+        if self.out is not None:
+            record(self.out, phase=self.title, total=self.total, done=self.done, started=self.began)
+
+    def advance(self, unit, row: dict) -> None:
+        self.done += 1
+        self._record()
+        line = f"{unit.student} lab-{unit.lab} {unit.config}: {row['status']} {row['passed']}/{row['total']}"
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=line)
+            self.bar.refresh()
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        width = len(str(self.total))
+        print(f"[{self.done:>{width}}/{self.total}] {line}  (elapsed {elapsed:.0f} s, eta {eta:.0f} s)",
+              file=self.stream, flush=True)
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -128,10 +128,10 @@ def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
     import csv
     import json
 
-    from labkit.grading import grade
+    from labkit.grading import collect
 
     names = [f"student{i}" for i in range(20)]
-    students = [n for n in names if grade.shard_of(n, 2) == 1][:2] + [n for n in names if grade.shard_of(n, 2) == 2][:1]
+    students = [n for n in names if collect.shard_of(n, 2) == 1][:2] + [n for n in names if collect.shard_of(n, 2) == 2][:1]
     home = Path(tempfile.mkdtemp(prefix="labkit-nobody-slurm-"))
     try:
         os.chmod(home, 0o755)

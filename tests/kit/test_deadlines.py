@@ -20,7 +20,7 @@ import pytest
 from test_policy import bob_rows, results, row, t
 
 from labkit.course import catalog
-from labkit.grading import deadlines, grade, policy, roster, scoreboard
+from labkit.grading import deadlines, grade, markdown, policy, roster, scoreboard
 
 DUE = "2026-03-01T23:59:00-08:00"
 LATE = {"per_day": 0.1, "cap": 0.3, "grace_minutes": 15}
@@ -71,8 +71,8 @@ def test_a_late_lab_loses_its_share_of_points_and_says_so():
                                                    "times": {"gradescope": "2026-03-02T12:00:00-08:00"}}}
     lab = policy.grades(res)["students"]["bob"]["labs"]["3"]
     assert (lab["points"], lab["late_days"], lab["late_penalty"]) == (1.8, 1, 0.1)
-    assert "2/5" not in scoreboard.to_markdown(res)
-    assert "1.8/5 (late 1d, -10%, by Gradescope's submission time)" in scoreboard.to_markdown(res)
+    assert "2/5" not in markdown.to_markdown(res)
+    assert "1.8/5 (late 1d, -10%, by Gradescope's submission time)" in markdown.to_markdown(res)
 
 
 def test_extensions_name_students_and_labs_of_the_class():
@@ -134,9 +134,9 @@ def test_a_file_canvas_marked_late_is_charged_one_day_and_says_canvas_flagged_it
     res = graded(canvas_zip(tmp_path), tmp_path)
     bob = lab3(res, "bob")
     assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (4.5, 1, 0.1, "canvas")
-    assert "by Canvas's late flag (_LATE in the file's name)" in scoreboard.to_markdown(res)
+    assert "by Canvas's late flag (_LATE in the file's name)" in markdown.to_markdown(res)
     assert "Canvas marked it late (_LATE), which carries no time: charged as 1 day late" in \
-        scoreboard.feedback(res, "bob")
+        markdown.feedback(res, "bob")
 
 
 def test_canvas_flag_is_not_charged_when_the_policy_does_not_accept_it(tmp_path):
@@ -195,7 +195,7 @@ def test_a_plain_folders_file_time_is_charged_when_the_policy_accepts_it(tmp_pat
                  people=None)
     bob = lab3(res, "bob")
     assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.0, 2, "mtime")
-    assert "by the file's modification time" in scoreboard.to_markdown(res)
+    assert "by the file's modification time" in markdown.to_markdown(res)
 
 
 def test_a_git_commit_time_dates_a_students_repository_when_the_policy_accepts_it(tmp_path):

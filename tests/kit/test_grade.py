@@ -23,7 +23,9 @@ import pytest
 from notebook_variants import with_code
 
 from labkit.course import catalog, configs
-from labkit.grading import grade
+from labkit.grading import collect, engine, grade, store
+from labkit.grading import progress as progress_mod
+from labkit.grading import rows as grade_rows
 from labkit.judge import judge
 from labkit.run import execute, sandbox
 
@@ -118,14 +120,14 @@ def graded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("class")
     subs = make_class(folder)
     out = folder / "out"
-    kit = grade.kit_digest()
+    kit = store.kit_digest()
     done = run_grade("grade", "--submissions", str(subs), "--out", str(out), *ARGS)
     return subs, out, done, kit
 
 
 def same_kit(graded) -> None:
     """Tests that reuse the class's graded units need the kit's code unchanged since (a change regrades all)."""
-    if grade.kit_digest() != graded[3]:
+    if store.kit_digest() != graded[3]:
         pytest.skip("the kit's grading code changed since the class was graded, so every unit is graded again")
 
 
@@ -164,7 +166,7 @@ def test_the_csv_starts_with_the_fixed_columns_and_has_one_row_per_student_lab_a
     header = (graded[1] / "scoreboard.csv").read_text().splitlines()[0]
     assert header.startswith("student,lab,config,passed,total,status")
     assert set(rows) == {(s, c) for s in STUDENTS for c in ("cpu-1", "cpu-8")}
-    assert {r["status"] for r in rows.values()} <= set(grade.ROW_STATUSES)
+    assert {r["status"] for r in rows.values()} <= set(grade_rows.ROW_STATUSES)
 
 
 def test_passed_and_total_count_public_and_hidden_tests(rows, results):
@@ -241,9 +243,9 @@ def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
     nb = reference_nb()
     nb["cells"].insert(1, code_cell("import time\nwhile True:\n    time.sleep(1)"))
     write(tmp_path / "lab-3.ipynb", nb)
-    grader = grade.Grader(tmp_path / "out", [catalog.lab(3)], configs.parse("cpu-1"), jobs=1, timeout=10,
+    grader = engine.Grader(tmp_path / "out", [catalog.lab(3)], configs.parse("cpu-1"), jobs=1, timeout=10,
                           stream=io.StringIO())
-    [row] = grader.run([grade.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], grade.Store(tmp_path / "out"), "t")
+    [row] = grader.run([collect.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], store.Store(tmp_path / "out"), "t")
     assert row["status"] == "timeout" and row["passed"] == 0
     assert "did not finish within 10 s" in row["message"]
 
@@ -372,7 +374,7 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
         write(subs / s / "lab-3.ipynb", nb)
     out = tmp_path / "out"
     shutil.copytree(graded[1] / "reference", out / "reference")  # the reference is graded already
-    kit = grade.kit_digest()
+    kit = store.kit_digest()
     args = ("grade", "--submissions", str(subs), "--out", str(out), "--labs", "3", "--configs", "cpu-1",
             "--jobs", "1", "--timeout", TIMEOUT)
     env = dict(os.environ, NO_COLOR="1")
@@ -387,7 +389,7 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
     assert "what was graded is kept" in err
     kept = {p.parts[-3]: p.stat().st_mtime_ns for p in (out / "units").glob("*/lab-3/cpu-1.json")}
     assert 1 <= len(kept) < 3
-    if grade.kit_digest() != kit:
+    if store.kit_digest() != kit:
         pytest.skip("the kit's grading code changed while this test ran, so every unit is graded again")
     done = run_grade(*args)
     assert done.returncode == 0, done.stderr
@@ -472,10 +474,10 @@ def test_a_submissions_folder_that_does_not_exist_exits_2(tmp_path):
 
 def test_a_shard_is_fixed_by_the_student_id_alone():
     ids = [f"student{i:03d}" for i in range(200)]
-    first = [grade.shard_of(s, 4) for s in ids]
-    assert first == [grade.shard_of(s, 4) for s in reversed(ids)][::-1]
+    first = [collect.shard_of(s, 4) for s in ids]
+    assert first == [collect.shard_of(s, 4) for s in reversed(ids)][::-1]
     assert set(first) == {1, 2, 3, 4}
-    assert all(grade.shard_of(s, 1) == 1 for s in ids)
+    assert all(collect.shard_of(s, 1) == 1 for s in ids)
 
 
 def test_a_run_that_timed_out_or_failed_to_start_maps_to_its_row_status():
@@ -483,13 +485,13 @@ def test_a_run_that_timed_out_or_failed_to_start_maps_to_its_row_status():
         return [judge.Outcome("test_x", "f", "s/cpu-1", "cpu-1", status, "m", file="t.py")]
 
     timeout = execute.RunRecord("cpu-1", "timeout", "the notebook did not finish within 5 s")
-    assert grade.make_row("s", 3, "cpu-1", timeout, outcome("timeout"))["status"] == "timeout"
+    assert grade_rows.make_row("s", 3, "cpu-1", timeout, outcome("timeout"))["status"] == "timeout"
     skipped = execute.RunRecord("tpu", "skipped", "no TPU on this machine")
-    row = grade.make_row("s", 3, "tpu", skipped, outcome("skipped"))
+    row = grade_rows.make_row("s", 3, "tpu", skipped, outcome("skipped"))
     assert (row["status"], row["total"], row["message"]) == ("skipped", 0, "no TPU on this machine")
     ok = execute.RunRecord("cpu-1", "ok")
-    assert grade.make_row("s", 3, "cpu-1", ok, outcome("todo"))["status"] == "failed"
-    assert grade.make_row("s", 3, "cpu-1", ok, outcome("passed"))["status"] == "ok"
+    assert grade_rows.make_row("s", 3, "cpu-1", ok, outcome("todo"))["status"] == "failed"
+    assert grade_rows.make_row("s", 3, "cpu-1", ok, outcome("passed"))["status"] == "ok"
 
 
 def test_the_key_changes_with_the_submission_the_configuration_and_the_timeout(tmp_path):
@@ -498,21 +500,21 @@ def test_the_key_changes_with_the_submission_the_configuration_and_the_timeout(t
     a, b = tmp_path / "a.ipynb", tmp_path / "b.ipynb"
     a.write_text("one")
     b.write_text("two")
-    grader = grade.Grader(tmp_path, [catalog.lab(3)], configs.parse("cpu-1,cpu-8"), jobs=1, timeout=10)
-    key = grader.key(grade.Unit("s", 3, "cpu-1", a))
-    assert key == grader.key(grade.Unit("someone else", 3, "cpu-1", a))
-    assert key != grader.key(grade.Unit("s", 3, "cpu-1", b))
-    assert key != grader.key(grade.Unit("s", 3, "cpu-8", a))
-    longer = grade.Grader(tmp_path, [catalog.lab(3)], configs.parse("cpu-1,cpu-8"), jobs=1, timeout=20)
-    assert key != longer.key(grade.Unit("s", 3, "cpu-1", a))
+    grader = engine.Grader(tmp_path, [catalog.lab(3)], configs.parse("cpu-1,cpu-8"), jobs=1, timeout=10)
+    key = grader.key(collect.Unit("s", 3, "cpu-1", a))
+    assert key == grader.key(collect.Unit("someone else", 3, "cpu-1", a))
+    assert key != grader.key(collect.Unit("s", 3, "cpu-1", b))
+    assert key != grader.key(collect.Unit("s", 3, "cpu-8", a))
+    longer = engine.Grader(tmp_path, [catalog.lab(3)], configs.parse("cpu-1,cpu-8"), jobs=1, timeout=20)
+    assert key != longer.key(collect.Unit("s", 3, "cpu-1", a))
 
 
 def test_a_terminal_gets_a_progress_bar_with_an_eta(tmp_path):
     import io
 
     stream = io.StringIO()
-    progress = grade.Progress(3, "grading", stream, terminal=True)
-    progress.advance(grade.Unit("alice", 3, "cpu-1", None), {"status": "ok", "passed": 6, "total": 6})
+    progress = progress_mod.Progress(3, "grading", stream, terminal=True)
+    progress.advance(collect.Unit("alice", 3, "cpu-1", None), {"status": "ok", "passed": 6, "total": 6})
     progress.close()
     text = stream.getvalue()
     assert "1/3" in text and "eta" in text and "alice lab-3 cpu-1: ok 6/6" in text
@@ -536,9 +538,9 @@ def test_every_graded_run_records_its_isolation_in_the_csv(rows):
 def test_the_limits_are_flags_of_grade_and_part_of_each_units_key(tmp_path):
     lab = catalog.lab(3)
     config = [configs.CONFIGS["cpu-1"]]
-    unit = grade.Unit("alice", 3, "cpu-1", lab.reference)
-    small = grade.Grader(tmp_path, [lab], config, jobs=1, timeout=60, limits=sandbox.Limits(memory=1 << 30))
-    default = grade.Grader(tmp_path, [lab], config, jobs=1, timeout=60)
+    unit = collect.Unit("alice", 3, "cpu-1", lab.reference)
+    small = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60, limits=sandbox.Limits(memory=1 << 30))
+    default = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60)
     assert small.key(unit) != default.key(unit), "a regrade with other limits grades again"
     help_text = run_grade("grade", "--help").stdout
     assert "--memory" in help_text and "--max-processes" in help_text and "--max-output" in help_text
@@ -572,7 +574,7 @@ def test_grades_combine_the_configurations_by_the_courses_policy(graded):
 def test_the_scoreboard_names_the_digest_it_graded_and_history_keeps_those_bytes(graded, results):
     subs, out = graded[:2]
     digest = row_of(results, "alice", "cpu-1")["digest"]
-    assert digest == grade._file_digest(subs / "alice" / "lab-3.ipynb")
+    assert digest == store._file_digest(subs / "alice" / "lab-3.ipynb")
     assert (out / "history" / "alice" / "lab-3" / f"{digest}.ipynb").read_bytes() == \
         (subs / "alice" / "lab-3.ipynb").read_bytes()
     kept = json.loads((out / "history" / "alice" / "lab-3" / "history.json").read_text())

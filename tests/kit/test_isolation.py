@@ -309,10 +309,10 @@ def test_grading_limits_only_by_name_grades_and_every_row_says_so(tmp_path):
 
 def test_a_unit_graded_with_limits_only_is_graded_again_in_a_sandbox(tmp_path):
     from labkit.course import configs
-    from labkit.grading import grade
+    from labkit.grading import collect, engine
 
     lab = catalog.lab(3)
-    unit = grade.Unit("alice", 3, "cpu-1", lab.student)
-    keys = {i: grade.Grader(tmp_path, [lab], [configs.CONFIGS["cpu-1"]], jobs=1, timeout=60,
+    unit = collect.Unit("alice", 3, "cpu-1", lab.student)
+    keys = {i: engine.Grader(tmp_path, [lab], [configs.CONFIGS["cpu-1"]], jobs=1, timeout=60,
                             limits=sandbox.Limits(isolation=i)).key(unit) for i in sandbox.ISOLATIONS}
     assert len(set(keys.values())) == len(sandbox.ISOLATIONS), keys

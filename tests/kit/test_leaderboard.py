@@ -14,7 +14,7 @@ import pytest
 
 from labkit import cost
 from labkit.course import catalog, configs
-from labkit.grading import grade, gradescope, leaderboard, roster, scoreboard
+from labkit.grading import collect, grade, gradescope, leaderboard, markdown, pages, roster, scoreboard
 from labkit.run import sandbox
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
@@ -69,7 +69,7 @@ def test_students_are_ranked_by_their_modelled_step_time_fastest_first():
     assert [p["name"] for p in places] == ["bob", "carl", "alice"]
     assert [p["rank"] for p in places] == [1, 2, 3]
     assert [p["seconds"] for p in places] == pytest.approx([5e-8, 1e-7, 2e-7])
-    table = leaderboard_section(scoreboard.to_markdown(results))
+    table = leaderboard_section(markdown.to_markdown(results))
     assert table.index("| 1 | bob | 50 ns |") < table.index("| 2 | carl | 100 ns |") < table.index("| 3 | alice | 200 ns |")
 
 
@@ -88,8 +88,8 @@ def test_equal_times_are_ranked_in_the_order_of_the_student_ids():
 def test_a_student_whose_row_fails_is_not_ranked():
     results = make_results([row("alice", 20000), row("bob", 1000, passes=False)])
     assert [p["name"] for p in board_of(results)["places"]] == ["alice"]
-    assert "bob" not in leaderboard_section(scoreboard.to_markdown(results))
-    assert "not ranked: only code that passes every test on cpu-8 is ranked" in scoreboard.feedback(results, "bob")
+    assert "bob" not in leaderboard_section(markdown.to_markdown(results))
+    assert "not ranked: only code that passes every test on cpu-8 is ranked" in markdown.feedback(results, "bob")
 
 
 def test_a_row_on_another_configuration_does_not_rank_a_student():
@@ -102,8 +102,8 @@ def test_a_lab_without_a_leaderboard_draws_none():
     results = make_results([row("alice", 20000)])
     del results["labs"][0]["leaderboard"]
     assert "leaderboards" not in json.loads(scoreboard.to_json(results))
-    assert "Leaderboard" not in scoreboard.to_markdown(results) + scoreboard.feedback(results, "alice")
-    assert 'class="leaderboard"' not in scoreboard.to_html(results)
+    assert "Leaderboard" not in markdown.to_markdown(results) + markdown.feedback(results, "alice")
+    assert 'class="leaderboard"' not in pages.to_html(results)
 
 
 # ----------------------------------------------------------------------------------------
@@ -115,12 +115,12 @@ def test_a_student_who_opted_out_appears_as_anonymous_with_their_rank_and_never_
     board = board_of(results)
     assert [(p["rank"], p["name"]) for p in board["places"]] == [(1, "anonymous"), (2, "bob"), (3, "carl")]
     assert "alice" not in json.dumps(board)
-    assert "alice" not in leaderboard_section(scoreboard.to_markdown(results))
+    assert "alice" not in leaderboard_section(markdown.to_markdown(results))
     for other in ("bob", "carl"):  # what the others are handed back
-        assert "alice" not in scoreboard.feedback(results, other)
-        assert "alice" not in scoreboard.feedback_html(results, other)
-        assert "anonymous" in scoreboard.feedback(results, other)
-    page = scoreboard.to_html(results)
+        assert "alice" not in markdown.feedback(results, other)
+        assert "alice" not in pages.feedback_html(results, other)
+        assert "anonymous" in markdown.feedback(results, other)
+    page = pages.to_html(results)
     start = page.index('<table class="leaderboard"')
     table = page[start:page.index("</table>", start)]
     assert "alice" not in table and "anonymous" in table
@@ -128,17 +128,17 @@ def test_a_student_who_opted_out_appears_as_anonymous_with_their_rank_and_never_
 
 def test_a_student_who_opted_out_is_told_their_own_rank():
     results = make_results([row("alice", 5000), row("bob", 10000)], hide=("alice",))
-    assert "rank 1 of 2 (shown as anonymous)" in scoreboard.feedback(results, "alice")
+    assert "rank 1 of 2 (shown as anonymous)" in markdown.feedback(results, "alice")
 
 
 def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
     results = make_results([row(EVIL, 5000), row("bob", 10000)])
-    for page in (scoreboard.to_html(results), scoreboard.feedback_html(results, "bob"),
-                 scoreboard.feedback_html(results, EVIL)):
+    for page in (pages.to_html(results), pages.feedback_html(results, "bob"),
+                 pages.feedback_html(results, EVIL)):
         assert "<img src=x" not in page
         assert "&lt;img src=x onerror=&#34;document.title=&#39;pwned&#39;&#34;&gt;" in page
-    assert "<img" not in leaderboard_section(scoreboard.to_markdown(results))
-    assert "<img" not in scoreboard.feedback(results, "bob")
+    assert "<img" not in leaderboard_section(markdown.to_markdown(results))
+    assert "<img" not in markdown.feedback(results, "bob")
 
 
 # ----------------------------------------------------------------------------------------
@@ -148,8 +148,8 @@ def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
 def test_the_students_feedback_names_their_time_and_the_references():
     results = make_results([row("alice", 5000), row("bob", 10000)])
     said = "Leaderboard (fsdp_mlp on cpu-8): yours: 100 ns on a TPU v5e; the reference: 73.9 ns; rank 2 of 2."
-    assert said in scoreboard.feedback(results, "bob")
-    assert said in scoreboard.feedback_html(results, "bob")
+    assert said in markdown.feedback(results, "bob")
+    assert said in pages.feedback_html(results, "bob")
 
 
 def test_the_leaderboards_are_drawn_from_the_whole_class_after_merging_its_parts(tmp_path):
@@ -209,7 +209,7 @@ def test_every_leaderboard_of_the_catalog_names_a_chip_a_configuration_and_a_cal
 
 
 def test_the_graded_results_carry_the_labs_leaderboard():
-    subs = grade.Submissions(students={"alice": {}})
+    subs = collect.Submissions(students={"alice": {}})
     results = grade.results_of([], [catalog.lab(9), catalog.lab(3)], [configs.CONFIGS["cpu-8"]], subs, ["alice"])
     assert [lab.get("leaderboard") for lab in results["labs"]] == [SPEC.to_json(), None]
 

@@ -8,7 +8,7 @@ import io
 import pytest
 from test_policy import bob_rows, results
 
-from labkit.grading import lms, overrides, policy, scoreboard
+from labkit.grading import lms, markdown, overrides, pages, policy, scoreboard
 
 TESTS = {3: {"test_doubles", "test_split"}, 5: {"test_mlp"}}
 
@@ -35,8 +35,8 @@ def test_overrides_are_marked_in_grades_csv_the_summary_and_the_page():
     res = with_overrides("student,lab,points,comment\nbob,3,4,by hand\n")
     row = next(r for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res))) if r["lab"] == "3")
     assert row["overridden"] == "by hand" and row["points"] == "4"
-    assert "4/5 (overridden: by hand)" in scoreboard.to_markdown(res)
-    assert 'class="overridden">4/5 (overridden: by hand)</td>' in scoreboard.to_html(res)
+    assert "4/5 (overridden: by hand)" in markdown.to_markdown(res)
+    assert 'class="overridden">4/5 (overridden: by hand)</td>' in pages.to_html(res)
 
 
 def test_overrides_reach_the_lms_exports():

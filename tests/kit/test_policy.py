@@ -13,7 +13,7 @@ import pytest
 
 from labkit import checks
 from labkit.checks import call, check
-from labkit.grading import policy, scoreboard
+from labkit.grading import markdown, pages, policy, scoreboard
 
 
 def t(name, status, points=1, hidden=False):
@@ -138,8 +138,8 @@ def test_grades_csv_has_each_labs_points_and_a_total_per_student_with_the_rule()
 
 def test_the_summary_and_the_page_show_points_per_lab_and_total():
     res = results(bob_rows())
-    assert "| bob | 2/5 | 4/4 | 6/9 |" in scoreboard.to_markdown(res)
-    assert '<td class="total">6/9</td>' in scoreboard.to_html(res)
+    assert "| bob | 2/5 | 4/4 | 6/9 |" in markdown.to_markdown(res)
+    assert '<td class="total">6/9</td>' in pages.to_html(res)
 
 
 # ----------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ float32 operands to bfloat16, as a TPU does by default.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

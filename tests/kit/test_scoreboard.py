@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from labkit.course import catalog
-from labkit.grading import failrates, grade, scoreboard, spread
+from labkit.grading import failrates, grade, markdown, pages, scoreboard, spread
+from labkit.grading import results as results_mod
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SCRIPT = "<script>document.body.setAttribute('data-pwned','yes')</script>"
@@ -102,22 +103,22 @@ def test_the_json_is_the_results_themselves_with_what_is_drawn_from_them(results
 
 
 def test_the_summary_gives_the_pass_rate_per_lab_and_configuration(results):
-    md = scoreboard.to_markdown(results)
+    md = markdown.to_markdown(results)
     line = next(ln for ln in md.splitlines() if ln.startswith("| Lab 3"))
     assert "4/6 students (67%)" in line  # cpu-1: alice, bob, carl, =HYPERLINK pass; dana missing, EVIL failed
     assert "2/6 students (33%)" in line  # cpu-8: only alice and =HYPERLINK
 
 
 def test_the_summary_ranks_tests_failed_on_several_devices_but_passed_on_one(results):
-    bugs = scoreboard.multi_device_bugs(results)
+    bugs = results_mod.multi_device_bugs(results)
     assert [(b["test"], b["config"], len(b["students"])) for b in bugs] == [
         ("test_hidden_block", "cpu-8", 2), ("test_is_split", "cpu-8", 2)]
-    md = scoreboard.to_markdown(results)
+    md = markdown.to_markdown(results)
     assert "| 3 | is split | cpu-8 | 2 | expected the result on all 8 devices, but it lives on 1 |" in md
 
 
 def test_markup_in_the_markdown_is_shown_as_text(results):
-    md = scoreboard.to_markdown(results) + scoreboard.feedback(results, EVIL)
+    md = markdown.to_markdown(results) + markdown.feedback(results, EVIL)
     assert "<img" not in md and "<script" not in md and "&lt;script&gt;" in md
 
 
@@ -126,14 +127,14 @@ def test_markup_in_the_markdown_is_shown_as_text(results):
 # ----------------------------------------------------------------------------------------
 
 def test_feedback_has_public_messages_and_hidden_tests_by_name_and_outcome_only(results):
-    text = scoreboard.feedback(results, "bob")
+    text = markdown.feedback(results, "bob")
     assert "✗ is split: expected the result on all 8 devices, but it lives on 1" in text
     assert "✗ hidden block" in text
     assert HIDDEN_SECRET not in text
 
 
 def test_feedback_of_a_run_that_did_not_finish_says_why(results):
-    text = scoreboard.feedback(results, EVIL)
+    text = markdown.feedback(results, EVIL)
     assert "cpu-8: timeout" in text and "did not finish within 5 s" in text
     assert "Cell 2 of your notebook raised RuntimeError" in text
 
@@ -150,14 +151,14 @@ def test_feedback_files_are_only_those_of_the_students_in_the_results(results, t
 
 
 def test_each_student_gets_an_html_page_with_hidden_tests_by_name_and_outcome_only(results):
-    page = scoreboard.feedback_html(results, "bob")
+    page = pages.feedback_html(results, "bob")
     assert "expected the result on all 8 devices, but it lives on 1" in page
     assert "hidden block" in page and HIDDEN_SECRET not in page
     assert "alice" not in page  # one student's page names no other student
 
 
 def test_a_students_html_page_shows_markup_from_a_submission_as_text(results):
-    page = scoreboard.feedback_html(results, EVIL)
+    page = pages.feedback_html(results, EVIL)
     assert "<script>" not in page and "<img src=x" not in page
     assert "&lt;script&gt;document.body.setAttribute(" in page
     assert "Content-Security-Policy" in page and "http" not in page.replace("http-equiv", "")
@@ -190,7 +191,7 @@ def test_merging_parts_gives_the_files_of_the_whole(results, tmp_path):
     parts = [part_of(results, set(names[1::2])), part_of(results, set(names[::2]))]
     merged = scoreboard.merge(parts)
     assert scoreboard.to_json(merged) == scoreboard.to_json(results)
-    assert scoreboard.to_html(merged) == scoreboard.to_html(results)
+    assert pages.to_html(merged) == pages.to_html(results)
     assert scoreboard.to_csv(merged) == scoreboard.to_csv(results)
 
 
@@ -329,7 +330,7 @@ def test_make_scoreboard_draws_the_students_own_runs_with_the_class_scoreboards_
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4/4" in done.stdout and "cpu-1" in done.stdout
     mine = grade.student_results(build)
-    assert (build / "scoreboard" / "scoreboard.html").read_text() == scoreboard.to_html(mine)
+    assert (build / "scoreboard" / "scoreboard.html").read_text() == pages.to_html(mine)
     assert scoreboard.to_csv(mine).splitlines()[1] == "you,3,cpu-1,4,4,ok,4,4,,bubblewrap"
 
 
@@ -339,9 +340,9 @@ def test_make_scoreboard_before_any_lab_run_says_what_to_do(kit):
 
 
 def test_runs_without_a_sandbox_are_counted_and_warned_about_in_the_summary(results):
-    assert "## Isolation" not in scoreboard.to_markdown(results)
+    assert "## Isolation" not in markdown.to_markdown(results)
     results["rows"][0]["isolation"] = "limits-only"
-    text = scoreboard.to_markdown(results)
+    text = markdown.to_markdown(results)
     assert "## Isolation" in text and f"1 of {len(results['rows'])} runs had resource limits only" in text
     table = list(csv.reader(io.StringIO(scoreboard.to_csv(results))))
     assert table[0][-1] == "isolation" and table[1][-1] == "limits-only"
@@ -380,7 +381,7 @@ def test_a_class_that_passes_on_one_device_and_half_fails_on_eight_shows_that_sh
     })
     assert bars(results, "cpu-1") == {"100": ["alice", "bob", "carl", "dana"]}
     assert bars(results, "cpu-8") == {"25-49": ["carl", "dana"], "100": ["alice", "bob"]}  # 1 of 3 tests
-    assert drawn(scoreboard.to_html(results)) == {"cpu-1": {"100": 4}, "cpu-8": {"25-49": 2, "100": 2}}
+    assert drawn(pages.to_html(results)) == {"cpu-1": {"100": 4}, "cpu-8": {"25-49": 2, "100": 2}}
 
 
 def test_each_student_falls_in_one_bar_by_the_share_of_tests_passed():
@@ -406,7 +407,7 @@ def test_a_configuration_that_could_not_run_here_draws_no_bars_and_says_skipped(
                             for s in ("alice", "bob")})
     found = {d["config"]: d["skipped"] for d in spread.distributions(results)}
     assert found == {"cpu-1": False, "cpu-8": True}
-    page = scoreboard.to_html(results)
+    page = pages.to_html(results)
     assert drawn(page) == {"cpu-1": {"100": 2}}
     assert '<td data-config="cpu-8"><span class="msg">skipped</span></td>' in page
 
@@ -424,7 +425,7 @@ def test_every_histogram_of_a_page_is_drawn_on_one_scale():
 
 
 def test_a_student_id_with_markup_is_shown_in_a_histogram_as_text_only(results):
-    page = scoreboard.to_html(results)
+    page = pages.to_html(results)
     start = page.index('<table id="spread">')
     section = page[start:page.index('<h2 id="failure-rates">', start)]
     assert "<img" not in section and "onerror=\"" not in section

@@ -19,7 +19,7 @@ import pytest
 import slurm_cluster
 
 from labkit.course import configs
-from labkit.grading import grade, progress, slurm
+from labkit.grading import collect, progress, slurm
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 
@@ -30,8 +30,8 @@ PY = sys.executable
 def _students_in_both_shards() -> list[str]:
     """Three student ids, at least one in each of two shards."""
     names = [f"student{i}" for i in range(20)]
-    first = [n for n in names if grade.shard_of(n, 2) == 1][:2]
-    second = [n for n in names if grade.shard_of(n, 2) == 2][:1]
+    first = [n for n in names if collect.shard_of(n, 2) == 1][:2]
+    second = [n for n in names if collect.shard_of(n, 2) == 2][:1]
     return first + second
 
 
@@ -103,7 +103,7 @@ def test_a_shard_that_did_not_finish_is_named_by_the_merge(cluster, klass, tmp_p
     notes = " ".join(grade_notes(out))
     assert "shard 2 of 2 did not finish" in notes
     students = {r[0] for r in _rows(out)}
-    assert students == {s for s in _students_in_both_shards() if grade.shard_of(s, 2) == 1}
+    assert students == {s for s in _students_in_both_shards() if collect.shard_of(s, 2) == 1}
     assert "failed: shard 2" in progress.summary(_parts_with_exits(out))
 
 

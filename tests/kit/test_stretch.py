@@ -105,14 +105,14 @@ def test_a_stretch_tried_and_wrong_fails_the_run():
 
 
 def test_a_graded_row_leaves_out_a_stretch_not_tried_and_counts_one_tried():
-    from labkit.grading import grade
+    from labkit.grading import rows
     from labkit.judge.judge import Outcome
     from labkit.run.execute import RunRecord
 
     def row(stretch_status):
         outcomes = [Outcome("doubles", "shard_map_double", "ada", "cpu-8", "passed"),
                     Outcome("stretch", "shard_shapes", "ada", "cpu-8", stretch_status, points=0)]
-        return grade.make_row("ada", 1, "cpu-8", RunRecord("cpu-8", "ok"), outcomes)
+        return rows.make_row("ada", 1, "cpu-8", RunRecord("cpu-8", "ok"), outcomes)
 
     untried, wrong = row("todo"), row("failed")
     assert (untried["status"], untried["passed"], untried["total"], untried["points"]) == ("ok", 1, 1, 1)

@@ -1,0 +1,280 @@
+"""The grading engine: notebooks run `jobs` at a time, finished runs judged in batches (one pytest
+session per lab for many students at once), every unit kept the moment it is graded, and a stop
+request (Ctrl-C, SIGTERM) that ends the children and keeps what finished."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import psutil
+
+from labkit import cost
+from labkit.course import catalog
+from labkit.course.configs import DeviceConfig
+from labkit.grading import pods as pods_mod
+from labkit.grading.collect import MAX_BYTES, Unit
+from labkit.grading.progress import Progress
+from labkit.grading.rows import clean_message, make_row, submission_notes
+from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key
+from labkit.judge import judge
+from labkit.run import execute, jaxcache, warm
+from labkit.run.sandbox import DEFAULT_LIMITS, Limits
+
+# ----------------------------------------------------------------------------------------
+# The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.
+# ----------------------------------------------------------------------------------------
+
+class Grader:
+    def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
+                 timeout: float, limits: Limits | None = None, stream=None, terminal: bool | None = None,
+                 batch_seconds: float = 3.0, warm: bool = True, pods: tuple[Path, Path] | None = None):
+        self.out = Path(out)
+        # (RUNS, PLAN): the notebooks ran in pods of their own (labkit.grading.pods); each unit's output is read, not run
+        self.pods = pods
+        self.labs = {lab.number: lab for lab in labs}
+        self.configs = {c.name: c for c in chosen}
+        self.jobs = max(1, jobs)
+        self.timeout = timeout
+        self.limits = limits or DEFAULT_LIMITS
+        self.stream = stream or sys.stderr
+        self.terminal = terminal
+        self.batch_seconds = batch_seconds
+        self.stop: StopRequest | None = None  # grade() sets one for its whole run; run() makes its own otherwise
+        self._calls: dict[int, list[dict]] = {}
+        self._kit = kit_digest()
+        self._labs = {n: lab_digest(lab) for n, lab in self.labs.items()}
+        self.graded = 0  # units graded (not taken from a previous run) in this process
+        # Warm starts (labkit.run.warm): one server, started at the first run, forks every one-process CPU run's kernel.
+        self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
+        # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
+        # Made at the first run, so that a grading run refused before any leaves OUT as it was.
+        self.cache = None
+        self._warm = None  # None: not tried yet; False: not to be had here; else the started server
+
+    def warm_server(self):
+        """The warm server of this grading run (started once, at the first need), or None: runs start cold."""
+        if self._warm is None:
+            self._warm = False
+            wanted = [c for c in self.configs.values() if c.platform == "cpu" and c.processes == 1]
+            if self.warm_wanted and wanted:
+                base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+                server = warm.Server([self.out / "work", self.out / "reference" / "work"], base, self.out / ".warm",
+                                     shared=[self.cache.folder] if self.cache else [])
+                if server.start(self.limits):
+                    self._warm = server
+                else:
+                    print(f"warm starts: none here ({server.why}); every kernel starts cold", file=self.stream,
+                          flush=True)
+        return self._warm or None
+
+    def close(self) -> None:
+        """Stop the warm server, if one was started, and give the compilation cache its usual mode back."""
+        if self._warm:
+            self._warm.stop()
+        self._warm = None
+        jaxcache.release(self.cache)
+
+    def calls(self, lab: int) -> list[dict]:
+        if lab not in self._calls:
+            self._calls[lab] = judge.collect_calls(self.labs[lab].test_dirs(hidden=True))
+        return self._calls[lab]
+
+    def key(self, unit: Unit) -> str:
+        return unit_key([self._kit, self._labs[unit.lab], config_digest(self.configs[unit.config]),
+                         submission_digest(unit.path), float(self.timeout), self.limits.to_json()]
+                        + (["pods", str(self.pods[0])] if self.pods else []))
+
+    def _judge(self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]],
+               expected: dict) -> list[tuple[Unit, str, dict, float]]:
+        """One pytest session per lab for every finished run of that lab in `batch`."""
+        rows = []
+        by_lab: dict[int, list] = {}
+        for item in batch:
+            by_lab.setdefault(item[0].lab, []).append(item)
+        for number, items in by_lab.items():
+            lab = self.labs[number]
+            specs = [judge.RunSpec(u.label, u.path, self.configs[u.config], store.workdir(u), record=rec)
+                     for u, _, rec, _ in items]
+            judgement = judge.judge(lab.test_dirs(hidden=True), specs, hidden_dirs=[lab.hidden_tests], jobs=1,
+                                    timeout=self.timeout)
+            by_run: dict[str, list[judge.Outcome]] = {}
+            for o in judgement.outcomes:
+                by_run.setdefault(o.run, []).append(o)
+            for unit, key, record, seconds in items:
+                outcomes = by_run.get(unit.label, [])
+                for o in outcomes:
+                    o.message = clean_message(o.message, unit, store.root)
+                record.message = clean_message(record.message, unit, store.root)
+                for e in record.cell_errors:
+                    e["message"] = clean_message(str(e.get("message", "")), unit, store.root)
+                row = make_row(unit.student, unit.lab, unit.config, record, outcomes,
+                               submission_notes(unit.path), *expected.get((unit.lab, unit.config), (0, 0)))
+                if record.status == "ok":  # what its examined calls cost (labkit/cost.py), for the feedback
+                    row["costs"] = cost.to_json(cost.cards(self.calls(number), {unit.config: record.results}))
+                rows.append((unit, key, row, seconds))
+        return rows
+
+    def run(self, units: list[Unit], store: Store, title: str, expected: dict | None = None,
+            fills_cache: bool = False) -> list[dict]:
+        """Grade `units` (skipping those already graded with the same key); their rows, in the order given.
+
+        `fills_cache`: these runs (the reference solutions') write JAX's compilation cache; others only read it.
+        """
+        expected = expected or {}
+        rows: dict[Unit, dict] = {}
+        todo: list[tuple[Unit, str]] = []
+        unchanged = 0
+        for unit in units:
+            if unit.path is None:
+                rows[unit] = make_row(unit.student, unit.lab, unit.config, None, [], [],
+                                      *expected.get((unit.lab, unit.config), (0, 0)))
+                if unit.refused:
+                    rows[unit].update(status="error", message=f"refused: {unit.refused}")
+                continue
+            key = self.key(unit)
+            cached = store.row(unit, key)
+            if cached is not None:
+                rows[unit] = cached
+                unchanged += 1
+            else:
+                todo.append((unit, key))
+        if unchanged:
+            print(f"{title}: {unchanged} of {len(units)} unchanged since the last run, not graded again",
+                  file=self.stream, flush=True)
+        progress = Progress(len(todo), title, self.stream, self.terminal, out=self.out)
+        queue: list[tuple[Unit, str, execute.RunRecord, float]] = []
+
+        def finish(done_rows):
+            for unit, key, row, seconds in done_rows:
+                if key:
+                    store.save_row(unit, key, row, seconds)
+                rows[unit] = row
+                self.graded += 1
+                progress.advance(unit, row)
+
+        def start(unit: Unit, key: str) -> tuple[execute.RunRecord, float]:
+            began = time.monotonic()
+            record = _run(unit)
+            return record, round(time.monotonic() - began, 2)
+
+        def _run(unit: Unit) -> execute.RunRecord:
+            if unit.path.is_file() and unit.path.stat().st_size > MAX_BYTES:
+                return execute.RunRecord(unit.config, "error", f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
+                                         f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
+                                         workdir=str(store.workdir(unit)))
+            workdir = store.workdir(unit)
+            if self.pods:
+                runs, plan = self.pods
+                return pods_mod.record_of(pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config),
+                                          self.configs[unit.config], self.calls(unit.lab), workdir, self.timeout,
+                                          self.limits)
+            cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
+            return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
+                                        timeout=self.timeout, limits=self.limits, warm=self.warm_server(),
+                                        cache=cache)
+
+        for unit, _ in todo:
+            self.calls(unit.lab)  # collect in this thread, before any run starts
+        if todo and not self.pods:
+            if self.cache is None and jaxcache.wanted():
+                self.cache = jaxcache.prepare(self.out / ".jax-cache", unlisted=True)
+            self.warm_server()
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
+        running: dict[Future, tuple[Unit, str, float]] = {}
+        stop = self.stop or StopRequest()
+        try:
+            for unit, key in todo:
+                record = store.record(unit, key)
+                if record is not None:
+                    queue.append((unit, key, record, record.seconds))  # ran before the last stop: judge only
+                else:
+                    running[pool.submit(start, unit, key)] = (unit, key, time.monotonic())
+            last_judged = time.monotonic()
+            while running or queue:
+                stop.check()
+                if running:
+                    done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        unit, key, began = running.pop(fut)
+                        try:
+                            record, seconds = fut.result()
+                            store.save_record(unit, key, record)
+                        except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
+                            record = execute.RunRecord(unit.config, "error", f"the kit could not run this notebook "
+                                                       f"({type(e).__name__}: {e}); grade again to retry")
+                            key, seconds = "", round(time.monotonic() - began, 2)  # key "": graded again next time
+                        queue.append((unit, key, record, seconds))
+                stop.check()
+                progress.tick()
+                due = time.monotonic() - last_judged >= self.batch_seconds or len(queue) >= 4 * self.jobs
+                if queue and (not running or due):
+                    batch, queue = queue, []
+                    finish(self._judge(store, batch, expected))
+                    last_judged = time.monotonic()
+        except BaseException:
+            _stop_children()  # the runs still going would otherwise go on writing into OUT
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if stop is not self.stop:
+                stop.restore()
+            progress.close()
+        pool.shutdown(wait=True)
+        return [rows[u] for u in units]
+
+
+class StopRequest:
+    """Ctrl-C and SIGTERM stop a grading run between two steps, never inside the judge's pytest session.
+
+    The handler only notes the request; the grading loop sees it within half a second, ends the
+    notebooks still running and raises KeyboardInterrupt; outside the loop it is seen at the next
+    step (after the scoreboard is written, never half-way through it). What was kept stays kept.
+    Made once for the whole `grade()` call: a signal that comes between the loop's end and the
+    command's exit is still a stop, not the interpreter's default death.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[sig] = signal.signal(sig, self._note)
+            except ValueError:  # not the main thread: leave signals alone
+                break
+
+    def _note(self, signum, frame):
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+
+
+def _stop_children() -> None:
+    """End the runs this process started (and their kernels), so that a stopped grading run leaves nothing behind."""
+    try:
+        children = psutil.Process().children(recursive=False)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            execute.kill_tree(child.pid)
+        except (OSError, ValueError):
+            continue
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

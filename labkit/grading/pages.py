@@ -1,0 +1,189 @@
+"""The scoreboard and each student's feedback as html: one self-contained page each, no external
+assets, drawn from jinja2 templates (templates/) that escape every string a submission wrote."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from labkit.grading import failrates, leaderboard, policy, similarity, spread
+from labkit.grading.results import (
+    MARK,
+    configs_of,
+    cost_card,
+    index_of,
+    lab_title,
+    labs_of,
+    multi_device_bugs,
+    points_cell,
+    students_of,
+    test_label,
+)
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem;color:#1d232a;background:#fff}
+h1{font-size:1.5rem;margin:0 0 .3rem} h2{font-size:1.2rem;margin:2rem 0 .5rem} h3{font-size:1.05rem;margin:1.2rem 0 .4rem}
+table{border-collapse:collapse;margin:.4rem 0 1rem} th,td{border:1px solid #d4d9de;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f3f5f7;font-weight:600}
+.heatmap td.cell{text-align:center;min-width:5.5rem;font-variant-numeric:tabular-nums}
+.heatmap td.cell a{color:inherit;text-decoration:none;display:block}
+.cell small,.msg{display:block;font-size:.8rem;color:#4a525a}
+.status-missing{background:#eceff1;color:#6b747c} .status-skipped{background:#f7f8f9;color:#8a939b}
+.status-error,.status-timeout{background:#f3b7b7} .legend span{display:inline-block;padding:.1rem .5rem;margin-right:.3rem;border:1px solid #d4d9de}
+.t-passed{color:#17692f;font-weight:600} .t-failed,.t-error,.t-timeout{color:#a4161a;font-weight:600} .t-todo{color:#8a5a00} .t-skipped{color:#8a939b}
+table.leaderboard caption{text-align:left;font-weight:600;padding:.2rem 0} .yours{font-weight:600}
+pre.card{font-size:.8rem;background:#f7f8f9;border:1px solid #d4d9de;padding:.4rem .6rem;overflow-x:auto}
+.hidden-tag{font-size:.75rem;color:#6b747c;border:1px solid #c5ccd3;border-radius:3px;padding:0 .25rem;margin-left:.3rem}
+details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
+.notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
+"""
+SPREAD_CSS = ("#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
+              "svg.failrate{display:block} table.failrates caption{text-align:left;font-weight:600;padding:.2rem 0} "
+              "tr.several-only th{background:#fbe3df} "
+              ".several-tag{font-size:.75rem;color:#8e2a1e;border:1px solid #d9a49b;border-radius:3px;padding:0 .25rem;"
+              "margin-left:.3rem}\n")
+
+
+def _heat(row: dict | None) -> tuple[str, str, str]:
+    """(css class, inline style, text) of one heat map cell."""
+    if row is None:
+        return "status-missing", "", "–"
+    status = row["status"]
+    if status in ("ok", "failed") and row["total"]:
+        frac = row["passed"] / row["total"]
+        hue = round(120 * frac)
+        return f"status-{status}", f"background:hsl({hue},62%,{78 if frac < 1 else 72}%)", f"{row['passed']}/{row['total']}"
+    return f"status-{status}", "", status
+
+
+_TEMPLATES = None
+
+
+def _templates():
+    """The pages' jinja2 templates (labkit/grading/templates/), autoescaping everything they are given."""
+    global _TEMPLATES
+    if _TEMPLATES is None:
+        from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+        _TEMPLATES = Environment(loader=PackageLoader("labkit.grading", "templates"),
+                                 autoescape=select_autoescape(["html", "j2"], default_for_string=True),
+                                 undefined=StrictUndefined, keep_trailing_newline=True)
+    return _TEMPLATES
+
+
+def _section(results: dict, student: str, sid: str, index: dict, hidden_messages: bool = True) -> dict:
+    """One student's labs, test by test and configuration by configuration, for a template.
+
+    Without `hidden_messages` (the student's own page), hidden tests show their name and outcome only.
+    """
+    configs = configs_of(results)
+    labs = []
+    for lab in labs_of(results):
+        rows = [index.get((student, lab["number"], c["name"])) for c in configs]
+        if not any(rows):
+            continue
+        tests: OrderedDict[str, dict] = OrderedDict()
+        for c, r in zip(configs, rows):
+            for t in (r or {}).get("tests", []):
+                tests.setdefault(t["test"], {"hidden": t["hidden"]})[c["name"]] = t
+        shown = []
+        for test, by in tests.items():
+            cells = []
+            for c in configs:
+                t = by.get(c["name"])
+                if t is None:
+                    cells.append(None)
+                    continue
+                say = t["message"] if t["message"] and t["status"] != "passed" else ""
+                if by["hidden"] and not hidden_messages:
+                    say = ""
+                cells.append({"config": c["name"], "status": t["status"], "mark": MARK.get(t["status"], t["status"]),
+                              "message": say})
+            shown.append({"test": test, "label": test_label(test), "hidden": by["hidden"], "cells": cells})
+        first = next(r for r in rows if r)
+        labs.append({
+            "number": lab["number"], "anchor": f"{sid}-{lab['number']}", "title": lab_title(lab),
+            "summary": ", ".join(f"{c['name']} {r['status']} {r['passed']}/{r['total']}"
+                                 for c, r in zip(configs, rows) if r),
+            "problems": [{"config": c["name"], "status": r["status"], "message": r["message"]}
+                         for c, r in zip(configs, rows) if r and r["status"] in ("missing", "skipped", "error", "timeout")],
+            "tests": shown, "notes": first.get("notes", []),
+            "cards": [{"config": c["name"], "text": "\n".join(cost_card(lab, c["name"], r))}
+                      for c, r in zip(configs, rows) if r and r.get("costs")],
+            "cell_errors": [{"config": c["name"], "cell": e.get("cell"), "type": e.get("type", ""),
+                             "message": e.get("message", "")}
+                            for c, r in zip(configs, rows) for e in (r or {}).get("cell_errors", [])],
+        })
+    return {"student": student, "sid": sid, "notes": results["students"][student].get("notes", []), "labs": labs}
+
+
+def _points_cells(results: dict, mine: dict) -> list[dict]:
+    return [{"lab": lab["number"], "text": points_cell(mine["labs"][str(lab["number"])]),
+             "overridden": bool(mine["labs"][str(lab["number"])].get("overridden"))} for lab in labs_of(results)]
+
+
+def _spread(results: dict) -> dict:
+    """The score distributions laid out for the page: a row per lab, a histogram per configuration, one scale."""
+    found = spread.distributions(results)
+    scale = max((d["students"] for d in found), default=1)
+    by = {(d["lab"], d["config"]): d for d in found}
+    configs = [c["name"] for c in configs_of(results)]
+    return {"configs": configs, "scale": scale, "bars": spread.BARS, "labs": [
+        {"number": lab["number"], "name": lab["name"],
+         "cells": [spread.layout(by[(lab["number"], c)], scale) | {"config": c, "skipped": by[(lab["number"], c)]["skipped"]}
+                   for c in configs]} for lab in labs_of(results)]}
+
+
+def _similar(results: dict, sid: dict[str, str]) -> dict:
+    """The pairs to look at together, each student linked to their section of the page."""
+    return {"rule": similarity.RULE, "pairs": [
+        p | {"sids": [sid.get(s, "") for s in p["students"]], "percent": round(100 * p["similarity"])}
+        for p in similarity.pairs(results)]}
+
+
+def to_html(results: dict) -> str:
+    """The class page: score distributions, a heat map per configuration, points, the bugs most hit, every test
+    (labkit/grading/templates/)."""
+    students, labs, configs = students_of(results), labs_of(results), configs_of(results)
+    index = index_of(results)
+    sid = {s: f"s{i}" for i, s in enumerate(students)}
+    heatmaps = []
+    for config in configs:
+        rows = []
+        for s in students:
+            cells = []
+            for lab in labs:
+                row = index.get((s, lab["number"], config["name"]))
+                cls, style, text = _heat(row)
+                cells.append({"cls": cls, "style": style, "text": text, "lab": lab["number"],
+                              "title": row["message"] if row and row["message"] else ""})
+            rows.append({"student": s, "sid": sid[s], "cells": cells})
+        heatmaps.append({"name": config["name"], "summary": config.get("summary", ""), "rows": rows})
+    grades = policy.grades(results)
+    points = {"rule": grades["rule"], "rows": [
+        {"student": s, "cells": _points_cells(results, grades["students"][s]),
+         "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}"} for s in students]}
+    bugs = [{"lab": b["lab"], "label": test_label(b["test"]), "hidden": b["hidden"], "config": b["config"],
+             "count": len(b["students"]), "message": b["message"]} for b in multi_device_bugs(results)]
+    summary = (f"{len(students)} student{'s' if len(students) != 1 else ''} · labs "
+               f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
+               f"{', '.join(c['name'] for c in configs)}")
+    return _templates().get_template("scoreboard.html.j2").render(
+        css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
+        failrates=[failrates.layout(lab) for lab in failrates.rates(results)], similar=_similar(results, sid),
+        heatmaps=heatmaps, points=points, bugs=bugs, boards=leaderboard.boards(results),
+        notes=results.get("notes", []), sections=[_section(results, s, sid[s], index) for s in students])
+
+
+def feedback_html(results: dict, student: str) -> str:
+    """One student's own page: the class page's rules, their labs only, hidden tests by name and outcome."""
+    grades = policy.grades(results)
+    mine = grades["students"].get(student)
+    points = None
+    if mine:
+        points = {"total": f"{mine['points']}/{mine['max_points']}", "rule": grades["rule"],
+                  "cells": _points_cells(results, mine)}
+    boards = [board | {"yours": leaderboard.yours(results, lab, student)} for lab in labs_of(results)
+              if (board := leaderboard.board(results, lab)) is not None]
+    return _templates().get_template("feedback.html.j2").render(
+        css=CSS, labs=labs_of(results), configs=configs_of(results), points=points, boards=boards,
+        s=_section(results, student, "s0", index_of(results), hidden_messages=False))

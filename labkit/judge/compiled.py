@@ -1,0 +1,184 @@
+"""Expectations on the compiled program of an examined call: judge the parallelism, not only the answer.
+
+Each reads the facts the kit took from the program (collectives, inputs' placements, FLOPs, memory per
+device) and fails with a message for students; a fact that did not come back fails, saying why
+(`FactUnavailable`). Lab tests import them from `labkit.checks`."""
+
+from __future__ import annotations
+
+from labkit import cost
+from labkit.judge import plaindata
+from labkit.judge.outcomes import Mismatch, with_hint
+
+
+class FactUnavailable(Mismatch):
+    """A check needs a fact of the compiled program that did not come back: it fails, saying why."""
+
+
+TRACEABLE = ("The checks of parallelism read the compiled program of your function: it must run under jax.jit "
+             "(no float(), np.asarray() or Python `if` on array values computed inside it)")
+
+
+def collectives_of(got: plaindata.Value) -> tuple:
+    """The collectives of the call's compiled program, each once per run, or FactUnavailable with the reason."""
+    return _compiled(got, "collectives")[1]
+
+
+def sent_per_device(got: plaindata.Value) -> float:
+    """Bytes one device sends for every collective of the call's compiled program, counted as the cost card
+    counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices, and a
+    device sending to itself sends nothing)."""
+    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.permute_width(c.pairs) if c.pairs
+                               else max(c.widest, 1))
+               for c in collectives_of(got))
+
+
+def card_of(got: plaindata.Value) -> cost.Card:
+    """The cost card of the call's compiled program, as the kit prints it (labkit.cost.card: FLOPs, bytes held
+    and bytes sent per device, timed on a chip with `.timing(chip)`), or FactUnavailable with the reason."""
+    facts, flops = _compiled(got, "flops")
+    memory, found = _compiled(got, "memory")[1], collectives_of(got)
+    outputs = facts.outputs if not isinstance(facts.outputs, plaindata.Unavailable) else ()
+    return cost.card({"devices": facts.devices, "flops": flops, "memory": memory,
+                      "collectives": [{"op": c.op, "shape": c.shape,
+                                       **({"pairs": c.pairs} if c.pairs else {"groups": c.groups})} for c in found],
+                      "outputs": [{"dtype": o.dtype} for o in outputs]})
+
+
+def _compiled(got: plaindata.Value, fact: str):
+    """The named fact of the call's compiled program, or FactUnavailable with the reason."""
+    facts = got.compiled
+    if facts is None:
+        raise FactUnavailable("this check needs the facts of the compiled program: declare the call with "
+                              "compiled_call(...), not call(...)")
+    if isinstance(facts, plaindata.Unavailable):
+        raise FactUnavailable(f"the compiled program could not be examined ({facts.why}). {TRACEABLE}")
+    value = getattr(facts, fact)
+    if isinstance(value, plaindata.Unavailable):
+        raise FactUnavailable(f"this check cannot be made here: {value.why}")
+    return facts, value
+
+
+def _inputs(got: plaindata.Value, which) -> list:
+    _, inputs = _compiled(got, "inputs")
+    prefix = f"args[{which}]" if isinstance(which, int) else str(which)
+    chosen = [p for p in inputs if p.path == prefix or p.path.startswith(prefix + "[")]
+    if not chosen:
+        raise FactUnavailable(f"the compiled program has no array input {prefix} (its inputs: "
+                              f"{', '.join(p.path for p in inputs) or 'none'})")
+    return chosen
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes" if n < 10_000 else f"{n / 1024:.0f} KiB"
+
+
+def expect_input_split(got: plaindata.Value, which, devices: int, *, name: str | None = None,
+                       hint: str | None = None) -> None:
+    """Each device holds 1/`devices` of input `which` (a position, or a path such as "args[0]['w']").
+
+    Read from the sharding the compiled program gives the input: the placement the function asked for
+    (device_put, shard_map's in_specs, a sharding constraint) decides it. An input whose pieces are
+    all held by every device is named as such.
+    """
+    for p in _inputs(got, which):
+        if devices <= 1 or p.bytes == 0:
+            continue
+        if isinstance(p.device_bytes, plaindata.Unavailable):
+            raise FactUnavailable(f"this check cannot be made here: {p.device_bytes.why}")
+        if p.device_bytes * devices <= p.bytes:
+            continue
+        label = name or p.path
+        if p.replicated or p.device_bytes >= p.bytes:
+            message = (f"every device holds all of {label} ({_size(p.bytes)} on each of {devices} devices), "
+                       f"where each should hold 1/{devices} of it")
+        else:
+            message = (f"each device holds {_size(p.device_bytes)} of {label}'s {_size(p.bytes)}, "
+                       f"more than 1/{devices} of it ({p.pieces} distinct pieces)")
+        raise Mismatch(with_hint(message, hint))
+
+
+def expect_collective(got: plaindata.Value, op: str, devices: int, *, hint: str | None = None) -> None:
+    """The compiled program has an `op` (e.g. "all-reduce") that joins all `devices` devices.
+
+    On one device nothing is communicated, and nothing is asked; the facts must still have come back.
+    """
+    _, found = _compiled(got, "collectives")
+    if devices <= 1:
+        return
+    if any(c.op == op and c.widest >= devices for c in found):
+        return
+    have = ", ".join(sorted({f"{c.op} over {c.widest}" for c in found})) or "none at all"
+    raise Mismatch(with_hint(f"the compiled program has no {op} over all {devices} devices (its collectives: "
+                              f"{have})", hint))
+
+
+def expect_work_split(got: plaindata.Value, whole_flops: float, devices: int, *, what: str = "the whole batch",
+                      hint: str | None = None) -> None:
+    """No device does the work of all of it: one device's FLOPs stay well below `whole_flops`.
+
+    `whole_flops` is what the computation's main work costs on all its data at once (counted by the
+    test, e.g. its matrix products). A device that computes all of it does at least that, and more for
+    the rest of the step; a device of a split computation does about 1/`devices` of it plus that rest,
+    which on two devices already comes to three quarters of it. The line is drawn just below the whole.
+    """
+    _, flops = _compiled(got, "flops")
+    if devices <= 1:
+        return
+    line = 0.95 * whole_flops
+    if flops > line:
+        raise Mismatch(with_hint(
+            f"one device does {flops:.3g} FLOPs, about the {whole_flops:.3g} that {what} needs: every device "
+            f"computes all of it, where each should do about 1/{devices} ({whole_flops / devices:.3g})", hint))
+
+
+def expect_jitted(got: plaindata.Value, *, allowed=("jit", "pjit", "device_put", "sharding_constraint"),
+                  hint: str | None = None) -> None:
+    """The function's work happens inside jax.jit: outside it, only placement is allowed."""
+    facts, _ = _compiled(got, "top_level")
+    loose = sorted(set(facts.top_level) - set(allowed))
+    if loose:
+        raise Mismatch(with_hint(f"the work ran op by op, outside any jax.jit ({', '.join(loose)})", hint))
+
+
+def expect_work_share(got: plaindata.Value, whole_flops: float, devices: int, *, slack: float = 1.5,
+                      what: str = "the whole computation", hint: str | None = None) -> None:
+    """One device's FLOPs stay within `slack` times its 1/`devices` share of `whole_flops`.
+
+    Tighter than `expect_work_split`: that one catches a device computing everything, this one also
+    catches devices that repeat part of each other's work (a grid row whose devices all compute the
+    same rows). `slack` leaves room for the small work around the main products.
+    """
+    _, flops = _compiled(got, "flops")
+    if devices <= 1 or flops <= slack * whole_flops / devices:
+        return
+    raise Mismatch(with_hint(
+        f"one device does {flops:.3g} FLOPs, {flops / whole_flops:.2f} of the {whole_flops:.3g} that {what} needs, "
+        f"where its 1/{devices} share is {whole_flops / devices:.3g}: devices repeat each other's work", hint))
+
+
+def expect_collectives_within(got: plaindata.Value, blocks, *, allowed: str, hint: str | None = None) -> None:
+    """Every collective joins only devices of one of `blocks` (sets of the program's device positions).
+
+    Positions are the program's own numbering of its devices, the order of its mesh: on a 2 x 4 grid,
+    the blocks {0..3} and {4..7} are its rows, so collectives within them run over the second axis
+    only. A collective-permute counts its sources and destinations as joined.
+    """
+    _, found = _compiled(got, "collectives")
+    blocks = [set(b) for b in blocks]
+    for c in found:
+        for group in (c.groups or [tuple(d for pair in c.pairs for d in pair)]):
+            if not any(set(group) <= b for b in blocks):
+                raise Mismatch(with_hint(
+                    f"the compiled program has {'an' if c.op[0] in 'aeiou' else 'a'} {c.op} that joins devices "
+                    f"{sorted(group)}, where only "
+                    f"collectives {allowed} are allowed", hint))
+
+
+def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str | None = None) -> None:
+    """One device's arguments and temporaries (the compiled program's memory analysis) stay below `limit` bytes."""
+    _, memory = _compiled(got, "memory")
+    held = memory["argument"] + memory["temp"]
+    if held >= limit:
+        raise Mismatch(with_hint(f"one device holds {_size(held)} of arguments and temporaries, at least the "
+                                  f"{_size(limit)} of {what}", hint))
