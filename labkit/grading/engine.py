@@ -22,7 +22,7 @@ from labkit.grading.progress import Progress
 from labkit.grading.rows import clean_message, make_row, submission_notes
 from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key
 from labkit.judge import judge
-from labkit.run import execute, jaxcache, warm
+from labkit.run import execute, jaxcache, kernel, warm
 from labkit.run.sandbox import DEFAULT_LIMITS, Limits
 
 # ----------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def _stop_children() -> None:
         return
     for child in children:
         try:
-            execute.kill_tree(child.pid)
+            kernel.kill_tree(child.pid)
         except (OSError, ValueError):
             continue
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from labkit.course import configs
 from labkit.grading import collect
 from labkit.judge import verify
-from labkit.run import execute, sandbox, scratch
+from labkit.run import execute, kernel, sandbox, scratch
 from labkit.run.sandbox import Limits
 
 UNITS = "units"
@@ -138,7 +138,7 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
     execute.fresh_workdir(work)
     input_path = execute.prepare(nb, work, calls)
     env = config.environment() | {"LABKIT_RUN": config.name}
-    ran = execute._papermill(input_path, work / "executed.ipynb", scratch.RunFolders(work), env, limits,
+    ran = kernel.papermill_run(input_path, work / "executed.ipynb", scratch.RunFolders(work), env, limits,
                              execute.new_key(), timeout)
     ended |= {"timed_out": ran.timed_out, "died": ran.died, "disk": ran.disk, "failure": ran.failure,
               "returncode": ran.returncode, "seconds": round(ran.seconds, 2)}

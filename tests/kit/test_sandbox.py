@@ -23,7 +23,7 @@ import pytest
 
 from labkit.course import catalog, configs
 from labkit.judge.judge import RunSpec, judge
-from labkit.run import bwrap, execute, sandbox, warm
+from labkit.run import bwrap, execute, kernel, sandbox, warm
 from labkit.run.sandbox import Limits, MiB
 
 ADVERSARIAL = Path(__file__).parent / "adversarial"
@@ -412,7 +412,7 @@ def _launch(tmp_path, code: str, limits: Limits = sandbox.DEFAULT_LIMITS, timeou
         try:
             proc.wait(timeout=timeout)
         finally:
-            execute.kill_tree(proc.pid)
+            kernel.kill_tree(proc.pid)
             proc.wait()
     return log_path.read_text()
 
