@@ -157,19 +157,20 @@ def layers_svg() -> str:
 # (stage, the modules doing it, trusted?): in the order a submission goes through them. The student's
 # kernel is the one stage on the sandbox's side.
 STAGES = (
-    ("collect", "grading/grade.py (discover), grading/lms.py (collect), grading/roster.py, grading/history.py", True),
-    ("run", "run/execute.py (papermill); the kernel started by run/sandbox.py, run/bwrap.py, run/warm.py", True),
+    ("collect", "grading/collect.py (discover), grading/lms.py (collect), grading/roster.py, grading/history.py", True),
+    ("run", "run/execute.py, run/kernel.py (papermill); the kernel started by run/sandbox.py, run/warm.py", True),
     ("the student's kernel", "cells; judge/harness.py, judge/plaindata.py, facts.py", False),
     ("read back", "run/scratch.py: the signed results, never through a link; judge/verify.py runs the programs", True),
     ("judge", "judge/judge.py: a pytest session running the lab's tests (checks.py)", True),
-    ("rows and cost cards", "grading/grade.py (make_row), grading/policy.py, cost.py (chips.toml)", True),
-    ("outputs", "grading/scoreboard.py, grading/spread.py, grading/leaderboard.py, student/report.py, grading/lms.py (export), grading/gradescope.py", True),
+    ("rows and cost cards", "grading/rows.py (make_row), grading/policy.py, cost.py (chips.toml)", True),
+    ("outputs", "grading/scoreboard.py, grading/pages.py, grading/leaderboard.py, student/report.py, "
+                "grading/gradescope.py", True),
 )
 
 
 def architecture_svg() -> str:
-    width, box_h, gap, top = 700, 40, 14, 34
-    trusted_w, sandbox_x = 400, 430
+    width, box_h, gap, top = 960, 40, 14, 34
+    trusted_w, sandbox_x = 600, 630
     rows = len(STAGES)
     height = top + rows * (box_h + gap) + 40
     marker = ('<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
@@ -200,10 +201,10 @@ def architecture_svg() -> str:
             b = (x1 - 2 if right else x1 + w1 + 2, y1 + box_h / 2)
             body.append(f'<line x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#555" '
                         'marker-end="url(#arrow)"/>')
-    body.append(_text(10, height - 26, "Configurations (course/configs.py) and where the labs are (course/catalog.py) are data that "
-                      "every stage asks for;", 10, "start"))
-    body.append(_text(10, height - 12, "the engines (grade --shard, grading/slurm.py, infra/k8s) run this same pipeline on "
-                      "parts of a class, and merge.", 10, "start"))
+    body.append(_text(10, height - 26, "Configurations (course/configs.py) and where the labs are (course/catalog.py) "
+                      "are data that every stage asks for;", 10, "start"))
+    body.append(_text(10, height - 12, "the engines (grade --shard, grading/slurm.py, infra/k8s) run this same "
+                      "pipeline on parts of a class, and merge.", 10, "start"))
     return _svg(width, height, body, "The grading pipeline and its trust boundary")
 
 
