@@ -96,6 +96,14 @@ def permute_width(pairs) -> int:
     return 2 if any(a != b for a, b in pairs) else 1
 
 
+def group_width(pairs, groups, devices: int) -> int:
+    """The `n` one collective counts as: a permute's width, else its largest group, else (a program that names
+    no groups) every device of the program. The card and the lab tests' `sent_per_device` both count so."""
+    if pairs:
+        return permute_width(pairs)
+    return max((len(g) for g in groups or ()), default=0) or devices
+
+
 @dataclass
 class Timing:
     chip: str
@@ -161,9 +169,7 @@ def card(facts: dict) -> Card:
     sent: dict[str, float] = {}
     counts: dict[str, int] = {}
     for c in collectives:
-        groups = c.get("groups")
-        n = permute_width(c["pairs"]) if "pairs" in c else max((len(g) for g in groups), default=1) if groups \
-            else facts["devices"]
+        n = group_width(c.get("pairs"), c.get("groups"), int(facts["devices"]))
         moved = bytes_sent(c["op"], shape_bytes(c["shape"]), n)
         if moved:
             sent[c["op"]] = sent.get(c["op"], 0.0) + moved

@@ -28,9 +28,9 @@ def sent_per_device(got: plaindata.Value) -> float:
     """Bytes one device sends for every collective of the call's compiled program, counted as the cost card
     counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices, and a
     device sending to itself sends nothing)."""
-    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.permute_width(c.pairs) if c.pairs
-                               else max(c.widest, 1))
-               for c in collectives_of(got))
+    facts, found = _compiled(got, "collectives")
+    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.group_width(c.pairs, c.groups, facts.devices))
+               for c in found)
 
 
 def card_of(got: plaindata.Value) -> cost.Card:

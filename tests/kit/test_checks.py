@@ -226,6 +226,12 @@ def test_a_ring_shift_sends_its_block_once_and_a_device_sending_to_itself_sends_
     assert sent_per_device(compiled(devices=1, collectives=[{**ring, "pairs": [[0, 0]]}])) == 0
 
 
+def test_a_collective_that_names_no_groups_joins_every_device_for_the_card_and_the_tests_alike():
+    whole = {"op": "all-reduce", "shape": "f32[256]", "groups": []}  # HLO's replica_groups={}: all devices
+    got = compiled(devices=8, collectives=[whole])
+    assert sent_per_device(got) == card_of(got).sent["all-reduce"] == 2 * 7 / 8 * 1024
+
+
 def test_the_card_of_a_call_is_the_kits_card_of_its_compiled_program():
     gather = {"op": "all-gather", "shape": "f32[1024]", "groups": [list(range(8))]}
     card = card_of(compiled(flops=2e6, collectives=[gather], outputs=[
