@@ -187,7 +187,10 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
         return record
     record.seconds = float(ended["seconds"]) if isinstance(ended.get("seconds"), (int, float)) else 0.0
     run = Path(output) / RUN
-    record.cell_errors = _cell_errors(run)
+    try:
+        record.cell_errors = execute.cell_errors_of(json.loads(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES)))[0]
+    except (OSError, ValueError):
+        record.cell_errors = []
     if ended.get("disk"):
         record.message = f"{_text(ended['disk'])}: nothing from this run is graded"
         return record
@@ -217,30 +220,6 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
     verify.verify(record, calls, Path(kit_folder), env, limits, timeout)
     record.judged_by = verify.judged_by(record.results)
     return record
-
-
-def _cell_errors(run: Path) -> list[dict]:
-    """The errors the student's cells raised, from the pod's executed notebook (read as untrusted data)."""
-    try:
-        nb = json.loads(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES))
-        cells = nb["cells"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    errors = []
-    for cell in cells if isinstance(cells, list) else []:
-        meta = cell.get("metadata") if isinstance(cell, dict) else None
-        number = meta.get("labkit_cell") if isinstance(meta, dict) else None
-        if cell.get("cell_type") != "code" or not isinstance(number, int):
-            continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else _text(source, 10000)
-        for out in cell.get("outputs", []) if isinstance(cell.get("outputs"), list) else []:
-            if isinstance(out, dict) and out.get("output_type") == "error":
-                evalue = _text(out.get("evalue", ""), 2000)
-                errors.append({"cell": number, "type": _text(out.get("ename", ""), 100),
-                               "message": evalue.splitlines()[0][:300] if evalue else "",
-                               "code": source.strip().splitlines()[0][:120] if source.strip() else ""})
-    return errors[:100]
 
 
 # ----------------------------------------------------------------------------------------

@@ -168,25 +168,39 @@ FORGED = ("the run's results were not written by the kit's harness (a cell or a 
 
 
 def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
-    """Errors raised by the student's cells, and the index of the last cell that started."""
+    """Errors raised by the student's cells, and the index of the last cell that started (papermill's copy)."""
     try:
-        nb = nbformat.read(executed, as_version=4)
-    except Exception:
+        return cell_errors_of(json.loads(executed.read_text()))
+    except (OSError, ValueError):
         return [], None
+
+
+def cell_errors_of(nb) -> tuple[list[dict], int | None]:
+    """From an executed notebook's JSON: the errors the student's cells raised (at most 100) and the index of
+    the last cell that started. Every value is taken as data that may be anything (a pod's notebook is)."""
+    cells = nb.get("cells") if isinstance(nb, dict) else None
     errors, last_started = [], None
-    for cell in nb.cells:
-        number = cell.get("metadata", {}).get("labkit_cell")
-        if cell.cell_type != "code" or number is None:
+    for cell in cells if isinstance(cells, list) else []:
+        meta = cell.get("metadata") if isinstance(cell, dict) else None
+        number = meta.get("labkit_cell") if isinstance(meta, dict) else None
+        if not isinstance(number, int) or isinstance(number, bool) or cell.get("cell_type") != "code":
             continue  # markdown, papermill's own marker cells, the harness
-        pm = cell.get("metadata", {}).get("papermill", {})
-        if pm.get("start_time"):
+        pm = meta.get("papermill")
+        if isinstance(pm, dict) and pm.get("start_time"):
             last_started = number
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                errors.append({"cell": number, "type": out.get("ename", ""),
-                               "message": str(out.get("evalue", "")).splitlines()[0][:300] if out.get("evalue") else "",
-                               "code": cell.source.strip().splitlines()[0][:120] if cell.source.strip() else ""})
-    return errors, last_started
+        source = cell.get("source", "")
+        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else _text(source, 10000)
+        for out in cell.get("outputs") if isinstance(cell.get("outputs"), list) else []:
+            if isinstance(out, dict) and out.get("output_type") == "error":
+                evalue = _text(out.get("evalue", ""), 2000)
+                errors.append({"cell": number, "type": _text(out.get("ename", ""), 100),
+                               "message": evalue.splitlines()[0][:300] if evalue else "",
+                               "code": source.strip().splitlines()[0][:120] if source.strip() else ""})
+    return errors[:100], last_started
+
+
+def _text(value, limit: int) -> str:
+    return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
 
 
 RUN_MARK = ".labkit-run"  # in a kit folder: the kit made it, and may empty it

@@ -103,3 +103,18 @@ def test_the_kernel_runs_in_the_sandbox_and_papermill_does_not(tmp_path, calls):
     others = [c for c in seen if c.strip() and not c.startswith(("bwrap ", "/usr/bin/bwrap "))
               and "ipykernel_launcher" not in c]
     assert others == [], others  # nothing else: no papermill, no grading process, no test runner
+
+
+def test_the_errors_of_an_executed_notebook_are_read_as_data_that_may_be_anything():
+    """Papermill's copy and a pod's notebook are read by one function, which takes nothing on trust."""
+    raised = {"cell_type": "code", "metadata": {"labkit_cell": 2, "papermill": {"start_time": "t"}},
+              "source": ["y = 1 / 0\n", "z = 2"], "outputs": [{"output_type": "error", "ename": "ZeroDivisionError",
+                                                             "evalue": "division by zero\nmore"}]}
+    odd = [{"cell_type": "code", "metadata": {"labkit_cell": True}, "outputs": [{"output_type": "error"}]},
+           {"cell_type": "code", "metadata": "no", "outputs": 5}, "not a cell", {"cell_type": "code"},
+           {"cell_type": "code", "metadata": {"labkit_cell": 3}, "source": [1, 2], "outputs": [7, None]}]
+    errors, last = execute.cell_errors_of({"cells": [*odd, raised]})
+    assert errors == [{"cell": 2, "type": "ZeroDivisionError", "message": "division by zero", "code": "y = 1 / 0"}]
+    assert last == 2
+    assert execute.cell_errors_of([1, 2]) == ([], None)
+    assert execute.cell_errors_of({"cells": [raised] * 500})[0] == errors * 100
