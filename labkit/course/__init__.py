@@ -1,2 +1,3 @@
 """The course itself: where the labs are, the device configurations, student notebooks and releases,
-and the site that renders them."""
+and the site that renders them.
+"""

@@ -1,5 +1,6 @@
 """What there is to grade: a submissions folder read (links refused, never followed), the labs and
-configurations asked for, and the units (student, lab, configuration) a grading run is made of."""
+configurations asked for, and the units (student, lab, configuration) a grading run is made of.
+"""
 
 from __future__ import annotations
 

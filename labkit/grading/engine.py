@@ -1,6 +1,7 @@
 """The grading engine: notebooks run `jobs` at a time, finished runs judged in batches (one pytest
 session per lab for many students at once), every unit kept the moment it is graded, and a stop
-request (Ctrl-C, SIGTERM) that ends the children and keeps what finished."""
+request (Ctrl-C, SIGTERM) that ends the children and keeps what finished.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The scoreboard in markdown: the class summary (pass rates, the multi-device bugs most often hit,
-points, the leaderboards) and each student's feedback."""
+points, the leaderboards) and each student's feedback.
+"""
 
 from __future__ import annotations
 

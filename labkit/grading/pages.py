@@ -1,5 +1,6 @@
 """The scoreboard and each student's feedback as html: one self-contained page each, no external
-assets, drawn from jinja2 templates (templates/) that escape every string a submission wrote."""
+assets, drawn from jinja2 templates (templates/) that escape every string a submission wrote.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Reading graded results (the plain data `grade` writes, or `grade.student_results` makes from a
-student's own runs): the questions every drawing of them asks, answered once."""
+student's own runs): the questions every drawing of them asks, answered once.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Where graded units are kept, each under a key: a digest of everything its grade depends on
 (the submission's bytes, the lab's tests and reference, the configuration, the kit's grading code
-and locked environment). A unit whose key has not changed is not graded again."""
+and locked environment). A unit whose key has not changed is not graded again.
+"""
 
 from __future__ import annotations
 

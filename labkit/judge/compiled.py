@@ -2,7 +2,8 @@
 
 Each reads the facts the kit took from the program (collectives, inputs' placements, FLOPs, memory per
 device) and fails with a message for students; a fact that did not come back fails, saying why
-(`FactUnavailable`). Lab tests import them from `labkit.checks`."""
+(`FactUnavailable`). Lab tests import them from `labkit.checks`.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ in between.
 
 `papermill_run` runs a prepared notebook with a kernel started through `sandbox.launch` (or forked by the
 warm server), under the run's limits; a thread measures what the run holds on disk and stops it past its
-allowance. It returns a `KernelRun`: how the kernel ended, never what the notebook computed."""
+allowance. It returns a `KernelRun`: how the kernel ended, never what the notebook computed.
+"""
 
 from __future__ import annotations
 
