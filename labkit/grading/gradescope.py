@@ -293,7 +293,7 @@ def with_leaderboard(results: dict, spec: catalog.Leaderboard, seconds: float | 
 def leaderboard_time(lab: catalog.Lab, judgement) -> float | None:
     """The modelled step time of a judged submission for its lab's leaderboard; None where its run there fails."""
     from labkit import cost
-    from labkit.grading.grade import make_row
+    from labkit.grading.rows import make_row
 
     spec = lab.leaderboard
     record = judgement.records.get(spec.config)
