@@ -27,7 +27,8 @@ PRIVATE = ("jax._src", "jaxlib")
 
 
 def kit_modules() -> list[str]:
-    return sorted(f"labkit.{m.name}" for m in pkgutil.iter_modules([str(KIT)]) if m.name != "__main__")
+    """Every module of the kit, in its stage's folder too."""
+    return sorted(m.name for m in pkgutil.walk_packages([str(KIT)], prefix="labkit.") if m.name != "labkit.__main__")
 
 
 def private_imports(source: str) -> list[str]:
@@ -51,7 +52,9 @@ def test_the_check_finds_a_private_import_inside_a_function():
 
 
 def test_no_module_of_the_kit_imports_jax_internals():
-    offenders = {p.name: private_imports(p.read_text()) for p in sorted(KIT.glob("*.py"))}
+    files = sorted(KIT.rglob("*.py"))
+    assert len(files) > 40 and KIT / "judge" / "harness.py" in files
+    offenders = {str(p.relative_to(KIT)): private_imports(p.read_text()) for p in files}
     assert {name: found for name, found in offenders.items() if found} == {}
 
 
