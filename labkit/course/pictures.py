@@ -163,8 +163,8 @@ STAGES = (
     ("read back", "run/scratch.py: the signed results, never through a link; judge/verify.py runs the programs", True),
     ("judge", "judge/judge.py: a pytest session running the lab's tests (checks.py)", True),
     ("rows and cost cards", "grading/rows.py (make_row), grading/policy.py, cost.py (chips.toml)", True),
-    ("outputs", "grading/scoreboard.py, grading/pages.py, grading/leaderboard.py, student/report.py, "
-                "grading/gradescope.py", True),
+    ("outputs", ("grading/scoreboard.py, grading/pages.py, grading/leaderboard.py, student/report.py, "
+                 "grading/gradescope.py"), True),
 )
 
 

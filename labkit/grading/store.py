@@ -16,6 +16,7 @@ from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading.collect import MAX_BYTES, Unit
 from labkit.grading.files import write_atomic
+from labkit.grading.history import digest as file_digest
 from labkit.run import execute
 
 FORMAT = 1  # of the unit files; part of every key
@@ -40,20 +41,12 @@ def unit_key(parts: list) -> str:
     return _sha(json.dumps([FORMAT, *parts]).encode())
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _code_digest(path: Path) -> str:
     """A module's code, not its layout: comments, formatting and docstrings do not change a grade."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (SyntaxError, ValueError, UnicodeDecodeError):
-        return _file_digest(path)
+        return file_digest(path)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
@@ -71,17 +64,17 @@ def kit_digest(root: Path = catalog.ROOT) -> str:
         if path.name not in _NOT_GRADING:
             parts.append(f"{path.relative_to(package)}:{_code_digest(path)}")
     lock = root / "uv.lock"
-    parts.append(_file_digest(lock) if lock.exists() else "no lock")
+    parts.append(file_digest(lock) if lock.exists() else "no lock")
     return _sha("\n".join(parts).encode())
 
 
 def lab_digest(lab: catalog.Lab) -> str:
     """The lab's reference and every file of its public and hidden tests."""
-    parts = [f"reference:{_file_digest(lab.reference) if lab.reference.exists() else 'none'}"]
+    parts = [f"reference:{file_digest(lab.reference) if lab.reference.exists() else 'none'}"]
     for folder in lab.test_dirs(hidden=True):
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
-                parts.append(f"{path.relative_to(lab.root)}:{_file_digest(path)}")
+                parts.append(f"{path.relative_to(lab.root)}:{file_digest(path)}")
     return _sha("\n".join(parts).encode())
 
 
@@ -92,7 +85,7 @@ def submission_digest(path: Path | None) -> str:
         return "folder:" + _sha("\n".join(sorted(p.name for p in path.iterdir())).encode())
     if path.stat().st_size > MAX_BYTES:
         return f"too-large:{path.stat().st_size}"
-    return _file_digest(path)
+    return file_digest(path)
 
 
 def config_digest(config: DeviceConfig) -> str:

@@ -23,7 +23,7 @@ import pytest
 from notebook_variants import with_code
 
 from labkit.course import catalog, configs
-from labkit.grading import collect, engine, grade, store
+from labkit.grading import collect, engine, grade, history, store
 from labkit.grading import progress as progress_mod
 from labkit.grading import rows as grade_rows
 from labkit.judge import judge
@@ -574,7 +574,7 @@ def test_grades_combine_the_configurations_by_the_courses_policy(graded):
 def test_the_scoreboard_names_the_digest_it_graded_and_history_keeps_those_bytes(graded, results):
     subs, out = graded[:2]
     digest = row_of(results, "alice", "cpu-1")["digest"]
-    assert digest == store._file_digest(subs / "alice" / "lab-3.ipynb")
+    assert digest == history.digest(subs / "alice" / "lab-3.ipynb")
     assert (out / "history" / "alice" / "lab-3" / f"{digest}.ipynb").read_bytes() == \
         (subs / "alice" / "lab-3.ipynb").read_bytes()
     kept = json.loads((out / "history" / "alice" / "lab-3" / "history.json").read_text())
