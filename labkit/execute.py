@@ -63,6 +63,9 @@ class RunRecord:
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
     limits: dict = field(default_factory=dict)  # the Limits the run had
     start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.warm`) or "cold" (a kernel of its own)
+    # what gave the run its share of the processors: "cgroup v1 cpu.shares", "cgroup v2 cpu.weight", "autogroup"
+    # (one session per run, `labkit.sessions`) or "none" (its processes competed one by one with everything else)
+    cpu_share: str = ""
     judged_by: str = ""  # "verified" (values from the kit's own run of the programs, `labkit.verify`) or "reported"
     verify_seconds: float = 0.0  # what the kit's own run of the programs took (after the notebook's run)
     verify_start: str = ""  # how that run started: "warm" (forked by the warm server) or "cold"
@@ -293,7 +296,7 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
                      warm=warm, cache=cache)
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
+                       isolation=ran.isolation, limits=limits.to_json(), start=ran.start, cpu_share=ran.cpu_share)
     if ran.disk:
         record.status = "error"
         where = f" (while running cell {last_started})" if last_started is not None else ""
@@ -359,6 +362,7 @@ class KernelRun:
     isolation: str = ""
     failure: str = ""  # what papermill raised, when it was not the student's cells
     start: str = ""  # "warm" or "cold" (see RunRecord.start)
+    cpu_share: str = ""  # see RunRecord.cpu_share
     disk: str = ""  # why the run was stopped for what it wrote to disk (see `_watch_disk`), when it was
 
 
@@ -687,6 +691,7 @@ def _papermill(input_path: Path, output_path: Path, folders: scratch.RunFolders,
     ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
     ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else sandbox.isolation()[0]
     ran.start = km.start_kind
+    ran.cpu_share = km.sandboxed.cpu_share if km.sandboxed is not None else ""
     return ran
 
 
@@ -749,7 +754,8 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold")
+                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold",
+                       cpu_share=next((r.cpu_share for r in runs if r), ""))
     refused = []
     for i, (run, pdir) in enumerate(zip(runs, dirs)):
         results = scratch.RunFolders(pdir).scratch

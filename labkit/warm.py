@@ -10,7 +10,8 @@ those modules without starting any JAX backend, and then, for each run, forks a 
    does itself) and sets the run's resource limits;
 2. makes the run's own sandbox inside the server's (`labkit.nest`): new user, mount, network,
    IPC and process-id namespaces, only the run's scratch folder visible of the grading output,
-   a private `/tmp`, its own `/proc`, then no capability at all;
+   a private `/tmp`, its own `/proc`, then no capability at all, and no new session
+   (`labkit.sessions`: the run keeps the one scheduling group the child's `setsid` made);
 3. starts the Jupyter kernel there, with the run's environment. The device count and the other
    `JAX_*` settings are read when JAX starts its backend, which no process did before: one server
    serves cpu-1 and cpu-8 alike.
@@ -37,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+from labkit import sessions
+
 # What every lab's run imports, once, in the server (never starting a backend).
 PRELOAD = ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.experimental.mesh_utils", "flax.nnx", "optax",
            "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "labkit.harness", "labkit.notebook",
@@ -57,7 +60,7 @@ START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 class WarmRun:
     """A kernel forked by the server, seen like `sandbox.Sandboxed`: `pid`, `poll()`, `wait()`, `kill()`."""
 
-    isolation, reason = "bubblewrap", ""
+    isolation, reason, cpu_share = "bubblewrap", "", "none"
 
     def __init__(self, conn: socket.socket, pid: int, cgroups: list[Path], drain, limits, token: str):
         self.conn, self.pid, self.cgroups, self.drain, self.limits, self.token = conn, pid, cgroups, drain, limits, token
@@ -300,6 +303,7 @@ class Server:
         drain.start()
         pid = _hello(ours, timeout=60)
         run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
+        run.cpu_share = sandbox.share_of(cgroups, sessions.available())  # its init applies the filter (`_init`)
         if pid is None:
             ours.close()
             run.kill()
@@ -401,6 +405,8 @@ def _init(request: dict, workdir: Path) -> None:
 
         nest.become_init()
         nest.drop_privileges()
+        if sessions.available():  # the run stays in the session the child made (`labkit.sessions`)
+            sessions.install()
         kernel = os.fork()
         if kernel == 0:
             _kernel(request, workdir)

@@ -43,6 +43,17 @@ facts = {
     "interfaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]),
     "random": float(np.random.rand()),
 }
+read_end, write_end = os.pipe()
+if os.fork() == 0:  # a child, as a busy process would: may it leave for a session (a scheduling group) of its own?
+    try:
+        os.setsid()
+        said = "a session of its own"
+    except OSError as e:
+        said = e.strerror
+    os.write(write_end, said.encode())
+    os._exit(0)
+os.wait()
+facts["setsid"] = os.read(read_end, 200).decode()
 open("/tmp/mine", "w").write(here)
 json.dump(facts, open("facts.json", "w"))
 '''
@@ -115,6 +126,16 @@ def test_a_warm_run_sees_only_its_own_folder_processes_tmp_and_loopback(looked, 
     assert "mine" not in facts["tmp"], facts["tmp"]  # a /tmp of its own: warm-1 wrote /tmp/mine in its own
     assert facts["interfaces"] == ["lo"]
     assert sorted(p.name for p in runs_root.iterdir()) == ["cold-8", "warm-1", "warm-8"]
+
+
+def test_a_warm_run_may_not_start_a_session_of_its_own_as_a_cold_one_may_not(looked):
+    # so that all its processes stay in one scheduling group where the kernel's autogroups share the processors
+    assert looked["warm-8"][1]["setsid"] == looked["cold-8"][1]["setsid"] == "Operation not permitted"
+    groups = sandbox.make_cgroups(LIMITS)
+    for g in groups:
+        sandbox.remove_cgroup(g)
+    here = sandbox.share_of(groups, sessions_held=True)  # a cgroup per run, else one autogroup per run, or none
+    assert looked["warm-8"][0].cpu_share == looked["cold-8"][0].cpu_share == here
 
 
 def test_two_warm_runs_draw_different_random_numbers(looked):
