@@ -706,7 +706,7 @@ def descendants(pid: int) -> list[int]:
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
            stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = (),
            join: dict[str, str] | None = None, extra_rw: tuple[str | Path, ...] = (),
-           as_user: int | None = None, cgroups: bool = True) -> Sandboxed:
+           as_user: int | None = None, cgroups: bool = True, new_sessions: bool = False) -> Sandboxed:
     """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
 
     `env` is the run's intended environment (the configuration's); it is reduced to what a run
@@ -718,9 +718,9 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
 
     A warm server (`labkit.warm`) is launched with `extra_rw` (the grading output, where its runs'
     scratch folders are), `as_user` (a kit running as root starts it as that unprivileged user, so
-    that its bubblewrap makes a user namespace its runs can nest theirs in) and no cgroups of its
-    own (each of its runs gets the run's), and may start sessions: its runs are forked in sessions of their
-    own, and each run's init applies the filter that `sessions` makes (`warm._init`).
+    that its bubblewrap makes a user namespace its runs can nest theirs in), no cgroups of its
+    own (each of its runs gets the run's), and `new_sessions`: it may start sessions, as its runs are
+    forked in sessions of their own, and each run's init applies the filter that `sessions` makes (`warm._init`).
 
     Every other launch's processes may not start a session of their own (`labkit.sessions`): bwrap applies
     the filter (`--seccomp`), or, without a sandbox, the first step does.
@@ -744,7 +744,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         extra_ro = (*extra_ro, *drivers)
         run_env["LD_LIBRARY_PATH"] = ":".join(drivers)
     cgroups = make_cgroups(limits) if cgroups else []
-    held = as_user is None and sessions.available()
+    held = not new_sessions and sessions.available()
     seccomp = sessions.pipe() if held and kind == BUBBLEWRAP else None
     rlimits = run_rlimits(env, limits)
     counted = counts_processes(cgroups)

@@ -207,7 +207,7 @@ class Server:
         self.process = sandbox.launch([sys.executable, "-m", "labkit.warm", json.dumps(spec)], self.folder, self.env,
                                       server_limits, log=self._log, extra_rw=(*self.roots, *self.shared),
                                       as_user=self.user,
-                                      cgroups=False)
+                                      cgroups=False, new_sessions=True)
         self._began = time.monotonic()
         return True
 

@@ -138,6 +138,13 @@ def test_a_warm_run_may_not_start_a_session_of_its_own_as_a_cold_one_may_not(loo
     assert looked["warm-8"][0].cpu_share == looked["cold-8"][0].cpu_share == here
 
 
+def test_the_server_itself_may_start_sessions_its_runs_may_not(server):
+    # it forks each run in a session of its own (its child's setsid); the filter is the runs' alone
+    filtered = [line.split()[1] for pid in [server.process.pid, *sandbox.descendants(server.process.pid)]
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Seccomp:")]
+    assert filtered and set(filtered) == {"0"}, filtered
+
+
 def test_two_warm_runs_draw_different_random_numbers(looked):
     assert looked["warm-1"][1]["random"] != looked["warm-8"][1]["random"]
 
