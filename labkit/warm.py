@@ -103,7 +103,8 @@ class WarmRun:
         return code
 
     def kill(self) -> None:
-        for target in (self.pid,):
+        # -1 (a child that never reported its pid) is no process: kill(-1) would signal every process the kit may
+        for target in (self.pid,) if self.pid > 0 else ():
             try:
                 os.killpg(target, signal.SIGKILL)
             except OSError:

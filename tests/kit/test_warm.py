@@ -9,6 +9,7 @@ and the fall-back to cold starts wherever no warm server can be had.
 from __future__ import annotations
 
 import json
+import socket
 import os
 import subprocess
 import sys
@@ -143,6 +144,17 @@ def test_the_server_itself_may_start_sessions_its_runs_may_not(server):
     filtered = [line.split()[1] for pid in [server.process.pid, *sandbox.descendants(server.process.pid)]
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Seccomp:")]
     assert filtered and set(filtered) == {"0"}, filtered
+
+
+def test_a_run_whose_child_never_reported_its_pid_signals_no_other_process(monkeypatch):
+    signalled = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append(pid))
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: signalled.append(pid))
+    ours, theirs = socket.socketpair()
+    run = warm.WarmRun(ours, -1, [], None, LIMITS, "")  # as `Server.launch` has it before it gives up
+    run.kill()
+    theirs.close()
+    assert signalled == []  # kill(-1) would be every process the kit may signal, itself included
 
 
 def test_two_warm_runs_draw_different_random_numbers(looked):
