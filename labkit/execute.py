@@ -751,6 +751,8 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
                 _end_kernels_in(dirs[i])
     for thread in threads:
         thread.join()
+    if failed is not None:  # a peer may be seen to end first (its collectives abort once a process is gone): a
+        failed = next((i for i, r in enumerate(runs) if r is not None and r.disk), failed)  # stop for the disk is why
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
