@@ -9,8 +9,8 @@ and the fall-back to cold starts wherever no warm server can be had.
 from __future__ import annotations
 
 import json
-import socket
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import replace
