@@ -59,6 +59,9 @@ class RunRecord:
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
     limits: dict = field(default_factory=dict)  # the Limits the run had
     start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.run.warm`) or "cold" (a kernel of its own)
+    # what gave the run its share of the processors: "cgroup v1 cpu.shares", "cgroup v2 cpu.weight", "autogroup"
+    # (one session per run, `labkit.run.sessions`) or "none" (its processes competed one by one with everything else)
+    cpu_share: str = ""
     judged_by: str = ""  # "verified" (values from the kit's own run of the programs, `labkit.judge.verify`) or "reported"
     verify_seconds: float = 0.0  # what the kit's own run of the programs took (after the notebook's run)
     verify_start: str = ""  # how that run started: "warm" (forked by the warm server) or "cold"
@@ -274,7 +277,7 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
                      warm=warm, cache=cache)
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=ran.isolation, limits=limits.to_json(), start=ran.start)
+                       isolation=ran.isolation, limits=limits.to_json(), start=ran.start, cpu_share=ran.cpu_share)
     if ran.disk:
         record.status = "error"
         where = f" (while running cell {last_started})" if last_started is not None else ""
@@ -381,10 +384,13 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
                 kernel.end_kernels_in(dirs[i])
     for thread in threads:
         thread.join()
+    if failed is not None:  # a peer may be seen to end first (its collectives abort once a process is gone): a
+        failed = next((i for i, r in enumerate(runs) if r is not None and r.disk), failed)  # stop for the disk is why
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold")
+                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold",
+                       cpu_share=next((r.cpu_share for r in runs if r), ""))
     refused = []
     for i, (run, pdir) in enumerate(zip(runs, dirs)):
         results = scratch.RunFolders(pdir).scratch

@@ -68,6 +68,7 @@ class KernelRun:
     isolation: str = ""
     failure: str = ""  # what papermill raised, when it was not the student's cells
     start: str = ""  # "warm" or "cold" (see RunRecord.start)
+    cpu_share: str = ""  # see RunRecord.cpu_share
     disk: str = ""  # why the run was stopped for what it wrote to disk (see `_watch_disk`), when it was
 
 
@@ -396,6 +397,7 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
     ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
     ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else sandbox.isolation()[0]
     ran.start = km.start_kind
+    ran.cpu_share = km.sandboxed.cpu_share if km.sandboxed is not None else ""
     return ran
 
 

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from labkit.machine import accelerators
-from labkit.run import bwrap, cgroup2, runusers
+from labkit.run import bwrap, cgroup2, runusers, sessions
 from labkit.run.runusers import RUN_USERS, hand_over, run_user
 
 # labkit.run.processes (psutil) is imported where it is used: the first step of every launch,
@@ -341,13 +341,17 @@ def accelerator_devices() -> list[str]:
 
 def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
                   extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None,
-                  extra_rw: tuple[str | Path, ...] = (), hostname: str | None = None) -> list[str]:
+                  extra_rw: tuple[str | Path, ...] = (), hostname: str | None = None,
+                  seccomp: int | None = None) -> list[str]:
     """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it.
 
     `extra_rw` names more folders the sandbox may write (a warm server's: the grading output).
     `hostname`, the name the sandbox's own UTS namespace gets (see `PRIVATE_HOSTNAME`).
+    `seccomp`, a descriptor bwrap reads a filter from (`sessions.pipe`: no new sessions in the run).
     """
     args = [program, *bwrap.namespace_args(limits.network, user), *(["--hostname", hostname] if hostname else [])]
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
     for p in _SYSTEM:
         if os.path.islink(p):
             args += ["--symlink", os.readlink(p), p]
@@ -447,16 +451,42 @@ def delegated_cgroup() -> Path | None:
 CPU_SHARES = 1024  # every run's weight against the others (v1's default for a group)
 
 
+# What a run's record says of its CPU share (`Sandboxed.cpu_share`), and `cpu_share` in words.
+CGROUP_V1, CGROUP_V2, NO_SHARE = "cgroup v1 cpu.shares", "cgroup v2 cpu.weight", "none"
+
+
+def share_of(cgroups: list[Path], sessions_held: bool) -> str:
+    """The mechanism that gives a run with these cgroups its CPU share: a cgroup, one autogroup, or none."""
+    if any(Path(g).is_relative_to(Path("/sys/fs/cgroup/cpu")) for g in cgroups):
+        return CGROUP_V1
+    if any(cgroup2.counts_processes(g) for g in cgroups):
+        return CGROUP_V2
+    return sessions.AUTOGROUP if sessions_held and autogroups() else NO_SHARE
+
+
+@functools.cache
+def autogroups() -> bool:
+    """Whether the kernel's autogroups share the processors between the kit's runs here (see `labkit.run.sessions`)."""
+    return sessions.in_effect() and sessions.available()
+
+
 def cpu_share() -> str:
     """Which CPU share each run gets here, in words (see docs/sandbox.md, 'Limits'); nothing is made or moved."""
+    group = ("one scheduling group per run: the kernel's autogroups, a run's processes may not start a session of "
+             "their own (seccomp: setsid fails)")
     if os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+        if autogroups():
+            return f"{group}; cgroups are turned off (LABKIT_CGROUPS=off)"
         return "none: cgroups are turned off (LABKIT_CGROUPS=off); runs compete process by process"
     if _may_make_cgroups() and _own_cgroup("cpu") is not None and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
         return f"a v1 cpu cgroup per run (cpu.shares {CPU_SHARES}), made as root"
     if cgroup2.usable(cgroup2.own()):
         return f"a v2 cgroup per run (cpu.weight {cgroup2.CPU_WEIGHT}, pids.max) in the cgroup handed to the kit"
+    if autogroups():
+        return f"{group}; no cgroup per run (the kit may make no v1 one and was handed no v2 one)"
     return ("none: the kit may make no v1 cgroup (it is not root, or they are not mounted) and was handed no v2 "
-            "cgroup with the cpu and pids controllers; runs compete process by process")
+            "cgroup with the cpu and pids controllers, and the kernel's autogroups do not hold for its processes "
+            "(off, or the kit is in a cpu cgroup below the root); runs compete process by process")
 
 
 def tmpfs_sizes() -> str:
@@ -569,9 +599,9 @@ class Sandboxed:
     """
 
     def __init__(self, popen: subprocess.Popen, isolation: str, reason: str, cgroups: list[Path],
-                 drain: Drain | None, limits: Limits, token: str = ""):
+                 drain: Drain | None, limits: Limits, token: str = "", cpu_share: str = NO_SHARE):
         self.popen, self.isolation, self.reason, self.cgroups, self.drain = popen, isolation, reason, cgroups, drain
-        self.limits, self.token = limits, token
+        self.limits, self.token, self.cpu_share = limits, token, cpu_share
         self.pid = popen.pid
         self._finished = False
 
@@ -677,7 +707,7 @@ def descendants(pid: int) -> list[int]:
 def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
            stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = (),
            join: dict[str, str] | None = None, extra_rw: tuple[str | Path, ...] = (),
-           as_user: int | None = None, cgroups: bool = True) -> Sandboxed:
+           as_user: int | None = None, cgroups: bool = True, new_sessions: bool = False) -> Sandboxed:
     """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
 
     `env` is the run's intended environment (the configuration's); it is reduced to what a run
@@ -689,8 +719,12 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
 
     A warm server (`labkit.run.warm`) is launched with `extra_rw` (the grading output, where its runs'
     scratch folders are), `as_user` (a kit running as root starts it as that unprivileged user, so
-    that its bubblewrap makes a user namespace its runs can nest theirs in) and no cgroups of its
-    own (each of its runs gets the run's).
+    that its bubblewrap makes a user namespace its runs can nest theirs in), no cgroups of its
+    own (each of its runs gets the run's), and `new_sessions`: it may start sessions, as its runs are
+    forked in sessions of their own, and each run's init applies the filter that `sessions` makes (`warmserver._init`).
+
+    Every other launch's processes may not start a session of their own (`labkit.run.sessions`): bwrap applies
+    the filter (`--seccomp`), or, without a sandbox, the first step does.
     """
     limits = limits or DEFAULT_LIMITS
     # a network of the sandbox's own (none, or the one joined) has only a loopback: the host name says so
@@ -711,6 +745,8 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         extra_ro = (*extra_ro, *drivers)
         run_env["LD_LIBRARY_PATH"] = ":".join(drivers)
     cgroups = make_cgroups(limits) if cgroups else []
+    held = not new_sessions and sessions.available()
+    seccomp = sessions.pipe() if held and kind == BUBBLEWRAP else None
     rlimits = run_rlimits(env, limits)
     counted = counts_processes(cgroups)
     user = None
@@ -727,9 +763,11 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
         first = json.dumps({"rlimits": {"NPROC": limits.processes}, "user": user})
         inner = bwrap_command(program, [sys.executable, "-P", "-m", "labkit.run.sandbox", first, *cmd], workdir, limits,
-                              (*extra_ro, Path(__file__).resolve().parents[1]), user=user, hostname=hostname)
+                              (*extra_ro, Path(__file__).resolve().parents[1]), user=user, hostname=hostname,
+                              seccomp=seccomp)
     else:
-        inner = (bwrap_command(program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname)
+        inner = (bwrap_command(program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname,
+                               seccomp=seccomp)
                  if kind == BUBBLEWRAP else cmd)
         if not counted and os.geteuid() != 0:
             from labkit.run import processes
@@ -737,14 +775,20 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
     spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
                       | ({"join": join} if join and kind == BUBBLEWRAP else {})
+                      | ({"sessions": "hold"} if held and kind != BUBBLEWRAP else {})
                       | ({"user": as_user, "reach": [*_visible(extra_ro), str(workdir.resolve()),
                                                      *(str(Path(p).resolve()) for p in extra_rw)]}
                          if as_user is not None else {}))
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
     full = [sys.executable, "-P", "-m", "labkit.run.sandbox", spec, *inner]
-    popen = subprocess.Popen(full, cwd=workdir, env=run_env,
-                             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        popen = subprocess.Popen(full, cwd=workdir, env=run_env,
+                                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                 pass_fds=(seccomp,) if seccomp is not None else ())
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
     drain = Drain(popen.stdout, log, limits.output)
     drain.start()
     if stdin is not None:
@@ -753,7 +797,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
             popen.stdin.close()
         except OSError:
             pass
-    return Sandboxed(popen, kind, reason, cgroups, drain, limits, token)
+    return Sandboxed(popen, kind, reason, cgroups, drain, limits, token, share_of(cgroups, held))
 
 
 def _capabilities() -> int:
@@ -826,6 +870,12 @@ def _exec(argv: list[str]) -> int:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
     apply_rlimits(spec.get("rlimits", {}))
+    if spec.get("sessions") == "hold":  # no sandbox to apply the filter: this step does, before the command starts
+        try:
+            sessions.install()
+        except OSError as e:
+            print(f"labkit: the run's processes could not be kept in one session: {e}", file=sys.stderr, flush=True)
+            return 126
     if spec.get("reach"):  # root, before becoming the user that starts bwrap: what it must find at its place
         from labkit.run import nest
 

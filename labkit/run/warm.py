@@ -10,7 +10,8 @@ those modules without starting any JAX backend, and then, for each run, forks a 
    does itself) and sets the run's resource limits;
 2. makes the run's own sandbox inside the server's (`labkit.run.nest`): new user, mount, network,
    IPC and process-id namespaces, only the run's scratch folder visible of the grading output,
-   a private `/tmp`, its own `/proc`, then no capability at all;
+   a private `/tmp`, its own `/proc`, then no capability at all, and no new session
+   (`labkit.run.sessions`: the run keeps the one scheduling group the child's `setsid` made);
 3. starts the Jupyter kernel there, with the run's environment. The device count and the other
    `JAX_*` settings are read when JAX starts its backend, which no process did before: one server
    serves cpu-1 and cpu-8 alike.
@@ -37,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from labkit.run import sessions
 from labkit.run.warmserver import MODULES, READY, UNAVAILABLE
 
 START_TIMEOUT = 120.0  # seconds the server may take to import and probe
@@ -49,7 +51,7 @@ START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 class WarmRun:
     """A kernel forked by the server, seen like `sandbox.Sandboxed`: `pid`, `poll()`, `wait()`, `kill()`."""
 
-    isolation, reason = "bubblewrap", ""
+    isolation, reason, cpu_share = "bubblewrap", "", "none"
 
     def __init__(self, conn: socket.socket, pid: int, cgroups: list[Path], drain, limits, token: str):
         self.conn, self.pid, self.cgroups, self.drain, self.limits, self.token = conn, pid, cgroups, drain, limits, token
@@ -92,7 +94,8 @@ class WarmRun:
         return code
 
     def kill(self) -> None:
-        for target in (self.pid,):
+        # -1 (a child that never reported its pid) is no process: kill(-1) would signal every process the kit may
+        for target in (self.pid,) if self.pid > 0 else ():
             try:
                 os.killpg(target, signal.SIGKILL)
             except OSError:
@@ -196,7 +199,7 @@ class Server:
         self.process = sandbox.launch([sys.executable, "-m", "labkit.run.warmserver", json.dumps(spec)], self.folder, self.env,
                                       server_limits, log=self._log, extra_rw=(*self.roots, *self.shared),
                                       as_user=self.user,
-                                      cgroups=False)
+                                      cgroups=False, new_sessions=True)
         self._began = time.monotonic()
         return True
 
@@ -292,6 +295,7 @@ class Server:
         drain.start()
         pid = _hello(ours, timeout=60)
         run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
+        run.cpu_share = sandbox.share_of(cgroups, sessions.available())  # its init applies the filter (`warmserver._init`)
         if pid is None:
             ours.close()
             run.kill()
@@ -337,5 +341,3 @@ def _hello(sock: socket.socket, timeout: float) -> int | None:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
             return int.from_bytes(payload[:4], sys.byteorder, signed=True)
     return None
-
-

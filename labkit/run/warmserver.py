@@ -75,10 +75,12 @@ def _init(request: dict, workdir: Path) -> None:
     """Process 1 of the run's process-id namespace: its `/proc`, no privileges, then the kernel as its child."""
     code = 125
     try:
-        from labkit.run import nest
+        from labkit.run import nest, sessions
 
         nest.become_init()
         nest.drop_privileges()
+        if sessions.available():  # the run stays in the session the child made (`labkit.run.sessions`)
+            sessions.install()
         kernel = os.fork()
         if kernel == 0:
             _kernel(request, workdir)

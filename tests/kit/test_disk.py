@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,26 @@ def test_each_process_of_a_multi_process_run_is_held_to_the_allowance_and_the_ru
     assert record.status == "error"
     assert "stopped early" in record.message and "wrote more than 64 MiB to disk" in record.message, record.message
     assert not list((tmp_path / "run").glob("process-*/scratch"))
+
+
+def test_a_multi_process_run_stopped_for_the_disk_says_so_though_a_peer_is_seen_to_die_first(tmp_path, monkeypatch):
+    # the process stopped for the disk is 0; its peer, which loses it, aborts (signal 6) and its end is seen first
+    stopped = "the notebook wrote more than 64 MiB to disk, so the run was stopped"
+
+    def kernel_run(input_path, output_path, folders, env, limits, key, timeout, network=None, kernels=None):
+        if network is None:  # process 0
+            time.sleep(1)
+            return execute.KernelRun(died=True, returncode=-9, disk=stopped)
+        return execute.KernelRun(died=True, returncode=-6)
+
+    available, why = CONFIGS["cpu-2x4"].availability()
+    if not available:
+        pytest.skip(why)
+    monkeypatch.setattr(execute, "_papermill", kernel_run)
+    filler = with_cell(FILL, tmp_path / "filler.ipynb")
+    record = execute.run_notebook(filler, CONFIGS["cpu-2x4"], [], tmp_path / "run", limits=SMALL_DISK)
+    assert record.status == "error"
+    assert record.message == f"process 0 of 2 stopped early, so the others were ended too: {stopped}", record.message
 
 
 def test_the_scratch_folder_is_kept_when_asked_even_after_the_disk_stopped_the_run(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -45,6 +46,17 @@ facts = {
     "interfaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]),
     "random": float(np.random.rand()),
 }
+read_end, write_end = os.pipe()
+if os.fork() == 0:  # a child, as a busy process would: may it leave for a session (a scheduling group) of its own?
+    try:
+        os.setsid()
+        said = "a session of its own"
+    except OSError as e:
+        said = e.strerror
+    os.write(write_end, said.encode())
+    os._exit(0)
+os.wait()
+facts["setsid"] = os.read(read_end, 200).decode()
 open("/tmp/mine", "w").write(here)
 json.dump(facts, open("facts.json", "w"))
 '''
@@ -117,6 +129,34 @@ def test_a_warm_run_sees_only_its_own_folder_processes_tmp_and_loopback(looked, 
     assert "mine" not in facts["tmp"], facts["tmp"]  # a /tmp of its own: warm-1 wrote /tmp/mine in its own
     assert facts["interfaces"] == ["lo"]
     assert sorted(p.name for p in runs_root.iterdir()) == ["cold-8", "warm-1", "warm-8"]
+
+
+def test_a_warm_run_may_not_start_a_session_of_its_own_as_a_cold_one_may_not(looked):
+    # so that all its processes stay in one scheduling group where the kernel's autogroups share the processors
+    assert looked["warm-8"][1]["setsid"] == looked["cold-8"][1]["setsid"] == "Operation not permitted"
+    groups = sandbox.make_cgroups(LIMITS)
+    for g in groups:
+        sandbox.remove_cgroup(g)
+    here = sandbox.share_of(groups, sessions_held=True)  # a cgroup per run, else one autogroup per run, or none
+    assert looked["warm-8"][0].cpu_share == looked["cold-8"][0].cpu_share == here
+
+
+def test_the_server_itself_may_start_sessions_its_runs_may_not(server):
+    # it forks each run in a session of its own (its child's setsid); the filter is the runs' alone
+    filtered = [line.split()[1] for pid in [server.process.pid, *sandbox.descendants(server.process.pid)]
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Seccomp:")]
+    assert filtered and set(filtered) == {"0"}, filtered
+
+
+def test_a_run_whose_child_never_reported_its_pid_signals_no_other_process(monkeypatch):
+    signalled = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append(pid))
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: signalled.append(pid))
+    ours, theirs = socket.socketpair()
+    run = warm.WarmRun(ours, -1, [], None, LIMITS, "")  # as `Server.launch` has it before it gives up
+    run.kill()
+    theirs.close()
+    assert signalled == []  # kill(-1) would be every process the kit may signal, itself included
 
 
 def test_two_warm_runs_draw_different_random_numbers(looked):

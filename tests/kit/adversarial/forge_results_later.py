@@ -1,9 +1,12 @@
-# Leaves a detached process behind (double fork, new session) that waits for the harness's results and replaces them with forged ones, and keeps a heartbeat file to show whether it outlived the run.
+# Leaves a detached process behind (double fork, a new session where one may be had) that waits for the harness's results and replaces them with forged ones, and keeps a heartbeat file to show whether it outlived the run.
 # ruff: noqa
 import json, os, time
 here = os.getcwd()
 if os.fork() == 0:
-    os.setsid()
+    try:
+        os.setsid()
+    except OSError:  # a run may not start a session of its own (labkit.run.sessions): stay in the run's
+        pass
     if os.fork() == 0:
         calls = json.load(open(os.path.join(here, "..", "calls.json")))["calls"]  # the kit folder, read-only
         forged = {"environment": {"backend": "cpu", "device_count": 1},
