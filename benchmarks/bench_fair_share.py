@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit.course import configs
-from labkit.run import execute, sandbox
+from labkit.run import allowance, cgroup, execute
 
 HOG = """import os, time
 for _ in range(24):
@@ -63,7 +63,7 @@ def _without_cpu_group(make):
     def make_cgroups(limits):
         groups = make(limits)
         for g in [g for g in groups if "/cpu/" in str(g)]:
-            sandbox.remove_cgroup(g)
+            cgroup.remove_cgroup(g)
         return [g for g in groups if "/cpu/" not in str(g)]
     return make_cgroups
 
@@ -101,24 +101,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    probe = sandbox.make_cgroups(sandbox.DEFAULT_LIMITS) if os.geteuid() == 0 else []
+    probe = cgroup.make_cgroups(allowance.DEFAULT_LIMITS) if os.geteuid() == 0 else []
     for g in probe:
-        sandbox.remove_cgroup(g)
+        cgroup.remove_cgroup(g)
     if not any("/cpu/" in str(g) for g in probe):
         print("needs root and a v1 cpu cgroup: the kit makes a run's cpu cgroup only there")
         return 1
-    made = sandbox.make_cgroups
+    made = cgroup.make_cgroups
     times: dict[str, list[float]] = {"shares": [], "no-cpu-group": []}
     alone: list[float] = []
     with tempfile.TemporaryDirectory(prefix="labkit-fair-") as tmp:
         for i in range(args.repeat):
             alone.append(_alone(Path(tmp) / f"alone-{i}"))
             for way, values in times.items():
-                sandbox.make_cgroups = made if way == "shares" else _without_cpu_group(made)
+                cgroup.make_cgroups = made if way == "shares" else _without_cpu_group(made)
                 try:
                     values.append(_pair(Path(tmp) / f"{way}-{i}"))
                 finally:
-                    sandbox.make_cgroups = made
+                    cgroup.make_cgroups = made
     base = statistics.median(alone)
     print(f"the loop alone: {base:.2f} s (median of {args.repeat})")
     for way, values in times.items():

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from labkit.course import catalog, configs
 from labkit.judge import judge
-from labkit.run import execute, jaxcache, sandbox, warm
+from labkit.run import allowance, execute, jaxcache, modes, warm
 
 COMPILES_FIRST = """\
 import jax.monitoring as _m
@@ -102,7 +102,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     lab, config = catalog.lab(args.lab), configs.by_name(args.config)
-    limits = sandbox.Limits(isolation=sandbox.SANDBOX)
+    limits = allowance.Limits(isolation=modes.SANDBOX)
     calls = judge.collect_calls(lab.test_dirs(hidden=True))
     (ROOT / "build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "build", prefix="bench-unit-") as tmp:

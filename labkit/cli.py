@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from labkit.course import authoring, catalog, configs
-from labkit.run import execute, sandbox
+from labkit.run import allowance, cgroup, execute, modes, mounts
 
 
 def _lab(args) -> int:
@@ -17,7 +17,7 @@ def _lab(args) -> int:
 
     try:
         ok = run_lab(args.lab, notebook=args.notebook, config_names=args.configs, timeout=args.timeout,
-                     hidden=args.hidden, limits=sandbox.limits_from_args(args), record_costs=args.record_costs,
+                     hidden=args.hidden, limits=allowance.limits_from_args(args), record_costs=args.record_costs,
                      keep_scratch=args.keep_scratch)
     except (catalog.UnknownLab, configs.UnknownConfig) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -42,13 +42,13 @@ def _configs(args) -> int:
 
 def _isolation(args) -> int:
     """Which bwrap makes the sandbox here; or each check that failed, with its fix (exit 1)."""
-    found = sandbox.finding()
+    found = modes.finding()
     if found.program:
         print(f"sandbox: {found.summary()}")
         for problem in found.problems:
             print("\n".join(["not used:", *("  " + line for line in problem.lines())]))
-        print(f"/tmp and /dev/shm: {sandbox.tmpfs_sizes()}")
-        print(f"CPU share: {sandbox.cpu_share()}")
+        print(f"/tmp and /dev/shm: {mounts.tmpfs_sizes()}")
+        print(f"CPU share: {cgroup.cpu_share()}")
         return 0
     print(f"no sandbox can be made here:\n  {found.report().replace(chr(10), chr(10) + '  ')}")
     return 1
@@ -89,9 +89,9 @@ def _grade(args) -> int:
     try:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
                               jobs=args.jobs, timeout=args.timeout, shard=args.shard,
-                              limits=sandbox.limits_from_args(args), start=args.start, runs_from=args.runs_from,
+                              limits=allowance.limits_from_args(args), start=args.start, runs_from=args.runs_from,
                               plan=args.plan, **_grading_inputs(args))
-    except sandbox.SandboxUnavailable as e:
+    except modes.SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     except collect.GradeError as e:
@@ -297,8 +297,8 @@ def parser() -> argparse.ArgumentParser:
                      help="keep each run's scratch folder (build/lab-N/<config>/scratch/), to look at what it wrote")
     lab.add_argument("--record-costs", action="store_true",
                      help="write the runs' cost cards as the lab's reference cards (course staff, with the reference)")
-    sandbox.add_arguments(lab)
-    sandbox.add_isolation_argument(lab, sandbox.AUTO)
+    allowance.add_arguments(lab)
+    modes.add_isolation_argument(lab, modes.AUTO)
     lab.set_defaults(func=_lab)
 
     sub.add_parser("list", help="the labs, in the order the course reads them").set_defaults(func=_list)
@@ -340,8 +340,8 @@ def parser() -> argparse.ArgumentParser:
                      help="the notebooks ran in pods of their own (`pods run`): read each unit's output from "
                           "RUNS/<i>/ as untrusted data instead of running it (with --plan)")
     grd.add_argument("--plan", type=Path, default=None, help="the folder `pods plan` wrote (with --runs-from)")
-    sandbox.add_arguments(grd)
-    sandbox.add_isolation_argument(grd, sandbox.SANDBOX)
+    allowance.add_arguments(grd)
+    modes.add_isolation_argument(grd, modes.SANDBOX)
     grd.set_defaults(func=_grade)
     from labkit.grading import pods
 

@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from labkit.course import catalog
-from labkit.run import sandbox
+from labkit.run import allowance, modes, sandbox
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = "LABKIT_RUN"
@@ -120,19 +120,19 @@ def replay_folder(folder: str | os.PathLike | None = None) -> Path | None:
     return here
 
 
-def replay_limits(warn=None) -> sandbox.Limits:
+def replay_limits(warn=None) -> allowance.Limits:
     """The limits of a replay: `make lab-N`'s (`auto`); where no sandbox can be made, limits only, said in one line."""
-    program, reason = sandbox.bubblewrap()
+    program, reason = modes.bubblewrap()
     if program:
-        return sandbox.Limits(isolation=sandbox.AUTO)
+        return allowance.Limits(isolation=modes.AUTO)
     why = next((line.strip() for line in reason.splitlines() if line.strip()), "no bwrap works here")
     print(f"labkit: warning: check() replays with resource limits only, not in a sandbox ({why}); "
           "`make doctor` says why", file=warn or sys.stderr, flush=True)
-    return sandbox.Limits(isolation=sandbox.LIMITS_ONLY)
+    return allowance.Limits(isolation=modes.LIMITS_ONLY)
 
 
 def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout: float = 300, *,
-                  limits: sandbox.Limits | None = None, folder: str | os.PathLike | None = None) -> dict:
+                  limits: allowance.Limits | None = None, folder: str | os.PathLike | None = None) -> dict:
     """Replay `cells` in a fresh, sandboxed process with the configuration's environment; the harness's plain data.
 
     `folder` is the notebook's folder (default: this process's working folder; see `replay_folder`).
@@ -142,7 +142,7 @@ def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout
 
     config = configs.CONFIGS[config_name]
     env = config.environment() | {"LABKIT_CHECK_REPLAY": config.name}
-    limits = limits or sandbox.Limits(isolation=sandbox.AUTO)
+    limits = limits or allowance.Limits(isolation=modes.AUTO)
     start = replay_folder(folder)
     scratch = Path(tempfile.mkdtemp(prefix="labkit-check-"))
     try:

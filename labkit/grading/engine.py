@@ -24,7 +24,7 @@ from labkit.grading.rows import clean_message, make_row, submission_notes
 from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key
 from labkit.judge import judge
 from labkit.run import execute, jaxcache, kernel, warm
-from labkit.run.sandbox import DEFAULT_LIMITS, Limits
+from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
 # ----------------------------------------------------------------------------------------
 # The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.

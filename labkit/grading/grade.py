@@ -49,8 +49,8 @@ from labkit.grading.engine import Grader, StopRequest, default_jobs
 from labkit.grading.rows import make_row
 from labkit.grading.store import FORMAT, Store
 from labkit.judge import judge
-from labkit.run import execute, sandbox
-from labkit.run.sandbox import DEFAULT_LIMITS, Limits
+from labkit.run import execute, modes
+from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
 # ----------------------------------------------------------------------------------------
 # The command.
@@ -78,22 +78,22 @@ def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
 
 
 def check_isolation(limits: Limits, stream) -> None:
-    """Before anything runs: the sandbox every run will get, or `sandbox.SandboxUnavailable` (fail closed).
+    """Before anything runs: the sandbox every run will get, or `modes.SandboxUnavailable` (fail closed).
 
     Only `--isolation limits-only`, asked for by name, grades without one; every row then says so.
     """
-    if limits.isolation == sandbox.LIMITS_ONLY:
+    if limits.isolation == modes.LIMITS_ONLY:
         print("isolation: resource limits only, asked for by name (--isolation limits-only): a notebook can read "
               "what this user can read and use the network; every row says limits-only", file=stream, flush=True)
         return
-    if limits.isolation == sandbox.POD:
-        sandbox.isolation(sandbox.POD)  # raises, with the reason, where this is no pod of the kit's design
+    if limits.isolation == modes.POD:
+        modes.isolation(modes.POD)  # raises, with the reason, where this is no pod of the kit's design
         print("isolation: no bubblewrap, the pod is the sandbox, asked for by name (--isolation pod); every row "
               "says pod", file=stream, flush=True)
         return
-    if limits.isolation != sandbox.SANDBOX:
+    if limits.isolation != modes.SANDBOX:
         return
-    found = sandbox.require_sandbox("nothing was graded")
+    found = modes.require_sandbox("nothing was graded")
     print(f"isolation: every notebook runs in a sandbox: {found.summary()}", file=stream, flush=True)
     for problem in found.problems:
         print(f"  not used: {problem.lines()[0]}", file=stream, flush=True)
@@ -170,7 +170,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
     grading, people, provisional = _policy_and_roster(policy, roster, [c.name for c in chosen])
-    limits = limits or replace(DEFAULT_LIMITS, isolation=sandbox.SANDBOX)
+    limits = limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
     check_isolation(limits, stream)
     if (runs_from is None) != (plan is None):
         raise GradeError("--runs-from and --plan go together: the pods' outputs and the plan that made their inputs")

@@ -37,7 +37,7 @@ from pathlib import Path
 from labkit.course import catalog, configs
 from labkit.grading import leaderboard, policy
 from labkit.grading.files import write_atomic
-from labkit.run.sandbox import LIMITS_ONLY
+from labkit.run.modes import LIMITS_ONLY
 
 CONFIGS = ("cpu-1", "cpu-8", "cpu-2x4")  # cpu-2x4 only where it can run
 SHIPPED = ("labkit", "pyproject.toml", "README.md", "uv.lock", "tests/policy.toml", "tests/__init__.py")
@@ -379,7 +379,7 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
     says so in every result. The configurations run one after another: Gradescope's default
     container (768 MB, half a CPU) holds one kernel at a time, not four."""
     from labkit.judge import judge
-    from labkit.run import sandbox
+    from labkit.run import allowance, modes
 
     began = time.monotonic()
     root = Path(root)
@@ -393,8 +393,8 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
         unsandboxed = NOT_SANDBOXED
     elif notebook is not None:
         try:
-            sandbox.require_sandbox("this submission was not graded")
-        except sandbox.SandboxUnavailable as e:
+            modes.require_sandbox("this submission was not graded")
+        except modes.SandboxUnavailable as e:
             notebook, why = None, (f"{e}\n\nOn Gradescope: ask for a container that allows user namespaces, or "
                                    "build the autograder with `make gradescope LAB=N ISOLATION=limits-only`, which "
                                    "grades without the sandbox and says so in every result.")
@@ -405,7 +405,7 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
         work = Path(tempfile.mkdtemp(prefix="labkit-gradescope-"))
         try:
             runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
-            limits = sandbox.Limits(isolation=isolation or sandbox.SANDBOX)
+            limits = allowance.Limits(isolation=isolation or modes.SANDBOX)
             judgement = judge.judge(lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests], jobs=1,
                                     limits=limits)
         finally:

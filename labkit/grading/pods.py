@@ -34,8 +34,8 @@ from pathlib import Path
 from labkit.course import configs
 from labkit.grading import collect
 from labkit.judge import verify
-from labkit.run import execute, kernel, sandbox, scratch
-from labkit.run.sandbox import Limits
+from labkit.run import allowance, execute, kernel, modes, scratch
+from labkit.run.allowance import Limits
 
 UNITS = "units"
 UNIT_FILE = "unit.json"
@@ -110,19 +110,19 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
              limits: Limits | None = None) -> int:
     """Run the unit in `unit_folder` (its pod's read-only inputs) with its output in `out`; 0 once it ran.
 
-    Only with `--isolation pod` (a pod of the kit's design, `sandbox.pod_problem`): anything else is
+    Only with `--isolation pod` (a pod of the kit's design, `modes.pod_problem`): anything else is
     refused before the notebook starts, so this never runs a notebook without a sandbox by accident."""
-    limits = limits or sandbox.DEFAULT_LIMITS
-    if limits.isolation != sandbox.POD:
-        raise sandbox.SandboxUnavailable("`pods run` runs a notebook with the pod as its only sandbox, so it asks "
+    limits = limits or allowance.DEFAULT_LIMITS
+    if limits.isolation != modes.POD:
+        raise modes.SandboxUnavailable("`pods run` runs a notebook with the pod as its only sandbox, so it asks "
                                          "for it by name: --isolation pod")
-    sandbox.isolation(sandbox.POD)  # raises, with the reason, where this is no pod of the kit's design
+    modes.isolation(modes.POD)  # raises, with the reason, where this is no pod of the kit's design
     unit = json.loads((Path(unit_folder) / UNIT_FILE).read_text())
     config = configs.by_name(unit["config"])
     if config is None or config.processes > 1:
         raise PodError(f"unit {unit.get('index')}: {unit['config']!r} is not a one-process configuration")
     calls = json.loads((Path(unit_folder) / CALLS).read_text())["calls"]
-    ended = {"status": "ok", "isolation": sandbox.POD}
+    ended = {"status": "ok", "isolation": modes.POD}
     available, reason = config.availability()
     try:
         nb = execute.read_notebook(Path(unit_folder) / NOTEBOOK)
@@ -165,7 +165,7 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
     `kit_folder` is the judge's own folder for this unit (the verifier works there, never in the pod's
     output). The required calls are run again by the kit's verifier, with `limits` (the judge's own
     isolation), so their values and facts are the kit's, whatever the pod wrote."""
-    record = execute.RunRecord(config.name, "error", workdir=str(kit_folder), isolation=sandbox.POD,
+    record = execute.RunRecord(config.name, "error", workdir=str(kit_folder), isolation=modes.POD,
                                limits=limits.to_json(), start="cold")
     if output is None:
         record.message = "the plan has no pod for this unit: plan and grade the same class, labs and configurations"
@@ -239,8 +239,8 @@ def add_parser(sub) -> None:
     r.add_argument("unit", type=Path, help="the unit's input folder (PLAN/units/<i>, read-only)")
     r.add_argument("out", type=Path, help="the pod's own output folder")
     r.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT)
-    sandbox.add_arguments(r)
-    sandbox.add_isolation_argument(r, sandbox.SANDBOX)
+    allowance.add_arguments(r)
+    modes.add_isolation_argument(r, modes.SANDBOX)
     r.set_defaults(func=_run)
 
 
@@ -256,7 +256,7 @@ def _plan(args) -> int:
 
 def _run(args) -> int:
     try:
-        return run_unit(args.unit, args.out, timeout=args.timeout, limits=sandbox.limits_from_args(args))
-    except (sandbox.SandboxUnavailable, PodError) as e:
+        return run_unit(args.unit, args.out, timeout=args.timeout, limits=allowance.limits_from_args(args))
+    except (modes.SandboxUnavailable, PodError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3

@@ -26,7 +26,7 @@ from pathlib import Path
 from labkit.course import catalog, configs
 from labkit.grading import progress, scoreboard
 from labkit.grading.files import write_atomic
-from labkit.run.sandbox import DEFAULT_LIMITS, GiB
+from labkit.run.allowance import DEFAULT_LIMITS, GiB
 
 KIT_MEMORY = 1 * GiB  # what the kit's own grading process needs beside its notebooks' runs
 

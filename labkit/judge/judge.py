@@ -88,7 +88,7 @@ class _Plugin:
         self.hidden_dirs = [d.resolve() for d in hidden_dirs]
         self.jobs = jobs
         self.timeout = timeout
-        self.limits = limits  # sandbox.Limits for every run; None: the defaults
+        self.limits = limits  # allowance.Limits for every run; None: the defaults
         self.warm = warm  # a started warm.Server that forks the runs' kernels, or None: every kernel starts cold
         self.cache = cache  # a jaxcache.CompileCache for the runs, or None
         self.judgement = Judgement()

@@ -109,9 +109,9 @@ def check_environment(root: Path = ROOT) -> Check:
 
 
 def check_sandbox() -> Check:
-    from labkit.run import sandbox
+    from labkit.run import modes
 
-    found = sandbox.finding()
+    found = modes.finding()
     if found.program:
         skipped = "".join(f"; not used: {p.lines()[0]}" for p in found.problems)
         return Check("sandbox", "Sandbox (bubblewrap)", OK, f"works: {found.summary()}{skipped}")

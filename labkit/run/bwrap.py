@@ -28,7 +28,7 @@ PROBE_TIMEOUT = 30.0
 
 def namespace_args(network: bool, user: int | None = None) -> list[str]:
     """bwrap's namespaces. With `user` (a kit running as root), no user namespace: the command keeps
-    only the capabilities to become `user` (the first step, `sandbox._exec`, does, and so loses them)."""
+    only the capabilities to become `user` (the first step, `firststep._exec`, does, and so loses them)."""
     if user is None:
         args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         return args + (["--share-net"] if network else [])

@@ -29,7 +29,7 @@ import nbformat
 from labkit.course.configs import DeviceConfig
 from labkit.judge import verify
 from labkit.run import kernel, sandbox, scratch
-from labkit.run.sandbox import DEFAULT_LIMITS, Limits
+from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook on one configuration
 HARNESS_TAG = "labkit-harness"

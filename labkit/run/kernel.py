@@ -24,8 +24,8 @@ from pathlib import Path
 import nbformat
 
 from labkit.judge import harness
-from labkit.run import sandbox, scratch
-from labkit.run.sandbox import DEFAULT_LIMITS, Limits
+from labkit.run import allowance, modes, sandbox, scratch
+from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
 
 def kill_tree(pid: int) -> None:
@@ -229,7 +229,7 @@ def _engine() -> str:
                 content["evalue"] = str(content.get("evalue", ""))[:2000]
                 return super().output(outs, msg, display_id, cell_index)
             size = len(json.dumps(content, default=str))
-            note = f"\n[labkit: output cut here: the run's outputs passed {sandbox.format_size(self.output_limit)}]\n"
+            note = f"\n[labkit: output cut here: the run's outputs passed {allowance.format_size(self.output_limit)}]\n"
             room = self.output_limit - self.output_kept
             if size > room and not self.output_cut:
                 self.output_cut = True
@@ -312,7 +312,7 @@ def _measure_disk(folder: Path, allowed: int, ran: KernelRun, pids: list[int] = 
         return False  # the folder is gone: the run is over
     if used <= allowed:
         return False
-    ran.disk = f"the notebook wrote more than {sandbox.format_size(allowed)} to disk, so the run was stopped"
+    ran.disk = f"the notebook wrote more than {allowance.format_size(allowed)} to disk, so the run was stopped"
     return True
 
 
@@ -379,7 +379,7 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
                 if type(e).__name__ == "CellTimeoutError" and not ran.died:
                     # the cell ended but its outputs stopped arriving: a message over the size the kit accepts
                     ran.failure = (f"the cells' output stopped reaching the kit: a single output larger than "
-                                   f"{sandbox.format_size(largest_message(limits))} is refused, and the rest of the "
+                                   f"{allowance.format_size(largest_message(limits))} is refused, and the rest of the "
                                    "run with it")
         finally:
             watchdog.cancel()
@@ -395,7 +395,7 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
     scratch.unlink(workdir, key_file.name)
     ran.seconds = time.monotonic() - start
     ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
-    ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else sandbox.isolation()[0]
+    ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else modes.isolation()[0]
     ran.start = km.start_kind
     ran.cpu_share = km.sandboxed.cpu_share if km.sandboxed is not None else ""
     return ran

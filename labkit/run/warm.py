@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from labkit.run import sessions
+from labkit.run import cgroup, modes, mounts, sessions
 from labkit.run.warmserver import MODULES, READY, UNAVAILABLE
 
 START_TIMEOUT = 120.0  # seconds the server may take to import and probe
@@ -111,7 +111,7 @@ class WarmRun:
         self._end_rest()
 
     def _end_rest(self) -> None:
-        from labkit.run import processes, sandbox
+        from labkit.run import cgroup, processes
 
         for pid in processes.marked(self.token) if self.token else []:
             try:
@@ -119,7 +119,7 @@ class WarmRun:
             except OSError:
                 pass
         for group in self.cgroups:
-            sandbox.remove_cgroup(group)
+            cgroup.remove_cgroup(group)
 
     def _finish(self) -> None:
         if self._finished:
@@ -168,11 +168,11 @@ class Server:
 
         from labkit.run import runusers, sandbox
 
-        kind, reason = sandbox.isolation(limits.isolation)
-        if kind != sandbox.BUBBLEWRAP:
+        kind, reason = modes.isolation(limits.isolation)
+        if kind != modes.BUBBLEWRAP:
             self.why = f"no sandbox ({reason or kind})"
             return False
-        if os.geteuid() == 0 and not sandbox.pids_cgroups_available():
+        if os.geteuid() == 0 and not cgroup.pids_cgroups_available():
             # without a pids cgroup per run, each run needs a user of its own for RLIMIT_NPROC: cold starts do that
             self.why = "root without a pids cgroup: each run starts as a user of its own"
             return False
@@ -261,10 +261,10 @@ class Server:
         from labkit.run import sandbox
 
         token = os.urandom(16).hex()
-        run_env = sandbox.run_environment(env, workdir, sandboxed=True) | {"LABKIT_RUN_TOKEN": token}
+        run_env = mounts.run_environment(env, workdir, sandboxed=True) | {"LABKIT_RUN_TOKEN": token}
         rlimits = sandbox.run_rlimits(env, limits)
-        cgroups = sandbox.make_cgroups(limits)
-        if not sandbox.counts_processes(cgroups):
+        cgroups = cgroup.make_cgroups(limits)
+        if not cgroup.counts_processes(cgroups):
             from labkit.run import processes
 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
@@ -285,7 +285,7 @@ class Server:
         except OSError:
             conn.close()
             for g in cgroups:
-                sandbox.remove_cgroup(g)
+                cgroup.remove_cgroup(g)
             os.close(read_end)
             raise
         finally:
@@ -295,7 +295,7 @@ class Server:
         drain.start()
         pid = _hello(ours, timeout=60)
         run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
-        run.cpu_share = sandbox.share_of(cgroups, sessions.available())  # its init applies the filter (`warmserver._init`)
+        run.cpu_share = cgroup.share_of(cgroups, sessions.available())  # its init applies the filter (`warmserver._init`)
         if pid is None:
             ours.close()
             run.kill()

@@ -47,11 +47,11 @@ def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None
         if not hello.recv(8).startswith(b"go"):
             os._exit(125)
         hello.close()
-        from labkit.run import nest, sandbox
+        from labkit.run import firststep, nest
 
         # the server's command line and environment are not the run's to read (its init and kernel keep this copy)
         nest.forget_server()
-        sandbox.apply_rlimits(request["rlimits"])
+        firststep.apply_rlimits(request["rlimits"])
 
         workdir = Path(request["workdir"])
         nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}), readable=request.get("readable"),

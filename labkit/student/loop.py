@@ -17,14 +17,14 @@ BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
 
 def _warm_server(out: Path, chosen: list, limits, cache):
     """A warm server begun for the one-process CPU configurations of this run of the loop, or None."""
-    from labkit.run import sandbox, warm
+    from labkit.run import allowance, warm
 
     wanted = [c for c in chosen if c.platform == "cpu" and c.processes == 1]
     if len(wanted) < 2 or os.environ.get("LABKIT_WARM", "on") == "off":
         return None  # one kernel: forking it from a server saves nothing
     base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
     server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [])
-    return server if server.begin(limits or sandbox.DEFAULT_LIMITS) else None
+    return server if server.begin(limits or allowance.DEFAULT_LIMITS) else None
 
 
 def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from labkit.machine import accelerators
-from labkit.run import kernel, sandbox
+from labkit.run import allowance, kernel, modes, mounts, sandbox
 
-SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
+SANDBOXED = modes.isolation()[0] == modes.BUBBLEWRAP
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_every_nvidia_node_is_found_and_each_gpu_once(gpu_host):
 
 
 def test_the_sandbox_passes_every_nvidia_node_through(gpu_host, tmp_path):
-    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path / "work", sandbox.DEFAULT_LIMITS)
+    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS)
     bound = {cmd[i + 1] for i, a in enumerate(cmd) if a == "--dev-bind"}
     assert bound == set(accelerators.nvidia_devices()) and len(bound) == 6
 
@@ -77,7 +77,7 @@ def _address_space(text: str) -> str:
 
 
 def test_a_launched_cpu_run_has_the_address_space_limit(tmp_path):
-    assert _address_space(_limits_of_a_run(tmp_path, {"JAX_PLATFORMS": "cpu"})) == str(sandbox.DEFAULT_LIMITS.memory)
+    assert _address_space(_limits_of_a_run(tmp_path, {"JAX_PLATFORMS": "cpu"})) == str(allowance.DEFAULT_LIMITS.memory)
 
 
 def test_a_launched_gpu_run_has_none(tmp_path):

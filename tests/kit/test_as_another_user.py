@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.run import sandbox
+from labkit.run import modes
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 
@@ -70,7 +70,7 @@ def _why_not() -> str | None:
         return "the tests already run as a user other than root"
     if not all(shutil.which(t) for t in ("unshare", "setpriv")):
         return "needs unshare and setpriv (util-linux)"
-    if sandbox.isolation()[0] != sandbox.BUBBLEWRAP:
+    if modes.isolation()[0] != modes.BUBBLEWRAP:
         return "bubblewrap does not work here"
     if _closed_to_others(ROOT / "labkit") or not os.stat(ROOT / "labkit" / "__init__.py").st_mode & stat.S_IROTH:
         return "the repository is not readable by other users"

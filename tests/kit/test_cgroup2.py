@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.run import cgroup2, sandbox
+from labkit.run import allowance, cgroup, cgroup2, modes, sandbox
 
 
 def kit_group(root: Path, controllers: str = "cpu pids memory", members: list[int] | None = None) -> Path:
@@ -73,7 +73,7 @@ def test_every_run_gets_the_same_cpu_weight_and_a_process_cap_of_its_own(tmp_pat
         assert (run / "cpu.weight").read_text() == str(cgroup2.CPU_WEIGHT)
         assert (run / "pids.max").read_text() == "160"
         assert (run / "memory.max").read_text() == str(3 << 30)
-        assert sandbox.counts_processes([run])  # so no RLIMIT_NPROC is needed beside it
+        assert cgroup.counts_processes([run])  # so no RLIMIT_NPROC is needed beside it
 
 
 def test_memory_is_capped_only_where_its_controller_was_handed_down(tmp_path):
@@ -98,17 +98,17 @@ def isolation_command(**env) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").exists()
-                    or sandbox.isolation()[0] != sandbox.BUBBLEWRAP,
+                    or modes.isolation()[0] != modes.BUBBLEWRAP,
                     reason="needs root, a v1 cpu controller and a sandbox")
 def test_the_isolation_command_says_which_cpu_share_runs_get_here():
     assert "CPU share: a v1 cpu cgroup per run (cpu.shares 1024), made as root" in isolation_command()
     # without cgroups, one autogroup per run where the kernel's autogroups hold here (labkit.run.sessions), else none
-    share = "one scheduling group per run: the kernel's autogroups" if sandbox.autogroups() else "none"
+    share = "one scheduling group per run: the kernel's autogroups" if cgroup.autogroups() else "none"
     without = isolation_command(LABKIT_CGROUPS="off")
     assert f"CPU share: {share}" in without and "cgroups are turned off (LABKIT_CGROUPS=off)" in without, without
 
 
-DELEGATED = os.geteuid() != 0 and sandbox.delegated_cgroup() is not None
+DELEGATED = os.geteuid() != 0 and cgroup.delegated_cgroup() is not None
 
 
 @pytest.mark.skipif(not DELEGATED, reason="this machine hands the kit no v2 cgroup with the cpu controller "
@@ -116,7 +116,7 @@ DELEGATED = os.geteuid() != 0 and sandbox.delegated_cgroup() is not None
 def test_a_run_launched_without_root_lives_in_a_cpu_weighted_cgroup_of_its_own(tmp_path):
     log = io.BytesIO()
     run = sandbox.launch([sys.executable, "-c", "import time; time.sleep(3)"], tmp_path / "work", {},
-                         sandbox.Limits(processes=50), log=log)
+                         allowance.Limits(processes=50), log=log)
     try:
         (group,) = run.cgroups
         deadline = time.monotonic() + 10

@@ -255,7 +255,7 @@ def test_the_image_on_debian_13_has_jax_0_12_and_passes_lab_3_on_cpu_1_and_cpu_8
 
 def test_with_dockers_default_profile_bubblewrap_cannot_make_the_sandbox(engine, image):
     """What the kit's profile is for: under Docker's default seccomp profile, bwrap is refused."""
-    probe = "from labkit import sandbox; print(sandbox.bubblewrap()[1] or 'works')"
+    probe = "from labkit.run import modes; print(modes.bubblewrap()[1] or 'works')"
     default = docker(engine, "run", "--rm", image, "python", "-c", probe).stdout
     assert default.strip() and default.strip() != "works", default  # the kit's reason why not
     kits = docker(engine, "run", "--rm", *sandbox_options(), image, "python", "-c", probe).stdout

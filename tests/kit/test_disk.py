@@ -20,11 +20,11 @@ from labkit import cli
 from labkit.course import catalog
 from labkit.course.configs import CONFIGS
 from labkit.judge.judge import RunSpec, judge
-from labkit.run import execute, sandbox
+from labkit.run import allowance, bwrap, execute, kernel, modes, sandbox
 
 LAB = catalog.Lab(3)
-DISK = 64 * sandbox.MiB
-SMALL_DISK = sandbox.Limits(disk=DISK, output=2 * sandbox.MiB)
+DISK = 64 * allowance.MiB
+SMALL_DISK = allowance.Limits(disk=DISK, output=2 * allowance.MiB)
 # three files of 40 MiB: each is within what one file may be, all three are not
 FILL = """\
 for i in range(3):
@@ -93,13 +93,13 @@ def test_a_multi_process_run_stopped_for_the_disk_says_so_though_a_peer_is_seen_
     def kernel_run(input_path, output_path, folders, env, limits, key, timeout, network=None, kernels=None):
         if network is None:  # process 0
             time.sleep(1)
-            return execute.KernelRun(died=True, returncode=-9, disk=stopped)
-        return execute.KernelRun(died=True, returncode=-6)
+            return kernel.KernelRun(died=True, returncode=-9, disk=stopped)
+        return kernel.KernelRun(died=True, returncode=-6)
 
     available, why = CONFIGS["cpu-2x4"].availability()
     if not available:
         pytest.skip(why)
-    monkeypatch.setattr(execute, "_papermill", kernel_run)
+    monkeypatch.setattr(kernel, "papermill_run", kernel_run)
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
     record = execute.run_notebook(filler, CONFIGS["cpu-2x4"], [], tmp_path / "run", limits=SMALL_DISK)
     assert record.status == "error"
@@ -114,7 +114,7 @@ def test_the_scratch_folder_is_kept_when_asked_even_after_the_disk_stopped_the_r
     assert (tmp_path / "run" / "scratch" / "filler-0").is_file()  # to look at, as the TA asked
 
 
-def _in_sandbox(source: str, tmp_path: Path, limits: sandbox.Limits) -> tuple[int, str]:
+def _in_sandbox(source: str, tmp_path: Path, limits: allowance.Limits) -> tuple[int, str]:
     """(exit status, output) of `python -c source` launched as a run's process is."""
     log = io.BytesIO()
     run = sandbox.launch([sys.executable, "-c", source], tmp_path / "work", {}, limits, log=log)
@@ -140,10 +140,10 @@ else:
 """
 
 
-@pytest.mark.skipif(sandbox.isolation()[0] != sandbox.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
+@pytest.mark.skipif(modes.isolation()[0] != modes.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
 def test_the_sandboxs_tmp_holds_no_more_than_the_disk_allowance(tmp_path):
-    if not sandbox.bwrap.sizes_tmpfs(sandbox.finding().version):
-        pytest.skip(f"{sandbox.finding().version} cannot cap a tmpfs (bubblewrap 0.10 and later can)")
+    if not bwrap.sizes_tmpfs(modes.finding().version):
+        pytest.skip(f"{modes.finding().version} cannot cap a tmpfs (bubblewrap 0.10 and later can)")
     code, said = _in_sandbox(writer("/tmp", 3, 40), tmp_path, replace_disk(DISK))
     assert code == 0, said
     assert "refused ENOSPC" in said, said  # the tmpfs is full at 64 MiB
@@ -151,31 +151,31 @@ def test_the_sandboxs_tmp_holds_no_more_than_the_disk_allowance(tmp_path):
 
 
 def test_no_single_file_is_larger_than_the_disk_allowance(tmp_path):
-    _, said = _in_sandbox(writer(".", 1, 100), tmp_path, replace_disk(32 * sandbox.MiB))
+    _, said = _in_sandbox(writer(".", 1, 100), tmp_path, replace_disk(32 * allowance.MiB))
     assert "refused EFBIG 32" in said, said  # RLIMIT_FSIZE: the file stops at the allowance
 
 
 def test_a_bwrap_caps_a_tmpfs_from_version_0_10_on():
-    assert [sandbox.bwrap.sizes_tmpfs(f"bubblewrap {v}") for v in ("0.6.1", "0.9.0", "0.10.0", "0.11.0", "1.0")] == [
+    assert [bwrap.sizes_tmpfs(f"bubblewrap {v}") for v in ("0.6.1", "0.9.0", "0.10.0", "0.11.0", "1.0")] == [
         False, False, True, True, True]
-    assert not sandbox.bwrap.sizes_tmpfs("")
+    assert not bwrap.sizes_tmpfs("")
 
 
-@pytest.mark.skipif(sandbox.isolation()[0] != sandbox.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
+@pytest.mark.skipif(modes.isolation()[0] != modes.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
 def test_the_isolation_command_says_whether_tmp_is_capped():
     done = subprocess.run([sys.executable, "-m", "labkit", "isolation"], text=True, capture_output=True,
                           timeout=120, check=False)
-    capped = sandbox.bwrap.sizes_tmpfs(sandbox.finding().version)
+    capped = bwrap.sizes_tmpfs(modes.finding().version)
     assert ("/tmp and /dev/shm: tmpfs of the run's --disk each" in done.stdout) == capped, done.stdout
     assert ("/tmp and /dev/shm: tmpfs without a size" in done.stdout) == (not capped), done.stdout
 
 
-def replace_disk(disk: int) -> sandbox.Limits:
-    return sandbox.Limits(disk=disk, isolation=sandbox.AUTO)
+def replace_disk(disk: int) -> allowance.Limits:
+    return allowance.Limits(disk=disk, isolation=modes.AUTO)
 
 
 def test_the_disk_allowance_is_a_flag_of_lab_and_grade_with_a_default():
     for command in (["lab", "3"], ["grade"]):
         args = cli.parser().parse_args([*command, "--disk", "512M"])
-        assert sandbox.limits_from_args(args).disk == 512 * sandbox.MiB
-        assert sandbox.limits_from_args(cli.parser().parse_args(command)).disk == sandbox.DEFAULT_LIMITS.disk
+        assert allowance.limits_from_args(args).disk == 512 * allowance.MiB
+        assert allowance.limits_from_args(cli.parser().parse_args(command)).disk == allowance.DEFAULT_LIMITS.disk

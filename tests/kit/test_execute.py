@@ -16,10 +16,10 @@ from notebook_variants import with_cell
 from labkit.course import catalog
 from labkit.course.configs import CONFIGS
 from labkit.judge import judge
-from labkit.run import execute, kernel, sandbox
+from labkit.run import allowance, execute, kernel, modes
 
 LAB = catalog.Lab(3)
-SMALL = sandbox.Limits(output=2 * sandbox.MiB)
+SMALL = allowance.Limits(output=2 * allowance.MiB)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_an_output_above_the_allowance_but_within_what_is_accepted_is_dropped_an
     assert (tmp_path / "run" / "executed.ipynb").stat().st_size < SMALL.output
 
 
-@pytest.mark.skipif(sandbox.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
+@pytest.mark.skipif(modes.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
 def test_the_kernel_runs_in_the_sandbox_and_papermill_does_not(tmp_path, calls):
     # The process tree a cell can see: the kernel and what the sandbox put around it, never papermill.
     probe = with_cell("import pathlib\n"

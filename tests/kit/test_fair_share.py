@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.run import processes, sandbox, sessions
-from labkit.run.sandbox import Limits
+from labkit.run import cgroup, modes, processes, sandbox, sessions
+from labkit.run.allowance import Limits
 
 HOG = """import os, time
 for _ in range(24):
@@ -112,24 +112,24 @@ def _fair(tmp_path: Path, limits: Limits, mechanism: str) -> None:
     assert mechanisms == [mechanism, mechanism]
 
 
-AUTOGROUPS = pytest.mark.skipif(not sandbox.autogroups(), reason="the kernel's autogroups do not hold for the kit "
+AUTOGROUPS = pytest.mark.skipif(not cgroup.autogroups(), reason="the kernel's autogroups do not hold for the kit "
                                 "here (off, or the kit is in a cpu cgroup below the root)")
 
 
 def _as_the_kit_runs_here() -> str:
-    groups = sandbox.make_cgroups(LIMITS)
+    groups = cgroup.make_cgroups(LIMITS)
     for g in groups:
-        sandbox.remove_cgroup(g)
-    return sandbox.share_of(groups, sessions.available())
+        cgroup.remove_cgroup(g)
+    return cgroup.share_of(groups, sessions.available())
 
 
-@pytest.mark.skipif(_as_the_kit_runs_here() == sandbox.NO_SHARE, reason="runs get no CPU share of their own here")
+@pytest.mark.skipif(_as_the_kit_runs_here() == cgroup.NO_SHARE, reason="runs get no CPU share of their own here")
 def test_a_neighbour_keeps_its_share_beside_a_hog_as_the_kit_runs_here(tmp_path):
     _fair(tmp_path, LIMITS, _as_the_kit_runs_here())
 
 
 @AUTOGROUPS
-@pytest.mark.skipif(sandbox.isolation()[0] != sandbox.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
+@pytest.mark.skipif(modes.isolation()[0] != modes.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
 def test_without_cgroups_a_sandboxed_neighbour_keeps_its_share_as_one_autogroup(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")  # as for a user other than root, handed no v2 cgroup
     _fair(tmp_path, LIMITS, sessions.AUTOGROUP)
@@ -138,11 +138,11 @@ def test_without_cgroups_a_sandboxed_neighbour_keeps_its_share_as_one_autogroup(
 @AUTOGROUPS
 def test_without_cgroups_or_a_sandbox_a_neighbour_keeps_its_share_as_one_autogroup(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")
-    _fair(tmp_path, Limits(processes=200, isolation=sandbox.LIMITS_ONLY), sessions.AUTOGROUP)
+    _fair(tmp_path, Limits(processes=200, isolation=modes.LIMITS_ONLY), sessions.AUTOGROUP)
 
 
 @AUTOGROUPS
-@pytest.mark.parametrize("isolation", [sandbox.AUTO, sandbox.LIMITS_ONLY])
+@pytest.mark.parametrize("isolation", [modes.AUTO, modes.LIMITS_ONLY])
 def test_a_run_may_not_start_a_session_of_its_own(tmp_path, monkeypatch, isolation):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")
     code = ("import os, subprocess\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError as e:\n"
@@ -201,4 +201,4 @@ def test_the_filter_refuses_setsid_by_its_number_on_each_architecture_it_knows()
 @AUTOGROUPS
 def test_the_isolation_command_names_one_autogroup_per_run_where_no_cgroup_is_made(monkeypatch):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")
-    assert sandbox.cpu_share().startswith("one scheduling group per run: the kernel's autogroups")
+    assert cgroup.cpu_share().startswith("one scheduling group per run: the kernel's autogroups")

@@ -27,7 +27,7 @@ from labkit.grading import collect, engine, grade, history, store
 from labkit.grading import progress as progress_mod
 from labkit.grading import rows as grade_rows
 from labkit.judge import judge
-from labkit.run import execute, sandbox
+from labkit.run import allowance, execute
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "reference" / "lab-3.ipynb"
@@ -539,7 +539,7 @@ def test_the_limits_are_flags_of_grade_and_part_of_each_units_key(tmp_path):
     lab = catalog.lab(3)
     config = [configs.CONFIGS["cpu-1"]]
     unit = collect.Unit("alice", 3, "cpu-1", lab.reference)
-    small = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60, limits=sandbox.Limits(memory=1 << 30))
+    small = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60, limits=allowance.Limits(memory=1 << 30))
     default = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60)
     assert small.key(unit) != default.key(unit), "a regrade with other limits grades again"
     help_text = run_grade("grade", "--help").stdout

@@ -130,7 +130,7 @@ def gvisor(tmp_path_factory):
         shutil.rmtree(engine.folder, ignore_errors=True)
 
 
-# The arguments that matter of the kit's bwrap command (sandbox.bwrap_command): every namespace, a
+# The arguments that matter of the kit's bwrap command (mounts.bwrap_command): every namespace, a
 # session of its own, a read-only root, a fresh /proc, /dev and /tmp.
 KIT_ARGS = "--ro-bind / / --unshare-all --die-with-parent --new-session --proc /proc --dev /dev --tmpfs /tmp /bin/true"
 BUNDLED = "/opt/bundled/_bin/bwrap"

@@ -21,7 +21,7 @@ from labkit import cli
 from labkit.course import configs
 from labkit.grading import slurm
 from labkit.run import execute
-from labkit.run.sandbox import DEFAULT_LIMITS, GiB
+from labkit.run.allowance import DEFAULT_LIMITS, GiB
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_infra_k8s import (  # the shard manifest's helpers

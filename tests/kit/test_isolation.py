@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from labkit.course import catalog
-from labkit.run import bwrap, refusals, sandbox
+from labkit.run import allowance, bwrap, modes, refusals, sandbox
 
 ROOT = catalog.ROOT
 BUNDLED = bwrap.bundled()
@@ -98,9 +98,9 @@ def fresh(monkeypatch):
     """The kit's finding probed again in this test's environment, and again after it."""
     monkeypatch.delenv("LABKIT_BWRAP", raising=False)
     monkeypatch.delenv("LABKIT_SANDBOX", raising=False)
-    sandbox.finding.cache_clear()
+    modes.finding.cache_clear()
     yield monkeypatch
-    sandbox.finding.cache_clear()
+    modes.finding.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------
@@ -179,14 +179,14 @@ def test_a_system_bwrap_that_works_is_used_before_the_bundled_one(tmp_path, fres
     folder = tmp_path / "system-bin"
     _recording_system_bwrap(folder, calls)
     fresh.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    found = sandbox.finding()
+    found = modes.finding()
     assert (found.origin, found.program) == ("system", str(folder / "bwrap"))
     log = tmp_path / "log"
     with open(log, "wb") as out:
         proc = sandbox.launch([sys.executable, "-c", "print('inside')"], tmp_path / "work", dict(os.environ),
-                              sandbox.Limits(isolation=sandbox.SANDBOX), log=out)
+                              allowance.Limits(isolation=modes.SANDBOX), log=out)
         proc.wait(timeout=60)
-    assert proc.isolation == sandbox.BUBBLEWRAP and "inside" in log.read_text()
+    assert proc.isolation == modes.BUBBLEWRAP and "inside" in log.read_text()
     lines = calls.read_text().splitlines()
     assert lines[0] == "--version" and any("print('inside')" in line for line in lines), lines
 
@@ -194,7 +194,7 @@ def test_a_system_bwrap_that_works_is_used_before_the_bundled_one(tmp_path, fres
 @NEEDS_BUNDLED
 def test_without_a_system_bwrap_the_bundled_one_is_used(tmp_path, fresh):
     fresh.setenv("PATH", str(tmp_path / "empty"))
-    found = sandbox.finding()
+    found = modes.finding()
     assert (found.origin, found.program, found.problems) == ("bundled", BUNDLED, [])
     assert found.version == "bubblewrap 0.11.0"
 
@@ -204,7 +204,7 @@ def test_a_system_bwrap_that_cannot_start_is_reported_and_the_bundled_one_used(t
     folder = tmp_path / "system-bin"
     broken = _does_not_start(folder, "bwrap")
     fresh.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    found = sandbox.finding()
+    found = modes.finding()
     assert found.origin == "bundled"
     (problem,) = found.problems
     assert problem.candidate.program == str(broken) and not problem.started
@@ -213,28 +213,28 @@ def test_a_system_bwrap_that_cannot_start_is_reported_and_the_bundled_one_used(t
 
 def test_a_named_bwrap_that_cannot_start_is_reported_as_such_and_nothing_else_is_tried(tmp_path, fresh):
     fresh.setenv("LABKIT_BWRAP", str(_does_not_start(tmp_path, "bwrap")))
-    found = sandbox.finding()
+    found = modes.finding()
     assert found.program is None and len(found.problems) == 1
     assert "cannot start" in found.report()
-    with pytest.raises(sandbox.SandboxUnavailable, match="cannot start"):
-        sandbox.require_sandbox()
+    with pytest.raises(modes.SandboxUnavailable, match="cannot start"):
+        modes.require_sandbox()
 
 
 def test_a_run_that_requires_a_sandbox_is_never_started_without_one(tmp_path, fresh):
     fresh.setenv("LABKIT_BWRAP", str(_standin(tmp_path / "bin", "bwrap", NO_PERMISSIONS)))
     started = tmp_path / "started"
-    with open(tmp_path / "log", "wb") as log, pytest.raises(sandbox.SandboxUnavailable):
+    with open(tmp_path / "log", "wb") as log, pytest.raises(modes.SandboxUnavailable):
         sandbox.launch([sys.executable, "-c", f"open({str(started)!r}, 'w')"], tmp_path / "work", {},
-                       sandbox.Limits(isolation=sandbox.SANDBOX), log=log)
+                       allowance.Limits(isolation=modes.SANDBOX), log=log)
     assert not started.exists()
 
 
 def test_limits_only_asked_for_by_name_makes_no_sandbox(tmp_path, fresh):
     with open(tmp_path / "log", "wb") as log:
         proc = sandbox.launch([sys.executable, "-c", "pass"], tmp_path / "work", {},
-                              sandbox.Limits(isolation=sandbox.LIMITS_ONLY), log=log)
+                              allowance.Limits(isolation=modes.LIMITS_ONLY), log=log)
         proc.wait(timeout=60)
-    assert proc.isolation == sandbox.LIMITS_ONLY
+    assert proc.isolation == modes.LIMITS_ONLY
 
 
 # ----------------------------------------------------------------------------------------
@@ -314,5 +314,5 @@ def test_a_unit_graded_with_limits_only_is_graded_again_in_a_sandbox(tmp_path):
     lab = catalog.lab(3)
     unit = collect.Unit("alice", 3, "cpu-1", lab.student)
     keys = {i: engine.Grader(tmp_path, [lab], [configs.CONFIGS["cpu-1"]], jobs=1, timeout=60,
-                            limits=sandbox.Limits(isolation=i)).key(unit) for i in sandbox.ISOLATIONS}
-    assert len(set(keys.values())) == len(sandbox.ISOLATIONS), keys
+                            limits=allowance.Limits(isolation=i)).key(unit) for i in modes.ISOLATIONS}
+    assert len(set(keys.values())) == len(modes.ISOLATIONS), keys

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from labkit.course import catalog
-from labkit.run import sandbox
+from labkit.run import modes
 
-pytestmark = pytest.mark.skipif(sandbox.isolation()[0] != sandbox.BUBBLEWRAP,
+pytestmark = pytest.mark.skipif(modes.isolation()[0] != modes.BUBBLEWRAP,
                                 reason="bubblewrap cannot make a sandbox on this machine")
 
 FIRST = """\

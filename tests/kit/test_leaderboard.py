@@ -15,7 +15,7 @@ import pytest
 from labkit import cost
 from labkit.course import catalog, configs
 from labkit.grading import collect, grade, gradescope, leaderboard, markdown, pages, roster, scoreboard
-from labkit.run import sandbox
+from labkit.run import modes
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SPEC = catalog.LEADERBOARDS[9]
@@ -226,7 +226,7 @@ def test_a_roster_line_can_hide_a_student_from_the_leaderboards():
 # One submission graded as Gradescope grades it (real JAX, real sandbox): its own time, ranked.
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(sandbox.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
+@pytest.mark.skipif(modes.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
 def test_gradescope_reports_the_reference_solutions_own_time_on_the_leaderboard(tmp_path):
     root = tmp_path / "autograder"
     (root / "submission").mkdir(parents=True)

@@ -20,7 +20,7 @@ import pytest
 
 from labkit.checks import AsNumpy, call
 from labkit.course import configs
-from labkit.run import execute
+from labkit.run import execute, modes
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_BY_FOUR = configs.CONFIGS["cpu-2x4"]
@@ -310,7 +310,7 @@ def test_the_workers_of_a_tpu_slice_share_the_network_inside_the_sandbox():
 # The two processes' network.
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not execute.sandbox.bubblewrap()[0], reason="bubblewrap cannot make a sandbox on this machine")
+@pytest.mark.skipif(not modes.bubblewrap()[0], reason="bubblewrap cannot make a sandbox on this machine")
 def test_the_processes_share_one_private_network_that_reaches_nothing_of_the_host(tmp_path, variant):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as host_server:  # a service of the TA's machine
         host_server.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import pytest
 
 from labkit import checks, notebook
 from labkit.course import catalog
-from labkit.run import sandbox
+from labkit.run import modes
 
 ROOT = catalog.ROOT
 
@@ -102,7 +102,7 @@ def test_check_of_the_reference_passes_on_both():
 # The replay runs in the kit's sandbox: its scratch folder, the notebook's folder read-only, no network.
 # ----------------------------------------------------------------------------------------
 
-SANDBOXED = sandbox.bubblewrap()[0] is not None
+SANDBOXED = modes.bubblewrap()[0] is not None
 NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 
 LOOK_AROUND = '''import json, os, socket

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.run import sandbox
+from labkit.run import allowance, modes
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_gvisor  # the Docker engine with the runsc runtime
@@ -49,17 +49,17 @@ ONE_DEVICE = REFERENCE.replace("jax.devices()", "jax.devices()[:1]")  # right on
 # ---- no notebook ever runs without bubblewrap unless the pod is named, and is a pod ---------------------
 
 def test_isolation_pod_is_refused_where_the_root_file_system_is_writable():
-    with pytest.raises(sandbox.SandboxUnavailable, match="is writable here"):
-        sandbox.isolation(sandbox.POD)
+    with pytest.raises(modes.SandboxUnavailable, match="is writable here"):
+        modes.isolation(modes.POD)
 
 
 def test_read_only_is_taken_from_the_root_mount_as_gvisor_reports_it(tmp_path):
     # gVisor's statfs does not say ST_RDONLY; its mountinfo does (seen under runsc 20221219).
     info = tmp_path / "mountinfo"
     info.write_text("8 8 0:8 / / ro  - 9p none ro,trans=fd\n10 8 0:6 / /dev rw  - tmpfs none rw\n")
-    assert sandbox._read_only("/", str(info))
+    assert modes._read_only("/", str(info))
     info.write_text("8 8 0:8 / / rw,relatime - overlay overlay rw\n")
-    assert not sandbox._read_only("/", str(info))
+    assert not modes._read_only("/", str(info))
 
 
 @pytest.mark.parametrize("make,what", [(lambda p: os.mkfifo(p), "not a regular file"),
@@ -72,7 +72,7 @@ def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why
     out = tmp_path / "out"
     out.mkdir()
     make(out / pods.ENDED)
-    record = pods.record_of(out, configs.CONFIGS["cpu-1"], [], tmp_path / "kit", 60, sandbox.DEFAULT_LIMITS)
+    record = pods.record_of(out, configs.CONFIGS["cpu-1"], [], tmp_path / "kit", 60, allowance.DEFAULT_LIMITS)
     assert record.status == "error" and record.results == {}
     assert f"a record the kit does not read ({pods.ENDED} is {what})" in record.message, record.message
 

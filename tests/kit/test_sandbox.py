@@ -23,14 +23,14 @@ import pytest
 
 from labkit.course import catalog, configs
 from labkit.judge.judge import RunSpec, judge
-from labkit.run import bwrap, execute, kernel, sandbox, warm
-from labkit.run.sandbox import Limits, MiB
+from labkit.run import allowance, bwrap, cgroup, execute, kernel, modes, mounts, sandbox, warm
+from labkit.run.allowance import Limits, MiB
 
 ADVERSARIAL = Path(__file__).parent / "adversarial"
 LAB = catalog.lab(3)
 TIMEOUT = 150.0  # seconds: generous, the machine may be busy; the cell that never returns takes all of it
 LIMITS = Limits(memory=3 << 30, processes=160, output=2 * MiB, disk=64 * MiB)
-SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
+SANDBOXED = modes.isolation()[0] == modes.BUBBLEWRAP
 NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 # Tricks that would harm the machine running the tests without a sandbox around them.
 ONLY_IN_SANDBOX = {"kill_parents"}
@@ -51,12 +51,12 @@ def _with_cell(source: str, path: Path) -> Path:
 def _fork_limit_holds() -> bool:
     """A fork bomb is stopped by a pids cgroup, or by RLIMIT_NPROC: for a user other than root, or, when the
     kit is root, in a sandbox whose processes run as a user of their own."""
-    groups = sandbox.make_cgroups(LIMITS)
+    groups = cgroup.make_cgroups(LIMITS)
     for g in groups:
-        sandbox.remove_cgroup(g)
-    program = sandbox.bubblewrap()[0]
+        cgroup.remove_cgroup(g)
+    program = modes.bubblewrap()[0]
     return (any("pids" in g.parts for g in groups) or os.geteuid() != 0
-            or bool(program and sandbox.can_run_as_user(program)))
+            or bool(program and modes.can_run_as_user(program)))
 
 
 FORK_LIMIT = _fork_limit_holds()
@@ -112,21 +112,21 @@ def battery(request, tmp_path_factory, outside_tmp) -> Battery:
     with pytest.MonkeyPatch.context() as mp:
         if BUNDLED_WORKS:  # the bwrap a fresh machine gets from `make setup`, even where the system has one
             mp.setenv("LABKIT_BWRAP", "bundled")
-        sandbox.finding.cache_clear()
+        modes.finding.cache_clear()
         server = None
         try:
-            found = sandbox.finding()
+            found = modes.finding()
             if request.param == "warm":
                 env = {k: v for k, v in configs.CONFIGS["cpu-1"].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
                 server = warm.Server([out], env, tmp_path_factory.mktemp("warm-server"))
-                if not server.start(replace(LIMITS, isolation=sandbox.SANDBOX)):
+                if not server.start(replace(LIMITS, isolation=modes.SANDBOX)):
                     pytest.skip(f"no warm start here: {server.why}")
             judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=3,
                               timeout=TIMEOUT, limits=LIMITS, warm=server)
         finally:
             if server is not None:
                 server.stop()
-            sandbox.finding.cache_clear()
+            modes.finding.cache_clear()
     return Battery(judgement, out, found, request.param)
 
 
@@ -153,12 +153,12 @@ def test_the_unmodified_student_notebook_scores_nothing_and_says_not_implemented
 @pytest.mark.skipif(not BUNDLED_WORKS, reason="the bundled bwrap cannot make a sandbox on this machine")
 def test_the_battery_runs_in_the_bwrap_that_setup_brings(battery):
     assert (battery.sandbox.origin, battery.sandbox.program) == ("bundled", BUNDLED)
-    assert battery.record("honest").isolation == sandbox.BUBBLEWRAP
+    assert battery.record("honest").isolation == modes.BUBBLEWRAP
 
 
 def test_every_run_records_its_isolation_and_limits(battery):
     record = battery.record("honest")
-    assert record.isolation == (sandbox.BUBBLEWRAP if SANDBOXED else sandbox.LIMITS_ONLY)
+    assert record.isolation == (modes.BUBBLEWRAP if SANDBOXED else modes.LIMITS_ONLY)
     assert record.limits["memory"] == LIMITS.memory and record.limits["processes"] == LIMITS.processes
 
 
@@ -375,28 +375,28 @@ def test_markup_in_messages_arrives_as_plain_text(battery):
 # ----------------------------------------------------------------------------------------
 
 def test_sizes_are_read_with_units():
-    assert sandbox.parse_size("4G") == 4 << 30
-    assert sandbox.parse_size("512M") == 512 << 20
-    assert sandbox.parse_size("1.5GiB") == 3 << 29
-    assert sandbox.parse_size("1000") == 1000
+    assert allowance.parse_size("4G") == 4 << 30
+    assert allowance.parse_size("512M") == 512 << 20
+    assert allowance.parse_size("1.5GiB") == 3 << 29
+    assert allowance.parse_size("1000") == 1000
     with pytest.raises(ValueError):
-        sandbox.parse_size("lots")
+        allowance.parse_size("lots")
 
 
 def test_the_default_limits_are_the_documented_ones():
-    d = sandbox.DEFAULT_LIMITS
+    d = allowance.DEFAULT_LIMITS
     assert (d.memory, d.output, d.disk, d.network) == (4 << 30, 10 << 20, 2 << 30, False)
 
 
 def test_a_run_keeps_device_settings_and_drops_the_callers_secrets(tmp_path):
-    env = sandbox.run_environment({"JAX_PLATFORMS": "cpu", "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t",
+    env = mounts.run_environment({"JAX_PLATFORMS": "cpu", "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t",
                                    "PATH": "/usr/bin", "HOME": "/root"}, tmp_path, sandboxed=True)
     assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/usr/bin"
     assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env and env["HOME"] != "/root"
 
 
 def test_the_sandbox_binds_the_kits_package_but_never_its_repository(tmp_path):
-    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path, sandbox.DEFAULT_LIMITS)
+    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path, allowance.DEFAULT_LIMITS)
     bound = [cmd[i + 1] for i, a in enumerate(cmd) if a in ("--ro-bind", "--bind")]
     root = str(catalog.ROOT)
     assert root not in bound and str(catalog.ROOT / "labkit") in bound
@@ -404,7 +404,7 @@ def test_the_sandbox_binds_the_kits_package_but_never_its_repository(tmp_path):
     assert "--unshare-all" in cmd and "--die-with-parent" in cmd and "--share-net" not in cmd
 
 
-def _launch(tmp_path, code: str, limits: Limits = sandbox.DEFAULT_LIMITS, timeout: float = 60) -> str:
+def _launch(tmp_path, code: str, limits: Limits = allowance.DEFAULT_LIMITS, timeout: float = 60) -> str:
     log_path = tmp_path / "log"
     with open(log_path, "wb") as log:
         proc = sandbox.launch([sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"]}, limits,
@@ -449,13 +449,13 @@ def test_as_root_on_a_tpu_host_whose_chips_only_root_may_open_the_run_keeps_root
     monkeypatch.setenv("LABKIT_CGROUPS", "off")
     chip = tmp_path / "accel0"
     chip.touch(mode=0o600)
-    monkeypatch.setattr(sandbox, "accelerator_devices", lambda: [str(chip)])
+    monkeypatch.setattr(mounts, "accelerator_devices", lambda: [str(chip)])
     out = _launch(tmp_path, f"import os\nopen({str(chip)!r}, 'r+b').close()\nprint('opened the chip')")
     assert "opened the chip" in out, out
 
 
 def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capabilities_to_become_it(tmp_path):
-    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path / "work", sandbox.DEFAULT_LIMITS, user=sandbox.RUN_USERS[0])
+    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS, user=sandbox.RUN_USERS[0])
     assert "--unshare-all" not in cmd and "--unshare-user" not in cmd and "--unshare-user-try" not in cmd
     assert {"--unshare-pid", "--unshare-net", "--die-with-parent"} <= set(cmd)
     added = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--cap-add"]
@@ -492,7 +492,7 @@ def test_the_links_on_the_way_to_a_path_are_each_named_with_their_target(tmp_pat
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "python").symlink_to(tmp_path / "cpython-3.13" / "bin" / "python3.13")
     (tmp_path / "venv" / "bin" / "python3").symlink_to("python")  # relative, as venv makes them
-    assert sandbox.links_on_the_way(tmp_path / "venv" / "bin" / "python3") == [
+    assert mounts.links_on_the_way(tmp_path / "venv" / "bin" / "python3") == [
         ("python", str(tmp_path / "venv" / "bin" / "python3")),
         (str(tmp_path / "cpython-3.13" / "bin" / "python3.13"), str(tmp_path / "venv" / "bin" / "python")),
         (str(tmp_path / "cpython-3.13.5"), str(tmp_path / "cpython-3.13"))]
@@ -505,9 +505,9 @@ def test_an_interpreter_reached_through_a_linked_folder_starts_in_the_sandbox(tm
     (tmp_path / "minor").symlink_to(Path(sys.executable).resolve().parent.parent)
     (tmp_path / "work").mkdir()
     python = tmp_path / "minor" / "bin" / Path(sys.executable).resolve().name
-    code = (f"import subprocess, sys; from labkit import sandbox; "
-            f"cmd = sandbox.bwrap_command(sandbox.bubblewrap()[0], [sys.executable, '-c', 'print(6 * 7)'], "
-            f"{str(tmp_path / 'work')!r}, sandbox.DEFAULT_LIMITS); "
+    code = (f"import subprocess, sys; from labkit.run import allowance, modes, mounts; "
+            f"cmd = mounts.bwrap_command(modes.bubblewrap()[0], [sys.executable, '-c', 'print(6 * 7)'], "
+            f"{str(tmp_path / 'work')!r}, allowance.DEFAULT_LIMITS); "
             f"done = subprocess.run(cmd, capture_output=True, text=True); print(sys.executable, done.stdout, done.stderr)")
     site = [p for p in sys.path if p.endswith("site-packages")]
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=False,
@@ -537,14 +537,14 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("mode", ["auto", "none"])
 def test_a_detached_process_ends_with_its_run_with_or_without_bubblewrap(tmp_path, monkeypatch, mode):
     monkeypatch.setenv("LABKIT_SANDBOX", mode)
-    sandbox.bubblewrap.cache_clear()
+    modes.bubblewrap.cache_clear()
     try:
         _launch(tmp_path, "import os, time\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError:\n"
                           "        pass\n    if os.fork() == 0:\n"
                           "        open('pid', 'w').write(str(os.getpid()))\n        time.sleep(600)\n    os._exit(0)\n"
                           "os.wait()\ntime.sleep(2)")
     finally:
-        sandbox.bubblewrap.cache_clear()
+        modes.bubblewrap.cache_clear()
     text = (tmp_path / "work" / "pid").read_text()
     if mode == "none":  # a pid of this machine; in the sandbox, a pid of its own namespace, gone with it
         time.sleep(0.5)
@@ -607,7 +607,7 @@ def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tm
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"in a sandbox: bubblewrap 0.11.0 (bundled: {BUNDLED})" in done.stderr, done.stderr[-2000:]
     rows = {r["student"]: r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
-    assert {r["isolation"] for r in rows.values()} == {sandbox.BUBBLEWRAP}
+    assert {r["isolation"] for r in rows.values()} == {modes.BUBBLEWRAP}
     assert (rows["honest"]["status"], rows["honest"]["passed"], rows["honest"]["total"]) == ("ok", 6, 6)
     for cheat in ("forger", "crasher"):
         assert rows[cheat]["status"] == "error" and rows[cheat]["passed"] == 0, rows[cheat]
@@ -624,15 +624,15 @@ def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tm
 def test_a_run_on_a_tpu_host_sees_the_chips_and_the_topology(tmp_path, monkeypatch):
     chip = tmp_path / "accel0"
     chip.touch()
-    monkeypatch.setattr(sandbox, "accelerator_devices", lambda: [str(chip)])
-    cmd = sandbox.bwrap_command("bwrap", ["true"], tmp_path / "work", sandbox.DEFAULT_LIMITS)
+    monkeypatch.setattr(mounts, "accelerator_devices", lambda: [str(chip)])
+    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS)
     assert ["--dev-bind", str(chip), str(chip)] == cmd[cmd.index("--dev-bind"):cmd.index("--dev-bind") + 3]
     assert "/sys" in cmd
 
 
 def test_a_cpu_host_binds_no_device_nodes(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "accelerator_devices", list)
-    assert "--dev-bind" not in sandbox.bwrap_command("bwrap", ["true"], tmp_path, sandbox.DEFAULT_LIMITS)
+    monkeypatch.setattr(mounts, "accelerator_devices", list)
+    assert "--dev-bind" not in mounts.bwrap_command("bwrap", ["true"], tmp_path, allowance.DEFAULT_LIMITS)
 
 
 # ----------------------------------------------------------------------------------------
@@ -693,11 +693,11 @@ CPU_GROUPS = os.geteuid() == 0 and (Path("/sys/fs/cgroup/cpu") / "cgroup.procs")
 def test_every_run_gets_a_cpu_group_of_its_own_with_the_same_share():
     # so that a run of two dozen busy processes weighs as one run beside its neighbour
     # (benchmarks/bench_fair_share.py measures the neighbour's slowdown with and without it)
-    first, second = sandbox.make_cgroups(LIMITS), sandbox.make_cgroups(LIMITS)
+    first, second = cgroup.make_cgroups(LIMITS), cgroup.make_cgroups(LIMITS)
     try:
         cpu = [g for g in first + second if "/cpu/" in str(g)]
         assert len(cpu) == 2 and cpu[0] != cpu[1]
-        assert [(g / "cpu.shares").read_text().strip() for g in cpu] == [str(sandbox.CPU_SHARES)] * 2
+        assert [(g / "cpu.shares").read_text().strip() for g in cpu] == [str(cgroup.CPU_SHARES)] * 2
     finally:
         for g in first + second:
-            sandbox.remove_cgroup(g)
+            cgroup.remove_cgroup(g)

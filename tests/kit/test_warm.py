@@ -21,12 +21,12 @@ import pytest
 
 from labkit.course import catalog, configs
 from labkit.judge import judge
-from labkit.run import execute, sandbox, warm
-from labkit.run.sandbox import Limits
+from labkit.run import cgroup, execute, modes, sandbox, warm
+from labkit.run.allowance import Limits
 
-SANDBOXED = sandbox.isolation()[0] == sandbox.BUBBLEWRAP
+SANDBOXED = modes.isolation()[0] == modes.BUBBLEWRAP
 pytestmark = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
-LIMITS = Limits(isolation=sandbox.SANDBOX)
+LIMITS = Limits(isolation=modes.SANDBOX)
 
 # A cell that writes what the run sees of itself into its scratch folder, as facts.json (its kit folder is
 # the one above, the runs beside it one more above).
@@ -134,10 +134,10 @@ def test_a_warm_run_sees_only_its_own_folder_processes_tmp_and_loopback(looked, 
 def test_a_warm_run_may_not_start_a_session_of_its_own_as_a_cold_one_may_not(looked):
     # so that all its processes stay in one scheduling group where the kernel's autogroups share the processors
     assert looked["warm-8"][1]["setsid"] == looked["cold-8"][1]["setsid"] == "Operation not permitted"
-    groups = sandbox.make_cgroups(LIMITS)
+    groups = cgroup.make_cgroups(LIMITS)
     for g in groups:
-        sandbox.remove_cgroup(g)
-    here = sandbox.share_of(groups, sessions_held=True)  # a cgroup per run, else one autogroup per run, or none
+        cgroup.remove_cgroup(g)
+    here = cgroup.share_of(groups, sessions_held=True)  # a cgroup per run, else one autogroup per run, or none
     assert looked["warm-8"][0].cpu_share == looked["cold-8"][0].cpu_share == here
 
 
@@ -184,7 +184,7 @@ def test_the_server_never_starts_a_jax_backend(server):
 def test_without_a_sandbox_there_is_no_warm_server(tmp_path):
     env = configs.CONFIGS["cpu-1"].environment()
     server = warm.Server([tmp_path], env, tmp_path / "server")
-    assert not server.start(replace(LIMITS, isolation=sandbox.LIMITS_ONLY))
+    assert not server.start(replace(LIMITS, isolation=modes.LIMITS_ONLY))
     assert "no sandbox" in server.why
 
 
