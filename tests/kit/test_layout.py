@@ -122,3 +122,13 @@ def test_what_runs_before_the_environment_exists_needs_only_the_standard_library
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout
+
+
+MOST_LINES = 500
+
+
+def test_no_module_of_the_kit_is_longer_than_a_reader_takes_in_at_once():
+    """A module that grows past this is split by concern, not left to grow (docs/development.md)."""
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    assert long == {}
