@@ -23,7 +23,7 @@ import pytest
 
 from labkit.course import catalog, configs
 from labkit.judge.judge import RunSpec, judge
-from labkit.run import allowance, bwrap, cgroup, execute, kernel, modes, mounts, sandbox, warm
+from labkit.run import allowance, bwrap, cgroup, execute, kernel, modes, mounts, runusers, sandbox, warm
 from labkit.run.allowance import Limits, MiB
 
 ADVERSARIAL = Path(__file__).parent / "adversarial"
@@ -437,7 +437,7 @@ def test_as_root_without_cgroups_a_run_is_a_user_of_its_own_that_owns_its_scratc
                             "print('read', open('calls.json').read())\nopen('results.json', 'w').write('from the run')\n"
                             "os.makedirs('/tmp/home/cache'); print('tmp writable')")
     uid = int(out.split("uid ")[1].split()[0])
-    assert uid in sandbox.RUN_USERS and f"uid {uid} {uid} []" in out, out
+    assert uid in runusers.RUN_USERS and f"uid {uid} {uid} []" in out, out
     assert "read from the kit" in out and "tmp writable" in out, out
     assert (work / "results.json").read_text() == "from the run"  # the kit reads what the run wrote
     assert (work / "results.json").stat().st_uid == uid
@@ -455,7 +455,7 @@ def test_as_root_on_a_tpu_host_whose_chips_only_root_may_open_the_run_keeps_root
 
 
 def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capabilities_to_become_it(tmp_path):
-    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS, user=sandbox.RUN_USERS[0])
+    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS, user=runusers.RUN_USERS[0])
     assert "--unshare-all" not in cmd and "--unshare-user" not in cmd and "--unshare-user-try" not in cmd
     assert {"--unshare-pid", "--unshare-net", "--die-with-parent"} <= set(cmd)
     added = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--cap-add"]
