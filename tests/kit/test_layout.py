@@ -132,3 +132,13 @@ def test_no_module_of_the_kit_is_longer_than_a_reader_takes_in_at_once():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MOST_LINES}
     assert long == {}
+
+
+def test_the_modules_said_not_to_change_a_grade_are_modules_of_the_kit():
+    """Editing one of them regrades nothing (grading.store's key leaves them out): a name that no longer
+    exists, or a module of the scoreboard's drawing left off, would make regrades wrong or needless."""
+    from labkit.grading import store
+
+    names = {p.name for p in PACKAGE.rglob("*.py")}
+    assert store._NOT_GRADING <= names, store._NOT_GRADING - names
+    assert {"scoreboard.py", "results.py", "markdown.py", "pages.py"} <= store._NOT_GRADING
