@@ -7,8 +7,18 @@ it is being read, or that this user may not read, is simply not counted.
 from __future__ import annotations
 
 import os
+import signal
 
 import psutil
+
+
+def kill(pids) -> None:
+    """SIGKILL each of `pids`; one that has ended already, or that this user may not signal, is passed over."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def descendants(pid: int) -> list[int]:

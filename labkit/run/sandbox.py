@@ -147,12 +147,7 @@ class Sandboxed:
     def _end_rest(self) -> None:
         from labkit.run import processes
 
-        left = processes.session_members(self.pid) + (processes.marked(self.token) if self.token else [])
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        processes.kill(processes.session_members(self.pid) + (processes.marked(self.token) if self.token else []))
         for group in self.cgroups:
             cgroup.remove_cgroup(group)
 

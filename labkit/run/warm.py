@@ -111,13 +111,9 @@ class WarmRun:
         self._end_rest()
 
     def _end_rest(self) -> None:
-        from labkit.run import cgroup, processes
+        from labkit.run import processes
 
-        for pid in processes.marked(self.token) if self.token else []:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        processes.kill(processes.marked(self.token) if self.token else [])
         for group in self.cgroups:
             cgroup.remove_cgroup(group)
 
