@@ -44,7 +44,6 @@ CALLS = "calls.json"
 RUN = "run"  # in a pod's output folder: the run's kit folder (its scratch folder inside)
 ENDED = "pod-run.json"  # in a pod's output folder: how the kernel ended, as the pod's kit saw it
 NOTEBOOK_MAX_BYTES = 64 << 20  # an executed notebook larger than this is not read for its cell errors
-LOG_MAX_BYTES = 1 << 20
 
 
 class PodError(RuntimeError):
@@ -137,7 +136,7 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
     work = Path(out).absolute() / RUN
     execute.fresh_workdir(work)
     input_path = execute.prepare(nb, work, calls)
-    env = config.environment() | {"LABKIT_RUN": config.name}
+    env = execute.environment_of(config)
     ran = kernel.papermill_run(input_path, work / "executed.ipynb", scratch.RunFolders(work), env, limits,
                              execute.new_key(), timeout)
     ended |= {"timed_out": ran.timed_out, "died": ran.died, "disk": ran.disk, "failure": ran.failure,
@@ -215,7 +214,7 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
         record.message = f"the run's results could not be read ({type(e).__name__})"
         return record
     record.status = "ok"
-    env = config.environment() | {"LABKIT_RUN": config.name}
+    env = execute.environment_of(config)
     Path(kit_folder).mkdir(parents=True, exist_ok=True)
     verify.verify(record, calls, Path(kit_folder), env, limits, timeout)
     record.judged_by = verify.judged_by(record.results)

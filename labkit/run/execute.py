@@ -267,11 +267,17 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
                 scratch.remove(scratch.RunFolders(folder).scratch)
 
 
+def environment_of(config: DeviceConfig) -> dict[str, str]:
+    """A notebook run's environment on `config`: the configuration's own, and its name (`LABKIT_RUN`, which
+    `labkit.notebook` reads to know it is inside a run). The same for a local run and a pod's."""
+    return config.environment() | {"LABKIT_RUN": config.name}
+
+
 def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm,
              cache) -> RunRecord:
     input_path = prepare(nb, workdir, verify.for_the_student(calls))
     key = new_key()
-    env = config.environment() | {"LABKIT_RUN": config.name} | (cache.environment() if cache else {})
+    env = environment_of(config) | (cache.environment() if cache else {})
     warm = warm if warm is not None and config.platform == "cpu" else None
     ran = kernel.papermill_run(input_path, workdir / "executed.ipynb", scratch.RunFolders(workdir), env, limits, key, timeout,
                      warm=warm, cache=cache)
@@ -360,7 +366,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
 
     def one(i: int) -> None:
         input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
-        env = (config.environment() | {"LABKIT_RUN": config.name, "LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
+        env = (environment_of(config) | {"LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
                | config.process_env(i, coordinator))
         runs[i] = kernel.papermill_run(input_path, dirs[i] / "executed.ipynb", scratch.RunFolders(dirs[i]), env, limits, key, timeout,
                              network=network if i else None, kernels=first if i == 0 else None)
