@@ -37,7 +37,7 @@ comma := ,
 STUDENT_GROUPS := notebook
 ALL_GROUPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['dependency-groups'])" 2>/dev/null)
 GOALS := $(MAKECMDGOALS) $(FOR)
-NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),lint) \
+NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test test-fast,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),dev lint) \
   $(if $(filter docs,$(GOALS)),docs)
 RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 # What .venv has now: a stamp without --no-default-groups was written when every group was the default.
@@ -50,7 +50,7 @@ SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(EXTRAS),-
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
-.PHONY: help setup system-deps test test-other-jax docs lab-% labs list configs student-notebooks check-student-notebooks bench clean
+.PHONY: help setup system-deps test test-fast test-other-jax docs lab-% labs list configs student-notebooks check-student-notebooks bench clean
 .PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed doctor
 
 help: ## show this help
@@ -169,6 +169,9 @@ system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packag
 
 # TEST_WORKERS: pytest-xdist workers (`auto`: one per CPU, at most 4); 0 runs the suite in one process.
 TEST_WORKERS ?= auto
+test-fast: setup ## the fast tier: unit and contract tests, a few minutes; what a change runs first
+	$(PY) -m pytest -m fast $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=10
+
 test: setup system-deps check-student-notebooks ## the kit's own test suite, then the student loop on the other JAX
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25
 	@$(MAKE) --no-print-directory test-other-jax

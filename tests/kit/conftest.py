@@ -107,10 +107,30 @@ def outside_tmp():
 MACHINE_WIDE = "machine_wide"
 
 
+# The fast tier (`make test-fast`, what a change runs first): the modules of unit and contract tests,
+# which run no lab notebook through a kernel and start no service. Everything else is in `make test`
+# only. A new module belongs here when it is quick; docs/development.md says which tier to run when.
+FAST = "fast"
+FAST_MODULES = frozenset({
+    "test_accelerators.py", "test_authoring.py", "test_checks.py", "test_class_at_a_glance.py",
+    "test_configs.py", "test_deadlines.py", "test_failrates.py", "test_hints.py", "test_infra_schema.py",
+    "test_layout.py", "test_leaderboard.py", "test_overrides.py", "test_plaindata.py", "test_policy.py",
+    "test_public_jax.py", "test_roster.py", "test_scratch.py", "test_similarity.py", "test_stretch.py",
+    "test_venv_modules.py", "test_verify.py", "test_lms.py", "test_tiers.py",
+})
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MACHINE_WIDE}: the module starts, uses or stops a service of the "
                                        "whole machine (Docker engine, Slurm, user accounts); such modules run "
                                        "one after another in one worker")
+    config.addinivalue_line("markers", f"{FAST}: a unit or contract test of the fast tier (make test-fast)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in FAST_MODULES:
+            item.add_marker(FAST)
 
 
 @functools.cache
