@@ -352,3 +352,33 @@ def test_nothing_is_written_outside_the_folder_given(tmp_path):
     before = set(os.listdir(tmp_path))
     lms.collect(z, ROSTER, tmp_path / "into", [3, 5])
     assert set(os.listdir(tmp_path)) - before == {"into"}
+
+
+# ----------------------------------------------------------------------------------------
+# Student work never committed by accident.
+# ----------------------------------------------------------------------------------------
+
+def _default_folders() -> set[str]:
+    """The folders the kit reads student work from or writes grades to when no option names one."""
+    import re
+
+    from labkit import cli
+
+    found = set()
+    for action in cli.parser()._subparsers._group_actions[0].choices["grade"]._actions:
+        if action.dest in ("submissions", "out"):
+            found.add(str(action.default))
+    makefile = (ROOT / "Makefile").read_text()
+    found |= set(re.findall(r"^(?:SUBMISSIONS|GRADES) \?= (\S+)$", makefile, re.MULTILINE))
+    return found
+
+
+def test_the_default_folders_of_student_work_and_grades_are_ignored_by_git():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    folders = _default_folders()
+    assert {"submissions", "scoreboard", "grades"} <= folders, folders
+    for folder in sorted(folders):
+        for inside in (f"{folder}/alice/lab-3.ipynb", f"{folder}/grades.csv", f"{folder}/collected/a/lab-1.ipynb"):
+            done = subprocess.run(["git", "check-ignore", "-q", "--no-index", inside], cwd=ROOT, check=False)
+            assert done.returncode == 0, f"{inside} is not in .gitignore: a `git add .` would commit student work"
