@@ -244,6 +244,7 @@ def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
     for (student, lab), entry in sorted(found.files.items()):
         if entry["late"] and student in subs.notes:
             subs.notes[student].append(f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})")
+        subs.notes.setdefault(student, []).extend(f"lab-{lab}: {note}" for note in entry.get("notes", ()))
     return subs, {k: {"submitted_at": v["submitted_at"], "late": v["late"], "source": v["source"],
                       "file": v["member"], "times": v.get("times", {})} for k, v in found.files.items()}
 

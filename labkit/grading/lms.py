@@ -302,20 +302,26 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
     by_sid = {**roster.by("lms_id"), **{s: s for s in roster.students}}
     by_email = {e.lower(): s for e, s in roster.by("email").items()}
     best: dict[tuple[str, int], tuple] = {}
-    owners: dict[str, tuple[str | None, str, str | None]] = {}  # submission folder -> (student, why, created_at)
+    # submission folder -> (its students, why none, created_at, the submitters on no roster line)
+    owners: dict[str, tuple[list[str], str, str | None, list[str]]] = {}
     for folder, info in meta.items():
         info = info if isinstance(info, dict) else {}
         submitters = info.get(":submitters") or info.get("submitters") or []
         created = info.get(":created_at") or info.get("created_at")
-        student, why = None, "no submitter in submission_metadata.yml"
+        students: list[str] = []
+        strangers: list[str] = []
         for person in submitters if isinstance(submitters, list) else []:
+            person = person if isinstance(person, dict) else {}
             sid = str(person.get(":sid") or person.get("sid") or "")
             email = str(person.get(":email") or person.get("email") or "").lower()
             student = by_sid.get(sid) or by_email.get(email)
-            if student:
-                break
-            why = f"its submitter (sid {sid or '–'}, email {email or '–'}) is on no roster line"
-        owners[str(folder)] = (student, why, str(created) if created is not None else None)
+            if student and student not in students:
+                students.append(student)
+            elif not student:
+                strangers.append(f"sid {sid or '–'}, email {email or '–'}")
+        why = (f"its submitter ({strangers[0]}) is on no roster line" if strangers
+               else "no submitter in submission_metadata.yml")
+        owners[str(folder)] = (sorted(students), why, str(created) if created is not None else None, strangers)
     for m in source.members:
         if _skip(m.name) or m.name == metadata_name:
             continue
@@ -324,24 +330,34 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
         if len(parts) < 2 or parts[0] not in owners:
             out.unmatched.append((m.name, "in no submission_<id> folder named in submission_metadata.yml"))
             continue
-        student, why, created = owners[parts[0]]
-        if student is None:
+        students, why, created, strangers = owners[parts[0]]
+        if not students:
             out.unmatched.append((m.name, why))
             continue
+        if strangers:  # a group with a member the roster does not know: the others are credited, that one is not
+            out.unmatched.append((m.name, f"not credited to the group member{'s' if len(strangers) > 1 else ''} "
+                                          f"({'; '.join(strangers)}) on no roster line; credited to "
+                                          f"{', '.join(students)}"))
         lab, resub, why = _lab_of(parts[-1], known_labs)
         if lab is None:
             out.unmatched.append((m.name, why))
             continue
         rank = (created or "", resub)
-        entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
-                 "times": {"gradescope": created} if created else {}}
-        previous = best.get((student, lab))
-        if previous is None or rank > previous[0]:
-            if previous is not None:
-                out.unmatched.append((previous[1]["member"], f"an earlier version: {m.name} is later"))
-            best[student, lab] = (rank, entry)
-        else:
-            out.unmatched.append((m.name, f"an earlier version: {previous[1]['member']} is later"))
+        for student in students:
+            entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
+                     "times": {"gradescope": created} if created else {}}
+            if len(students) > 1:
+                others = [s for s in students if s != student]
+                entry["group"] = students
+                entry["notes"] = [f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
+                                  "credited with the group's submission"]
+            previous = best.get((student, lab))
+            if previous is None or rank > previous[0]:
+                if previous is not None and previous[1]["member"] != m.name:
+                    out.unmatched.append((previous[1]["member"], f"an earlier version for {student}: {m.name} is later"))
+                best[student, lab] = (rank, entry)
+            elif previous[1]["member"] != m.name:
+                out.unmatched.append((m.name, f"an earlier version for {student}: {previous[1]['member']} is later"))
     out.files = {k: v[1] for k, v in best.items()}
     return out
 

@@ -305,6 +305,37 @@ def test_a_gradescope_export_is_matched_by_sid_or_email_with_its_submission_time
     assert tag_of(tmp_path / "into" / "bob" / "lab-3.ipynb") == "bob"
 
 
+GROUP_META = """\
+submission_444:
+  :submitters:
+  - :name: Alice Liddell
+    :sid: '4411'
+    :email: alice@u.edu
+  - :name: Dana Scully
+    :sid: ''
+    :email: dana@u.edu
+  - :name: Zed
+    :sid: '7777'
+    :email: zed@u.edu
+  :created_at: 2026-03-03 11:00:00.000000000 -08:00
+"""
+
+
+def test_a_gradescope_group_submission_credits_every_member_with_a_note(tmp_path):
+    z = make_zip(tmp_path / "gs.zip", {"submission_metadata.yml": GROUP_META,
+                                       "submission_444/lab-3.ipynb": nb("alice and dana")})
+    found = lms.collect(z, ROSTER, tmp_path / "into", [3])
+    assert sorted(found.files) == [("alice", 3), ("dana", 3)]
+    for student in ("alice", "dana"):
+        assert tag_of(tmp_path / "into" / student / "lab-3.ipynb") == "alice and dana"
+        assert found.files[student, 3]["submitted_at"].startswith("2026-03-03 11:00:00")
+    assert found.files["dana", 3]["group"] == ["alice", "dana"]
+    assert any("group" in n and "alice" in n for n in found.files["dana", 3]["notes"])
+    assert any("group" in n and "dana" in n for n in found.files["alice", 3]["notes"])
+    reasons = dict(found.unmatched)
+    assert "sid 7777" in reasons["submission_444/lab-3.ipynb"] and "not credited" in reasons["submission_444/lab-3.ipynb"]
+
+
 # ----------------------------------------------------------------------------------------
 # Zips that would write outside their folder, or unpack to far more than they hold.
 # ----------------------------------------------------------------------------------------
@@ -382,3 +413,14 @@ def test_the_default_folders_of_student_work_and_grades_are_ignored_by_git():
         for inside in (f"{folder}/alice/lab-3.ipynb", f"{folder}/grades.csv", f"{folder}/collected/a/lab-1.ipynb"):
             done = subprocess.run(["git", "check-ignore", "-q", "--no-index", inside], cwd=ROOT, check=False)
             assert done.returncode == 0, f"{inside} is not in .gitignore: a `git add .` would commit student work"
+
+
+def test_a_group_members_note_reaches_the_class_read_for_grading(tmp_path):
+    from labkit.grading import grade
+
+    z = make_zip(tmp_path / "gs.zip", {"submission_metadata.yml": GROUP_META,
+                                       "submission_444/lab-3.ipynb": nb("alice and dana")})
+    subs, times = grade._submissions(z, tmp_path / "out", ROSTER, io.StringIO())
+    assert subs.students["dana"][3].read_text() == subs.students["alice"][3].read_text()
+    assert any(n.startswith("lab-3: handed in on Gradescope as a group with alice") for n in subs.notes["dana"])
+    assert times["dana", 3]["times"] == times["alice", 3]["times"] and times["dana", 3]["times"]["gradescope"]
