@@ -22,8 +22,13 @@ or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
   and a `submission_<id>/` folder per submission; submitters are matched to the roster by `sid`
   (student id or lms_id) or email, and `:created_at:` is kept as the submission time.
 
+- A folder `python -m labkit canvas collect` wrote (labkit/grading/canvas.py): `<student>/lab-<N>.ipynb`
+  and `canvas_submissions.json`, each notebook's Canvas user id and real submission time.
+
 Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/grading/deadlines.py):
-`gradescope` (a time) or `canvas` (no time: Canvas's `_LATE` flag, in `late`).
+`gradescope` (a time), `canvas` (the time Canvas's API gives; None for a bulk download, whose
+`_LATE` flag, in `late`, carries no time). A Gradescope group submission is credited to every
+member on the roster, each with a note naming the others (`group`, `notes`).
 
 A file that cannot be matched is listed with the reason, never graded on a guess. A zip with a
 path that leaves its folder (`../`, an absolute path, a link) or one that would unpack to far more
@@ -362,6 +367,43 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
     return out
 
 
+CANVAS_MANIFEST = "canvas_submissions.json"  # written by labkit/grading/canvas.py's collect
+
+
+def canvas_api(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
+    """A folder `python -m labkit canvas collect` wrote: <student>/lab-<N>.ipynb and each one's Canvas record."""
+    import json
+
+    out = Collected(layout="canvas-api")
+    try:
+        manifest = json.loads(source.read(CANVAS_MANIFEST))["submissions"]
+        assert isinstance(manifest, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise LmsError(f"{CANVAS_MANIFEST}: not what `labkit canvas collect` writes; collect again") from None
+    by_lms = roster.by("lms_id")
+    present = {m.name for m in source.members}
+    for name in sorted(present - {CANVAS_MANIFEST}):
+        if not _skip(name) and name not in manifest:
+            out.unmatched.append((name, f"not in {CANVAS_MANIFEST}: not collected from Canvas"))
+    for name, record in sorted(manifest.items()):
+        record = record if isinstance(record, dict) else {}
+        parts = PurePosixPath(name).parts
+        lab, _, why = _lab_of(parts[-1], known_labs)
+        student = by_lms.get(str(record.get("user_id")))
+        if name not in present:
+            out.unmatched.append((name, "named in the manifest but not in the folder"))
+        elif lab is None:
+            out.unmatched.append((name, why))
+        elif len(parts) != 2 or student != parts[0]:
+            out.unmatched.append((name, f"Canvas user {record.get('user_id')} is not {parts[0]} on the roster "
+                                        "(column lms_id)"))
+        else:
+            when = record.get("submitted_at")
+            out.files[student, lab] = {"member": name, "late": bool(record.get("late")), "submitted_at": when,
+                                       "source": "canvas", "times": {"canvas": str(when) if when else None}}
+    return out
+
+
 def _export_metadata(name: str, data: bytes) -> bool:
     """Whether a submission_metadata file is an export's (one entry per submission_<id>), not one submission's.
 
@@ -387,7 +429,7 @@ def is_download(path: Path) -> bool:
         return True
     if not path.is_dir():
         return False
-    if any(path.rglob(GRADESCOPE_METADATA[0])):
+    if any(path.rglob(GRADESCOPE_METADATA[0])) or (path / CANVAS_MANIFEST).is_file():
         return True
     for found in path.rglob(GRADESCOPE_METADATA[1]):
         if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
@@ -407,6 +449,8 @@ def collect(path: Path, roster: Roster | None, into: Path, known_labs: list[int]
                       key=lambda n: n.count("/"))
         if meta:
             found = gradescope(source, roster, known_labs, meta[0])
+        elif any(m.name == CANVAS_MANIFEST for m in source.members):
+            found = canvas_api(source, roster, known_labs)
         else:
             found = canvas(source, roster, known_labs)
         for (student, lab), entry in sorted(found.files.items()):

@@ -424,3 +424,40 @@ def test_a_group_members_note_reaches_the_class_read_for_grading(tmp_path):
     assert subs.students["dana"][3].read_text() == subs.students["alice"][3].read_text()
     assert any(n.startswith("lab-3: handed in on Gradescope as a group with alice") for n in subs.notes["dana"])
     assert times["dana", 3]["times"] == times["alice", 3]["times"] and times["dana", 3]["times"]["gradescope"]
+
+
+# ----------------------------------------------------------------------------------------
+# Canvas's real submission times (its API), not a flat day for _LATE.
+# ----------------------------------------------------------------------------------------
+
+def test_a_canvas_time_counts_the_days_late_where_the_flag_alone_counts_one():
+    from labkit.grading import deadlines
+
+    late = {"per_day": 0.1, "cap": 0.5, "accept": ["gradescope", "canvas"]}
+    due = "2026-03-01T23:59:00-08:00"
+    timed = deadlines.charge({"times": {"canvas": "2026-03-04T10:00:00Z"}, "late": True}, due, late)
+    assert (timed["late_days"], timed["late_penalty"], timed["time_source"]) == (3, 0.3, "canvas"), timed
+    on_time = deadlines.charge({"times": {"canvas": "2026-03-01T20:00:00-08:00"}, "late": False}, due, late)
+    assert "late_days" not in on_time
+    extended = deadlines.charge({"times": {"canvas": "2026-03-04T10:00:00Z"}, "late": True}, due, late, 5)
+    assert "late_days" not in extended, extended
+    flag = deadlines.charge({"times": {"canvas": None}, "late": True}, due, late)
+    assert flag["late_days"] == 1 and "labkit canvas collect" in flag["late_note"]
+
+
+def test_a_folder_canvas_collect_wrote_is_read_with_each_notebooks_canvas_time(tmp_path):
+    folder = tmp_path / "canvas"
+    for student in ("alice", "bob"):
+        (folder / student).mkdir(parents=True)
+        (folder / student / "lab-3.ipynb").write_text(nb(student))
+    (folder / "bob" / "lab-5.ipynb").write_text(nb("bob 5"))
+    (folder / "canvas_submissions.json").write_text(json.dumps({"format": 1, "source": "canvas-api", "submissions": {
+        "alice/lab-3.ipynb": {"user_id": "4411", "submitted_at": "2026-03-04T10:00:00Z", "late": True},
+        "bob/lab-3.ipynb": {"user_id": "4411", "submitted_at": "2026-03-01T10:00:00Z", "late": False}}}))
+    assert lms.is_download(folder)
+    found = lms.collect(folder, ROSTER, tmp_path / "into", [3, 5])
+    assert found.layout == "canvas-api" and sorted(found.files) == [("alice", 3)]
+    assert found.files["alice", 3]["times"] == {"canvas": "2026-03-04T10:00:00Z"}
+    reasons = dict(found.unmatched)
+    assert "is not bob on the roster" in reasons["bob/lab-3.ipynb"]
+    assert "not collected from Canvas" in reasons["bob/lab-5.ipynb"]
