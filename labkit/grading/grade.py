@@ -191,6 +191,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
 
         if people is not None:
             _with_roster(subs, people)
+            roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
         students = sorted(subs.students)
         if part:
             students = [s for s in students if shard_of(s, part[1]) == part[0]]
