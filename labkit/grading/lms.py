@@ -340,9 +340,9 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
             out.unmatched.append((m.name, why))
             continue
         if strangers:  # a group with a member the roster does not know: the others are credited, that one is not
-            out.unmatched.append((m.name, f"not credited to the group member{'s' if len(strangers) > 1 else ''} "
-                                          f"({'; '.join(strangers)}) on no roster line; credited to "
-                                          f"{', '.join(students)}"))
+            plural = "s" if len(strangers) > 1 else ""
+            out.unmatched.append((m.name, (f"not credited to the group member{plural} ({'; '.join(strangers)}) on "
+                                           f"no roster line; credited to {', '.join(students)}")))
         lab, resub, why = _lab_of(parts[-1], known_labs)
         if lab is None:
             out.unmatched.append((m.name, why))
@@ -354,8 +354,8 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
             if len(students) > 1:
                 others = [s for s in students if s != student]
                 entry["group"] = students
-                entry["notes"] = [f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
-                                  "credited with the group's submission"]
+                entry["notes"] = [(f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
+                                   "credited with the group's submission")]
             previous = best.get((student, lab))
             if previous is None or rank > previous[0]:
                 if previous is not None and previous[1]["member"] != m.name:
@@ -395,8 +395,8 @@ def canvas_api(source: Source, roster: Roster, known_labs: list[int]) -> Collect
         elif lab is None:
             out.unmatched.append((name, why))
         elif len(parts) != 2 or student != parts[0]:
-            out.unmatched.append((name, f"Canvas user {record.get('user_id')} is not {parts[0]} on the roster "
-                                        "(column lms_id)"))
+            out.unmatched.append((name, (f"Canvas user {record.get('user_id')} is not {parts[0]} on the roster "
+                                         "(column lms_id)")))
         else:
             when = record.get("submitted_at")
             out.files[student, lab] = {"member": name, "late": bool(record.get("late")), "submitted_at": when,
