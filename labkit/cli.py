@@ -346,6 +346,9 @@ def parser() -> argparse.ArgumentParser:
     from labkit.grading import pods
 
     pods.add_parser(sub)
+    from labkit.grading import canvas
+
+    canvas.add_parser(sub)
 
     board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")
     board.add_argument("--build", type=Path, default=None, help="the build folder of `make lab-N` (default build/)")

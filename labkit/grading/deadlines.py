@@ -14,7 +14,8 @@ Due dates and the late policy are in the course's policy file::
 An extensions file (CSV: student, lab, days) moves one student's due date for one lab.
 
 Each submission records every time the kit knows for it, by source (SOURCES): Gradescope's
-submission time, Canvas's `_LATE` flag (a flag in the file's name, not a time), the time of the
+submission time, Canvas's (through its API; a bulk download's `_LATE` flag in a file's name is a
+flag, not a time, and counts as one day), the time of the
 file's last git commit, the file's modification time, and the time the kit collected it. A late
 penalty counts from the most trustworthy of them that `[late] accept` lists, and from nothing
 else: a submission with no accepted source is never charged, and the collection time (when a TA
@@ -33,7 +34,7 @@ from pathlib import Path
 # Most trustworthy first: a late penalty counts from the first of these that is known and accepted.
 SOURCES = {
     "gradescope": "Gradescope's submission time",
-    "canvas": "Canvas's late flag (_LATE in the file's name)",
+    "canvas": "Canvas's late flag (_LATE in the file's name), or its submission time through its API",
     "git": "the time of the file's last git commit",
     "mtime": "the file's modification time",
     "collected": "the time the kit collected the file",
@@ -100,7 +101,7 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
             out["late_note"] = (f"late by {SOURCES[source]}, which the policy does not accept for late penalties "
                                 f"([late] accept = {list(accept)}): not charged")
         return out
-    if source == "canvas":
+    if source == "canvas" and not times.get("canvas"):  # a download's flag: late or not, never when
         if not handed.get("late"):
             return out
         if extension_days:
@@ -108,7 +109,8 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
                                 "Canvas's flag carries no time to compare with the new due date: not charged")
             return out
         taken, days = round(min(late.get("per_day", 0), late.get("cap", 1)), 4), 1
-        out["late_note"] = "Canvas marked it late (_LATE), which carries no time: charged as 1 day late"
+        out["late_note"] = ("Canvas marked it late (_LATE), which carries no time: charged as 1 day late (collect "
+                            "with `labkit canvas collect` for the real time)")
     else:
         try:
             taken, days = penalty(times[source], due, late, extension_days)
@@ -123,7 +125,7 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
 
 
 def _would_be_late(source: str, times: dict, handed: dict, due: str, late: dict, extension_days: float) -> bool:
-    if source == "canvas":
+    if source == "canvas" and not times.get("canvas"):
         return bool(handed.get("late"))
     try:
         return bool(penalty(times[source], due, late, extension_days)[1])

@@ -191,6 +191,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
 
         if people is not None:
             _with_roster(subs, people)
+            roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
         students = sorted(subs.students)
         if part:
             students = [s for s in students if shard_of(s, part[1]) == part[0]]
@@ -244,6 +245,7 @@ def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
     for (student, lab), entry in sorted(found.files.items()):
         if entry["late"] and student in subs.notes:
             subs.notes[student].append(f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})")
+        subs.notes.setdefault(student, []).extend(f"lab-{lab}: {note}" for note in entry.get("notes", ()))
     return subs, {k: {"submitted_at": v["submitted_at"], "late": v["late"], "source": v["source"],
                       "file": v["member"], "times": v.get("times", {})} for k, v in found.files.items()}
 

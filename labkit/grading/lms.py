@@ -22,8 +22,13 @@ or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
   and a `submission_<id>/` folder per submission; submitters are matched to the roster by `sid`
   (student id or lms_id) or email, and `:created_at:` is kept as the submission time.
 
+- A folder `python -m labkit canvas collect` wrote (labkit/grading/canvas.py): `<student>/lab-<N>.ipynb`
+  and `canvas_submissions.json`, each notebook's Canvas user id and real submission time.
+
 Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/grading/deadlines.py):
-`gradescope` (a time) or `canvas` (no time: Canvas's `_LATE` flag, in `late`).
+`gradescope` (a time), `canvas` (the time Canvas's API gives; None for a bulk download, whose
+`_LATE` flag, in `late`, carries no time). A Gradescope group submission is credited to every
+member on the roster, each with a note naming the others (`group`, `notes`).
 
 A file that cannot be matched is listed with the reason, never graded on a guess. A zip with a
 path that leaves its folder (`../`, an absolute path, a link) or one that would unpack to far more
@@ -302,20 +307,26 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
     by_sid = {**roster.by("lms_id"), **{s: s for s in roster.students}}
     by_email = {e.lower(): s for e, s in roster.by("email").items()}
     best: dict[tuple[str, int], tuple] = {}
-    owners: dict[str, tuple[str | None, str, str | None]] = {}  # submission folder -> (student, why, created_at)
+    # submission folder -> (its students, why none, created_at, the submitters on no roster line)
+    owners: dict[str, tuple[list[str], str, str | None, list[str]]] = {}
     for folder, info in meta.items():
         info = info if isinstance(info, dict) else {}
         submitters = info.get(":submitters") or info.get("submitters") or []
         created = info.get(":created_at") or info.get("created_at")
-        student, why = None, "no submitter in submission_metadata.yml"
+        students: list[str] = []
+        strangers: list[str] = []
         for person in submitters if isinstance(submitters, list) else []:
+            person = person if isinstance(person, dict) else {}
             sid = str(person.get(":sid") or person.get("sid") or "")
             email = str(person.get(":email") or person.get("email") or "").lower()
             student = by_sid.get(sid) or by_email.get(email)
-            if student:
-                break
-            why = f"its submitter (sid {sid or '–'}, email {email or '–'}) is on no roster line"
-        owners[str(folder)] = (student, why, str(created) if created is not None else None)
+            if student and student not in students:
+                students.append(student)
+            elif not student:
+                strangers.append(f"sid {sid or '–'}, email {email or '–'}")
+        why = (f"its submitter ({strangers[0]}) is on no roster line" if strangers
+               else "no submitter in submission_metadata.yml")
+        owners[str(folder)] = (sorted(students), why, str(created) if created is not None else None, strangers)
     for m in source.members:
         if _skip(m.name) or m.name == metadata_name:
             continue
@@ -324,25 +335,72 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
         if len(parts) < 2 or parts[0] not in owners:
             out.unmatched.append((m.name, "in no submission_<id> folder named in submission_metadata.yml"))
             continue
-        student, why, created = owners[parts[0]]
-        if student is None:
+        students, why, created, strangers = owners[parts[0]]
+        if not students:
             out.unmatched.append((m.name, why))
             continue
+        if strangers:  # a group with a member the roster does not know: the others are credited, that one is not
+            plural = "s" if len(strangers) > 1 else ""
+            out.unmatched.append((m.name, (f"not credited to the group member{plural} ({'; '.join(strangers)}) on "
+                                           f"no roster line; credited to {', '.join(students)}")))
         lab, resub, why = _lab_of(parts[-1], known_labs)
         if lab is None:
             out.unmatched.append((m.name, why))
             continue
         rank = (created or "", resub)
-        entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
-                 "times": {"gradescope": created} if created else {}}
-        previous = best.get((student, lab))
-        if previous is None or rank > previous[0]:
-            if previous is not None:
-                out.unmatched.append((previous[1]["member"], f"an earlier version: {m.name} is later"))
-            best[student, lab] = (rank, entry)
-        else:
-            out.unmatched.append((m.name, f"an earlier version: {previous[1]['member']} is later"))
+        for student in students:
+            entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
+                     "times": {"gradescope": created} if created else {}}
+            if len(students) > 1:
+                others = [s for s in students if s != student]
+                entry["group"] = students
+                entry["notes"] = [(f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
+                                   "credited with the group's submission")]
+            previous = best.get((student, lab))
+            if previous is None or rank > previous[0]:
+                if previous is not None and previous[1]["member"] != m.name:
+                    out.unmatched.append((previous[1]["member"], f"an earlier version for {student}: {m.name} is later"))
+                best[student, lab] = (rank, entry)
+            elif previous[1]["member"] != m.name:
+                out.unmatched.append((m.name, f"an earlier version for {student}: {previous[1]['member']} is later"))
     out.files = {k: v[1] for k, v in best.items()}
+    return out
+
+
+CANVAS_MANIFEST = "canvas_submissions.json"  # written by labkit/grading/canvas.py's collect
+
+
+def canvas_api(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
+    """A folder `python -m labkit canvas collect` wrote: <student>/lab-<N>.ipynb and each one's Canvas record."""
+    import json
+
+    out = Collected(layout="canvas-api")
+    try:
+        manifest = json.loads(source.read(CANVAS_MANIFEST))["submissions"]
+        assert isinstance(manifest, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise LmsError(f"{CANVAS_MANIFEST}: not what `labkit canvas collect` writes; collect again") from None
+    by_lms = roster.by("lms_id")
+    present = {m.name for m in source.members}
+    for name in sorted(present - {CANVAS_MANIFEST}):
+        if not _skip(name) and name not in manifest:
+            out.unmatched.append((name, f"not in {CANVAS_MANIFEST}: not collected from Canvas"))
+    for name, record in sorted(manifest.items()):
+        record = record if isinstance(record, dict) else {}
+        parts = PurePosixPath(name).parts
+        lab, _, why = _lab_of(parts[-1], known_labs)
+        student = by_lms.get(str(record.get("user_id")))
+        if name not in present:
+            out.unmatched.append((name, "named in the manifest but not in the folder"))
+        elif lab is None:
+            out.unmatched.append((name, why))
+        elif len(parts) != 2 or student != parts[0]:
+            out.unmatched.append((name, (f"Canvas user {record.get('user_id')} is not {parts[0]} on the roster "
+                                         "(column lms_id)")))
+        else:
+            when = record.get("submitted_at")
+            out.files[student, lab] = {"member": name, "late": bool(record.get("late")), "submitted_at": when,
+                                       "source": "canvas", "times": {"canvas": str(when) if when else None}}
     return out
 
 
@@ -371,7 +429,7 @@ def is_download(path: Path) -> bool:
         return True
     if not path.is_dir():
         return False
-    if any(path.rglob(GRADESCOPE_METADATA[0])):
+    if any(path.rglob(GRADESCOPE_METADATA[0])) or (path / CANVAS_MANIFEST).is_file():
         return True
     for found in path.rglob(GRADESCOPE_METADATA[1]):
         if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
@@ -391,6 +449,8 @@ def collect(path: Path, roster: Roster | None, into: Path, known_labs: list[int]
                       key=lambda n: n.count("/"))
         if meta:
             found = gradescope(source, roster, known_labs, meta[0])
+        elif any(m.name == CANVAS_MANIFEST for m in source.members):
+            found = canvas_api(source, roster, known_labs)
         else:
             found = canvas(source, roster, known_labs)
         for (student, lab), entry in sorted(found.files.items()):

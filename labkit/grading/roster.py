@@ -1,14 +1,17 @@
 """The class list: who is in the course, so that a student who handed in nothing still gets a grade.
 
-    student,name,email,lms_id,section,leaderboard
-    alice,Alice Liddell,alice@uni.edu,4411,A,
-    bob,Bob Katz,bob@uni.edu,4412,A,hide
+    student,name,email,lms_id,section,leaderboard,group
+    alice,Alice Liddell,alice@uni.edu,4411,A,,team-1
+    bob,Bob Katz,bob@uni.edu,4412,A,hide,team-1
 
 `student` is required: the id used as the submission folder name (or matched from an LMS file
 name through `lms_id`, `email` or `student`). The other columns are optional and carried into
 the results, where the LMS exports read them. `leaderboard`: `hide` for a student who asked to
 be shown as "anonymous" on the class leaderboards (labkit/grading/leaderboard.py); empty or `show` shows
-their id.
+their id. `group`: students who hand in one submission together (for a course that collects group
+work outside Gradescope, whose export names every member itself): where one member of a group
+handed in a lab, every member without a submission of their own is credited with it, with a note
+(`credit_groups`); where two members handed in different ones, none is credited and each is told.
 
 A Canvas gradebook export (Grades > Export) is read as one: its header `Student, ID, SIS User ID,
 SIS Login ID, Section, <assignments>...` gives name, lms_id (ID), the student id (SIS User ID, or
@@ -24,7 +27,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COLUMNS = ("student", "name", "email", "lms_id", "section", "leaderboard")
+COLUMNS = ("student", "name", "email", "lms_id", "section", "leaderboard", "group")
 LEADERBOARD_CHOICES = ("", "show", "hide")  # the `leaderboard` column (labkit/grading/leaderboard.py)
 CANVAS_HEADER = ("student", "id", "sis user id", "sis login id")  # a Canvas gradebook's first columns
 CANVAS_TEST_STUDENT = {"test student", "student, test"}  # the student view's account, in either name order
@@ -36,12 +39,21 @@ class RosterError(ValueError):
 
 @dataclass
 class Roster:
-    # id -> {name, email, lms_id, section}, and leaderboard where the line gives one
+    # id -> {name, email, lms_id, section}, and leaderboard and group where the line gives them
     students: dict[str, dict[str, str]] = field(default_factory=dict)
     source: str = ""
 
     def ids(self) -> list[str]:
         return sorted(self.students)
+
+    def groups(self) -> dict[str, list[str]]:
+        """group -> its members, for the students whose line names a group."""
+        out: dict[str, list[str]] = {}
+        for student in sorted(self.students):
+            group = self.students[student].get("group")
+            if group:
+                out.setdefault(group, []).append(student)
+        return out
 
     def by(self, column: str) -> dict[str, str]:
         """value of `column` -> student id, for the rows that have one."""
@@ -106,6 +118,8 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
             roster.students[sid] = {c: info.get(c, "") for c in COLUMNS[1:5]}
             if info["leaderboard"]:  # only where the line says, so that a roster without the column reads as before
                 roster.students[sid]["leaderboard"] = info["leaderboard"]
+            if info.get("group"):
+                roster.students[sid]["group"] = info["group"]
     except csv.Error as e:
         raise RosterError(f"{source}, line {reader.line_num}: not CSV ({e})") from None
     if not roster.students:
@@ -131,6 +145,41 @@ def _canvas_line(cells: dict[str, str], source: str, line: int) -> dict[str, str
     login = cells["sis login id"]
     return {"student": sid, "name": name, "lms_id": canvas_id, "email": login if "@" in login else "",
             "section": cells.get("section", "")}
+
+
+NO_SUBMISSION = "no submission: nothing was handed in for this student"  # grade.py's note for a missing student
+
+
+def credit_groups(people: Roster, students: dict[str, dict[int, Path]], notes: dict[str, list[str]],
+                  times: dict[tuple[str, int], dict]) -> None:
+    """Credit each group member without a submission of a lab with the one their group handed in.
+
+    `students` (student -> lab -> notebook), `notes` (student -> notes) and `times` ((student, lab) ->
+    what the LMS said of the submission) are the class read for grading, changed in place. A group
+    where two or more members handed in the lab credits nobody else: which one counts is the TA's to say.
+    """
+    for group, members in sorted(people.groups().items()):
+        labs = sorted({lab for m in members for lab in students.get(m, {})})
+        for lab in labs:
+            handed = [m for m in members if lab in students.get(m, {})]
+            others = [m for m in members if m not in handed and m in students]
+            if not others:
+                continue
+            if len(handed) > 1:
+                for m in others:
+                    notes.setdefault(m, []).append(
+                        f"lab-{lab}: not credited: {' and '.join(handed)} both handed in lab-{lab} for group {group}, "
+                        "so which one counts for you is not known; ask a TA (an override can give you the points)")
+                continue
+            (source,) = handed
+            for m in others:
+                students[m][lab] = students[source][lab]
+                if (source, lab) in times:
+                    times[m, lab] = times[source, lab]
+                mine = notes.setdefault(m, [])
+                if NO_SUBMISSION in mine:
+                    mine.remove(NO_SUBMISSION)
+                mine.append(f"lab-{lab}: credited with the submission of {source}, in group {group} on the roster")
 
 
 def load(path: Path) -> Roster:

@@ -139,6 +139,16 @@ def test_a_file_canvas_marked_late_is_charged_one_day_and_says_canvas_flagged_it
         markdown.feedback(res, "bob")
 
 
+def test_a_notebook_collected_through_canvas_api_is_charged_the_days_it_was_late(tmp_path):
+    folder = tmp_path / "canvas-subs"
+    (folder / "bob").mkdir(parents=True)
+    (folder / "bob" / "lab-3.ipynb").write_text(NB)
+    (folder / "canvas_submissions.json").write_text(json.dumps({"format": 1, "source": "canvas-api", "submissions": {
+        "bob/lab-3.ipynb": {"user_id": "4412", "submitted_at": "2026-03-04T10:00:00Z", "late": True}}}))
+    bob = lab3(graded(folder, tmp_path), "bob")
+    assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (3.5, 3, 0.3, "canvas"), bob
+
+
 def test_canvas_flag_is_not_charged_when_the_policy_does_not_accept_it(tmp_path):
     bob = lab3(graded(canvas_zip(tmp_path), tmp_path, late={"accept": ["gradescope"]}), "bob")
     assert (bob["points"], bob.get("late_days"), bob["time_source"]) == (5, None, "canvas")

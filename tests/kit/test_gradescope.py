@@ -198,6 +198,16 @@ def test_setup_sh_makes_the_environment_in_source(autograder):
     assert (autograder / "source" / ".venv" / "bin" / "python").exists()
 
 
+def test_setup_sh_compiles_the_environment_so_no_run_compiles_jax_from_its_sources(autograder):
+    # Runs see the environment read-only (the sandbox): bytecode not written at set-up is never written, and every
+    # kernel of every configuration compiled JAX from its sources again, which on a fresh, busy machine took the
+    # runs past their time limit (the case outputs then read "cpu-8: error" or a timeout, not "cpu-8: failed").
+    (jax,) = (autograder / "source" / ".venv" / "lib").glob("python3.*/site-packages/jax")
+    compiled = {p.name.split(".")[0] for p in (jax / "__pycache__").glob("*.pyc")}
+    assert {"__init__", "numpy"} <= compiled | {p.name for p in jax.iterdir() if (p / "__pycache__").is_dir()}, \
+        "setup.sh left JAX without bytecode"
+
+
 def _python(at_least: tuple[int, int], below: tuple[int, int] = (4, 0)) -> str | None:
     for p in (shutil.which("python3.13"), shutil.which("python3.12"), shutil.which("python3.11"), sys.executable):
         check = f"import sys; sys.exit(not {at_least} <= sys.version_info[:2] < {below})"
@@ -272,7 +282,8 @@ def test_run_autograder_copied_to_the_root_grades_on_one_device_and_on_eight(aut
     assert len(cases) == 6 and sum(t["max_score"] for t in cases.values()) == 6, results["output"]
     assert any(t["visibility"] == "after_published" for t in cases.values())
     failed = [t for t in cases.values() if t["status"] == "failed" and t["visibility"] == "visible"]
-    assert failed and all("cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed)
+    assert failed and all("cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed), \
+        results["output"] + "\n" + "\n".join(f"{t['name']}: {t['output']}" for t in failed)
     assert 0 < results["score"] < 6
     assert "Graded on cpu-1, cpu-8" in results["output"]
 

@@ -305,6 +305,37 @@ def test_a_gradescope_export_is_matched_by_sid_or_email_with_its_submission_time
     assert tag_of(tmp_path / "into" / "bob" / "lab-3.ipynb") == "bob"
 
 
+GROUP_META = """\
+submission_444:
+  :submitters:
+  - :name: Alice Liddell
+    :sid: '4411'
+    :email: alice@u.edu
+  - :name: Dana Scully
+    :sid: ''
+    :email: dana@u.edu
+  - :name: Zed
+    :sid: '7777'
+    :email: zed@u.edu
+  :created_at: 2026-03-03 11:00:00.000000000 -08:00
+"""
+
+
+def test_a_gradescope_group_submission_credits_every_member_with_a_note(tmp_path):
+    z = make_zip(tmp_path / "gs.zip", {"submission_metadata.yml": GROUP_META,
+                                       "submission_444/lab-3.ipynb": nb("alice and dana")})
+    found = lms.collect(z, ROSTER, tmp_path / "into", [3])
+    assert sorted(found.files) == [("alice", 3), ("dana", 3)]
+    for student in ("alice", "dana"):
+        assert tag_of(tmp_path / "into" / student / "lab-3.ipynb") == "alice and dana"
+        assert found.files[student, 3]["submitted_at"].startswith("2026-03-03 11:00:00")
+    assert found.files["dana", 3]["group"] == ["alice", "dana"]
+    assert any("group" in n and "alice" in n for n in found.files["dana", 3]["notes"])
+    assert any("group" in n and "dana" in n for n in found.files["alice", 3]["notes"])
+    reasons = dict(found.unmatched)
+    assert "sid 7777" in reasons["submission_444/lab-3.ipynb"] and "not credited" in reasons["submission_444/lab-3.ipynb"]
+
+
 # ----------------------------------------------------------------------------------------
 # Zips that would write outside their folder, or unpack to far more than they hold.
 # ----------------------------------------------------------------------------------------
@@ -352,3 +383,81 @@ def test_nothing_is_written_outside_the_folder_given(tmp_path):
     before = set(os.listdir(tmp_path))
     lms.collect(z, ROSTER, tmp_path / "into", [3, 5])
     assert set(os.listdir(tmp_path)) - before == {"into"}
+
+
+# ----------------------------------------------------------------------------------------
+# Student work never committed by accident.
+# ----------------------------------------------------------------------------------------
+
+def _default_folders() -> set[str]:
+    """The folders the kit reads student work from or writes grades to when no option names one."""
+    import re
+
+    from labkit import cli
+
+    found = set()
+    for action in cli.parser()._subparsers._group_actions[0].choices["grade"]._actions:
+        if action.dest in ("submissions", "out"):
+            found.add(str(action.default))
+    makefile = (ROOT / "Makefile").read_text()
+    found |= set(re.findall(r"^(?:SUBMISSIONS|GRADES) \?= (\S+)$", makefile, re.MULTILINE))
+    return found
+
+
+def test_the_default_folders_of_student_work_and_grades_are_ignored_by_git():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    folders = _default_folders()
+    assert {"submissions", "scoreboard", "grades"} <= folders, folders
+    for folder in sorted(folders):
+        for inside in (f"{folder}/alice/lab-3.ipynb", f"{folder}/grades.csv", f"{folder}/collected/a/lab-1.ipynb"):
+            done = subprocess.run(["git", "check-ignore", "-q", "--no-index", inside], cwd=ROOT, check=False)
+            assert done.returncode == 0, f"{inside} is not in .gitignore: a `git add .` would commit student work"
+
+
+def test_a_group_members_note_reaches_the_class_read_for_grading(tmp_path):
+    from labkit.grading import grade
+
+    z = make_zip(tmp_path / "gs.zip", {"submission_metadata.yml": GROUP_META,
+                                       "submission_444/lab-3.ipynb": nb("alice and dana")})
+    subs, times = grade._submissions(z, tmp_path / "out", ROSTER, io.StringIO())
+    assert subs.students["dana"][3].read_text() == subs.students["alice"][3].read_text()
+    assert any(n.startswith("lab-3: handed in on Gradescope as a group with alice") for n in subs.notes["dana"])
+    assert times["dana", 3]["times"] == times["alice", 3]["times"] and times["dana", 3]["times"]["gradescope"]
+
+
+# ----------------------------------------------------------------------------------------
+# Canvas's real submission times (its API), not a flat day for _LATE.
+# ----------------------------------------------------------------------------------------
+
+def test_a_canvas_time_counts_the_days_late_where_the_flag_alone_counts_one():
+    from labkit.grading import deadlines
+
+    late = {"per_day": 0.1, "cap": 0.5, "accept": ["gradescope", "canvas"]}
+    due = "2026-03-01T23:59:00-08:00"
+    timed = deadlines.charge({"times": {"canvas": "2026-03-04T10:00:00Z"}, "late": True}, due, late)
+    assert (timed["late_days"], timed["late_penalty"], timed["time_source"]) == (3, 0.3, "canvas"), timed
+    on_time = deadlines.charge({"times": {"canvas": "2026-03-01T20:00:00-08:00"}, "late": False}, due, late)
+    assert "late_days" not in on_time
+    extended = deadlines.charge({"times": {"canvas": "2026-03-04T10:00:00Z"}, "late": True}, due, late, 5)
+    assert "late_days" not in extended, extended
+    flag = deadlines.charge({"times": {"canvas": None}, "late": True}, due, late)
+    assert flag["late_days"] == 1 and "labkit canvas collect" in flag["late_note"]
+
+
+def test_a_folder_canvas_collect_wrote_is_read_with_each_notebooks_canvas_time(tmp_path):
+    folder = tmp_path / "canvas"
+    for student in ("alice", "bob"):
+        (folder / student).mkdir(parents=True)
+        (folder / student / "lab-3.ipynb").write_text(nb(student))
+    (folder / "bob" / "lab-5.ipynb").write_text(nb("bob 5"))
+    (folder / "canvas_submissions.json").write_text(json.dumps({"format": 1, "source": "canvas-api", "submissions": {
+        "alice/lab-3.ipynb": {"user_id": "4411", "submitted_at": "2026-03-04T10:00:00Z", "late": True},
+        "bob/lab-3.ipynb": {"user_id": "4411", "submitted_at": "2026-03-01T10:00:00Z", "late": False}}}))
+    assert lms.is_download(folder)
+    found = lms.collect(folder, ROSTER, tmp_path / "into", [3, 5])
+    assert found.layout == "canvas-api" and sorted(found.files) == [("alice", 3)]
+    assert found.files["alice", 3]["times"] == {"canvas": "2026-03-04T10:00:00Z"}
+    reasons = dict(found.unmatched)
+    assert "is not bob on the roster" in reasons["bob/lab-3.ipynb"]
+    assert "not collected from Canvas" in reasons["bob/lab-5.ipynb"]

@@ -69,3 +69,34 @@ def test_a_canvas_gradebook_line_with_no_sis_id_is_refused_with_the_reason():
     with pytest.raises(roster.RosterError, match="gradebook.csv, line 4: Canvas gives Marley, Bob \\(ID 4412\\) "
                                                 "neither a SIS User ID nor a SIS Login ID"):
         roster.parse(text, "gradebook.csv")
+
+
+# ----------------------------------------------------------------------------------------
+# Groups: a `group` column for courses that collect group work outside Gradescope.
+# ----------------------------------------------------------------------------------------
+
+GROUPS = ("student,name,group\nalice,Alice,team-1\nbob,Bob,team-1\ncarol,Carol,team-2\ndan,Dan,team-2\n"
+          "erin,Erin,team-2\nfay,Fay,\n")
+
+
+def test_a_group_column_gives_each_group_its_members():
+    people = roster.parse(GROUPS)
+    assert people.groups() == {"team-1": ["alice", "bob"], "team-2": ["carol", "dan", "erin"]}
+    assert people.students["alice"]["group"] == "team-1" and "group" not in people.students["fay"]
+
+
+def test_a_groups_one_submission_is_credited_to_every_member_with_a_note(tmp_path):
+    people = roster.parse(GROUPS)
+    nb = tmp_path / "alice-lab-3.ipynb"
+    nb.write_text("{}")
+    students = {"alice": {3: nb}, "bob": {}, "carol": {3: tmp_path / "c"}, "dan": {3: tmp_path / "d"}, "erin": {},
+                "fay": {}}
+    notes = {s: [] for s in students}
+    notes["bob"] = ["no submission: nothing was handed in for this student"]
+    times = {("alice", 3): {"times": {"gradescope": "2026-03-01T10:00:00Z"}}}
+    roster.credit_groups(people, students, notes, times)
+    assert students["bob"][3] == nb and times["bob", 3] == times["alice", 3]
+    assert notes["bob"] == ["lab-3: credited with the submission of alice, in group team-1 on the roster"]
+    assert "erin" not in [s for s, labs in students.items() if 3 in labs] and 3 not in students["erin"]
+    assert any("carol and dan both handed in lab-3" in n for n in notes["erin"]), notes["erin"]
+    assert students["fay"] == {}
