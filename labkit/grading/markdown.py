@@ -136,9 +136,9 @@ def feedback(results: dict, student: str) -> str:
             lines += [f"Points: {p['points']}/{p['max_points']}", ""]
             if p.get("late_note"):
                 lines += [f"Late policy: {_md(p['late_note'])}", ""]
-        board, mine = leaderboard.board(results, lab), leaderboard.yours(results, lab, student)
-        if board is not None and mine is not None:
-            lines += [_md(mine), "", f"### Leaderboard: {board['title']}", "", *_board_markdown(board), ""]
+        board, told = leaderboard.board(results, lab), leaderboard.yours(results, lab, student)
+        if board is not None and told is not None:
+            lines += [_md(told), "", f"### Leaderboard: {board['title']}", "", *_board_markdown(board), ""]
         for config in configs_of(results):
             row = index.get((student, lab["number"], config["name"]))
             if row is None:
