@@ -129,6 +129,7 @@ grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboa
 	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
 	  $(if $(SHARD),--shard $(SHARD)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLICY)) \
 	  $(if $(OVERRIDES),--overrides $(OVERRIDES)) $(if $(EXTENSIONS),--extensions $(EXTENSIONS)) \
+	  $(if $(ADJUSTMENTS),--adjustments $(ADJUSTMENTS)) \
 	  $(if $(ISOLATION),--isolation $(ISOLATION)) $(if $(START),--start $(START)) --timeout $(TIMEOUT)
 
 slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMISSIONS=..] [OUT=..] [LABS=..] [CONFIGS=..] [PARTITION=..] [ACCOUNT=..] [NO_WAIT=1]

@@ -34,7 +34,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit.grading import failrates, leaderboard, policy, similarity
+from labkit.grading import adjustments, failrates, leaderboard, policy, similarity
 from labkit.grading.files import write_atomic
 from labkit.grading.markdown import feedback, to_markdown
 from labkit.grading.pages import feedback_html, to_html
@@ -43,7 +43,7 @@ from labkit.grading.results import STATUS_STYLE, configs_of, index_of, lab_title
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
                "isolation")
 GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "late_days", "late_penalty",
-                 "time_source", "overridden", "rule")
+                 "time_source", "overridden", "adjustments", "rule")
 DRAWN = ("leaderboards", "failure_rates", "similar")  # drawn into scoreboard.json from the results, again on a merge
 
 
@@ -85,8 +85,9 @@ def grades_csv(results: dict) -> str:
         for number, lab in mine["labs"].items():
             writer.writerow([_cell(student), number, lab["points"], lab["max_points"], lab["weight"], lab["status"],
                              lab.get("late_days", ""), lab.get("late_penalty", ""), lab.get("time_source", ""),
-                             _cell(lab.get("overridden", "")), g["rule"]])
-        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", "",
+                             _cell(lab.get("overridden", "")),
+                             _cell("; ".join(adjustments.words(a) for a in lab.get("adjustments", []))), g["rule"]])
+        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", "", "",
                          g["rule"]])
     return buf.getvalue()
 
