@@ -4,12 +4,13 @@ points, the leaderboards) and each student's feedback.
 
 from __future__ import annotations
 
-from labkit.grading import leaderboard, policy
+import re
+
+from markupsafe import Markup
+
+from labkit.grading import context, leaderboard, policy
 from labkit.grading.results import (
-    MARK,
     configs_of,
-    cost_card,
-    index_of,
     lab_title,
     labs_of,
     multi_device_bugs,
@@ -21,9 +22,38 @@ from labkit.grading.results import (
 
 
 def _md(text) -> str:
-    """Text from a submission, safe inside a markdown table cell."""
-    return (str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text from a submission, safe inside a Markdown table cell: markup is escaped with backslashes, which
+    Markdown shows as the characters themselves (an HTML entity would read as `&lt;` in a plain-text view)."""
+    return (str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<").replace(">", "\\>")
             .replace("`", "\\`").replace("\r", " ").replace("\n", " "))
+
+
+def _finalize(value) -> str:
+    """Every {{ }} of a Markdown template: escaped, but for text a filter marked as already safe (Markup)."""
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, Markup) else _md(value)
+
+
+def _code(text) -> Markup:
+    """Text inside a ``` fence: shown as is, with no backtick that could close the fence."""
+    return Markup(str(text).replace("`", "'"))
+
+
+_TEMPLATES = None
+
+
+def _templates():
+    """The Markdown templates (labkit/grading/templates/*.md.j2): every value escaped for Markdown."""
+    global _TEMPLATES
+    if _TEMPLATES is None:
+        from jinja2 import Environment, PackageLoader, StrictUndefined
+
+        _TEMPLATES = Environment(loader=PackageLoader("labkit.grading", "templates"), autoescape=False,
+                                 finalize=_finalize, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                                 keep_trailing_newline=True)
+        _TEMPLATES.filters["code"] = _code
+    return _TEMPLATES
 
 
 def _pct(a: int, b: int) -> str:
@@ -100,14 +130,8 @@ def _points_markdown(results: dict) -> list[str]:
 
 
 def _board_markdown(board: dict) -> list[str]:
-    """One leaderboard as a table: rank, who (an id, or anonymous), the modelled step time."""
-    ref = f"The reference: {board['reference']['time']}. " if board["reference"] else ""
-    lines = [f"{ref}Students whose code passes every test on {board['config']}, fastest first.", ""]
-    if not board["places"]:
-        return lines + ["No student is ranked yet."]
-    lines += ["| rank | student | step time |", "| ---: | --- | ---: |"]
-    lines += [f"| {p['rank']} | {_md(p['name'])} | {p['time']} |" for p in board["places"]]
-    return lines
+    """One leaderboard as a table (templates/leaderboard.md.j2, as each student's feedback draws it)."""
+    return _templates().get_template("leaderboard.md.j2").render(b=board).rstrip("\n").split("\n")
 
 
 def _leaderboards_markdown(results: dict) -> list[str]:
@@ -118,56 +142,7 @@ def _leaderboards_markdown(results: dict) -> list[str]:
 
 
 def feedback(results: dict, student: str) -> str:
-    """What one student is told: public tests with their messages, hidden tests by name and outcome only."""
-    index = index_of(results)
-    points = policy.grades(results)
-    mine = points["students"].get(student)
-    lines = [f"# Feedback: {_md(student)}", ""]
-    for note in results.get("students", {}).get(student, {}).get("notes", []):
-        lines.append(f"- {_md(note)}")
-    if lines[-1] != "":
-        lines.append("")
-    if mine:
-        lines += [f"Points: {mine['points']}/{mine['max_points']} ({_md(points['rule'])}).", ""]
-    for lab in labs_of(results):
-        lines += [f"## {_md(lab_title(lab))}", ""]
-        if mine:
-            p = mine["labs"][str(lab["number"])]
-            lines += [f"Points: {p['points']}/{p['max_points']}", ""]
-            if p.get("late_note"):
-                lines += [f"Late policy: {_md(p['late_note'])}", ""]
-        board, told = leaderboard.board(results, lab), leaderboard.yours(results, lab, student)
-        if board is not None and told is not None:
-            lines += [_md(told), "", f"### Leaderboard: {board['title']}", "", *_board_markdown(board), ""]
-        for config in configs_of(results):
-            row = index.get((student, lab["number"], config["name"]))
-            if row is None:
-                continue
-            lines.append(f"### {config['name']}: {row['status']}, {row['passed']}/{row['total']} tests passed")
-            lines.append("")
-            if row["status"] in ("missing", "skipped", "error", "timeout"):
-                lines += [_md(row["message"]), ""]
-            for note in row.get("notes", []):
-                lines += [f"Note: {_md(note)}", ""]
-            public = [t for t in row["tests"] if not t["hidden"]]
-            hidden = [t for t in row["tests"] if t["hidden"]]
-            if public and row["status"] not in ("error", "timeout"):
-                lines.append("Public tests:")
-                lines.append("")
-                for t in public:
-                    say = f": {_md(t['message'])}" if t["message"] and t["status"] != "passed" else ""
-                    lines.append(f"- {MARK.get(t['status'], t['status'])} {_md(test_label(t['test']))}{say}")
-                lines.append("")
-            if hidden and row["status"] not in ("error", "timeout"):
-                lines.append("Hidden tests (names and outcomes only):")
-                lines.append("")
-                for t in hidden:
-                    lines.append(f"- {MARK.get(t['status'], t['status'])} {_md(test_label(t['test']))}")
-                lines.append("")
-            for e in row.get("cell_errors", []):
-                lines += [(f"Cell {e.get('cell')} of your notebook raised {_md(e.get('type', ''))}: "
-                           f"{_md(e.get('message', ''))}"), ""]
-            card = cost_card(lab, config["name"], row)
-            if card:
-                lines += ["Cost card (a model: see the kit's docs/student.md, 'The cost card'):", "", "```", *card, "```", ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    """What one student is told (labkit/grading/context.py's context, the HTML page's): public tests with their
+    messages, hidden tests by name and outcome only, each lab's points, late penalty and adjustments."""
+    text = _templates().get_template("feedback.md.j2").render(f=context.feedback(results, student))
+    return re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n"

@@ -73,3 +73,94 @@ def test_the_markdown_shows_every_labs_points_and_late_penalty(results):
     assert "2 days late" in lab_part(md, 10)
     bob = markdown.feedback(results, "bob")
     assert "Points: 1/3" in lab_part(bob, 10)
+
+
+# ----------------------------------------------------------------------------------------
+# A TA's adjustments and rubric items (labkit/grading/adjustments.py).
+# ----------------------------------------------------------------------------------------
+
+ADJUSTED = ('student,lab,points,comment,item,max\n'
+            'bob,10,-0.5,"the write-up swaps the mesh axes",,\n'
+            'alice,10,4,"the bubble is explained; no cost estimate",design write-up,5\n')
+
+
+def adjusted(results: dict) -> dict:
+    from labkit.grading import adjustments
+
+    return results | {"adjustments": adjustments.parse(ADJUSTED, "adjustments.csv", {"alice", "bob"}, {9, 10})}
+
+
+def test_adjustments_and_rubric_items_are_summed_in_grades_csv(results):
+    table = {(r["student"], r["lab"]): r for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(adjusted(results))))}
+    assert (table["alice", "10"]["points"], table["alice", "10"]["max_points"]) == ("6.4", "8")  # 2.4 + 4 of 3 + 5
+    assert (table["bob", "10"]["points"], table["bob", "10"]["max_points"]) == ("0.5", "8")  # 1 - 0.5; item: 0 of 5
+    assert (table["alice", "total"]["points"], table["alice", "total"]["max_points"]) == ("9.4", "11")
+    assert table["bob", "10"]["adjustments"] == ("'-0.5 (the write-up swaps the mesh axes); "
+                                                "design write-up: 0/5 (not graded)")
+    assert "design write-up: 4/5 (the bubble is explained; no cost estimate)" in table["alice", "10"]["adjustments"]
+
+
+@pytest.mark.parametrize("render", [markdown.feedback, pages.feedback_html])
+def test_adjustments_are_shown_with_their_comment_in_both_renderings(results, render):
+    text = render(adjusted(results), "bob")
+    assert "the write-up swaps the mesh axes" in text and "-0.5" in text
+    assert "design write-up" in render(adjusted(results), "alice")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("student,lab,points\nbob,10,1\n", "adjustments.csv, line 1: missing column comment"),
+    ("student,lab,points,comment\neve,10,1,x\n", "adjustments.csv, line 2: no student 'eve'"),
+    ("student,lab,points,comment\nbob,11,1,x\n", "adjustments.csv, line 2: no lab '11'"),
+    ("student,lab,points,comment\nbob,10,one,x\n", "adjustments.csv, line 2: points must be a number"),
+    ("student,lab,points,comment\nbob,10,1,\n", "adjustments.csv, line 2: a comment is required"),
+    ("student,lab,points,comment,item,max\nbob,10,6,x,design,5\n", "line 2: points must be between 0"),
+    ("student,lab,points,comment,item,max\nbob,10,1,x,design,\n", "line 2: the rubric item 'design' needs its max"),
+    ("student,lab,points,comment,item,max\nbob,10,1,x,design,5\nalice,10,1,x,design,4\n",
+     "line 3: the rubric item 'design' of lab 10 is worth 4 here but 5 on line 2"),
+    ("student,lab,points,comment,item,max\nbob,10,1,x,design,5\nbob,10,2,y,design,5\n",
+     "line 3: grades the same rubric item as line 2"),
+    ("student,lab,points,comment,grade\nbob,10,1,x,3\n", "line 1: unknown column grade"),
+])
+def test_a_bad_adjustments_file_is_refused_naming_its_line(text, said):
+    from labkit.grading import adjustments
+
+    with pytest.raises(adjustments.AdjustmentError, match=None) as e:
+        adjustments.parse(text, "adjustments.csv", {"alice", "bob"}, {9, 10})
+    assert said in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------
+# One context, two renderings: escaping and the TA's paths.
+# ----------------------------------------------------------------------------------------
+
+def test_the_markdown_escapes_markup_with_backslashes_never_html_entities(results):
+    results["students"]["bob"]["notes"] = ["no notebook named lab-<N>.ipynb in this folder"]
+    md = markdown.feedback(results, "bob") + markdown.to_markdown(results)
+    assert "&lt;" not in md and "&gt;" not in md
+    assert "lab-\\<N\\>.ipynb" in md and "expected shape \\<N\\>" in md
+
+
+TA_PATHS = ("/home/ta/course/submissions/bob/lab-10.ipynb",
+            "/home/ta/course/.venv/lib/python3.11/site-packages/jax/_src/numpy/lax_numpy.py",
+            "/home/ta/course/labkit/run/harness.py")
+
+
+@pytest.mark.parametrize("render", [markdown.feedback, pages.feedback_html])
+def test_feedback_never_shows_the_tas_own_paths(results, render):
+    bob = next(r for r in results["rows"] if (r["student"], r["lab"]) == ("bob", 10))
+    bob["cell_errors"] = [{"cell": 3, "type": "TypeError", "message": f"in {TA_PATHS[1]}, line 4: bad shape"}]
+    bob["notes"] = [f"{TA_PATHS[2]} converted the notebook to nbformat 4"]
+    text = render(results, "bob")
+    assert "/home/ta" not in text
+    assert "lab-10.ipynb" in text and "jax/_src/numpy/lax_numpy.py" in text and "harness.py" in text
+
+
+def test_the_markdown_and_the_page_show_the_same_labs_points_notes_and_adjustments(results):
+    from labkit.grading import context
+
+    f = context.feedback(adjusted(results), "alice")
+    md, page = markdown.feedback(adjusted(results), "alice"), pages.feedback_html(adjusted(results), "alice")
+    for lab in f["labs"]:
+        said = [f"Points: {lab['points']['points']}/{lab['points']['max_points']}", lab["points"]["late_note"],
+                *lab["points"]["adjustments"]]
+        assert all(s in md for s in said if s) and all(s.replace("'", "&#39;") in page for s in said if s)
