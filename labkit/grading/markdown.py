@@ -8,7 +8,7 @@ import re
 
 from markupsafe import Markup
 
-from labkit.grading import context, leaderboard, policy
+from labkit.grading import context, leaderboard, policy, stats
 from labkit.grading.results import (
     configs_of,
     lab_title,
@@ -82,6 +82,8 @@ def to_markdown(results: dict) -> str:
                          f"tests {_pct(r['passed'], r['total'])}")
         lines.append(f"| {_md(lab_title(lab))} | " + " | ".join(cells) + " |")
     lines += _points_markdown(results)
+    lines += ["", *_templates().get_template("stats.md.j2").render(
+        st=stats.final_points(results), labels=stats.bin_labels()).rstrip("\n").split("\n")]
     lines += _leaderboards_markdown(results)
     lines += ["", "## Statuses", "", "| lab | configuration | ok | failed | error | timeout | missing | skipped |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

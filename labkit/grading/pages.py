@@ -4,7 +4,7 @@ assets, drawn from jinja2 templates (templates/) that escape every string a subm
 
 from __future__ import annotations
 
-from labkit.grading import context, failrates, leaderboard, policy, similarity, spread
+from labkit.grading import context, failrates, leaderboard, policy, similarity, spread, stats
 from labkit.grading.results import (
     configs_of,
     index_of,
@@ -121,6 +121,7 @@ def to_html(results: dict) -> str:
         css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
         failrates=[failrates.layout(lab) for lab in failrates.rates(results)], similar=_similar(results, sid),
         heatmaps=heatmaps, points=points, bugs=bugs, boards=leaderboard.boards(results),
+        stats=stats.final_points(results, grades), labels=stats.bin_labels(),
         notes=results.get("notes", []), sections=[context.section(results, s, sid[s], index) for s in students])
 
 
@@ -130,3 +131,30 @@ def feedback_html(results: dict, student: str) -> str:
     f = context.feedback(results, student)
     return _templates().get_template("feedback.html.j2").render(
         css=CSS, labs=labs_of(results), configs=f["configs"], points=f["points"], boards=f["boards"], s=f)
+
+
+def anonymous_html(results: dict) -> str:
+    """The class page to show in a lecture: final points per lab and section, the score distributions and each
+    test's failure rate, with no student's id, name or message (the bars' tooltips give counts only)."""
+    shown = _spread(results)
+    for lab in shown["labs"]:
+        for cell in lab["cells"]:
+            for bar in cell.get("bars", []):
+                if bar["count"]:
+                    bar["title"] = (f"{lab['name']} on {cell['config']}, {bar['label']}: {bar['count']} "
+                                    f"student{'s' if bar['count'] != 1 else ''}")
+    rates = [failrates.layout(lab) for lab in failrates.rates(results)]
+    for lab in rates:
+        for row in lab["rows"]:
+            for c in row["cells"]:
+                said = "nothing judged here" if c["rate"] is None else f"{c['text']} failed"
+                if c["several_only"]:
+                    said += f"; {c['several_only']} of them pass it on one device"
+                c["title"] = f"{row['label']} on {c['config']}: {said}"
+    count = len(students_of(results))
+    summary = (f"{count} student{'s' if count != 1 else ''} · labs "
+               f"{', '.join(str(lab['number']) for lab in labs_of(results))} · configurations "
+               f"{', '.join(c['name'] for c in configs_of(results))}")
+    return _templates().get_template("anonymous.html.j2").render(
+        css=CSS + SPREAD_CSS, summary=summary, spread=shown, failrates=rates, stats=stats.final_points(results),
+        labels=stats.bin_labels())

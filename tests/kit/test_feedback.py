@@ -164,3 +164,46 @@ def test_the_markdown_and_the_page_show_the_same_labs_points_notes_and_adjustmen
         said = [f"Points: {lab['points']['points']}/{lab['points']['max_points']}", lab["points"]["late_note"],
                 *lab["points"]["adjustments"]]
         assert all(s in md for s in said if s) and all(s.replace("'", "&#39;") in page for s in said if s)
+
+
+# ----------------------------------------------------------------------------------------
+# Final points per lab and section, and the anonymised class page (labkit/grading/stats.py).
+# ----------------------------------------------------------------------------------------
+
+def test_final_points_are_summarised_per_lab_and_per_section(results):
+    from labkit.grading import stats
+
+    st = stats.final_points(adjusted(results))
+    lab10 = next(r for r in st["class"] if r["lab"] == 10)  # alice 6.4, bob 0.5, of 8
+    assert (lab10["students"], lab10["mean"], lab10["median"], lab10["stdev"], lab10["low"], lab10["high"]) == \
+        (2, 3.45, 3.45, 2.95, 0.5, 6.4)
+    assert lab10["bins"] == [1, 0, 0, 0, 0, 0, 0, 0, 1, 0]  # 0.5/8 in the first tenth, 6.4/8 = 80% in the ninth
+    assert [s["section"] for s in st["sections"]] == ["A", "B"]
+    assert next(r for r in st["sections"][1]["labs"] if r["lab"] == "total")["mean"] == 3.5
+    md, page = markdown.to_markdown(adjusted(results)), pages.to_html(adjusted(results))
+    assert "| lab-10 | 2 | 3.45/8 | 3.45 | 2.95 | 0.5 | 6.4 | 1 0 0 0 0 0 0 0 1 0 |" in md and "### Section B" in md
+    assert '<table class="final-points" data-section="B">' in page
+
+
+def test_a_class_without_sections_is_one_group(results):
+    from labkit.grading import stats
+
+    for info in results["students"].values():
+        info.pop("section")
+    assert stats.final_points(results)["sections"] == []
+
+
+def test_the_anonymised_class_page_names_no_student(results, tmp_path):
+    ids = ("stu_quokka41", "stu_narwhal77")
+    renamed = make_results()
+    for old, new in zip(("alice", "bob"), ids):
+        renamed["students"][new] = renamed["students"].pop(old) | {"name": f"{new} Fullname", "email": f"{new}@uni.edu"}
+        for r in renamed["rows"]:
+            if r["student"] == old:
+                r["student"] = new
+    renamed["notes"] = [f"{ids[0]}: a submission folder not on the roster"]
+    scoreboard.write(renamed, tmp_path)
+    page = (tmp_path / "class-anonymous.html").read_text()
+    assert '<h2 id="final-points">' in page and 'class="spread"' in page
+    assert not any(i in page for i in ids)
+    assert all(i in (tmp_path / "scoreboard.html").read_text() for i in ids)  # the TA's page does name them
