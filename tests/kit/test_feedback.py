@@ -207,3 +207,21 @@ def test_the_anonymised_class_page_names_no_student(results, tmp_path):
     assert '<h2 id="final-points">' in page and 'class="spread"' in page
     assert not any(i in page for i in ids)
     assert all(i in (tmp_path / "scoreboard.html").read_text() for i in ids)  # the TA's page does name them
+
+
+def test_grade_refuses_a_bad_adjustments_file_before_anything_is_graded(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from labkit.course import catalog
+
+    (tmp_path / "class" / "alice").mkdir(parents=True)
+    shutil.copy(catalog.ROOT / "labs" / "lab-3.ipynb", tmp_path / "class" / "alice" / "lab-3.ipynb")
+    (tmp_path / "adjustments.csv").write_text("student,lab,points,comment\nalice,3,1,a clear write-up\nnobody,3,1,x\n")
+    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(tmp_path / "class"),
+                           "--out", str(tmp_path / "out"), "--labs", "3", "--configs", "cpu-1",
+                           "--adjustments", str(tmp_path / "adjustments.csv")],
+                          cwd=catalog.ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 2 and "adjustments.csv, line 3: no student 'nobody' in this class" in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing graded, nothing written
