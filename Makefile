@@ -124,7 +124,7 @@ configs: setup ## list the device configurations and whether each runs here
 isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why none and the fix
 	@$(PY) -m labkit isolation
 
-grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboard] [ROSTER=roster.csv] [POLICY=..] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only] [START=cold]
+grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboard] [ROSTER=roster.csv] [POLICY=..] [ADJUSTMENTS=..] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only] [START=cold]
 	@$(PY) -m labkit grade --submissions $(or $(SUBMISSIONS),submissions) --out $(or $(OUT),scoreboard) \
 	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
 	  $(if $(SHARD),--shard $(SHARD)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLICY)) \
