@@ -156,3 +156,41 @@ def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
     return {"student": student, "sid": "s0", "configs": configs_of(results), "points": points,
             "notes": [clean(n) for n in results.get("students", {}).get(student, {}).get("notes", [])],
             "labs": labs, "boards": [part["board"] for part in labs if part["board"] is not None]}
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.0f}%" if b else "–"
+
+
+def klass(results: dict, grades: dict | None = None) -> dict:
+    """What the class pages say, as plain data (scoreboard.md and scoreboard.html draw it): the pass rates, each
+    student's points, the final points' statistics, the leaderboards, the statuses, the multi-device bugs most
+    often hit, the runs without a sandbox and the notes."""
+    from labkit.grading import stats
+    from labkit.grading.results import multi_device_bugs, rates, students_of
+
+    grades = grades or policy.grades(results)
+    students, labs, configs = students_of(results), labs_of(results), configs_of(results)
+    found = rates(results)
+    by = {(r["lab"]["number"], r["config"]["name"]): r for r in found}
+    passing = [{"number": lab["number"], "title": lab_title(lab), "cells": [
+        (f"{r['ok']}/{r['students']} students ({_pct(r['ok'], r['students'])}); tests {_pct(r['passed'], r['total'])}"
+         if (r := by[(lab["number"], c["name"])])["graded"] else "skipped") for c in configs]} for lab in labs]
+    points = {"rule": grades["rule"], "rows": [
+        {"student": s, "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}",
+         "cells": [{"lab": lab["number"], "text": points_cell(p := grades["students"][s]["labs"][str(lab["number"])]),
+                    "overridden": bool(p.get("overridden"))} for lab in labs]} for s in students]}
+    kinds = ("ok", "failed", "error", "timeout", "missing", "skipped")
+    weak = sum(r.get("isolation") == "limits-only" for r in results.get("rows", []))
+    return {
+        "students": students, "labs": labs, "configs": configs, "passing": passing, "points": points,
+        "stats": stats.final_points(results, grades), "labels": stats.bin_labels(),
+        "boards": leaderboard.boards(results),
+        "statuses": [{"lab": r["lab"]["number"], "config": r["config"]["name"],
+                      "counts": [r["statuses"].get(k, 0) for k in kinds]} for r in found],
+        "bugs": [{"lab": b["lab"], "label": test_label(b["test"]), "hidden": b["hidden"], "config": b["config"],
+                  "count": len(b["students"]), "message": b["message"]} for b in multi_device_bugs(results)],
+        "limits_only": {"runs": weak, "of": len(results.get("rows", []))} if weak else None,
+        "notes": list(results.get("notes", [])),
+        "student_notes": [{"student": s, "note": n} for s in students for n in results["students"][s].get("notes", [])],
+    }

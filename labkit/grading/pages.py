@@ -4,15 +4,12 @@ assets, drawn from jinja2 templates (templates/) that escape every string a subm
 
 from __future__ import annotations
 
-from labkit.grading import context, failrates, leaderboard, policy, similarity, spread, stats
+from labkit.grading import context, failrates, similarity, spread, stats
 from labkit.grading.results import (
     configs_of,
     index_of,
     labs_of,
-    multi_device_bugs,
-    points_cell,
     students_of,
-    test_label,
 )
 
 CSS = """
@@ -66,11 +63,6 @@ def _templates():
     return _TEMPLATES
 
 
-def _points_cells(results: dict, mine: dict) -> list[dict]:
-    return [{"lab": lab["number"], "text": points_cell(mine["labs"][str(lab["number"])]),
-             "overridden": bool(mine["labs"][str(lab["number"])].get("overridden"))} for lab in labs_of(results)]
-
-
 def _spread(results: dict) -> dict:
     """The score distributions laid out for the page: a row per lab, a histogram per configuration, one scale."""
     found = spread.distributions(results)
@@ -108,20 +100,14 @@ def to_html(results: dict) -> str:
                               "title": row["message"] if row and row["message"] else ""})
             rows.append({"student": s, "sid": sid[s], "cells": cells})
         heatmaps.append({"name": config["name"], "summary": config.get("summary", ""), "rows": rows})
-    grades = policy.grades(results)
-    points = {"rule": grades["rule"], "rows": [
-        {"student": s, "cells": _points_cells(results, grades["students"][s]),
-         "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}"} for s in students]}
-    bugs = [{"lab": b["lab"], "label": test_label(b["test"]), "hidden": b["hidden"], "config": b["config"],
-             "count": len(b["students"]), "message": b["message"]} for b in multi_device_bugs(results)]
+    k = context.klass(results)
     summary = (f"{len(students)} student{'s' if len(students) != 1 else ''} · labs "
                f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
                f"{', '.join(c['name'] for c in configs)}")
     return _templates().get_template("scoreboard.html.j2").render(
         css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
         failrates=[failrates.layout(lab) for lab in failrates.rates(results)], similar=_similar(results, sid),
-        heatmaps=heatmaps, points=points, bugs=bugs, boards=leaderboard.boards(results),
-        stats=stats.final_points(results, grades), labels=stats.bin_labels(),
+        heatmaps=heatmaps, points=k["points"], bugs=k["bugs"], boards=k["boards"], stats=k["stats"], labels=k["labels"],
         notes=results.get("notes", []), sections=[context.section(results, s, sid[s], index) for s in students])
 
 
