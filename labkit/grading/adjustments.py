@@ -54,7 +54,9 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
         raise AdjustmentError(f"{source}, line 1: unknown column{'s' if len(unknown) > 1 else ''} "
                               f"{', '.join(unknown)} (expected {','.join(COLUMNS)})")
     reader.fieldnames = header
-    out, items, seen = [], {}, {}
+    out: list[dict] = []
+    items: dict[tuple[int, str], tuple[float, int]] = {}
+    seen: dict[tuple, int] = {}
     for line in reader:
         n = reader.line_num
         where = f"{source}, line {n}"
@@ -72,8 +74,9 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
                                   f"(labs: {', '.join(map(str, sorted(labs)))})")
         if not get["comment"]:
             raise AdjustmentError(f"{where}: a comment is required: it is what the student reads about these points")
-        entry = {"student": get["student"], "lab": int(lab), "points": _number(get["points"], "points", where),
-                 "comment": get["comment"], "line": n}
+        points = _number(get["points"], "points", where)
+        entry: dict = {"student": get["student"], "lab": int(lab), "points": points, "comment": get["comment"],
+                       "line": n}
         if get["item"]:
             if not get["max"]:
                 raise AdjustmentError(f"{where}: the rubric item {get['item']!r} needs its max (the points it is worth)")
@@ -85,7 +88,7 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
                 raise AdjustmentError(f"{where}: the rubric item {get['item']!r} of lab {lab} is worth {most:g} here "
                                       f"but {items[key][0]:g} on line {items[key][1]}")
             items.setdefault(key, (most, n))
-            if not 0 <= entry["points"] <= most:
+            if not 0 <= points <= most:
                 raise AdjustmentError(f"{where}: points must be between 0 and the item's max {most:g}, "
                                       f"got {get['points']!r}")
             mark = (entry["student"], *key)
@@ -95,7 +98,7 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
             entry.update(item=get["item"], max=most)
         elif get["max"]:
             raise AdjustmentError(f"{where}: max is for a rubric item: name the item, or leave max empty")
-        elif entry["points"] == 0:
+        elif points == 0:
             raise AdjustmentError(f"{where}: an adjustment of 0 points changes nothing; give the points it adds "
                                   "or takes away")
         out.append(entry)

@@ -58,7 +58,7 @@ def _tests(configs: list[dict], rows: list[dict | None], hidden_messages: bool, 
             tests.setdefault(t["test"], {"hidden": t["hidden"]})[c["name"]] = t
     shown = []
     for test, by in tests.items():
-        cells = []
+        cells: list[dict | None] = []
         for c in configs:
             t = by.get(c["name"])
             if t is None:
@@ -95,7 +95,7 @@ def lab_part(results: dict, lab: dict, student: str, sid: str, index: dict, hidd
     configs = configs_of(results)
     rows = [index.get((student, lab["number"], c["name"])) for c in configs]
     tests = _tests(configs, rows, hidden_messages, clean)
-    first = next((r for r in rows if r), {})
+    first: dict = next((r for r in rows if r), {})
     runs = _runs(configs, rows, tests, clean)
     for run, row in zip(runs, [r for r in rows if r is not None]):
         run["card"] = "\n".join(cost_card(lab, run["config"], row)) if row.get("costs") else ""

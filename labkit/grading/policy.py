@@ -307,7 +307,7 @@ def grades(results: dict) -> dict:
             earned, most = lab_points(policy, tests, mine)
             statuses = {r["status"] for r in mine.values()}
             status = "missing" if not mine or statuses == {"missing"} else "graded"
-            entry = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
+            entry: dict = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
             charged = deadlines.charge(handed.get(str(number)), policy.due.get(number), policy.late,
                                        extensions.get(student, {}).get(str(number), 0))
             entry.update(charged)
