@@ -38,7 +38,7 @@ def lab(session: nox.Session) -> None:
 @nox.session
 def grade(session: nox.Session) -> None:
     """Grade a class: nox -s grade -- [--submissions DIR|ZIP] [--out DIR] [--roster CSV] [--policy TOML]
-    [--overrides CSV] [--extensions CSV] [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N]
+    [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N]
     [--isolation sandbox|limits-only]."""
     _kit(session, "grade", *session.posargs)
 

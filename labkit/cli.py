@@ -110,7 +110,8 @@ def _grade(args) -> int:
 
 def _grading_inputs(args) -> dict:
     """The class list and the grading policy of `grade` (see labkit/grading/roster.py and labkit/grading/policy.py)."""
-    return {"roster": args.roster, "policy": args.policy, "overrides": args.overrides, "extensions": args.extensions}
+    return {"roster": args.roster, "policy": args.policy, "overrides": args.overrides, "extensions": args.extensions,
+            "adjustments": args.adjustments}
 
 
 def _export(args) -> int:
@@ -332,6 +333,9 @@ def parser() -> argparse.ArgumentParser:
     grd.add_argument("--overrides", type=Path, default=None,
                      help="CSV of a TA's overrides (student,lab,points,test,status,comment), applied after grading")
     grd.add_argument("--extensions", type=Path, default=None, help="CSV of extensions (student,lab,days)")
+    grd.add_argument("--adjustments", type=Path, default=None,
+                     help="CSV of a TA's point adjustments and rubric items (student,lab,points,comment,item,max), "
+                          "each comment shown in the student's feedback")
     grd.add_argument("--start", choices=("warm", "cold"), default="warm",
                      help="warm: one server imports JAX once and forks each one-process CPU run's kernel, each in a "
                           "sandbox of its own (cold where that cannot be had); cold: a fresh kernel per run "

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.course.configs import DeviceConfig
+from labkit.grading import adjustments as adjustments_mod
 from labkit.grading import deadlines, history, lms, scoreboard, similarity
 from labkit.grading import overrides as overrides_mod
 from labkit.grading import policy as policy_mod
@@ -153,8 +154,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
           jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
           limits: Limits | None = None, stream=None, terminal: bool | None = None,
           roster: Path | None = None, policy: Path | None = None, overrides: Path | None = None,
-          extensions: Path | None = None, start: str = "warm", runs_from: Path | None = None,
-          plan: Path | None = None) -> dict:
+          extensions: Path | None = None, adjustments: Path | None = None, start: str = "warm",
+          runs_from: Path | None = None, plan: Path | None = None) -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
     stream = stream or sys.stderr
     # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
@@ -181,6 +182,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
 
     try:
         subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
+        adjusted = _adjustments(adjustments, people, subs, chosen_labs)
 
         # The reference solutions first: they must pass everything, or nothing else is worth grading.
         ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
@@ -211,6 +213,8 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         mine = set(students)
         if changes:
             results["overrides"] = [o for o in changes if o["student"] in mine]
+        if adjusted:
+            results["adjustments"] = adjusted  # every line: a rubric item's max counts for every student of every shard
         if moved:
             results["extensions"] = {s: days for s, days in moved.items() if s in mine}
         scoreboard.write(results, out)
@@ -292,6 +296,16 @@ def _overrides_and_extensions(overrides: Path | None, extensions: Path | None, s
     except (overrides_mod.OverrideError, deadlines.DeadlineError) as e:
         raise GradeError(str(e)) from None
     return changes, moved
+
+
+def _adjustments(path: Path | None, people: roster_mod.Roster | None, subs: Submissions,
+                 labs: list[catalog.Lab]) -> list[dict]:
+    """A TA's adjustments and rubric items, checked against the class and the labs chosen before anything runs."""
+    class_ids = set(people.students) if people is not None else set(subs.students)
+    try:
+        return adjustments_mod.load(path, class_ids, {lab.number for lab in labs}) if path else []
+    except adjustments_mod.AdjustmentError as e:
+        raise GradeError(str(e)) from None
 
 
 def _policy_and_roster(policy_path: Path | None, roster_path: Path | None,

@@ -4,20 +4,12 @@ assets, drawn from jinja2 templates (templates/) that escape every string a subm
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
-from labkit.grading import failrates, leaderboard, policy, similarity, spread
+from labkit.grading import context, failrates, similarity, spread, stats
 from labkit.grading.results import (
-    MARK,
     configs_of,
-    cost_card,
     index_of,
-    lab_title,
     labs_of,
-    multi_device_bugs,
-    points_cell,
     students_of,
-    test_label,
 )
 
 CSS = """
@@ -71,57 +63,6 @@ def _templates():
     return _TEMPLATES
 
 
-def _section(results: dict, student: str, sid: str, index: dict, hidden_messages: bool = True) -> dict:
-    """One student's labs, test by test and configuration by configuration, for a template.
-
-    Without `hidden_messages` (the student's own page), hidden tests show their name and outcome only.
-    """
-    configs = configs_of(results)
-    labs = []
-    for lab in labs_of(results):
-        rows = [index.get((student, lab["number"], c["name"])) for c in configs]
-        if not any(rows):
-            continue
-        tests: OrderedDict[str, dict] = OrderedDict()
-        for c, r in zip(configs, rows):
-            for t in (r or {}).get("tests", []):
-                tests.setdefault(t["test"], {"hidden": t["hidden"]})[c["name"]] = t
-        shown = []
-        for test, by in tests.items():
-            cells = []
-            for c in configs:
-                t = by.get(c["name"])
-                if t is None:
-                    cells.append(None)
-                    continue
-                say = t["message"] if t["message"] and t["status"] != "passed" else ""
-                if by["hidden"] and not hidden_messages:
-                    say = ""
-                cells.append({"config": c["name"], "status": t["status"], "mark": MARK.get(t["status"], t["status"]),
-                              "message": say})
-            shown.append({"test": test, "label": test_label(test), "hidden": by["hidden"], "cells": cells})
-        first = next(r for r in rows if r)
-        labs.append({
-            "number": lab["number"], "anchor": f"{sid}-{lab['number']}", "title": lab_title(lab),
-            "summary": ", ".join(f"{c['name']} {r['status']} {r['passed']}/{r['total']}"
-                                 for c, r in zip(configs, rows) if r),
-            "problems": [{"config": c["name"], "status": r["status"], "message": r["message"]}
-                         for c, r in zip(configs, rows) if r and r["status"] in ("missing", "skipped", "error", "timeout")],
-            "tests": shown, "notes": first.get("notes", []),
-            "cards": [{"config": c["name"], "text": "\n".join(cost_card(lab, c["name"], r))}
-                      for c, r in zip(configs, rows) if r and r.get("costs")],
-            "cell_errors": [{"config": c["name"], "cell": e.get("cell"), "type": e.get("type", ""),
-                             "message": e.get("message", "")}
-                            for c, r in zip(configs, rows) for e in (r or {}).get("cell_errors", [])],
-        })
-    return {"student": student, "sid": sid, "notes": results["students"][student].get("notes", []), "labs": labs}
-
-
-def _points_cells(results: dict, mine: dict) -> list[dict]:
-    return [{"lab": lab["number"], "text": points_cell(mine["labs"][str(lab["number"])]),
-             "overridden": bool(mine["labs"][str(lab["number"])].get("overridden"))} for lab in labs_of(results)]
-
-
 def _spread(results: dict) -> dict:
     """The score distributions laid out for the page: a row per lab, a histogram per configuration, one scale."""
     found = spread.distributions(results)
@@ -159,32 +100,47 @@ def to_html(results: dict) -> str:
                               "title": row["message"] if row and row["message"] else ""})
             rows.append({"student": s, "sid": sid[s], "cells": cells})
         heatmaps.append({"name": config["name"], "summary": config.get("summary", ""), "rows": rows})
-    grades = policy.grades(results)
-    points = {"rule": grades["rule"], "rows": [
-        {"student": s, "cells": _points_cells(results, grades["students"][s]),
-         "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}"} for s in students]}
-    bugs = [{"lab": b["lab"], "label": test_label(b["test"]), "hidden": b["hidden"], "config": b["config"],
-             "count": len(b["students"]), "message": b["message"]} for b in multi_device_bugs(results)]
+    k = context.klass(results)
     summary = (f"{len(students)} student{'s' if len(students) != 1 else ''} · labs "
                f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
                f"{', '.join(c['name'] for c in configs)}")
     return _templates().get_template("scoreboard.html.j2").render(
         css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
         failrates=[failrates.layout(lab) for lab in failrates.rates(results)], similar=_similar(results, sid),
-        heatmaps=heatmaps, points=points, bugs=bugs, boards=leaderboard.boards(results),
-        notes=results.get("notes", []), sections=[_section(results, s, sid[s], index) for s in students])
+        heatmaps=heatmaps, points=k["points"], bugs=k["bugs"], boards=k["boards"], stats=k["stats"], labels=k["labels"],
+        notes=results.get("notes", []), sections=[context.section(results, s, sid[s], index) for s in students])
 
 
 def feedback_html(results: dict, student: str) -> str:
-    """One student's own page: the class page's rules, their labs only, hidden tests by name and outcome."""
-    grades = policy.grades(results)
-    mine = grades["students"].get(student)
-    points = None
-    if mine:
-        points = {"total": f"{mine['points']}/{mine['max_points']}", "rule": grades["rule"],
-                  "cells": _points_cells(results, mine)}
-    boards = [board | {"yours": leaderboard.yours(results, lab, student)} for lab in labs_of(results)
-              if (board := leaderboard.board(results, lab)) is not None]
+    """One student's own page, from the context their Markdown feedback is drawn from (labkit/grading/context.py):
+    the class page's rules, their labs only, hidden tests by name and outcome."""
+    f = context.feedback(results, student)
     return _templates().get_template("feedback.html.j2").render(
-        css=CSS, labs=labs_of(results), configs=configs_of(results), points=points, boards=boards,
-        s=_section(results, student, "s0", index_of(results), hidden_messages=False))
+        css=CSS, labs=labs_of(results), configs=f["configs"], points=f["points"], boards=f["boards"], s=f)
+
+
+def anonymous_html(results: dict) -> str:
+    """The class page to show in a lecture: final points per lab and section, the score distributions and each
+    test's failure rate, with no student's id, name or message (the bars' tooltips give counts only)."""
+    shown = _spread(results)
+    for lab in shown["labs"]:
+        for cell in lab["cells"]:
+            for bar in cell.get("bars", []):
+                if bar["count"]:
+                    bar["title"] = (f"{lab['name']} on {cell['config']}, {bar['label']}: {bar['count']} "
+                                    f"student{'s' if bar['count'] != 1 else ''}")
+    rates = [failrates.layout(lab) for lab in failrates.rates(results)]
+    for lab in rates:
+        for row in lab["rows"]:
+            for c in row["cells"]:
+                said = "nothing judged here" if c["rate"] is None else f"{c['text']} failed"
+                if c["several_only"]:
+                    said += f"; {c['several_only']} of them pass it on one device"
+                c["title"] = f"{row['label']} on {c['config']}: {said}"
+    count = len(students_of(results))
+    summary = (f"{count} student{'s' if count != 1 else ''} · labs "
+               f"{', '.join(str(lab['number']) for lab in labs_of(results))} · configurations "
+               f"{', '.join(c['name'] for c in configs_of(results))}")
+    return _templates().get_template("anonymous.html.j2").render(
+        css=CSS + SPREAD_CSS, summary=summary, spread=shown, failrates=rates, stats=stats.final_points(results),
+        labels=stats.bin_labels())

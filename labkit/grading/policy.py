@@ -267,10 +267,11 @@ def grades(results: dict) -> dict:
     them (a student's own runs) use the tests in the student's rows. Then, in order: a TA's test
     overrides change outcomes before the rule combines them, a late penalty (due dates, [late],
     extensions, counted only from a time source that [late] accept lists) takes its share, and a
-    TA's points override sets the lab's points. Overridden and late labs say so, and each lab names
-    the source of its submission time.
+    TA's points override sets the lab's points, and last a TA's adjustments and rubric items
+    (labkit/grading/adjustments.py) add theirs. Overridden, adjusted and late labs say so, and each
+    lab names the source of its submission time.
     """
-    from labkit.grading import deadlines
+    from labkit.grading import adjustments, deadlines
 
     policy = Policy.from_json(results.get("policy"))
     config_names = [c["name"] for c in results.get("configs", [])]
@@ -287,6 +288,10 @@ def grades(results: dict) -> dict:
     comments: dict[tuple[str, int], list[str]] = {}
     for o in results.get("overrides", []):
         comments.setdefault((o["student"], o["lab"]), []).append(o.get("comment") or "overridden")
+    adjusted: dict[tuple[str, int], list[dict]] = {}
+    for a in results.get("adjustments", []):
+        adjusted.setdefault((a["student"], a["lab"]), []).append(a)
+    items = adjustments.items_of(results.get("adjustments", []))
     extensions = results.get("extensions", {})
     provisional = results.get("provisional", "")
     out = {"rule": (provisional.upper().split(":")[0] + ":" + provisional.split(":", 1)[1] + "; "
@@ -302,7 +307,7 @@ def grades(results: dict) -> dict:
             earned, most = lab_points(policy, tests, mine)
             statuses = {r["status"] for r in mine.values()}
             status = "missing" if not mine or statuses == {"missing"} else "graded"
-            entry = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
+            entry: dict = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
             charged = deadlines.charge(handed.get(str(number)), policy.due.get(number), policy.late,
                                        extensions.get(student, {}).get(str(number), 0))
             entry.update(charged)
@@ -313,6 +318,9 @@ def grades(results: dict) -> dict:
                 entry["points"] = _num(set_points[key]["points"])
             if key in comments:
                 entry["overridden"] = "; ".join(comments[key])
+            if key in adjusted or number in items:
+                entry.update(adjustments.applied(entry["points"], most, adjusted.get(key, []), items.get(number, {})))
+                entry["points"], most = _num(entry["points"]), _num(entry["max_points"])
             labs[str(number)] = entry
             total += policy.weight(number) * entry["points"]
             possible += policy.weight(number) * most

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 
 from labkit import cost
-from labkit.grading import deadlines
+from labkit.grading import adjustments, deadlines
 
 MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
 
@@ -111,10 +111,13 @@ def cost_card(lab: dict, config: str, row: dict) -> list[str]:
 
 def points_cell(p: dict) -> str:
     """A lab's points as shown: `missing`, or points/max, with a late penalty and a TA's override marked."""
-    text = "missing" if p["status"] == "missing" and "overridden" not in p else f"{p['points']}/{p['max_points']}"
+    shown = "overridden" in p or any(a["comment"] != "not graded" for a in p.get("adjustments", []))
+    text = "missing" if p["status"] == "missing" and not shown else f"{p['points']}/{p['max_points']}"
     if p.get("late_days"):
         source = deadlines.SOURCES.get(p.get("time_source", ""), "an unknown source")
         text += f" (late {p['late_days']}d, -{round(100 * p['late_penalty'])}%, by {source})"
     if p.get("overridden"):
         text += f" (overridden: {p['overridden']})"
+    if p.get("adjustments"):
+        text += f" (adjusted: {'; '.join(adjustments.words(a) for a in p['adjustments'])})"
     return text

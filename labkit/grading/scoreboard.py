@@ -17,6 +17,8 @@ class back together into exactly the scoreboard a single run would have written.
                        code is the same or nearly, to look at together (labkit/grading/similarity.py),
                        a student x lab heat map per configuration, points, the leaderboards, every test
     grades.csv         each student's points per lab and total, under the course's policy, with its rule
+    class-anonymous.html  for a lecture: final points per lab and section (labkit/grading/stats.py), the score
+                       distributions and failure rates, with no student's id, name or message
     feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome,
                        their place on a lab's leaderboard
     feedback/<id>.html the same as a self-contained page (labkit/grading/templates/, autoescaped)
@@ -34,16 +36,16 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit.grading import failrates, leaderboard, policy, similarity
+from labkit.grading import adjustments, failrates, leaderboard, policy, similarity
 from labkit.grading.files import write_atomic
 from labkit.grading.markdown import feedback, to_markdown
-from labkit.grading.pages import feedback_html, to_html
+from labkit.grading.pages import anonymous_html, feedback_html, to_html
 from labkit.grading.results import STATUS_STYLE, configs_of, index_of, lab_title, labs_of, rates, students_of
 
 CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
                "isolation")
 GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "late_days", "late_penalty",
-                 "time_source", "overridden", "rule")
+                 "time_source", "overridden", "adjustments", "rule")
 DRAWN = ("leaderboards", "failure_rates", "similar")  # drawn into scoreboard.json from the results, again on a merge
 
 
@@ -85,8 +87,9 @@ def grades_csv(results: dict) -> str:
         for number, lab in mine["labs"].items():
             writer.writerow([_cell(student), number, lab["points"], lab["max_points"], lab["weight"], lab["status"],
                              lab.get("late_days", ""), lab.get("late_penalty", ""), lab.get("time_source", ""),
-                             _cell(lab.get("overridden", "")), g["rule"]])
-        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", "",
+                             _cell(lab.get("overridden", "")),
+                             _cell("; ".join(adjustments.words(a) for a in lab.get("adjustments", []))), g["rule"]])
+        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", "", "",
                          g["rule"]])
     return buf.getvalue()
 
@@ -113,6 +116,7 @@ def write(results: dict, out: Path) -> None:
     write_atomic(out / "scoreboard.json", to_json(results))
     write_atomic(out / "scoreboard.md", to_markdown(results))
     write_atomic(out / "scoreboard.html", to_html(results))
+    write_atomic(out / "class-anonymous.html", anonymous_html(results))
     stems = {student.replace("/", "_"): student for student in students_of(results)}
     for stem, student in stems.items():
         md, page = feedback(results, student), feedback_html(results, student)
