@@ -61,7 +61,7 @@ class Memory(_Record):
 
 class Collective(_Record):
     op: Name
-    shape: Line = ""
+    shape: Text = ""  # a tuple's shape names each of its arrays
     groups: Annotated[list[Annotated[list[Device], Meta(max_length=MOST_DEVICES)]],
                       Meta(max_length=MOST_DEVICES)] | UnsetType = UNSET
     pairs: Annotated[list[Annotated[list[Device], Meta(min_length=2, max_length=2)]],

@@ -438,7 +438,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
 
 
 def _why_no_results(log_path: Path, ran: kernel.KernelRun) -> str:
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    text = _tail(log_path)
     joined = [ln for ln in text.splitlines() if ln.startswith("labkit: process ")]
     if joined:
         return joined[-1].removeprefix("labkit: ")
@@ -457,3 +457,15 @@ def _why_no_results(log_path: Path, ran: kernel.KernelRun) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     tail = lines[-1][:300] if lines else f"exit status {returncode}"
     return f"the notebook stopped before its functions could be called: {tail}"
+
+
+LOG_TAIL_BYTES = 1 << 16  # of a run's log, only the end is read: the kernel's output makes it as long as it likes
+
+
+def _tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""

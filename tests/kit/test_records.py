@@ -166,3 +166,10 @@ def test_a_well_formed_verified_json_gives_its_value(tmp_path, monkeypatch):
     record = execute.RunRecord("cpu-1", "ok", results={"c1": {"id": "c1", "program": {"program": "AAAA"}}})
     verify.verify(record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60)
     assert record.results["c1"]["value"] == VALUE and record.results["c1"]["judged_by"] == "verified"
+
+
+def test_a_malformed_payload_of_one_process_of_a_multi_process_run_is_not_taken(tmp_path):
+    bad = write_results(tmp_path / "bad", {"environment": {}, "results": [result(facts=FACTS | {"memory": "lots"})]})
+    good = write_results(tmp_path / "good", {"environment": {"process_index": 1}, "results": [result()]})
+    assert execute._read_payload(bad) is None  # the run is then an error naming that process
+    assert execute._read_payload(good) == ({"process_index": 1}, {"c1": result()})
