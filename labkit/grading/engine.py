@@ -204,9 +204,9 @@ class Grader:
             workdir = store.workdir(unit)
             if self.pods:
                 runs, plan = self.pods
-                return pods_mod.record_of(pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config, kit=unit.kit),
-                                          self.configs[unit.config], self.calls(unit.lab), workdir, self.timeout,
-                                          self.limits)
+                output = pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config, kit=unit.kit)
+                return pods_mod.record_of(output, self.configs[unit.config], self.calls(unit.lab), workdir,
+                                          self.timeout, self.limits)
             cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
                                         timeout=self.timeout, limits=self.limits, warm=self.warm_server(),

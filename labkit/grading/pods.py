@@ -191,7 +191,8 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
     record.seconds = ended.get("seconds", 0.0)
     run = Path(output) / RUN
     try:
-        record.cell_errors = execute.cell_errors_of(records.parse(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES)))[0]
+        executed = records.parse(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES))
+        record.cell_errors = execute.cell_errors_of(executed)[0]
     except (OSError, ValueError):
         record.cell_errors = []
     if ended.get("disk"):
