@@ -173,3 +173,19 @@ def test_a_malformed_payload_of_one_process_of_a_multi_process_run_is_not_taken(
     good = write_results(tmp_path / "good", {"environment": {"process_index": 1}, "results": [result()]})
     assert execute._read_payload(bad) is None  # the run is then an error naming that process
     assert execute._read_payload(good) == ({"process_index": 1}, {"c1": result()})
+
+
+def test_a_verified_json_larger_than_the_cap_is_not_loaded(tmp_path, monkeypatch):
+    from labkit.run import sandbox
+
+    n = records.MAX_BYTES // 4  # floats of five bytes each in JSON: 25% over the cap
+    big = {"results": {"c1": {"value": VALUE | {"shape": [n], "data": [0.5] * n}}}}
+
+    def launch(argv, folder, env, limits, **kw):  # an output of six arrays of 2M floats was 256 MB of JSON
+        Path(argv[-1]).write_text(json.dumps(big))
+        return _Done()
+
+    monkeypatch.setattr(sandbox, "launch", launch)
+    record = execute.RunRecord("cpu-1", "ok", results={"c1": {"id": "c1", "program": {"program": "AAAA"}}})
+    verify.verify(record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60)
+    assert record.results["c1"]["judged_by"] == "unverified" and "value" not in record.results["c1"]
