@@ -118,6 +118,7 @@ class Unit:
     config: str
     path: Path | None  # the submission; None when it was not handed in (or refused)
     refused: str = ""  # why a submission handed in is not graded (a symbolic link...)
+    kit: bool = False  # the kit's own unit (a reference solution's), never a student's of the same name
 
     @property
     def label(self) -> str:

@@ -20,7 +20,7 @@ from labkit.course.configs import DeviceConfig
 from labkit.grading import pods as pods_mod
 from labkit.grading.collect import MAX_BYTES, Unit
 from labkit.grading.progress import Progress
-from labkit.grading.rows import clean_message, make_row, submission_notes
+from labkit.grading.rows import clean_message, make_row, submission_notes, unjudged_row
 from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key
 from labkit.judge import judge
 from labkit.run import execute, jaxcache, kernel, warm
@@ -92,21 +92,42 @@ class Grader:
 
     def _judge(self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]],
                expected: dict) -> list[tuple[Unit, str, dict, float]]:
-        """One pytest session per lab for every finished run of that lab in `batch`."""
+        """One pytest session per lab for every finished run of that lab in `batch`; each unit's row.
+
+        One unit's bad data is that unit's error: a session that raises is tried again unit by unit, and
+        whatever raises while one unit is judged or its row is made becomes that unit's `error` row, with
+        the reason and key "" (not kept: graded again next time), never the end of the class's grading."""
         rows = []
         by_lab: dict[int, list] = {}
         for item in batch:
             by_lab.setdefault(item[0].lab, []).append(item)
         for number, items in by_lab.items():
-            lab = self.labs[number]
-            specs = [judge.RunSpec(u.label, u.path, self.configs[u.config], store.workdir(u), record=rec)
-                     for u, _, rec, _ in items]
-            judgement = judge.judge(lab.test_dirs(hidden=True), specs, hidden_dirs=[lab.hidden_tests], jobs=1,
-                                    timeout=self.timeout)
-            by_run: dict[str, list[judge.Outcome]] = {}
-            for o in judgement.outcomes:
-                by_run.setdefault(o.run, []).append(o)
-            for unit, key, record, seconds in items:
+            try:
+                rows += self._judge_lab(store, number, items, expected)
+            except Exception as e:  # noqa: BLE001 - found out unit by unit below
+                if len(items) == 1:
+                    rows.append(self._unjudged(items[0], e, expected))
+                    continue
+                for item in items:
+                    try:
+                        rows += self._judge_lab(store, number, [item], expected)
+                    except Exception as e:  # noqa: BLE001 - this unit's, and this unit's alone
+                        rows.append(self._unjudged(item, e, expected))
+        return rows
+
+    def _judge_lab(self, store: Store, number: int, items: list, expected: dict) -> list:
+        lab = self.labs[number]
+        specs = [judge.RunSpec(u.label, u.path, self.configs[u.config], store.workdir(u), record=rec)
+                 for u, _, rec, _ in items]
+        judgement = judge.judge(lab.test_dirs(hidden=True), specs, hidden_dirs=[lab.hidden_tests], jobs=1,
+                                timeout=self.timeout)
+        by_run: dict[str, list[judge.Outcome]] = {}
+        for o in judgement.outcomes:
+            by_run.setdefault(o.run, []).append(o)
+        rows = []
+        for item in items:
+            unit, key, record, seconds = item
+            try:
                 outcomes = by_run.get(unit.label, [])
                 for o in outcomes:
                     o.message = clean_message(o.message, unit, store.root)
@@ -117,8 +138,20 @@ class Grader:
                                submission_notes(unit.path), *expected.get((unit.lab, unit.config), (0, 0)))
                 if record.status == "ok":  # what its examined calls cost (labkit/cost.py), for the feedback
                     row["costs"] = cost.to_json(cost.cards(self.calls(number), {unit.config: record.results}))
-                rows.append((unit, key, row, seconds))
+            except Exception as e:  # noqa: BLE001 - this unit's, and this unit's alone
+                rows.append(self._unjudged(item, e, expected))
+                continue
+            rows.append((unit, key, row, seconds))
         return rows
+
+    def _unjudged(self, item: tuple, e: Exception, expected: dict) -> tuple[Unit, str, dict, float]:
+        """The `error` row of a unit the kit could not judge, naming why; key "": not kept, judged again next run."""
+        unit, _, record, seconds = item
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        why = clean_message(f"{type(e).__name__}: {first}"[:300], unit, self.out)
+        row = unjudged_row(unit.student, unit.lab, unit.config, why, *expected.get((unit.lab, unit.config), (0, 0)))
+        row.update(isolation=getattr(record, "isolation", ""), judged_by=getattr(record, "judged_by", ""))
+        return unit, "", row, seconds
 
     def run(self, units: list[Unit], store: Store, title: str, expected: dict | None = None,
             fills_cache: bool = False) -> list[dict]:
@@ -171,9 +204,9 @@ class Grader:
             workdir = store.workdir(unit)
             if self.pods:
                 runs, plan = self.pods
-                return pods_mod.record_of(pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config),
-                                          self.configs[unit.config], self.calls(unit.lab), workdir, self.timeout,
-                                          self.limits)
+                output = pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config, kit=unit.kit)
+                return pods_mod.record_of(output, self.configs[unit.config], self.calls(unit.lab), workdir,
+                                          self.timeout, self.limits)
             cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
             return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
                                         timeout=self.timeout, limits=self.limits, warm=self.warm_server(),

@@ -185,7 +185,7 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         adjusted = _adjustments(adjustments, people, subs, chosen_labs)
 
         # The reference solutions first: they must pass everything, or nothing else is worth grading.
-        ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference) for lab in chosen_labs for c in chosen]
+        ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference, kit=True) for lab in chosen_labs for c in chosen]
         ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions", fills_cache=True)
         check_reference(ref_rows, grader.labs)
         stop.check()

@@ -15,6 +15,7 @@ its leaderboard and the reference's cards, each row its own cards, each student 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from labkit import cost
@@ -40,13 +41,14 @@ class Place:
 def step_time(costs: dict | None, spec: Leaderboard) -> float | None:
     """The modelled step time (seconds) of `spec`'s call on its chip, from cards as `cost.to_json` writes them."""
     chip = cost.chips()[spec.chip]
-    try:
+    try:  # a row's cards that cannot be read, or give no finite time, rank nobody (that row is not ranked)
         found = cost.from_json(costs or {})
-    except (KeyError, TypeError):
+        for entry in found.values():
+            if entry.function == spec.function and spec.config in entry.runs:
+                step = float(entry.runs[spec.config].timing(chip).step)
+                return step if math.isfinite(step) else None
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):
         return None
-    for entry in found.values():
-        if entry.function == spec.function and spec.config in entry.runs:
-            return entry.runs[spec.config].timing(chip).step
     return None
 
 

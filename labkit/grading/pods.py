@@ -8,7 +8,8 @@ CPU and memory as its limits and a deadline. Three steps, each a command of `pyt
 * `plan` (trusted: it reads the hidden tests): one input folder per unit, `PLAN/units/<i>/`, with the
   notebook, the calls as the student's process may see them (`verify.for_the_student`: a call whose
   program the kit runs itself gets shapes only) and which unit it is; and `PLAN/units.json`, the list.
-  The reference solutions are units too (student `reference`), as in `grade`.
+  The reference solutions are units too (student `reference`, marked `"kit": true`), as in `grade`: the kit's
+  own units are a namespace of their own, and a student folder named `reference` is a unit of that student.
 * `run` (in the unit's pod, named `--isolation pod`): the notebook runs as a local run does, papermill
   and the kernel in the same container, without bubblewrap, and everything the run leaves goes to
   the output folder: `run/` (the harness's results, the executed notebook, the log) and `pod-run.json`
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from labkit.course import configs
 from labkit.grading import collect
-from labkit.judge import verify
+from labkit.judge import records, verify
 from labkit.run import allowance, execute, kernel, modes, scratch
 from labkit.run.allowance import Limits
 
@@ -43,7 +44,7 @@ NOTEBOOK = "notebook.ipynb"
 CALLS = "calls.json"
 RUN = "run"  # in a pod's output folder: the run's kit folder (its scratch folder inside)
 ENDED = "pod-run.json"  # in a pod's output folder: how the kernel ended, as the pod's kit saw it
-NOTEBOOK_MAX_BYTES = 64 << 20  # an executed notebook larger than this is not read for its cell errors
+NOTEBOOK_MAX_BYTES = records.MAX_BYTES  # an executed notebook larger than this is not read for its cell errors
 
 
 class PodError(RuntimeError):
@@ -69,16 +70,17 @@ def plan(submissions: Path, out: Path, *, labs: str | None = None, config_names:
     units = []
     for lab in chosen_labs:
         calls = verify.for_the_student(verify.mark(judge.collect_calls(lab.test_dirs(hidden=True))))
-        handed = [(collect.REFERENCE, lab.reference)] + [
-            (s, found[lab.number]) for s, found in sorted(subs.students.items()) if lab.number in found]
-        for student, notebook in handed:
+        handed = [(collect.REFERENCE, lab.reference, True)] + [
+            (s, found[lab.number], False) for s, found in sorted(subs.students.items()) if lab.number in found]
+        for student, notebook, kit in handed:
             for config in chosen:
                 index = len(units)
                 folder = out / UNITS / str(index)
                 folder.mkdir(parents=True)
                 shutil.copyfile(notebook, folder / NOTEBOOK, follow_symlinks=False)
                 (folder / CALLS).write_text(json.dumps({"calls": calls}))
-                unit = {"index": index, "student": student, "lab": lab.number, "config": config.name}
+                unit = {"index": index, "student": student, "lab": lab.number, "config": config.name,
+                        "kit": kit}
                 (folder / UNIT_FILE).write_text(json.dumps(unit))
                 units.append(unit)
     (out / "units.json").write_text(json.dumps({"units": units}, indent=1))
@@ -90,14 +92,22 @@ def units_of(plan_folder: Path) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=4)
-def _indexes(plan_folder: Path) -> dict[tuple[str, int, str], int]:
-    """The plan's unit indexes by (student, lab, configuration), read once: a plan folder is written once."""
-    return {(u["student"], u["lab"], u["config"]): u["index"] for u in reversed(units_of(plan_folder))}
+def _indexes(plan_folder: Path) -> dict[tuple[bool, str, int, str], int | None]:
+    """The plan's unit indexes by (the kit's own?, student, lab, configuration), read once: a plan folder is
+    written once. The kit's own units (the references) are a namespace of their own, so that a student
+    named `reference` is never given the reference's pod; a key listed twice has no unit (None)."""
+    found: dict[tuple[bool, str, int, str], int | None] = {}
+    for u in units_of(plan_folder):
+        key = (u.get("kit") is True, u["student"], u["lab"], u["config"])
+        found[key] = None if key in found else u["index"]
+    return found
 
 
-def output_of(runs: Path, plan_folder: Path, student: str, lab: int, config: str) -> Path | None:
-    """The output folder of the pod that ran `student`'s lab on `config`, or None when the plan has no such unit."""
-    index = _indexes(Path(plan_folder)).get((student, lab, config))
+def output_of(runs: Path, plan_folder: Path, student: str, lab: int, config: str, *,
+              kit: bool = False) -> Path | None:
+    """The output folder of the pod that ran `student`'s lab on `config` (`kit`: the kit's own unit, a
+    reference solution's), or None when the plan has no such unit."""
+    index = _indexes(Path(plan_folder)).get((kit, student, lab, config))
     return None if index is None else Path(runs) / str(index)
 
 
@@ -149,10 +159,6 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
 # The judge's side: a unit's output read as untrusted data.
 # ----------------------------------------------------------------------------------------
 
-def _read_json(folder: Path, name: str, limit: int) -> object:
-    return json.loads(scratch.read(folder, name, limit))
-
-
 def _text(value, limit: int = 300) -> str:
     return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
 
@@ -170,9 +176,7 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
         record.message = "the plan has no pod for this unit: plan and grade the same class, labs and configurations"
         return record
     try:
-        ended = _read_json(output, ENDED, 1 << 16)
-        if not isinstance(ended, dict):
-            raise TypeError("not an object")
+        ended = records.ended(scratch.read(output, ENDED, 1 << 16))  # its schema, bounded (labkit.judge.records)
     except FileNotFoundError:
         record.message = ("the unit's pod left no record of its run (it did not start, or was stopped at its "
                           "deadline or for its memory): nothing from this run is graded")
@@ -184,10 +188,11 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
     if status in ("error", "skipped"):
         record.status, record.message = status, _text(ended.get("message"))
         return record
-    record.seconds = float(ended["seconds"]) if isinstance(ended.get("seconds"), (int, float)) else 0.0
+    record.seconds = ended.get("seconds", 0.0)
     run = Path(output) / RUN
     try:
-        record.cell_errors = execute.cell_errors_of(json.loads(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES)))[0]
+        executed = records.parse(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES))
+        record.cell_errors = execute.cell_errors_of(executed)[0]
     except (OSError, ValueError):
         record.cell_errors = []
     if ended.get("disk"):
@@ -205,10 +210,11 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
         return record
     try:  # no key: the pod's kit held it beside the student's code, so a signature there proves nothing
         record.environment, record.results = execute.read_results(results / "results.json", None)
-        if not all(isinstance(r, dict) for r in record.results.values()) or not isinstance(record.environment, dict):
-            raise TypeError("not objects")
     except scratch.Refused as e:
         record.message = f"the run's results could not be read: {e}"
+        return record
+    except records.Malformed as e:
+        record.message = f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
         return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.message = f"the run's results could not be read ({type(e).__name__})"

@@ -95,6 +95,16 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
     return row
 
 
+def unjudged_row(student: str, lab: int, config: str, why: str, expected_total: int = 0,
+                 expected_points: float = 0) -> dict:
+    """The `error` row of a unit the kit could not judge, made from nothing of the unit's run (so that
+    what made its judging raise cannot make this raise too)."""
+    row = make_row(student, lab, config, None, [], [], expected_total, expected_points)
+    row.update(status="error", message=f"the kit could not judge this run ({why}); tell your course staff: it is "
+                                       "judged again at the next grading run")
+    return row
+
+
 def _number(x: float) -> float | int:
     """2.0 -> 2: points read as the integers they mostly are, in the csv and the json."""
     return int(x) if float(x).is_integer() else round(float(x), 4)

@@ -113,11 +113,16 @@ class Store:
 
     def row(self, unit: Unit, key: str) -> dict | None:
         data = self._read(self.root / "units" / f"{unit.where}.json", key)
-        return data.get("row") if data else None
+        row = data.get("row") if data else None
+        return row if isinstance(row, dict) else None  # anything else: graded again
 
     def record(self, unit: Unit, key: str) -> execute.RunRecord | None:
+        """The unit's finished run, kept under `key`; None (run again) when there is none or it cannot be read."""
         data = self._read(self.root / "units" / f"{unit.where}.run.json", key)
-        return execute.RunRecord.from_json(data["record"]) if data else None
+        try:
+            return execute.RunRecord.from_json(data["record"]) if data else None
+        except (KeyError, TypeError):
+            return None
 
     def save_row(self, unit: Unit, key: str, row: dict, seconds: float) -> None:
         write_atomic(self.root / "units" / f"{unit.where}.json",

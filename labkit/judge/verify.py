@@ -34,11 +34,12 @@ import sys
 import time
 from pathlib import Path
 
+from labkit.judge import records
 from labkit.run import scratch
 
 VERIFIED_FILE = "verified.json"
 FOLDER = "verify"  # in the run's kit folder: the verifier's only writable folder
-MAX_BYTES = 256 << 20
+MAX_BYTES = records.MAX_BYTES  # a verified.json larger than this is not read
 # Custom calls an exported program may make: those of sharding itself, and jaxlib's own CPU linear algebra
 # (LAPACK kernels jax.export guarantees stable); never a callback into Python or code of the program's own.
 ALLOWED_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
@@ -319,7 +320,7 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         finally:
             job_file.unlink(missing_ok=True)  # the tests' inputs, hidden ones too: kept nowhere a later run sees
     try:
-        found = json.loads(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))["results"]
+        found = records.verified(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))  # bounded, typed
     except (OSError, ValueError, KeyError, TypeError):
         why = ("the kit's own run of the programs did not finish within the time limit" if code is None else
                f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)")

@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.course.configs import DeviceConfig
-from labkit.judge import verify
+from labkit.judge import records, verify
 from labkit.run import kernel, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
@@ -37,7 +37,7 @@ SETUP_TAG = "labkit-setup"
 # The first cell of each process of a multi-process run: join the others before the student's cells.
 JOIN_CELL = "import labkit.judge.harness as _labkit_harness\n_labkit_harness.join_distributed()"
 PEER_GRACE = 5.0  # seconds the other processes get to finish once one process of a run has failed
-RESULTS_MAX_BYTES = 256 << 20  # a results file larger than this is not read
+RESULTS_MAX_BYTES = records.MAX_BYTES  # a results file larger than this is not read
 
 
 class BadNotebook(Exception):
@@ -151,7 +151,7 @@ def read_results(path: Path, key: str | None) -> tuple[dict, dict]:
     ValueError, KeyError, TypeError or AttributeError when it cannot be read.
     """
     path = Path(path)
-    outer = json.loads(scratch.read(path.parent, path.name, RESULTS_MAX_BYTES))
+    outer = records.parse(scratch.read(path.parent, path.name, RESULTS_MAX_BYTES))
     if key is not None:
         text, mac = outer.get("payload"), outer.get("mac")
         if not isinstance(text, str) or not isinstance(mac, str):
@@ -159,10 +159,10 @@ def read_results(path: Path, key: str | None) -> tuple[dict, dict]:
         expected = hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, mac):
             raise ForgedResults("the results file was not written by the kit's harness")
-        payload = json.loads(text)
+        payload = records.parse(text)
     else:
-        payload = json.loads(outer["payload"]) if isinstance(outer.get("payload"), str) else outer
-    return dict(payload.get("environment", {})), {str(r["id"]): r for r in payload.get("results", [])}
+        payload = records.parse(outer["payload"]) if isinstance(outer.get("payload"), str) else outer
+    return records.payload(payload)  # its schema, bounded: records.Malformed (a ValueError) if it does not fit
 
 
 NOT_A_FILE = {"link": "symbolic link", "folder": "folder", "other": "special file (a named pipe, a socket or a device)"}
@@ -310,6 +310,9 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
     except scratch.Refused as e:
         record.status = "error"
         record.message = f"the run's results could not be read: {e}"
+    except records.Malformed as e:
+        record.status = "error"
+        record.message = f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.status = "error"
         record.message = f"the run's results could not be read ({type(e).__name__})"
@@ -435,7 +438,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
 
 
 def _why_no_results(log_path: Path, ran: kernel.KernelRun) -> str:
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    text = _tail(log_path)
     joined = [ln for ln in text.splitlines() if ln.startswith("labkit: process ")]
     if joined:
         return joined[-1].removeprefix("labkit: ")
@@ -454,3 +457,15 @@ def _why_no_results(log_path: Path, ran: kernel.KernelRun) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     tail = lines[-1][:300] if lines else f"exit status {returncode}"
     return f"the notebook stopped before its functions could be called: {tail}"
+
+
+LOG_TAIL_BYTES = 1 << 16  # of a run's log, only the end is read: the kernel's output makes it as long as it likes
+
+
+def _tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""

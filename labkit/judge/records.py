@@ -1,0 +1,228 @@
+"""The shapes of what a run writes back, each bounded: decoded here before the kit uses any of it.
+
+Everything a run leaves is the student's word: the harness's results file of a local run, of each
+process of a multi-process run and of a pod, and the verifier's `verified.json` (made by a process
+that ran the student's exported program). Each is read through `labkit.run.scratch` at most
+`MAX_BYTES`, parsed, then converted with msgspec against the schemas below: every string, list and
+mapping has a largest length, every number a type, every field its kind. What does not fit raises
+`Malformed` (a ValueError) naming the first field that is wrong, and that unit's row says so; the
+rest of the class is graded as usual. Fields the kit does not know are dropped, never passed on.
+
+The value of a call (`labkit.judge.plaindata`'s encoding) is checked at its top level here (its kind,
+its shape, at most `plaindata.MAX_ELEMENTS` items); what lies deeper is decoded by `plaindata.decode`,
+which takes anything malformed as a value that fails its test.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from labkit.judge import plaindata
+
+# A run's results file, or the verifier's: more than this is not read (the largest lab's reference
+# writes well under a tenth of it; a program sent for the kit to run is at most facts.PROGRAM_MAX_BYTES).
+MAX_BYTES = 16 << 20
+MOST_CALLS = 2_000  # results in one file: the labs' tests make at most a few dozen calls
+MOST_COLLECTIVES = 20_000  # as labkit.judge.hlo.MOST
+MOST_DEVICES = 1 << 16
+
+Name = Annotated[str, Meta(max_length=200)]
+Line = Annotated[str, Meta(max_length=2_000)]
+Text = Annotated[str, Meta(max_length=20_000)]
+Count = Annotated[int, Meta(ge=0, le=1 << 62)]
+Device = Annotated[int, Meta(ge=0, le=MOST_DEVICES)]
+Shape = Annotated[list[Count], Meta(max_length=64)]
+Number = Annotated[float, Meta(ge=-1e30, le=1e30)]  # finite: no NaN or infinity
+
+
+class Malformed(ValueError):
+    """A record that does not fit its schema; the message names where."""
+
+
+class _Record(Struct, omit_defaults=True):
+    pass
+
+
+class Unavailable(_Record):
+    unavailable: Line
+
+
+class Memory(_Record):
+    argument: Count | UnsetType = UNSET
+    output: Count | UnsetType = UNSET
+    temp: Count | UnsetType = UNSET
+    alias: Count | UnsetType = UNSET
+    unavailable: Line | UnsetType = UNSET
+
+
+class Collective(_Record):
+    op: Name
+    shape: Text = ""  # a tuple's shape names each of its arrays
+    groups: Annotated[list[Annotated[list[Device], Meta(max_length=MOST_DEVICES)]],
+                      Meta(max_length=MOST_DEVICES)] | UnsetType = UNSET
+    pairs: Annotated[list[Annotated[list[Device], Meta(min_length=2, max_length=2)]],
+                     Meta(max_length=MOST_DEVICES)] | UnsetType = UNSET
+
+
+class Placement(_Record):
+    path: Line
+    shape: Shape
+    dtype: Name
+    bytes: Count
+    device_bytes: Count | UnsetType = UNSET
+    replicated: bool | UnsetType = UNSET
+    pieces: Count | UnsetType = UNSET
+    sharding: Line | UnsetType = UNSET
+    unavailable: Line | UnsetType = UNSET
+
+
+Placements = Annotated[list[Placement], Meta(max_length=10_000)]
+
+
+class Facts(_Record):
+    """`labkit.facts.gather`'s record of a compiled program (each part may be `{"unavailable": why}`)."""
+
+    devices: Annotated[int, Meta(ge=1, le=MOST_DEVICES)] | UnsetType = UNSET
+    top_level: Annotated[list[Name], Meta(max_length=1_000)] | UnsetType = UNSET
+    memory: Memory | UnsetType = UNSET
+    flops: Number | Unavailable | UnsetType = UNSET
+    collectives: Annotated[list[Collective], Meta(max_length=MOST_COLLECTIVES)] | Unavailable | UnsetType = UNSET
+    inputs: Placements | Unavailable | UnsetType = UNSET
+    outputs: Placements | Unavailable | UnsetType = UNSET
+    seconds: Number | UnsetType = UNSET
+    unavailable: Line | UnsetType = UNSET
+
+
+class Value(_Record):
+    """A call's value, as `plaindata.encode` writes it (checked at its top level: see the module's text)."""
+
+    kind: Literal["none", "bool", "int", "float", "str", "list", "tuple", "dict", "array", "too-large", "object"]
+    value: Any = UNSET  # a bool, int, float or string, or {"float": "nan"}
+    items: Annotated[list[Any], Meta(max_length=plaindata.MAX_ELEMENTS)] | UnsetType = UNSET
+    dtype: Name | UnsetType = UNSET
+    shape: Shape | UnsetType = UNSET
+    data: Annotated[list[Any], Meta(max_length=plaindata.MAX_ELEMENTS)] | UnsetType = UNSET
+    jax: bool | UnsetType = UNSET
+    sharding: Annotated[dict[Name, Any], Meta(max_length=32)] | None | UnsetType = UNSET
+    type: Line | UnsetType = UNSET
+    repr: Text | UnsetType = UNSET
+
+
+class Where(_Record):
+    line: int | None = None
+    code: Line = ""
+
+
+class Error(_Record):
+    type: Line
+    message: Text = ""
+    where: Where | None = None
+
+
+class Result(_Record):
+    """One call's record, as the harness writes it."""
+
+    id: Name
+    value: Value | UnsetType = UNSET
+    error: Error | UnsetType = UNSET
+    facts: Facts | UnsetType = UNSET
+    # what the kernel sent for the kit to run (`facts.export`): read by labkit.judge.verify, never kept
+    program: Annotated[dict[Name, Any], Meta(max_length=32)] | UnsetType = UNSET
+    stdout: Text | UnsetType = UNSET
+
+
+Environment = Annotated[dict[Name, Any], Meta(max_length=64)]
+
+
+class Payload(_Record):
+    """What the harness writes: the environment it saw, one result per call."""
+
+    environment: Environment = {}
+    results: Annotated[list[Result], Meta(max_length=MOST_CALLS)] = []
+
+
+class Found(_Record):
+    """One call as the verifier found it: its value and facts, or why it could not run it."""
+
+    value: Value | UnsetType = UNSET
+    facts: Facts | UnsetType = UNSET
+    unverified: Line | UnsetType = UNSET
+    unrunnable: Line | UnsetType = UNSET
+
+
+class Verified(_Record):
+    """The verifier's `verified.json`."""
+
+    results: Annotated[dict[Name, Found], Meta(max_length=MOST_CALLS)]
+    environment: Environment = {}
+    seconds: float | UnsetType = UNSET
+
+
+class Ended(_Record):
+    """A pod's record of how its kernel ended (`labkit.grading.pods.ENDED`)."""
+
+    status: Literal["ok", "error", "skipped"]
+    message: Line = ""
+    isolation: Name = ""
+    timed_out: bool = False
+    died: bool = False
+    disk: Line | None = None
+    failure: Line | None = None
+    returncode: int | None = None
+    seconds: float = 0.0
+
+
+# ----------------------------------------------------------------------------------------
+# Decoding.
+# ----------------------------------------------------------------------------------------
+
+def parse(data: bytes | str) -> Any:
+    """JSON text as plain data (the standard library's reader: NaN and Infinity as Python writes them), raising
+    `Malformed` for anything it cannot read, nesting too deep for it included."""
+    if isinstance(data, bytes) and len(data) > MAX_BYTES or isinstance(data, str) and len(data) > MAX_BYTES:
+        raise Malformed(f"it is more than {MAX_BYTES >> 20} MB")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise Malformed("it is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Malformed(f"it is not JSON ({str(e)[:200]})") from None
+
+
+def _convert(data: Any, schema: type) -> Any:
+    try:
+        return msgspec.to_builtins(msgspec.convert(data, schema))
+    except RecursionError:
+        raise Malformed("it is nested too deeply") from None
+    except msgspec.ValidationError as e:
+        raise Malformed(str(e)[:300]) from None
+
+
+def payload(data: Any) -> tuple[dict, dict]:
+    """(environment, results by call id) from a harness's payload (plain data, `parse`'s)."""
+    found = _convert(data, Payload)
+    results = {}
+    for result in found.get("results", []):
+        if result["id"] in results:
+            raise Malformed(f"two results for the call {result['id']!r}")
+        results[result["id"]] = result
+    return found.get("environment", {}), results
+
+
+def verified(data: bytes | str) -> dict[str, dict]:
+    """The verifier's findings by call id, from the text of its `verified.json`."""
+    return _convert(parse(data), Verified).get("results", {})
+
+
+def ended(data: bytes | str) -> dict:
+    """A pod's record of how its run ended, from its text."""
+    return _convert(parse(data), Ended)
+
+
+def facts(data: Any) -> dict:
+    """One call's facts (plain data), bounded and typed as `Facts`."""
+    return _convert(data, Facts)
