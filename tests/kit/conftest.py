@@ -116,7 +116,7 @@ FAST_MODULES = frozenset({
     "test_configs.py", "test_deadlines.py", "test_failrates.py", "test_hints.py", "test_infra_schema.py",
     "test_layout.py", "test_leaderboard.py", "test_overrides.py", "test_plaindata.py", "test_policy.py",
     "test_public_jax.py", "test_roster.py", "test_scratch.py", "test_similarity.py", "test_stretch.py",
-    "test_venv_modules.py", "test_verify.py", "test_lms.py", "test_tiers.py", "test_canvas.py",
+    "test_venv_modules.py", "test_verify.py", "test_lms.py", "test_tiers.py", "test_canvas.py", "test_records.py",
     "test_feedback.py",
 })
 
