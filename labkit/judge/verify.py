@@ -332,7 +332,8 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     if not wanted:
         return
     began = time.monotonic()
-    left = max(VERIFY_FLOOR, timeout - float(record.seconds or 0))  # the run's time limit covers its verifier too
+    # the run's time limit covers its verifier too (a pod's `seconds` is its own word: never more than the limit)
+    left = min(float(timeout), max(VERIFY_FLOOR, float(timeout) - float(record.seconds or 0)))
     folder = scratch.empty(Path(kit_folder) / FOLDER)
     job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
     job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
@@ -363,7 +364,7 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         payload = json.loads(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))
         found = payload["results"]
         if isinstance(payload.get("environment"), dict) and "error" not in payload["environment"]:
-            record.environment = kit_environment(payload["environment"], env)  # the verifier's own, never the kernel's
+            record.environment = kit_environment(payload["environment"], env, counted=True)  # the verifier's own
     except (OSError, ValueError, KeyError, TypeError):
         why = ("the kit's own run of the programs did not finish within the time limit" if code is None else
                f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)")
@@ -438,10 +439,15 @@ def takes_host_data(call: dict) -> bool:
     return False
 
 
-def kit_environment(reported: dict, env: dict) -> dict:
-    """A run's environment as the kit grades it: `reported` (the verifier's own where it ran, else the kernel's),
-    its backend and the precision of its products the configuration's (`env`), never a setting a notebook chose."""
+def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
+    """A run's environment as the kit grades it: `reported` (the verifier's own where it ran, `counted`, else the
+    kernel's), its backend and the precision of its products the configuration's (`env`), never a setting a notebook
+    chose. Where the verifier did not count the devices, a CPU configuration's own counts stand (`checks.LabRun`
+    falls back to them); an accelerator's are the kernel's word, on rows that are reported anyway."""
     out = dict(reported) if isinstance(reported, dict) else {}
+    if not counted and env.get("JAX_NUM_CPU_DEVICES"):
+        for count in ("device_count", "local_device_count", "process_count", "process_index"):
+            out.pop(count, None)
     platform = str(env.get("JAX_PLATFORMS") or out.get("backend") or "").split(",")[0]
     out["backend"] = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform) or None
     out["matmul_precision"] = env.get("JAX_DEFAULT_MATMUL_PRECISION") or None

@@ -230,3 +230,19 @@ def test_the_kits_run_of_a_shard_map_that_keeps_one_devices_rows_gives_what_plai
                                               ({"unverified"}, "verified"), (set(), "reported")])
 def test_a_run_is_summed_up_in_one_word(marks, word):
     assert verify.judged_by({str(i): {"judged_by": m} for i, m in enumerate(sorted(marks))}) == word
+
+
+def test_without_the_kits_own_run_a_cpu_configurations_device_count_stands(tmp_path):
+    from labkit.course import configs
+    from labkit.run import execute
+    from labkit.run.allowance import Limits
+
+    host_side = encoded("owners", X)  # no test examines it: its report is kept, not the environment it came with
+    record = execute.RunRecord("cpu-8", "ok", environment={"device_count": 1, "backend": "tpu",
+                                                           "matmul_precision": "bfloat16", "process_count": 1})
+    record.results = {host_side["id"]: {"id": host_side["id"], "value": _planted(), "products": False}}
+    verify.verify(record, verify.mark([host_side]), tmp_path, execute.environment_of(configs.CONFIGS["cpu-8"]),
+                  Limits(), timeout=60)
+    run = checks.LabRun("cpu-8", configs.CONFIGS["cpu-8"], record)
+    assert run.device_count == 8 and run.environment["backend"] == "cpu", run.environment
+    assert record.results[host_side["id"]]["judged_by"] == "reported" and "products" not in record.results[host_side["id"]]
