@@ -54,11 +54,11 @@ def test_every_row_on_every_device_passes_on_cpu_1_and_fails_the_placement_test_
 
 # The per-device sums tiled to the full length, out_specs=P() and check_vma=False: on one device the right answer;
 # on eight, device 0's four sums repeated (what plain JAX returns), which the kit's own run of the program must give too.
-FIRST_SHARD_ONLY = ('per_device = jax.shard_map(lambda block: jax.vmap(sum_of_squares)(block), mesh=mesh,\n'
-                    '                               in_specs=P("data"), out_specs=P("data"))',
-                    'per_device = jax.shard_map(lambda block: jnp.tile(jax.vmap(sum_of_squares)(block), '
-                    'x.shape[0] // block.shape[0]), mesh=mesh,\n'
-                    '                               in_specs=P("data"), out_specs=P(), check_vma=False)')
+FIRST_SHARD_ONLY = (('per_device = jax.shard_map(lambda block: jax.vmap(sum_of_squares)(block), mesh=mesh,\n'
+                     '                               in_specs=P("data"), out_specs=P("data"))'),
+                    ('per_device = jax.shard_map(lambda block: jnp.tile(jax.vmap(sum_of_squares)(block), '
+                     'x.shape[0] // block.shape[0]), mesh=mesh,\n'
+                     '                               in_specs=P("data"), out_specs=P(), check_vma=False)'))
 
 
 def test_a_shard_map_that_keeps_device_0s_rows_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
