@@ -442,12 +442,12 @@ def takes_host_data(call: dict) -> bool:
 def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
     """A run's environment as the kit grades it: `reported` (the verifier's own where it ran, `counted`, else the
     kernel's), its backend and the precision of its products the configuration's (`env`), never a setting a notebook
-    chose. Where the verifier did not count the devices, a CPU configuration's own counts stand (`checks.LabRun`
-    falls back to them); an accelerator's are the kernel's word, on rows that are reported anyway."""
+    chose. Where the verifier did not count the devices, a one-process CPU configuration's own count stands; an
+    accelerator's, or a multi-process run's (`counted` there), is the kernel's word, on rows that are reported."""
     out = dict(reported) if isinstance(reported, dict) else {}
-    if not counted and env.get("JAX_NUM_CPU_DEVICES"):
-        for count in ("device_count", "local_device_count", "process_count", "process_index"):
-            out.pop(count, None)
+    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get("LABKIT_NUM_PROCESSES"):
+        n = int(env["JAX_NUM_CPU_DEVICES"])
+        out.update(device_count=n, local_device_count=n, process_count=1, process_index=0)
     platform = str(env.get("JAX_PLATFORMS") or out.get("backend") or "").split(",")[0]
     out["backend"] = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform) or None
     out["matmul_precision"] = env.get("JAX_DEFAULT_MATMUL_PRECISION") or None

@@ -430,7 +430,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         return record
     # process 0's word for its devices (a multi-process run is reported: see labkit.judge.verify), the configuration's
     # for its backend and the precision of its products
-    record.environment = verify.kit_environment(record.processes[0]["environment"], environment_of(config))
+    record.environment = verify.kit_environment(record.processes[0]["environment"], environment_of(config), counted=True)
     record.results = record.processes[0]["results"]
     record.judged_by = "reported"  # each process's own report: see labkit.judge.verify
     return record
