@@ -170,22 +170,22 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
 
     tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
 
-    def attempt(shape: tuple | None):
+    def attempt(shape: tuple | None, examine: bool = False):
         placed, context, outputs = _placed(exported, [leaves[i] for i in positions], shape)
         now = list(leaves)
         for i, leaf in zip(positions, placed):
             now[i] = leaf
         a, kw = jax.tree_util.tree_unflatten(tree, now)
-        with context:
+        with context:  # a context is entered once: the facts are read inside it, from the same placement
             value = jax.block_until_ready(_relabelled(program(*a, **kw), outputs))
-        return value, a, kw, context
+            return value, (facts.gather(program, a, kw) if examine else None)
 
     try:
         *shapes, last = _mesh_shapes(exported.nr_devices)
-        used = last
+        used, examine = last, bool(call.get("facts"))
         for shape in shapes:  # the test's plain inputs left to the compiler, in a mesh the program fits ...
             try:
-                value, a, kw, context = attempt(shape)
+                value, found = attempt(shape, examine)
                 used = shape
                 break
             except Unverified:
@@ -193,7 +193,7 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
             except Exception:  # noqa: BLE001, S112 - ... this mesh does not fit its shardings: the next one
                 continue
         else:
-            value, a, kw, context = attempt(last)  # ... or, in none, a copy on each device
+            value, found = attempt(last, examine)  # ... or, in none, a copy on each device
         finding = differing(value)
         if exported.nr_devices > 1 and module["manual"] and used is not None:
             copied = attempt(None)[0]  # every input a copy on each device, as plain JAX runs the function
@@ -205,9 +205,8 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         record = {"value": plaindata.encode(value), "products": module["products"]}
         if finding is not None:
             record["finding"] = inconsistent(exported.nr_devices, finding)
-        if call.get("facts"):
-            with context:
-                record["facts"] = facts.gather(program, a, kw)
+        if found is not None:
+            record["facts"] = found
         return record
     except Unverified as e:
         return {"unverified": str(e)}
