@@ -26,6 +26,8 @@ from labkit.judge import plaindata
 # A run's results file, or the verifier's: more than this is not read (the largest lab's reference
 # writes well under a tenth of it; a program sent for the kit to run is at most facts.PROGRAM_MAX_BYTES).
 MAX_BYTES = 16 << 20
+# The verifier's verified.json: what its caps on returned values let through (labkit.judge.program), and room.
+VERIFIED_MAX_BYTES = 32 << 20
 MOST_CALLS = 2_000  # results in one file: the labs' tests make at most a few dozen calls
 MOST_COLLECTIVES = 20_000  # as labkit.judge.hlo.MOST
 MOST_DEVICES = 1 << 16
@@ -152,6 +154,8 @@ class Found(_Record):
     facts: Facts | UnsetType = UNSET
     unverified: Line | UnsetType = UNSET
     unrunnable: Line | UnsetType = UNSET
+    products: bool | UnsetType = UNSET  # whether its program multiplies matrices (labkit.judge.precision)
+    finding: Line | UnsetType = UNSET  # copies of a value claimed equal that differ (labkit.judge.program)
 
 
 class Verified(_Record):
@@ -180,11 +184,11 @@ class Ended(_Record):
 # Decoding.
 # ----------------------------------------------------------------------------------------
 
-def parse(data: bytes | str) -> Any:
+def parse(data: bytes | str, limit: int = MAX_BYTES) -> Any:
     """JSON text as plain data (the standard library's reader: NaN and Infinity as Python writes them), raising
     `Malformed` for anything it cannot read, nesting too deep for it included."""
-    if isinstance(data, bytes) and len(data) > MAX_BYTES or isinstance(data, str) and len(data) > MAX_BYTES:
-        raise Malformed(f"it is more than {MAX_BYTES >> 20} MB")
+    if len(data) > limit:
+        raise Malformed(f"it is more than {limit >> 20} MB")
     try:
         return json.loads(data)
     except RecursionError:
@@ -215,7 +219,15 @@ def payload(data: Any) -> tuple[dict, dict]:
 
 def verified(data: bytes | str) -> dict[str, dict]:
     """The verifier's findings by call id, from the text of its `verified.json`."""
-    return _convert(parse(data), Verified).get("results", {})
+    return verified_file(data).get("results", {})
+
+
+def verified_file(data: bytes | str) -> dict:
+    """The verifier's `verified.json` whole: {"results": findings by call id, "environment": its own, "seconds"}."""
+    found = _convert(parse(data, VERIFIED_MAX_BYTES), Verified)
+    found.setdefault("results", {})
+    found.setdefault("environment", {})
+    return found
 
 
 def ended(data: bytes | str) -> dict:

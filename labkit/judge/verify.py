@@ -14,43 +14,51 @@ on the tests' inputs (decoded from the kit's own call list) and reads the value 
 asks, the compiled facts from that same program. The value graded and the program examined are one
 and the same, no key is worth stealing, and hidden inputs stay hidden.
 
-Which calls: every call of a function whose compiled program any test reads (`checks.compiled_call`):
-a test that looks at the program must see the one whose value it grades, and jax.jit must be able to
-trace such a function anyway (`mark`). Each must be verified, or it is an error that says why, with
-two exceptions that keep the report: a function that makes arrays from host data inside (lab 11's)
-has a program whose inputs are not the call's; and a program the kit cannot place on its devices (an
-output tiled over a mesh the program does not name) is not run. Calls
-of functions no test examines (host-side Python is allowed there: lab 1's) keep the kernel's own
-report too, and so does every call of a multi-process run; each row says which (`judged_by`:
-"verified", "partly verified" or "reported"). What still rests on the report is named in docs/sandbox.md.
+The kit alone decides how a call is judged, from its own call list, the configuration and the verifier's own
+process; nothing the student's process wrote decides it. Which calls: every call of a function whose compiled
+program any test reads (`checks.compiled_call`): a test that looks at the program must see the one whose value
+it grades, and jax.jit must be able to trace such a function anyway (`mark`). Each must be verified, or it is
+an error that says why (export refused, a program that makes arrays from host data, one the kit cannot run,
+a custom call outside the allow-list, outputs past the caps), and no value from the kernel is kept for it.
+One exception keeps the report: a call the lab's tests give host data (`checks.as_numpy`, lab 11's) whose
+function makes arrays from it inside, whose program's inputs are not the call's. Calls of functions no test
+examines (host-side Python is allowed there: lab 1's) keep the kernel's own report too, and so does every
+call of a multi-process run; each row says which (`judged_by`: "verified", "partly verified" or "reported").
+The run's environment (device count, backend, precision of products) is the verifier's, with the backend and
+precision the configuration's (`kit_environment`). The value is the program's on the configuration's devices,
+every device's block read as the program left it (`program.differing`); where copies claimed equal differ, or
+the notebook's own value differs from the kit's, the row names it (`finding`). What still rests on the report
+is named in docs/sandbox.md.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
+from labkit.judge import program as program  # noqa: PLC0414 - its caps, as tests and tools ask them
+from labkit.judge.program import (
+    ALLOWED_CUSTOM_CALLS,
+    ALLOWED_PATTERN,
+    MAX_RUN_ELEMENTS,
+    TooLarge,
+    bounded,
+    custom_calls,  # noqa: F401 - what the verifier refuses, as tests and tools ask it
+    differing,
+    inconsistent,
+    read_module,
+    same_values,
+)
 from labkit.judge import records
 from labkit.run import scratch
 
 VERIFIED_FILE = "verified.json"
 FOLDER = "verify"  # in the run's kit folder: the verifier's only writable folder
-MAX_BYTES = records.MAX_BYTES  # a verified.json larger than this is not read
-# Custom calls an exported program may make: those of sharding itself, and jaxlib's own CPU linear algebra
-# (LAPACK kernels jax.export guarantees stable); never a callback into Python or code of the program's own.
-ALLOWED_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
-                                  "annotate_device_placement", "shape_assertion", "AllocateBuffer"})
-ALLOWED_PATTERN = re.compile(r"lapack_[a-z0-9]+_ffi")
-_CUSTOM_CALL = re.compile(r'custom_call\s*@"?([\w.$-]+)"?|call_target_name\s*=\s*"([^"]+)"')
-
-
-def custom_calls(module_text: str) -> set[str]:
-    """The custom-call targets a StableHLO module names."""
-    return {a or b for a, b in _CUSTOM_CALL.findall(module_text)}
+MAX_BYTES = records.VERIFIED_MAX_BYTES  # the verifier's findings, as the kit reads them: what the caps let through
+VERIFY_FLOOR = 20.0  # seconds: the least the verifier gets when the notebook's run used (nearly) all of its time
 
 
 class Unverified(Exception):
@@ -123,24 +131,30 @@ def _relabelled(value, shardings: list):
                                                for x, s in zip(leaves, shardings)])
 
 
-def run_program(call: dict, blob: str) -> dict:
-    """One call: its program run on the call's own inputs; {"value", "facts"?} or {"unverified": why}."""
+def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
+    """One call: its program run on the call's own inputs; {"value", "products", "facts"?, "finding"?} or
+    {"unverified": why}. `budget`: the elements the run's calls may still return (`MAX_RUN_ELEMENTS`).
+
+    The value is the program's as it runs on this configuration's devices. A program with a part each device runs
+    on its own block (shard_map) whose output is claimed the same on every device but is not has no single value:
+    XLA may read any device's copy depending on how its inputs are placed. The kit reads every device's block, runs
+    it again with each input a copy on every device (as plain JAX runs a function on the test's unplaced arrays),
+    and where the copies or the two runs differ it grades device 0's copy and the row names the finding.
+    """
     import jax
 
     from labkit import facts
     from labkit.judge import harness, plaindata
 
+    budget = budget if budget is not None else [MAX_RUN_ELEMENTS]
     try:
         exported = jax.export.deserialize(bytearray(base64.b64decode(blob)))
+        module = read_module(exported.mlir_module())
     except Exception as e:  # noqa: BLE001 - whatever the bytes are, they are not a program the kit runs
         return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
-    try:
-        calls = custom_calls(exported.mlir_module())
-    except Exception as e:  # noqa: BLE001
-        return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
-    foreign = sorted(c for c in calls if c not in ALLOWED_CUSTOM_CALLS and not ALLOWED_PATTERN.fullmatch(c))
+    foreign = sorted(c for c in module["targets"] if c not in ALLOWED_CUSTOM_CALLS and not ALLOWED_PATTERN.fullmatch(c))
     if foreign:
-        return {"unverified": f"its program calls code the kit does not run ({', '.join(foreign)[:200]}): "
+        return {"unverified": f"its program calls code the kit does not run ({', '.join(map(repr, foreign))[:200]}): "
                               "only sharding's own and jaxlib's linear algebra are allowed"}
     args = [harness._materialise(a) for a in call.get("args", [])]
     kwargs = {k: harness._materialise(v) for k, v in call.get("kwargs", {}).items()}
@@ -157,31 +171,48 @@ def run_program(call: dict, blob: str) -> dict:
 
     tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
 
-    def attempt(shape: tuple | None) -> dict:
+    def attempt(shape: tuple | None, examine: bool = False):
         placed, context, outputs = _placed(exported, [leaves[i] for i in positions], shape)
         now = list(leaves)
         for i, leaf in zip(positions, placed):
             now[i] = leaf
         a, kw = jax.tree_util.tree_unflatten(tree, now)
-        with context:
+        with context:  # a context is entered once: the facts are read inside it, from the same placement
             value = jax.block_until_ready(_relabelled(program(*a, **kw), outputs))
-            record = {"value": plaindata.encode(value)}
-            if call.get("facts"):
-                record["facts"] = facts.gather(program, a, kw)
-        return record
+            return value, (facts.gather(program, a, kw) if examine else None)
 
     try:
         *shapes, last = _mesh_shapes(exported.nr_devices)
+        used, examine = last, bool(call.get("facts"))
         for shape in shapes:  # the test's plain inputs left to the compiler, in a mesh the program fits ...
             try:
-                return attempt(shape)
+                value, found = attempt(shape, examine)
+                used = shape
+                break
             except Unverified:
                 raise
             except Exception:  # noqa: BLE001, S112 - ... this mesh does not fit its shardings: the next one
                 continue
-        return attempt(last)  # ... or, in none, a copy on each device
+        else:
+            value, found = attempt(last, examine)  # ... or, in none, a copy on each device
+        finding = differing(value)
+        if exported.nr_devices > 1 and module["manual"] and used is not None:
+            copied = attempt(None)[0]  # every input a copy on each device, as plain JAX runs the function
+            where = differing(copied) or (None if same_values(value, copied) else
+                                           "the value changes with where its inputs are placed")
+            if where is not None:
+                finding, value = finding or where, copied
+        bounded(value, budget)
+        record = {"value": plaindata.encode(value), "products": module["products"]}
+        if finding is not None:
+            record["finding"] = inconsistent(exported.nr_devices, finding)
+        if found is not None:
+            record["facts"] = found
+        return record
     except Unverified as e:
         return {"unverified": str(e)}
+    except TooLarge as e:
+        return {"unverified": f"{e}: return only what the exercise asks for"}
     except Exception as e:  # noqa: BLE001 - the kit could not give this program its devices (see `_placed`)
         return {"unrunnable": f"{type(e).__name__}: {harness._first_line(e)[:300]}"}
 
@@ -199,11 +230,11 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", message="Error writing persistent compilation cache")  # a read-only cache
 
     started = time.monotonic()
-    results = {}
+    results, budget = {}, [MAX_RUN_ELEMENTS]
     for call in job["calls"]:
         blob = job["programs"].get(call["id"])
         if blob is not None:
-            results[call["id"]] = run_program(call, blob)
+            results[call["id"]] = run_program(call, blob, budget)
     payload = {"environment": harness.environment(), "results": results,
                "seconds": round(time.monotonic() - started, 3)}
     Path(argv[0]).write_text(json.dumps(payload))
@@ -274,25 +305,35 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     from labkit.run import sandbox
 
     by_id = {c["id"]: c for c in calls}
+    for cid in [cid for cid in record.results if cid not in by_id]:  # no call of the kit's: nothing to judge
+        del record.results[cid]
     sent = _sent(record.results)
+    record.environment = kit_environment(record.environment, env)
     wanted = {}
     for cid, result in record.results.items():
-        mine = sent[cid]
-        host_data = mine.get("host_data") is True  # arrays made from host data inside: the program is not the call
-        if host_data and "value" not in result:
-            _unverified(result, "the function makes arrays from host data inside, from inputs the kit gives as JAX "
-                                "arrays: it cannot be exported, and its value was not taken in the notebook")
-        elif not required(by_id.get(cid, {})) or host_data:
+        mine, call = sent[cid], by_id[cid]
+        for kept_by_the_kit in ("judged_by", "products", "finding", "unrunnable"):  # the kit's words alone
+            result.pop(kept_by_the_kit, None)
+        if not required(call):
+            result.pop("facts", None)  # no test reads them (`mark`): none are kept from the kernel
             result["judged_by"] = "reported"
         elif "error" in result:
             result["judged_by"] = "verified"  # the call raised in the student's own process: that is the verdict
         elif isinstance(mine.get("program"), str):
             wanted[cid] = mine["program"]
+        elif mine.get("host_data") is True and takes_host_data(call) and "value" in result:
+            result["judged_by"] = "reported"  # the tests give it host data: its program's inputs are not the call's
+        elif mine.get("host_data") is True:
+            _unverified(result, "the function makes arrays from host data inside (jax.make_array_from_callback, "
+                                "jax.device_put of a numpy array, ...), so its program does not take the call's "
+                                "inputs: build its arrays from the inputs it is given")
         else:
             _unverified(result, str(mine.get("unavailable") or "the run sent no program for it"))
     if not wanted:
         return
     began = time.monotonic()
+    # the run's time limit covers its verifier too (a pod's `seconds` is its own word: never more than the limit)
+    left = min(float(timeout), max(VERIFY_FLOOR, float(timeout) - float(record.seconds or 0)))
     folder = scratch.empty(Path(kit_folder) / FOLDER)
     job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
     job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
@@ -313,14 +354,17 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
             proc = sandbox.launch([sys.executable, "-m", "labkit.judge.verify", out], folder, env, limits, log=log,
                                   stdin=job, extra_ro=cache_ro, extra_rw=cache_rw)
         try:
-            code = proc.wait(timeout=timeout)
+            code = proc.wait(timeout=left)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
             proc.kill()
             code = None
         finally:
             job_file.unlink(missing_ok=True)  # the tests' inputs, hidden ones too: kept nowhere a later run sees
     try:
-        found = records.verified(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))  # bounded, typed
+        payload = records.verified_file(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))  # bounded, typed
+        found = payload["results"]
+        if payload.get("environment") and "error" not in payload["environment"]:
+            record.environment = kit_environment(payload["environment"], env, counted=True)  # the verifier's own
     except (OSError, ValueError, KeyError, TypeError):
         why = ("the kit's own run of the programs did not finish within the time limit" if code is None else
                f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)")
@@ -333,20 +377,43 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         if "unverified" in mine:
             _unverified(result, mine["unverified"])
             continue
-        if "unrunnable" in mine and "value" in result:  # the kit's limit: the report stands, and says so
-            result["judged_by"] = "reported"
-            result["unrunnable"] = mine["unrunnable"]
-            continue
-        if "unrunnable" in mine:  # and no value was taken in the notebook (its inputs were shapes only)
+        if "unrunnable" in mine or "value" not in mine:  # no value from the kernel is kept for a call the kit must run
             _unverified(result, f"the kit found no way to run it on this configuration's devices "
-                                f"({mine['unrunnable']}); this is the kit's limit, not your program's: tell "
-                                "your course staff")
+                                f"({mine.get('unrunnable', 'no value')}); if your function is plain JAX, this is the "
+                                "kit's limit, not your program's: tell your course staff")
             continue
+        ours = _differs_from(result.get("value"), mine["value"])  # a value the notebook computed on the same inputs
         result["value"] = mine["value"]
+        result["products"] = mine.get("products") is not False
+        findings = [f for f in (mine.get("finding"), ours) if isinstance(f, str)]
+        if findings:
+            result["finding"] = "; ".join(findings)
         if "facts" in mine:  # what ran outside an inner jax.jit is the trace's (the program alone cannot say)
             top_level = sent[cid].get("top_level")
             result["facts"] = mine["facts"] | ({"top_level": top_level} if isinstance(top_level, list) else {})
+        else:
+            result.pop("facts", None)
         result["judged_by"] = "verified"
+
+
+def _differs_from(reported, kits) -> str | None:
+    """What the row says when the notebook's own value for a call differs from the kit's run of its program."""
+    if reported is None:
+        return None
+    from labkit.judge import plaindata
+
+    try:
+        a, b = plaindata.decode(reported).value, plaindata.decode(kits).value
+        import numpy as np
+
+        if np.shape(a) == np.shape(b) and np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                                      rtol=1e-5, atol=1e-6, equal_nan=True):
+            return None
+    except Exception:  # noqa: BLE001, S110 - values that do not compare as numbers differ
+        pass
+    return ("the value your notebook computed differs from the kit's own run of the same program on the same "
+            "inputs: the kit grades its own (a function whose value depends on when or where it runs, or a "
+            "forgery)")
 
 
 def _unverified(result: dict, why: str) -> None:
@@ -355,6 +422,36 @@ def _unverified(result: dict, why: str) -> None:
     result["error"] = {"type": "Unverified", "message": f"the kit could not run this call's program itself: {why}",
                        "where": None}
     result["judged_by"] = "unverified"
+
+
+def takes_host_data(call: dict) -> bool:
+    """Do the lab's tests give this call host data (an input as a numpy array, `checks.as_numpy`)? Only such a
+    call's function may make arrays from host data inside; the kit decides, from its own call list."""
+    stack = [*call.get("args", []), *call.get("kwargs", {}).values()]
+    while stack:
+        enc = stack.pop()
+        if not isinstance(enc, dict):
+            continue
+        if enc.get("kind") == "array" and enc.get("as") == "numpy":
+            return True
+        items = enc.get("items") if enc.get("kind") in ("list", "tuple", "dict") else None
+        stack.extend((v[1] if enc["kind"] == "dict" else v) for v in (items or []))
+    return False
+
+
+def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
+    """A run's environment as the kit grades it: `reported` (the verifier's own where it ran, `counted`, else the
+    kernel's), its backend and the precision of its products the configuration's (`env`), never a setting a notebook
+    chose. Where the verifier did not count the devices, a one-process CPU configuration's own count stands; an
+    accelerator's, or a multi-process run's (`counted` there), is the kernel's word, on rows that are reported."""
+    out = dict(reported) if isinstance(reported, dict) else {}
+    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get("LABKIT_NUM_PROCESSES"):
+        n = int(env["JAX_NUM_CPU_DEVICES"])
+        out.update(device_count=n, local_device_count=n, process_count=1, process_index=0)
+    platform = str(env.get("JAX_PLATFORMS") or out.get("backend") or "").split(",")[0]
+    out["backend"] = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform) or None
+    out["matmul_precision"] = env.get("JAX_DEFAULT_MATMUL_PRECISION") or None
+    return out
 
 
 def judged_by(results: dict) -> str:

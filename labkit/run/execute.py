@@ -431,7 +431,9 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         record.status = "error"
         record.message = f"process {refused[0]} {of}: {FORGED}"
         return record
-    record.environment = record.processes[0]["environment"]
+    # process 0's word for its devices (a multi-process run is reported: see labkit.judge.verify), the configuration's
+    # for its backend and the precision of its products
+    record.environment = verify.kit_environment(record.processes[0]["environment"], environment_of(config), counted=True)
     record.results = record.processes[0]["results"]
     record.judged_by = "reported"  # each process's own report: see labkit.judge.verify
     return record

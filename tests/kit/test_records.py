@@ -96,8 +96,11 @@ def pod_output(folder: Path, ended, payload) -> Path:
     return folder
 
 
+CALLS = [{"id": "c1", "function": "f", "args": [], "kwargs": {}}]  # the kit's calls: a result for another is dropped
+
+
 def record_of(out: Path, tmp_path: Path) -> execute.RunRecord:
-    return pods.record_of(out, configs.CONFIGS["cpu-1"], [], tmp_path / "kit", 60, allowance.DEFAULT_LIMITS)
+    return pods.record_of(out, configs.CONFIGS["cpu-1"], CALLS, tmp_path / "kit", 60, allowance.DEFAULT_LIMITS)
 
 
 def test_a_pods_results_with_malformed_facts_are_that_units_error_naming_the_field(tmp_path):

@@ -181,6 +181,22 @@ def test_results_signed_with_the_stolen_key_count_for_nothing(battery):
     scores_nothing(battery, "steal_the_key")
 
 
+def test_a_planted_value_and_a_claim_of_host_data_made_while_traced_are_refused(battery):
+    record = battery.record("forge_host_data")
+    assert {r["judged_by"] for r in record.results.values()} == {"unverified"}, record.results
+    assert all("host data" in r["error"]["message"] and "value" not in r for r in record.results.values())
+    scores_nothing(battery, "forge_host_data")
+
+
+def test_a_lower_precision_asked_for_or_a_swapped_environment_widens_no_tolerance(battery):
+    record = battery.record("lower_precision")
+    assert {r["judged_by"] for r in record.results.values()} == {"verified"}, record.results
+    assert record.environment["backend"] == "cpu" and record.environment["matmul_precision"] is None
+    failed = {o.test for o in battery.outcomes("lower_precision") if o.status == "failed"}
+    assert "test_doubles_every_element" in failed, sorted(failed)
+    assert battery.passed("lower_precision") <= battery.passed("identity")
+
+
 def test_a_function_that_shows_the_examiner_another_program_is_graded_on_that_program(battery):
     record = battery.record("tracer_aware")
     assert {r["judged_by"] for r in record.results.values()} == {"verified"}

@@ -70,7 +70,7 @@ def test_jaxlibs_own_linear_algebra_is_run():
 def test_a_program_that_calls_code_outside_the_allow_list_is_refused(monkeypatch):
     monkeypatch.setattr(verify, "ALLOWED_PATTERN", re.compile("(?!)"))  # LAPACK no longer allowed
     found = verify.run_program(encoded("cholesky", SPD), program_of(jnp.linalg.cholesky, SPD))
-    assert "calls code the kit does not run (lapack_" in found["unverified"], found
+    assert "calls code the kit does not run ('lapack_" in found["unverified"], found
 
 
 def test_a_function_that_prints_from_inside_its_program_is_told_to_take_the_print_out():
@@ -82,10 +82,147 @@ def test_a_function_that_prints_from_inside_its_program_is_told_to_take_the_prin
     assert "program" not in sent and "jax.debug.print" in sent["unavailable"], sent
 
 
-def test_custom_call_targets_are_read_from_either_spelling():
-    text = ('%0 = stablehlo.custom_call @Sharding(%arg0)\n'
-            '%1 = "stablehlo.custom_call"(%0) {call_target_name = "xla_python_cpu_callback"}')
-    assert verify.custom_calls(text) == {"Sharding", "xla_python_cpu_callback"}
+def _calling(*targets):
+    """A function whose program makes custom calls to `targets` (code of its own, as jax.ffi.ffi_call writes it)."""
+    def fn(x):
+        for target in targets:
+            x = x + jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+        return x
+
+    return fn
+
+
+def test_custom_call_targets_are_read_exactly_from_the_parsed_module():
+    text = jax.jit(_calling('Sharding"x', "AllocateBuffer", "lapack_spotrf_ffi")).lower(X).as_text()
+    assert '@"Sharding\\22x"' in text  # the printed name begins with an allowed one ...
+    assert verify.custom_calls(text) == {'Sharding"x', "AllocateBuffer", "lapack_spotrf_ffi"}  # ... the name does not
+
+
+def test_a_custom_call_whose_name_begins_with_an_allowed_one_is_refused():
+    target = 'Sharding"x'
+    blob = program_of(_calling(target), X, disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)])
+    found = verify.run_program(encoded("double", X), blob)
+    assert "calls code the kit does not run ('Sharding\"x')" in found.get("unverified", ""), found
+
+
+def test_a_call_that_returns_more_than_the_kit_reads_is_refused_before_it_is_encoded(monkeypatch):
+    big, encoded_values = encoded("double", np.zeros(300_000, np.float32)), []
+    six = program_of(lambda x: tuple(x + i for i in range(6)), jax.ShapeDtypeStruct((300_000,), np.float32))
+    with monkeypatch.context() as patched:
+        patched.setattr(plaindata, "encode", lambda v, depth=0: encoded_values.append(v) or {"kind": "none"})
+        found = verify.run_program(big, six)
+    assert "the kit reads at most" in found.get("unverified", "") and not encoded_values, found
+    many = program_of(lambda x: tuple(x + i for i in range(verify.program.MAX_OUTPUT_ARRAYS + 1)), X)
+    assert "arrays" in verify.run_program(encoded("double", X), many).get("unverified", "")
+    budget = [len(X) * 3]
+    for expected in (True, True, True, False):  # the run's calls share one allowance
+        assert ("value" in verify.run_program(encoded("double", X), program_of(lambda x: x * 2.0, X), budget)) is expected
+
+
+# ----------------------------------------------------------------------------------------
+# The kit alone decides how a call is judged: a run's record forged to ask for less, through verify.verify.
+# ----------------------------------------------------------------------------------------
+
+def _planted(n: int = len(X)) -> dict:
+    return plaindata.encode(np.full(n, 7.0, np.float32))
+
+
+def test_nothing_the_kernel_wrote_decides_how_a_call_is_judged(tmp_path):
+    from labkit.course import configs
+    from labkit.run import execute
+    from labkit.run.allowance import Limits
+
+    honest, unrunnable, host_data, nothing, no_product, stray = (
+        encoded(name, X, examined=True) for name in ("a", "b", "c", "d", "e", "f"))
+    calls = verify.mark([honest, unrunnable, host_data, nothing, no_product])
+    allocating = program_of(_calling("AllocateBuffer"), X)
+    record = execute.RunRecord("cpu-8", "ok", seconds=1.0, environment={
+        "device_count": 1, "backend": "tpu", "matmul_precision": "bfloat16"})  # the environment swapped
+    record.results = {
+        honest["id"]: {"id": honest["id"], "program": {"program": program_of(lambda x: x @ (2.0 * jnp.eye(32)), X)},
+                       "judged_by": "reported"},
+        unrunnable["id"]: {"id": unrunnable["id"], "value": _planted(), "program": {"program": allocating}},
+        host_data["id"]: {"id": host_data["id"], "value": _planted(), "facts": {"flops": 1},
+                          "program": {"unavailable": "made", "host_data": True}},  # the frame-walking forgery's record
+        nothing["id"]: {"id": nothing["id"], "value": _planted(), "program": {}},
+        no_product["id"]: {"id": no_product["id"], "program": {"program": program_of(lambda x: x * 2.0, X)},
+                           "products": True, "finding": "planted"},
+        stray["id"]: {"id": stray["id"], "value": _planted()},  # no call of the kit's
+    }
+    env = execute.environment_of(configs.CONFIGS["cpu-8"])
+    verify.verify(record, calls, tmp_path, env, Limits(memory=3 << 30), timeout=240)
+    results = record.results
+    assert results[honest["id"]]["judged_by"] == "verified", results[honest["id"]]
+    assert np.allclose(plaindata.decode(results[honest["id"]]["value"]).value, 2 * X)
+    assert results[honest["id"]]["products"] is True and results[no_product["id"]]["products"] is False
+    assert "finding" not in results[no_product["id"]]
+    for cid, why in ((unrunnable["id"], "no way to run it"), (host_data["id"], "host data"),
+                     (nothing["id"], "sent no program")):
+        assert results[cid]["judged_by"] == "unverified" and why in results[cid]["error"]["message"], results[cid]
+        assert "value" not in results[cid] and "facts" not in results[cid]
+    assert stray["id"] not in results
+    assert record.environment["device_count"] == 8, record.environment  # the verifier's own count
+    assert record.environment["backend"] == "cpu" and record.environment["matmul_precision"] is None
+
+
+def test_only_a_call_the_tests_give_host_data_may_keep_its_report():
+    given = {"id": "1", **checks.call("f", checks.AsNumpy(X)).encoded()}
+    assert verify.takes_host_data(given) and not verify.takes_host_data(encoded("f", X))
+
+
+# ----------------------------------------------------------------------------------------
+# The re-run is the student's program: lab 4's shard_map that keeps device 0's rows, on eight devices.
+# ----------------------------------------------------------------------------------------
+
+EIGHT_DEVICES = """
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from labkit import checks, facts
+from labkit.judge import plaindata, verify
+
+def sum_of_squares(r):
+    return jnp.sum(r ** 2)
+
+def first_rows_tiled(x):  # each device's sums, tiled to the full length; out_specs=P() keeps one device's
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    per = jax.shard_map(lambda b: jnp.tile(jax.vmap(sum_of_squares)(b), x.shape[0] // b.shape[0]), mesh=mesh,
+                        in_specs=P("data"), out_specs=P(), check_vma=False)
+    return jnp.stack([per(x), jax.vmap(sum_of_squares)(x)], axis=0)
+
+def right(x):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    per = jax.shard_map(lambda b: jax.vmap(sum_of_squares)(b), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+    return jnp.stack([per(x), jax.vmap(sum_of_squares)(x)], axis=0)
+
+x = np.arange(64.0, dtype=np.float32).reshape(32, 2)
+c = checks.compiled_call("shard_map_vs_vmap", x)
+out = {}
+for fn in (first_rows_tiled, right):
+    sent = facts.export(fn, [jax.ShapeDtypeStruct(x.shape, x.dtype)], {})
+    found = verify.run_program({"id": c.id, **c.encoded()}, sent["program"])
+    out[fn.__name__] = {"plain": np.asarray(fn(jnp.asarray(x))).tolist(),
+                        "kit": np.asarray(plaindata.decode(found["value"]).value).tolist(),
+                        "finding": found.get("finding")}
+print(json.dumps(out))
+"""
+
+
+def test_the_kits_run_of_a_shard_map_that_keeps_one_devices_rows_gives_what_plain_jax_gives(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
+    done = subprocess.run([sys.executable, "-c", EIGHT_DEVICES], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    tiled = out["first_rows_tiled"]
+    assert tiled["plain"][0][4:8] == tiled["plain"][0][:4] != tiled["plain"][1][4:8]  # device 0's rows, repeated
+    assert tiled["kit"] == tiled["plain"], tiled
+    assert "differs from device to device" in (tiled["finding"] or ""), tiled
+    assert out["right"]["kit"] == out["right"]["plain"] and out["right"]["finding"] is None, out["right"]
 
 
 @pytest.mark.parametrize(("marks", "word"), [({"verified"}, "verified"), ({"reported"}, "reported"),
@@ -93,3 +230,19 @@ def test_custom_call_targets_are_read_from_either_spelling():
                                               ({"unverified"}, "verified"), (set(), "reported")])
 def test_a_run_is_summed_up_in_one_word(marks, word):
     assert verify.judged_by({str(i): {"judged_by": m} for i, m in enumerate(sorted(marks))}) == word
+
+
+def test_without_the_kits_own_run_a_cpu_configurations_device_count_stands(tmp_path):
+    from labkit.course import configs
+    from labkit.run import execute
+    from labkit.run.allowance import Limits
+
+    host_side = encoded("owners", X)  # no test examines it: its report is kept, not the environment it came with
+    record = execute.RunRecord("cpu-8", "ok", environment={"device_count": 1, "backend": "tpu",
+                                                           "matmul_precision": "bfloat16", "process_count": 1})
+    record.results = {host_side["id"]: {"id": host_side["id"], "value": _planted(), "products": False}}
+    verify.verify(record, verify.mark([host_side]), tmp_path, execute.environment_of(configs.CONFIGS["cpu-8"]),
+                  Limits(), timeout=60)
+    run = checks.LabRun("cpu-8", configs.CONFIGS["cpu-8"], record)
+    assert run.device_count == 8 and run.environment["backend"] == "cpu", run.environment
+    assert record.results[host_side["id"]]["judged_by"] == "reported" and "products" not in record.results[host_side["id"]]

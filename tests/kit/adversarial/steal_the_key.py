@@ -1,4 +1,4 @@
-# Reads the run's key out of the sealed harness's closure and wraps the harness: once it has written its results, they are replaced by forged ones signed with the stolen key: values doubled, as if right, and no program (as if none could be exported).
+# Reads the run's key out of the sealed harness's closure and wraps the harness: once it has written its results, they are replaced by forged ones signed with the stolen key: values doubled, as if right, every call claiming host data (so no program could be exported), and an environment of one TPU.
 # ruff: noqa
 import json, hmac, hashlib, os
 import labkit.judge.harness as h
@@ -21,7 +21,9 @@ def forged(arg):  # the inputs' values where the call list gives them; a kit tha
 def forging(namespace):
     sealed(namespace)  # the real results, signed ...
     real = json.loads(json.load(open(path))["payload"])
-    real["results"] = [{"id": c["id"], "value": forged(c["args"][0]), "stdout": ""} for c in calls]
+    real["results"] = [{"id": c["id"], "value": forged(c["args"][0]), "stdout": "", "judged_by": "reported",
+                        "program": {"unavailable": "host data", "host_data": True}} for c in calls]
+    real["environment"] |= {"backend": "tpu", "matmul_precision": None, "device_count": 1}
     text = json.dumps(real, sort_keys=True, separators=(",", ":"))
     with open(path, "w") as f:  # ... replaced by forged ones, signed with the stolen key
         json.dump({"payload": text, "mac": hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}, f)

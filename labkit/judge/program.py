@@ -1,0 +1,130 @@
+"""What the kit reads of a program it runs itself (`labkit.judge.verify`), in the verifier's process.
+
+The module's custom calls, matrix products and per-device parts, read from the parsed StableHLO op by op (never
+from its printed text); the caps on what one call's outputs, and a run's, may be, counted before anything is
+encoded; and whether an output claimed to be the same on every device is.
+"""
+
+from __future__ import annotations
+
+import re
+
+# What one call's program may return, counted by the verifier before anything is encoded, and what all the calls
+# of a run may return together: the tests' values are small (the largest input of any lab is 128 x 128).
+MAX_OUTPUT_ARRAYS = 64
+MAX_OUTPUT_ELEMENTS = 1 << 18
+MAX_OUTPUT_BYTES = 4 << 20
+MAX_RUN_ELEMENTS = 1 << 20
+# Custom calls an exported program may make: those of sharding itself, and jaxlib's own CPU linear algebra
+# (LAPACK kernels jax.export guarantees stable); never a callback into Python or code of the program's own.
+# Compared with the exact target names of the parsed module's custom calls (`read_module`).
+ALLOWED_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
+                                  "annotate_device_placement", "shape_assertion", "AllocateBuffer"})
+ALLOWED_PATTERN = re.compile(r"lapack_[a-z0-9]+_ffi")
+# Operations whose float32 products a TPU or GPU may round (`labkit.judge.precision`).
+_PRODUCTS = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
+# What marks a part of a program each device runs on its own block (shard_map): Shardy's, or GSPMD's.
+_MANUAL = frozenset({"sdy.manual_computation"})
+_MANUAL_TARGETS = frozenset({"SPMDFullToShardShape", "SPMDShardToFullShape"})
+
+
+def read_module(module_text: str) -> dict:
+    """What the kit needs to know of a StableHLO module, read from the parsed module op by op, never from its text:
+    {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
+    part each device runs on its own block}. Raises when the text is not a module."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    found = {"targets": set(), "products": False, "manual": False}
+
+    def visit(op):
+        name = op.name
+        if name == "stablehlo.custom_call":
+            target = ir.StringAttr(op.attributes["call_target_name"]).value
+            found["targets"].add(target)
+            found["manual"] |= target in _MANUAL_TARGETS
+        found["products"] |= name in _PRODUCTS
+        found["manual"] |= name in _MANUAL
+        return ir.WalkResult.ADVANCE
+
+    with mlir.make_ir_context():
+        ir.Module.parse(module_text).operation.walk(visit)
+    return found
+
+
+def custom_calls(module_text: str) -> set[str]:
+    """The custom-call targets a StableHLO module names, exactly (`read_module`)."""
+    return read_module(module_text)["targets"]
+
+
+class TooLarge(Exception):
+    """A program's outputs are more than the kit reads back (`MAX_OUTPUT_*`); the message says how much."""
+
+
+def bounded(value, budget: list) -> None:
+    """Raise TooLarge when `value`'s outputs pass the caps of one call, or `budget` (the run's elements left)."""
+    import jax
+    import numpy as np
+
+    leaves = jax.tree_util.tree_leaves(value)
+    sizes = [int(np.prod(getattr(x, "shape", ()), dtype=np.int64)) for x in leaves]
+    nbytes = sum(n * np.dtype(getattr(x, "dtype", np.float64)).itemsize for n, x in zip(sizes, leaves))
+    if len(leaves) > MAX_OUTPUT_ARRAYS:
+        raise TooLarge(f"it returns {len(leaves)} arrays; the kit reads at most {MAX_OUTPUT_ARRAYS}")
+    if sum(sizes) > MAX_OUTPUT_ELEMENTS or nbytes > MAX_OUTPUT_BYTES:
+        raise TooLarge(f"it returns {sum(sizes)} values ({nbytes} bytes); the kit reads at most {MAX_OUTPUT_ELEMENTS} "
+                       f"values and {MAX_OUTPUT_BYTES} bytes from one call")
+    if sum(sizes) > budget[0]:
+        raise TooLarge(f"the run's calls return more than {MAX_RUN_ELEMENTS} values together; the kit reads no more")
+    budget[0] -= sum(sizes)
+
+
+def differing(value) -> str | None:
+    """Where one block of an output is held by several devices with different values (a copy claimed the same on
+    every device that is not): which output and devices, or None. Every device's block is read as the program
+    left it."""
+    import jax
+    import numpy as np
+
+    for number, leaf in enumerate(jax.tree_util.tree_leaves(value)):
+        if not isinstance(leaf, jax.Array):
+            continue
+        seen: dict = {}
+        for shard in leaf.addressable_shards:
+            block, data = repr(shard.index), np.asarray(shard.data)
+            if block in seen and not _identical(seen[block][1], data):
+                return f"output {number}: device {seen[block][0]} and device {shard.device.id} hold different values"
+            seen.setdefault(block, (shard.device.id, data))
+    return None
+
+
+def _identical(a, b) -> bool:
+    import numpy as np
+
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
+        return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))  # NaN where both are NaN
+    return bool(np.all(a == b))
+
+
+def same_values(one, other) -> bool:
+    import jax
+    import numpy as np
+
+    def close(a, b) -> bool:  # sums taken in another order round otherwise: within float32's error of the values' size
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = float(np.nanmax(np.abs(b))) if b.size and not np.all(np.isnan(b)) else 0.0
+        return a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, scale), equal_nan=True)
+
+    left, right = jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(other)
+    return len(left) == len(right) and all(_identical(np.asarray(a), np.asarray(b)) or close(a, b)
+                                           for a, b in zip(left, right))
+
+
+def inconsistent(devices: int, where: str) -> str:
+    """What the row says when an output claimed to be the same on every device is not (see `run_program`)."""
+    return (f"on {devices} devices this program's value depends on which device's copy is read ({where}): an "
+            "output shard_map says is the same on every device (out_specs=P() over an axis) differs from device "
+            "to device, which check_vma=False lets through. The kit grades device 0's copy, as plain JAX reads it; "
+            "combine the devices' values (jax.lax.psum, all_gather) or keep the output split (out_specs=P('data'))")
