@@ -125,11 +125,25 @@ def expect_hidden_layer_split(got, n: int) -> None:
                            "the batch left whole: every device repeats the same work")
 
 
-@check(got=compiled_call("fsdp_mlp", X, *W))
+FSDP_CALL = compiled_call("fsdp_mlp", X, *W)
+WORK_SLACK = 1.5  # a device may do up to 1.5 times its share of the products: room for tanh, the biases, the mean
+WHOLE_BATCH = ("Each device computes only its own slice of the batch: keep x split, in_specs=P('data'), and "
+               "gather the weights, not the batch. Computing every row and keeping only yours gives the right "
+               "value with {n} times the work")
+
+
+@check(got=FSDP_CALL)
 def test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device(got, run):
     n = run.device_count
     for position, name in enumerate(WEIGHTS, start=1):
         expect_input_split(got, position, n, name=name, hint=NOT_FSDP.format(n=n))
+
+
+@check(got=FSDP_CALL)
+def test_fsdp_mlp_splits_the_batch_and_its_work(got, run):
+    n = run.device_count
+    expect_work_share(got, PRODUCTS, n, slack=WORK_SLACK, what="the whole batch's forward pass",
+                      hint=WHOLE_BATCH.format(n=n))
 
 
 TENSOR_CALL = compiled_call("tensor_parallel_mlp", X, *W)
@@ -148,7 +162,17 @@ def test_tensor_parallel_mlp_sends_no_more_than_one_sum_of_the_output(got, run):
                             "all-gather); the weights stay where they are")
 
 
-@check(got=compiled_call("fsdp_gradients", X, Y, *W))
+GRADIENTS_CALL = compiled_call("fsdp_gradients", X, Y, *W)
+
+
+@check(got=GRADIENTS_CALL)
+def test_fsdp_gradients_split_the_batch_and_its_work(got, run):
+    n = run.device_count  # the backward pass costs two products for each of the forward pass's
+    expect_work_share(got, 3 * PRODUCTS, n, slack=WORK_SLACK, what="the whole batch's forward and backward passes",
+                      hint=WHOLE_BATCH.format(n=n))
+
+
+@check(got=GRADIENTS_CALL)
 def test_fsdp_gradients_keep_weights_and_gradients_in_pieces(got, run):
     n = run.device_count
     for position, name in enumerate(WEIGHTS, start=2):
