@@ -193,8 +193,8 @@ def _sent_by(got: plaindata.Value) -> list[tuple[float, str]]:
     parts = []
     for c in found:
         width = cost.group_width(c.pairs, c.groups, facts.devices)
-        parts.append((cost.bytes_sent(c.op, cost.shape_bytes(c.shape), width), f"{c.op} of {c.shape.split('{')[0]} "
-                      f"over {width} devices"))
+        label = f"{c.op} of {c.shape.split('{')[0]} over {width} devices"
+        parts.append((cost.bytes_sent(c.op, cost.shape_bytes(c.shape), width), label))
     return sorted(parts, key=lambda p: -p[0])
 
 
