@@ -242,3 +242,18 @@ def test_an_all_to_all_written_as_ppermutes_in_each_grid_row_passes_on_1_8_and_3
     assert GRID_TESTS <= set(outcomes["cpu-32"]), sorted(outcomes["cpu-32"])
     failed = {(c, t): o["message"] for c in outcomes for t, o in outcomes[c].items() if o["status"] != "passed"}
     assert done.returncode == 0 and not failed, failed
+
+
+def test_the_cancelling_sum_of_the_precision_section_gives_what_the_text_says():
+    """A reordered float32 sum can lose everything, not only its last bits: the lab's numbers are checked here."""
+    import numpy as np
+
+    text = " ".join("".join(c["source"]) for c in json.loads(catalog.lab(7).reference.read_text())["cells"])
+    assert "last\nbits, never by more" not in text and "`[1e8, 1, -1e8, 1]`" in text
+    terms = np.array([1e8, 1, -1e8, 1], np.float32)
+    left_to_right = np.float32(0)
+    for t in terms:
+        left_to_right = left_to_right + t
+    in_two_blocks = (terms[0] + terms[1]) + (terms[2] + terms[3])
+    assert (left_to_right, in_two_blocks, terms.astype(np.float64).sum()) == (1.0, 0.0, 2.0)
+    assert "sums to `1.0` left\nto right on one device, to `0.0` on two devices" in text and "answer is `2`" in text
