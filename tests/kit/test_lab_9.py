@@ -81,7 +81,23 @@ def test_a_scattered_output_sliced_from_a_psum_passes_on_cpu_1_and_is_named_over
     assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 1 and caught["exercise"] == "tensor_parallel_scattered"
-    assert "A psum followed by a slice is an all-reduce" in caught["message"], caught["message"]
+    assert "adds the whole output on every device (an all-reduce)" in caught["message"], caught["message"]
+    assert "all-reduce of f32[64,32] over 8 devices" in caught["message"], caught["message"]
+
+
+# Exercise 4 as jax.jit with the rows split in out_shardings: the CPU compiler makes it an all-reduce and a slice.
+# Over budget on cpu-8, and told so without being blamed for a psum it never wrote.
+SCATTERED_BY_JIT = ('    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P("model", None)))',
+                    '    return jax.jit(mlp, in_shardings=[jax.sharding.NamedSharding(mesh, s) for s in specs],\n'
+                    '                   out_shardings=jax.sharding.NamedSharding(mesh, P("model", None)))')
+
+
+def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu_8(kit, lab_outcomes, variant):
+    failed = run_cpu_1_and_8(kit, lab_outcomes, variant, SCATTERED_BY_JIT)
+    assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
+    message = failed.popitem()[1]["message"]
+    assert "jax.jit with the rows split in out_shardings on this CPU compiler" in message, message
+    assert "all-reduce of f32[64,32] over 8 devices" in message, message
 
 
 # Exercise 1 gathering its split weights and computing everything on every device: right, the work not split.
