@@ -163,12 +163,14 @@ def expect_collectives_within(got: plaindata.Value, blocks, *, allowed: str, hin
 
     Positions are the program's own numbering of its devices, the order of its mesh: on a 2 x 4 grid,
     the blocks {0..3} and {4..7} are its rows, so collectives within them run over the second axis
-    only. A collective-permute counts its sources and destinations as joined.
+    only. A collective-permute joins each source with its destination: its pairs are judged one by one.
     """
     _, found = _compiled(got, "collectives")
     blocks = [set(b) for b in blocks]
     for c in found:
-        for group in (c.groups or [tuple(d for pair in c.pairs for d in pair)]):
+        # A permute's pairs are judged one by one: a ppermute within each row of a grid is one collective-permute
+        # whose pairs span every row, and each pair still joins two devices of one row.
+        for group in (c.groups or [pair for pair in c.pairs if pair[0] != pair[1]]):
             if not any(set(group) <= b for b in blocks):
                 raise Mismatch(with_hint(
                     f"the compiled program has {'an' if c.op[0] in 'aeiou' else 'a'} {c.op} that joins devices "
@@ -183,3 +185,50 @@ def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str 
     if held >= limit:
         raise Mismatch(with_hint(f"one device holds {_size(held)} of arguments and temporaries, at least the "
                                   f"{_size(limit)} of {what}", hint))
+
+
+def _sent_by(got: plaindata.Value) -> list[tuple[float, str]]:
+    """(bytes one device sends, a description) for each collective of the call's compiled program, largest first."""
+    facts, found = _compiled(got, "collectives")
+    parts = []
+    for c in found:
+        width = cost.group_width(c.pairs, c.groups, facts.devices)
+        label = f"{c.op} of {c.shape.split('{')[0]} over {width} devices"
+        parts.append((cost.bytes_sent(c.op, cost.shape_bytes(c.shape), width), label))
+    return sorted(parts, key=lambda p: -p[0])
+
+
+def expect_sent_within(got: plaindata.Value, budget: float, devices: int, *, what: str, margin: float = 1.1,
+                       hint: str | None = None) -> None:
+    """One device sends at most `margin` times `budget` bytes over all the collectives of the compiled program.
+
+    Counted as the cost card counts (`sent_per_device`). A failure names the figure, the limit and each
+    collective with the bytes it sends, largest first, so that the student sees which one is over.
+    """
+    parts = _sent_by(got)
+    sent = sum(b for b, _ in parts)
+    if devices <= 1 or sent <= margin * budget:
+        return
+    listed = "; ".join(f"{d}: {_size(round(b))}" for b, d in parts if b > 0)
+    raise Mismatch(with_hint(
+        f"each device sends {_size(round(sent))}, where the budget is {_size(round(budget))} ({what}; up to "
+        f"{margin:g} times that passes). What it sends: {listed}", hint))
+
+
+def expect_steps_within(got: plaindata.Value, limit: int, devices: int, *, op: str = "collective-permute",
+                        what: str, hint: str | None = None) -> None:
+    """The compiled program runs `op` at most `limit` times in one call: a schedule read as a count of steps.
+
+    Each run of a collective is a step that every device waits on (a loop's collective counts once per trip);
+    a collective-permute in which every device sends to itself moves nothing and is not counted. A pipeline
+    whose stages work at once hands its activations on about once per step, M + S - 1 times for M
+    micro-batches on S stages; one that runs a micro-batch at a time through the stages does it M x (S - 1)
+    times.
+    """
+    _, found = _compiled(got, "collectives")
+    if devices <= 1:
+        return
+    steps = sum(1 for c in found if c.op == op and (not c.pairs or any(a != b for a, b in c.pairs)))
+    if steps > limit:
+        raise Mismatch(with_hint(f"the compiled program runs {steps} {op}s one after another, where {what} needs "
+                                  f"at most {limit}", hint))

@@ -21,11 +21,13 @@ from labkit.judge import plaindata
 _STUDENT_FILE_MARKERS = ("/ipykernel_", "<ipython-input", "<cell")
 
 
-def _first_line(text: str, limit: int = 400) -> str:
-    for line in str(text).splitlines():
-        if line.strip():
-            return line.strip()[:limit]
-    return ""
+def _first_line(text: str, limit: int = 400, whole: int = 1500) -> str:
+    """The message's first line; all of it, on one line, where the first line ends in a colon: JAX's errors
+    that begin so ("... can't be statically inferred given the mesh:") give the reason and the fix after it."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return " ".join(lines)[:whole]
+    return lines[0][:limit] if lines else ""
 
 
 def describe_exception(exc: BaseException) -> dict:

@@ -58,3 +58,35 @@ def test_rows_copied_to_every_device_are_caught_on_one_device_already_and_on_eig
     rows = by_config["cpu-8"]["test_shard_rows_of_a_tall_random_matrix"]
     assert rows["hidden"] and rows["status"] == "failed", rows
     assert "got a full copy on every device" in rows["message"], rows["message"]
+
+
+def markdown(lab: int) -> str:
+    cells = json.loads(catalog.lab(lab).reference.read_text())["cells"]
+    return " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").replace("\n", " ")
+
+
+def test_make_mesh_orders_a_tpus_devices_by_its_interconnect_as_labs_1_and_12_say():
+    """jax.make_mesh on TPU devices (stand-ins with a TPU's coordinates, as libtpu reports them) need not keep
+    jax.devices()'s order: the labs may not promise the same shards on the same devices."""
+    import dataclasses
+
+    import jax
+
+    @dataclasses.dataclass(frozen=True)
+    class Tpu:
+        id: int
+        coords: tuple
+        core_on_chip: int = 0
+        platform: str = "tpu"
+        device_kind: str = "TPU v3"
+        process_index: int = 0
+        slice_index: int = 0
+
+    v3 = [Tpu(i, ((i // 2) % 2, i // 4, 0), i % 2) for i in range(8)]  # 2 x 2 chips of two cores each
+    assert [d.id for d in jax.make_mesh((8,), ("data",), devices=v3).devices.flat] == [0, 1, 2, 3, 6, 7, 4, 5]
+    v5p = [Tpu(i, (i % 2, (i // 2) % 2, i // 4), device_kind="TPU v5") for i in range(8)]  # a 2 x 2 x 2 cube
+    assert [d.id for d in jax.make_mesh((8,), ("data",), devices=v5p).devices.flat] != list(range(8))
+    for lab in (1, 12):
+        text = markdown(lab)
+        assert "same arrays on the same devices" not in text and "same shards on the same devices;" not in text
+        assert "on a TPU, `jax.make_mesh`" in text.replace("On a TPU", "on a TPU"), lab

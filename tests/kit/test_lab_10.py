@@ -3,7 +3,7 @@ right everywhere and named by its compiled program; ring_sum is held to its budg
 
 import json
 
-from notebook_variants import failures_by_config
+from notebook_variants import failed_on_cpu_8, failures_by_config
 
 from labkit.course import catalog
 
@@ -172,3 +172,38 @@ def test_a_stretch_that_sends_everything_one_way_passes_on_cpu_1_and_is_named_on
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 0, caught
     assert "carries 1.75 blocks" in caught["message"] and "half of every block forward" in caught["message"], caught
+
+
+# A pipeline with no overlap: one micro-batch at a time through the stages, each stage idle while the others work.
+# Right everywhere, its layers where they belong; the count of hand-offs in the compiled program names it.
+ONE_MICROBATCH_AT_A_TIME = (
+    ('''        received = jnp.zeros_like(microbatches[0])
+        outputs = jnp.zeros_like(microbatches)
+        for t in range(count + n - 1):
+            h = jnp.where(stage == 0, microbatches[min(t, count - 1)], received)
+            h = run_layers(w, b, h)
+            done = t - (n - 1)  # the microbatch leaving the last stage at this step
+            if done >= 0:
+                outputs = outputs.at[done].set(jnp.where(stage == n - 1, h, outputs[done]))
+            received = jax.lax.ppermute(h, "stage", perm=forward)
+'''),
+    ('''        def one_microbatch(m, outputs):  # a loop over the microbatches: its permutes count once per trip
+            h = microbatches[m]
+            for s in range(n):  # stage s works; the others wait
+                h = jnp.where(stage == s, run_layers(w, b, h), h)
+                if s < n - 1:
+                    h = jax.lax.ppermute(h, "stage", perm=forward)
+            return outputs.at[m].set(jnp.where(stage == n - 1, h, outputs[m]))
+
+        start = jax.lax.pcast(jnp.zeros_like(microbatches), ("stage",), to="varying")  # as the loop leaves it
+        outputs = jax.lax.fori_loop(0, count, one_microbatch, start)
+'''))
+
+
+def test_a_pipeline_that_runs_one_microbatch_at_a_time_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes,
+                                                                                            variant):
+    failed = failed_on_cpu_8(kit, lab_outcomes, variant, 10, ONE_MICROBATCH_AT_A_TIME)
+    assert set(failed) == {"test_pipeline_keeps_every_stage_busy_at_once"}, failed
+    caught = failed.popitem()[1]
+    assert caught["hidden"] and "runs 84 collective-permutes" in caught["message"], caught["message"]
+    assert "at most 26" in caught["message"], caught["message"]

@@ -6,7 +6,11 @@ tests on eight. And when the given FSDP program changes (it keeps w2 whole and g
 reference's own predictions, made for the program as the lab gives it, fail on eight devices: the
 tests read the answer from the compiled program, whatever it is."""
 
+import json
+
 from notebook_variants import failed_on_cpu_8
+
+from labkit.course import catalog
 
 WRONG_PREDICTIONS = [
     ('"all_gather": ring * devices * block', '"all_gather": ring * block'),
@@ -53,3 +57,21 @@ def test_the_answers_follow_the_compiled_program_so_a_changed_program_fails_the_
     }, sorted(failed)
     small = failed["test_fewer_bytes_at_a_small_batch_matches_the_compiled_programs"]
     assert "send 7168 bytes per device (fsdp_forward) and 7168 (tensor_forward): 'same'" in small["message"]
+
+
+def test_the_passes_the_lab_and_the_docs_give_each_precision_are_jaxs_own():
+    """Six bfloat16 passes is Precision.HIGHEST; the default is one pass on a TPU and TF32 on an H100: JAX's own
+    documentation of Precision says so, and the lab and docs/student.md must not give six to float32 itself."""
+    import jax
+
+    doc = " ".join(jax.lax.Precision.__doc__.split())
+    assert "HIGHEST: Slowest but most accurate. On TPU: performs float32 computations in 6 bfloat16" in doc
+    assert "DEFAULT: Fastest mode, but least accurate. On TPU: performs float32 computations in bfloat16" in doc
+    assert "tensorfloat32 if available (e.g. on A100 and H100" in doc
+    cells = json.loads(catalog.lab(13).reference.read_text())["cells"]
+    lab = " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
+    student = " ".join((catalog.ROOT / "docs" / "student.md").read_text().split())
+    assert "on a TPU, six bfloat16 passes)" not in lab
+    for text in (lab, student):
+        assert "six bfloat16 passes on a TPU" in text and "one bfloat16 pass on a TPU" in text
+        assert "TF32 on an H100" in text

@@ -48,12 +48,31 @@ MICRO_BATCHES = FSDP + [(JIT, (
     "        params = jax.tree.map(lambda p, m: p - LEARNING_RATE * m, params, momentum)\n"
     "        return params, momentum, sum(loss for loss, _ in parts) / 4\n\n"
     "    return jax.jit(micro_batched_step, "))]
+# The state split over every device, but each device gathers the weights and computes the whole batch, keeping its
+# own piece of the result: within both budgets, and every device does all the work.
+WHOLE_BATCH_EVERYWHERE = FSDP + [(JIT, (
+    "def whole_batch_everywhere(mesh):\n"
+    "        every = (\"data\", \"model\")\n"
+    "        n, split = mesh.size, P(every)\n\n"
+    "        def per_device(p, m, x, y):\n"
+    "            gather = functools.partial(jax.lax.all_gather, axis_name=every, axis=0, tiled=True)\n"
+    "            p, m, loss = sgd_step(jax.tree.map(gather, p), jax.tree.map(gather, m), x, y)\n"
+    "            i = jax.lax.axis_index(every)\n"
+    "            mine = lambda a: jax.lax.dynamic_slice_in_dim(a, i * (len(a) // n), len(a) // n)\n"
+    "            return jax.tree.map(mine, p), jax.tree.map(mine, m), loss\n\n"
+    "        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(split, split, P(), P()),\n"
+    "                                     out_specs=(split, split, P()), check_vma=False))\n\n"
+    "    return whole_batch_everywhere(mesh)\n"
+    "    return jax.jit(sgd_step, "))]
 
 DESIGNS = {"data-x-model": [], "fsdp": FSDP, "momentum-split-further": MOMENTUM_SPLIT_FURTHER,
-           "replicated": REPLICATED, "micro-batches": MICRO_BATCHES}
+           "replicated": REPLICATED, "micro-batches": MICRO_BATCHES, "whole-batch-everywhere": WHOLE_BATCH_EVERYWHERE}
 VALID = ("data-x-model", "fsdp", "momentum-split-further")  # data-x-model: the reference itself
 MEMORY = "test_each_device_keeps_within_the_memory_budget"
 COMMUNICATION = "test_each_device_sends_within_the_communication_budget"
+WORK = "test_each_device_does_its_share_of_the_work"
+PUBLIC_MEMORY = "test_train_step_keeps_within_the_memory_budget"  # the handout's budgets, on the public batch
+PUBLIC_COMMUNICATION = "test_train_step_sends_within_the_communication_budget"
 
 
 def design(replacements) -> str:
@@ -85,7 +104,7 @@ def test_the_reference_passes_every_test_on_one_device_and_on_eight(graded):
     _, rows = graded
     for config in ("cpu-1", "cpu-8"):
         row = rows[("data-x-model", config)]
-        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 5, (config, failed(row))
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 8, (config, failed(row))
 
 
 @pytest.mark.parametrize("student", VALID[1:])
@@ -93,7 +112,7 @@ def test_another_valid_design_passes_every_test_on_one_device_and_on_eight(grade
     _, rows = graded
     for config in ("cpu-1", "cpu-8"):
         row = rows[(student, config)]
-        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 5, (config, failed(row))
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 8, (config, failed(row))
 
 
 def test_the_valid_designs_differ_in_what_they_send(graded):
@@ -108,7 +127,8 @@ def test_a_replicated_design_passes_on_one_device_and_is_refused_by_the_memory_b
     _, rows = graded
     assert rows[("replicated", "cpu-1")]["status"] == "ok"
     over = failed(rows[("replicated", "cpu-8")])
-    assert set(over) == {MEMORY}, over
+    assert set(over) == {MEMORY, PUBLIC_MEMORY, WORK}, over  # a student's own check names the memory too
+    assert not over[PUBLIC_MEMORY]["hidden"] and "over the memory budget" in over[PUBLIC_MEMORY]["message"]
     message = over[MEMORY]["message"]
     assert over[MEMORY]["hidden"] and "over the memory budget" in message, message
     assert "each device keeps 384.0 KiB" in message and "the budget is 96.0 KiB, 2/8 of the 384.0 KiB" in message
@@ -119,10 +139,12 @@ def test_micro_batches_averaged_one_by_one_pass_on_one_device_and_break_the_comm
     _, rows = graded
     assert rows[("micro-batches", "cpu-1")]["status"] == "ok"
     over = failed(rows[("micro-batches", "cpu-8")])
-    assert set(over) == {COMMUNICATION}, over
+    assert set(over) == {COMMUNICATION, PUBLIC_COMMUNICATION}, over
+    assert not over[PUBLIC_COMMUNICATION]["hidden"]
     message = over[COMMUNICATION]["message"]
     assert over[COMMUNICATION]["hidden"] and "over the communication budget" in message, message
     assert "the budget is 672.0 KiB, 4 (8-1)/8 of the 192.0 KiB of the parameters" in message, message
+    assert "the program runs" in message and "all-reduce" in message, message
 
 
 def test_the_leaderboard_ranks_the_valid_designs_in_the_order_of_the_cost_model(graded):
@@ -135,3 +157,14 @@ def test_the_leaderboard_ranks_the_valid_designs_in_the_order_of_the_cost_model(
     # the replicated design, which sends nothing, models faster than FSDP, and is not ranked: it is over budget
     assert modelled["replicated"] < modelled["fsdp"]
     assert board["reference"]["seconds"] == pytest.approx(modelled["data-x-model"], rel=0.05)
+
+
+def test_weights_gathered_and_the_whole_batch_everywhere_pass_on_one_device_and_are_named_by_their_flops(graded):
+    results, rows = graded
+    assert rows[("whole-batch-everywhere", "cpu-1")]["status"] == "ok"
+    over = failed(rows[("whole-batch-everywhere", "cpu-8")])
+    assert set(over) == {WORK}, over
+    message = over[WORK]["message"]
+    assert over[WORK]["hidden"] and "FLOPs" in message and "the one-device step" in message, message
+    (board,) = [b for b in results["leaderboards"] if b["lab"] == 14]
+    assert "whole-batch-everywhere" not in [p["name"] for p in board["places"]]

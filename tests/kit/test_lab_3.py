@@ -29,3 +29,24 @@ def test_doubling_the_whole_vector_on_every_device_passes_on_cpu_1_and_fails_the
     named = by_config["cpu-8"]["test_every_device_holds_a_different_block"]
     assert named["hidden"] and named["status"] == "failed", named
     assert "got a full copy on every device" in named["message"], named["message"]
+
+
+def test_a_shard_map_error_is_kept_whole_where_its_fix_comes_after_its_first_line():
+    """out_specs=P() on a value that is not replicated: JAX's first line ends "given the mesh:", and the fix
+    (a psum, or check_vma=False) comes after it. The student must see all of it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from labkit.judge.harness import describe_exception
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    with pytest.raises(ValueError) as e:
+        jax.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("data"), out_specs=P())(jnp.arange(4.0))
+    message = describe_exception(e.value)["message"]
+    assert "given the mesh: The mesh given has shape (1,)" in message, message
+    assert "check_vma=False" in message and "revising the corresponding out_specs" in message, message
+    assert "\n" not in message

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from notebook_variants import failures_by_config
+from notebook_variants import failed_on_cpu_8, failures_by_config
 from test_compile_once import RUN_TWICE
 
 from labkit.course import catalog
@@ -176,3 +176,19 @@ def test_rows_to_columns_is_built_once_so_a_second_call_compiles_nothing():
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows_to_columns": []}
+
+
+# -- shard_map_column_sums: the lesson is the reduce-scatter, so a whole all-reduce then a slice is over budget --
+
+PSUM_THEN_SLICE = ('        return jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)\n',
+                   ('        total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
+                    '        k = total.shape[0] // jax.lax.axis_size("data")\n'
+                    '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("data") * k, k)\n'))
+
+
+def test_column_sums_by_a_psum_then_a_slice_pass_on_cpu_1_and_are_over_budget_on_cpu_8(kit, lab_outcomes, variant):
+    failed = failed_on_cpu_8(kit, lab_outcomes, variant, 5, PSUM_THEN_SLICE)
+    assert set(failed) == {"test_column_sums_send_what_one_reduce_scatter_sends"}, failed
+    caught = failed.popitem()[1]
+    assert not caught["hidden"], caught  # its threshold is in the handout: a public test
+    assert "all-reduce of f32[32]" in caught["message"] and "224 bytes" in caught["message"], caught["message"]

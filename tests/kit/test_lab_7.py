@@ -217,3 +217,43 @@ def test_a_stretch_that_copies_w_to_every_device_passes_on_cpu_1_and_is_named_on
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 0
     assert "every device holds all of w" in caught["message"] and "does not fit here" in caught["message"], caught
+
+
+# The all-to-all written by hand as ppermutes inside each grid row: shift s sends each device's block of rows
+# (j + s) % m to that device. One collective-permute's pairs span both grid rows, and each pair stays in one.
+ALL_TO_ALL_BY_PPERMUTES = design("""    def per_device(tile, w, b):
+        m, j = jax.lax.axis_size("model"), jax.lax.axis_index("model")
+        blocks = tile.reshape(m, -1, tile.shape[1])  # block k: the rows device k of this grid row keeps
+        received = [blocks[j]]  # received[s]: my rows, the features of device (j - s) % m
+        for s in range(1, m):
+            received.append(jax.lax.ppermute(blocks[(j + s) % m], "model", [(k, (k + s) % m) for k in range(m)]))
+        by_device = jnp.stack(received)[(j - jnp.arange(m)) % m]  # (m, my rows, features of each device)
+        mine = jnp.transpose(by_device, (1, 0, 2)).reshape(by_device.shape[1], -1)
+        return jax.nn.sigmoid(mine @ w + b)
+""")
+
+
+def test_an_all_to_all_written_as_ppermutes_in_each_grid_row_passes_on_1_8_and_32_devices(kit, lab_outcomes,
+                                                                                          variant):
+    assert REFERENCE_DESIGN in reference_code(), "the reference changed: update the design here"
+    done = kit("lab", "7", "--notebook", str(variant(7, ALL_TO_ALL_BY_PPERMUTES)), "--configs", "cpu-1,cpu-8,cpu-32",
+               "--hidden")
+    outcomes = lab_outcomes(7)
+    assert GRID_TESTS <= set(outcomes["cpu-32"]), sorted(outcomes["cpu-32"])
+    failed = {(c, t): o["message"] for c in outcomes for t, o in outcomes[c].items() if o["status"] != "passed"}
+    assert done.returncode == 0 and not failed, failed
+
+
+def test_the_cancelling_sum_of_the_precision_section_gives_what_the_text_says():
+    """A reordered float32 sum can lose everything, not only its last bits: the lab's numbers are checked here."""
+    import numpy as np
+
+    text = " ".join("".join(c["source"]) for c in json.loads(catalog.lab(7).reference.read_text())["cells"])
+    assert "last\nbits, never by more" not in text and "`[1e8, 1, -1e8, 1]`" in text
+    terms = np.array([1e8, 1, -1e8, 1], np.float32)
+    left_to_right = np.float32(0)
+    for t in terms:
+        left_to_right = left_to_right + t
+    in_two_blocks = (terms[0] + terms[1]) + (terms[2] + terms[3])
+    assert (left_to_right, in_two_blocks, terms.astype(np.float64).sum()) == (1.0, 0.0, 2.0)
+    assert "sums to `1.0` left\nto right on one device, to `0.0` on two devices" in text and "answer is `2`" in text

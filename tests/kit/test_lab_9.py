@@ -81,7 +81,23 @@ def test_a_scattered_output_sliced_from_a_psum_passes_on_cpu_1_and_is_named_over
     assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 1 and caught["exercise"] == "tensor_parallel_scattered"
-    assert "A psum followed by a slice is an all-reduce" in caught["message"], caught["message"]
+    assert "adds the whole output on every device (an all-reduce)" in caught["message"], caught["message"]
+    assert "all-reduce of f32[64,32] over 8 devices" in caught["message"], caught["message"]
+
+
+# Exercise 4 as jax.jit with the rows split in out_shardings: the CPU compiler makes it an all-reduce and a slice.
+# Over budget on cpu-8, and told so without being blamed for a psum it never wrote.
+SCATTERED_BY_JIT = ('    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P("model", None)))',
+                    '    return jax.jit(mlp, in_shardings=[jax.sharding.NamedSharding(mesh, s) for s in specs],\n'
+                    '                   out_shardings=jax.sharding.NamedSharding(mesh, P("model", None)))')
+
+
+def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu_8(kit, lab_outcomes, variant):
+    failed = run_cpu_1_and_8(kit, lab_outcomes, variant, SCATTERED_BY_JIT)
+    assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
+    message = failed.popitem()[1]["message"]
+    assert "jax.jit with the rows split in out_shardings on this CPU compiler" in message, message
+    assert "all-reduce of f32[64,32] over 8 devices" in message, message
 
 
 # Exercise 1 gathering its split weights and computing everything on every device: right, the work not split.
@@ -138,3 +154,32 @@ def test_a_stretch_that_gathers_both_layers_at_once_passes_on_cpu_1_and_is_named
     assert set(failed) == {"test_fsdp_layer_by_layer_never_holds_both_layers_whole"}, failed
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 0 and "both layers were gathered at once" in caught["message"]
+
+
+# FSDP with the whole batch on every device: each gathers the batch, computes it all, and keeps its own rows (of
+# the output, of each gradient). Right values, pieces where they belong; only the FLOPs per device tell.
+WHOLE_BATCH_EVERYWHERE = [
+    (('        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
+      '        return jnp.tanh(x @ w1 + b1) @ w2 + b2'),
+     ('        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
+      '        x = jax.lax.all_gather(x, "data", axis=0, tiled=True)  # the whole batch on every device\n'
+      '        out = jnp.tanh(x @ w1 + b1) @ w2 + b2\n'
+      '        k = out.shape[0] // jax.lax.axis_size("data")\n'
+      '        return jax.lax.dynamic_slice_in_dim(out, jax.lax.axis_index("data") * k, k)')),
+    (('        grads = jax.grad(local_loss)(whole, x, y)  # this device\'s slice of the batch, whole weights\n'
+      '        n = jax.lax.axis_size("data")\n'
+      '        return tuple(jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True) / n for g in grads)'),
+     ('        x, y = (jax.lax.all_gather(a, "data", axis=0, tiled=True) for a in (x, y))  # the whole batch\n'
+      '        grads = jax.grad(local_loss)(whole, x, y)\n'
+      '        n, i = jax.lax.axis_size("data"), jax.lax.axis_index("data")\n'
+      '        return tuple(jax.lax.dynamic_slice_in_dim(g, i * (len(g) // n), len(g) // n) for g in grads)')),
+]
+
+
+def test_fsdp_with_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_by_its_flops_on_cpu_8(
+        kit, lab_outcomes, variant):
+    failed = run_cpu_1_and_8(kit, lab_outcomes, variant, *WHOLE_BATCH_EVERYWHERE)
+    assert {"test_fsdp_mlp_splits_the_batch_and_its_work",
+            "test_fsdp_gradients_split_the_batch_and_its_work"} <= set(failed), failed
+    for caught in failed.values():
+        assert caught["hidden"] and "FLOPs" in caught["message"] and "the whole batch" in caught["message"], caught

@@ -24,6 +24,7 @@ from labkit.checks import (
     expect_collective,
     expect_input_split,
     expect_split_across,
+    expect_steps_within,
 )
 from labkit.checks import sent_per_device as bytes_sent_per_device
 from labkit.cost import shape_bytes
@@ -108,6 +109,17 @@ def test_pipeline_sends_activations_forward_through_every_stage(got, run):
     expect_close(got, sequential(*MANY), rtol=1e-4, atol=1e-5,
                  hint="stage s must work on what stage s - 1 sent it, microbatch m leaving the last stage at "
                       "step m + S - 1")
+
+
+@check(got=compiled_call("pipeline_forward", *MANY))
+def test_pipeline_keeps_every_stage_busy_at_once(got, run):
+    n, m = run.device_count, len(MANY[2])  # the handout's count: M + S - 1 steps, and S - 1 more for the outputs
+    expect_steps_within(got, m + 2 * (n - 1), n, what=f"a pipeline of {m} micro-batches on {n} stages, its "
+                                                     f"stages busy at once ({m} + {n} - 1 steps, and {n - 1} more "
+                                                     f"if the outputs go round the ring)",
+                        hint=f"One micro-batch at a time through the stages takes {m} x {n - 1} hand-offs, and "
+                             f"each stage idles while the others work. At step t, stage s works on micro-batch "
+                             f"t - s: every stage computes and every stage passes its result on, in the same step")
 
 
 @check(got=compiled_call("pipeline_forward", *DEEP))

@@ -6,7 +6,18 @@ judge's CPU: the block's forward pass, its gradient by `jax.grad`, and the momen
 
 import numpy as np
 
-from labkit.checks import Mismatch, call, check, describe, expect_close
+from labkit.checks import (
+    FactUnavailable,
+    Mismatch,
+    call,
+    check,
+    collectives_of,
+    compiled_call,
+    describe,
+    expect_close,
+    sent_per_device,
+)
+from labkit.cost import bytes_sent, format_bytes
 
 WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
 HEADS, LEARNING_RATE, MOMENTUM = 16, 0.1, 0.9
@@ -25,8 +36,9 @@ def make_problem(seed, batch=16, seq=8, dim=64, hidden=256):
     return params, momentum, x, y
 
 
-def one_device_step(params, momentum, x, y):
-    """(new params, new momentum, loss) of one step of SGD with momentum, as numpy arrays."""
+def one_device_step(params, momentum, x, y, *, flops: bool = False):
+    """(new params, new momentum, loss) of one step of SGD with momentum, as numpy arrays; with `flops`, the
+    FLOPs of that step's one-device program instead."""
     import jax
 
     if not jax.config.jax_platforms:  # the judge: keep off any accelerator a notebook run needs
@@ -48,6 +60,9 @@ def one_device_step(params, momentum, x, y):
         return {k: p[k] - LEARNING_RATE * m[k] for k in p}, m, loss
 
     with jax.default_device(jax.devices("cpu")[0]):
+        if flops:  # the FLOPs of the one-device program, as XLA's cost analysis counts them
+            analysis = jax.jit(step).lower(params, momentum, x, y).compile().cost_analysis()
+            return float((analysis[0] if isinstance(analysis, list) else analysis)["flops"])
         new_p, new_m, loss = jax.jit(step)(params, momentum, x, y)
     return ({k: np.asarray(v) for k, v in new_p.items()}, {k: np.asarray(v) for k, v in new_m.items()},
             np.asarray(loss))
@@ -94,3 +109,72 @@ def test_train_step_keeps_every_array_its_shape(got):
                                f"{describe(tree[name])}")
     if loss.kind != "array" or loss.shape != ():
         raise Mismatch(f"the loss should be one number (a 0-d array), got {describe(loss)}")
+
+
+# ---- the two budgets of the handout, read from the compiled program (the hidden tests hold them on another batch)
+
+def state_kept(got, side: str) -> tuple[int, list[str]]:
+    """Bytes of the training state one device keeps on one side of the step ("arguments": as it arrives,
+    "outputs": as it leaves), and the arrays every device holds whole."""
+    facts = got.compiled
+    if facts is None or not hasattr(facts, "inputs"):
+        raise FactUnavailable(f"the compiled program could not be examined ({getattr(facts, 'why', facts)})")
+    placements = facts.inputs if side == "arguments" else facts.outputs
+    if not isinstance(placements, tuple):
+        raise FactUnavailable(f"this check cannot be made here: {placements.why}")
+    prefixes = ("args[0]", "args[1]") if side == "arguments" else ("out[0]", "out[1]")
+    state = [p for p in placements if p.path.startswith(prefixes)]
+    if len(state) != 2 * len(WEIGHTS):
+        raise FactUnavailable(f"the compiled program's {side} do not hold the twelve arrays of the state "
+                              f"({', '.join(p.path for p in placements)})")
+    for p in state:
+        if not isinstance(p.device_bytes, int):
+            raise FactUnavailable(f"this check cannot be made here: {p.device_bytes.why}")
+    whole = [p.path.replace("args[0]", "params").replace("args[1]", "momentum").replace("out[0]", "params")
+             .replace("out[1]", "momentum") for p in state if p.device_bytes >= p.bytes]
+    return sum(p.device_bytes for p in state), whole
+
+
+def expect_within_the_memory_budget(got, n: int, problem) -> None:
+    """Each device keeps at most 2/n of the parameters and momentum, as they arrive and as they leave."""
+    state_bytes = 2 * sum(w.nbytes for w in problem[0].values())  # the parameters and their momentum
+    budget = 2 * state_bytes / n
+    for side, when in (("arguments", "as it arrives"), ("outputs", "as it leaves the step")):
+        kept, whole = state_kept(got, side)
+        if kept > budget:
+            copied = f"; every device holds all of {', '.join(whole)}" if whole else ""
+            raise Mismatch(f"over the memory budget: each device keeps {format_bytes(kept)} of the training state "
+                           f"{when}, where the budget is {format_bytes(budget)}, 2/{n} of the "
+                           f"{format_bytes(state_bytes)} of the parameters and their momentum (the state may "
+                           f"exist at most twice over the grid){copied}. Split what is copied: the parameters, the "
+                           f"momentum, or both")
+
+
+def expect_within_the_communication_budget(got, n: int, problem) -> None:
+    """Each device sends at most 4 (n-1)/n of the parameters' bytes: twice data parallelism's all-reduce."""
+    parameter_bytes = sum(w.nbytes for w in problem[0].values())
+    budget = 2 * bytes_sent("all-reduce", parameter_bytes, n)
+    sent = sent_per_device(got)
+    if sent > budget:
+        by_op = {}
+        for c in collectives_of(got):
+            by_op[c.op] = by_op.get(c.op, 0) + 1
+        ran = ", ".join(f"{count} {op}" for op, count in sorted(by_op.items()))
+        raise Mismatch(f"over the communication budget: each device sends {format_bytes(sent)} in one step, where "
+                       f"the budget is {format_bytes(budget)}, 4 ({n}-1)/{n} of the {format_bytes(parameter_bytes)} "
+                       f"of the parameters (twice the all-reduce of the gradient that plain data parallelism "
+                       f"sends); the program runs {ran}. Run cost_of on your program: which collective runs more "
+                       f"often, or moves more, than the step needs?")
+
+
+STEP = compiled_call("train_step", *PROBLEM)
+
+
+@check(got=STEP)
+def test_train_step_keeps_within_the_memory_budget(got, run):
+    expect_within_the_memory_budget(got, run.device_count, PROBLEM)
+
+
+@check(got=STEP)
+def test_train_step_sends_within_the_communication_budget(got, run):
+    expect_within_the_communication_budget(got, run.device_count, PROBLEM)

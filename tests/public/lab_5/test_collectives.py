@@ -15,10 +15,12 @@ from labkit.checks import (
     expect_close_naming_mistakes,
     expect_dtype,
     expect_replicated,
+    expect_sent_within,
     expect_shape,
     expect_split_across,
     placed,
 )
+from labkit.cost import bytes_sent
 
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 
@@ -154,6 +156,17 @@ def test_column_sums_are_scattered_one_slice_per_device(got, run):
     expect_split_across(got, run.device_count, axis=0,
                         hint="psum leaves a full copy on every device; psum_scatter(..., tiled=True) with "
                              "out_specs=P('data') leaves each device its own slice of the sums")
+
+
+@check(got=compiled_call("shard_map_column_sums", COLS_X))
+def test_column_sums_send_what_one_reduce_scatter_sends(got, run):
+    n = run.device_count  # the handout's budget: (n - 1)/n of the vector of column sums, a little more passes
+    expect_sent_within(got, bytes_sent("reduce-scatter", COLS_X[0].nbytes // max(n, 1), n), n,
+                       what="one reduce-scatter of the column sums",
+                       hint="A psum sends every device the whole vector, twice a reduce-scatter's traffic, and "
+                            "slicing it afterwards does not take that back: the compiled program still holds the "
+                            "all-reduce. jax.lax.psum_scatter(..., 'data', scatter_dimension=0, tiled=True) adds "
+                            "and leaves each device only its slice")
 
 
 # -- shard_map_cumsum -----------------------------------------------------------------------
