@@ -127,7 +127,7 @@ def run_program(call: dict, blob: str) -> dict:
     import jax
 
     from labkit import facts
-    from labkit.judge import harness, plaindata
+    from labkit.judge import harness, plaindata, tpucompile
 
     try:
         exported = jax.export.deserialize(bytearray(base64.b64decode(blob)))
@@ -165,7 +165,10 @@ def run_program(call: dict, blob: str) -> dict:
         with context:
             value = jax.block_until_ready(_relabelled(program(*a, **kw), outputs))
             record = {"value": plaindata.encode(value)}
-            if call.get("facts"):
+            if call.get("facts") and (topology := tpucompile.topology()):  # a compile-only TPU configuration
+                record["facts"] = tpucompile.compiled_facts(exported, base64.b64decode(blob), topology, shape,
+                                                            a, kw, positions)
+            elif call.get("facts"):
                 record["facts"] = facts.gather(program, a, kw)
         return record
 
