@@ -114,6 +114,9 @@ def cache() -> FactsCache:
 
 
 def _devices(topology_name: str):
+    # Compiling only, no chip to guard: libtpu's lock on /tmp/libtpu_lockfile would refuse a second process
+    # compiling at the same time (another run of the kit, outside a sandbox's private /tmp).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     return topologies.get_topology_desc(platform="tpu", topology_name=topology_name).devices
@@ -190,7 +193,7 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     if "unavailable" in found:
         why = str(found["unavailable"])
         if "did not compile" in why:
-            return {"unavailable": f"the TPU compiler ({where}) refused the program that XLA:CPU compiled and ran: "
+            return {"unavailable": f"the TPU compiler ({where}) refused the program that XLA:CPU compiles: "
                                    f"{why.split(': ', 1)[-1][:300]}", "refused": True}
         return found
     found["compiled_for"] = where
