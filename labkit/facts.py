@@ -396,9 +396,12 @@ def _exported(jax, jitted, specs):
     if os.environ.get("LABKIT_TPU_TOPOLOGY"):
         try:
             return jax.export.export(jitted, platforms=("cpu", "tpu"))(*specs)
-        except Exception:  # noqa: BLE001, S110 - the CPU-only export below raises whatever is the student's
-            pass
+        except Exception as e:  # noqa: BLE001 - the CPU-only export below raises whatever is the student's
+            _TPU_REFUSED.append(f"{type(e).__name__}: {_first_line(e)}")
     return jax.export.export(jitted)(*specs)
+
+
+_TPU_REFUSED: list[str] = []  # why the last export could not lower for the TPU (`export` sends it along)
 
 
 PROGRAM_MAX_BYTES = 4 << 20  # a serialized program larger than this is not sent to the kit
@@ -416,6 +419,8 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
     import base64
 
     import jax
+
+    _TPU_REFUSED.clear()
 
     def traced_and_exported(jitted, *specs):
         return jitted.trace(*specs), _exported(jax, jitted, specs)
@@ -442,4 +447,5 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
     if len(blob) > PROGRAM_MAX_BYTES:
         return _unavailable(f"the exported program is {len(blob)} bytes, more than {PROGRAM_MAX_BYTES}")
     # What ran outside any inner jax.jit (`gather`'s `top_level`), read from the trace, as the examination does.
-    return {"program": base64.b64encode(blob).decode("ascii"), "top_level": _top_level(traced.jaxpr.jaxpr)}
+    return {"program": base64.b64encode(blob).decode("ascii"), "top_level": _top_level(traced.jaxpr.jaxpr),
+            **({"tpu_refused": _TPU_REFUSED[-1][:300]} if _TPU_REFUSED else {})}

@@ -123,12 +123,16 @@ def _devices(topology_name: str):
 
 
 def compiled_facts(exported, blob: bytes, topology_name: str, shape: tuple | None, args, kwargs,
-                   positions: list[int], store: FactsCache | None = None) -> dict:
+                   positions: list[int], refused: str | None = None, store: FactsCache | None = None) -> dict:
     """The facts (`facts.gather`'s shape) of `exported` compiled for `topology_name`, or `{"unavailable": why}`.
 
     `shape`: the context mesh the CPU run placed the test's plain inputs in (None: a copy on each device);
-    `args`, `kwargs`, `positions`: the call as the CPU run was given it (`verify.run_program`).
+    `args`, `kwargs`, `positions`: the call as the CPU run was given it (`verify.run_program`); `refused`: why
+    the harness could not export it for the TPU, where it could not.
     """
+    if "tpu" not in tuple(exported.platforms) and refused:
+        return {"unavailable": f"it compiles for CPU but could not be lowered for the TPU ({described(topology_name)}):"
+                               f" {refused}", "refused": True}
     store = store if store is not None else cache()
     key = FactsCache.key(bytes(blob), topology_name, list(shape) if shape else None)
     found = store.get(key)

@@ -167,7 +167,7 @@ def run_program(call: dict, blob: str) -> dict:
             record = {"value": plaindata.encode(value)}
             if call.get("facts") and (topology := tpucompile.topology()):  # a compile-only TPU configuration
                 record["facts"] = tpucompile.compiled_facts(exported, base64.b64decode(blob), topology, shape,
-                                                            a, kw, positions)
+                                                            a, kw, positions, call.get("tpu_refused"))
             elif call.get("facts"):
                 record["facts"] = facts.gather(program, a, kw)
         return record
@@ -296,7 +296,9 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         return
     began = time.monotonic()
     folder = scratch.empty(Path(kit_folder) / FOLDER)
-    job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
+    refused = {cid: str(sent[cid]["tpu_refused"])[:300] for cid in wanted if sent[cid].get("tpu_refused")}
+    job = json.dumps({"calls": [by_id[cid] | ({"tpu_refused": refused[cid]} if cid in refused else {})
+                                for cid in wanted], "programs": wanted}).encode()
     job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
     out = str(folder.resolve() / VERIFIED_FILE)
     with open(Path(kit_folder) / "verify.log", "wb") as log:
