@@ -43,6 +43,14 @@ RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 # What .venv has now: a stamp without --no-default-groups was written when every group was the default.
 RECORDED_GROUPS = $(if $(wildcard $(VENV)/.synced),$(if $(findstring --no-default-groups,$(RECORDED)),\
   $(patsubst group=%,%,$(filter group=%,$(subst --group ,group=,$(RECORDED)))),$(ALL_GROUPS)))
+# The extra (EXTRAS=tpu, EXTRAS=cuda): the one named; else the one .venv already has; else, for `make test` (and
+# FOR=test) where JAX 0.12 installs (Python 3.12 and newer), `tpu`: libtpu, the TPU compiler of the compile-only
+# TPU configurations (v5e-8, ...) whose tests then run instead of skipping. Never in the student's lean set-up.
+RECORDED_EXTRAS = $(patsubst extra=%,%,$(filter extra=%,$(subst --extra ,extra=,$(RECORDED))))
+TEST_EXTRAS = $(if $(filter test,$(GOALS)),$(if $(filter 1,$(shell $(PYTHON_EXE) -c 'import sys; print(int(sys.version_info >= (3, 12)))' 2>/dev/null)),tpu))
+ifeq ($(EXTRAS),)
+EXTRAS := $(or $(RECORDED_EXTRAS),$(TEST_EXTRAS))
+endif
 # The part of uv.lock that `make setup` installs; recorded in .venv/.synced, and a different one re-syncs.
 SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(EXTRAS),--extra $(EXTRAS)) --no-default-groups \
   $(addprefix --group ,$(if $(DEP_GROUPS),$(subst $(comma), ,$(DEP_GROUPS)),$(sort $(NEEDED_GROUPS) $(RECORDED_GROUPS)))))

@@ -89,3 +89,21 @@ def test_the_cache_key_is_the_program_the_topology_and_the_placement():
     assert key(b"p", "v5e:2x4", None) == key(b"p", "v5e:2x4", None)
     assert len({key(b"p", "v5e:2x4", None), key(b"q", "v5e:2x4", None), key(b"p", "v6e:2x4", None),
                 key(b"p", "v5e:2x4", [2, 4])}) == 4
+
+
+def test_doctor_names_libtpu_its_size_and_licence_or_how_to_add_it(monkeypatch):
+    from importlib import metadata
+
+    from labkit.machine import doctor
+
+    found = doctor.check_libtpu()
+    if HAS_LIBTPU:
+        assert found.status == doctor.OK and " MB, licence: " in found.detail and "v5e-256" in found.detail
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    absent = doctor.check_libtpu()
+    assert absent.status == doctor.WARN and "make setup EXTRAS=tpu" in absent.fix
+    assert "Google Cloud Platform Terms of Service" in absent.fix and "v5e-8" in absent.detail
