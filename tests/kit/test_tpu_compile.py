@@ -66,6 +66,13 @@ def test_a_bf16_collective_is_judged_by_the_tpu_program_which_sends_bf16_not_flo
 
 
 @needs_libtpu
+def test_the_cost_card_shows_the_tpu_compilers_own_estimate_beside_the_hand_model(probe):
+    shown = "\n".join(probe["card"])
+    assert "TPU v5e 2x4, the compiler's own estimate: step " in shown and "of HBM traffic per device" in shown
+    assert "the compiler's own estimate" not in "\n".join(probe["cpu"]["card"])  # XLA:CPU gives none
+
+
+@needs_libtpu
 def test_a_second_identical_program_is_not_compiled_again(probe):
     # three programs compiled (the bf16 sum, the one over HBM, none for the CPU-only one); the second student's
     # bf16 sum was read from the cache, which keeps what compiled and what the compiler refused

@@ -46,7 +46,9 @@ store = tpucompile.cache()
 print(json.dumps({
     "tpu": {"sent": sent(on_tpu), "compiled_for": on_tpu["facts"].get("compiled_for"),
             "shapes": [x["shape"] for x in on_tpu["facts"]["collectives"]], "value": "value" in on_tpu},
-    "cpu": {"sent": sent(on_cpu), "compiled_for": on_cpu["facts"].get("compiled_for")},
+    "cpu": {"sent": sent(on_cpu), "compiled_for": on_cpu["facts"].get("compiled_for"),
+            "card": cost.lines("summed_in_bf16", "cpu-8", cost.card(on_cpu["facts"]), [])},
+    "card": cost.lines("summed_in_bf16", "v5e-8", cost.card(on_tpu["facts"]), []),
     "again": again["facts"] == on_tpu["facts"],
     "cache": {"compiles": store.compiles, "hits": store.hits,
               "files": sorted(os.listdir(os.environ[tpucompile.CACHE_VARIABLE]))},
