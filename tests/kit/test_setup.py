@@ -94,7 +94,7 @@ def test_make_test_adds_libtpu_where_jax_0_12_installs_and_a_later_make_lab_keep
     kit = copy_kit(tmp_path / "kit")
     python = interpreter(kit)
     new = subprocess.run([python.split()[1], "-c", "import sys; print(sys.version_info >= (3, 12))"],
-                         capture_output=True, text=True).stdout.strip() == "True"
+                         capture_output=True, text=True, check=False).stdout.strip() == "True"
     (kit / ".venv").mkdir()
     stamp = kit / ".venv" / ".synced"
     stamp.write_text(f"{python} --no-default-groups --group notebook\n")
