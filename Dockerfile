@@ -1,7 +1,7 @@
 # The course image: the kit and its locked environment, set up by the same `make setup` the README
 # uses, from the same uv.lock. No list of packages lives here.
 #
-#   make docker-base                   # once: a base from Debian's packages (python3, venv, make)
+#   make docker-base                   # once: a base from Debian 13's packages (python3, venv, make)
 #   make docker-build                  # labkit:cpu on it  [BASE_IMAGE=..] [EXTRAS=tpu] [CA_CERTS=..]
 #   docker run --rm -v "$PWD/labs:/home/student/kit/labs" labkit:cpu            # make lab-3
 #   docker run --rm -v "$PWD/labs:/home/student/kit/labs" labkit:cpu make lab-4
@@ -11,7 +11,7 @@
 
 # Any image with python3 (3.11 to 3.13, with venv) and make; `make docker-base` makes one from
 # Debian's packages. Elsewhere, e.g. the official python image plus make (see docs/containers.md).
-ARG BASE_IMAGE=labkit-base:bookworm
+ARG BASE_IMAGE=labkit-base:trixie
 
 FROM ${BASE_IMAGE} AS base
 SHELL ["/bin/sh", "-eu", "-c"]

@@ -43,8 +43,14 @@ RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 # What .venv has now: a stamp without --no-default-groups was written when every group was the default.
 RECORDED_GROUPS = $(if $(wildcard $(VENV)/.synced),$(if $(findstring --no-default-groups,$(RECORDED)),\
   $(patsubst group=%,%,$(filter group=%,$(subst --group ,group=,$(RECORDED)))),$(ALL_GROUPS)))
+# The extra (EXTRAS=tpu, EXTRAS=cuda): the one named; else the one .venv already has; else, for `make test` (and
+# FOR=test) where JAX 0.12 installs (Python 3.12 and newer), `tpu`: libtpu, the TPU compiler of the compile-only
+# TPU configurations (v5e-8, ...) whose tests then run instead of skipping. Never in the student's lean set-up.
+RECORDED_EXTRAS = $(patsubst extra=%,%,$(filter extra=%,$(subst --extra ,extra=,$(RECORDED))))
+TEST_EXTRAS = $(if $(filter test,$(GOALS)),$(if $(filter 1,$(shell $(PYTHON_EXE) -c 'import sys; print(int(sys.version_info >= (3, 12)))' 2>/dev/null)),tpu))
+SETUP_EXTRAS = $(or $(EXTRAS),$(RECORDED_EXTRAS),$(TEST_EXTRAS))
 # The part of uv.lock that `make setup` installs; recorded in .venv/.synced, and a different one re-syncs.
-SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(EXTRAS),--extra $(EXTRAS)) --no-default-groups \
+SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(SETUP_EXTRAS),--extra $(SETUP_EXTRAS)) --no-default-groups \
   $(addprefix --group ,$(if $(DEP_GROUPS),$(subst $(comma), ,$(DEP_GROUPS)),$(sort $(NEEDED_GROUPS) $(RECORDED_GROUPS)))))
 
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
@@ -203,9 +209,11 @@ lint: setup ## lint the Dockerfile with hadolint (the locked `lint` group)
 # Every docker target goes through docker/client.sh: a client that builds with BuildKit, the engine
 # DOCKER_HOST names, and one clear line when that engine is missing, not running or refuses this user.
 DOCKER_CLIENT := bash docker/client.sh
-BASE_IMAGE ?= labkit-base:bookworm
-DEFAULT_BASE := labkit-base:bookworm
-DEBIAN_SUITE ?= bookworm
+# Debian 13 (Python 3.13, so JAX 0.12, the JAX the course is written for); DEBIAN_SUITE=bookworm: Debian 12
+# (Python 3.11, JAX 0.10.2).
+DEBIAN_SUITE ?= trixie
+BASE_IMAGE ?= labkit-base:$(DEBIAN_SUITE)
+DEFAULT_BASE := labkit-base:$(DEBIAN_SUITE)
 DEBIAN_MIRROR ?=
 CA_CERTS ?=
 IMAGE ?= labkit:$(or $(EXTRAS),cpu)
@@ -224,10 +232,10 @@ DOCKER_RUN_OPTS ?=
 DOCKER_SANDBOX := --security-opt seccomp=$(CURDIR)/docker/seccomp.json --security-opt systempaths=unconfined \
   --security-opt no-new-privileges --cap-drop ALL --pids-limit $(DOCKER_PIDS) $(DOCKER_RUN_OPTS)
 
-docker-base: ## a base image from Debian's packages (debootstrap; root): labkit-base:bookworm [DEBIAN_MIRROR=..]
+docker-base: ## a base image from Debian's packages (debootstrap; root): labkit-base:trixie [DEBIAN_SUITE=..] [DEBIAN_MIRROR=..]
 	@bash docker/base.sh $(BASE_IMAGE) $(DEBIAN_SUITE) $(DEBIAN_MIRROR)
 
-docker-build: ## build the course image labkit:cpu (EXTRAS=tpu: labkit:tpu) [BASE_IMAGE=..] [CA_CERTS=ca.crt]
+docker-build: ## build the course image labkit:cpu (EXTRAS=tpu: labkit:tpu, with libtpu) [BASE_IMAGE=..] [CA_CERTS=ca.crt]
 	@$(DOCKER_CLIENT) version >/dev/null
 	@$(if $(CA_CERTS),test -r "$(CA_CERTS)" || { echo "error: CA_CERTS=$(CA_CERTS) is not a readable file" >&2; exit 1; })
 	@$(DOCKER_CLIENT) image inspect $(BASE_IMAGE) >/dev/null 2>&1 || \

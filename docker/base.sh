@@ -10,7 +10,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 name=${1:?usage: docker/base.sh NAME [SUITE] [MIRROR]}
-suite=${2:-bookworm}
+suite=${2:-trixie}
 mirror=${3:-}
 
 fail() { echo "error: $*" >&2; exit 1; }

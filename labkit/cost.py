@@ -130,6 +130,8 @@ class Card:
     sent: dict[str, float] = field(default_factory=dict)  # collective kind -> bytes each device sends
     counts: dict[str, int] = field(default_factory=dict)  # collective kind -> how many in the program
     dtype: str = "f32"
+    # The TPU compiler's own estimate on a compile-only TPU configuration: {"on", "seconds", "flops", "bytes"}.
+    compiler: dict | None = None
 
     @property
     def held_total(self) -> int:
@@ -146,7 +148,7 @@ class Card:
 
     def to_json(self) -> dict:
         return {"devices": self.devices, "flops": self.flops, "held": self.held, "sent": self.sent,
-                "counts": self.counts, "dtype": self.dtype}
+                "counts": self.counts, "dtype": self.dtype, **({"compiler": self.compiler} if self.compiler else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> Card:
@@ -176,7 +178,10 @@ def card(facts: dict) -> Card:
             counts[c["op"]] = counts.get(c["op"], 0) + 1
     outputs = facts.get("outputs") if isinstance(facts.get("outputs"), list) else []
     dtype = "bf16" if outputs and all(o.get("dtype") == "bfloat16" for o in outputs) else "f32"
-    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype)
+    estimate = facts.get("compiler")
+    compiler = ({"on": str(facts.get("compiled_for") or "the compiler"), **{k: float(estimate[k]) for k in
+                 ("seconds", "flops", "bytes")}} if isinstance(estimate, dict) and "seconds" in estimate else None)
+    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype, compiler)
 
 
 # ----------------------------------------------------------------------------------------
@@ -234,6 +239,10 @@ def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Car
         fits = "" if t.fits else f"; does not fit its {format_bytes(chip.hbm_bytes)} of HBM"
         out.append(f"  {chip.name} x{c.devices}: compute {format_seconds(t.compute)}, HBM {format_seconds(t.memory)}, "
                    f"network {format_seconds(t.communication)}: {BOUND_WORDS[t.bound]}{fits}")
+    if c.compiler:  # the compiler's own figures, beside the hand model's above
+        out.append(f"  {c.compiler['on']}, the compiler's own estimate: step {format_seconds(c.compiler['seconds'])}; "
+                   f"{format_flops(c.compiler['flops'])} and {format_bytes(c.compiler['bytes'])} of HBM traffic per "
+                   f"device")
     if reference is not None:
         notes = compare(c, reference)
         out += [f"  {n}" for n in notes] or ["  about what the reference solution costs"]

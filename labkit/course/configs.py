@@ -20,7 +20,7 @@ from labkit.machine import accelerators
 _DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS",
                      "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", "LABKIT_COORDINATOR", "LABKIT_NUM_PROCESSES",
                      "LABKIT_PROCESS_ID", "LABKIT_LOCAL_DEVICE_IDS", "LABKIT_CPU_COLLECTIVES",
-                     "JAX_DEFAULT_MATMUL_PRECISION", "XLA_PYTHON_CLIENT_")
+                     "JAX_DEFAULT_MATMUL_PRECISION", "XLA_PYTHON_CLIENT_", "LABKIT_TPU_TOPOLOGY")
 
 # The precision of float32 matrix products on an accelerator configuration. TPUs multiply float32 in
 # one bfloat16 pass by default, recent NVIDIA GPUs in TF32: errors near 1e-3, which would fail checks
@@ -42,9 +42,15 @@ class DeviceConfig:
     distributed: dict[str, str] = field(default_factory=dict)
     # Only when named (CONFIGS=, --configs): never in `make lab-N`'s default nor in grading's "every one available".
     on_request: bool = False
+    # A compile-only TPU configuration: the TPU topology (e.g. "v5e:2x4") every compiled fact is read from.
+    compile_for: str | None = None
 
     def availability(self) -> tuple[bool, str]:
         """(True, "") when this configuration can run here, else (False, reason)."""
+        if self.compile_for:
+            from labkit.judge import tpucompile
+
+            return tpucompile.libtpu_available()
         if self.platform == "tpu":
             return tpu_available()
         if self.platform == "gpu":
@@ -108,6 +114,24 @@ def cpu_processes(processes: int, devices: int, *, on_request: bool = True) -> D
     )
 
 
+def tpu_compiled(name: str, topology: str, devices: int) -> DeviceConfig:
+    """A compile-only TPU configuration: values from `cpu-N`, compiled facts from libtpu's compiler for `topology`.
+
+    No TPU is needed: the notebook and the kit's own run of each program use N CPU devices; every check of
+    the compiled program reads the same exported program compiled for the TPU topology (`judge.tpucompile`).
+    """
+    kind, _, shape = topology.partition(":")
+    return DeviceConfig(name=name, summary=f"compiled for TPU {kind} {shape}, values from cpu-{devices}",
+                        platform="cpu",
+                        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices),
+                             "LABKIT_TPU_TOPOLOGY": topology},
+                        devices=devices, on_request=True, compile_for=topology)
+
+
+# The compile-only TPU configurations, as data: name, topology, chips.
+TPU_COMPILED = (("v5e-8", "v5e:2x4", 8), ("v6e-8", "v6e:2x4", 8), ("v5p-8", "v5p:2x2x2", 8),
+                ("v5e-256", "v5e:16x16", 256))
+
 CONFIGS: dict[str, DeviceConfig] = {
     c.name: c
     for c in (
@@ -132,6 +156,7 @@ CONFIGS: dict[str, DeviceConfig] = {
         # Pod sizes: every lab's reference must pass on each (see tests/kit/test_pod_sizes.py).
         *(cpu(n) for n in POD_SIZES if n not in (1, 8)),
         cpu_processes(4, 2),
+        *(tpu_compiled(*row) for row in TPU_COMPILED),
     )
 }
 

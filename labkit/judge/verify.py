@@ -144,7 +144,7 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
     import jax
 
     from labkit import facts
-    from labkit.judge import harness, plaindata
+    from labkit.judge import harness, plaindata, tpucompile
 
     budget = budget if budget is not None else [MAX_RUN_ELEMENTS]
     try:
@@ -179,7 +179,12 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         a, kw = jax.tree_util.tree_unflatten(tree, now)
         with context:  # a context is entered once: the facts are read inside it, from the same placement
             value = jax.block_until_ready(_relabelled(program(*a, **kw), outputs))
-            return value, (facts.gather(program, a, kw) if examine else None)
+            if not examine:
+                return value, None
+            if topology := tpucompile.topology():  # a compile-only TPU configuration: the TPU program's facts
+                return value, tpucompile.compiled_facts(exported, base64.b64decode(blob), topology, shape, a, kw,
+                                                        positions, call.get("tpu_refused"))
+            return value, facts.gather(program, a, kw)
 
     try:
         *shapes, last = _mesh_shapes(exported.nr_devices)
@@ -335,7 +340,9 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     # the run's time limit covers its verifier too (a pod's `seconds` is its own word: never more than the limit)
     left = min(float(timeout), max(VERIFY_FLOOR, float(timeout) - float(record.seconds or 0)))
     folder = scratch.empty(Path(kit_folder) / FOLDER)
-    job = json.dumps({"calls": [by_id[cid] for cid in wanted], "programs": wanted}).encode()
+    refused = {cid: str(sent[cid]["tpu_refused"])[:300] for cid in wanted if sent[cid].get("tpu_refused")}
+    job = json.dumps({"calls": [by_id[cid] | ({"tpu_refused": refused[cid]} if cid in refused else {})
+                                for cid in wanted], "programs": wanted}).encode()
     job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
     out = str(folder.resolve() / VERIFIED_FILE)
     with open(Path(kit_folder) / "verify.log", "wb") as log:

@@ -139,6 +139,29 @@ def check_configurations() -> list[Check]:
     return out
 
 
+LIBTPU_LICENCE = "Google Cloud Platform Terms of Service"  # what libtpu's own metadata says, when it is not here
+
+
+def check_libtpu() -> Check:
+    """libtpu: the TPU compiler of the compile-only TPU configurations (v5e-8, ...); never in the lean set-up."""
+    from importlib import metadata
+
+    from labkit.course import configs
+
+    names = ", ".join(c.name for c in configs.CONFIGS.values() if c.compile_for)
+    try:
+        dist = metadata.distribution("libtpu")
+    except metadata.PackageNotFoundError:
+        return Check("libtpu", "TPU compiler (libtpu)", WARN,
+                     f"not installed: the configurations {names} are skipped",
+                     f"`make setup EXTRAS=tpu` adds it (about 640 MB; licence: {LIBTPU_LICENCE}); grading and "
+                     f"`make test` use it, a student's lean set-up never needs it")
+    size = sum(f.size or 0 for f in dist.files or [])
+    licence = dist.metadata.get("License") or dist.metadata.get("License-Expression") or LIBTPU_LICENCE
+    return Check("libtpu", "TPU compiler (libtpu)", OK,
+                 f"libtpu {dist.version}, {size / 1e6:.0f} MB, licence: {licence}; compiles for {names}")
+
+
 def _device_holders() -> list[str]:
     """Processes that hold a TPU or GPU device open (only those this user may inspect)."""
     nodes = ("/dev/accel", "/dev/vfio/", "/dev/nvidia")
@@ -213,7 +236,7 @@ def check_memory(per_run: int = 4 * GiB) -> Check:
 
 def run_checks(root: Path = ROOT) -> list[Check]:
     checks = [check_python(), check_jax(), check_environment(root)]
-    for optional in (check_sandbox, check_configurations):
+    for optional in (check_sandbox, check_configurations, check_libtpu):
         try:
             result = optional()
         except Exception as e:  # a broken environment must not hide the rest of the screen

@@ -11,6 +11,11 @@ by their own runs.
 
 A cache entry is XLA's executable for exactly that program, those options and that device count;
 a run that misses compiles as before.
+
+On a compile-only TPU configuration the verifier keeps the TPU compiler's facts of each program in
+`tpu-facts/` of the same folder, under the same rule (`judge.tpucompile.FactsCache`): written by the runs
+that fill the cache, read by name by the others, so a student's program the reference compiled for the
+topology is not compiled again.
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_C
 QUIET = ("import warnings; warnings.filterwarnings('ignore', message='Error writing persistent compilation cache')")
 
 
+TPU_FACTS = "tpu-facts"  # the TPU compiler's facts of each program (judge.tpucompile), beside JAX's entries
+
+
 @dataclass(frozen=True)
 class CompileCache:
     folder: Path
     writable: bool  # True for the runs that fill it (the reference solutions; a student's own loop)
 
     def environment(self) -> dict[str, str]:
-        return SETTINGS | {"JAX_COMPILATION_CACHE_DIR": str(self.folder)}
+        return SETTINGS | {"JAX_COMPILATION_CACHE_DIR": str(self.folder),
+                           "LABKIT_TPU_CACHE": str(self.folder / TPU_FACTS)}
 
     def read_only(self) -> CompileCache:
         return CompileCache(self.folder, False)
@@ -49,7 +58,7 @@ def prepare(folder: Path, unlisted: bool = False) -> CompileCache:
     removed like any folder). A student's own cache in `make lab-N` is an ordinary folder.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / TPU_FACTS).mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o311 if unlisted else 0o755)
     return CompileCache(folder.resolve(), True)
 

@@ -85,6 +85,9 @@ def _links(binds: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+CPU_INFO = "/sys/devices/system/cpu"
+
+
 def accelerator_devices() -> list[str]:
     """The accelerator device nodes of this host, TPU and NVIDIA (none on a CPU machine): a run must see them."""
     return accelerators.devices()
@@ -118,6 +121,8 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
         args += ["--dev-bind", device, device]
     if accelerator_devices() and os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
+    elif os.path.isdir(CPU_INFO):  # the CPUs' count, which libtpu's allocator reads to compile for a TPU topology
+        args += ["--ro-bind", CPU_INFO, CPU_INFO]
     binds = [p for p in visible(extra_ro) if not any(p == s or p.startswith(s + "/") for s in _SYSTEM)]
     links = _links(binds)
     work = str(Path(workdir).resolve())

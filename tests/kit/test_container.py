@@ -83,7 +83,7 @@ def test_the_base_image_is_one_argument_defaulting_to_the_debian_base_make_docke
     assert next(rest for _, word, rest in instructions() if word == "FROM").startswith("${BASE_IMAGE}")
     plan = subprocess.run(["make", "-n", "docker-build"], cwd=ROOT, check=False, capture_output=True, text=True).stdout
     assert f"--build-arg BASE_IMAGE={base.group(1)}" in plan
-    assert f"docker/base.sh {base.group(1)} bookworm" in subprocess.run(
+    assert f"docker/base.sh {base.group(1)} trixie" in subprocess.run(
         ["make", "-n", "docker-base"], cwd=ROOT, check=False, capture_output=True, text=True).stdout
 
 

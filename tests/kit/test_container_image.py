@@ -95,12 +95,12 @@ def behind_the_proxy() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def base(engine):
     """The Debian base (`make docker-base`), made once per engine."""
-    if docker(engine, "image", "inspect", "labkit-base:bookworm", check=False).returncode != 0:
+    if docker(engine, "image", "inspect", "labkit-base:trixie", check=False).returncode != 0:
         if os.geteuid() != 0 or not shutil.which("debootstrap"):
-            pytest.skip("no labkit-base:bookworm image, and debootstrap (as root) cannot make one here")
+            pytest.skip("no labkit-base:trixie image, and debootstrap (as root) cannot make one here")
         done = make_line(engine, doc_commands.with_values("make docker-base"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return "labkit-base:bookworm"
+    return "labkit-base:trixie"
 
 
 @pytest.fixture(scope="session")
@@ -230,27 +230,27 @@ def test_a_correct_notebook_passes_on_cpu_1_and_cpu_8_in_the_kits_sandbox(engine
 
 
 @pytest.fixture(scope="session")
-def trixie_image(engine):
-    """The course image on Debian 13 (Python 3.13, so JAX 0.12 from the lock), as `make docker-base
-    DEBIAN_SUITE=trixie` and `make docker-build BASE_IMAGE=...` make it."""
-    base_name = "labkit-base:trixie"
+def bookworm_image(engine):
+    """The course image on Debian 12 (Python 3.11, so JAX 0.10.2 from the lock), as `make docker-base
+    DEBIAN_SUITE=bookworm` and `make docker-build BASE_IMAGE=...` make it."""
+    base_name = "labkit-base:bookworm"
     if docker(engine, "image", "inspect", base_name, check=False).returncode != 0:
         if os.geteuid() != 0 or not shutil.which("debootstrap"):
             pytest.skip(f"no {base_name} image, and debootstrap (as root) cannot make one here")
-        done = make_line(engine, doc_commands.with_values("make docker-base DEBIAN_SUITE=trixie BASE_IMAGE=labkit-base:trixie"))
+        done = make_line(engine, doc_commands.with_values("make docker-base DEBIAN_SUITE=bookworm"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    # its own tag, so that the bookworm image the other tests run stays labkit:cpu
-    done = make_line(engine, doc_commands.with_values("make docker-build BASE_IMAGE=labkit-base:trixie",
-                                                  also={"IMAGE": "labkit:kit-test-trixie", **behind_the_proxy()}))
+    # its own tag, so that the Debian 13 image the other tests run stays labkit:cpu
+    done = make_line(engine, doc_commands.with_values("make docker-build BASE_IMAGE=labkit-base:bookworm",
+                                                  also={"IMAGE": "labkit:kit-test-bookworm", **behind_the_proxy()}))
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
-    return "labkit:kit-test-trixie"
+    return "labkit:kit-test-bookworm"
 
 
-def test_the_image_on_debian_13_has_jax_0_12_and_passes_lab_3_on_cpu_1_and_cpu_8(engine, trixie_image, tmp_path):
-    versions = docker(engine, "run", "--rm", trixie_image, "python", "-c",
+def test_the_image_on_debian_12_has_jax_0_10_and_passes_lab_3_on_cpu_1_and_cpu_8(engine, bookworm_image, tmp_path):
+    versions = docker(engine, "run", "--rm", bookworm_image, "python", "-c",
                       "import sys, jax, flax; print(*sys.version_info[:2], jax.__version__, flax.__version__)").stdout.split()
-    assert versions[:3] == ["3", "13", "0.12.0.1"], versions
-    lab_3_reference_passes_in_the_sandbox(engine, trixie_image, tmp_path)
+    assert versions[:3] == ["3", "11", "0.10.2"], versions
+    lab_3_reference_passes_in_the_sandbox(engine, bookworm_image, tmp_path)
 
 
 def test_with_dockers_default_profile_bubblewrap_cannot_make_the_sandbox(engine, image):

@@ -651,6 +651,16 @@ def test_a_cpu_host_binds_no_device_nodes(tmp_path, monkeypatch):
     assert "--dev-bind" not in mounts.bwrap_command("bwrap", ["true"], tmp_path, allowance.DEFAULT_LIMITS)
 
 
+def test_a_cpu_host_shows_the_cpu_count_libtpu_needs_and_nothing_else_of_sys(tmp_path, monkeypatch):
+    # libtpu's allocator aborts (CHECK in NumCPUs) where /sys/devices/system/cpu is missing: a compile-only
+    # TPU configuration's verifier would end with exit status 134 and no facts.
+    monkeypatch.setattr(mounts, "accelerator_devices", list)
+    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path, allowance.DEFAULT_LIMITS)
+    binds = [cmd[i + 2] for i, word in enumerate(cmd) if word in ("--ro-bind", "--bind")]
+    assert [b for b in binds if b.startswith("/sys")] == (["/sys/devices/system/cpu"]
+                                                          if Path("/sys/devices/system/cpu").is_dir() else [])
+
+
 # ----------------------------------------------------------------------------------------
 # The trust boundary: what the kit's own, unsandboxed process does with the run's folders.
 # ----------------------------------------------------------------------------------------

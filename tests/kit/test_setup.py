@@ -90,6 +90,21 @@ def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
     assert groups(planned_selection(kit, "setup")) == EVERY_GROUP  # ...keeping every group
 
 
+def test_make_test_adds_libtpu_where_jax_0_12_installs_and_a_later_make_lab_keeps_it(tmp_path):
+    kit = copy_kit(tmp_path / "kit")
+    python = interpreter(kit)
+    new = subprocess.run([python.split()[1], "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                         capture_output=True, text=True, check=False).stdout.strip() == "True"
+    (kit / ".venv").mkdir()
+    stamp = kit / ".venv" / ".synced"
+    stamp.write_text(f"{python} --no-default-groups --group notebook\n")
+    assert ("--extra tpu" in planned_selection(kit, "test")) == new  # the TPU configurations' tests need libtpu
+    assert ("--extra tpu" in planned_selection(kit, "setup", "FOR=test")) == new
+    assert "--extra" not in planned_selection(kit, "setup", "DEP_GROUPS=notebook,dev"), "never for a student"
+    stamp.write_text(f"{python} --extra tpu --no-default-groups --group notebook\n")
+    assert planned_selection(kit, "lab-3") is None, "an extra installed is kept, not taken away again"
+
+
 def test_dep_groups_and_extras_are_exact(tmp_path):
     kit = copy_kit(tmp_path / "kit")
     python = interpreter(kit)

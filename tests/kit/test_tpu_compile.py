@@ -1,0 +1,116 @@
+"""Compile-only TPU configurations (labkit/judge/tpucompile.py): values from CPU devices, compiled facts
+from libtpu's TPU compiler for a topology that is not attached. The probe runs in one process of eight CPU
+devices (tpu_probe.py), so libtpu starts once for all of them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.course import configs
+from labkit.judge import tpucompile
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+
+
+def test_the_compile_only_tpu_configurations_are_data_that_name_their_topology_and_their_values():
+    rows = {c.name: (c.compile_for, c.devices, c.summary) for c in configs.CONFIGS.values() if c.compile_for}
+    assert rows == {
+        "v5e-8": ("v5e:2x4", 8, "compiled for TPU v5e 2x4, values from cpu-8"),
+        "v6e-8": ("v6e:2x4", 8, "compiled for TPU v6e 2x4, values from cpu-8"),
+        "v5p-8": ("v5p:2x2x2", 8, "compiled for TPU v5p 2x2x2, values from cpu-8"),
+        "v5e-256": ("v5e:16x16", 256, "compiled for TPU v5e 16x16, values from cpu-256"),
+    }
+    v5e = configs.by_name("v5e-8")
+    env = v5e.environment({"LABKIT_TPU_TOPOLOGY": "v6e:2x4", "HOME": "/h"})
+    assert env["LABKIT_TPU_TOPOLOGY"] == "v5e:2x4" and env["JAX_PLATFORMS"] == "cpu"
+    assert "LABKIT_TPU_TOPOLOGY" not in configs.by_name("cpu-8").environment({"LABKIT_TPU_TOPOLOGY": "v5e:2x4"})
+    assert v5e.on_request and v5e not in configs.graded_by_default()
+
+
+def test_without_libtpu_each_tpu_configuration_is_skipped_with_the_command_that_adds_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    for name in ("v5e-8", "v6e-8", "v5p-8", "v5e-256"):
+        ok, why = configs.by_name(name).availability()
+        assert not ok and "make setup EXTRAS=tpu" in why, (name, why)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("tpu-cache")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8", "LABKIT_TPU_TOPOLOGY": "v5e:2x4",
+           "LABKIT_TPU_CACHE": str(cache)}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("tpu_probe.py"))], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_libtpu
+def test_a_bf16_collective_is_judged_by_the_tpu_program_which_sends_bf16_not_float32(probe):
+    # XLA:CPU runs a bfloat16 all-reduce in float32: twice the bytes of the TPU program, whose budget it breaks.
+    rows, cols, n = 64, 256, 8
+    budget = 2 * (n - 1) / n * rows * cols * 2  # a ring all-reduce of rows x cols bfloat16
+    assert probe["tpu"]["compiled_for"] == "TPU v5e 2x4" and probe["tpu"]["value"]
+    assert probe["tpu"]["shapes"][0].startswith("bf16[64,256]")
+    assert probe["tpu"]["sent"] == budget
+    assert probe["cpu"]["sent"] == 2 * budget and probe["cpu"]["compiled_for"] is None
+
+
+@needs_libtpu
+def test_the_cost_card_shows_the_tpu_compilers_own_estimate_beside_the_hand_model(probe):
+    shown = "\n".join(probe["card"])
+    assert "TPU v5e 2x4, the compiler's own estimate: step " in shown and "of HBM traffic per device" in shown
+    assert "the compiler's own estimate" not in "\n".join(probe["cpu"]["card"])  # XLA:CPU gives none
+
+
+@needs_libtpu
+def test_a_second_identical_program_is_not_compiled_again(probe):
+    # three programs compiled (the bf16 sum, the one over HBM, none for the CPU-only one); the second student's
+    # bf16 sum was read from the cache, which keeps what compiled and what the compiler refused
+    assert probe["again"] and probe["cache"]["hits"] == 1 and probe["cache"]["compiles"] == 3
+    assert len(probe["cache"]["files"]) == 2
+
+
+@needs_libtpu
+def test_a_program_over_the_tpus_memory_is_refused_with_the_compilers_figures(probe):
+    why = probe["refused"]["unavailable"]
+    assert "TPU compiler (TPU v5e 2x4) refused" in why and "CompileTimeHbmOom" in why and "15.75G" in why
+
+
+@needs_libtpu
+def test_a_program_exported_for_cpu_alone_says_it_was_not_exported_for_the_tpu(probe):
+    assert "exported for cpu only" in probe["not_for_tpu"]["unavailable"]
+
+
+def test_the_cache_key_is_the_program_the_topology_and_the_placement():
+    key = tpucompile.FactsCache.key
+    assert key(b"p", "v5e:2x4", None) == key(b"p", "v5e:2x4", None)
+    assert len({key(b"p", "v5e:2x4", None), key(b"q", "v5e:2x4", None), key(b"p", "v6e:2x4", None),
+                key(b"p", "v5e:2x4", [2, 4])}) == 4
+
+
+def test_doctor_names_libtpu_its_size_and_licence_or_how_to_add_it(monkeypatch):
+    from importlib import metadata
+
+    from labkit.machine import doctor
+
+    found = doctor.check_libtpu()
+    if HAS_LIBTPU:
+        assert found.status == doctor.OK and " MB, licence: " in found.detail and "v5e-256" in found.detail
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    absent = doctor.check_libtpu()
+    assert absent.status == doctor.WARN and "make setup EXTRAS=tpu" in absent.fix
+    assert "Google Cloud Platform Terms of Service" in absent.fix and "v5e-8" in absent.detail
