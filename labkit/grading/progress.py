@@ -79,7 +79,7 @@ def parts(out: Path) -> list[Part]:
         return [local]
     jobs = _jobs(out)
     if jobs:
-        found = [_slurm_part(out, i) for i in range(1, jobs["shards"] + 1)]
+        found = [_slurm_part(out, i) for i in range(1, jobs["shards"] + 1) if (shards / str(i)).is_dir()]
         began = jobs["submitted"]
     else:
         folders = sorted((p for p in shards.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
