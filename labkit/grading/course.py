@@ -316,7 +316,7 @@ def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", chang
     sources, changes, notes = {}, [], []
     for name, entry in INPUTS.items():
         old = None
-        if name in kept:
+        if name in kept and (given.get(name) is None and name not in dropped or (folder / entry.file).is_file()):
             try:
                 old = Source((folder / entry.file).read_text(encoding="utf-8"), str(kept[name]["from"]), True)
             except (OSError, UnicodeDecodeError, KeyError, TypeError):
@@ -326,7 +326,9 @@ def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", chang
         if name in dropped:
             if old is not None:
                 changes.append(f"{name}: forgotten (was {old.origin})")
-            continue
+            if name != "policy":
+                continue
+            old, change_policy = None, True  # back to the kit's policy, asked for by name
         path = given.get(name)
         if path is not None:
             new = Source(_read_given(path), str(path), False)

@@ -289,7 +289,9 @@ def test_the_makefile_takes_its_input_flags_from_the_registry():
     names = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "labkit.grading.course", "names"],
                            capture_output=True, text=True, check=True).stdout.split()
     assert names == list(course.INPUTS)
-    assert "$(shell $(PY) -m labkit.grading.course names" in (ROOT / "Makefile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(shell $(PY) -m labkit.grading.course names" in makefile
+    assert [n for n in names if f"\n{n.upper().replace('-', '_')} ?=\n" not in makefile] == []
 
 
 def test_a_merge_is_the_same_whatever_order_the_parts_come_in():
