@@ -252,9 +252,26 @@ def test_make_slurm_grade_and_docker_grade_pass_every_ta_input():
     assert "--roster /course-inputs/roster/r.csv" in plan and "--overrides /course-inputs/overrides/o.csv" in plan
 
 
-def test_every_slurm_shard_reads_the_course_state_slurm_grade_kept():
-    request = slurm.Request(Path("/s"), Path("/out"), 4, extra=("--course", "/out/course"))
-    assert "--course /out/course" in slurm.scripts(request, ROOT)["shard.sh"]
+def test_slurm_grade_checks_and_keeps_the_inputs_and_every_shard_reads_them(graded, tmp_path, monkeypatch):
+    from labkit import cli
+
+    subs, _, paths = graded[:3]
+    submitted = []
+    monkeypatch.setattr(slurm, "submit", lambda request: submitted.append(request) or ("1", "2"))
+    out = tmp_path / "out"
+    code = cli.main(["slurm-grade", "--submissions", str(subs), "--out", str(out), "--shards", "2", "--labs", "3",
+                     "--configs", "cpu-1", "--no-wait", "--students", "dora", *flags(paths)])
+    assert code == 0 and len(submitted) == 1
+    shard = slurm.scripts(submitted[0], ROOT)["shard.sh"]
+    assert f"--course {out / 'course'}" in shard and "--students dora" in shard
+    kept = course.read_manifest(out / "course")["inputs"]
+    assert sorted(kept) == ["extensions", "overrides", "policy", "roster"]
+    assert kept["overrides"]["from"] == str(paths["overrides"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("student,lab,points\nnobody,3,1\n")
+    code = cli.main(["slurm-grade", "--submissions", str(subs), "--out", str(tmp_path / "o2"), "--shards", "2",
+                     "--no-wait", *flags(paths | {"overrides": bad})])
+    assert code == 2 and len(submitted) == 1  # refused before anything was submitted
 
 
 def test_slurm_grade_refuses_an_out_that_holds_a_local_run(tmp_path):
