@@ -130,20 +130,35 @@ configs: setup ## list the device configurations and whether each runs here
 isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why none and the fix
 	@$(PY) -m labkit isolation
 
-grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboard] [ROSTER=roster.csv] [POLICY=..] [ADJUSTMENTS=..] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only] [START=cold]
+# The TA's inputs, the course's state (labkit/grading/course.py, kept in OUT/course/): ROSTER=file gives
+# --roster file, and so for every input its registry lists (asked of it when a grading target runs, so an
+# input added there needs nothing here). Each one left out is the one kept from the class's last run.
+COURSE_INPUTS = $(or $(shell $(PY) -m labkit.grading.course names 2>/dev/null),roster policy overrides extensions adjustments)
+# The inputs the registry lists today, named here for readers (a test checks the two lists agree):
+ROSTER ?=
+POLICY ?=
+OVERRIDES ?=
+EXTENSIONS ?=
+ADJUSTMENTS ?=
+upper = $(shell echo '$(1)' | tr 'a-z-' 'A-Z_')
+COURSE_FLAGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),--$(i) $($(call upper,$(i)))))
+# ... and what every grading path takes with them: which inputs to drop, a change of policy asked for by
+# name, where the state is kept, and which units to grade again.
+COURSE_ARGS = $(COURSE_FLAGS) $(if $(FORGET),--forget $(FORGET)) $(if $(CHANGE_POLICY),--change-policy) \
+  $(if $(COURSE),--course $(COURSE)) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
+
+grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboard] [ROSTER=roster.csv] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [ADJUSTMENTS=..] [FORGET=overrides] [CHANGE_POLICY=1] [STUDENTS=id,id] [RETRY=1] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only] [START=cold]
 	@$(PY) -m labkit grade --submissions $(or $(SUBMISSIONS),submissions) --out $(or $(OUT),scoreboard) \
 	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
-	  $(if $(SHARD),--shard $(SHARD)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLICY)) \
-	  $(if $(OVERRIDES),--overrides $(OVERRIDES)) $(if $(EXTENSIONS),--extensions $(EXTENSIONS)) \
-	  $(if $(ADJUSTMENTS),--adjustments $(ADJUSTMENTS)) \
+	  $(if $(SHARD),--shard $(SHARD)) $(COURSE_ARGS) \
 	  $(if $(ISOLATION),--isolation $(ISOLATION)) $(if $(START),--start $(START)) --timeout $(TIMEOUT)
 
-slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMISSIONS=..] [OUT=..] [LABS=..] [CONFIGS=..] [PARTITION=..] [ACCOUNT=..] [NO_WAIT=1]
+slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMISSIONS=..] [OUT=..] [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1] [LABS=..] [CONFIGS=..] [PARTITION=..] [ACCOUNT=..] [NO_WAIT=1]
 	@test -n "$(SHARDS)" || { echo "usage: make slurm-grade SHARDS=N [SUBMISSIONS=..] [OUT=..]" >&2; exit 2; }
 	@$(PY) -m labkit slurm-grade --shards $(SHARDS) --submissions $(or $(SUBMISSIONS),submissions) \
 	  --out $(or $(OUT),scoreboard) $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) \
 	  $(if $(JOBS),--jobs $(JOBS)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(ACCOUNT),--account $(ACCOUNT)) \
-	  $(if $(NO_WAIT),--no-wait) --timeout $(TIMEOUT)
+	  $(if $(NO_WAIT),--no-wait) $(COURSE_ARGS) --timeout $(TIMEOUT)
 
 progress: setup ## how far a grading run (or its shards, on any engine) has got: make progress OUT=scoreboard [WATCH=1]
 	@$(PY) -m labkit progress $(or $(OUT),scoreboard) $(if $(WATCH),--watch)
@@ -249,14 +264,22 @@ docker-lab: ## JupyterLab in the course image on http://localhost:8888, with lab
 	  -p 127.0.0.1:$(PORT):8888 $(DOCKER_SANDBOX) -v "$(abspath $(LAB_DIR)):$(KIT_IN_IMAGE)/labs" $(IMAGE) \
 	  jupyter lab --ip=0.0.0.0 --port=8888 --no-browser
 
-docker-grade: ## grade SUBMISSIONS into GRADES in the course image: no network, each notebook in the kit's sandbox
+# Each TA input given (ROSTER=.., ...) is mounted read-only at /course-inputs/<name>/<its file name>.
+DOCKER_COURSE = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),\
+  -v "$(abspath $($(call upper,$(i)))):/course-inputs/$(i)/$(notdir $($(call upper,$(i)))):ro"))
+DOCKER_COURSE_ARGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),\
+  --$(i) /course-inputs/$(i)/$(notdir $($(call upper,$(i)))))) $(if $(FORGET),--forget $(FORGET)) \
+  $(if $(CHANGE_POLICY),--change-policy) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
+
+docker-grade: ## grade SUBMISSIONS into GRADES in the course image: no network, each notebook in the kit's sandbox [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1]
 	@mkdir -p "$(GRADES)"
 	bash docker/run.sh "$(abspath $(GRADES))" -- --rm --network none $(DOCKER_SANDBOX) \
-	  -v "$(abspath $(SUBMISSIONS)):/submissions:ro" -v "$(abspath $(GRADES)):/grades" \
+	  -v "$(abspath $(SUBMISSIONS)):/submissions:ro" -v "$(abspath $(GRADES)):/grades" $(DOCKER_COURSE) \
 	  -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
 	  nox -s grade -- --submissions /submissions --out /grades $(if $(LABS),--labs $(LABS)) \
-	  $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) --timeout $(TIMEOUT) $(GRADE_ARGS)
+	  $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) --timeout $(TIMEOUT) $(DOCKER_COURSE_ARGS) \
+	  $(GRADE_ARGS)
 
 .PHONY: workshop-up workshop-links workshop-status workshop-run workshop-collect workshop-grade workshop-idle workshop-down
 WORKSHOP := bash infra/workshop.sh

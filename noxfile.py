@@ -38,14 +38,16 @@ def lab(session: nox.Session) -> None:
 @nox.session
 def grade(session: nox.Session) -> None:
     """Grade a class: nox -s grade -- [--submissions DIR|ZIP] [--out DIR] [--roster CSV] [--policy TOML]
-    [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N]
-    [--isolation sandbox|limits-only]."""
+    [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--forget NAME] [--change-policy] [--students ID,ID] [--retry]
+    [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N] [--isolation sandbox|limits-only].
+    The TA's inputs are kept in OUT/course: one left out is the one kept (docs/grading.md)."""
     _kit(session, "grade", *session.posargs)
 
 
 @nox.session
 def slurm_grade(session: nox.Session) -> None:
     """Grade a class on a Slurm cluster: nox -s slurm_grade -- --shards N [--submissions DIR] [--out DIR]
+    [--roster CSV] [--policy TOML] [--overrides CSV] [--extensions CSV] [--students ID,ID] [--retry]
     [--labs ..] [--configs ..] [--partition P] [--account A] [--no-wait] [-- more grade arguments]."""
     _kit(session, "slurm-grade", *session.posargs)
 

@@ -90,7 +90,7 @@ def _grade(args) -> int:
         results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
                               jobs=args.jobs, timeout=args.timeout, shard=args.shard,
                               limits=allowance.limits_from_args(args), start=args.start, runs_from=args.runs_from,
-                              plan=args.plan, **_grading_inputs(args))
+                              plan=args.plan, students=args.students, retry=args.retry, **_grading_inputs(args))
     except modes.SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
@@ -109,9 +109,18 @@ def _grade(args) -> int:
 
 
 def _grading_inputs(args) -> dict:
-    """The class list and the grading policy of `grade` (see labkit/grading/roster.py and labkit/grading/policy.py)."""
-    return {"roster": args.roster, "policy": args.policy, "overrides": args.overrides, "extensions": args.extensions,
-            "adjustments": args.adjustments}
+    """The TA's inputs of `grade` and `slurm-grade`: the course's state (labkit/grading/course.py)."""
+    from labkit.grading import course
+
+    return {"inputs": course.given_of(args), "course": args.course, "forget": args.forget,
+            "change_policy": args.change_policy}
+
+
+def _add_regrade_arguments(parser) -> None:
+    parser.add_argument("--students", default=None,
+                        help="comma-separated ids: grade these students again, whatever was kept for them")
+    parser.add_argument("--retry", action="store_true",
+                        help="grade again every unit whose kept result is an error or a timeout")
 
 
 def _export(args) -> int:
@@ -138,12 +147,13 @@ def _scoreboard(args) -> int:
     if args.action == "export":
         return _export(args)
     if args.action == "merge":
+        from labkit.grading import merge
+
         try:
-            results = scoreboard.merge([scoreboard.read(d) for d in args.parts])
+            results = merge.merge_folders(args.parts, args.out)
         except scoreboard.MergeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        scoreboard.write(results, args.out)
         Console().print(scoreboard.terminal(results))
         print(f"merged {len(args.parts)} parts into {args.out / 'scoreboard.csv'}")
         return 0
@@ -211,14 +221,30 @@ def _add_gradescope(sub) -> None:
 
 def _slurm_grade(args) -> int:
     """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
-    from labkit.grading import slurm
+    from labkit.grading import collect, grade, slurm
 
+    from labkit.grading import course as course_mod
+
+    kept = {f"--{n}" for n in course_mod.INPUTS} | {"--course", "--forget", "--change-policy", "--students", "--retry"}
+    passed = sorted({a.split("=")[0] for a in args.grade_args} & kept)
+    if passed:
+        print(f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any job "
+              "is submitted and keeps them in the course's state that every shard reads", file=sys.stderr)
+        return 2
+    course = (args.course or args.out / "course").absolute()
+    extra = ["--course", str(course)] + (["--students", args.students] if args.students else []) + \
+        (["--retry"] if args.retry else [])
     request = slurm.Request(args.submissions.absolute(), args.out.absolute(), args.shards, labs=args.labs,
                             configs=args.configs, jobs=args.jobs, timeout=args.timeout, partition=args.partition,
-                            account=args.account, extra=tuple(args.grade_args))
+                            account=args.account, extra=tuple(extra + args.grade_args))
     try:
+        slurm.check_out(request.out, args.course)
+        # the TA's inputs checked and kept before any job is submitted; every shard reads them from there
+        inputs = _grading_inputs(args) | {"course": course}
+        grade.prepare(request.submissions, request.out, students=args.students, labs=args.labs,
+                      config_names=args.configs, **inputs)
         array, merge = slurm.submit(request)
-    except (slurm.SlurmError, KeyError) as e:
+    except (slurm.SlurmError, collect.GradeError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
@@ -270,6 +296,10 @@ def _add_cluster(sub) -> None:
     sl.add_argument("--account", default=None)
     sl.add_argument("--no-wait", action="store_true", help="submit and return at once")
     sl.add_argument("--every", type=float, default=10.0, help="seconds between progress lines (default 10)")
+    from labkit.grading import course
+
+    course.add_arguments(sl)  # the same TA inputs as `grade`, checked here and kept in OUT/course for every shard
+    _add_regrade_arguments(sl)
     sl.add_argument("grade_args", nargs="*", help="after --: more `grade` arguments for every shard (--roster ..)")
     sl.set_defaults(func=_slurm_grade)
     mg = sub.add_parser("slurm-merge", help="(the merge job) merge OUT/shards/* into OUT, naming shards that failed")
@@ -326,16 +356,10 @@ def parser() -> argparse.ArgumentParser:
     grd.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
                      help="seconds one notebook may run on one configuration (default %(default)s)")
     grd.add_argument("--shard", default=None, help="i/N: grade only the i-th of N parts of the class")
-    grd.add_argument("--roster", type=Path, default=None,
-                     help="CSV of the class (columns: student, and optionally name, email, lms_id, section)")
-    grd.add_argument("--policy", type=Path, default=None,
-                     help="the grading policy (TOML; default tests/policy.toml when there is one)")
-    grd.add_argument("--overrides", type=Path, default=None,
-                     help="CSV of a TA's overrides (student,lab,points,test,status,comment), applied after grading")
-    grd.add_argument("--extensions", type=Path, default=None, help="CSV of extensions (student,lab,days)")
-    grd.add_argument("--adjustments", type=Path, default=None,
-                     help="CSV of a TA's point adjustments and rubric items (student,lab,points,comment,item,max), "
-                          "each comment shown in the student's feedback")
+    from labkit.grading import course
+
+    course.add_arguments(grd)  # --roster, --policy, --overrides, --extensions, ...: kept in OUT/course
+    _add_regrade_arguments(grd)
     grd.add_argument("--start", choices=("warm", "cold"), default="warm",
                      help="warm: one server imports JAX once and forks each one-process CPU run's kernel, each in a "
                           "sandbox of its own (cold where that cannot be had); cold: a fresh kernel per run "

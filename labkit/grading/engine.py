@@ -50,6 +50,7 @@ class Grader:
         self._kit = kit_digest()
         self._labs = {n: lab_digest(lab) for n, lab in self.labs.items()}
         self.graded = 0  # units graded (not taken from a previous run) in this process
+        self.again = lambda unit, row: False  # (unit, its kept row) -> grade it again all the same (--students, --retry)
         # Warm starts (labkit.run.warm): one server, started at the first run, forks every one-process CPU run's kernel.
         self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
         # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
@@ -162,7 +163,7 @@ class Grader:
         expected = expected or {}
         rows: dict[Unit, dict] = {}
         todo: list[tuple[Unit, str]] = []
-        unchanged = 0
+        unchanged, again = 0, set()
         for unit in units:
             if unit.path is None:
                 rows[unit] = make_row(unit.student, unit.lab, unit.config, None, [], [],
@@ -172,11 +173,13 @@ class Grader:
                 continue
             key = self.key(unit)
             cached = store.row(unit, key)
-            if cached is not None:
+            if cached is not None and not self.again(unit, cached):
                 rows[unit] = cached
                 unchanged += 1
             else:
                 todo.append((unit, key))
+                if cached is not None:
+                    again.add(unit)  # its kept run too is not used again
         if unchanged:
             print(f"{title}: {unchanged} of {len(units)} unchanged since the last run, not graded again",
                   file=self.stream, flush=True)
@@ -223,7 +226,7 @@ class Grader:
         stop = self.stop or StopRequest()
         try:
             for unit, key in todo:
-                record = store.record(unit, key)
+                record = store.record(unit, key) if unit not in again else None
                 if record is not None:
                     queue.append((unit, key, record, record.seconds))  # ran before the last stop: judge only
                 else:

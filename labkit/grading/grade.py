@@ -29,9 +29,8 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.course.configs import DeviceConfig
-from labkit.grading import adjustments as adjustments_mod
-from labkit.grading import deadlines, history, lms, scoreboard, similarity
-from labkit.grading import overrides as overrides_mod
+from labkit.grading import course as course_mod
+from labkit.grading import history, lms, scoreboard, similarity
 from labkit.grading import policy as policy_mod
 from labkit.grading import roster as roster_mod
 from labkit.grading.collect import (
@@ -48,10 +47,12 @@ from labkit.grading.collect import (
 )
 from labkit.grading.engine import Grader, StopRequest, default_jobs
 from labkit.grading.rows import make_row
-from labkit.grading.store import FORMAT, Store
+from labkit.grading.store import FORMAT, Store, kit_digest
 from labkit.judge import judge
 from labkit.run import execute, modes
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
+
+RETRIED = ("error", "timeout")  # the kept rows `--retry` grades again (a run that may go otherwise under less load)
 
 # ----------------------------------------------------------------------------------------
 # The command.
@@ -155,8 +156,17 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
           limits: Limits | None = None, stream=None, terminal: bool | None = None,
           roster: Path | None = None, policy: Path | None = None, overrides: Path | None = None,
           extensions: Path | None = None, adjustments: Path | None = None, start: str = "warm",
-          runs_from: Path | None = None, plan: Path | None = None) -> dict:
-    """Grade the class in `submissions` into `out`; the results (also written as the scoreboard)."""
+          runs_from: Path | None = None, plan: Path | None = None, inputs: dict[str, Path | None] | None = None,
+          course: Path | None = None, forget: str = "", change_policy: bool = False, students: str | None = None,
+          retry: bool = False) -> dict:
+    """Grade the class in `submissions` into `out`; the results (also written as the scoreboard).
+
+    The TA's inputs (`roster`, `policy`, `overrides`, `extensions`, `adjustments`, and any other of
+    `course.INPUTS`, by name in `inputs`) are kept in the course's state (`course`, default OUT/course:
+    labkit/grading/course.py): one left out is the kept one. All are checked before anything is graded.
+    `students`: ids graded again whatever was kept for them; `retry`: units whose kept row is an error or a
+    timeout graded again.
+    """
     stream = stream or sys.stderr
     # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
     # are all named by path, and a relative one (`make grade`'s default OUT=scoreboard) means nothing there.
@@ -170,7 +180,12 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
-    grading, people, provisional = _policy_and_roster(policy, roster, [c.name for c in chosen])
+    given = {"roster": roster, "policy": policy, "overrides": overrides, "extensions": extensions,
+             "adjustments": adjustments}
+    given.update({name: path for name, path in (inputs or {}).items() if path is not None})
+    state, context = _course_state(out, course, given, forget, change_policy)
+    grading, people = state.values.get("policy") or policy_mod.Policy(), state.values.get("roster")
+    provisional = _provisional(grading, [c.name for c in chosen])
     limits = limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
     check_isolation(limits, stream)
     if (runs_from is None) != (plan is None):
@@ -182,7 +197,10 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
 
     try:
         subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
-        adjusted = _adjustments(adjustments, people, subs, chosen_labs)
+        named = _class_checked(state, context, subs, students, stream)
+        grader.again = _again(named, retry)
+        if people is not None:
+            roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
 
         # The reference solutions first: they must pass everything, or nothing else is worth grading.
         ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference, kit=True) for lab in chosen_labs for c in chosen]
@@ -191,15 +209,11 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         stop.check()
         expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
 
-        if people is not None:
-            _with_roster(subs, people)
-            roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
         students = sorted(subs.students)
         if part:
             students = [s for s in students if shard_of(s, part[1]) == part[0]]
         units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number), subs.refused.get((s, lab.number), ""))
                  for s in students for lab in chosen_labs for c in chosen]
-        changes, moved = _overrides_and_extensions(overrides, extensions, set(subs.students), ref_rows)
         handed = _keep_history(out, subs, students, chosen_labs, times, grading)
         rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
         for row in rows:
@@ -210,14 +224,11 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
             results["students"][student].setdefault("submissions", {})[str(lab)] = info
         if provisional:
             results["provisional"] = provisional
-        mine = set(students)
-        if changes:
-            results["overrides"] = [o for o in changes if o["student"] in mine]
-        if adjusted:
-            results["adjustments"] = adjusted  # every line: a rubric item's max counts for every student of every shard
-        if moved:
-            results["extensions"] = {s: days for s, days in moved.items() if s in mine}
+        results.update(course_values(state, [lab.number for lab in chosen_labs]))
+        results["kit"] = kit_digest()  # a merge refuses parts graded with another version of the kit
         scoreboard.write(results, out)
+        for line in state.changes + state.notes:
+            print(f"course state: {line}", file=stream, flush=True)
         stop.check()  # a stop asked for while the scoreboard was written: it is whole, and the run still ends as stopped
         return results
     finally:
@@ -286,38 +297,104 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
     return handed
 
 
-def _overrides_and_extensions(overrides: Path | None, extensions: Path | None, students: set[str],
-                              ref_rows: list[dict]) -> tuple[list[dict], dict]:
-    """A TA's overrides and the extensions, checked against the class and the labs graded, before any student runs."""
-    tests = {lab: set(names) for lab, names in policy_mod.lab_tests(ref_rows).items()}
+def _course_state(out: Path, course: Path | None, given: dict, forget: str,
+                  change_policy: bool) -> tuple[course_mod.State, course_mod.Context]:
+    """The TA's inputs this run grades with (given, else kept), the roster and the policy checked already."""
+    folder = Path(course).absolute() if course is not None else out / course_mod.FOLDER
+    context = course_mod.Context(labs=[lab.number for lab in catalog.labs()])
     try:
-        changes = overrides_mod.load(overrides, students, tests) if overrides else []
-        moved = deadlines.load_extensions(extensions, students, set(tests)) if extensions else {}
-    except (overrides_mod.OverrideError, deadlines.DeadlineError) as e:
-        raise GradeError(str(e)) from None
-    return changes, moved
-
-
-def _adjustments(path: Path | None, people: roster_mod.Roster | None, subs: Submissions,
-                 labs: list[catalog.Lab]) -> list[dict]:
-    """A TA's adjustments and rubric items, checked against the class and the labs chosen before anything runs."""
-    class_ids = set(people.students) if people is not None else set(subs.students)
+        graded = json.loads((out / "scoreboard.json").read_text()).get("policy")
+    except (OSError, ValueError, AttributeError):
+        graded = None
     try:
-        return adjustments_mod.load(path, class_ids, {lab.number for lab in labs}) if path else []
-    except adjustments_mod.AdjustmentError as e:
+        state = course_mod.read(folder, given, forget=forget, change_policy=change_policy, graded_policy=graded,
+                                labs=context.labs)
+        state.check(context, needs_class=False)
+    except course_mod.InputError as e:
         raise GradeError(str(e)) from None
+    return state, context
 
 
-def _policy_and_roster(policy_path: Path | None, roster_path: Path | None,
-                       chosen: list[str]) -> tuple[policy_mod.Policy, roster_mod.Roster | None, str]:
-    """The course's policy (refusing final grades without a required configuration) and the roster, if any."""
+def _class_checked(state: course_mod.State, context: course_mod.Context, subs: Submissions, students: str | None,
+                   stream) -> set[str]:
+    """The class made (the roster's students, or the folders), the inputs checked against it, the state kept.
+
+    The ids `--students` names, each checked to be in the class.
+    """
+    people = state.values.get("roster")
+    if people is not None:
+        _with_roster(subs, people)
+    context.students = set(subs.students)
     try:
-        grading = policy_mod.load(policy_path)
-        provisional = policy_mod.check_required(grading, chosen)
-        people = roster_mod.load(roster_path) if roster_path is not None else None
-    except (policy_mod.PolicyError, roster_mod.RosterError) as e:
+        state.check(context, needs_class=True)  # overrides, extensions, ...: against the class, before any run
+    except course_mod.InputError as e:
         raise GradeError(str(e)) from None
-    return grading, people, provisional
+    named = _named_students(students, set(subs.students))
+    state.save()
+    for line in state.lines():
+        print(line, file=stream, flush=True)
+    return named
+
+
+def prepare(submissions: Path, out: Path, *, inputs: dict[str, Path | None], course: Path | None = None,
+            forget: str = "", change_policy: bool = False, students: str | None = None, labs: str | None = None,
+            config_names: str | None = None, stream=None) -> course_mod.State:
+    """Check and keep the course's state for runs that grade elsewhere (Slurm's shards), grading nothing.
+
+    The same checks as `grade` makes before its first run; GradeError (exit 2) names the file and line.
+    """
+    stream = stream or sys.stderr
+    submissions, out = Path(submissions).absolute(), Path(out).absolute()
+    if not submissions.exists():
+        raise GradeError(f"the submissions folder {submissions} does not exist")
+    choose_labs(labs)
+    chosen = choose_configs(config_names)
+    state, context = _course_state(out, course, inputs, forget, change_policy)
+    _provisional(state.values.get("policy") or policy_mod.Policy(), [c.name for c in chosen])
+    subs, _ = _submissions(submissions, out, state.values.get("roster"), stream)
+    _class_checked(state, context, subs, students, stream)
+    return state
+
+
+def course_values(state: course_mod.State, labs: list[int]) -> dict:
+    """What the course's inputs put in the results: for the whole class (every shard the same), the labs graded."""
+    out = {}
+    for name, entry in course_mod.INPUTS.items():
+        value = state.values.get(name)
+        if entry.results_key is None or not value:
+            continue
+        if isinstance(value, list):  # lines, each of one student's lab
+            value = [v for v in value if v.get("lab") in labs]
+        elif isinstance(value, dict):  # student -> lab -> ...
+            value = {s: {k: v for k, v in by.items() if int(k) in labs} for s, by in sorted(value.items())}
+            value = {s: by for s, by in value.items() if by}
+        if value:
+            out[entry.results_key] = value
+    return out
+
+
+def _provisional(grading: policy_mod.Policy, chosen: list[str]) -> str:
+    try:
+        return policy_mod.check_required(grading, chosen)
+    except policy_mod.PolicyError as e:
+        raise GradeError(str(e)) from None
+
+
+def _named_students(text: str | None, known: set[str]) -> set[str]:
+    """`--students ID,ID`: each one in the class, or GradeError naming those that are not."""
+    named = {s.strip() for s in (text or "").split(",") if s.strip()}
+    unknown = sorted(named - known)
+    if unknown:
+        raise GradeError(f"--students names {', '.join(unknown)}: not in this class (no submission folder, or "
+                         "not on the roster); give the ids as the scoreboard names them, comma-separated")
+    return named
+
+
+def _again(named: set[str], retry: bool):
+    """Which kept units to grade again: the named students' every unit; with retry, errors and timeouts."""
+    def again(unit: Unit, row: dict) -> bool:
+        return unit.student in named or (retry and row.get("status") in RETRIED)
+    return again
 
 
 # ----------------------------------------------------------------------------------------

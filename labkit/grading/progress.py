@@ -49,14 +49,45 @@ def _read_part(folder: Path, name: str) -> Part:
     return part
 
 
+def _jobs(out: Path) -> dict:
+    """What the last Slurm submission into OUT recorded (labkit/grading/slurm.py), or {}."""
+    try:
+        data = json.loads((out / "slurm" / "jobs.json").read_text())
+        return {"shards": int(data["shards"]), "submitted": float(data.get("submitted", 0))}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _slurm_part(out: Path, i: int) -> Part:
+    """Shard i of the last Slurm submission: finished only when its task said so (its exit file, which every
+    submission clears), so that a scoreboard an earlier submission left is not taken for this one's."""
+    part = _read_part(out / "shards" / str(i), str(i))
+    try:
+        part.exit = int((out / "slurm" / f"shard-{i}.exit").read_text().strip())
+    except (OSError, ValueError):
+        part.exit = None
+    part.finished = part.exit == 0 and part.finished
+    return part
+
+
 def parts(out: Path) -> list[Part]:
-    """Each shard's progress under OUT/shards/, or OUT's own when it was graded in one run."""
+    """Each shard's progress under OUT/shards/, or OUT's own when it was graded in one run: whichever ran last."""
     out = Path(out)
     shards = out / "shards"
-    if shards.is_dir():
+    local = _read_part(out, out.name)
+    if not shards.is_dir():
+        return [local]
+    jobs = _jobs(out)
+    if jobs:
+        found = [_slurm_part(out, i) for i in range(1, jobs["shards"] + 1) if (shards / str(i)).is_dir()]
+        began = jobs["submitted"]
+    else:
         folders = sorted((p for p in shards.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
-        return [_read_part(p, p.name) for p in folders]
-    return [_read_part(out, out.name)]
+        found = [_read_part(p, p.name) for p in folders]
+        began = max((p.started for p in found), default=0.0)
+    if local.started and local.started > began:
+        return [local]  # a run of the whole class into OUT, after the shards': theirs are stale
+    return found
 
 
 def summary(found: list[Part], now: float | None = None) -> str:

@@ -150,30 +150,6 @@ def read(folder: Path) -> dict:
         raise MergeError(f"{path} is not valid JSON ({e})") from None
 
 
-def merge(parts: list[dict]) -> dict:
-    """One class's results from the results of its shards: the same as grading the class in one run."""
-    if not parts:
-        raise MergeError("nothing to merge")
-    first = parts[0]
-    for part in parts[1:]:
-        for what in ("format", "labs", "configs", "policy", "provisional"):
-            if part.get(what) != first.get(what):
-                raise MergeError(f"the parts were graded with different {what}: grade every shard with the same "
-                                 "--labs, --configs and --policy, with the same version of the kit")
-    labs = [lab["number"] for lab in labs_of(first)]
-    configs = [c["name"] for c in configs_of(first)]
-    students, notes, rows = {}, [], {}
-    for part in parts:
-        students.update(part.get("students", {}))
-        notes += [n for n in part.get("notes", []) if n not in notes]
-        for r in part.get("rows", []):
-            rows[(r["student"], r["lab"], r["config"])] = r
-    ordered = sorted(rows.values(), key=lambda r: (r["student"], labs.index(r["lab"]) if r["lab"] in labs else 0,
-                                                   configs.index(r["config"]) if r["config"] in configs else 0))
-    drawn = {k: v for k, v in first.items() if k not in DRAWN}  # drawn again from the whole class
-    return {**drawn, "students": {s: students[s] for s in sorted(students)}, "notes": notes, "rows": ordered}
-
-
 def terminal(results: dict) -> Table:
     """The scoreboard on a terminal: for one student, lab by configuration; for a class, the pass rates."""
     configs, labs = configs_of(results), labs_of(results)

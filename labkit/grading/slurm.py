@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.course import catalog, configs
-from labkit.grading import progress, scoreboard
+from labkit.grading import merge as merge_mod
+from labkit.grading import progress
 from labkit.grading.files import write_atomic
 from labkit.run.allowance import DEFAULT_LIMITS, GiB
 
@@ -114,6 +115,9 @@ def submit(request: Request, kit: Path = catalog.ROOT) -> tuple[str, str]:
         write_atomic(logs / name, text)
     for stale in logs.glob("shard-*.exit"):  # a previous submission's statuses would read as this one's
         stale.unlink()
+    for stale in (request.out / "shards").glob("*/progress.json"):  # and its counts as this one's (`progress`)
+        stale.unlink()
+    submitted = time.time()
     common = ["--job-name=labkit-grade", f"--chdir={kit}"]
     array = _sbatch([*common, *resources(request), f"--array=1-{request.shards}",
                      f"--output={logs}/shard-%a.log", str(logs / "shard.sh")])
@@ -121,7 +125,8 @@ def submit(request: Request, kit: Path = catalog.ROOT) -> tuple[str, str]:
                      f"--dependency=afterany:{array}", f"--output={logs}/merge.log",
                      *([f"--partition={request.partition}"] if request.partition else []),
                      *([f"--account={request.account}"] if request.account else []), str(logs / "merge.sh")])
-    write_atomic(logs / "jobs.json", json.dumps({"array": array, "merge": merge, "shards": request.shards}))
+    write_atomic(logs / "jobs.json", json.dumps({"array": array, "merge": merge, "shards": request.shards,
+                                                 "submitted": submitted}))
     return array, merge
 
 
@@ -144,19 +149,28 @@ def merge(out: Path, shards: int) -> tuple[dict, list[int]]:
     for i in range(1, shards + 1):
         folder = out / "shards" / str(i)
         if exits[i] == 0 and (folder / "scoreboard.json").is_file():
-            found.append(scoreboard.read(folder))
+            found.append(folder)
         else:
             failed.append(i)
     if not found:
         raise SlurmError(f"no shard finished: see {out / 'slurm'}/shard-*.log")
-    results = scoreboard.merge(found)
+    notes = []
     for i in failed:
         why = f"exit status {exits[i]}" if exits[i] is not None else "it was ended before it could finish"
-        results.setdefault("notes", []).append(
-            f"shard {i} of {shards} did not finish ({why}; its log: {out / 'slurm'}/shard-{i}.log): its students "
-            f"are not in this scoreboard; grade them again with `grade --shard {i}/{shards}`")
-    scoreboard.write(results, out)
-    return results, failed
+        notes.append(f"shard {i} of {shards} did not finish ({why}; its log: {out / 'slurm'}/shard-{i}.log): its "
+                     f"students are not in this scoreboard; grade them again with `grade --shard {i}/{shards}`")
+    return merge_mod.merge_folders(found, out, notes), failed
+
+
+def check_out(out: Path, course: Path | None = None) -> None:
+    """Refuse an OUT that holds a local grading run: the merge would write its scoreboard over that one's."""
+    out = Path(out)
+    if (out / "units").is_dir() and not (out / "slurm").is_dir():
+        kept = out / "course"
+        raise SlurmError(f"{out} holds a grading run made here (its units/ and scoreboard): a Slurm run writes its "
+                         f"own scoreboard into OUT and would replace it. Give another OUT= on the shared file "
+                         f"system" + (f"; the class's inputs kept in {kept} come along with COURSE={kept}"
+                                      if (kept / "manifest.json").is_file() and course is None else ""))
 
 
 def queued(job_ids: list[str]) -> bool:

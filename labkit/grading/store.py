@@ -25,7 +25,7 @@ FORMAT = 1  # of the unit files; part of every key
 # Modules of the kit that draw or drive, and do not change a grade: editing them regrades nothing.
 _NOT_GRADING = {"__init__.py", "__main__.py", "cli.py", "report.py", "loop.py", "authoring.py", "notebook.py",
                 "release.py", "wheelhouse.py", "files.py", "policy.py", "roster.py", "lms.py", "canvas.py", "gradescope.py",
-                "deadlines.py", "overrides.py", "history.py", "progress.py",
+                "deadlines.py", "overrides.py", "history.py", "progress.py", "course.py", "merge.py",
                 "scoreboard.py", "results.py", "markdown.py", "pages.py", "context.py", "stats.py",
                 "adjustments.py"}  # the scoreboard's drawing, and points a TA adds after grading
 

@@ -21,6 +21,7 @@ from test_scoreboard import one_device_bug, passing, render, row
 
 from labkit.course import catalog
 from labkit.grading import grade, scoreboard, similarity
+from labkit.grading import merge as merging
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("LABKIT_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
@@ -105,7 +106,7 @@ def test_a_merged_class_lists_the_pairs_found_across_its_shards(klass):
                "rows": [r for r in results["rows"] if (r["student"] in ("ann", "cy")) == first]}
               for first in (True, False)]
     assert all(similarity.pairs(h) != similarity.pairs(results) for h in halves)
-    merged = scoreboard.merge([json.loads(scoreboard.to_json(h)) for h in halves])
+    merged = merging.merge([json.loads(scoreboard.to_json(h)) for h in halves])
     assert json.loads(scoreboard.to_json(merged))["similar"] == similarity.pairs(results)
 
 

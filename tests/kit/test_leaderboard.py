@@ -16,6 +16,7 @@ import pytest
 from labkit import cost
 from labkit.course import catalog, configs
 from labkit.grading import collect, grade, gradescope, leaderboard, markdown, pages, roster, scoreboard
+from labkit.grading import merge as merging
 from labkit.run import modes
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
@@ -161,7 +162,7 @@ def test_the_leaderboards_are_drawn_from_the_whole_class_after_merging_its_parts
                         "rows": [r for r in whole["rows"] if r["student"] in students]}
         scoreboard.write(part, tmp_path / f"part{i}")
         parts.append(scoreboard.read(tmp_path / f"part{i}"))
-    assert scoreboard.to_json(scoreboard.merge(parts)) == scoreboard.to_json(whole)
+    assert scoreboard.to_json(merging.merge(parts)) == scoreboard.to_json(whole)
 
 
 # ----------------------------------------------------------------------------------------

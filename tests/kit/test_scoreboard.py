@@ -20,6 +20,7 @@ import pytest
 
 from labkit.course import catalog
 from labkit.grading import failrates, grade, markdown, pages, scoreboard, spread
+from labkit.grading import merge as merging
 from labkit.grading import results as results_mod
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
@@ -191,7 +192,7 @@ def part_of(results: dict, students: set[str]) -> dict:
 def test_merging_parts_gives_the_files_of_the_whole(results, tmp_path):
     names = sorted(results["students"])
     parts = [part_of(results, set(names[1::2])), part_of(results, set(names[::2]))]
-    merged = scoreboard.merge(parts)
+    merged = merging.merge(parts)
     assert scoreboard.to_json(merged) == scoreboard.to_json(results)
     assert pages.to_html(merged) == pages.to_html(results)
     assert scoreboard.to_csv(merged) == scoreboard.to_csv(results)
@@ -200,7 +201,7 @@ def test_merging_parts_gives_the_files_of_the_whole(results, tmp_path):
 def test_parts_graded_on_different_configurations_are_not_merged(results):
     other = {**results, "configs": results["configs"][:1]}
     with pytest.raises(scoreboard.MergeError, match="configs"):
-        scoreboard.merge([results, other])
+        merging.merge([results, other])
 
 
 # ----------------------------------------------------------------------------------------

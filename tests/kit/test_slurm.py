@@ -184,3 +184,32 @@ def test_progress_sums_the_shards_and_names_the_slowest_shards_time_left(tmp_pat
     assert line.startswith("shards finished 1/3, units graded 6/8")
     assert "(1 not grading students yet: reference solutions)" in line
     assert "about 10 s left" in line
+
+
+def test_make_slurm_grade_takes_the_tas_inputs_and_keeps_them_for_every_shard(cluster, klass, tmp_path):
+    """ROSTER, POLICY, OVERRIDES and EXTENSIONS reach every shard (they were dropped before) and stay in OUT/course."""
+    students = _students_in_both_shards()
+    (tmp_path / "roster.csv").write_text("student\n" + "".join(f"{s}\n" for s in [*students, "absent"]))
+    (tmp_path / "policy.toml").write_text('[grading]\ncombine = "all"\n')
+    (tmp_path / "overrides.csv").write_text(f"student,lab,points,comment\n{students[2]},1,3,by hand\n")
+    (tmp_path / "extensions.csv").write_text(f"student,lab,days\n{students[1]},1,2\n")
+    out = tmp_path / "out"
+    done = subprocess.run(["make", "--no-print-directory", "slurm-grade", "SHARDS=2", f"SUBMISSIONS={klass}",
+                           f"OUT={out}", "PARTITION=grading", "LABS=1", "CONFIGS=cpu-1", "JOBS=1",
+                           *(f"{n.upper()}={tmp_path / f}" for n, f in (
+                               ("roster", "roster.csv"), ("policy", "policy.toml"), ("overrides", "overrides.csv"),
+                               ("extensions", "extensions.csv")))],
+                          cwd=ROOT, env=doc_commands.user_environment(cluster.env), capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(out / "grades.csv", newline="") as f:
+        labs = {r["student"]: r for r in csv.DictReader(f) if r["lab"] == "1"}
+    assert labs["absent"]["status"] == "missing"  # on the roster: kept in grades.csv
+    assert (labs[students[2]]["points"], labs[students[2]]["overridden"]) == ("3", "by hand")
+    import json
+
+    results = json.loads((out / "scoreboard.json").read_text())
+    assert results["extensions"] == {students[1]: {"1": 2.0}}
+    assert results["policy"]["source"] == str(tmp_path / "policy.toml")
+    assert sorted(p.name for p in (out / "course").iterdir()) == [
+        "extensions.csv", "manifest.json", "overrides.csv", "policy.toml", "roster.csv"]
