@@ -338,7 +338,7 @@ def _compiler_estimate(compiled) -> dict | None:
         if cost and cost.get("optimal_seconds") is not None:
             return {"seconds": float(cost["optimal_seconds"]), "flops": float(cost.get("flops", 0.0)),
                     "bytes": float(cost.get("bytes accessed", 0.0))}
-    except Exception:  # noqa: BLE001, S110 - an estimate the backend cannot give is simply not shown
+    except Exception:  # noqa: BLE001 - an estimate the backend cannot give is simply not shown
         pass
     return None
 

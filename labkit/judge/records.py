@@ -109,7 +109,7 @@ class Value(_Record):
     shape: Shape | UnsetType = UNSET
     data: Annotated[list[Any], Meta(max_length=plaindata.MAX_ELEMENTS)] | UnsetType = UNSET
     jax: bool | UnsetType = UNSET
-    sharding: Annotated[dict[Name, Any], Meta(max_length=32)] | None | UnsetType = UNSET
+    sharding: Annotated[dict[Name, Any], Meta(max_length=32)] | UnsetType | None = UNSET
     type: Line | UnsetType = UNSET
     repr: Text | UnsetType = UNSET
 

@@ -39,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from labkit.judge import program as program  # noqa: PLC0414 - its caps, as tests and tools ask them
+from labkit.judge import program as program
+from labkit.judge import records
 from labkit.judge.program import (
     ALLOWED_CUSTOM_CALLS,
     ALLOWED_PATTERN,
@@ -52,7 +53,6 @@ from labkit.judge.program import (
     read_module,
     same_values,
 )
-from labkit.judge import records
 from labkit.run import scratch
 
 VERIFIED_FILE = "verified.json"
@@ -196,7 +196,7 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
                 break
             except Unverified:
                 raise
-            except Exception:  # noqa: BLE001, S112 - ... this mesh does not fit its shardings: the next one
+            except Exception:  # noqa: BLE001 - ... this mesh does not fit its shardings: the next one
                 continue
         else:
             value, found = attempt(last, examine)  # ... or, in none, a copy on each device
@@ -416,7 +416,7 @@ def _differs_from(reported, kits) -> str | None:
         if np.shape(a) == np.shape(b) and np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                                       rtol=1e-5, atol=1e-6, equal_nan=True):
             return None
-    except Exception:  # noqa: BLE001, S110 - values that do not compare as numbers differ
+    except Exception:  # noqa: BLE001 - values that do not compare as numbers differ
         pass
     return ("the value your notebook computed differs from the kit's own run of the same program on the same "
             "inputs: the kit grades its own (a function whose value depends on when or where it runs, or a "

@@ -70,7 +70,7 @@ class RunRecord:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "RunRecord":
+    def from_json(cls, data: dict) -> RunRecord:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
@@ -91,7 +91,7 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
         raise BadNotebook(f"{path} is not a text file: is it really a notebook?") from None
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception as e:  # nbformat's own reader errors
+    except Exception as e:  # noqa: BLE001 - nbformat's reader raises many kinds on a bad file
         raise BadNotebook(f"{path} is not a notebook nbformat can read: {str(e).splitlines()[0][:300]}") from None
     try:
         nbformat.validate(nb)
