@@ -209,9 +209,6 @@ class Sharding:
     shards: tuple[dict, ...]
     processes: tuple[int, ...] = (0,)  # the JAX processes whose devices hold a shard
 
-    def process_of(self, device_id: int) -> int | None:
-        return next((int(sh.get("process", 0)) for sh in self.shards if sh.get("device") == device_id), None)
-
     @property
     def num_devices(self) -> int:
         return len(self.device_ids)
