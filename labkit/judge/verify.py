@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from labkit import envnames
 from labkit.judge import program as program
 from labkit.judge import records
 from labkit.judge.program import (
@@ -452,7 +453,7 @@ def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
     chose. Where the verifier did not count the devices, a one-process CPU configuration's own count stands; an
     accelerator's, or a multi-process run's (`counted` there), is the kernel's word, on rows that are reported."""
     out = dict(reported) if isinstance(reported, dict) else {}
-    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get("LABKIT_NUM_PROCESSES"):
+    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get(envnames.NUM_PROCESSES):
         n = int(env["JAX_NUM_CPU_DEVICES"])
         out.update(device_count=n, local_device_count=n, process_count=1, process_index=0)
     platform = str(env.get("JAX_PLATFORMS") or out.get("backend") or "").split(",")[0]
