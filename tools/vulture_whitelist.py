@@ -56,3 +56,4 @@ student_notebooks
 other_jax
 bench
 shard_map_double  # the examined function of each adversarial notebook (tests/kit/adversarial)
+CHECK_REPLAY  # labkit/envnames.py: notebook.py's variable, which it still spells as a literal (test_envnames.NOT_YET)
