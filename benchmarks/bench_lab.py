@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit.course import catalog, configs
-from labkit.judge import judge  # noqa: E402
+from labkit.judge import judge
 
 CONFIGS = ("cpu-1", "cpu-8")
 
@@ -60,8 +60,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     lab = catalog.lab(args.lab)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         script = baseline_script(lab, tmp)
         kit_cmd = [sys.executable, "-m", "labkit", "lab", str(lab.number), "--notebook", str(lab.reference),
                    "--configs", ",".join(CONFIGS)]

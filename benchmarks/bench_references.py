@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit.course import catalog, configs  # noqa: E402
+from labkit.course import catalog, configs
 
 
 def rows_of(report: dict, lab: int, names: list[str]) -> list[str]:

@@ -464,8 +464,8 @@ def expect_close_naming_mistakes(got: plaindata.Value, want, mistakes: dict, *, 
     except Mismatch as wrong:
         base = str(wrong)
     arr = expect_array(got, hint=hint)
-    for mistake, value in mistakes.items():
-        value = np.asarray(value)
+    for mistake, given in mistakes.items():
+        value = np.asarray(given)
         if value.shape != arr.shape or arr.dtype.kind not in "biufc":
             continue
         if value.shape == want.shape and np.allclose(value, want, rtol=rtol, atol=atol, equal_nan=True):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+from labkit import envnames
 from labkit.judge import hlo
 from labkit.judge.hlo import COLLECTIVES, collectives_in, parse_groups  # noqa: F401 - read by the tests and checks
 
@@ -338,7 +339,7 @@ def _compiler_estimate(compiled) -> dict | None:
         if cost and cost.get("optimal_seconds") is not None:
             return {"seconds": float(cost["optimal_seconds"]), "flops": float(cost.get("flops", 0.0)),
                     "bytes": float(cost.get("bytes accessed", 0.0))}
-    except Exception:  # noqa: BLE001, S110 - an estimate the backend cannot give is simply not shown
+    except Exception:  # noqa: BLE001 - an estimate the backend cannot give is simply not shown
         pass
     return None
 
@@ -408,7 +409,7 @@ def _exported(jax, jitted, specs):
     and the verifier then says the TPU compiler could not have it."""
     import os
 
-    if os.environ.get("LABKIT_TPU_TOPOLOGY"):
+    if os.environ.get(envnames.TPU_TOPOLOGY):
         try:
             return jax.export.export(jitted, platforms=("cpu", "tpu"))(*specs)
         except Exception as e:  # noqa: BLE001 - the CPU-only export below raises whatever is the student's

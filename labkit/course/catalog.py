@@ -17,7 +17,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(os.environ.get("LABKIT_ROOT") or Path(__file__).resolve().parents[2])
+from labkit import envnames
+
+ROOT = Path(os.environ.get(envnames.ROOT) or Path(__file__).resolve().parents[2])
 NOTEBOOK_NAME = re.compile(r"^lab-([1-9][0-9]*)\.ipynb$")
 
 

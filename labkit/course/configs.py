@@ -12,15 +12,16 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from labkit import envnames
 from labkit.machine import accelerators
 
 # Variables that decide which devices JAX sees. A run never inherits them from the
 # caller: the configuration alone sets them. (TPU_* variables are facts of a TPU host that
 # libtpu reads; they pass through.)
 _DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS",
-                     "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", "LABKIT_COORDINATOR", "LABKIT_NUM_PROCESSES",
-                     "LABKIT_PROCESS_ID", "LABKIT_LOCAL_DEVICE_IDS", "LABKIT_CPU_COLLECTIVES",
-                     "JAX_DEFAULT_MATMUL_PRECISION", "XLA_PYTHON_CLIENT_", "LABKIT_TPU_TOPOLOGY")
+                     "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", envnames.COORDINATOR, envnames.NUM_PROCESSES,
+                     envnames.PROCESS_ID, envnames.LOCAL_DEVICE_IDS, envnames.CPU_COLLECTIVES,
+                     "JAX_DEFAULT_MATMUL_PRECISION", "XLA_PYTHON_CLIENT_", envnames.TPU_TOPOLOGY)
 
 # The precision of float32 matrix products on an accelerator configuration. TPUs multiply float32 in
 # one bfloat16 pass by default, recent NVIDIA GPUs in TF32: errors near 1e-3, which would fail checks
@@ -71,8 +72,8 @@ class DeviceConfig:
         """
         if self.processes <= 1:
             return {}
-        return {**self.distributed, "LABKIT_COORDINATOR": coordinator,
-                "LABKIT_NUM_PROCESSES": str(self.processes), "LABKIT_PROCESS_ID": str(process_id)}
+        return {**self.distributed, envnames.COORDINATOR: coordinator,
+                envnames.NUM_PROCESSES: str(self.processes), envnames.PROCESS_ID: str(process_id)}
 
 
 def tpu_available() -> tuple[bool, str]:
@@ -108,8 +109,8 @@ def cpu_processes(processes: int, devices: int, *, on_request: bool = True) -> D
         env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices)},
         devices=processes * devices,
         processes=processes,
-        distributed={"LABKIT_CPU_COLLECTIVES": "gloo",
-                     "LABKIT_LOCAL_DEVICE_IDS": ",".join(str(i) for i in range(devices))},
+        distributed={envnames.CPU_COLLECTIVES: "gloo",
+                     envnames.LOCAL_DEVICE_IDS: ",".join(str(i) for i in range(devices))},
         on_request=on_request,
     )
 
@@ -124,7 +125,7 @@ def tpu_compiled(name: str, topology: str, devices: int) -> DeviceConfig:
     return DeviceConfig(name=name, summary=f"compiled for TPU {kind} {shape}, values from cpu-{devices}",
                         platform="cpu",
                         env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices),
-                             "LABKIT_TPU_TOPOLOGY": topology},
+                             envnames.TPU_TOPOLOGY: topology},
                         devices=devices, on_request=True, compile_for=topology)
 
 

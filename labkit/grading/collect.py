@@ -137,7 +137,7 @@ def choose_labs(text: str | None) -> list[catalog.Lab]:
             raise GradeError(str(e)) from None
     else:
         chosen = catalog.labs()
-    chosen = [lab for lab in dict.fromkeys(chosen)]
+    chosen = list(dict.fromkeys(chosen))
     without = [lab.name for lab in chosen if not lab.reference.exists()]
     if without:
         raise GradeError(f"no reference solution for {', '.join(without)}: grading needs reference/lab-N.ipynb")

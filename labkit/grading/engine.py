@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from labkit import cost
+from labkit import cost, envnames
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading import pods as pods_mod
@@ -52,7 +52,7 @@ class Grader:
         self.graded = 0  # units graded (not taken from a previous run) in this process
         self.again = lambda unit, row: False  # (unit, its kept row) -> grade it again all the same (--students, --retry)
         # Warm starts (labkit.run.warm): one server, started at the first run, forks every one-process CPU run's kernel.
-        self.warm_wanted = warm and os.environ.get("LABKIT_WARM", "on") != "off"
+        self.warm_wanted = warm and os.environ.get(envnames.WARM, "on") != "off"
         # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
         # Made at the first run, so that a grading run refused before any leaves OUT as it was.
         self.cache = None

@@ -23,7 +23,6 @@ from labkit.course.catalog import Leaderboard
 
 ANONYMOUS = "anonymous"
 HIDE = "hide"  # the roster's `leaderboard` column: this student's id is never shown on a leaderboard
-SHOW = "show"  # (or empty): shown by id
 
 
 @dataclass(frozen=True)

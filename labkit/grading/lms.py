@@ -309,14 +309,14 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
     best: dict[tuple[str, int], tuple] = {}
     # submission folder -> (its students, why none, created_at, the submitters on no roster line)
     owners: dict[str, tuple[list[str], str, str | None, list[str]]] = {}
-    for folder, info in meta.items():
-        info = info if isinstance(info, dict) else {}
+    for folder, entry in meta.items():
+        info = entry if isinstance(entry, dict) else {}
         submitters = info.get(":submitters") or info.get("submitters") or []
         created = info.get(":created_at") or info.get("created_at")
         students: list[str] = []
         strangers: list[str] = []
-        for person in submitters if isinstance(submitters, list) else []:
-            person = person if isinstance(person, dict) else {}
+        for who in submitters if isinstance(submitters, list) else []:
+            person = who if isinstance(who, dict) else {}
             sid = str(person.get(":sid") or person.get("sid") or "")
             email = str(person.get(":email") or person.get("email") or "").lower()
             student = by_sid.get(sid) or by_email.get(email)
@@ -385,8 +385,8 @@ def canvas_api(source: Source, roster: Roster, known_labs: list[int]) -> Collect
     for name in sorted(present - {CANVAS_MANIFEST}):
         if not _skip(name) and name not in manifest:
             out.unmatched.append((name, f"not in {CANVAS_MANIFEST}: not collected from Canvas"))
-    for name, record in sorted(manifest.items()):
-        record = record if isinstance(record, dict) else {}
+    for name, entry in sorted(manifest.items()):
+        record = entry if isinstance(entry, dict) else {}
         parts = PurePosixPath(name).parts
         lab, _, why = _lab_of(parts[-1], known_labs)
         student = by_lms.get(str(record.get("user_id")))

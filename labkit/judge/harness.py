@@ -15,7 +15,7 @@ import os
 import sys
 import traceback
 
-from labkit import facts
+from labkit import envnames, facts
 from labkit.judge import plaindata
 
 _STUDENT_FILE_MARKERS = ("/ipykernel_", "<ipython-input", "<cell")
@@ -108,7 +108,7 @@ def join_distributed() -> None:
     A process that cannot join ends its kernel: a run that pretends to be one process of two
     would only produce results that look right and are not.
     """
-    coordinator = os.environ.get("LABKIT_COORDINATOR")
+    coordinator = os.environ.get(envnames.COORDINATOR)
     if not coordinator:
         if tpu_hosts(os.environ) > 1:
             # Every worker of a multi-host TPU slice runs this same notebook (the workshop script runs
@@ -119,25 +119,25 @@ def join_distributed() -> None:
         return
     import jax
 
-    process, timeout = os.environ.get("LABKIT_PROCESS_ID", "0"), float(os.environ.get("LABKIT_JOIN_TIMEOUT", "60"))
+    process, timeout = os.environ.get(envnames.PROCESS_ID, "0"), float(os.environ.get(envnames.JOIN_TIMEOUT, "60"))
     if process != "0" and not _reachable(coordinator, timeout):
         # JAX's client aborts the whole process when the coordinator never answers: say why first.
         print(f"labkit: process {process} could not join the others: nothing answered at {coordinator} "
               f"within {timeout:g} s (did process 0 start?)", file=sys.__stderr__, flush=True)
         os._exit(3)
     try:
-        if os.environ.get("LABKIT_CPU_COLLECTIVES"):
-            jax.config.update("jax_cpu_collectives_implementation", os.environ["LABKIT_CPU_COLLECTIVES"])
-        local = os.environ.get("LABKIT_LOCAL_DEVICE_IDS")
+        if os.environ.get(envnames.CPU_COLLECTIVES):
+            jax.config.update("jax_cpu_collectives_implementation", os.environ[envnames.CPU_COLLECTIVES])
+        local = os.environ.get(envnames.LOCAL_DEVICE_IDS)
         jax.distributed.initialize(
             coordinator_address=coordinator,
-            num_processes=int(os.environ["LABKIT_NUM_PROCESSES"]),
-            process_id=int(os.environ["LABKIT_PROCESS_ID"]),
+            num_processes=int(os.environ[envnames.NUM_PROCESSES]),
+            process_id=int(os.environ[envnames.PROCESS_ID]),
             local_device_ids=[int(i) for i in local.split(",")] if local else None,
-            initialization_timeout=int(os.environ.get("LABKIT_JOIN_TIMEOUT", "60")),
+            initialization_timeout=int(os.environ.get(envnames.JOIN_TIMEOUT, "60")),
         )
     except Exception as e:  # noqa: BLE001 - whatever stopped the join, say so and stop this process
-        print(f"labkit: process {os.environ.get('LABKIT_PROCESS_ID')} could not join the others at "
+        print(f"labkit: process {os.environ.get(envnames.PROCESS_ID)} could not join the others at "
               f"{coordinator}: {type(e).__name__}: {_first_line(e)}", file=sys.__stderr__, flush=True)
         os._exit(3)
 
@@ -147,7 +147,7 @@ def tpu_hosts(env) -> int:
     if env.get("JAX_PLATFORMS") != "tpu":
         return 1
     try:
-        return max(1, int(env.get("LABKIT_TPU_HOSTS") or 1))
+        return max(1, int(env.get(envnames.TPU_HOSTS) or 1))
     except ValueError:
         return 1
 
@@ -202,7 +202,7 @@ def environment() -> dict:
             # what float32 matrix products were asked to be (None: the backend's default); see labkit.judge.precision
             "matmul_precision": jax.config.jax_default_matmul_precision,
         }
-    except Exception as e:  # JAX could not start: say so, the judge reports it
+    except Exception as e:  # noqa: BLE001 - JAX could not start: say so, the judge reports it
         return {"error": describe_exception(e)}
 
 
@@ -241,7 +241,7 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
             import jax
 
             out = jax.block_until_ready(out)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the student's value may fail anyhow; encode says what it is
             pass
         record["value"] = plaindata.encode(out)
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything
@@ -385,7 +385,8 @@ def cap_streams(limit: int) -> None:
     note = f"\n[labkit: output cut here: the run's outputs passed {limit} characters]\n"
 
     def _flush_buffers(self):
-        for parent, data in original(self):
+        for parent, chunk in original(self):
+            data = chunk
             if len(data) > state["left"]:
                 data, state["left"] = data[:state["left"]], 0
                 if not state["noted"]:

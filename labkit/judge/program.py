@@ -8,6 +8,7 @@ encoded; and whether an output claimed to be the same on every device is.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # What one call's program may return, counted by the verifier before anything is encoded, and what all the calls
 # of a run may return together: the tests' values are small (the largest input of any lab is 128 x 128).
@@ -28,7 +29,7 @@ _MANUAL = frozenset({"sdy.manual_computation"})
 _MANUAL_TARGETS = frozenset({"SPMDFullToShardShape", "SPMDShardToFullShape"})
 
 
-def read_module(module_text: str) -> dict:
+def read_module(module_text: str) -> dict[str, Any]:
     """What the kit needs to know of a StableHLO module, read from the parsed module op by op, never from its text:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
     part each device runs on its own block}. Raises when the text is not a module."""
@@ -36,13 +37,14 @@ def read_module(module_text: str) -> dict:
 
     ir = mlir.ir
 
-    found = {"targets": set(), "products": False, "manual": False}
+    targets: set[str] = set()
+    found = {"products": False, "manual": False}
 
-    def visit(op):
+    def visit(op: Any) -> Any:
         name = op.name
         if name == "stablehlo.custom_call":
-            target = ir.StringAttr(op.attributes["call_target_name"]).value
-            found["targets"].add(target)
+            target = str(ir.StringAttr(op.attributes["call_target_name"]).value)
+            targets.add(target)
             found["manual"] |= target in _MANUAL_TARGETS
         found["products"] |= name in _PRODUCTS
         found["manual"] |= name in _MANUAL
@@ -50,19 +52,20 @@ def read_module(module_text: str) -> dict:
 
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
-    return found
+    return {"targets": targets, **found}
 
 
 def custom_calls(module_text: str) -> set[str]:
     """The custom-call targets a StableHLO module names, exactly (`read_module`)."""
-    return read_module(module_text)["targets"]
+    targets: set[str] = read_module(module_text)["targets"]
+    return targets
 
 
 class TooLarge(Exception):
     """A program's outputs are more than the kit reads back (`MAX_OUTPUT_*`); the message says how much."""
 
 
-def bounded(value, budget: list) -> None:
+def bounded(value: Any, budget: list[int]) -> None:
     """Raise TooLarge when `value`'s outputs pass the caps of one call, or `budget` (the run's elements left)."""
     import jax
     import numpy as np
@@ -80,7 +83,7 @@ def bounded(value, budget: list) -> None:
     budget[0] -= sum(sizes)
 
 
-def differing(value) -> str | None:
+def differing(value: Any) -> str | None:
     """Where one block of an output is held by several devices with different values (a copy claimed the same on
     every device that is not): which output and devices, or None. Every device's block is read as the program
     left it."""
@@ -90,7 +93,7 @@ def differing(value) -> str | None:
     for number, leaf in enumerate(jax.tree_util.tree_leaves(value)):
         if not isinstance(leaf, jax.Array):
             continue
-        seen: dict = {}
+        seen: dict[str, tuple[int, Any]] = {}
         for shard in leaf.addressable_shards:
             block, data = repr(shard.index), np.asarray(shard.data)
             if block in seen and not _identical(seen[block][1], data):
@@ -99,7 +102,7 @@ def differing(value) -> str | None:
     return None
 
 
-def _identical(a, b) -> bool:
+def _identical(a: Any, b: Any) -> bool:
     import numpy as np
 
     if a.shape != b.shape:
@@ -109,14 +112,14 @@ def _identical(a, b) -> bool:
     return bool(np.all(a == b))
 
 
-def same_values(one, other) -> bool:
+def same_values(one: Any, other: Any) -> bool:
     import jax
     import numpy as np
 
-    def close(a, b) -> bool:  # sums taken in another order round otherwise: within float32's error of the values' size
+    def close(a: Any, b: Any) -> bool:  # sums taken in another order round otherwise: within float32's error of the values' size
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         scale = float(np.nanmax(np.abs(b))) if b.size and not np.all(np.isnan(b)) else 0.0
-        return a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, scale), equal_nan=True)
+        return bool(a.shape == b.shape) and np.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, scale), equal_nan=True)
 
     left, right = jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(other)
     return len(left) == len(right) and all(_identical(np.asarray(a), np.asarray(b)) or close(a, b)

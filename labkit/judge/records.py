@@ -109,7 +109,7 @@ class Value(_Record):
     shape: Shape | UnsetType = UNSET
     data: Annotated[list[Any], Meta(max_length=plaindata.MAX_ELEMENTS)] | UnsetType = UNSET
     jax: bool | UnsetType = UNSET
-    sharding: Annotated[dict[Name, Any], Meta(max_length=32)] | None | UnsetType = UNSET
+    sharding: Annotated[dict[Name, Any], Meta(max_length=32)] | UnsetType | None = UNSET
     type: Line | UnsetType = UNSET
     repr: Text | UnsetType = UNSET
 
@@ -197,32 +197,37 @@ def parse(data: bytes | str, limit: int = MAX_BYTES) -> Any:
         raise Malformed(f"it is not JSON ({str(e)[:200]})") from None
 
 
-def _convert(data: Any, schema: type) -> Any:
+def _convert(data: Any, schema: type) -> dict[str, Any]:
     try:
-        return msgspec.to_builtins(msgspec.convert(data, schema))
+        found = msgspec.to_builtins(msgspec.convert(data, schema))
     except RecursionError:
         raise Malformed("it is nested too deeply") from None
     except msgspec.ValidationError as e:
         raise Malformed(str(e)[:300]) from None
+    if not isinstance(found, dict):  # every schema here is a Struct: a dict or nothing
+        raise Malformed(f"expected an object, got {type(found).__name__}")
+    return found
 
 
-def payload(data: Any) -> tuple[dict, dict]:
+def payload(data: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(environment, results by call id) from a harness's payload (plain data, `parse`'s)."""
     found = _convert(data, Payload)
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for result in found.get("results", []):
         if result["id"] in results:
             raise Malformed(f"two results for the call {result['id']!r}")
         results[result["id"]] = result
-    return found.get("environment", {}), results
+    environment: dict[str, Any] = found.get("environment", {})
+    return environment, results
 
 
-def verified(data: bytes | str) -> dict[str, dict]:
+def verified(data: bytes | str) -> dict[str, dict[str, Any]]:
     """The verifier's findings by call id, from the text of its `verified.json`."""
-    return verified_file(data).get("results", {})
+    results: dict[str, dict[str, Any]] = verified_file(data)["results"]
+    return results
 
 
-def verified_file(data: bytes | str) -> dict:
+def verified_file(data: bytes | str) -> dict[str, Any]:
     """The verifier's `verified.json` whole: {"results": findings by call id, "environment": its own, "seconds"}."""
     found = _convert(parse(data, VERIFIED_MAX_BYTES), Verified)
     found.setdefault("results", {})
@@ -230,11 +235,11 @@ def verified_file(data: bytes | str) -> dict:
     return found
 
 
-def ended(data: bytes | str) -> dict:
+def ended(data: bytes | str) -> dict[str, Any]:
     """A pod's record of how its run ended, from its text."""
     return _convert(parse(data), Ended)
 
 
-def facts(data: Any) -> dict:
+def facts(data: Any) -> dict[str, Any]:
     """One call's facts (plain data), bounded and typed as `Facts`."""
     return _convert(data, Facts)

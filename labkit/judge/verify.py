@@ -39,7 +39,9 @@ import sys
 import time
 from pathlib import Path
 
-from labkit.judge import program as program  # noqa: PLC0414 - its caps, as tests and tools ask them
+from labkit import envnames
+from labkit.judge import program as program
+from labkit.judge import records
 from labkit.judge.program import (
     ALLOWED_CUSTOM_CALLS,
     ALLOWED_PATTERN,
@@ -52,7 +54,6 @@ from labkit.judge.program import (
     read_module,
     same_values,
 )
-from labkit.judge import records
 from labkit.run import scratch
 
 VERIFIED_FILE = "verified.json"
@@ -196,7 +197,7 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
                 break
             except Unverified:
                 raise
-            except Exception:  # noqa: BLE001, S112 - ... this mesh does not fit its shardings: the next one
+            except Exception:  # noqa: BLE001 - ... this mesh does not fit its shardings: the next one
                 continue
         else:
             value, found = attempt(last, examine)  # ... or, in none, a copy on each device
@@ -416,7 +417,7 @@ def _differs_from(reported, kits) -> str | None:
         if np.shape(a) == np.shape(b) and np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                                       rtol=1e-5, atol=1e-6, equal_nan=True):
             return None
-    except Exception:  # noqa: BLE001, S110 - values that do not compare as numbers differ
+    except Exception:  # noqa: BLE001 - values that do not compare as numbers differ
         pass
     return ("the value your notebook computed differs from the kit's own run of the same program on the same "
             "inputs: the kit grades its own (a function whose value depends on when or where it runs, or a "
@@ -452,7 +453,7 @@ def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
     chose. Where the verifier did not count the devices, a one-process CPU configuration's own count stands; an
     accelerator's, or a multi-process run's (`counted` there), is the kernel's word, on rows that are reported."""
     out = dict(reported) if isinstance(reported, dict) else {}
-    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get("LABKIT_NUM_PROCESSES"):
+    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get(envnames.NUM_PROCESSES):
         n = int(env["JAX_NUM_CPU_DEVICES"])
         out.update(device_count=n, local_device_count=n, process_count=1, process_index=0)
     platform = str(env.get("JAX_PLATFORMS") or out.get("backend") or "").split(",")[0]

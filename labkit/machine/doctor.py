@@ -239,7 +239,7 @@ def run_checks(root: Path = ROOT) -> list[Check]:
     for optional in (check_sandbox, check_configurations, check_libtpu):
         try:
             result = optional()
-        except Exception as e:  # a broken environment must not hide the rest of the screen
+        except Exception as e:  # noqa: BLE001 - a broken environment must not hide the rest of the screen
             result = Check(optional.__name__.removeprefix("check_"), optional.__name__, FAIL,
                            f"could not be checked: {type(e).__name__}: {e}", "`make setup`")
         checks += result if isinstance(result, list) else [result]

@@ -181,7 +181,7 @@ def _fits(wheel: str, machine: str, pythons: set[str]) -> bool:
     if system.startswith("linux"):
         return any(("linux" in t) and t.endswith(machine) for t in tags)
     if system == "darwin":
-        return any(t.startswith("macosx") and (t.endswith(machine) or t.endswith("universal2")) for t in tags)
+        return any(t.startswith("macosx") and t.endswith((machine, "universal2")) for t in tags)
     return any(t.startswith("win") for t in tags) if system.startswith("win") else False
 
 

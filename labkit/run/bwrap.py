@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit import envnames
 from labkit.run import refusals
 
 PROBE_TIMEOUT = 30.0
@@ -72,11 +73,11 @@ class Candidate:
 
 
 def candidates() -> list[Candidate]:
-    chosen = os.environ.get("LABKIT_BWRAP", "").strip()
+    chosen = os.environ.get(envnames.BWRAP, "").strip()
     if chosen == "bundled":
         return [Candidate(bundled(), "bundled")]
     if chosen:
-        return [Candidate(shutil.which(chosen) or chosen, "LABKIT_BWRAP")]
+        return [Candidate(shutil.which(chosen) or chosen, envnames.BWRAP)]
     found = []
     system = shutil.which("bwrap")
     if system:

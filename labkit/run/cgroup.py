@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+from labkit import envnames
 from labkit.run import cgroup2, sessions
 from labkit.run.allowance import Limits
 
@@ -29,7 +30,7 @@ def _own_cgroup(controller: str) -> str | None:
 
 def _may_make_cgroups() -> bool:
     """Whether this process may make cgroups for its runs: as root, unless LABKIT_CGROUPS=off."""
-    return os.geteuid() == 0 and os.environ.get("LABKIT_CGROUPS", "auto") != "off"
+    return os.geteuid() == 0 and os.environ.get(envnames.CGROUPS, "auto") != "off"
 
 
 def counts_processes(cgroups: list[Path]) -> bool:
@@ -73,7 +74,7 @@ def cpu_share() -> str:
     """Which CPU share each run gets here, in words (see docs/sandbox.md, 'Limits'); nothing is made or moved."""
     group = ("one scheduling group per run: the kernel's autogroups, a run's processes may not start a session of "
              "their own (seccomp: setsid fails)")
-    if os.environ.get("LABKIT_CGROUPS", "auto") == "off":
+    if os.environ.get(envnames.CGROUPS, "auto") == "off":
         if autogroups():
             return f"{group}; cgroups are turned off (LABKIT_CGROUPS=off)"
         return "none: cgroups are turned off (LABKIT_CGROUPS=off); runs compete process by process"
@@ -97,7 +98,7 @@ def make_cgroups(limits: Limits) -> list[Path]:
     however many processes it starts: a run that forks two dozen busy processes competes with its
     neighbour as one run, and cannot push it past its timeout."""
     made = _v1_cgroups(limits) if _may_make_cgroups() else []
-    group = None if made or os.environ.get("LABKIT_CGROUPS", "auto") == "off" else delegated_cgroup()
+    group = None if made or os.environ.get(envnames.CGROUPS, "auto") == "off" else delegated_cgroup()
     one = cgroup2.run_group(group, limits.processes, limits.memory) if group is not None else None
     return made or ([one] if one is not None else [])
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 
+from labkit import envnames
 from labkit.course.configs import DeviceConfig
 from labkit.judge import records, verify
 from labkit.run import kernel, sandbox, scratch
@@ -70,7 +71,7 @@ class RunRecord:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "RunRecord":
+    def from_json(cls, data: dict) -> RunRecord:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
@@ -91,7 +92,7 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
         raise BadNotebook(f"{path} is not a text file: is it really a notebook?") from None
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception as e:  # nbformat's own reader errors
+    except Exception as e:  # noqa: BLE001 - nbformat's reader raises many kinds on a bad file
         raise BadNotebook(f"{path} is not a notebook nbformat can read: {str(e).splitlines()[0][:300]}") from None
     try:
         nbformat.validate(nb)
@@ -270,7 +271,7 @@ def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdi
 def environment_of(config: DeviceConfig) -> dict[str, str]:
     """A notebook run's environment on `config`: the configuration's own, and its name (`LABKIT_RUN`, which
     `labkit.notebook` reads to know it is inside a run). The same for a local run and a pod's."""
-    return config.environment() | {"LABKIT_RUN": config.name}
+    return config.environment() | {envnames.RUN: config.name}
 
 
 def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm,
@@ -369,7 +370,7 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
 
     def one(i: int) -> None:
         input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
-        env = (environment_of(config) | {"LABKIT_JOIN_TIMEOUT": str(int(min(60, timeout)))}
+        env = (environment_of(config) | {envnames.JOIN_TIMEOUT: str(int(min(60, timeout)))}
                | config.process_env(i, coordinator))
         runs[i] = kernel.papermill_run(input_path, dirs[i] / "executed.ipynb", scratch.RunFolders(dirs[i]), env, limits, key, timeout,
                              network=network if i else None, kernels=first if i == 0 else None)

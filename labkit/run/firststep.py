@@ -69,10 +69,10 @@ def apply_rlimits(rlimits: dict[str, int]) -> None:
     """Set this process's resource limits (`RLIMIT_` names less the prefix), never above their hard limits."""
     import resource
 
-    for name, value in rlimits.items():
+    for name, wanted in rlimits.items():
         which = getattr(resource, f"RLIMIT_{name}")
         _, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        value = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         resource.setrlimit(which, (value, value))
 
 

@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit import envnames
+
 # Cache every program, however small or quick to compile: the labs' programs all are.
 SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 # A run that may not write the cache would otherwise print a warning for each program it misses.
@@ -40,7 +42,7 @@ class CompileCache:
 
     def environment(self) -> dict[str, str]:
         return SETTINGS | {"JAX_COMPILATION_CACHE_DIR": str(self.folder),
-                           "LABKIT_TPU_CACHE": str(self.folder / TPU_FACTS)}
+                           envnames.TPU_CACHE: str(self.folder / TPU_FACTS)}
 
     def read_only(self) -> CompileCache:
         return CompileCache(self.folder, False)
@@ -74,4 +76,4 @@ def release(cache: CompileCache | None) -> None:
 
 def wanted() -> bool:
     """False when `LABKIT_COMPILE_CACHE=off` asks for every program to be compiled in its own run."""
-    return os.environ.get("LABKIT_COMPILE_CACHE", "on") != "off"
+    return os.environ.get(envnames.COMPILE_CACHE, "on") != "off"

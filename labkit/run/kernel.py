@@ -31,9 +31,9 @@ from labkit.run.allowance import DEFAULT_LIMITS, Limits
 def kill_tree(pid: int) -> None:
     """End a process and everything it started, including kernels in sessions of their own."""
     for p in [pid, *sandbox.descendants(pid)]:
-        for kill in (lambda: os.killpg(os.getpgid(p), signal.SIGKILL), lambda: os.kill(p, signal.SIGKILL)):
+        for kill in (lambda q: os.killpg(os.getpgid(q), signal.SIGKILL), lambda q: os.kill(q, signal.SIGKILL)):
             try:
-                kill()
+                kill(p)
             except (ProcessLookupError, PermissionError, OSError):
                 pass
 

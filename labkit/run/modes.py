@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 
+from labkit import envnames
 from labkit.run import bwrap
 from labkit.run.runusers import RUN_USERS
 
@@ -31,9 +32,9 @@ ISOLATIONS = (SANDBOX, LIMITS_ONLY, AUTO, POD)
 @functools.cache
 def finding() -> bwrap.Finding:
     """Which bwrap makes the sandbox here (probed once; see `labkit.run.bwrap`), or why none can."""
-    wanted = os.environ.get("LABKIT_SANDBOX", "auto").strip().lower()
+    wanted = os.environ.get(envnames.SANDBOX, "auto").strip().lower()
     if wanted in ("none", "off", "limits-only", "0", "no"):
-        return bwrap.Finding(None, "", "", [bwrap.Problem(bwrap.Candidate(None, "LABKIT_SANDBOX"), False,
+        return bwrap.Finding(None, "", "", [bwrap.Problem(bwrap.Candidate(None, envnames.SANDBOX), False,
                                                           f"LABKIT_SANDBOX={wanted} asks for resource limits only")])
     return bwrap.find()
 

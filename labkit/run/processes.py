@@ -11,6 +11,8 @@ import signal
 
 import psutil
 
+from labkit import envnames
+
 
 def kill(pids) -> None:
     """SIGKILL each of `pids`; one that has ended already, or that this user may not signal, is passed over."""
@@ -48,7 +50,7 @@ def marked(token: str) -> list[int]:
     out = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get("LABKIT_RUN_TOKEN") == token:
+            if p.environ().get(envnames.RUN_TOKEN) == token:
                 out.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

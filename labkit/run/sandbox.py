@@ -54,6 +54,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from labkit import envnames
 from labkit.machine import accelerators
 from labkit.run import cgroup, modes, mounts, runusers, sessions
 from labkit.run.allowance import DEFAULT_LIMITS, Limits, format_size
@@ -232,7 +233,7 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     kind, reason = modes.isolation(limits.isolation)
     program = modes.bubblewrap()[0] if kind == modes.BUBBLEWRAP else None
     token = uuid.uuid4().hex
-    run_env = mounts.run_environment(env, workdir, sandboxed=kind == modes.BUBBLEWRAP) | {"LABKIT_RUN_TOKEN": token}
+    run_env = mounts.run_environment(env, workdir, sandboxed=kind == modes.BUBBLEWRAP) | {envnames.RUN_TOKEN: token}
     cmd = list(cmd)
     if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
         cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's

@@ -224,7 +224,7 @@ def remove(folder: Path) -> None:
     shutil.rmtree(folder, onerror=_open_up)
 
 
-def _open_up(_function, path, _exc_info) -> None:
+def _open_up(_function: object, path: str, _exc_info: object) -> None:
     """rmtree's error handler: open up the folder that refused, then remove what is still there."""
     for target in (os.path.dirname(path), path):
         with contextlib.suppress(OSError):

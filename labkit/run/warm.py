@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from labkit import envnames
 from labkit.run import cgroup, modes, mounts, sessions
 from labkit.run.warmserver import MODULES, READY, UNAVAILABLE
 
@@ -257,7 +258,7 @@ class Server:
         from labkit.run import sandbox
 
         token = os.urandom(16).hex()
-        run_env = mounts.run_environment(env, workdir, sandboxed=True) | {"LABKIT_RUN_TOKEN": token}
+        run_env = mounts.run_environment(env, workdir, sandboxed=True) | {envnames.RUN_TOKEN: token}
         rlimits = sandbox.run_rlimits(env, limits)
         cgroups = cgroup.make_cgroups(limits)
         if not cgroup.counts_processes(cgroups):

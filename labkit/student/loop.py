@@ -6,13 +6,14 @@ import json
 import os
 from pathlib import Path
 
+from labkit import envnames
 from labkit.course import catalog, configs
 
 # execute, judge and report (papermill, pytest, rich) are imported by run_lab once the warm server
 # has begun to start: the two start at once, on two cores.
 
 # Where executed copies and reports go; LABKIT_BUILD moves it (the kit's own tests use a temporary folder).
-BUILD = Path(os.environ.get("LABKIT_BUILD") or catalog.ROOT / "build")
+BUILD = Path(os.environ.get(envnames.BUILD) or catalog.ROOT / "build")
 
 
 def _warm_server(out: Path, chosen: list, limits, cache):
@@ -20,7 +21,7 @@ def _warm_server(out: Path, chosen: list, limits, cache):
     from labkit.run import allowance, warm
 
     wanted = [c for c in chosen if c.platform == "cpu" and c.processes == 1]
-    if len(wanted) < 2 or os.environ.get("LABKIT_WARM", "on") == "off":
+    if len(wanted) < 2 or os.environ.get(envnames.WARM, "on") == "off":
         return None  # one kernel: forking it from a server saves nothing
     base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
     server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [])

@@ -117,7 +117,7 @@ FAST_MODULES = frozenset({
     "test_layout.py", "test_leaderboard.py", "test_overrides.py", "test_plaindata.py", "test_policy.py",
     "test_public_jax.py", "test_roster.py", "test_scratch.py", "test_similarity.py", "test_stretch.py",
     "test_venv_modules.py", "test_verify.py", "test_lms.py", "test_tiers.py", "test_canvas.py", "test_records.py",
-    "test_feedback.py",
+    "test_feedback.py", "test_lint.py", "test_envnames.py",
 })
 
 

@@ -72,7 +72,7 @@ def _limits_of_a_run(tmp_path, env: dict) -> str:
 
 
 def _address_space(text: str) -> str:
-    line = next(l for l in text.splitlines() if l.startswith("Max address space"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("Max address space"))
     return line.split()[3]
 
 

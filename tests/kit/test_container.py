@@ -31,8 +31,8 @@ def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str, str]]:
     """(stage, INSTRUCTION, arguments) for every instruction, continuation lines joined."""
     text = re.sub(r"\\\n", " ", path.read_text())
     out, stage = [], ""
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if not line or line.startswith("#"):
             continue
         word, _, rest = line.partition(" ")

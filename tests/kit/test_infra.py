@@ -152,8 +152,8 @@ def test_default_accelerator_is_eight_devices_on_one_host():
         v = variables(folder)
         assert attr(v["accelerator_type"], "default") == "v5litepod-8"
         assert attr(v["runtime_version"], "default") == "v2-alpha-tpuv5-lite"
-    row = [line.split("\t") for line in (INFRA / "prices.tsv").read_text().splitlines()
-           if line.startswith("v5litepod-8\t")][0]
+    row = next(line.split("\t") for line in (INFRA / "prices.tsv").read_text().splitlines()
+           if line.startswith("v5litepod-8\t"))
     assert row[2] == "1", "v5litepod-8 must be a single-host slice"
     assert "8 chips" in row[3]
 
@@ -239,8 +239,8 @@ def test_validation_rejects_bad_settings(tmp_path, bad, message):
 
 
 def test_module_variables_validate_the_same_way(tmp_path):
-    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git",
-               service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com", network_tag="w-labkit")
+    tpu = {"project": "my-course-project", "workshop": "w", "startup_script": "#!/bin/sh", "kit_repo": "https://x/y.git",
+               "service_account": "w-labkit-vm@my-course-project.iam.gserviceaccount.com", "network_tag": "w-labkit"}
     assert _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu).returncode == 0
     bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu, accelerator_type="a100-8")
     assert bad.returncode != 0 and "Cloud TPU type" in bad.stderr
@@ -346,7 +346,7 @@ def test_every_vm_runs_as_the_workshops_own_account_with_the_storage_scope_only(
 def test_the_vms_account_is_granted_nothing_on_the_project():
     iam = {k: v for k, v in all_resources().items() if "_iam_" in k[1]}
     assert iam, "expected the bucket grant and the students' grants"
-    for (folder, rtype, name), body in iam.items():
+    for (_folder, rtype, name), body in iam.items():
         if "google_service_account.vm" in str(attr(body, "member")):
             assert rtype == "google_storage_bucket_iam_member", f"{rtype}.{name} grants the VMs' account more"
             assert attr(body, "bucket") == "google_storage_bucket.labs.name"
@@ -361,8 +361,8 @@ def test_the_vms_account_is_granted_nothing_on_the_project():
 
 
 def test_the_service_account_variable_refuses_the_default_compute_account(tmp_path):
-    tpu = dict(project="my-course-project", workshop="w", startup_script="#!/bin/sh", kit_repo="https://x/y.git",
-               network_tag="w-labkit")
+    tpu = {"project": "my-course-project", "workshop": "w", "startup_script": "#!/bin/sh", "kit_repo": "https://x/y.git",
+               "network_tag": "w-labkit"}
     bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
                 service_account="123456789-compute@developer.gserviceaccount.com")
     assert bad.returncode != 0 and "never the default compute one" in re.sub(r"\s+", " ", bad.stderr)
@@ -503,7 +503,7 @@ def current_checkov_report() -> dict[str, dict]:
 
 
 def test_a_current_checkov_passes_with_tpu_vms_private(current_checkov_report):
-    for check_type, report in current_checkov_report.items():
+    for _check_type, report in current_checkov_report.items():
         failed = report["results"]["failed_checks"]
         assert not failed, "\n".join(f"{c['check_id']} {c['check_name']} ({c['resource']})" for c in failed)
         assert report["summary"]["checkov_version"] == CURRENT_CHECKOV

@@ -88,7 +88,7 @@ def test_infra_has_blocks_to_check():
 
 
 def test_the_schema_covers_every_type_infra_uses():
-    for path, kind, rtype, name, provider, _ in BLOCKS:
+    for path, kind, rtype, _name, provider, _ in BLOCKS:
         table = SCHEMA[provider]["resources" if kind == "resource" else "data"]
         assert rtype in table, f"{path}: {rtype} is not in the derived schema: run infra/schema/derive_schema.py"
 

@@ -210,7 +210,7 @@ def test_startup_script_in_tpu_mode_installs_jax_tpu_and_smokes_on_tpu(tmp_path)
     makes = [c for c in calls if c.startswith("make ")]
     assert makes == [f"make -C {tmp_path / 'state/src'} setup DEP_GROUPS=notebook",
                      f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu DEP_GROUPS=notebook"]
-    smoke = [c for c in calls if "labkit lab 3" in c][0]
+    smoke = next(c for c in calls if "labkit lab 3" in c)
     assert "--configs tpu" in smoke and f"--notebook {tmp_path / 'state/smoke/lab-3.ipynb'}" in smoke
     assert (tmp_path / "state" / "status").read_text().startswith(
         "ready: lab 3 as shipped reports not implemented yet on tpu")
@@ -232,7 +232,7 @@ def test_a_smoke_lab_that_passes_or_errs_is_a_failed_boot(tmp_path):
 def test_startup_script_on_a_multi_host_slice_leaves_the_tpu_run_to_all_workers(tmp_path):
     result, calls = _quick(tmp_path, LABKIT_MODE="tpu", LABKIT_WORKERS="4")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "--configs cpu-8" in [c for c in calls if "labkit lab 3" in c][0]
+    assert "--configs cpu-8" in next(c for c in calls if "labkit lab 3" in c)
     assert "multi-host slice of 4 workers" in (tmp_path / "log" / "labkit-startup.log").read_text()
 
 
@@ -265,7 +265,7 @@ def test_a_reboot_leaves_the_students_files_as_they_are(tmp_path):
     result, _ = _quick(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     (tmp_path / "kit/labs/lab-3.ipynb").write_text('{"cells": ["edited"]}')
-    again, calls = _quick(tmp_path)
+    again, _calls = _quick(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "edited" in (tmp_path / "kit/labs/lab-3.ipynb").read_text()
     assert "already in" in (tmp_path / "log/labkit-startup.log").read_text()

@@ -107,7 +107,7 @@ def test_a_relative_settings_path_still_reaches_terraform(workshop):
     workshop.env["WORKSHOP_TFVARS"] = "workshop.tfvars"
     result = run(["bash", str(INFRA / "workshop.sh"), "up", "--yes"], env=workshop.env, cwd=workshop.tmp)
     assert result.returncode == 0, result.stderr
-    apply = [c for c in workshop.calls("terraform") if "apply" in c][0]
+    apply = next(c for c in workshop.calls("terraform") if "apply" in c)
     assert apply[-1] == f"-var-file={workshop.tmp / 'workshop.tfvars'}", "terraform runs in infra/, not here"
 
 
@@ -203,7 +203,7 @@ def test_up_deletes_preempted_tpu_vms_so_that_apply_makes_them_again(tmp_path):
     assert deletes == [["compute", "tpus", "tpu-vm", "delete", "spmd-tpu-01", "--project", "my-course-project",
                         "--zone", "us-central1-a", "--quiet"]]
     raw = [json.loads(line) for line in w.log.read_text().splitlines()]
-    first_delete = [i for i, c in enumerate(raw) if "delete" in c][0]
+    first_delete = next(i for i, c in enumerate(raw) if "delete" in c)
     assert [c[0] for c in raw].index("terraform") > first_delete, "deleted before terraform makes it again"
 
 
@@ -211,7 +211,7 @@ def test_up_starts_cpu_vms_that_stopped(tmp_path):
     w = Workshop(tmp_path, SETTINGS, NAMES, left={"instances": "spmd-cpu-01"})
     result = w("up", "--yes")
     assert result.returncode == 0, result.stderr
-    stopped = [c for c in w.calls("gcloud") if c[:3] == ["compute", "instances", "list"]][0]
+    stopped = next(c for c in w.calls("gcloud") if c[:3] == ["compute", "instances", "list"])
     assert "labels.workshop=spmd AND status=TERMINATED" in stopped
     assert ["compute", "instances", "start", "spmd-cpu-01", "--project", "my-course-project", "--zone",
             "us-central1-a"] in w.calls("gcloud")
@@ -306,7 +306,7 @@ def test_on_a_multi_host_slice_every_worker_runs_the_students_own_notebook(tmp_p
     scp = [c for c in gcloud if "scp" in c and "spmd-tpu-01" in " ".join(c)]
     assert "--worker=0" in scp[0] and scp[0][-2] == "spmd-tpu-01:/opt/labkit/labs/lab-11.ipynb"
     assert "--worker=all" in scp[1] and scp[1][-1] == "spmd-tpu-01:/tmp/labkit-lab-11.ipynb"
-    ssh = [c for c in gcloud if "ssh" in c and c[4] == "spmd-tpu-01"][0]
+    ssh = next(c for c in gcloud if "ssh" in c and c[4] == "spmd-tpu-01")
     assert "--worker=all" in ssh
     assert ssh[-1].startswith("sudo install -o student -m 0644 /tmp/labkit-lab-11.ipynb /opt/labkit/labs/lab-11.ipynb && ")
     assert ssh[-1].endswith("LABKIT_TPU_HOSTS=4")
@@ -503,7 +503,7 @@ def test_down_deletes_the_workshops_queued_resources_before_terraform_destroys(t
     raw = [json.loads(line) for line in w.log.read_text().splitlines()]
     deletes = [i for i, c in enumerate(raw) if c[1:5] == ["compute", "tpus", "queued-resources", "delete"]]
     assert [raw[i][5] for i in deletes] == ["spmd-tpu-00"], "only this workshop's"
-    destroy = [i for i, c in enumerate(raw) if c[0] == "terraform" and "destroy" in c][0]
+    destroy = next(i for i, c in enumerate(raw) if c[0] == "terraform" and "destroy" in c)
     assert deletes[0] < destroy
 
 

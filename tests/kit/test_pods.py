@@ -62,7 +62,7 @@ def test_read_only_is_taken_from_the_root_mount_as_gvisor_reports_it(tmp_path):
     assert not modes._read_only("/", str(info))
 
 
-@pytest.mark.parametrize("make,what", [(lambda p: os.mkfifo(p), "not a regular file"),
+@pytest.mark.parametrize("make,what", [(os.mkfifo, "not a regular file"),
                                        (lambda p: os.symlink("/etc/passwd", p), "a symbolic link")],
                          ids=["pipe", "link"])
 def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why(tmp_path, make, what):

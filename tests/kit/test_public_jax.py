@@ -23,7 +23,6 @@ from labkit.machine import envsetup
 
 KIT = Path(labkit.__file__).parent
 ROOT = KIT.parent
-PRIVATE = ("jax._src", "jaxlib")
 
 
 def kit_modules() -> list[str]:

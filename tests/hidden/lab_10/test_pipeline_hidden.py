@@ -67,7 +67,7 @@ def replay(weights, biases, microbatches, stages, step=1, delay=None):
 
 
 def diagnose(got, stack, n):
-    weights, biases, microbatches = stack
+    _weights, _biases, _microbatches = stack
     if n == 1 or close(got.value, sequential(*stack)):
         return
     if close(got.value, replay(*stack, n, step=-1)):

@@ -99,13 +99,13 @@ def test_training_follows_the_single_device_loss_curve_on_every_device_count(got
     losses, _ = pair(got, "(losses, final_params)")
     want = train(PARAMS, X, Y, STEPS, LR)[0]
     arr = np.asarray(losses.value)
-    if n > 1 and arr.shape == want.shape and not close(arr, want):
-        if close(arr, train(PARAMS, X, Y, STEPS, LR, grad_scale=n)[0]):
-            raise Mismatch(f"the first loss is right but the curve then follows steps {n} times too large "
-                           f"(got {np.round(arr, 4).tolist()}, expected {np.round(want, 4).tolist()}): the gradient "
-                           f"was summed over the {n} devices instead of averaged. Without "
-                           f"jax.lax.pcast(state, 'data', to='varying'), jax.grad of replicated parameters is "
-                           f"already a sum and pmean cannot undo it")
+    if (n > 1 and arr.shape == want.shape and not close(arr, want)
+            and close(arr, train(PARAMS, X, Y, STEPS, LR, grad_scale=n)[0])):
+        raise Mismatch(f"the first loss is right but the curve then follows steps {n} times too large "
+                       f"(got {np.round(arr, 4).tolist()}, expected {np.round(want, 4).tolist()}): the gradient "
+                       f"was summed over the {n} devices instead of averaged. Without "
+                       f"jax.lax.pcast(state, 'data', to='varying'), jax.grad of replicated parameters is "
+                       f"already a sum and pmean cannot undo it")
     expect_close(losses, want, rtol=1e-4, atol=1e-6,
                  hint="the curve should not depend on the number of devices: average local gradients with pmean")
 

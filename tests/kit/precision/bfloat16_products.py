@@ -5,11 +5,11 @@
 # or not) first rounds its float32 operands to bfloat16. It also tells JAX, and so the harness's
 # report, that products are bfloat16.
 import jax
+import numpy as _np
 from jax._src.interpreters import mlir as _mlir
 from jax._src.lax import lax as _lax
 from jax._src.lib.mlir import ir as _ir
 from jax._src.lib.mlir.dialects import hlo as _hlo
-import numpy as _np
 
 
 def _bfloat16_operands(platform):

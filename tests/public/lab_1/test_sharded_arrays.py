@@ -2,8 +2,16 @@
 
 import numpy as np
 
-from labkit.checks import (Mismatch, call, check, expect_close, expect_replicated, expect_split_across, placed,
-                           single_process)
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    expect_close,
+    expect_replicated,
+    expect_split_across,
+    placed,
+    single_process,
+)
 
 M = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by every pod size, 1 to 32 devices
 TILES = np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)

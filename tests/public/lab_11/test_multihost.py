@@ -6,8 +6,18 @@ what every process returned and printed, which is where multi-process mistakes s
 
 import numpy as np
 
-from labkit.checks import AsNumpy, Mismatch, call, check, expect_close, expect_equal, expect_replicated, \
-    expect_shape, expect_split_across, placed
+from labkit.checks import (
+    AsNumpy,
+    Mismatch,
+    call,
+    check,
+    expect_close,
+    expect_equal,
+    expect_replicated,
+    expect_shape,
+    expect_split_across,
+    placed,
+)
 
 ROWS = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)  # 32 rows: one or more per device on up to 32 devices
 W = np.array([0.5, -1.0, 0.25], dtype=np.float32)
