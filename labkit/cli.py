@@ -222,7 +222,6 @@ def _add_gradescope(sub) -> None:
 def _slurm_grade(args) -> int:
     """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
     from labkit.grading import collect, grade, slurm
-
     from labkit.grading import course as course_mod
 
     kept = {f"--{n}" for n in course_mod.INPUTS} | {"--course", "--forget", "--change-policy", "--students", "--retry"}

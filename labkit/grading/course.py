@@ -122,7 +122,6 @@ class Input:
     check: Callable[[str, str, Context], Any]  # (text, source, class) -> parsed; ValueError naming source and line
     needs_class: bool = True  # checked once the class (roster or submission folders) is known
     results_key: str | None = None  # where the parsed value goes in the results; None: grade uses it itself
-    confirm: str = ""  # a change to it must be asked for with this flag (the policy: --change-policy)
 
 
 def _check_roster(text: str, source: str, context: Context) -> roster_mod.Roster:
@@ -174,7 +173,7 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("roster", "roster.csv", "CSV of the class (student, and optionally name, email, lms_id, section, "
           "leaderboard)", _check_roster, needs_class=False),
     Input("policy", "policy.toml", "the grading policy (TOML; default tests/policy.toml)", _check_policy,
-          needs_class=False, confirm="--change-policy"),
+          needs_class=False),  # a change of policy is asked for by name: --change-policy
     Input("overrides", "overrides.csv", "CSV of a TA's overrides (student,lab,points,test,status,comment)",
           _check_overrides, results_key="overrides"),
     Input("extensions", "extensions.csv", "CSV of extensions (student,lab,days)", _check_extensions,
@@ -322,10 +321,12 @@ def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", chang
             raise InputError(f"--forget {name} and --{name} together: give one or the other")
     manifest = read_manifest(folder)
     kept = manifest.get("inputs", {})
-    sources, changes, notes = {}, [], []
+    sources: dict = {}
+    changes: list[str] = []
+    notes: list[str] = []
     for name, entry in INPUTS.items():
         old = None
-        if name in kept and (given.get(name) is None and name not in dropped or (folder / entry.file).is_file()):
+        if name in kept and ((given.get(name) is None and name not in dropped) or (folder / entry.file).is_file()):
             try:
                 old = Source((folder / entry.file).read_text(encoding="utf-8"), str(kept[name]["from"]), True)
             except (OSError, UnicodeDecodeError, KeyError, TypeError):

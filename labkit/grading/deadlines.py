@@ -157,10 +157,3 @@ def parse_extensions(text: str, source: str, students: set[str], labs: set[int])
         out.setdefault(student, {})[str(int(lab))] = days
     return out
 
-
-def load_extensions(path: Path, students: set[str], labs: set[int]) -> dict[str, dict[str, float]]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise DeadlineError(f"{path}: cannot be read ({e.strerror or e})") from None
-    return parse_extensions(text, str(path), students, labs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from labkit.grading import course, scoreboard
@@ -87,7 +88,7 @@ def merge(parts: list[dict], names: list[str] | None = None) -> dict:
     return {**shared, "students": {s: students[s] for s in sorted(students)}, "notes": notes, "rows": ordered_rows}
 
 
-def merge_folders(folders: list[Path], out: Path, notes: list[str] = ()) -> dict:
+def merge_folders(folders: list[Path], out: Path, notes: Sequence[str] = ()) -> dict:
     """Merge the --out folders of a class's shards into `out`; the results (MergeError: nothing written).
 
     `notes`: more class notes (a shard that did not finish).

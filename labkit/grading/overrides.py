@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping
 from pathlib import Path
 
 COLUMNS = ("student", "lab", "points", "test", "status", "comment")
@@ -22,7 +23,7 @@ class OverrideError(ValueError):
     """An overrides file that cannot be used: the message names the file and the line."""
 
 
-def parse(text: str, source: str, students: set[str], lab_tests: dict[int, set[str]]) -> list[dict]:
+def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, set[str]]) -> list[dict]:
     """The overrides, each checked against the class (students) and the labs graded (lab -> its tests)."""
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
     missing = {"student", "lab"} - set(reader.fieldnames or [])

@@ -33,7 +33,9 @@ def read_module(module_text: str) -> dict[str, Any]:
     """What the kit needs to know of a StableHLO module, read from the parsed module op by op, never from its text:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
     part each device runs on its own block}. Raises when the text is not a module."""
-    from jax.interpreters import mlir  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
+    from jax.interpreters import (
+        mlir,  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
+    )
 
     ir = mlir.ir
 
