@@ -205,7 +205,9 @@ class Checker:
         calls = {}
         for test in tests:
             for c in test.__labkit_calls__.values():
-                calls.setdefault(c.id, {"id": c.id, **c.encoded()})
+                # a call several tests make runs once; its program is examined if any of them asks (as `judge` does)
+                calls[c.id] = calls.get(c.id, {}) | {"id": c.id, **c.encoded()} | (
+                    {"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
         columns, results_by = {}, {}
         if configs is None:
             env = harness.environment()
@@ -213,6 +215,7 @@ class Checker:
             devices = int(env.get("device_count") or 1)
             config = DeviceConfig("this kernel", "", env.get("backend", "cpu"), devices=devices)
             columns["this kernel"] = _judge(tests, "this kernel", config, env, results)
+            results_by["this kernel"] = results
         else:
             from labkit.course import configs as known
 
@@ -228,8 +231,11 @@ class Checker:
         passed = self._report(exercise, tests, columns)
         from labkit import cost
 
-        for line in cost.text(cost.cards(list(calls.values()), results_by), cost.read_reference(self.lab.public_tests)):
+        found = cost.cards(list(calls.values()), results_by)
+        for line in cost.text(found, cost.read_reference(self.lab.public_tests)):
             print(line)
+        if not found and (why := cost.why_none(list(calls.values()), results_by)):
+            print(why)
         return passed
 
     def _report(self, exercise: str, tests: list, columns: dict) -> bool:

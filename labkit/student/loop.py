@@ -72,6 +72,9 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
     for line in cost.text(found, cost.read_reference(lab.public_tests)):
         print(line, file=console.file)
+    results = {label: rec.results for label, rec in judgement.records.items()}
+    if not found and (why := cost.why_none(judgement.calls, results)):
+        print(why, file=console.file)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps({
         "lab": lab.number,
