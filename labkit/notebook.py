@@ -198,6 +198,9 @@ class Checker:
         from labkit.judge import harness
 
         namespace = namespace if namespace is not None else sys._getframe(1).f_globals
+        from labkit.student import loop, stamp
+
+        stamp.write(loop.BUILD / self.lab.name)  # `make lab-N` notes a notebook saved before this check
         tests = _tests_of(self.lab, exercise)
         if not tests:
             print(f"no public tests of {exercise!r} in {self.lab.public_tests}")
