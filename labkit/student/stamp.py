@@ -48,14 +48,16 @@ def advice(notebook: Path, folder: Path) -> list[str]:
     """Lines for `make lab-N` about the notebook it runs: how to open it, and whether it is older than the
     last check() (the student's latest edits may not be saved)."""
     out = [f"To work on it: `.venv/bin/jupyter lab {notebook}` (or `make docker-lab`), then `check(\"name\")` "
-           "in a cell checks one exercise."]
+           + "in a cell checks one exercise."]
     checked = read(folder)
     try:
         saved = Path(notebook).stat().st_mtime
     except OSError:
         return out
     if checked is not None and saved + SLACK < checked:
-        at = lambda t: time.strftime("%H:%M:%S", time.localtime(t))  # noqa: E731
+        def at(t: float) -> str:
+            return time.strftime("%H:%M:%S", time.localtime(t))
+
         out.append(f"Note: {notebook} was last saved at {at(saved)}, before your last check() at {at(checked)}. "
                    "This run grades the file on disk: if you changed the notebook since, save it in JupyterLab "
                    "(Ctrl+S) and run this again.")
