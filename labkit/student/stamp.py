@@ -48,7 +48,7 @@ def advice(notebook: Path, folder: Path) -> list[str]:
     """Lines for `make lab-N` about the notebook it runs: how to open it, and whether it is older than the
     last check() (the student's latest edits may not be saved)."""
     out = [f"To work on it: `.venv/bin/jupyter lab {notebook}` (or `make docker-lab`), then `check(\"name\")` "
-           + "in a cell checks one exercise."]
+           + "in a cell runs the public tests of one function."]
     checked = read(folder)
     try:
         saved = Path(notebook).stat().st_mtime
