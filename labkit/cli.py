@@ -163,10 +163,24 @@ def _scoreboard(args) -> int:
         print(f"no results yet in {build}: run `make lab-N` first", file=sys.stderr)
         return 1
     out = args.out or Path(build) / "scoreboard"
-    scoreboard.write(results, out)
+    page = write_own(results, out, scoreboard.students_of(results)[0])
     Console().print(scoreboard.terminal(results))
-    print(f"details: {out / 'scoreboard.html'}")
+    print(f"details: {page}")
     return 0
+
+
+def write_own(results: dict, out: Path, student: str = "you") -> Path:
+    """A student's own results page (`make scoreboard`): their feedback as a grading would write it, the
+    class page's tables for a class of one, never the TA's similarity list or class statistics."""
+    from labkit.grading import markdown, pages
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("scoreboard.html", "scoreboard.md", "scoreboard.json", "scoreboard.csv"):
+        (out / stale).unlink(missing_ok=True)  # the class page an older kit wrote here
+    (out / "you.md").write_text(markdown.feedback(results, student))
+    page = out / "you.html"
+    page.write_text(pages.feedback_html(results, student))
+    return page
 
 
 def _release(args) -> int:

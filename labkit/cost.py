@@ -59,7 +59,7 @@ class Chip:
 def chips(path: Path = CHIPS_FILE) -> dict[str, Chip]:
     """The chips of `chips.toml`, by key (v5e, v6e, h100)."""
     data = tomllib.loads(Path(path).read_text())
-    return {key: Chip(key=key, **{k: v for k, v in entry.items()}) for key, entry in data.items()}
+    return {key: Chip(key=key, **entry) for key, entry in data.items()}
 
 
 def shape_bytes(shape: str) -> int:
@@ -287,6 +287,25 @@ def cards(calls: list[dict], results: dict[str, dict]) -> dict[str, Examined]:
             found[call["id"]] = entry
             shown.add(call["function"])
     return found
+
+
+def why_none(calls: list[dict], results: dict[str, dict]) -> str:
+    """One line saying why `cards` found no card although a test examines a compiled program ("" otherwise):
+    every run was on one device (nothing is split or sent there), or no run's program could be examined."""
+    examined = [c for c in calls if c.get("facts")]
+    if not examined:
+        return ""
+    seen = []
+    for by_id in results.values():
+        for call in examined:
+            facts = ((by_id or {}).get(call["id"]) or {}).get("facts")
+            usable = isinstance(facts, dict) and "unavailable" not in facts
+            seen.append(int(facts.get("devices") or 0) if usable else 0)
+    if 1 in seen and all(d <= 1 for d in seen):
+        return ("No cost card: every run examined was on one device, where nothing is split and nothing is sent. "
+                "Run on several devices (cpu-8) to see what each device computes, holds and sends.")
+    return ("No cost card: the compiled program could not be examined in any run (a run failed, or the exercise "
+            "did not return a result); fix the first failure above and check again.")
 
 
 def to_json(found: dict[str, Examined]) -> dict:

@@ -198,6 +198,9 @@ class Checker:
         from labkit.judge import harness
 
         namespace = namespace if namespace is not None else sys._getframe(1).f_globals
+        from labkit.student import loop, stamp
+
+        stamp.write(loop.BUILD / self.lab.name)  # `make lab-N` notes a notebook saved before this check
         tests = _tests_of(self.lab, exercise)
         if not tests:
             print(f"no public tests of {exercise!r} in {self.lab.public_tests}")
@@ -205,7 +208,9 @@ class Checker:
         calls = {}
         for test in tests:
             for c in test.__labkit_calls__.values():
-                calls.setdefault(c.id, {"id": c.id, **c.encoded()})
+                # a call several tests make runs once; its program is examined if any of them asks (as `judge` does)
+                calls[c.id] = calls.get(c.id, {}) | {"id": c.id, **c.encoded()} | (
+                    {"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
         columns, results_by = {}, {}
         if configs is None:
             env = harness.environment()
@@ -213,6 +218,7 @@ class Checker:
             devices = int(env.get("device_count") or 1)
             config = DeviceConfig("this kernel", "", env.get("backend", "cpu"), devices=devices)
             columns["this kernel"] = _judge(tests, "this kernel", config, env, results)
+            results_by["this kernel"] = results
         else:
             from labkit.course import configs as known
 
@@ -228,8 +234,11 @@ class Checker:
         passed = self._report(exercise, tests, columns)
         from labkit import cost
 
-        for line in cost.text(cost.cards(list(calls.values()), results_by), cost.read_reference(self.lab.public_tests)):
+        found = cost.cards(list(calls.values()), results_by)
+        for line in cost.text(found, cost.read_reference(self.lab.public_tests)):
             print(line)
+        if not found and (why := cost.why_none(list(calls.values()), results_by)):
+            print(why)
         return passed
 
     def _report(self, exercise: str, tests: list, columns: dict) -> bool:

@@ -144,7 +144,7 @@ def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
     for lab in labs_of(results):
         part = lab_part(results, lab, student, "s0", index, False, clean)
         part["points"] = points_of(mine["labs"][str(lab["number"])]) if mine else None
-        board = leaderboard.board(results, lab)
+        board = leaderboard.board(results, lab, viewer=student)
         part["board"] = board | {"yours": leaderboard.yours(results, lab, student)} if board is not None else None
         labs.append(part)
     points = None

@@ -29,7 +29,6 @@ import io
 import math
 import re
 from datetime import datetime, timedelta
-from pathlib import Path
 
 # Most trustworthy first: a late penalty counts from the first of these that is known and accepted.
 SOURCES = {

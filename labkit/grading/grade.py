@@ -30,7 +30,7 @@ from pathlib import Path
 from labkit.course import catalog, configs
 from labkit.course.configs import DeviceConfig
 from labkit.grading import course as course_mod
-from labkit.grading import history, lms, scoreboard, similarity
+from labkit.grading import history, lms, scoreboard, similarity, writeups
 from labkit.grading import policy as policy_mod
 from labkit.grading import roster as roster_mod
 from labkit.grading.collect import (
@@ -277,6 +277,7 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
     """
     handed = {}
     handouts = {lab.number: similarity.starter(similarity.read_cells(lab.student) or []) for lab in labs}
+    notes = {lab.number: writeups.extract(lab.student) for lab in labs}  # a lab whose handout asks for a note
     for student in students:
         for lab in labs:
             path = subs.students[student].get(lab.number)
@@ -294,6 +295,7 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
             if code is not None:
                 info["code"] = code  # what labkit/grading/similarity.py compares, the handout's own code left out
             handed[student, lab.number] = info
+            writeups.write(out, student, lab.number, path, notes[lab.number])  # for the TA's rubric
     return handed
 
 

@@ -7,7 +7,9 @@ time of that call on that chip, from their own cost card (labkit/cost.py). Faste
 times in the order of the student ids. A row that does not pass is not ranked.
 
 A student whose roster line says `leaderboard = hide` (labkit/grading/roster.py) is shown as
-"anonymous", with their rank and time, never their id.
+"anonymous", with their rank and time, never their id. On the board in a student's own feedback the
+student's line is "you" and every classmate is "classmate N" (N their rank), unless the course's
+policy says `[leaderboard] names = true` (labkit/grading/policy.py); the class page is the TA's.
 
 Like the scoreboard, everything here is a pure function of the results: the lab's entry carries
 its leaderboard and the reference's cards, each row its own cards, each student the roster's columns.
@@ -22,6 +24,7 @@ from labkit import cost
 from labkit.course.catalog import Leaderboard
 
 ANONYMOUS = "anonymous"
+YOU = "you"  # the student's own line on the board in their own feedback
 HIDE = "hide"  # the roster's `leaderboard` column: this student's id is never shown on a leaderboard
 
 
@@ -81,15 +84,32 @@ def title(spec: Leaderboard) -> str:
     return f"{spec.function} on {spec.config}, modelled step time on a {cost.chips()[spec.chip].name}"
 
 
-def board(results: dict, lab: dict) -> dict | None:
-    """One lab's leaderboard as plain data (no student id but those shown by name), or None."""
+def names_shown(results: dict) -> bool:
+    """Whether the course's policy shows students their classmates' ids (`[leaderboard] names = true`)."""
+    data = results.get("policy") or {}
+    return isinstance(data, dict) and isinstance(data.get("leaderboard"), dict) and \
+        data["leaderboard"].get("names") is True
+
+
+def shown_as(results: dict, place: Place, viewer: str | None) -> str:
+    """The name `place` has on the board `viewer` reads (None: the class page)."""
+    if viewer is None:
+        return place.name
+    if place.student == viewer:
+        return YOU
+    return place.name if names_shown(results) else f"classmate {place.rank}"
+
+
+def board(results: dict, lab: dict, viewer: str | None = None) -> dict | None:
+    """One lab's leaderboard as plain data (no student id but those shown by name), or None; with `viewer`,
+    as that student reads it in their feedback (their line "you", classmates as the policy says)."""
     spec = spec_of(lab)
     if spec is None or spec.config not in {c["name"] for c in results.get("configs", [])}:
         return None  # not graded on the configuration that ranks it
     reference = step_time(lab.get("reference_costs", {}).get(spec.config), spec)
     return {"lab": lab["number"], "name": lab["name"], **spec.to_json(), "title": title(spec),
             "reference": None if reference is None else {"seconds": reference, "time": cost.format_seconds(reference)},
-            "places": [p.to_json() for p in places(results, lab)]}
+            "places": [p.to_json() | {"name": shown_as(results, p, viewer)} for p in places(results, lab)]}
 
 
 def boards(results: dict) -> list[dict]:

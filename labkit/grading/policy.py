@@ -9,6 +9,9 @@ rule::
 
     [labs.3]
     weight = 2                    # lab 3 counts twice (default 1)
+
+    [leaderboard]
+    names = false                 # each student's leaderboards name classmates "classmate N" (true: by id)
     canvas_id = 123456            # the Canvas assignment its column updates (exports)
 
 `combine` is one of COMBINE. A test's points come from `@check(points=...)`; a lab's points are
@@ -31,7 +34,8 @@ COMBINE = {
     "any": "a test earns its points if it passes on at least one configuration graded",
     "mean": "a test earns its points times the share of configurations graded it passes on",
 }
-_TOP = {"grading", "labs", "late"}
+_TOP = {"grading", "labs", "late", "leaderboard"}
+_LEADERBOARD = {"names"}
 _GRADING = {"combine", "required"}
 _LAB = {"weight", "title", "due", "canvas_id"}
 _LATE = {"per_day", "cap", "grace_minutes", "accept"}
@@ -50,6 +54,7 @@ class Policy:
     late: dict = field(default_factory=dict)  # per_day, cap, grace_minutes (see labkit/grading/deadlines.py)
     due: dict[int, str] = field(default_factory=dict)  # lab number -> ISO 8601 due date
     canvas: dict[int, int] = field(default_factory=dict)  # lab number -> Canvas assignment id (exports)
+    names: bool = False  # [leaderboard] names: students see classmates' ids on the leaderboards (else "classmate N")
 
     def weight(self, lab: int) -> float:
         return self.weights.get(lab, 1)
@@ -58,7 +63,7 @@ class Policy:
         return {"combine": self.combine, "required": list(self.required),
                 "weights": {str(k): v for k, v in sorted(self.weights.items())}, "source": self.source,
                 "late": dict(self.late), "due": {str(k): v for k, v in sorted(self.due.items())},
-                "canvas": {str(k): v for k, v in sorted(self.canvas.items())}}
+                "canvas": {str(k): v for k, v in sorted(self.canvas.items())}, "leaderboard": {"names": self.names}}
 
     @classmethod
     def from_json(cls, data: dict | None) -> Policy:
@@ -68,7 +73,8 @@ class Policy:
                    weights={int(k): v for k, v in data.get("weights", {}).items()},
                    source=data.get("source", ""), late=dict(data.get("late", {})),
                    due={int(k): v for k, v in data.get("due", {}).items()},
-                   canvas={int(k): v for k, v in data.get("canvas", {}).items()})
+                   canvas={int(k): v for k, v in data.get("canvas", {}).items()},
+                   names=data.get("leaderboard", {}).get("names") is True)
 
 
 def _unknown(where: str, keys, allowed: set[str], path) -> None:
@@ -144,8 +150,15 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
     for k in ("per_day", "cap"):
         if late.get(k, 0) > 1:
             raise PolicyError(f"{path}: [late] {k} is a fraction of the points, at most 1; got {late[k]!r}")
+    board = data.get("leaderboard", {})
+    if not isinstance(board, dict):
+        raise PolicyError(f"{path}: [leaderboard] must be a table, e.g. names = false")
+    _unknown("[leaderboard]", board, _LEADERBOARD, path)
+    names = board.get("names", False)
+    if not isinstance(names, bool):
+        raise PolicyError(f"{path}: [leaderboard] names must be true or false, got {names!r}")
     return Policy(combine=combine, required=tuple(required), weights=weights, source=str(path), late=late, due=due,
-                  canvas=canvas)
+                  canvas=canvas, names=names)
 
 
 def _accepted_sources(accept, path) -> list[str]:

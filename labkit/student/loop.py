@@ -64,6 +64,10 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
     timeout = execute.DEFAULT_TIMEOUT if timeout is None else timeout
     runs = [RunSpec(c.name, notebook, c, out / c.name, keep_scratch=keep_scratch) for c in chosen]
     console.print(f"[bold]{lab.title}[/bold]: running {notebook} on {', '.join(c.name for c in chosen)}")
+    from labkit.student import stamp
+
+    for line in stamp.advice(notebook, out):
+        console.print(line, markup=False, highlight=False)
     judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
                       limits=limits, warm=server, cache=cache)
     labels = [r.label for r in runs]
@@ -73,6 +77,9 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
     for line in cost.text(found, cost.read_reference(lab.public_tests)):
         print(line, file=console.file)
+    results = {label: rec.results for label, rec in judgement.records.items()}
+    if not found and (why := cost.why_none(judgement.calls, results)):
+        print(why, file=console.file)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps({
         "lab": lab.number,

@@ -110,6 +110,16 @@ def test_unexamined_programs_give_no_card_and_say_why():
         cost.card(_facts(flops={"unavailable": "no cost analysis"}))
 
 
+def test_a_lab_whose_runs_were_all_on_one_device_says_in_one_line_why_it_has_no_card():
+    calls = [{"id": "a", "function": "f", "facts": True}, {"id": "b", "function": "g"}]
+    one = {"cpu-1": {"a": {"facts": _facts(devices=1)}}}
+    assert cost.cards(calls, one) == {}
+    assert "every run examined was on one device" in cost.why_none(calls, one)
+    failed = {"cpu-8": {"a": {"error": {"message": "boom"}}}}
+    assert "could not be examined" in cost.why_none(calls, failed)
+    assert cost.why_none([{"id": "b", "function": "g"}], one) == ""  # nothing examined: nothing to explain
+
+
 def test_the_card_compares_with_the_reference_by_factors():
     reference = cost.card(_facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}",
                                                "groups": [list(range(8))]}]))

@@ -114,6 +114,7 @@ def test_a_lab_without_a_leaderboard_draws_none():
 
 def test_a_student_who_opted_out_appears_as_anonymous_with_their_rank_and_never_their_id():
     results = make_results([row("alice", 5000), row("bob", 10000), row("carl", 20000)], hide=("alice",))
+    results["policy"] = {"leaderboard": {"names": True}}  # a course that shows ids: the opt-out still holds
     board = board_of(results)
     assert [(p["rank"], p["name"]) for p in board["places"]] == [(1, "anonymous"), (2, "bob"), (3, "carl")]
     assert "alice" not in json.dumps(board)
@@ -135,6 +136,7 @@ def test_a_student_who_opted_out_is_told_their_own_rank():
 
 def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
     results = make_results([row(EVIL, 5000), row("bob", 10000)])
+    results["policy"] = {"leaderboard": {"names": True}}  # ids on the students' boards too
     for page in (pages.to_html(results), pages.feedback_html(results, "bob"),
                  pages.feedback_html(results, EVIL)):
         assert "<img src=x" not in page
@@ -146,6 +148,27 @@ def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
 # ----------------------------------------------------------------------------------------
 # What a student is told.
 # ----------------------------------------------------------------------------------------
+
+def test_a_students_own_board_names_them_you_and_their_classmates_by_rank_only():
+    results = make_results([row("alice", 5000), row("bob", 10000), row("carl", 20000)])
+    assert [p["name"] for p in board_of(results)["places"]] == ["alice", "bob", "carl"]  # the TA's class page
+    for render in (markdown.feedback, pages.feedback_html):
+        page = render(results, "bob")
+        assert "alice" not in page and "carl" not in page, page
+        assert "classmate 1" in page and "classmate 3" in page and "you" in page
+
+
+def test_a_course_whose_policy_says_names_shows_classmates_by_id():
+    from labkit.grading import policy
+
+    chosen = policy.parse("[leaderboard]\nnames = true\n", known_labs=[9])
+    assert chosen.names and policy.Policy.from_json(chosen.to_json()).names
+    results = make_results([row("alice", 5000), row("bob", 10000)])
+    results["policy"] = chosen.to_json()
+    assert "alice" in markdown.feedback(results, "bob")
+    with pytest.raises(policy.PolicyError, match="names must be true or false"):
+        policy.parse("[leaderboard]\nnames = 'yes'\n", known_labs=[9])
+
 
 def test_the_students_feedback_names_their_time_and_the_references():
     results = make_results([row("alice", 5000), row("bob", 10000)])

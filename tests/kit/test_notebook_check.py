@@ -12,6 +12,7 @@ import pytest
 from labkit import checks, notebook
 from labkit.course import catalog
 from labkit.run import modes
+from labkit.student import stamp
 
 ROOT = catalog.ROOT
 
@@ -178,3 +179,28 @@ def test_where_no_sandbox_can_be_made_the_replay_runs_with_limits_only_and_check
     assert len(warnings) == 1, done.stderr
     assert warnings[0].startswith("labkit: warning: check() replays with resource limits only, not in a sandbox")
     assert "/bin/false" in warnings[0] and "cannot start" in warnings[0]
+
+
+def test_check_in_this_kernel_prints_lab_14s_cost_card_and_on_one_device_says_why_there_is_none(tmp_path):
+    # lab 14's first test calls train_step unexamined and a later one examines the same call: the card must
+    # still print; a program on one device gets one line saying why there is no card, not silence
+    code = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from labkit.notebook import Checker
+mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+@jax.jit
+def split(p, m, x, y):
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("d")))
+    return p, m, jnp.sum(x * x)
+whole = jax.jit(lambda p, m, x, y: (p, m, jnp.sum(x * x)))
+for f in (split, whole):
+    print("=====")
+    Checker(14)("train_step", namespace={"train_step": f}, configs=None)
+"""
+    done = _python(code, env={"JAX_NUM_CPU_DEVICES": "8", "LABKIT_BUILD": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert stamp.read(tmp_path / "lab-14") is not None  # the check's time, for `make lab-14`'s note
+    split, whole = done.stdout.split("=====")[1:]
+    assert "Cost cards:" in split and "train_step" in split.split("Cost cards:")[1], split
+    assert "Cost cards:" not in whole and "No cost card: every run examined was on one device" in whole, whole

@@ -333,8 +333,20 @@ def test_make_scoreboard_draws_the_students_own_runs_with_the_class_scoreboards_
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4/4" in done.stdout and "cpu-1" in done.stdout
     mine = grade.student_results(build)
-    assert (build / "scoreboard" / "scoreboard.html").read_text() == pages.to_html(mine)
+    assert (build / "scoreboard" / "you.html").read_text() == pages.feedback_html(mine, "you")
+    assert not (build / "scoreboard" / "scoreboard.html").exists()  # the class page is the TA's
     assert scoreboard.to_csv(mine).splitlines()[1] == "you,3,cpu-1,4,4,ok,4,4,,bubblewrap"
+
+
+def test_make_scoreboard_writes_the_students_own_page_not_the_class_page(results, tmp_path, monkeypatch):
+    from labkit import cli
+
+    student = scoreboard.students_of(results)[0]
+    mine = results | {"rows": [r for r in results["rows"] if r["student"] == student]}
+    monkeypatch.setattr(grade, "student_results", lambda build: mine)
+    assert cli.main(["scoreboard", "--build", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert not (tmp_path / "out" / "scoreboard.html").exists()  # the class page, with its similarity list
+    assert (tmp_path / "out" / "you.html").read_text() == pages.feedback_html(mine, student)
 
 
 def test_make_scoreboard_before_any_lab_run_says_what_to_do(kit):
