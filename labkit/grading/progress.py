@@ -32,7 +32,6 @@ class Part:
     total: int = 0
     done: int = 0
     started: float = 0.0
-    updated: float = 0.0
     finished: bool = False  # the run wrote its scoreboard
     exit: int | None = None  # the exit status an engine recorded for it (see labkit.grading.slurm), when there is one
 
@@ -42,7 +41,7 @@ def _read_part(folder: Path, name: str) -> Part:
     try:
         data = json.loads((folder / FILE).read_text())
         part.phase, part.total, part.done = str(data["phase"]), int(data["total"]), int(data["done"])
-        part.started, part.updated = float(data["started"]), float(data["updated"])
+        part.started = float(data["started"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     part.finished = (folder / "scoreboard.json").is_file()
