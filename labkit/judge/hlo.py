@@ -22,6 +22,8 @@ import re
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 _OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_DONE = re.compile(r"=\s*(?P<shape>.+?)\s+(?:" + "|".join(COLLECTIVES) + r")-done\((?:[^%)]*\s)?%(?P<start>[\w.\-]+)\)")
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=")
 _GROUPS = re.compile(r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
                      r"|mesh\[[^\]]*\]\s*\{[^}]*\})")
 _MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
@@ -235,16 +237,21 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
     times = runs(found, entry)
     listed: list[dict] = []
     for name, lines in found.items():
+        # An async pair (`-start`, `-done`) sends what its `-done` gives: the TPU compiler's
+        # collective-permute-start is a tuple of the buffer sent, the buffer received and two counters.
+        done = {d.group("start"): d.group("shape") for d in map(_DONE.search, lines) if d}
         for line in lines:
             m = _OP.search(line)
             if not m or "-done(" in line or _HEADER.match(line):
                 continue
+            named = _NAME.match(line)
+            shape = done.get(named.group("name"), m.group("shape")) if named else m.group("shape")
             count = times.get(name, 1)  # a computation nothing calls is counted once, never left out
             if count is None:
                 raise ValueError("a collective inside a loop whose number of steps the compiler cannot count "
                                  f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
                                  "Python for loop, so that what it sends can be counted")
-            item = {"op": m.group("op"), "shape": _compact(m.group("shape"))}
+            item = {"op": m.group("op"), "shape": _compact(shape)}
             pairs = _PAIRS.search(line)
             groups = _GROUPS.search(line)
             if pairs:

@@ -1,5 +1,5 @@
-"""Reading the TPU compiler's loops and products (pure Python, no JAX): the TPU program writes no
-`known_trip_count` and writes `x @ w` as a `convolution`; both must still be counted."""
+"""Reading the TPU compiler's program (pure Python, no JAX): its loops carry no
+`known_trip_count`, it writes `x @ w` as a `convolution` and its async sends as tuples; all must be read."""
 
 import pytest
 
@@ -73,3 +73,15 @@ def test_a_matrix_product_the_tpu_writes_as_a_convolution_is_counted_for_each_fu
     windowed = TPU_SCAN.replace("dim_labels=bf_io->bf", "window={size=3}, dim_labels=bf_io->bf")
     with pytest.raises(ValueError, match="convolution inside a loop"):
         hlo.loop_flops(windowed)
+
+
+def test_an_async_permute_sends_the_buffer_its_done_gives_not_the_whole_start_tuple():
+    text = """\
+ENTRY %main (p: f32[16,3]) -> f32[16,3] {
+  %fusion = f32[16,3]{0,1:T(4,128)} parameter(0)
+  %collective-permute-start = (f32[16,3]{0,1:T(4,128)S(1)}, f32[16,3]{0,1:T(4,128)S(1)}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%fusion), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  ROOT %collective-permute-done = f32[16,3]{0,1:T(4,128)S(1)} collective-permute-done(%collective-permute-start), metadata={op_name="ppermute"}
+}
+"""
+    found = hlo.collectives_in(text, 2)
+    assert [(c["op"], c["shape"]) for c in found] == [("collective-permute", "f32[16,3]{0,1:T(4,128)S(1)}")]
