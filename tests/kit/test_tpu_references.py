@@ -1,0 +1,24 @@
+"""Every lab's reference passes its public and hidden tests on the compile-only TPU configuration v5e-8:
+the checks read the TPU compiler's program (its loops, its async collectives, its own choice of
+collective) and must accept a correct design there. One `labkit lab` run per lab; skipped where
+libtpu is absent. Slow (about a minute and a half a lab): run it where libtpu is installed."""
+
+import importlib.util
+
+import pytest
+
+LABS = range(1, 15)
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+pytestmark = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_reference_passes_every_test_on_v5e_8(kit, lab_outcomes, lab):
+    done = kit("lab", str(lab), "--notebook", f"reference/lab-{lab}.ipynb", "--configs", "v5e-8", "--hidden",
+               timeout=900)
+    outcomes = lab_outcomes(lab)["v5e-8"]
+    failed = {name: o["message"][:300] for name, o in outcomes.items() if o["status"] not in ("passed", "skipped", "skip")}
+    assert not failed, failed
+    assert any(o["hidden"] for o in outcomes.values()), "no hidden test ran"
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
