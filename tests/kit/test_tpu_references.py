@@ -7,7 +7,11 @@ import importlib.util
 
 import pytest
 
-LABS = range(1, 15)
+# Lab 13's answers are XLA:CPU's: on v5e-8 the TPU compiler sums its small all_gather and psum_scatter
+# with an all-reduce (twice the ring prediction) and its FLOPs differ by 2.3% (BENCHMARKS.md).
+LAB_13 = pytest.param(13, marks=pytest.mark.xfail(strict=True, reason="lab 13's answers are read off XLA:CPU's "
+                                                  "programs; the TPU compiler's small-message choice differs"))
+LABS = [*range(1, 13), LAB_13, 14]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 pytestmark = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
