@@ -22,7 +22,8 @@ The ring costs, for a collective over a group of n devices (B: the bytes named b
 
 Time on a chip: compute = FLOPs / peak (bfloat16 or float32 by the outputs' dtype); memory = bytes
 held / HBM bandwidth (each byte read or written once: a lower bound); communication = bytes sent /
-the chip's send bandwidth along one mesh axis. The parts are not added: the slowest bounds the step
+the chip's send bandwidth along one mesh axis (a ring's two ports), a collective-permute's over the
+one link (port) it sends on. The parts are not added: the slowest bounds the step
 (with perfect overlap), and the card names it. A model, not a measurement: the course's "Reading
 the cost card" says what it leaves out.
 """
@@ -52,6 +53,7 @@ class Chip:
     hbm_bytes: float
     hbm_bandwidth: float
     send_bandwidth: float
+    link_bandwidth: float  # one port, one way: what a collective-permute to one device sends over
     topology: str
     source: str
 
@@ -143,8 +145,10 @@ class Card:
 
     def timing(self, chip: Chip) -> Timing:
         peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_flops
-        return Timing(chip.key, self.flops / peak, self.held_total / chip.hbm_bandwidth,
-                      self.sent_total / chip.send_bandwidth, self.held_total <= chip.hbm_bytes)
+        wire = sum(b / (chip.link_bandwidth if op == "collective-permute" else chip.send_bandwidth)
+                   for op, b in self.sent.items())
+        return Timing(chip.key, self.flops / peak, self.held_total / chip.hbm_bandwidth, wire,
+                      self.held_total <= chip.hbm_bytes)
 
     def to_json(self) -> dict:
         return {"devices": self.devices, "flops": self.flops, "held": self.held, "sent": self.sent,

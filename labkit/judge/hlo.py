@@ -3,8 +3,10 @@ how many times each runs (pure Python: tested without JAX).
 
 A collective inside a loop (`lax.fori_loop`, `lax.scan`, a `while`) is written once in the program's
 text, inside the loop's body, however many times the loop runs. The compiler notes the number of steps
-of a loop it can count (`known_trip_count`); each collective is listed once per run, so what a program
-sends is the sum over the list whatever the loops. A collective inside a loop whose steps the compiler
+of a loop it can count (`known_trip_count`, as XLA:CPU writes it); the TPU compiler writes none, and
+there the steps are read from the loop itself: a counter that starts at a constant, goes up by a
+constant step and is compared with a constant bound (`_counted`). Each collective is listed once per
+run, so what a program sends is the sum over the list whatever the loops. A collective inside a loop whose steps the compiler
 cannot count is refused: what it costs cannot be known from the program.
 
 XLA's own cost analysis counts a loop's body once too, so the matrix products of a loop's body are
@@ -20,6 +22,8 @@ import re
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 _OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_DONE = re.compile(r"=\s*(?P<shape>.+?)\s+(?:" + "|".join(COLLECTIVES) + r")-done\((?:[^%)]*\s)?%(?P<start>[\w.\-]+)\)")
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=")
 _GROUPS = re.compile(r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
                      r"|mesh\[[^\]]*\]\s*\{[^}]*\})")
 _MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
@@ -97,11 +101,107 @@ def computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
     return found, entry
 
 
-def _calls(line: str) -> list[tuple[str, int | None]]:
-    """The computations one instruction runs, each with how many times (None: a loop the compiler cannot count)."""
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)")
+_INDEX = re.compile(r"\bindex=(?P<i>\d+)")
+_VALUE = re.compile(r"\bs(?:32|64)\[\][^=]*?constant\((?P<v>-?\d+)\)")
+
+
+def _defs(lines: list[str]) -> tuple[dict[str, tuple[str, list[str], str]], str | None]:
+    """One computation's instructions: name -> (op, operand names, line); and the name of its ROOT."""
+    found, root = {}, None
+    for line in lines:
+        d = _DEF.match(line)
+        if d:
+            args = [a.split()[-1].lstrip("%") for a in d.group("args").split(",") if a.strip()]
+            found[d.group("name")] = (d.group("op"), args, line)
+            if line.lstrip().startswith("ROOT"):
+                root = d.group("name")
+    return found, root
+
+
+def _through(name: str, defs: dict) -> tuple[str, list[str], str] | None:
+    """The instruction `name` is, looking through copies."""
+    for _ in range(16):
+        if name not in defs:
+            return None
+        op, args, line = defs[name]
+        if op != "copy" or len(args) != 1:
+            return op, args, line
+        name = args[0]
+    return None
+
+
+def _constant(name: str, defs: dict) -> int | None:
+    found = _through(name, defs)
+    if found is None or found[0] != "constant":
+        return None
+    value = _VALUE.search(found[2])
+    return int(value.group("v")) if value else None
+
+
+def _element(name: str, defs: dict) -> int | None:
+    """k where `name` is element k of the computation's parameter (through copies), else None."""
+    found = _through(name, defs)
+    if found is None or found[0] != "get-tuple-element":
+        return None
+    index = _INDEX.search(found[2])
+    return int(index.group("i")) if index else None
+
+
+def _counted(line: str, found: dict[str, list[str]], caller: list[str]) -> int | None:
+    """The steps of a `while` the compiler did not count for us (the TPU compiler's loops), read from the
+    loop: its condition is `counter < bound` with a constant bound, the counter starts at a constant
+    (the while's tuple) and the body adds a constant step to it, a constant itself or one the body
+    passes on unchanged. None where any of that is not so: the loop is then not counted."""
+    cond = re.search(r"condition=%(?P<c>[\w.\-]+)", line)
+    body = re.search(r"body=%(?P<b>[\w.\-]+)", line)
+    operand = re.search(r"\swhile\(%(?P<t>[\w.\-]+)\)", line)
+    if not (cond and body and operand):
+        return None
+    cdefs, croot = _defs(found.get(cond.group("c"), []))
+    bdefs, broot = _defs(found.get(body.group("b"), []))
+    odefs, _ = _defs(caller)
+    compare = cdefs.get(croot) if croot else None
+    if compare is None or compare[0] != "compare" or len(compare[1]) != 2:
+        return None
+    direction = re.search(r"direction=(?P<d>[A-Z]+)", compare[2])
+    a, b = compare[1]
+    if direction and direction.group("d") == "LT":
+        k, bound = _element(a, cdefs), _constant(b, cdefs)
+    elif direction and direction.group("d") == "GT":
+        k, bound = _element(b, cdefs), _constant(a, cdefs)
+    else:
+        return None
+    start_tuple = _through(operand.group("t"), odefs)
+    if k is None or bound is None or start_tuple is None or start_tuple[0] != "tuple" or k >= len(start_tuple[1]):
+        return None
+    start = _constant(start_tuple[1][k], odefs)
+    root = bdefs.get(broot) if broot else None
+    if start is None or root is None or root[0] != "tuple" or k >= len(root[1]):
+        return None
+    step_op = _through(root[1][k], bdefs)
+    if step_op is None or step_op[0] != "add" or len(step_op[1]) != 2:
+        return None
+    x, y = step_op[1]
+    other = y if _element(x, bdefs) == k else x if _element(y, bdefs) == k else None
+    if other is None:
+        return None
+    step = _constant(other, bdefs)
+    j = _element(other, bdefs)
+    if step is None and j is not None and j < len(root[1]) and _element(root[1][j], bdefs) == j:
+        step = _constant(start_tuple[1][j], odefs) if j < len(start_tuple[1]) else None  # an invariant step
+    if step is None or step <= 0:
+        return None
+    return max(0, -(-(bound - start) // step))
+
+
+def _calls(line: str, found: dict[str, list[str]] | None = None,
+           caller: list[str] | None = None) -> list[tuple[str, int | None]]:
+    """The computations one instruction runs, each with how many times (None: a loop whose steps cannot be
+    counted)."""
     if " while(" in line:
         trips = _TRIPS.search(line)
-        times = int(trips.group("n")) if trips else None
+        times = int(trips.group("n")) if trips else _counted(line, found or {}, caller or [])
         return [(m.group("name"), times) for m in _CALLED.finditer(line)]
     called = [(m.group("name"), 1) for m in _CALLED.finditer(line)]
     branches = _BRANCHES.search(line)
@@ -121,7 +221,7 @@ def runs(found: dict[str, list[str]], entry: str | None) -> dict[str, int | None
         before = times.get(name, 0)
         times[name] = None if before is None or count is None else before + count
         for line in found[name]:
-            for child, each in _calls(line):
+            for child, each in _calls(line, found, found[name]):
                 visit(child, None if count is None or each is None else count * each, depth + 1)
 
     visit("", 1, 0)
@@ -137,16 +237,21 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
     times = runs(found, entry)
     listed: list[dict] = []
     for name, lines in found.items():
+        # An async pair (`-start`, `-done`) sends what its `-done` gives: the TPU compiler's
+        # collective-permute-start is a tuple of the buffer sent, the buffer received and two counters.
+        done = {d.group("start"): d.group("shape") for d in map(_DONE.search, lines) if d}
         for line in lines:
             m = _OP.search(line)
             if not m or "-done(" in line or _HEADER.match(line):
                 continue
+            named = _NAME.match(line)
+            shape = done.get(named.group("name"), m.group("shape")) if named else m.group("shape")
             count = times.get(name, 1)  # a computation nothing calls is counted once, never left out
             if count is None:
                 raise ValueError("a collective inside a loop whose number of steps the compiler cannot count "
                                  f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
                                  "Python for loop, so that what it sends can be counted")
-            item = {"op": m.group("op"), "shape": _compact(m.group("shape"))}
+            item = {"op": m.group("op"), "shape": _compact(shape)}
             pairs = _PAIRS.search(line)
             groups = _GROUPS.search(line)
             if pairs:
@@ -174,6 +279,25 @@ def _dims(shape: str) -> list[int]:
     return [int(v) for v in inside.split(",") if v]
 
 
+_LABELS = re.compile(r"dim_labels=(?P<lhs>[a-z0-9]+)_[a-z0-9]+->[a-z0-9]+")
+
+
+def _summed(line: str, op: str, lhs: str) -> int | None:
+    """How many products each output element of a product sums: a `dot`'s contracting dimensions, or the
+    input feature dimension (`f`) of a `convolution` that is a matrix product (the TPU compiler writes
+    `x @ w` so: `dim_labels=bf_io->bf`, no window). None for a real convolution (a window, groups)."""
+    dims = _dims(lhs)
+    if op == "dot":
+        contracting = _CONTRACTING.search(line)
+        if not contracting:
+            return None
+        return math.prod(dims[int(i)] for i in contracting.group("d").split(",") if i)
+    labels = _LABELS.search(line)
+    if not labels or "window=" in line or "_group_count=" in line or len(labels.group("lhs")) != len(dims):
+        return None
+    return dims[labels.group("lhs").index("f")] if "f" in labels.group("lhs") else None
+
+
 def loop_flops(hlo: str) -> float:
     """The FLOPs of matrix products that XLA's cost analysis leaves out: those of a loop's body for each
     step after the first. A product in a loop whose steps cannot be counted is refused (ValueError)."""
@@ -192,11 +316,9 @@ def loop_flops(hlo: str) -> float:
                                  "the work it does cannot be known from the program")
             if count <= 1:
                 continue
-            contracting = _CONTRACTING.search(line)
             lhs = shapes.get(dot.group("lhs"))
-            if dot.group("op") != "dot" or not contracting or lhs is None:
+            summed = _summed(line, dot.group("op"), lhs) if lhs is not None else None
+            if summed is None:
                 raise ValueError(f"a {dot.group('op')} inside a loop whose work this reader cannot count")
-            lhs_dims = _dims(lhs)
-            summed = math.prod(lhs_dims[int(i)] for i in contracting.group("d").split(",") if i)
             extra += (count - 1) * 2.0 * math.prod(_dims(dot.group("shape"))) * summed
     return extra

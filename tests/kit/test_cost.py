@@ -202,3 +202,12 @@ def test_the_feedback_of_a_graded_class_shows_each_students_card_against_the_ref
     assert "your program has 2.0x the bytes each device sends that the reference needs" in md
     page = (tmp_path / "out" / "feedback" / "ada.html").read_text()
     assert '<pre class="card" data-config="cpu-8">' in page and "2.0x the bytes" in page
+
+
+def test_a_collective_permute_is_timed_on_the_one_link_it_sends_over_not_a_rings_two():
+    shift = cost.card(_facts(collectives=[{"op": "collective-permute", "shape": "f32[262144]{0}",
+                                           "pairs": [[i, (i + 1) % 8] for i in range(8)]}]))
+    assert shift.timing(CHIPS["v5e"]).communication == pytest.approx((1 << 20) / 50e9)  # one ICI port one way
+    assert shift.timing(CHIPS["v6e"]).communication == pytest.approx((1 << 20) / 100e9)
+    gathered = cost.card(_facts(collectives=[{"op": "all-gather", "shape": "f32[262144]{0}", "groups": [list(range(8))]}]))
+    assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(7 / 8 * (1 << 20) / 100e9)  # a ring: two

@@ -82,7 +82,7 @@ def test_a_scattered_output_sliced_from_a_psum_passes_on_cpu_1_and_is_named_over
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 1 and caught["exercise"] == "tensor_parallel_scattered"
     assert "adds the whole output on every device (an all-reduce)" in caught["message"], caught["message"]
-    assert "all-reduce of f32[64,32] over 8 devices" in caught["message"], caught["message"]
+    assert "all-reduce of f32[256,128] over 8 devices" in caught["message"], caught["message"]
 
 
 # Exercise 4 as jax.jit with the rows split in out_shardings: the CPU compiler makes it an all-reduce and a slice.
@@ -97,7 +97,7 @@ def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu
     assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
     message = failed.popitem()[1]["message"]
     assert "jax.jit with the rows split in out_shardings on this CPU compiler" in message, message
-    assert "all-reduce of f32[64,32] over 8 devices" in message, message
+    assert "all-reduce of f32[256,128] over 8 devices" in message, message
 
 
 # Exercise 1 gathering its split weights and computing everything on every device: right, the work not split.

@@ -1,0 +1,87 @@
+"""Reading the TPU compiler's program (pure Python, no JAX): its loops carry no
+`known_trip_count`, it writes `x @ w` as a `convolution` and its async sends as tuples; all must be read."""
+
+import pytest
+
+from labkit.judge import hlo
+
+# The shape of what libtpu 0.0.50 writes for a `lax.scan` of 4 steps over `x @ w` (v5e:2x4), trimmed.
+TPU_SCAN = """\
+HloModule jit_f, entry_computation_layout={()->f32[]}
+
+%fused (p0: bf16[3,8], p1: bf16[2,3]) -> f32[2,8] {
+  %p1 = bf16[2,3]{1,0:T(2,128)(2,1)} parameter(1)
+  %p0 = bf16[3,8]{1,0:T(4,128)(2,1)} parameter(0)
+  ROOT %convolution.7 = f32[2,8]{1,0:T(2,128)} convolution(%p1, %p0), dim_labels=bf_io->bf, metadata={op_name="dot_general"}
+}
+
+%body.sunk (wide.param.2: (s32[], f32[2,8], bf16[2,3], bf16[3,8], s32[])) -> (s32[], f32[2,8], bf16[2,3], bf16[3,8], s32[]) {
+  %constant.1.sunk = s32[]{:T(128)} constant(1)
+  %wide.param.2 = (s32[]{:T(128)}, f32[2,8], bf16[2,3], bf16[3,8], s32[]{:T(128)}) parameter(0)
+  %get-tuple-element.67 = s32[]{:T(128)} get-tuple-element(%wide.param.2), index=0
+  %copy.6 = s32[]{:T(128)S(6)} copy(%get-tuple-element.67), backend_config={"flag_configs":[]}
+  %add.10 = s32[]{:T(128)} add(%copy.6, %constant.1.sunk), metadata={op_name="while/body/add"}
+  %get-tuple-element.74 = bf16[2,3] get-tuple-element(%wide.param.2), index=2
+  %get-tuple-element.75 = bf16[3,8] get-tuple-element(%wide.param.2), index=3
+  %get-tuple-element.76 = s32[]{:T(128)} get-tuple-element(%wide.param.2), index=4
+  %fusion.16 = f32[2,8]{1,0} fusion(%get-tuple-element.75, %get-tuple-element.74), kind=kOutput, calls=%fused
+  %all-reduce.1 = f32[2,8]{1,0} all-reduce(%fusion.16), replica_groups=[1,8]<=[8], to_apply=%add
+  ROOT %tuple.18 = (s32[]{:T(128)}, f32[2,8], bf16[2,3], bf16[3,8], s32[]{:T(128)}) tuple(%add.10, %all-reduce.1, %get-tuple-element.74, %get-tuple-element.75, %get-tuple-element.76)
+}
+
+%cond (wide.param.1: (s32[], f32[2,8], bf16[2,3], bf16[3,8], s32[])) -> pred[] {
+  %constant.4.clone.1 = s32[]{:T(128)} constant(4), metadata={op_name="jit(f)"}
+  %wide.param.1 = (s32[]{:T(128)}, f32[2,8], bf16[2,3], bf16[3,8], s32[]{:T(128)}) parameter(0)
+  %get-tuple-element.41 = s32[]{:T(128)} get-tuple-element(%wide.param.1), index=0
+  ROOT %lt.3 = pred[]{:T(512)} compare(%get-tuple-element.41, %constant.4.clone.1), direction=LT, metadata={op_name="cond/lt"}
+}
+
+ENTRY %main (a: bf16[2,3], w: bf16[3,8]) -> f32[2,8] {
+  %a = bf16[2,3] parameter(0)
+  %w = bf16[3,8] parameter(1)
+  %constant.8 = s32[]{:T(128)} constant(0)
+  %constant.1 = s32[]{:T(128)} constant(1)
+  %zero = f32[2,8] constant(0)
+  %copy.12 = s32[]{:T(128)} copy(%constant.8)
+  %tuple.16 = (s32[]{:T(128)}, f32[2,8], bf16[2,3], bf16[3,8], s32[]{:T(128)}) tuple(%copy.12, %zero, %a, %w, %constant.1)
+  %while.10 = (s32[]{:T(128)}, f32[2,8], bf16[2,3], bf16[3,8], s32[]{:T(128)}) while(%tuple.16), condition=%cond, body=%body.sunk
+  ROOT %r = f32[2,8] get-tuple-element(%while.10), index=1
+}
+"""
+
+
+def test_a_tpu_loop_without_known_trip_count_is_counted_from_its_counter_bound_and_step():
+    assert [c["op"] for c in hlo.collectives_in(TPU_SCAN, 8)] == ["all-reduce"] * 4
+    step_two = TPU_SCAN.replace("%constant.1.sunk = s32[]{:T(128)} constant(1)", "%constant.1.sunk = s32[]{:T(128)} constant(2)")
+    assert len(hlo.collectives_in(step_two, 8)) == 2
+    from_one = TPU_SCAN.replace("%constant.8 = s32[]{:T(128)} constant(0)", "%constant.8 = s32[]{:T(128)} constant(1)")
+    assert len(hlo.collectives_in(from_one, 8)) == 3
+
+
+def test_a_tpu_loop_whose_bound_is_not_a_constant_is_still_refused():
+    unknown = TPU_SCAN.replace("%constant.4.clone.1 = s32[]{:T(128)} constant(4)",
+                               "%constant.4.clone.1 = s32[]{:T(128)} get-tuple-element(%wide.param.1), index=4")
+    with pytest.raises(ValueError, match="cannot count"):
+        hlo.collectives_in(unknown, 8)
+    wrong_way = TPU_SCAN.replace("direction=LT", "direction=NE")
+    with pytest.raises(ValueError, match="cannot count"):
+        hlo.collectives_in(wrong_way, 8)
+
+
+def test_a_matrix_product_the_tpu_writes_as_a_convolution_is_counted_for_each_further_step():
+    assert hlo.loop_flops(TPU_SCAN) == 3 * 2 * (2 * 8) * 3
+    windowed = TPU_SCAN.replace("dim_labels=bf_io->bf", "window={size=3}, dim_labels=bf_io->bf")
+    with pytest.raises(ValueError, match="convolution inside a loop"):
+        hlo.loop_flops(windowed)
+
+
+def test_an_async_permute_sends_the_buffer_its_done_gives_not_the_whole_start_tuple():
+    text = """\
+ENTRY %main (p: f32[16,3]) -> f32[16,3] {
+  %fusion = f32[16,3]{0,1:T(4,128)} parameter(0)
+  %collective-permute-start = (f32[16,3]{0,1:T(4,128)S(1)}, f32[16,3]{0,1:T(4,128)S(1)}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%fusion), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  ROOT %collective-permute-done = f32[16,3]{0,1:T(4,128)S(1)} collective-permute-done(%collective-permute-start), metadata={op_name="ppermute"}
+}
+"""
+    found = hlo.collectives_in(text, 2)
+    assert [(c["op"], c["shape"]) for c in found] == [("collective-permute", "f32[16,3]{0,1:T(4,128)S(1)}")]
