@@ -1,7 +1,9 @@
-"""Writing files so that a reader never sees half of one: the one helper grading and the scoreboard share."""
+"""Writing files so that a reader never sees half of one, and reading a submitted notebook with a bound: the
+helpers grading and the scoreboard share."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,3 +19,16 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_json_bounded(path: Path, max_bytes: int) -> object | None:
+    """The JSON in a file of at most `max_bytes` (a submitted notebook); None where it is larger, unreadable or
+    not JSON."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            return None
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None

@@ -36,12 +36,13 @@ import ast
 import builtins
 import hashlib
 import io
-import json
 import keyword
 import re
 import tokenize
 from itertools import combinations
 from pathlib import Path
+
+from labkit.grading.files import read_json_bounded
 
 SHINGLE = 5  # tokens per shingle
 NEAR = 0.8  # Jaccard similarity from which two submissions are listed as near-identical
@@ -126,7 +127,7 @@ def tokens(source: str, keep: set[str] = frozenset()) -> list[str]:
 
 
 
-def code_cells(nb: dict) -> list[str]:
+def code_cells(nb: object) -> list[str]:
     """The source of each code cell of a notebook read as JSON (anything else in it is left out)."""
     out = []
     cells = nb.get("cells") if isinstance(nb, dict) else None
@@ -170,14 +171,8 @@ def fingerprint_of(cells: list[str], handout: dict | None = None) -> dict:
 
 def read_cells(path: Path) -> list[str] | None:
     """The code cells of a notebook file; None where it is too large or is not a notebook."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            return None
-        return code_cells(json.loads(data))
-    except (OSError, ValueError, RecursionError):
-        return None
+    nb = read_json_bounded(path, MAX_BYTES)
+    return code_cells(nb) if nb is not None else None
 
 
 def fingerprint(path: Path, handout: dict | None = None) -> dict | None:

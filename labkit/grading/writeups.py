@@ -9,17 +9,16 @@ similarity check reads it (at most MAX_BYTES, plain JSON, nothing run), and the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from labkit.grading.files import write_atomic
+from labkit.grading.files import read_json_bounded, write_atomic
 
 HEADING = "## Your design note"
 MAX_BYTES = 20_000_000  # a notebook larger than this is not read for its note
 MAX_CHARS = 20_000  # a note longer than this is cut, and says so
 
 
-def note_of(nb: dict) -> str | None:
+def note_of(nb: object) -> str | None:
     """The text under HEADING in the first markdown cell that opens with it; None where there is none."""
     for cell in nb.get("cells", []) if isinstance(nb, dict) else []:
         if not isinstance(cell, dict) or cell.get("cell_type") != "markdown":
@@ -33,14 +32,8 @@ def note_of(nb: dict) -> str | None:
 
 def extract(path: Path) -> str | None:
     """The note of a notebook file, or None where the file is too large, not a notebook, or has no note cell."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            return None
-        return note_of(json.loads(data))
-    except (OSError, ValueError, RecursionError):
-        return None
+    nb = read_json_bounded(path, MAX_BYTES)
+    return note_of(nb) if nb is not None else None
 
 
 def text(student: str, lab: int, note: str | None, handout: str | None) -> str:
