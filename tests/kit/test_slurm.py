@@ -57,15 +57,37 @@ def klass(tmp_path_factory) -> Path:
 
 
 def _slurm_grade(cluster, klass: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
-    return cluster.run(PY, "-m", "labkit", "slurm-grade", "--submissions", str(klass), "--out", str(out),
-                       "--shards", "2", "--labs", "1", "--configs", "cpu-1", "--jobs", "1", "--every", "2", *more,
-                       cwd=ROOT, timeout=900)
+    return cluster.run(
+        PY,
+        "-m",
+        "labkit",
+        "slurm-grade",
+        "--submissions",
+        str(klass),
+        "--out",
+        str(out),
+        "--shards",
+        "2",
+        "--labs",
+        "1",
+        "--configs",
+        "cpu-1",
+        "--jobs",
+        "1",
+        "--every",
+        "2",
+        *more,
+        cwd=ROOT,
+        timeout=900,
+    )
 
 
 def _rows(folder: Path) -> set[tuple]:
     with open(folder / "scoreboard.csv", newline="") as f:
-        return {(r["student"], r["lab"], r["config"], r["passed"], r["total"], r["status"], r["points"])
-                for r in csv.DictReader(f)}
+        return {
+            (r["student"], r["lab"], r["config"], r["passed"], r["total"], r["status"], r["points"])
+            for r in csv.DictReader(f)
+        }
 
 
 def test_the_ta_guides_slurm_command_grades_a_class_as_one_local_run_does(cluster, klass, tmp_path):
@@ -73,16 +95,47 @@ def test_the_ta_guides_slurm_command_grades_a_class_as_one_local_run_does(cluste
     # has in place of its own, two shards for three students, and one lab on one configuration.
     line = doc_commands.with_values(
         "make slurm-grade SHARDS=8 SUBMISSIONS=/shared/cs101/submissions OUT=/shared/cs101/scoreboard PARTITION=cpu",
-        SHARDS="2", SUBMISSIONS=str(klass), OUT=str(tmp_path / "slurm"), PARTITION="grading",
-        also={"LABS": "1", "CONFIGS": "cpu-1", "JOBS": "1"})
-    done = subprocess.run(line, cwd=ROOT, env=doc_commands.user_environment(cluster.env), capture_output=True,
-                          text=True, timeout=900, check=False)
+        SHARDS="2",
+        SUBMISSIONS=str(klass),
+        OUT=str(tmp_path / "slurm"),
+        PARTITION="grading",
+        also={"LABS": "1", "CONFIGS": "cpu-1", "JOBS": "1"},
+    )
+    done = subprocess.run(
+        line,
+        cwd=ROOT,
+        env=doc_commands.user_environment(cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submitted: array job" in done.stdout
     assert "shards finished 2/2" in done.stderr
-    local = subprocess.run([PY, "-m", "labkit", "grade", "--submissions", str(klass), "--out",
-                            str(tmp_path / "local"), "--labs", "1", "--configs", "cpu-1", "--jobs", "1"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    local = subprocess.run(
+        [
+            PY,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(klass),
+            "--out",
+            str(tmp_path / "local"),
+            "--labs",
+            "1",
+            "--configs",
+            "cpu-1",
+            "--jobs",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert local.returncode == 0, local.stderr
     assert _rows(tmp_path / "slurm") == _rows(tmp_path / "local")
     assert len(_rows(tmp_path / "slurm")) == 3
@@ -98,7 +151,10 @@ def test_a_shard_that_did_not_finish_is_named_by_the_merge(cluster, klass, tmp_p
     array, merge = _job_ids(done.stdout)
     cluster.run("scancel", f"{array}_2")  # shard 2 ends before it can grade anyone
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and cluster.run("squeue", "--noheader", "--jobs", f"{array},{merge}").stdout.strip():
+    while (
+        time.monotonic() < deadline
+        and cluster.run("squeue", "--noheader", "--jobs", f"{array},{merge}").stdout.strip()
+    ):
         time.sleep(2)
     notes = " ".join(grade_notes(out))
     assert "shard 2 of 2 did not finish" in notes
@@ -155,7 +211,9 @@ def _left(out: Path) -> list[str]:
 
 
 def test_a_shard_asks_for_a_cpu_per_notebook_their_memory_and_a_gpu_for_the_gpu_configuration(tmp_path):
-    request = slurm.Request(tmp_path, tmp_path, 4, configs="cpu-1,gpu", jobs=3, partition="gpu", account="cs101")
+    request = slurm.Request(
+        tmp_path, tmp_path, 4, configs="cpu-1,gpu", jobs=3, partition="gpu", account="cs101"
+    )
     options = slurm.resources(request)
     assert "--cpus-per-task=3" in options and "--gres=gpu:1" in options
     assert "--partition=gpu" in options and "--account=cs101" in options
@@ -177,9 +235,11 @@ def test_without_sbatch_submitting_says_where_to_run_it(tmp_path, monkeypatch):
 
 def test_progress_sums_the_shards_and_names_the_slowest_shards_time_left(tmp_path):
     now = 1000.0
-    parts = [progress.Part("1", "grading 2 students", total=4, done=2, started=now - 10),
-             progress.Part("2", "grading 2 students", total=4, done=4, started=now - 10, finished=True),
-             progress.Part("3", "reference solutions", total=1, done=0, started=now - 1)]
+    parts = [
+        progress.Part("1", "grading 2 students", total=4, done=2, started=now - 10),
+        progress.Part("2", "grading 2 students", total=4, done=4, started=now - 10, finished=True),
+        progress.Part("3", "reference solutions", total=1, done=0, started=now - 1),
+    ]
     line = progress.summary(parts, now=now)
     assert line.startswith("shards finished 1/3, units graded 6/8")
     assert "(1 not grading students yet: reference solutions)" in line
@@ -194,13 +254,35 @@ def test_make_slurm_grade_takes_the_tas_inputs_and_keeps_them_for_every_shard(cl
     (tmp_path / "overrides.csv").write_text(f"student,lab,points,comment\n{students[2]},1,3,by hand\n")
     (tmp_path / "extensions.csv").write_text(f"student,lab,days\n{students[1]},1,2\n")
     out = tmp_path / "out"
-    done = subprocess.run(["make", "--no-print-directory", "slurm-grade", "SHARDS=2", f"SUBMISSIONS={klass}",
-                           f"OUT={out}", "PARTITION=grading", "LABS=1", "CONFIGS=cpu-1", "JOBS=1",
-                           *(f"{n.upper()}={tmp_path / f}" for n, f in (
-                               ("roster", "roster.csv"), ("policy", "policy.toml"), ("overrides", "overrides.csv"),
-                               ("extensions", "extensions.csv")))],
-                          cwd=ROOT, env=doc_commands.user_environment(cluster.env), capture_output=True, text=True,
-                          timeout=900, check=False)
+    done = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "slurm-grade",
+            "SHARDS=2",
+            f"SUBMISSIONS={klass}",
+            f"OUT={out}",
+            "PARTITION=grading",
+            "LABS=1",
+            "CONFIGS=cpu-1",
+            "JOBS=1",
+            *(
+                f"{n.upper()}={tmp_path / f}"
+                for n, f in (
+                    ("roster", "roster.csv"),
+                    ("policy", "policy.toml"),
+                    ("overrides", "overrides.csv"),
+                    ("extensions", "extensions.csv"),
+                )
+            ),
+        ],
+        cwd=ROOT,
+        env=doc_commands.user_environment(cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with open(out / "grades.csv", newline="") as f:
         labs = {r["student"]: r for r in csv.DictReader(f) if r["lab"] == "1"}
@@ -212,4 +294,53 @@ def test_make_slurm_grade_takes_the_tas_inputs_and_keeps_them_for_every_shard(cl
     assert results["extensions"] == {students[1]: {"1": 2.0}}
     assert results["policy"]["source"] == str(tmp_path / "policy.toml")
     assert sorted(p.name for p in (out / "course").iterdir()) == [
-        "extensions.csv", "manifest.json", "overrides.csv", "policy.toml", "roster.csv"]
+        "extensions.csv",
+        "manifest.json",
+        "overrides.csv",
+        "policy.toml",
+        "roster.csv",
+    ]
+
+
+def test_the_terms_class_graded_on_slurm_gets_the_rules_grades(cluster, tmp_path):
+    """The class of tests/kit/test_term.py, every TA input given once to `make slurm-grade`: each shard grades
+    with them, and the merged grades.csv is the one the rules give (computed there from the rows alone)."""
+    import test_term as term
+
+    inputs = {
+        "roster": term.roster_csv(),
+        "policy": term.policy_toml(),
+        "overrides": term.OVERRIDES.format(points=4),
+        "extensions": term.EXTENSIONS,
+        "adjustments": term.ADJUSTMENTS,
+    }
+    for name, text in inputs.items():
+        (tmp_path / name).write_text(text)
+    week2 = term.export(tmp_path / "week2.zip", week=2)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "slurm-grade",
+            "SHARDS=2",
+            f"SUBMISSIONS={week2}",
+            f"OUT={out}",
+            "PARTITION=grading",
+            f"LABS={term.LAB}",
+            "CONFIGS=cpu-1,cpu-8",
+            "JOBS=1",
+            *(f"{name.upper()}={tmp_path / name}" for name in inputs),
+        ],
+        cwd=ROOT,
+        env=doc_commands.user_environment(cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    term.check_grades(out, week=2, overrides={("s17", term.LAB): 4.0})
+    assert sorted(p.name for p in (out / "course").iterdir()) == sorted(
+        [*(f"{n}.{'toml' if n == 'policy' else 'csv'}" for n in inputs), "manifest.json"]
+    )
