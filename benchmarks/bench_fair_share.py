@@ -65,6 +65,7 @@ def _without_cpu_group(make):
         for g in [g for g in groups if "/cpu/" in str(g)]:
             cgroup.remove_cgroup(g)
         return [g for g in groups if "/cpu/" not in str(g)]
+
     return make_cgroups
 
 
@@ -75,8 +76,9 @@ def _loop_seconds(folder: Path) -> float:
 def _alone(folder: Path) -> float:
     """The loop's time in a run with nothing beside it."""
     folder.mkdir(parents=True, exist_ok=True)
-    execute.run_notebook(_notebook(LOOP, folder / "timed.ipynb"), configs.CONFIGS["cpu-1"], [], folder / "timed",
-                         timeout=300)
+    execute.run_notebook(
+        _notebook(LOOP, folder / "timed.ipynb"), configs.CONFIGS["cpu-1"], [], folder / "timed", timeout=300
+    )
     return _loop_seconds(folder / "timed")
 
 
@@ -85,8 +87,9 @@ def _pair(folder: Path) -> float:
     folder.mkdir(parents=True, exist_ok=True)
 
     def run(name: str, source: str):
-        return execute.run_notebook(_notebook(source, folder / f"{name}.ipynb"), cpu1, [], folder / name,
-                                    timeout=300)
+        return execute.run_notebook(
+            _notebook(source, folder / f"{name}.ipynb"), cpu1, [], folder / name, timeout=300
+        )
 
     with ThreadPoolExecutor(2) as pool:
         hog = pool.submit(run, "hog", HOG)

@@ -49,7 +49,9 @@ KINDS = ("reference", "student", "buggy")
 def labs_to_grade(wanted: str | None) -> list[catalog.Lab]:
     numbers = [int(n) for n in wanted.split(",")] if wanted else list(range(3, 7))
     have = {lab.number: lab for lab in catalog.labs()}
-    return [have[n] for n in numbers if n in have and have[n].reference.exists() and have[n].public_tests.is_dir()]
+    return [
+        have[n] for n in numbers if n in have and have[n].reference.exists() and have[n].public_tests.is_dir()
+    ]
 
 
 def notebook_of(lab: catalog.Lab, kind: str, student: str) -> dict:
@@ -81,14 +83,17 @@ def script_of(notebook: Path, calls: list[dict], folder: Path) -> Path:
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
     calls_path, results_path = folder / "calls.json", folder / "results.json"
     calls_path.write_text(json.dumps({"calls": calls}))
-    lines = ["import traceback as _tb", "_cells = " + repr(["".join(c["source"]) for c in cells]),
-             "for _i, _src in enumerate(_cells):",
-             "    try:",
-             "        exec(compile(_src, f'<cell {_i}>', 'exec'), globals())",
-             "    except Exception:",
-             "        _tb.print_exc()",
-             "import labkit.judge.harness as _h",
-             f"_h.run(globals(), {str(calls_path)!r}, {str(results_path)!r})"]
+    lines = [
+        "import traceback as _tb",
+        "_cells = " + repr(["".join(c["source"]) for c in cells]),
+        "for _i, _src in enumerate(_cells):",
+        "    try:",
+        "        exec(compile(_src, f'<cell {_i}>', 'exec'), globals())",
+        "    except Exception:",
+        "        _tb.print_exc()",
+        "import labkit.judge.harness as _h",
+        f"_h.run(globals(), {str(calls_path)!r}, {str(results_path)!r})",
+    ]
     script = folder / "run.py"
     script.write_text("\n".join(lines) + "\n")
     return script
@@ -105,8 +110,14 @@ def baseline(units: list[tuple[Path, catalog.Lab, str]], jobs: int, folder: Path
     def run(item):
         script, config, work = item
         env = configs.CONFIGS[config].environment() | {"LABKIT_RUN": config}
-        subprocess.run([sys.executable, str(script)], cwd=work, env=env, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(
+            [sys.executable, str(script)],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -114,12 +125,33 @@ def baseline(units: list[tuple[Path, catalog.Lab, str]], jobs: int, folder: Path
     return time.perf_counter() - start
 
 
-def timed_grade(subs: Path, out: Path, labs: list[catalog.Lab], jobs: int, timeout: float, start: str) -> float:
-    cmd = [sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out), "--timeout", str(timeout),
-           "--labs", ",".join(str(lab.number) for lab in labs), "--configs", ",".join(CONFIGS), "--jobs", str(jobs),
-           "--start", start]
+def timed_grade(
+    subs: Path, out: Path, labs: list[catalog.Lab], jobs: int, timeout: float, start: str
+) -> float:
+    cmd = [
+        sys.executable,
+        "-m",
+        "labkit",
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(out),
+        "--timeout",
+        str(timeout),
+        "--labs",
+        ",".join(str(lab.number) for lab in labs),
+        "--configs",
+        ",".join(CONFIGS),
+        "--jobs",
+        str(jobs),
+        "--start",
+        start,
+    ]
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+    done = subprocess.run(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+    )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"grading failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -153,7 +185,9 @@ def main() -> int:
         starts = [s.strip() for s in args.starts.split(",") if s.strip()]
         kinds = make_class(subs, labs, args.students)
         units = [(lab.reference, lab, c) for lab in labs for c in CONFIGS]  # the sanity pass
-        units += [(subs / s / f"{lab.name}.ipynb", lab, c) for s in sorted(kinds) for lab in labs for c in CONFIGS]
+        units += [
+            (subs / s / f"{lab.name}.ipynb", lab, c) for s in sorted(kinds) for lab in labs for c in CONFIGS
+        ]
         # Warm the file cache (python, jax, the kit) once; not counted.
         subprocess.run([sys.executable, "-c", "import jax, papermill, labkit.judge.judge"], check=True)
         n = len(units)
@@ -162,22 +196,31 @@ def main() -> int:
         for start in starts:
             out = work / f"scoreboard-{start}"
             firsts[start] = timed_grade(subs, out, labs, args.jobs, args.timeout, start)
-            print(f"  grade ({start} starts), first run: {firsts[start]:.1f} s; load average: {load()}", flush=True)
+            print(
+                f"  grade ({start} starts), first run: {firsts[start]:.1f} s; load average: {load()}",
+                flush=True,
+            )
             # At once: a change to the kit's grading code in between would, rightly, regrade everything.
             agains[start] = timed_grade(subs, out, labs, args.jobs, args.timeout, start)
             print(f"  regrade: {agains[start]:.1f} s; load average: {load()}", flush=True)
         plain = baseline(units, args.jobs, work / "plain")
         print(f"  plain python: {plain:.1f} s; load average: {load()}", flush=True)
-    print(f"class: {args.students} students x labs {', '.join(str(lab.number) for lab in labs)} x "
-          f"{', '.join(CONFIGS)} = {n - len(labs) * len(CONFIGS)} units, plus {len(labs) * len(CONFIGS)} for the "
-          f"reference solutions; {args.jobs} jobs on {os.cpu_count()} cores")
+    print(
+        f"class: {args.students} students x labs {', '.join(str(lab.number) for lab in labs)} x "
+        f"{', '.join(CONFIGS)} = {n - len(labs) * len(CONFIGS)} units, plus {len(labs) * len(CONFIGS)} for the "
+        f"reference solutions; {args.jobs} jobs on {os.cpu_count()} cores"
+    )
     print(f"  plain python:       {plain:8.1f} s  ({plain / n:.2f} s per unit)")
     for start, first in firsts.items():
         again = agains[start]
         target = "   (target: at most 0.7x)" if start == "warm" else ""
-        print(f"  grade, {start} starts, first run: {first:8.1f} s  ({first / n:.2f} s per unit); "
-              f"grade / plain python: {first / plain:.2f}x{target}")
-        print(f"    regrade, unchanged: {again:8.1f} s  = {100 * again / first:.1f}% of the first run   (target: under 5%)")
+        print(
+            f"  grade, {start} starts, first run: {first:8.1f} s  ({first / n:.2f} s per unit); "
+            f"grade / plain python: {first / plain:.2f}x{target}"
+        )
+        print(
+            f"    regrade, unchanged: {again:8.1f} s  = {100 * again / first:.1f}% of the first run   (target: under 5%)"
+        )
     return 0
 
 

@@ -41,7 +41,9 @@ engine = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(engine)
 
 
-def sh(cmd: list[str], env: dict, cwd: Path = ROOT, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+def sh(
+    cmd: list[str], env: dict, cwd: Path = ROOT, check: bool = True
+) -> tuple[float, subprocess.CompletedProcess]:
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
@@ -60,8 +62,16 @@ def mb(n: float) -> str:
 
 def context_copy(dest: Path) -> Path:
     """The files of the checkout (tracked and untracked, not ignored), as a build context of its own."""
-    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    names = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, names):
         src = ROOT / name
         if src.is_file():
@@ -82,8 +92,15 @@ def main() -> int:
         sys.exit(f"no Docker engine: {why}")
     try:
         ca = [f"CA_CERTS={CA}"] if CA.exists() else []
-        if subprocess.run(["bash", str(ROOT / "docker" / "client.sh"), "image", "inspect", "labkit-base:bookworm"],
-                          env=env, capture_output=True, check=False).returncode != 0:
+        if (
+            subprocess.run(
+                ["bash", str(ROOT / "docker" / "client.sh"), "image", "inspect", "labkit-base:bookworm"],
+                env=env,
+                capture_output=True,
+                check=False,
+            ).returncode
+            != 0
+        ):
             base_s, _ = sh(["make", "docker-base"], env)
             print(f"base image (debootstrap + import): {base_s:.0f} s")
         client = ["bash", str(ROOT / "docker" / "client.sh")]
@@ -98,19 +115,42 @@ def main() -> int:
             ctx = context_copy(Path(tmp) / "kit")
             sh([*build, "-t", args.image + "-changed", "."], env, cwd=ctx)  # same content: all cached
             nb = json.loads((ctx / "labs" / "lab-3.ipynb").read_text())
-            nb["cells"].append({"cell_type": "markdown", "metadata": {}, "id": "bench-change",
-                                "source": f"A change made at {time.time()}."})
+            nb["cells"].append(
+                {
+                    "cell_type": "markdown",
+                    "metadata": {},
+                    "id": "bench-change",
+                    "source": f"A change made at {time.time()}.",
+                }
+            )
             (ctx / "labs" / "lab-3.ipynb").write_text(json.dumps(nb, indent=1))
             figures["notebook"], _ = sh([*build, "-t", args.image + "-changed", "."], env, cwd=ctx)
         docker(env, "image", "rm", args.image + "-changed")
 
         size = int(docker(env, "image", "inspect", "-f", "{{.Size}}", args.image))
-        layers = [line.split("\t", 1) for line in
-                  docker(env, "history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}",
-                         args.image).splitlines()]
-        packages = docker(env, "run", "--rm", "--entrypoint", "sh", args.image, "-c",
-                          "cd /home/student/kit/.venv/lib/python3*/site-packages && du -s --block-size=1 * "
-                          "| sort -rn | head -n 8")
+        layers = [
+            line.split("\t", 1)
+            for line in docker(
+                env,
+                "history",
+                "--no-trunc",
+                "--human=false",
+                "--format",
+                "{{.Size}}\t{{.CreatedBy}}",
+                args.image,
+            ).splitlines()
+        ]
+        packages = docker(
+            env,
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            args.image,
+            "-c",
+            "cd /home/student/kit/.venv/lib/python3*/site-packages && du -s --block-size=1 * "
+            "| sort -rn | head -n 8",
+        )
 
         runs = []
         with tempfile.TemporaryDirectory(prefix="labkit-bench-run-") as tmp:
@@ -118,8 +158,11 @@ def main() -> int:
             shutil.copytree(ROOT / "labs", labs)
             mount = ["-v", f"{labs}:/home/student/kit/labs"]
             for _ in range(args.repeat):
-                seconds, _ = sh([*client, "run", "--rm", *mount, args.image, "make", "lab-3", "CONFIGS=cpu-1"], env,
-                                check=False)
+                seconds, _ = sh(
+                    [*client, "run", "--rm", *mount, args.image, "make", "lab-3", "CONFIGS=cpu-1"],
+                    env,
+                    check=False,
+                )
                 runs.append(seconds)
             default_s, _ = sh([*client, "run", "--rm", *mount, args.image], env, check=False)
         load = os.getloadavg()[0]
@@ -135,8 +178,10 @@ def main() -> int:
         print(f"| cold build (`--no-cache`, uv's downloads cached) | {figures['cold']:.0f} s |")
     print(f"| build with every layer cached | {figures['warm']:.1f} s |")
     print(f"| rebuild after a change to one notebook | {figures['notebook']:.1f} s |")
-    print(f"| `docker run ... make lab-3 CONFIGS=cpu-1` to its result (median of {len(runs)}) | "
-          f"{statistics.median(runs):.1f} s |")
+    print(
+        f"| `docker run ... make lab-3 CONFIGS=cpu-1` to its result (median of {len(runs)}) | "
+        f"{statistics.median(runs):.1f} s |"
+    )
     print(f"| `docker run IMAGE` (make lab-3: cpu-1 and cpu-8) | {default_s:.1f} s |")
     print("\nLayers (`docker history`):\n\n| size | step |\n| ---: | --- |")
     for n, step in layers:

@@ -63,22 +63,43 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         script = baseline_script(lab, tmp)
-        kit_cmd = [sys.executable, "-m", "labkit", "lab", str(lab.number), "--notebook", str(lab.reference),
-                   "--configs", ",".join(CONFIGS)]
+        kit_cmd = [
+            sys.executable,
+            "-m",
+            "labkit",
+            "lab",
+            str(lab.number),
+            "--notebook",
+            str(lab.reference),
+            "--configs",
+            ",".join(CONFIGS),
+        ]
         kit_env = dict(os.environ, LABKIT_BUILD=str(tmp / "build"))
         kit, cold, base = [], [], []
         timed(kit_cmd, kit_env)  # warm the file cache once; not counted
         for _ in range(args.repeat):
             kit.append(timed(kit_cmd, kit_env))
             cold.append(timed(kit_cmd, kit_env | {"LABKIT_WARM": "off"}))
-            base.append(sum(timed([sys.executable, str(script)],
-                                  configs.CONFIGS[c].environment() | {"LABKIT_RUN": c}) for c in CONFIGS))
+            base.append(
+                sum(
+                    timed([sys.executable, str(script)], configs.CONFIGS[c].environment() | {"LABKIT_RUN": c})
+                    for c in CONFIGS
+                )
+            )
     k, c, b = statistics.median(kit), statistics.median(cold), statistics.median(base)
-    print(f"lab {lab.number} on {', '.join(CONFIGS)}, {args.repeat} repeats, medians; load average now "
-          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}:")
-    print(f"  kit (python -m labkit lab {lab.number}):        {k:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in kit)})")
-    print(f"  kit, cold starts (LABKIT_WARM=off):   {c:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in cold)})")
-    print(f"  plain python, once per configuration: {b:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in base)})")
+    print(
+        f"lab {lab.number} on {', '.join(CONFIGS)}, {args.repeat} repeats, medians; load average now "
+        f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}:"
+    )
+    print(
+        f"  kit (python -m labkit lab {lab.number}):        {k:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in kit)})"
+    )
+    print(
+        f"  kit, cold starts (LABKIT_WARM=off):   {c:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in cold)})"
+    )
+    print(
+        f"  plain python, once per configuration: {b:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in base)})"
+    )
     print(f"  ratio kit / plain python: {k / b:.2f}x   (target: at most 1.2x); cold starts: {c / b:.2f}x")
     return 0
 

@@ -42,8 +42,10 @@ def rows_of(report: dict, lab: int, names: list[str]) -> list[str]:
             if run.get("status") not in ("ok", None):
                 status += f", {run['status']}: {run.get('message', '')[:120]}"
         seconds = run.get("seconds")
-        rows.append(f"| {lab} | {name} | {status} | {seconds if seconds is not None else '–'} | "
-                    f"{env.get('device_kind', '–')} x {env.get('device_count', '–')} | {env.get('jax_version', '–')} |")
+        rows.append(
+            f"| {lab} | {name} | {status} | {seconds if seconds is not None else '–'} | "
+            f"{env.get('device_kind', '–')} x {env.get('device_count', '–')} | {env.get('jax_version', '–')} |"
+        )
     return rows
 
 
@@ -60,11 +62,25 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | ---: | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="labkit-bench-") as build:
         for lab in labs:
-            cmd = [sys.executable, "-m", "labkit", "lab", str(lab.number), "--notebook", str(lab.reference),
-                   "--configs", ",".join(names), "--hidden", "--timeout", args.timeout]
+            cmd = [
+                sys.executable,
+                "-m",
+                "labkit",
+                "lab",
+                str(lab.number),
+                "--notebook",
+                str(lab.reference),
+                "--configs",
+                ",".join(names),
+                "--hidden",
+                "--timeout",
+                args.timeout,
+            ]
             if args.memory:
                 cmd += ["--memory", args.memory]
-            subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, LABKIT_BUILD=build), capture_output=True, text=True)
+            subprocess.run(
+                cmd, cwd=ROOT, env=dict(os.environ, LABKIT_BUILD=build), capture_output=True, text=True
+            )
             report_path = Path(build) / f"lab-{lab.number}" / "report.json"
             report = json.loads(report_path.read_text()) if report_path.exists() else {}
             for row in rows_of(report, lab.number, names):

@@ -26,14 +26,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def du(path: Path) -> int:
-    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+    return int(
+        subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0]
+    )
 
 
 def first_lab(folder: Path, cache: Path, env: dict[str, str]) -> tuple[float, str]:
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(folder)], check=True)
     started = time.monotonic()
-    done = subprocess.run(["make", "--no-print-directory", "lab-3"], cwd=folder, capture_output=True, text=True,
-                          env=dict(env, UV_CACHE_DIR=str(cache)), check=False)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "lab-3"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=dict(env, UV_CACHE_DIR=str(cache)),
+        check=False,
+    )
     seconds = time.monotonic() - started
     if "not implemented yet" not in done.stdout:
         sys.exit(f"the first lab run gave no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -43,7 +51,9 @@ def first_lab(folder: Path, cache: Path, env: dict[str, str]) -> tuple[float, st
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--bootstrap-uv", action="store_true", help="hide uv from the PATH: the clones fetch their own")
+    p.add_argument(
+        "--bootstrap-uv", action="store_true", help="hide uv from the PATH: the clones fetch their own"
+    )
     p.add_argument("--keep", type=Path, default=None, help="keep the clones and caches here")
     args = p.parse_args()
     env = dict(os.environ, NO_COLOR="1")
@@ -58,7 +68,9 @@ def main() -> int:
         cache = base / "uv-cache"
         seconds, out = first_lab(base / "cold", cache, env)
         cold.append(seconds)
-        print(f"run {i + 1}: fresh clone, empty uv cache: {seconds:.1f} s to the first lab result", flush=True)
+        print(
+            f"run {i + 1}: fresh clone, empty uv cache: {seconds:.1f} s to the first lab result", flush=True
+        )
         print("  " + "\n  ".join(out.splitlines()[:3]), flush=True)
         seconds, _ = first_lab(base / "warm", cache, env)
         warm.append(seconds)
@@ -66,8 +78,10 @@ def main() -> int:
         size = du(base / "warm" / ".venv")
         if args.keep is None:
             shutil.rmtree(base, ignore_errors=True)
-    print(f"\nmedian over {args.repeat}: cold {statistics.median(cold):.1f} s (goal <= 90 s), "
-          f"warm {statistics.median(warm):.1f} s (goal <= 30 s), lean .venv {size / 1e6:.0f} MB (goal <= 750 MB)")
+    print(
+        f"\nmedian over {args.repeat}: cold {statistics.median(cold):.1f} s (goal <= 90 s), "
+        f"warm {statistics.median(warm):.1f} s (goal <= 30 s), lean .venv {size / 1e6:.0f} MB (goal <= 750 MB)"
+    )
     return 0
 
 

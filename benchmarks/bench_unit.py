@@ -56,8 +56,11 @@ IMPORTS = "import jax, jax.numpy, numpy, flax.nnx, IPython, ipykernel.kernelapp"
 def instrumented(notebook: Path, folder: Path) -> Path:
     nb = json.loads(notebook.read_text())
     cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "id": "labkit-bench"}
-    nb["cells"] = [dict(cell, source=COMPILES_FIRST, id="bench-first"), *nb["cells"],
-                   dict(cell, source=COMPILES_LAST, id="bench-last")]
+    nb["cells"] = [
+        dict(cell, source=COMPILES_FIRST, id="bench-first"),
+        *nb["cells"],
+        dict(cell, source=COMPILES_LAST, id="bench-last"),
+    ]
     path = folder / notebook.name
     path.write_text(json.dumps(nb))
     return path
@@ -71,8 +74,13 @@ def stages(record: execute.RunRecord, wall: float) -> dict[str, float]:
     for cell in nb["cells"]:
         meta = cell.get("metadata", {}).get("papermill", {})
         if cell["cell_type"] == "code" and meta.get("start_time") and meta.get("end_time"):
-            times.append((datetime.fromisoformat(meta["start_time"].rstrip("Z")),
-                          datetime.fromisoformat(meta["end_time"].rstrip("Z")), cell))
+            times.append(
+                (
+                    datetime.fromisoformat(meta["start_time"].rstrip("Z")),
+                    datetime.fromisoformat(meta["end_time"].rstrip("Z")),
+                    cell,
+                )
+            )
     started = datetime.fromisoformat(nb["metadata"]["papermill"]["start_time"].rstrip("Z"))
     harness = [t for t in times if "labkit.judge.harness" in "".join(t[2]["source"])]
     student = [t for t in times if t not in harness]
@@ -81,9 +89,15 @@ def stages(record: execute.RunRecord, wall: float) -> dict[str, float]:
     kernel_start = (times[0][0] - started).total_seconds() if times else 0.0
     compile_s = float((work / "compile_seconds").read_text()) if (work / "compile_seconds").exists() else 0.0
     verify_s = record.verify_seconds
-    return {"run": wall, "kernel start": kernel_start, "cells": cells, "of which compiles": compile_s,
-            "harness": harness_s, "kit runs programs": verify_s,
-            "end": wall - kernel_start - cells - harness_s - verify_s}
+    return {
+        "run": wall,
+        "kernel start": kernel_start,
+        "cells": cells,
+        "of which compiles": compile_s,
+        "harness": harness_s,
+        "kit runs programs": verify_s,
+        "end": wall - kernel_start - cells - harness_s - verify_s,
+    }
 
 
 def timed(cmd: list[str], repeat: int) -> float:
@@ -118,16 +132,27 @@ def main() -> int:
         found: dict[str, list[dict]] = {way: [] for way in WAYS}
         last: dict[str, execute.RunRecord] = {}
         try:
-            filled = execute.run_notebook(notebook, config, calls, folder / "runs" / "fill", limits=limits,
-                                          warm=server, cache=cache)  # as the reference run does; not counted
+            filled = execute.run_notebook(
+                notebook, config, calls, folder / "runs" / "fill", limits=limits, warm=server, cache=cache
+            )  # as the reference run does; not counted
             if filled.status != "ok":
                 raise SystemExit(f"the run that fills the cache: {filled.status} {filled.message}")
             for i in range(args.repeat):
-                for way, with_server, with_cache in (("cold", None, None), ("warm", server, None),
-                                                     ("warm + cache", server, cache.read_only())):
+                for way, with_server, with_cache in (
+                    ("cold", None, None),
+                    ("warm", server, None),
+                    ("warm + cache", server, cache.read_only()),
+                ):
                     start = time.perf_counter()
-                    record = execute.run_notebook(notebook, config, calls, folder / "runs" / f"{way[:4]}{i}-{len(way)}",
-                                                  limits=limits, warm=with_server, cache=with_cache)
+                    record = execute.run_notebook(
+                        notebook,
+                        config,
+                        calls,
+                        folder / "runs" / f"{way[:4]}{i}-{len(way)}",
+                        limits=limits,
+                        warm=with_server,
+                        cache=with_cache,
+                    )
                     wall = time.perf_counter() - start
                     if record.status != "ok" or record.start != way.split()[0]:
                         raise SystemExit(f"{way} run {i}: {record.status} {record.start} {record.message}")
@@ -139,18 +164,26 @@ def main() -> int:
         for way, record in last.items():
             spec = judge.RunSpec(way, notebook, config, Path(record.workdir), record=record)
             start = time.perf_counter()
-            judgement = judge.judge(lab.test_dirs(hidden=True), [spec], hidden_dirs=[lab.hidden_tests], jobs=1)
+            judgement = judge.judge(
+                lab.test_dirs(hidden=True), [spec], hidden_dirs=[lab.hidden_tests], jobs=1
+            )
             judged[way] = time.perf_counter() - start
-            assert all(o.status == "passed" for o in judgement.outcomes), [(o.test, o.status) for o in judgement.outcomes]
+            assert all(o.status == "passed" for o in judgement.outcomes), [
+                (o.test, o.status) for o in judgement.outcomes
+            ]
     bare = timed([sys.executable, "-c", "pass"], args.repeat)
     imports = timed([sys.executable, "-c", IMPORTS], args.repeat)
     print(f"lab {args.lab}'s reference on {args.config}, {args.repeat} runs each way, medians in seconds")
     print(f"{'stage':<22}" + "".join(f"{way:>14}" for way in WAYS))
     for key in found["cold"][0]:
-        print(f"{key:<22}" + "".join(f"{statistics.median(r[key] for r in found[way]):14.2f}" for way in WAYS))
+        print(
+            f"{key:<22}" + "".join(f"{statistics.median(r[key] for r in found[way]):14.2f}" for way in WAYS)
+        )
     print(f"{'judge (one session)':<22}" + "".join(f"{judged[way]:14.2f}" for way in WAYS))
-    print(f"for scale: a bare interpreter {bare:.2f} s; one that imports what a run imports {imports:.2f} s; "
-          f"the warm server's start (paid once per grading run) {server_start:.2f} s")
+    print(
+        f"for scale: a bare interpreter {bare:.2f} s; one that imports what a run imports {imports:.2f} s; "
+        f"the warm server's start (paid once per grading run) {server_start:.2f} s"
+    )
     return 0
 
 

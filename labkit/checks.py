@@ -94,21 +94,26 @@ __all__ = [
 _PRODUCTS = contextvars.ContextVar("labkit_matmul_precision", default=precision.FLOAT32)
 
 
-
 # ----------------------------------------------------------------------------------------
 # Calls into the student's process.
 # ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Call:
     function: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
-    facts: bool = field(default=False, compare=False)  # also examine the compiled program (not part of the id)
+    facts: bool = field(
+        default=False, compare=False
+    )  # also examine the compiled program (not part of the id)
 
     def encoded(self) -> dict:
-        what = {"function": self.function, "args": [_encode_input(a) for a in self.args],
-                "kwargs": {k: _encode_input(v) for k, v in self.kwargs.items()}}
+        what = {
+            "function": self.function,
+            "args": [_encode_input(a) for a in self.args],
+            "kwargs": {k: _encode_input(v) for k, v in self.kwargs.items()},
+        }
         return {**what, "facts": True} if self.facts else what
 
     @functools.cached_property
@@ -125,7 +130,9 @@ class Placed:
     value: Any
     spec: tuple
     axes: tuple = ("data",)
-    mesh_shape: tuple | None = None  # None: one axis over every device; (2, -1): a grid that fits (harness.fit_mesh_shape)
+    mesh_shape: tuple | None = (
+        None  # None: one axis over every device; (2, -1): a grid that fits (harness.fit_mesh_shape)
+    )
 
 
 @dataclass(frozen=True)
@@ -152,8 +159,11 @@ def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
 def _encode_input(value) -> dict:
     if isinstance(value, Placed):
         enc = plaindata.encode(np.asarray(value.value))
-        enc["place"] = {"spec": [list(e) if isinstance(e, tuple) else e for e in value.spec],
-                        "axes": list(value.axes), "shape": list(value.mesh_shape) if value.mesh_shape else None}
+        enc["place"] = {
+            "spec": [list(e) if isinstance(e, tuple) else e for e in value.spec],
+            "axes": list(value.axes),
+            "shape": list(value.mesh_shape) if value.mesh_shape else None,
+        }
         return enc
     if isinstance(value, AsNumpy):
         enc = plaindata.encode(np.asarray(value.value))
@@ -169,6 +179,7 @@ def _encode_input(value) -> dict:
 # ----------------------------------------------------------------------------------------
 # The run a test looks at.
 # ----------------------------------------------------------------------------------------
+
 
 @dataclass
 class LabRun:
@@ -200,7 +211,9 @@ class LabRun:
         for p in processes:
             result = p.get("results", {}).get(c.id)
             if result is None:
-                raise RunProblem(f"no result came back for `{c.function}` from process {p.get('process')}", "error")
+                raise RunProblem(
+                    f"no result came back for `{c.function}` from process {p.get('process')}", "error"
+                )
             out.append(result)
         return out
 
@@ -225,8 +238,10 @@ class LabRun:
             raise RunProblem(rec.message or f"the notebook run ended with {rec.status}", rec.status)
         env_error = rec.environment.get("error")
         if env_error:
-            raise RunProblem(f"JAX could not start in the notebook: {env_error.get('type')}: "
-                             f"{env_error.get('message')}", "error")
+            raise RunProblem(
+                f"JAX could not start in the notebook: {env_error.get('type')}: {env_error.get('message')}",
+                "error",
+            )
         result = rec.results.get(c.id)
         if result is None:
             raise RunProblem(f"no result came back for `{c.function}`", "error")
@@ -265,7 +280,9 @@ def _call_error(function: str, err: dict) -> Exception:
     if kind in ("NotCallable", "Unverified"):
         return CallFailed(message)
     at = f" at line {where['line']} of its cell: `{where['code']}`" if where and where.get("code") else ""
-    return CallFailed(f"`{function}` raised {kind}{at}: {message}" if message else f"`{function}` raised {kind}{at}")
+    return CallFailed(
+        f"`{function}` raised {kind}{at}: {message}" if message else f"`{function}` raised {kind}{at}"
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -292,6 +309,7 @@ def single_process(reason: str):
 # ----------------------------------------------------------------------------------------
 # The decorator.
 # ----------------------------------------------------------------------------------------
+
 
 def check(*, points: float = 1, **calls: Call):
     """Declare the student calls a test needs; the test receives their values by the same names.
@@ -320,7 +338,9 @@ def check(*, points: float = 1, **calls: Call):
             token = _PRODUCTS.set(_precision_of(lab_run, calls.values()))
             try:
                 body(**{k: v for k, v in values.items() if k in wants})
-            except AssertionError as failed:  # Mismatch too: a finding of the kit's own run of the program is named
+            except (
+                AssertionError
+            ) as failed:  # Mismatch too: a finding of the kit's own run of the program is named
                 found = _findings(lab_run, calls.values())
                 if not found:
                     raise
@@ -328,7 +348,9 @@ def check(*, points: float = 1, **calls: Call):
             finally:
                 _PRODUCTS.reset(token)
 
-        test.__signature__ = inspect.Signature([inspect.Parameter("lab_run", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+        test.__signature__ = inspect.Signature(
+            [inspect.Parameter("lab_run", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        )
         test.__labkit_calls__ = dict(calls)
         test.__labkit_exercise__ = next(iter(calls.values())).function if calls else ""
         test.__labkit_points__ = points
@@ -377,8 +399,9 @@ def expect_dtype(got: plaindata.Value, dtype, *, hint: str | None = None) -> Non
         raise Mismatch(with_hint(f"expected dtype {want}, got {have}", hint))
 
 
-def expect_close(got: plaindata.Value, want, *, rtol: float = 1e-5, atol: float = 1e-6,
-                 hint: str | None = None) -> None:
+def expect_close(
+    got: plaindata.Value, want, *, rtol: float = 1e-5, atol: float = 1e-6, hint: str | None = None
+) -> None:
     """Same shape, and every value equal within rtol/atol. Says where the first difference is.
 
     rtol and atol are for float32 products; a run whose products were less precise (bfloat16, TF32)
@@ -400,8 +423,10 @@ def expect_close(got: plaindata.Value, want, *, rtol: float = 1e-5, atol: float 
     if arr.ndim == 0:
         message = f"expected {fmt(want)}, got {fmt(arr)}"
     else:
-        message = (f"{len(bad)} of {arr.size} values differ; first{where}: expected {fmt(want[first])}, "
-                   f"got {fmt(arr[first])} (expected {fmt(want)}, got {fmt(arr)})")
+        message = (
+            f"{len(bad)} of {arr.size} values differ; first{where}: expected {fmt(want[first])}, "
+            f"got {fmt(arr[first])} (expected {fmt(want)}, got {fmt(arr)})"
+        )
     raise Mismatch(with_hint(message, hint))
 
 
@@ -415,26 +440,41 @@ def expect_equal(got: plaindata.Value, want, *, hint: str | None = None) -> None
         raise Mismatch(with_hint(f"expected {want!r}, got {describe(got)}", hint))
 
 
-def expect_split_across(got: plaindata.Value, devices: int, *, axis: int = 0, hint: str | None = None) -> None:
+def expect_split_across(
+    got: plaindata.Value, devices: int, *, axis: int = 0, hint: str | None = None
+) -> None:
     """The array must be split along `axis` into `devices` pieces, one on each device."""
     arr = expect_array(got, hint=hint)
     sh = got.sharding
     if sh is None:
-        raise Mismatch(with_hint("expected a JAX array placed on devices, got a plain (numpy or Python) value",
-                                  hint))
+        raise Mismatch(
+            with_hint("expected a JAX array placed on devices, got a plain (numpy or Python) value", hint)
+        )
     if sh.num_devices != devices:
-        raise Mismatch(with_hint(
-            f"expected the result on all {devices} devices, but it lives on {sh.num_devices} "
-            f"(devices {list(sh.device_ids)})", hint))
+        raise Mismatch(
+            with_hint(
+                f"expected the result on all {devices} devices, but it lives on {sh.num_devices} "
+                f"(devices {list(sh.device_ids)})",
+                hint,
+            )
+        )
     if devices == 1:
         return
     pieces = {tuple(map(tuple, s["index"])) for s in sh.shards}
     cuts = {p[axis] for p in pieces if len(p) > axis}
     if sh.fully_replicated or len(cuts) != devices:
-        layout = "a full copy on every device" if sh.fully_replicated else f"{len(cuts)} distinct pieces along axis {axis}"
-        raise Mismatch(with_hint(
-            f"expected axis {axis} (length {arr.shape[axis] if arr.ndim > axis else '?'}) split into {devices} "
-            f"pieces, one per device; got {layout} ({sh.describe()})", hint))
+        layout = (
+            "a full copy on every device"
+            if sh.fully_replicated
+            else f"{len(cuts)} distinct pieces along axis {axis}"
+        )
+        raise Mismatch(
+            with_hint(
+                f"expected axis {axis} (length {arr.shape[axis] if arr.ndim > axis else '?'}) split into {devices} "
+                f"pieces, one per device; got {layout} ({sh.describe()})",
+                hint,
+            )
+        )
 
 
 def expect_replicated(got: plaindata.Value, devices: int, *, hint: str | None = None) -> None:
@@ -442,14 +482,24 @@ def expect_replicated(got: plaindata.Value, devices: int, *, hint: str | None = 
     expect_array(got, hint=hint)
     sh = got.sharding
     if sh is None:
-        raise Mismatch(with_hint("expected a JAX array placed on devices, got a plain (numpy or Python) value",
-                                  hint))
+        raise Mismatch(
+            with_hint("expected a JAX array placed on devices, got a plain (numpy or Python) value", hint)
+        )
     if sh.num_devices != devices or not sh.fully_replicated:
-        raise Mismatch(with_hint(f"expected a full copy on each of {devices} devices, got {sh.describe()}", hint))
+        raise Mismatch(
+            with_hint(f"expected a full copy on each of {devices} devices, got {sh.describe()}", hint)
+        )
 
 
-def expect_close_naming_mistakes(got: plaindata.Value, want, mistakes: dict, *, rtol: float = 1e-5,
-                                 atol: float = 1e-6, hint: str | None = None) -> None:
+def expect_close_naming_mistakes(
+    got: plaindata.Value,
+    want,
+    mistakes: dict,
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    hint: str | None = None,
+) -> None:
     """Like `expect_close`; when the value is instead what a known mistake gives, the message names the mistake.
 
     `mistakes` maps a sentence that names a mistake (and its cure) to the value that mistake gives on

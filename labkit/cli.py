@@ -16,9 +16,16 @@ def _lab(args) -> int:
     from labkit.student.loop import run_lab
 
     try:
-        ok = run_lab(args.lab, notebook=args.notebook, config_names=args.configs, timeout=args.timeout,
-                     hidden=args.hidden, limits=allowance.limits_from_args(args), record_costs=args.record_costs,
-                     keep_scratch=args.keep_scratch)
+        ok = run_lab(
+            args.lab,
+            notebook=args.notebook,
+            config_names=args.configs,
+            timeout=args.timeout,
+            hidden=args.hidden,
+            limits=allowance.limits_from_args(args),
+            record_costs=args.record_costs,
+            keep_scratch=args.keep_scratch,
+        )
     except (catalog.UnknownLab, configs.UnknownConfig) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -77,8 +84,11 @@ def _student_notebooks(args) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
     if stale:
-        print("out of date with reference/ (run `make student-notebooks`): "
-              + ", ".join(str(p.relative_to(catalog.ROOT)) for p in stale), file=sys.stderr)
+        print(
+            "out of date with reference/ (run `make student-notebooks`): "
+            + ", ".join(str(p.relative_to(catalog.ROOT)) for p in stale),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -87,10 +97,22 @@ def _grade(args) -> int:
     from labkit.grading import collect, grade, scoreboard
 
     try:
-        results = grade.grade(args.submissions, args.out, labs=args.labs, config_names=args.configs,
-                              jobs=args.jobs, timeout=args.timeout, shard=args.shard,
-                              limits=allowance.limits_from_args(args), start=args.start, runs_from=args.runs_from,
-                              plan=args.plan, students=args.students, retry=args.retry, **_grading_inputs(args))
+        results = grade.grade(
+            args.submissions,
+            args.out,
+            labs=args.labs,
+            config_names=args.configs,
+            jobs=args.jobs,
+            timeout=args.timeout,
+            shard=args.shard,
+            limits=allowance.limits_from_args(args),
+            start=args.start,
+            runs_from=args.runs_from,
+            plan=args.plan,
+            students=args.students,
+            retry=args.retry,
+            **_grading_inputs(args),
+        )
     except modes.SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
@@ -101,7 +123,10 @@ def _grade(args) -> int:
         print(f"error: the kit could not grade: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"stopped: what was graded is kept in {args.out}; the same command grades the rest", file=sys.stderr)
+        print(
+            f"stopped: what was graded is kept in {args.out}; the same command grades the rest",
+            file=sys.stderr,
+        )
         return 130
     Console().print(scoreboard.terminal(results))
     print(f"scoreboard: {args.out / 'scoreboard.csv'} (and .json, .md, .html; feedback/ for each student)")
@@ -112,15 +137,25 @@ def _grading_inputs(args) -> dict:
     """The TA's inputs of `grade` and `slurm-grade`: the course's state (labkit/grading/course.py)."""
     from labkit.grading import course
 
-    return {"inputs": course.given_of(args), "course": args.course, "forget": args.forget,
-            "change_policy": args.change_policy}
+    return {
+        "inputs": course.given_of(args),
+        "course": args.course,
+        "forget": args.forget,
+        "change_policy": args.change_policy,
+    }
 
 
 def _add_regrade_arguments(parser) -> None:
-    parser.add_argument("--students", default=None,
-                        help="comma-separated ids: grade these students again, whatever was kept for them")
-    parser.add_argument("--retry", action="store_true",
-                        help="grade again every unit whose kept result is an error or a timeout")
+    parser.add_argument(
+        "--students",
+        default=None,
+        help="comma-separated ids: grade these students again, whatever was kept for them",
+    )
+    parser.add_argument(
+        "--retry",
+        action="store_true",
+        help="grade again every unit whose kept result is an error or a timeout",
+    )
 
 
 def _export(args) -> int:
@@ -221,15 +256,24 @@ def _add_gradescope(sub) -> None:
     gs = sub.add_parser("gradescope", help="the Gradescope autograder zip of one lab (TAs)")
     gs.add_argument("lab", help="the lab number, e.g. 3")
     gs.add_argument("--out", type=Path, default=None, help="the zip (default build/gradescope/lab-N.zip)")
-    gs.add_argument("--isolation", choices=["limits-only"], default=None,
-                    help="grade without the kit's sandbox where Gradescope refuses it (said in every result)")
+    gs.add_argument(
+        "--isolation",
+        choices=["limits-only"],
+        default=None,
+        help="grade without the kit's sandbox where Gradescope refuses it (said in every result)",
+    )
     gs.set_defaults(func=_gradescope)
-    gsr = sub.add_parser("gradescope-run", help="inside the autograder: grade ROOT/submission into "
-                                                "ROOT/results/results.json")
+    gsr = sub.add_parser(
+        "gradescope-run", help="inside the autograder: grade ROOT/submission into ROOT/results/results.json"
+    )
     gsr.add_argument("lab", help="the lab number")
     gsr.add_argument("--root", type=Path, default=Path("/autograder"), help="default %(default)s")
-    gsr.add_argument("--isolation", choices=["limits-only"], default=None,
-                     help="without the sandbox, asked for by name when the zip was built")
+    gsr.add_argument(
+        "--isolation",
+        choices=["limits-only"],
+        default=None,
+        help="without the sandbox, asked for by name when the zip was built",
+    )
     gsr.set_defaults(func=_gradescope_run)
 
 
@@ -238,33 +282,65 @@ def _slurm_grade(args) -> int:
     from labkit.grading import collect, grade, slurm
     from labkit.grading import course as course_mod
 
-    kept = {f"--{n}" for n in course_mod.INPUTS} | {"--course", "--forget", "--change-policy", "--students", "--retry"}
+    kept = {f"--{n}" for n in course_mod.INPUTS} | {
+        "--course",
+        "--forget",
+        "--change-policy",
+        "--students",
+        "--retry",
+    }
     passed = sorted({a.split("=")[0] for a in args.grade_args} & kept)
     if passed:
-        print(f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any job "
-              "is submitted and keeps them in the course's state that every shard reads", file=sys.stderr)
+        print(
+            f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any job "
+            "is submitted and keeps them in the course's state that every shard reads",
+            file=sys.stderr,
+        )
         return 2
     course = (args.course or args.out / "course").absolute()
-    extra = ["--course", str(course)] + (["--students", args.students] if args.students else []) + \
-        (["--retry"] if args.retry else [])
-    request = slurm.Request(args.submissions.absolute(), args.out.absolute(), args.shards, labs=args.labs,
-                            configs=args.configs, jobs=args.jobs, timeout=args.timeout, partition=args.partition,
-                            account=args.account, extra=tuple(extra + args.grade_args))
+    extra = (
+        ["--course", str(course)]
+        + (["--students", args.students] if args.students else [])
+        + (["--retry"] if args.retry else [])
+    )
+    request = slurm.Request(
+        args.submissions.absolute(),
+        args.out.absolute(),
+        args.shards,
+        labs=args.labs,
+        configs=args.configs,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        partition=args.partition,
+        account=args.account,
+        extra=tuple(extra + args.grade_args),
+    )
     try:
         slurm.check_out(request.out, args.course)
         # the TA's inputs checked and kept before any job is submitted; every shard reads them from there
         inputs = _grading_inputs(args) | {"course": course}
-        grade.prepare(request.submissions, request.out, students=args.students, labs=args.labs,
-                      config_names=args.configs, **inputs)
+        grade.prepare(
+            request.submissions,
+            request.out,
+            students=args.students,
+            labs=args.labs,
+            config_names=args.configs,
+            **inputs,
+        )
         array, merge = slurm.submit(request)
     except (slurm.SlurmError, collect.GradeError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
-          f"logs in {request.out / 'slurm'}", flush=True)
+    print(
+        f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
+        f"logs in {request.out / 'slurm'}",
+        flush=True,
+    )
     if args.no_wait:
-        print(f"follow it with: python -m labkit progress {request.out} --watch    "
-              f"(cancel: scancel {array} {merge})")
+        print(
+            f"follow it with: python -m labkit progress {request.out} --watch    "
+            f"(cancel: scancel {array} {merge})"
+        )
         return 0
     try:
         return slurm.follow(request.out, array, merge, args.shards, every=args.every)
@@ -281,8 +357,10 @@ def _slurm_merge(args) -> int:
     except (slurm.SlurmError, scoreboard.MergeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"merged {args.shards - len(failed)} of {args.shards} shards into {args.out / 'scoreboard.csv'}"
-          + (f"; not finished: shard {', '.join(map(str, failed))}" if failed else ""))
+    print(
+        f"merged {args.shards - len(failed)} of {args.shards} shards into {args.out / 'scoreboard.csv'}"
+        + (f"; not finished: shard {', '.join(map(str, failed))}" if failed else "")
+    )
     return 1 if failed else 0
 
 
@@ -297,13 +375,19 @@ def _progress(args) -> int:
 
 
 def _add_cluster(sub) -> None:
-    sl = sub.add_parser("slurm-grade", help="grade a class on a Slurm cluster: an array job of shards, then a merge")
+    sl = sub.add_parser(
+        "slurm-grade", help="grade a class on a Slurm cluster: an array job of shards, then a merge"
+    )
     sl.add_argument("--submissions", type=Path, default=Path("submissions"), help="default %(default)s")
-    sl.add_argument("--out", type=Path, default=Path("scoreboard"), help="default %(default)s (a shared folder)")
+    sl.add_argument(
+        "--out", type=Path, default=Path("scoreboard"), help="default %(default)s (a shared folder)"
+    )
     sl.add_argument("--shards", type=int, required=True, help="how many array tasks share the class")
     sl.add_argument("--labs", default=None)
     sl.add_argument("--configs", default=None)
-    sl.add_argument("--jobs", type=int, default=2, help="notebooks each shard runs at once: its CPUs (default 2)")
+    sl.add_argument(
+        "--jobs", type=int, default=2, help="notebooks each shard runs at once: its CPUs (default 2)"
+    )
     sl.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT)
     sl.add_argument("--partition", default=None)
     sl.add_argument("--account", default=None)
@@ -311,17 +395,25 @@ def _add_cluster(sub) -> None:
     sl.add_argument("--every", type=float, default=10.0, help="seconds between progress lines (default 10)")
     from labkit.grading import course
 
-    course.add_arguments(sl)  # the same TA inputs as `grade`, checked here and kept in OUT/course for every shard
+    course.add_arguments(
+        sl
+    )  # the same TA inputs as `grade`, checked here and kept in OUT/course for every shard
     _add_regrade_arguments(sl)
-    sl.add_argument("grade_args", nargs="*", help="after --: more `grade` arguments for every shard (--roster ..)")
+    sl.add_argument(
+        "grade_args", nargs="*", help="after --: more `grade` arguments for every shard (--roster ..)"
+    )
     sl.set_defaults(func=_slurm_grade)
-    mg = sub.add_parser("slurm-merge", help="(the merge job) merge OUT/shards/* into OUT, naming shards that failed")
+    mg = sub.add_parser(
+        "slurm-merge", help="(the merge job) merge OUT/shards/* into OUT, naming shards that failed"
+    )
     mg.add_argument("--out", type=Path, required=True)
     mg.add_argument("--shards", type=int, required=True)
     mg.set_defaults(func=_slurm_merge)
     pr = sub.add_parser("progress", help="how far a grading run (or its shards, on any engine) has got")
     pr.add_argument("out", type=Path, help="the grading run's --out folder")
-    pr.add_argument("--watch", action="store_true", help="print a line every few seconds until every shard is done")
+    pr.add_argument(
+        "--watch", action="store_true", help="print a line every few seconds until every shard is done"
+    )
     pr.add_argument("--every", type=float, default=10.0)
     pr.set_defaults(func=_progress)
 
@@ -334,23 +426,38 @@ def parser() -> argparse.ArgumentParser:
     lab.add_argument("lab", help="the lab number, e.g. 3")
     lab.add_argument("--notebook", type=Path, help="the notebook to run (default: labs/lab-N.ipynb)")
     lab.add_argument("--configs", default=None, help=f"comma-separated, from: {', '.join(configs.CONFIGS)}")
-    lab.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
-                     help="seconds one notebook may run on one configuration (default %(default)s)")
+    lab.add_argument(
+        "--timeout",
+        type=float,
+        default=execute.DEFAULT_TIMEOUT,
+        help="seconds one notebook may run on one configuration (default %(default)s)",
+    )
     lab.add_argument("--hidden", action="store_true", help="also run the hidden tests (course staff)")
-    lab.add_argument("--keep-scratch", action="store_true",
-                     help="keep each run's scratch folder (build/lab-N/<config>/scratch/), to look at what it wrote")
-    lab.add_argument("--record-costs", action="store_true",
-                     help="write the runs' cost cards as the lab's reference cards (course staff, with the reference)")
+    lab.add_argument(
+        "--keep-scratch",
+        action="store_true",
+        help="keep each run's scratch folder (build/lab-N/<config>/scratch/), to look at what it wrote",
+    )
+    lab.add_argument(
+        "--record-costs",
+        action="store_true",
+        help="write the runs' cost cards as the lab's reference cards (course staff, with the reference)",
+    )
     allowance.add_arguments(lab)
     modes.add_isolation_argument(lab, modes.AUTO)
     lab.set_defaults(func=_lab)
 
     sub.add_parser("list", help="the labs, in the order the course reads them").set_defaults(func=_list)
     sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
-    sub.add_parser("isolation", help="whether notebooks run in a sandbox here: which bwrap, or why none and the fix"
-                   ).set_defaults(func=_isolation)
-    doc = sub.add_parser("doctor", help="what this machine can do for the kit, what is missing, and the fixes")
-    doc.add_argument("--for", dest="purposes", default="lab", help="lab, grade, test, docker, browser (comma-separated)")
+    sub.add_parser(
+        "isolation", help="whether notebooks run in a sandbox here: which bwrap, or why none and the fix"
+    ).set_defaults(func=_isolation)
+    doc = sub.add_parser(
+        "doctor", help="what this machine can do for the kit, what is missing, and the fixes"
+    )
+    doc.add_argument(
+        "--for", dest="purposes", default="lab", help="lab, grade, test, docker, browser (comma-separated)"
+    )
     doc.set_defaults(func=_doctor)
 
     gen = sub.add_parser("student-notebooks", help="generate labs/ from reference/")
@@ -359,28 +466,51 @@ def parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_student_notebooks)
 
     grd = sub.add_parser("grade", help="grade a class on every device configuration into a scoreboard (TAs)")
-    grd.add_argument("--submissions", type=Path, default=Path("submissions"),
-                     help="folder of <student_id>/lab-<N>.ipynb (default %(default)s)")
-    grd.add_argument("--out", type=Path, default=Path("scoreboard"), help="where results go (default %(default)s)")
+    grd.add_argument(
+        "--submissions",
+        type=Path,
+        default=Path("submissions"),
+        help="folder of <student_id>/lab-<N>.ipynb (default %(default)s)",
+    )
+    grd.add_argument(
+        "--out", type=Path, default=Path("scoreboard"), help="where results go (default %(default)s)"
+    )
     grd.add_argument("--labs", default=None, help="comma-separated lab numbers (default: every lab)")
-    grd.add_argument("--configs", default=None,
-                     help=f"comma-separated, from: {', '.join(configs.CONFIGS)} (default: every one available here)")
+    grd.add_argument(
+        "--configs",
+        default=None,
+        help=f"comma-separated, from: {', '.join(configs.CONFIGS)} (default: every one available here)",
+    )
     grd.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: one per core)")
-    grd.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT,
-                     help="seconds one notebook may run on one configuration (default %(default)s)")
+    grd.add_argument(
+        "--timeout",
+        type=float,
+        default=execute.DEFAULT_TIMEOUT,
+        help="seconds one notebook may run on one configuration (default %(default)s)",
+    )
     grd.add_argument("--shard", default=None, help="i/N: grade only the i-th of N parts of the class")
     from labkit.grading import course
 
     course.add_arguments(grd)  # --roster, --policy, --overrides, --extensions, ...: kept in OUT/course
     _add_regrade_arguments(grd)
-    grd.add_argument("--start", choices=("warm", "cold"), default="warm",
-                     help="warm: one server imports JAX once and forks each one-process CPU run's kernel, each in a "
-                          "sandbox of its own (cold where that cannot be had); cold: a fresh kernel per run "
-                          "(default %(default)s)")
-    grd.add_argument("--runs-from", type=Path, default=None,
-                     help="the notebooks ran in pods of their own (`pods run`): read each unit's output from "
-                          "RUNS/<i>/ as untrusted data instead of running it (with --plan)")
-    grd.add_argument("--plan", type=Path, default=None, help="the folder `pods plan` wrote (with --runs-from)")
+    grd.add_argument(
+        "--start",
+        choices=("warm", "cold"),
+        default="warm",
+        help="warm: one server imports JAX once and forks each one-process CPU run's kernel, each in a "
+        "sandbox of its own (cold where that cannot be had); cold: a fresh kernel per run "
+        "(default %(default)s)",
+    )
+    grd.add_argument(
+        "--runs-from",
+        type=Path,
+        default=None,
+        help="the notebooks ran in pods of their own (`pods run`): read each unit's output from "
+        "RUNS/<i>/ as untrusted data instead of running it (with --plan)",
+    )
+    grd.add_argument(
+        "--plan", type=Path, default=None, help="the folder `pods plan` wrote (with --runs-from)"
+    )
     allowance.add_arguments(grd)
     modes.add_isolation_argument(grd, modes.SANDBOX)
     grd.set_defaults(func=_grade)
@@ -392,25 +522,38 @@ def parser() -> argparse.ArgumentParser:
     canvas.add_parser(sub)
 
     board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")
-    board.add_argument("--build", type=Path, default=None, help="the build folder of `make lab-N` (default build/)")
+    board.add_argument(
+        "--build", type=Path, default=None, help="the build folder of `make lab-N` (default build/)"
+    )
     board.add_argument("--out", type=Path, default=None, help="where to write it (default BUILD/scoreboard)")
     board.set_defaults(func=_scoreboard, action=None)
     actions = board.add_subparsers(dest="action")
-    merge = actions.add_parser("merge", help="merge the --out folders of sharded grading runs into one scoreboard")
+    merge = actions.add_parser(
+        "merge", help="merge the --out folders of sharded grading runs into one scoreboard"
+    )
     merge.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
     merge.add_argument("--out", type=Path, required=True, help="where the merged scoreboard goes")
-    export = actions.add_parser("export", help="an LMS gradebook file (Canvas, or a plain wide CSV) from a graded "
-                                "--out folder")
+    export = actions.add_parser(
+        "export", help="an LMS gradebook file (Canvas, or a plain wide CSV) from a graded --out folder"
+    )
     export.add_argument("folder", type=Path, help="the --out folder of a grading run (SCOREBOARD_DIR)")
     export.add_argument("--format", choices=("canvas", "wide"), required=True)
     export.add_argument("--out", dest="export_out", type=Path, required=True, help="the file to write")
-    export.add_argument("--missing", choices=("blank", "excused"), default="blank",
-                        help="canvas: a lab not handed in is left blank, so Canvas keeps what it has, or marked EX "
-                             "(excused); never 0 (default %(default)s)")
+    export.add_argument(
+        "--missing",
+        choices=("blank", "excused"),
+        default="blank",
+        help="canvas: a lab not handed in is left blank, so Canvas keeps what it has, or marked EX "
+        "(excused); never 0 (default %(default)s)",
+    )
 
     rel = sub.add_parser("release", help="build the student release (no solutions, no hidden tests)")
-    rel.add_argument("--out", type=Path, default=None,
-                     help="the release folder; OUT.tar.gz is written next to it (default build/student-release)")
+    rel.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the release folder; OUT.tar.gz is written next to it (default build/student-release)",
+    )
     rel.set_defaults(func=_release)
     _add_gradescope(sub)
     _add_cluster(sub)

@@ -39,8 +39,25 @@ from pathlib import Path
 
 CHIPS_FILE = Path(__file__).with_name("chips.toml")
 
-_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+_ITEM_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+}
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,\s]*)\]")
 
 
@@ -145,14 +162,28 @@ class Card:
 
     def timing(self, chip: Chip) -> Timing:
         peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_flops
-        wire = sum(b / (chip.link_bandwidth if op == "collective-permute" else chip.send_bandwidth)
-                   for op, b in self.sent.items())
-        return Timing(chip.key, self.flops / peak, self.held_total / chip.hbm_bandwidth, wire,
-                      self.held_total <= chip.hbm_bytes)
+        wire = sum(
+            b / (chip.link_bandwidth if op == "collective-permute" else chip.send_bandwidth)
+            for op, b in self.sent.items()
+        )
+        return Timing(
+            chip.key,
+            self.flops / peak,
+            self.held_total / chip.hbm_bandwidth,
+            wire,
+            self.held_total <= chip.hbm_bytes,
+        )
 
     def to_json(self) -> dict:
-        return {"devices": self.devices, "flops": self.flops, "held": self.held, "sent": self.sent,
-                "counts": self.counts, "dtype": self.dtype, **({"compiler": self.compiler} if self.compiler else {})}
+        return {
+            "devices": self.devices,
+            "flops": self.flops,
+            "held": self.held,
+            "sent": self.sent,
+            "counts": self.counts,
+            "dtype": self.dtype,
+            **({"compiler": self.compiler} if self.compiler else {}),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Card:
@@ -183,14 +214,21 @@ def card(facts: dict) -> Card:
     outputs = facts.get("outputs") if isinstance(facts.get("outputs"), list) else []
     dtype = "bf16" if outputs and all(o.get("dtype") == "bfloat16" for o in outputs) else "f32"
     estimate = facts.get("compiler")
-    compiler = ({"on": str(facts.get("compiled_for") or "the compiler"), **{k: float(estimate[k]) for k in
-                 ("seconds", "flops", "bytes")}} if isinstance(estimate, dict) and "seconds" in estimate else None)
+    compiler = (
+        {
+            "on": str(facts.get("compiled_for") or "the compiler"),
+            **{k: float(estimate[k]) for k in ("seconds", "flops", "bytes")},
+        }
+        if isinstance(estimate, dict) and "seconds" in estimate
+        else None
+    )
     return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype, compiler)
 
 
 # ----------------------------------------------------------------------------------------
 # Words: what a student reads.
 # ----------------------------------------------------------------------------------------
+
 
 def format_bytes(n: float) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -214,16 +252,20 @@ def format_flops(f: float) -> str:
 
 
 BOUND_WORDS = {"compute": "compute-bound", "memory": "memory-bound", "communication": "communication-bound"}
-LEGEND = ("compute-bound: the chip's arithmetic is the limit; memory-bound: reading and writing its HBM; "
-          "communication-bound: the interconnect between chips")
+LEGEND = (
+    "compute-bound: the chip's arithmetic is the limit; memory-bound: reading and writing its HBM; "
+    "communication-bound: the interconnect between chips"
+)
 
 
 def compare(mine: Card, reference: Card) -> list[str]:
     """Where `mine` costs more than the reference's card for the same call (factors of 1.5 or more)."""
     notes = []
-    for what, a, b in (("the bytes each device sends", mine.sent_total, reference.sent_total),
-                       ("the bytes each device holds", mine.held_total, reference.held_total),
-                       ("the FLOPs each device computes", mine.flops, reference.flops)):
+    for what, a, b in (
+        ("the bytes each device sends", mine.sent_total, reference.sent_total),
+        ("the bytes each device holds", mine.held_total, reference.held_total),
+        ("the FLOPs each device computes", mine.flops, reference.flops),
+    ):
         if b > 0 and a >= 1.5 * b:
             notes.append(f"your program has {a / b:.1f}x {what} that the reference needs")
         elif b == 0 and a > 0 and what.startswith("the bytes each device sends"):
@@ -233,20 +275,31 @@ def compare(mine: Card, reference: Card) -> list[str]:
 
 def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Card | None = None) -> list[str]:
     """The card as text: the facts, then one line per chip, then how it compares with the reference."""
-    sent = ", ".join(f"{op} {format_bytes(b)} ({c.counts[op]} in the program)" for op, b in sorted(c.sent.items()))
-    held = (f"arguments {format_bytes(c.held['argument'])}, outputs {format_bytes(c.held['output'])}, "
-            f"temporaries {format_bytes(c.held['temp'])}")
-    out = [f"{name} on {config} ({c.devices} devices), per device:",
-           f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} ({held})", f"  sends {sent or 'nothing'}"]
+    sent = ", ".join(
+        f"{op} {format_bytes(b)} ({c.counts[op]} in the program)" for op, b in sorted(c.sent.items())
+    )
+    held = (
+        f"arguments {format_bytes(c.held['argument'])}, outputs {format_bytes(c.held['output'])}, "
+        f"temporaries {format_bytes(c.held['temp'])}"
+    )
+    out = [
+        f"{name} on {config} ({c.devices} devices), per device:",
+        f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} ({held})",
+        f"  sends {sent or 'nothing'}",
+    ]
     for chip in chip_list:
         t = c.timing(chip)
         fits = "" if t.fits else f"; does not fit its {format_bytes(chip.hbm_bytes)} of HBM"
-        out.append(f"  {chip.name} x{c.devices}: compute {format_seconds(t.compute)}, HBM {format_seconds(t.memory)}, "
-                   f"network {format_seconds(t.communication)}: {BOUND_WORDS[t.bound]}{fits}")
+        out.append(
+            f"  {chip.name} x{c.devices}: compute {format_seconds(t.compute)}, HBM {format_seconds(t.memory)}, "
+            f"network {format_seconds(t.communication)}: {BOUND_WORDS[t.bound]}{fits}"
+        )
     if c.compiler:  # the compiler's own figures, beside the hand model's above
-        out.append(f"  {c.compiler['on']}, the compiler's own estimate: step {format_seconds(c.compiler['seconds'])}; "
-                   f"{format_flops(c.compiler['flops'])} and {format_bytes(c.compiler['bytes'])} of HBM traffic per "
-                   f"device")
+        out.append(
+            f"  {c.compiler['on']}, the compiler's own estimate: step {format_seconds(c.compiler['seconds'])}; "
+            f"{format_flops(c.compiler['flops'])} and {format_bytes(c.compiler['bytes'])} of HBM traffic per "
+            f"device"
+        )
     if reference is not None:
         notes = compare(c, reference)
         out += [f"  {n}" for n in notes] or ["  about what the reference solution costs"]
@@ -306,20 +359,28 @@ def why_none(calls: list[dict], results: dict[str, dict]) -> str:
             usable = isinstance(facts, dict) and "unavailable" not in facts
             seen.append(int(facts.get("devices") or 0) if usable else 0)
     if 1 in seen and all(d <= 1 for d in seen):
-        return ("No cost card: every run examined was on one device, where nothing is split and nothing is sent. "
-                "Run on several devices (cpu-8) to see what each device computes, holds and sends.")
-    return ("No cost card: the compiled program could not be examined in any run (a run failed, or the exercise "
-            "did not return a result); fix the first failure above and check again.")
+        return (
+            "No cost card: every run examined was on one device, where nothing is split and nothing is sent. "
+            "Run on several devices (cpu-8) to see what each device computes, holds and sends."
+        )
+    return (
+        "No cost card: the compiled program could not be examined in any run (a run failed, or the exercise "
+        "did not return a result); fix the first failure above and check again."
+    )
 
 
 def to_json(found: dict[str, Examined]) -> dict:
-    return {cid: {"function": e.function, "runs": {label: c.to_json() for label, c in sorted(e.runs.items())}}
-            for cid, e in sorted(found.items())}
+    return {
+        cid: {"function": e.function, "runs": {label: c.to_json() for label, c in sorted(e.runs.items())}}
+        for cid, e in sorted(found.items())
+    }
 
 
 def from_json(data: dict) -> dict[str, Examined]:
-    return {cid: Examined(e["function"], {label: Card.from_json(c) for label, c in e["runs"].items()})
-            for cid, e in data.items()}
+    return {
+        cid: Examined(e["function"], {label: Card.from_json(c) for label, c in e["runs"].items()})
+        for cid, e in data.items()
+    }
 
 
 def read_reference(folder: Path) -> dict[str, Examined]:
@@ -341,8 +402,10 @@ def text(found: dict[str, Examined], reference: dict[str, Examined] | None = Non
     if not found:
         return []
     chip_list = [chips()[k] for k in SHOWN]
-    out = ["Cost cards: what your compiled programs cost each device, modelled on real chips",
-           "(a model, not a measurement: see docs/student.md, 'The cost card'). " + LEGEND + "."]
+    out = [
+        "Cost cards: what your compiled programs cost each device, modelled on real chips",
+        "(a model, not a measurement: see docs/student.md, 'The cost card'). " + LEGEND + ".",
+    ]
     for cid, entry in found.items():
         for label, c in entry.runs.items():
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)

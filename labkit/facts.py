@@ -52,7 +52,11 @@ def _unavailable(what: str, exc: BaseException | None = None) -> dict:
 _MESH_SETTERS = (("jax", "set_mesh"), ("jax.sharding", "set_mesh"), ("jax.sharding", "use_mesh"))
 
 
-_MAKERS = ("make_array_from_process_local_data", "make_array_from_callback", "make_array_from_single_device_arrays")
+_MAKERS = (
+    "make_array_from_process_local_data",
+    "make_array_from_callback",
+    "make_array_from_single_device_arrays",
+)
 
 
 class _Made:
@@ -110,15 +114,25 @@ def _placing(original, explicit_puts: dict | None = None, made: _Made | None = N
 
     def device_put(x, device=None, *args, **kwargs):
         leaves = jax.tree_util.tree_leaves(x)
-        if (isinstance(device, NamedSharding) and not args and not kwargs and leaves
-                and all(isinstance(v, jax.core.Tracer) for v in leaves)
-                and all(t == AxisType.Auto for t in getattr(device.mesh, "axis_types", ()))):
+        if (
+            isinstance(device, NamedSharding)
+            and not args
+            and not kwargs
+            and leaves
+            and all(isinstance(v, jax.core.Tracer) for v in leaves)
+            and all(t == AxisType.Auto for t in getattr(device.mesh, "axis_types", ()))
+        ):
             return jax.tree_util.tree_map(lambda v: jax.lax.with_sharding_constraint(v, device), x)
         if explicit_puts is not None and isinstance(device, NamedSharding) and not args and not kwargs:
             for v in leaves:  # an Explicit mesh: `_trace` gives an input placed so its own placement
                 explicit_puts[id(v)] = device
-        if (made is not None and isinstance(device, NamedSharding) and not args and not kwargs
-                and isinstance(x, np.ndarray)):
+        if (
+            made is not None
+            and isinstance(device, NamedSharding)
+            and not args
+            and not kwargs
+            and isinstance(x, np.ndarray)
+        ):
             return made.make(original, x, device)
         return original(x, device, *args, **kwargs)
 
@@ -155,11 +169,14 @@ def _traceable(seen: list, explicit_puts: dict | None = None, made: _Made | None
         yield mesh
 
     def making_mesh(original):
-        def make_mesh(*args, **kwargs):  # an Explicit mesh made inside the function is the one jit must run in
+        def make_mesh(
+            *args, **kwargs
+        ):  # an Explicit mesh made inside the function is the one jit must run in
             mesh = original(*args, **kwargs)
             if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
                 seen.append(mesh)
             return mesh
+
         return make_mesh
 
     saved = []
@@ -228,9 +245,9 @@ def _trace(fn, args, kwargs, how=None):
     making: list = []  # the _Made of the trace under way
 
     def program(*traced):
-        inputs[:] = traced[:len(arrays)]
+        inputs[:] = traced[: len(arrays)]
         if making[-1].given is not None:
-            making[-1].given = list(traced[len(arrays):])
+            making[-1].given = list(traced[len(arrays) :])
         filled = list(values)
         for i, t in zip(arrays, traced):
             filled[i] = t
@@ -260,15 +277,19 @@ def _trace(fn, args, kwargs, how=None):
     try:
         first = traced_with(structs)
     except Exception:
-        if not [m for m in making[-1].record if m is not None]:  # nothing made from host data: the trace failed
+        if not [
+            m for m in making[-1].record if m is not None
+        ]:  # nothing made from host data: the trace failed
             raise
     made = [m for m in making[-1].record if m is not None]
     # A second trace, the arrays the function made given to it as inputs.
     traced, puts, given = traced_with(structs, made) if made else first
     placed = [puts.get(id(t)) for t in given]
     if any(p is not None and s.sharding is None for p, s in zip(placed, structs)):
-        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p) if p is not None and s.sharding is None else s
-                   for s, p in zip(structs, placed)]
+        structs = [
+            jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p) if p is not None and s.sharding is None else s
+            for s, p in zip(structs, placed)
+        ]
         traced = traced_with(structs, made)[0]
     return traced, names + [f"made[{k}]" for k in range(len(made))], structs + list(made)
 
@@ -289,8 +310,9 @@ def _placements(shardings, structs, names) -> list[dict]:
         try:
             entry["device_bytes"] = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * item
             entry["replicated"] = bool(sharding.is_fully_replicated)
-            blocks = {tuple((s.start, s.stop) for s in idx)
-                      for idx in sharding.devices_indices_map(shape).values()}
+            blocks = {
+                tuple((s.start, s.stop) for s in idx) for idx in sharding.devices_indices_map(shape).values()
+            }
             entry["pieces"] = len(blocks)
             entry["sharding"] = str(sharding)[:200]
         except Exception as e:  # noqa: BLE001 - a sharding that cannot say: the fact is missing, not wrong
@@ -307,8 +329,12 @@ def _memory(compiled) -> dict:
     if stats is None:
         return _unavailable("memory_analysis() gives nothing on this backend")
     try:
-        return {"argument": int(stats.argument_size_in_bytes), "output": int(stats.output_size_in_bytes),
-                "temp": int(stats.temp_size_in_bytes), "alias": int(stats.alias_size_in_bytes)}
+        return {
+            "argument": int(stats.argument_size_in_bytes),
+            "output": int(stats.output_size_in_bytes),
+            "temp": int(stats.temp_size_in_bytes),
+            "alias": int(stats.alias_size_in_bytes),
+        }
     except Exception as e:  # noqa: BLE001
         return _unavailable("memory_analysis() lacks the sizes", e)
 
@@ -337,8 +363,11 @@ def _compiler_estimate(compiled) -> dict | None:
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         if cost and cost.get("optimal_seconds") is not None:
-            return {"seconds": float(cost["optimal_seconds"]), "flops": float(cost.get("flops", 0.0)),
-                    "bytes": float(cost.get("bytes accessed", 0.0))}
+            return {
+                "seconds": float(cost["optimal_seconds"]),
+                "flops": float(cost.get("flops", 0.0)),
+                "bytes": float(cost.get("bytes accessed", 0.0)),
+            }
     except Exception:  # noqa: BLE001 - an estimate the backend cannot give is simply not shown
         pass
     return None
@@ -372,7 +401,12 @@ def gather(fn, args, kwargs, settle=None) -> dict:
     # the first input the program keeps gives its devices: one it does not use is pruned, its sharding None
     placed = [s for s in jax.tree_util.tree_leaves(compiled.input_shardings[0]) if s is not None]
     devices = len(placed[0].device_set) if structs and placed else jax.device_count()
-    facts = {"devices": devices, "top_level": top_level, "memory": _memory(compiled), "flops": _flops(compiled)}
+    facts = {
+        "devices": devices,
+        "top_level": top_level,
+        "memory": _memory(compiled),
+        "flops": _flops(compiled),
+    }
     if estimate := _compiler_estimate(compiled):  # the TPU compiler's own figures (XLA:CPU gives none)
         facts["compiler"] = estimate
     try:
@@ -396,8 +430,9 @@ def gather(fn, args, kwargs, settle=None) -> dict:
     try:
         outs, _ = jax.tree_util.tree_flatten_with_path(lowered.out_info)
         shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
-        facts["outputs"] = _placements(shardings, [s for _, s in outs],
-                                       ["out" + jax.tree_util.keystr(p) for p, _ in outs])
+        facts["outputs"] = _placements(
+            shardings, [s for _, s in outs], ["out" + jax.tree_util.keystr(p) for p, _ in outs]
+        )
     except Exception as e:  # noqa: BLE001
         facts["outputs"] = _unavailable("the compiled program's output shardings could not be read", e)
     return facts
@@ -445,8 +480,10 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
         (traced, exported), names, _ = _trace(fn, args, kwargs, how=traced_and_exported)
     except Exception as e:  # the student's code may raise anything when traced
         if "callback" in str(e).lower():
-            return _unavailable("the function calls back into Python inside its program (jax.debug.print, or a "
-                                "callback), which cannot be exported: take it out of the graded function")
+            return _unavailable(
+                "the function calls back into Python inside its program (jax.debug.print, or a "
+                "callback), which cannot be exported: take it out of the graded function"
+            )
         if raising:
             raise
         return _unavailable("jax.export could not export the function's program", e)
@@ -454,8 +491,13 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
         if settle is not None:
             settle()
     if any(n.startswith("made[") for n in names):
-        return {**_unavailable("the function makes arrays from host data inside: its program has inputs the kit "
-                               "does not give"), "host_data": True}
+        return {
+            **_unavailable(
+                "the function makes arrays from host data inside: its program has inputs the kit "
+                "does not give"
+            ),
+            "host_data": True,
+        }
     try:
         blob = bytes(exported.serialize())
     except Exception as e:  # noqa: BLE001
@@ -463,5 +505,8 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
     if len(blob) > PROGRAM_MAX_BYTES:
         return _unavailable(f"the exported program is {len(blob)} bytes, more than {PROGRAM_MAX_BYTES}")
     # What ran outside any inner jax.jit (`gather`'s `top_level`), read from the trace, as the examination does.
-    return {"program": base64.b64encode(blob).decode("ascii"), "top_level": _top_level(traced.jaxpr.jaxpr),
-            **({"tpu_refused": _TPU_REFUSED[-1][:300]} if _TPU_REFUSED else {})}
+    return {
+        "program": base64.b64encode(blob).decode("ascii"),
+        "top_level": _top_level(traced.jaxpr.jaxpr),
+        **({"tpu_refused": _TPU_REFUSED[-1][:300]} if _TPU_REFUSED else {}),
+    }

@@ -126,13 +126,24 @@ def replay_limits(warn=None) -> allowance.Limits:
     if program:
         return allowance.Limits(isolation=modes.AUTO)
     why = next((line.strip() for line in reason.splitlines() if line.strip()), "no bwrap works here")
-    print(f"labkit: warning: check() replays with resource limits only, not in a sandbox ({why}); "
-          "`make doctor` says why", file=warn or sys.stderr, flush=True)
+    print(
+        f"labkit: warning: check() replays with resource limits only, not in a sandbox ({why}); "
+        "`make doctor` says why",
+        file=warn or sys.stderr,
+        flush=True,
+    )
     return allowance.Limits(isolation=modes.LIMITS_ONLY)
 
 
-def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout: float = 300, *,
-                  limits: allowance.Limits | None = None, folder: str | os.PathLike | None = None) -> dict:
+def run_elsewhere(
+    config_name: str,
+    cells: list[str],
+    calls: list[dict],
+    timeout: float = 300,
+    *,
+    limits: allowance.Limits | None = None,
+    folder: str | os.PathLike | None = None,
+) -> dict:
     """Replay `cells` in a fresh, sandboxed process with the configuration's environment; the harness's plain data.
 
     `folder` is the notebook's folder (default: this process's working folder; see `replay_folder`).
@@ -149,15 +160,24 @@ def run_elsewhere(config_name: str, cells: list[str], calls: list[dict], timeout
         spec, out = scratch / "spec.json", scratch / "out.json"
         spec.write_text(json.dumps({"cells": cells, "calls": calls, "start": str(start or scratch)}))
         with open(scratch / "replay.log", "wb") as log:
-            proc = sandbox.launch([sys.executable, "-c", _REPLAY, str(spec), str(out)], scratch, env, limits, log=log,
-                                  extra_ro=(start,) if start else ())
+            proc = sandbox.launch(
+                [sys.executable, "-c", _REPLAY, str(spec), str(out)],
+                scratch,
+                env,
+                limits,
+                log=log,
+                extra_ro=(start,) if start else (),
+            )
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=30)
-                return {"status": "timeout", "message": f"did not finish within {timeout:g} s",
-                        "isolation": proc.isolation}
+                return {
+                    "status": "timeout",
+                    "message": f"did not finish within {timeout:g} s",
+                    "isolation": proc.isolation,
+                }
         if proc.returncode != 0 or not out.exists():
             printed = (scratch / "replay.log").read_text(errors="replace")
             last = printed.strip().splitlines()[-1:] or ["no output"]
@@ -209,8 +229,11 @@ class Checker:
         for test in tests:
             for c in test.__labkit_calls__.values():
                 # a call several tests make runs once; its program is examined if any of them asks (as `judge` does)
-                calls[c.id] = calls.get(c.id, {}) | {"id": c.id, **c.encoded()} | (
-                    {"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
+                calls[c.id] = (
+                    calls.get(c.id, {})
+                    | {"id": c.id, **c.encoded()}
+                    | ({"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
+                )
         columns, results_by = {}, {}
         if configs is None:
             env = harness.environment()
@@ -259,8 +282,10 @@ class Checker:
             print(f"  {label:<{width}}" + "  ".join(marks))
         for where, _, message in notes:
             print(f"  • {where}: {message}")
-        print(f"(`make {self.lab.name}` runs them in the kit's sandbox on every configuration, and grading adds "
-              "hidden tests)")
+        print(
+            f"(`make {self.lab.name}` runs them in the kit's sandbox on every configuration, and grading adds "
+            "hidden tests)"
+        )
         return passed
 
 

@@ -97,8 +97,10 @@ def generate(reference_path: Path, student_path: Path, force: bool = False) -> b
     if student_path.exists() and student_path.read_text() == text:
         return False
     if student_path.exists() and not force and edited(student_path):
-        raise EditedNotebook(f"{student_path} has been edited since it was generated; not overwriting it "
-                             "(move it away, or regenerate with FORCE=1 if you mean to discard the edits)")
+        raise EditedNotebook(
+            f"{student_path} has been edited since it was generated; not overwriting it "
+            "(move it away, or regenerate with FORCE=1 if you mean to discard the edits)"
+        )
     student_path.parent.mkdir(parents=True, exist_ok=True)
     student_path.write_text(text)
     return True

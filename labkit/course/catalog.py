@@ -53,8 +53,10 @@ class Leaderboard:
 # Lab 14's train_step, the capstone: its tests fix the numbers (the one-device step) and two budgets
 # (the state each device keeps, the bytes it sends), not the design; data x model, FSDP and a
 # momentum split further than the weights all pass, and their cards differ in what they send.
-LEADERBOARDS = {9: Leaderboard(function="fsdp_mlp", config="cpu-8", chip="v5e"),
-                14: Leaderboard(function="train_step", config="cpu-8", chip="v5e")}
+LEADERBOARDS = {
+    9: Leaderboard(function="fsdp_mlp", config="cpu-8", chip="v5e"),
+    14: Leaderboard(function="train_step", config="cpu-8", chip="v5e"),
+}
 
 
 @dataclass(frozen=True)

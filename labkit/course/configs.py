@@ -18,10 +18,22 @@ from labkit.machine import accelerators
 # Variables that decide which devices JAX sees. A run never inherits them from the
 # caller: the configuration alone sets them. (TPU_* variables are facts of a TPU host that
 # libtpu reads; they pass through.)
-_DEVICE_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS",
-                     "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", envnames.COORDINATOR, envnames.NUM_PROCESSES,
-                     envnames.PROCESS_ID, envnames.LOCAL_DEVICE_IDS, envnames.CPU_COLLECTIVES,
-                     "JAX_DEFAULT_MATMUL_PRECISION", "XLA_PYTHON_CLIENT_", envnames.TPU_TOPOLOGY)
+_DEVICE_VARIABLES = (
+    "JAX_PLATFORMS",
+    "JAX_PLATFORM_NAME",
+    "JAX_NUM_CPU_DEVICES",
+    "XLA_FLAGS",
+    "JAX_COORDINATOR",
+    "JAX_LOCAL_DEVICE_IDS",
+    envnames.COORDINATOR,
+    envnames.NUM_PROCESSES,
+    envnames.PROCESS_ID,
+    envnames.LOCAL_DEVICE_IDS,
+    envnames.CPU_COLLECTIVES,
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "XLA_PYTHON_CLIENT_",
+    envnames.TPU_TOPOLOGY,
+)
 
 # The precision of float32 matrix products on an accelerator configuration. TPUs multiply float32 in
 # one bfloat16 pass by default, recent NVIDIA GPUs in TF32: errors near 1e-3, which would fail checks
@@ -72,8 +84,12 @@ class DeviceConfig:
         """
         if self.processes <= 1:
             return {}
-        return {**self.distributed, envnames.COORDINATOR: coordinator,
-                envnames.NUM_PROCESSES: str(self.processes), envnames.PROCESS_ID: str(process_id)}
+        return {
+            **self.distributed,
+            envnames.COORDINATOR: coordinator,
+            envnames.NUM_PROCESSES: str(self.processes),
+            envnames.PROCESS_ID: str(process_id),
+        }
 
 
 def tpu_available() -> tuple[bool, str]:
@@ -91,26 +107,35 @@ def cpu(devices: int, *, on_request: bool = True) -> DeviceConfig:
         raise UnknownConfig(f"cpu-{devices}: a configuration needs at least one device")
     count = _NUMBERS.get(devices, str(devices))
     summary = "one CPU device" if devices == 1 else f"{count} simulated CPU devices in one process"
-    return DeviceConfig(name=f"cpu-{devices}", summary=summary, platform="cpu",
-                        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices)},
-                        devices=devices, on_request=on_request)
+    return DeviceConfig(
+        name=f"cpu-{devices}",
+        summary=summary,
+        platform="cpu",
+        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices)},
+        devices=devices,
+        on_request=on_request,
+    )
 
 
 def cpu_processes(processes: int, devices: int, *, on_request: bool = True) -> DeviceConfig:
     """`cpu-PxD`: P JAX processes of D CPU devices each, joined over localhost (gloo collectives)."""
     if processes < 2 or devices < 1:
-        raise UnknownConfig(f"cpu-{processes}x{devices}: a multi-process configuration needs at least two "
-                            f"processes of at least one device")
+        raise UnknownConfig(
+            f"cpu-{processes}x{devices}: a multi-process configuration needs at least two "
+            f"processes of at least one device"
+        )
     return DeviceConfig(
         name=f"cpu-{processes}x{devices}",
         summary=f"{_NUMBERS.get(processes, processes)} JAX processes of {_NUMBERS.get(devices, devices)} CPU "
-                f"device{'s' if devices > 1 else ''} each, joined over localhost",
+        f"device{'s' if devices > 1 else ''} each, joined over localhost",
         platform="cpu",
         env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices)},
         devices=processes * devices,
         processes=processes,
-        distributed={envnames.CPU_COLLECTIVES: "gloo",
-                     envnames.LOCAL_DEVICE_IDS: ",".join(str(i) for i in range(devices))},
+        distributed={
+            envnames.CPU_COLLECTIVES: "gloo",
+            envnames.LOCAL_DEVICE_IDS: ",".join(str(i) for i in range(devices)),
+        },
         on_request=on_request,
     )
 
@@ -122,16 +147,24 @@ def tpu_compiled(name: str, topology: str, devices: int) -> DeviceConfig:
     the compiled program reads the same exported program compiled for the TPU topology (`judge.tpucompile`).
     """
     kind, _, shape = topology.partition(":")
-    return DeviceConfig(name=name, summary=f"compiled for TPU {kind} {shape}, values from cpu-{devices}",
-                        platform="cpu",
-                        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices),
-                             envnames.TPU_TOPOLOGY: topology},
-                        devices=devices, on_request=True, compile_for=topology)
+    return DeviceConfig(
+        name=name,
+        summary=f"compiled for TPU {kind} {shape}, values from cpu-{devices}",
+        platform="cpu",
+        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices), envnames.TPU_TOPOLOGY: topology},
+        devices=devices,
+        on_request=True,
+        compile_for=topology,
+    )
 
 
 # The compile-only TPU configurations, as data: name, topology, chips.
-TPU_COMPILED = (("v5e-8", "v5e:2x4", 8), ("v6e-8", "v6e:2x4", 8), ("v5p-8", "v5p:2x2x2", 8),
-                ("v5e-256", "v5e:16x16", 256))
+TPU_COMPILED = (
+    ("v5e-8", "v5e:2x4", 8),
+    ("v6e-8", "v6e:2x4", 8),
+    ("v5p-8", "v5p:2x2x2", 8),
+    ("v5e-256", "v5e:16x16", 256),
+)
 
 CONFIGS: dict[str, DeviceConfig] = {
     c.name: c
@@ -150,8 +183,11 @@ CONFIGS: dict[str, DeviceConfig] = {
             summary="every NVIDIA GPU of this machine, through JAX's CUDA backend",
             platform="gpu",
             # Allocate GPU memory as needed (not 75% of it at start): several runs may share one GPU.
-            env={"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-                 "JAX_DEFAULT_MATMUL_PRECISION": ACCELERATOR_MATMUL_PRECISION},
+            env={
+                "JAX_PLATFORMS": "cuda",
+                "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                "JAX_DEFAULT_MATMUL_PRECISION": ACCELERATOR_MATMUL_PRECISION,
+            },
             on_request=True,
         ),
         # Pod sizes: every lab's reference must pass on each (see tests/kit/test_pod_sizes.py).
@@ -163,6 +199,7 @@ CONFIGS: dict[str, DeviceConfig] = {
 
 # What `make lab-N` runs when no configuration is named: one and eight CPU devices, and the TPU when there is one.
 DEFAULT = ("cpu-1", "cpu-8", "tpu")
+
 
 class UnknownConfig(ValueError):
     pass

@@ -54,16 +54,32 @@ def _config(course: list[tuple[str, str]]) -> dict:
         "site_dir": str(SITE),
         "use_directory_urls": False,  # pages open from the file system, offline
         "strict": True,
-        "theme": {"name": "material", "font": False, "features": ["navigation.sections", "content.code.copy"]},
-        "markdown_extensions": ["tables", "admonition", "pymdownx.superfences", "pymdownx.details",
-                                {"toc": {"permalink": True}}],
-        "plugins": ["search", "offline", {"mkdocs-jupyter": {"execute": False, "include_source": False,
-                                                              "ignore_h1_titles": True}}],
+        "theme": {
+            "name": "material",
+            "font": False,
+            "features": ["navigation.sections", "content.code.copy"],
+        },
+        "markdown_extensions": [
+            "tables",
+            "admonition",
+            "pymdownx.superfences",
+            "pymdownx.details",
+            {"toc": {"permalink": True}},
+        ],
+        "plugins": [
+            "search",
+            "offline",
+            {"mkdocs-jupyter": {"execute": False, "include_source": False, "ignore_h1_titles": True}},
+        ],
         # The theme's offline plugin loads a small shim for search from unpkg.com unless one is named
         # here: the site names the copy it carries (iframe-worker 1.0.4, MIT, docs/vendor/).
         "extra": {"polyfills": ["vendor/iframe-worker-1.0.4-shim.js"]},
-        "validation": {"omitted_files": "warn", "absolute_links": "warn", "unrecognized_links": "warn",
-                       "anchors": "warn"},
+        "validation": {
+            "omitted_files": "warn",
+            "absolute_links": "warn",
+            "unrecognized_links": "warn",
+            "anchors": "warn",
+        },
         "nav": nav,
     }
 
@@ -100,15 +116,27 @@ def build(site: Path = SITE, sources: Path = SOURCES, root: Path = ROOT) -> int:
     config = assemble(sources, root)
     mkdocs = Path(sys.executable).with_name("mkdocs")
     if not mkdocs.exists():
-        print("error: mkdocs is not installed in this environment: `make docs` installs the `docs` group",
-              file=sys.stderr)
+        print(
+            "error: mkdocs is not installed in this environment: `make docs` installs the `docs` group",
+            file=sys.stderr,
+        )
         return 1
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", NO_COLOR="1")
     # Not --quiet: that hides the warnings --strict counts. MkDocs' INFO lines are left out.
     # mkdocs-jupyter keeps a cache of rendered notebooks in `.cache/` where it runs: beside the sources
-    done = subprocess.run([str(mkdocs), "build", "--strict", "-f", str(config), "-d", str(site)], env=env,
-                          cwd=sources.parent, capture_output=True, text=True, check=False)
-    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and not line.startswith("INFO")]
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-f", str(config), "-d", str(site)],
+        env=env,
+        cwd=sources.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    said = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.strip() and not line.startswith("INFO")
+    ]
     if said:
         print("\n".join(said), file=sys.stderr)
     if done.returncode == 0:

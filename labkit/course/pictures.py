@@ -28,9 +28,11 @@ FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
 
 
 def _svg(width: int, height: int, body: list[str], title: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">\n'
-            f"<title>{escape(title)}</title>\n" + "\n".join(body) + "\n</svg>\n")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">\n'
+        f"<title>{escape(title)}</title>\n" + "\n".join(body) + "\n</svg>\n"
+    )
 
 
 def _text(x: float, y: float, text: str, size: int = 12, anchor: str = "middle", fill: str = "#222") -> str:
@@ -62,8 +64,14 @@ print(json.dumps(out))
 def sharding_layouts(python: str = sys.executable) -> list:
     """For each of SPECS: [[(row range, column range), device ids], ...] for an 8 x 8 array, from JAX."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
-    done = subprocess.run([python, "-c", _LAYOUT_SCRIPT, json.dumps(SPECS)], env=env, capture_output=True,
-                          text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [python, "-c", _LAYOUT_SCRIPT, json.dumps(SPECS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -79,18 +87,30 @@ def sharding_svg(layouts: list) -> str:
             colour = COLOURS[devices[0] % len(COLOURS)] if len(devices) == 1 else "#bbbbbb"
             x, y = x0 + cols[0] * cell, top + rows[0] * cell
             w, h = (cols[1] - cols[0]) * cell, (rows[1] - rows[0]) * cell
-            body.append(f'<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{colour}" fill-opacity="0.55" '
-                        f'stroke="#333" stroke-width="1"/>')
+            body.append(
+                f'<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{colour}" fill-opacity="0.55" '
+                f'stroke="#333" stroke-width="1"/>'
+            )
             label = ",".join(str(d) for d in devices)
             body.append(_text(x + w / 2, y + h / 2 + 4, label, 11 if len(label) < 8 else 9))
-    body.append(_text(20, top + panel + 22, "An 8 x 8 array on a 2 x 4 mesh (axes 'rows', 'cols').", 11, "start"))
-    body.append(_text(20, top + panel + 38, "Each block names the devices that hold it; grey blocks are held by several.",
-                      11, "start"))
+    body.append(
+        _text(20, top + panel + 22, "An 8 x 8 array on a 2 x 4 mesh (axes 'rows', 'cols').", 11, "start")
+    )
+    body.append(
+        _text(
+            20,
+            top + panel + 38,
+            "Each block names the devices that hold it; grey blocks are held by several.",
+            11,
+            "start",
+        )
+    )
     return _svg(20 + 3 * panel + 2 * gap + 20, top + panel + 48, body, "Sharding layouts of an 8 x 8 array")
 
 
 # ---------------------------------------------------------------------------------------------
 # A pipeline schedule.
+
 
 def gpipe_schedule(stages: int, microbatches: int) -> dict[tuple[int, int], str]:
     """(stage, step) -> what it does: forward F<m> at step s + m, backward B<m> after every forward."""
@@ -112,15 +132,31 @@ def pipeline_svg(stages: int = 4, microbatches: int = 6) -> str:
         for t in range(steps):
             work = plan.get((s, t))
             colour = "#ffffff" if work is None else (COLOURS[0] if work.startswith("F") else COLOURS[1])
-            body.append(f'<rect x="{left + t * cell}" y="{top + s * cell}" width="{cell}" height="{cell}" '
-                        f'fill="{colour}" fill-opacity="{0.6 if work else 1}" stroke="#999"/>')
+            body.append(
+                f'<rect x="{left + t * cell}" y="{top + s * cell}" width="{cell}" height="{cell}" '
+                f'fill="{colour}" fill-opacity="{0.6 if work else 1}" stroke="#999"/>'
+            )
             if work:
                 body.append(_text(left + t * cell + cell / 2, top + s * cell + cell / 2 + 4, work, 10))
     idle = stages * steps - len(plan)
-    body.append(_text(left, top + stages * cell + 22, f"White cells are the bubble: {idle} of {stages * steps} "
-                      "stage-steps idle.", 11, "start"))
-    body.append(_text(left, top + stages * cell + 38, "In the forward pass alone, (stages - 1) / (microbatches + "
-                      "stages - 1) of each stage's time.", 11, "start"))
+    body.append(
+        _text(
+            left,
+            top + stages * cell + 22,
+            f"White cells are the bubble: {idle} of {stages * steps} stage-steps idle.",
+            11,
+            "start",
+        )
+    )
+    body.append(
+        _text(
+            left,
+            top + stages * cell + 38,
+            "In the forward pass alone, (stages - 1) / (microbatches + stages - 1) of each stage's time.",
+            11,
+            "start",
+        )
+    )
     return _svg(left + steps * cell + 20, top + stages * cell + 48, body, "A GPipe pipeline schedule")
 
 
@@ -128,11 +164,18 @@ def pipeline_svg(stages: int = 4, microbatches: int = 6) -> str:
 # The layers a graded notebook runs in.
 
 LAYERS = (
-    ("the kit's process (trusted: papermill, the judge)", "opens the run's scratch folder only through labkit/run/scratch.py"),
-    ("a bubblewrap sandbox (the warm server's, or a cold run's own)",
-     "no network, read-only system and kit folder, its own process ids, no capabilities"),
-    ("the run's own namespaces and limits (warm: nested by labkit/run/nest.py)",
-     "scratch/ the only writable place; cgroups for processes, memory, CPU; time and output caps"),
+    (
+        "the kit's process (trusted: papermill, the judge)",
+        "opens the run's scratch folder only through labkit/run/scratch.py",
+    ),
+    (
+        "a bubblewrap sandbox (the warm server's, or a cold run's own)",
+        "no network, read-only system and kit folder, its own process ids, no capabilities",
+    ),
+    (
+        "the run's own namespaces and limits (warm: nested by labkit/run/nest.py)",
+        "scratch/ the only writable place; cgroups for processes, memory, CPU; time and output caps",
+    ),
     ("the student's kernel", "runs the notebook; what it reports is signed, then judged outside"),
 )
 
@@ -144,8 +187,10 @@ def layers_svg() -> str:
     for k, (name, note) in enumerate(LAYERS):
         inset, top = k * 16, 10 + k * step
         bottom = height - 10 - k * margin
-        body.append(f'<rect x="{10 + inset}" y="{top}" width="{width - 20 - 2 * inset}" height="{bottom - top}" '
-                    f'rx="8" fill="{COLOURS[k % len(COLOURS)]}" fill-opacity="0.18" stroke="#555"/>')
+        body.append(
+            f'<rect x="{10 + inset}" y="{top}" width="{width - 20 - 2 * inset}" height="{bottom - top}" '
+            f'rx="8" fill="{COLOURS[k % len(COLOURS)]}" fill-opacity="0.18" stroke="#555"/>'
+        )
         body.append(_text(22 + inset, top + 17, name, 12, "start"))
         body.append(_text(22 + inset, top + 31, note, 10, "start", "#555"))
     return _svg(width, height, body, "The layers a graded notebook runs in")
@@ -157,14 +202,32 @@ def layers_svg() -> str:
 # (stage, the modules doing it, trusted?): in the order a submission goes through them. The student's
 # kernel is the one stage on the sandbox's side.
 STAGES = (
-    ("collect", "grading/collect.py (discover), grading/lms.py (collect), grading/roster.py, grading/history.py", True),
-    ("run", "run/execute.py, run/kernel.py (papermill); the kernel started by run/sandbox.py, run/warm.py", True),
+    (
+        "collect",
+        "grading/collect.py (discover), grading/lms.py (collect), grading/roster.py, grading/history.py",
+        True,
+    ),
+    (
+        "run",
+        "run/execute.py, run/kernel.py (papermill); the kernel started by run/sandbox.py, run/warm.py",
+        True,
+    ),
     ("the student's kernel", "cells; judge/harness.py, judge/plaindata.py, facts.py", False),
-    ("read back", "run/scratch.py: the signed results, never through a link; judge/verify.py runs the programs", True),
+    (
+        "read back",
+        "run/scratch.py: the signed results, never through a link; judge/verify.py runs the programs",
+        True,
+    ),
     ("judge", "judge/judge.py: a pytest session running the lab's tests (checks.py)", True),
     ("rows and cost cards", "grading/rows.py (make_row), grading/policy.py, cost.py (chips.toml)", True),
-    ("outputs", ("grading/scoreboard.py, grading/pages.py, grading/leaderboard.py, student/report.py, "
-                 "grading/gradescope.py"), True),
+    (
+        "outputs",
+        (
+            "grading/scoreboard.py, grading/pages.py, grading/leaderboard.py, student/report.py, "
+            "grading/gradescope.py"
+        ),
+        True,
+    ),
 )
 
 
@@ -173,45 +236,77 @@ def architecture_svg() -> str:
     trusted_w, sandbox_x = 600, 630
     rows = len(STAGES)
     height = top + rows * (box_h + gap) + 40
-    marker = ('<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
-              '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>')
-    body = [marker,
-            _text(10 + trusted_w / 2, 20, "the kit's process: trusted", 13),
-            _text(sandbox_x + (width - 10 - sandbox_x) / 2, 20, "bubblewrap sandbox: untrusted", 13)]
+    marker = (
+        '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+        '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>'
+    )
+    body = [
+        marker,
+        _text(10 + trusted_w / 2, 20, "the kit's process: trusted", 13),
+        _text(sandbox_x + (width - 10 - sandbox_x) / 2, 20, "bubblewrap sandbox: untrusted", 13),
+    ]
     x_line = (10 + trusted_w + sandbox_x) / 2
-    body.append(f'<line x1="{x_line}" y1="28" x2="{x_line}" y2="{height - 44}" stroke="#a4161a" '
-                'stroke-width="2" stroke-dasharray="6 4"/>')
+    body.append(
+        f'<line x1="{x_line}" y1="28" x2="{x_line}" y2="{height - 44}" stroke="#a4161a" '
+        'stroke-width="2" stroke-dasharray="6 4"/>'
+    )
     centres = []
     for k, (stage, modules, trusted) in enumerate(STAGES):
         y = top + k * (box_h + gap)
         x, w = (10, trusted_w) if trusted else (sandbox_x, width - 10 - sandbox_x)
         colour = COLOURS[0] if trusted else COLOURS[2]
-        body.append(f'<rect x="{x}" y="{y}" width="{w}" height="{box_h}" rx="6" fill="{colour}" '
-                    'fill-opacity="0.15" stroke="#555"/>')
+        body.append(
+            f'<rect x="{x}" y="{y}" width="{w}" height="{box_h}" rx="6" fill="{colour}" '
+            'fill-opacity="0.15" stroke="#555"/>'
+        )
         body.append(_text(x + 10, y + 16, f"{k + 1}. {stage}", 12, "start"))
         body.append(_text(x + 10, y + 31, modules, 10, "start", "#444"))
         centres.append((x, w, y))
     for (x0, w0, y0), (x1, w1, y1) in itertools.pairwise(centres):
         if x0 == x1:  # straight down
-            body.append(f'<line x1="{x0 + 40}" y1="{y0 + box_h}" x2="{x1 + 40}" y2="{y1 - 1}" stroke="#555" '
-                        'marker-end="url(#arrow)"/>')
+            body.append(
+                f'<line x1="{x0 + 40}" y1="{y0 + box_h}" x2="{x1 + 40}" y2="{y1 - 1}" stroke="#555" '
+                'marker-end="url(#arrow)"/>'
+            )
         else:  # across the boundary
             right = x1 > x0
             a = (x0 + w0 if right else x0, y0 + box_h / 2)
             b = (x1 - 2 if right else x1 + w1 + 2, y1 + box_h / 2)
-            body.append(f'<line x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#555" '
-                        'marker-end="url(#arrow)"/>')
-    body.append(_text(10, height - 26, "Configurations (course/configs.py) and where the labs are (course/catalog.py) "
-                      "are data that every stage asks for;", 10, "start"))
-    body.append(_text(10, height - 12, "the engines (grade --shard, grading/slurm.py, infra/k8s) run this same "
-                      "pipeline on parts of a class, and merge.", 10, "start"))
+            body.append(
+                f'<line x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#555" '
+                'marker-end="url(#arrow)"/>'
+            )
+    body.append(
+        _text(
+            10,
+            height - 26,
+            "Configurations (course/configs.py) and where the labs are (course/catalog.py) "
+            "are data that every stage asks for;",
+            10,
+            "start",
+        )
+    )
+    body.append(
+        _text(
+            10,
+            height - 12,
+            "the engines (grade --shard, grading/slurm.py, infra/k8s) run this same "
+            "pipeline on parts of a class, and merge.",
+            10,
+            "start",
+        )
+    )
     return _svg(width, height, body, "The grading pipeline and its trust boundary")
 
 
 def write_all(out: Path, python: str = sys.executable) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    pictures = {"sharding.svg": sharding_svg(sharding_layouts(python)), "pipeline.svg": pipeline_svg(),
-                "layers.svg": layers_svg(), "architecture.svg": architecture_svg()}
+    pictures = {
+        "sharding.svg": sharding_svg(sharding_layouts(python)),
+        "pipeline.svg": pipeline_svg(),
+        "layers.svg": layers_svg(),
+        "architecture.svg": architecture_svg(),
+    }
     for name, text in pictures.items():
         (out / name).write_text(text)
     return [out / name for name in pictures]

@@ -26,7 +26,17 @@ import nbformat
 from labkit.course import authoring, catalog
 
 # What a release holds, relative to the kit's root: folders and files, in this order.
-CONTENTS = ("labkit", "tests/public", "docs", "Makefile", "noxfile.py", "pyproject.toml", "uv.lock", "README.md", "BENCHMARKS.md")
+CONTENTS = (
+    "labkit",
+    "tests/public",
+    "docs",
+    "Makefile",
+    "noxfile.py",
+    "pyproject.toml",
+    "uv.lock",
+    "README.md",
+    "BENCHMARKS.md",
+)
 # Never copied, wherever they sit.
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", ".pytest_cache")
 # Folders whose presence alone is a leak.
@@ -108,7 +118,9 @@ def leaks(folder: Path, root: Path = catalog.ROOT) -> list[str]:
     for path, text in _text_files(folder):
         rel = path.relative_to(folder).as_posix()
         in_notebook = path.suffix == ".ipynb" and ("BEGIN SOLUTION" in text or "END SOLUTION" in text)
-        as_a_line = rel not in DOCUMENTS_MARKERS and any(authoring.BEGIN.match(line) for line in text.splitlines())
+        as_a_line = rel not in DOCUMENTS_MARKERS and any(
+            authoring.BEGIN.match(line) for line in text.splitlines()
+        )
         if in_notebook or as_a_line:
             problems.append(f"{rel} contains a solution marker")
         if rel.startswith(KIT_CODE):
@@ -133,8 +145,12 @@ def _archive(folder: Path) -> Path:
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tar.add(folder, arcname=folder.name, recursive=False, filter=normalise)
         for path in sorted(folder.rglob("*")):
-            tar.add(path, arcname=f"{folder.name}/{path.relative_to(folder).as_posix()}", recursive=False,
-                    filter=normalise)
+            tar.add(
+                path,
+                arcname=f"{folder.name}/{path.relative_to(folder).as_posix()}",
+                recursive=False,
+                filter=normalise,
+            )
     with open(target, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
         gz.write(buffer.getvalue())
     return target
@@ -173,6 +189,8 @@ def build(out: Path, root: Path = catalog.ROOT) -> Path:
     (out / MARKER).write_text("A student release of the lab kit, built by `python -m labkit release`.\n")
     found = leaks(out, root)
     if found:
-        raise LeakedSolution(f"the release in {out} would give answers away, so no archive was written:\n  "
-                             + "\n  ".join(found))
+        raise LeakedSolution(
+            f"the release in {out} would give answers away, so no archive was written:\n  "
+            + "\n  ".join(found)
+        )
     return _archive(out)

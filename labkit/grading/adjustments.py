@@ -47,12 +47,16 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
     header = [h.strip().lower() for h in reader.fieldnames or []]
     missing = {"student", "lab", "points", "comment"} - set(header)
     if missing:
-        raise AdjustmentError(f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
-                              f"{', '.join(sorted(missing))} (expected {','.join(COLUMNS)})")
+        raise AdjustmentError(
+            f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(sorted(missing))} (expected {','.join(COLUMNS)})"
+        )
     unknown = sorted(set(header) - set(COLUMNS))
     if unknown:
-        raise AdjustmentError(f"{source}, line 1: unknown column{'s' if len(unknown) > 1 else ''} "
-                              f"{', '.join(unknown)} (expected {','.join(COLUMNS)})")
+        raise AdjustmentError(
+            f"{source}, line 1: unknown column{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)} (expected {','.join(COLUMNS)})"
+        )
     reader.fieldnames = header
     out: list[dict] = []
     items: dict[tuple[int, str], tuple[float, int]] = {}
@@ -61,8 +65,10 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
         n = reader.line_num
         where = f"{source}, line {n}"
         if None in line:
-            raise AdjustmentError(f"{where}: more cells than the header has columns (put a comment with a comma "
-                                  "in double quotes)")
+            raise AdjustmentError(
+                f"{where}: more cells than the header has columns (put a comment with a comma "
+                "in double quotes)"
+            )
         get = {c: (line.get(c) or "").strip() for c in COLUMNS}
         if not any(get.values()):
             continue
@@ -70,27 +76,40 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
             raise AdjustmentError(f"{where}: no student {get['student']!r} in this class")
         lab = get["lab"].removeprefix("lab-")
         if not lab.isdigit() or int(lab) not in labs:
-            raise AdjustmentError(f"{where}: no lab {get['lab']!r} graded here "
-                                  f"(labs: {', '.join(map(str, sorted(labs)))})")
+            raise AdjustmentError(
+                f"{where}: no lab {get['lab']!r} graded here (labs: {', '.join(map(str, sorted(labs)))})"
+            )
         if not get["comment"]:
-            raise AdjustmentError(f"{where}: a comment is required: it is what the student reads about these points")
+            raise AdjustmentError(
+                f"{where}: a comment is required: it is what the student reads about these points"
+            )
         points = _number(get["points"], "points", where)
-        entry: dict = {"student": get["student"], "lab": int(lab), "points": points, "comment": get["comment"],
-                       "line": n}
+        entry: dict = {
+            "student": get["student"],
+            "lab": int(lab),
+            "points": points,
+            "comment": get["comment"],
+            "line": n,
+        }
         if get["item"]:
             if not get["max"]:
-                raise AdjustmentError(f"{where}: the rubric item {get['item']!r} needs its max (the points it is worth)")
+                raise AdjustmentError(
+                    f"{where}: the rubric item {get['item']!r} needs its max (the points it is worth)"
+                )
             most = _number(get["max"], "max", where)
             if most <= 0:
                 raise AdjustmentError(f"{where}: max must be more than 0, got {get['max']!r}")
             key = (entry["lab"], get["item"])
             if key in items and items[key][0] != most:
-                raise AdjustmentError(f"{where}: the rubric item {get['item']!r} of lab {lab} is worth {most:g} here "
-                                      f"but {items[key][0]:g} on line {items[key][1]}")
+                raise AdjustmentError(
+                    f"{where}: the rubric item {get['item']!r} of lab {lab} is worth {most:g} here "
+                    f"but {items[key][0]:g} on line {items[key][1]}"
+                )
             items.setdefault(key, (most, n))
             if not 0 <= points <= most:
-                raise AdjustmentError(f"{where}: points must be between 0 and the item's max {most:g}, "
-                                      f"got {get['points']!r}")
+                raise AdjustmentError(
+                    f"{where}: points must be between 0 and the item's max {most:g}, got {get['points']!r}"
+                )
             mark = (entry["student"], *key)
             if mark in seen:
                 raise AdjustmentError(f"{where}: grades the same rubric item as line {seen[mark]}")
@@ -99,8 +118,9 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
         elif get["max"]:
             raise AdjustmentError(f"{where}: max is for a rubric item: name the item, or leave max empty")
         elif points == 0:
-            raise AdjustmentError(f"{where}: an adjustment of 0 points changes nothing; give the points it adds "
-                                  "or takes away")
+            raise AdjustmentError(
+                f"{where}: an adjustment of 0 points changes nothing; give the points it adds or takes away"
+            )
         out.append(entry)
     return out
 

@@ -51,25 +51,37 @@ def connect(url: str, course_id: int | str, environ=os.environ):
 
     token = environ.get(TOKEN_VARIABLE, "").strip()
     if not token:
-        raise CanvasError(f"no Canvas token: set {TOKEN_VARIABLE} to an access token of a teacher or TA of the "
-                          "course (Canvas: Account > Settings > New access token); it is never printed")
+        raise CanvasError(
+            f"no Canvas token: set {TOKEN_VARIABLE} to an access token of a teacher or TA of the "
+            "course (Canvas: Account > Settings > New access token); it is never printed"
+        )
     parts = urlsplit(url)
-    if parts.scheme != "https" and not (parts.scheme == "http" and parts.hostname in {h.strip("[]") for h in LOCAL}):
+    if parts.scheme != "https" and not (
+        parts.scheme == "http" and parts.hostname in {h.strip("[]") for h in LOCAL}
+    ):
         raise CanvasError(f"{url}: the token is only sent over https:// (give the address as https://...)")
     if parts.path not in ("", "/"):
-        raise CanvasError(f"{url}: give the Canvas site's address alone (https://canvas.uni.edu), not a page of it")
+        raise CanvasError(
+            f"{url}: give the Canvas site's address alone (https://canvas.uni.edu), not a page of it"
+        )
     try:
-        with warnings.catch_warnings():  # its warning on http://, which is only ever this machine's (a test's)
+        with (
+            warnings.catch_warnings()
+        ):  # its warning on http://, which is only ever this machine's (a test's)
             warnings.simplefilter("ignore", UserWarning)
             site = canvasapi.Canvas(url.rstrip("/"), token)
         return site.get_course(int(course_id))
     except (exceptions.InvalidAccessToken, exceptions.Unauthorized):
-        raise CanvasError(f"Canvas refused the token in {TOKEN_VARIABLE} for course {course_id}: it has expired, "
-                          "or its user does not teach the course") from None
+        raise CanvasError(
+            f"Canvas refused the token in {TOKEN_VARIABLE} for course {course_id}: it has expired, "
+            "or its user does not teach the course"
+        ) from None
     except exceptions.ResourceDoesNotExist:
         raise CanvasError(f"{url} has no course {course_id} (the number in the course's address)") from None
     except (exceptions.CanvasException, OSError, ValueError) as e:
-        raise CanvasError(f"Canvas at {url} could not be reached or answered an error: {_safe(e, token)}") from None
+        raise CanvasError(
+            f"Canvas at {url} could not be reached or answered an error: {_safe(e, token)}"
+        ) from None
 
 
 def _safe(error: Exception, token: str) -> str:
@@ -82,14 +94,19 @@ def _call(what: str, fn, *args, **kwargs):
 
     try:
         found = fn(*args, **kwargs)
-        return list(found) if hasattr(found, "__iter__") and not isinstance(found, (dict, str, bytes)) else found
+        return (
+            list(found) if hasattr(found, "__iter__") and not isinstance(found, (dict, str, bytes)) else found
+        )
     except (exceptions.CanvasException, OSError) as e:
-        raise CanvasError(f"Canvas could not {what}: {_safe(e, os.environ.get(TOKEN_VARIABLE, ''))}") from None
+        raise CanvasError(
+            f"Canvas could not {what}: {_safe(e, os.environ.get(TOKEN_VARIABLE, ''))}"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------
 # The roster.
 # ----------------------------------------------------------------------------------------
+
 
 def roster_csv(course) -> tuple[str, list[str]]:
     """(the kit's roster CSV of the course's students, notes on students left out)."""
@@ -99,8 +116,12 @@ def roster_csv(course) -> tuple[str, list[str]]:
     from labkit.grading.scoreboard import _cell
 
     sections = {s.id: s.name for s in _call("list the course's sections", course.get_sections)}
-    users = _call("list the course's students", course.get_users, enrollment_type=["student"],
-                  include=["email", "enrollments"])
+    users = _call(
+        "list the course's students",
+        course.get_users,
+        enrollment_type=["student"],
+        include=["email", "enrollments"],
+    )
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["student", "name", "email", "lms_id", "section"])
@@ -109,12 +130,22 @@ def roster_csv(course) -> tuple[str, list[str]]:
         sid = str(getattr(user, "sis_user_id", None) or getattr(user, "login_id", None) or "")
         name = getattr(user, "sortable_name", None) or getattr(user, "name", "")
         if not sid:
-            notes.append(f"{name} (Canvas user {user.id}): neither a SIS User ID nor a login id, left out; add them "
-                         "to the roster by hand")
+            notes.append(
+                f"{name} (Canvas user {user.id}): neither a SIS User ID nor a login id, left out; add them "
+                "to the roster by hand"
+            )
             continue
-        section = next((sections.get(e.get("course_section_id"), "") for e in getattr(user, "enrollments", None) or []
-                        if e.get("type") == "StudentEnrollment"), "")
-        w.writerow([_cell(sid), _cell(name), _cell(getattr(user, "email", "") or ""), user.id, _cell(section)])
+        section = next(
+            (
+                sections.get(e.get("course_section_id"), "")
+                for e in getattr(user, "enrollments", None) or []
+                if e.get("type") == "StudentEnrollment"
+            ),
+            "",
+        )
+        w.writerow(
+            [_cell(sid), _cell(name), _cell(getattr(user, "email", "") or ""), user.id, _cell(section)]
+        )
     return buf.getvalue(), notes
 
 
@@ -122,11 +153,14 @@ def roster_csv(course) -> tuple[str, list[str]]:
 # Submissions, with their real times.
 # ----------------------------------------------------------------------------------------
 
+
 def collect(course, people, grading: policy.Policy, into: Path, labs: list[int] | None = None) -> list[str]:
     """Each lab's notebooks into INTO as a download lms.py reads, with MANIFEST; notes on what was left out."""
     if not grading.canvas:
-        raise CanvasError("the policy gives no lab a canvas_id ([labs.N] canvas_id = the assignment's number): "
-                          "the kit cannot tell which Canvas assignment is which lab")
+        raise CanvasError(
+            "the policy gives no lab a canvas_id ([labs.N] canvas_id = the assignment's number): "
+            "the kit cannot tell which Canvas assignment is which lab"
+        )
     by_lms = people.by("lms_id")
     manifest: dict[str, dict] = {}
     notes = []
@@ -134,22 +168,34 @@ def collect(course, people, grading: policy.Policy, into: Path, labs: list[int] 
     for lab, assignment_id in sorted(grading.canvas.items()):
         if labs and lab not in labs:
             continue
-        assignment = _call(f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id)
+        assignment = _call(
+            f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id
+        )
         for sub in _call(f"list the submissions of assignment {assignment_id}", assignment.get_submissions):
             student = by_lms.get(str(sub.user_id))
             if getattr(sub, "workflow_state", "") == "unsubmitted" or not getattr(sub, "submitted_at", None):
                 continue
             if student is None:
-                notes.append(f"lab-{lab}: Canvas user {sub.user_id} is on no roster line (column lms_id): not graded")
+                notes.append(
+                    f"lab-{lab}: Canvas user {sub.user_id} is on no roster line (column lms_id): not graded"
+                )
                 continue
-            files = [a for a in getattr(sub, "attachments", None) or [] if str(_attr(a, "filename")).endswith(".ipynb")]
+            files = [
+                a
+                for a in getattr(sub, "attachments", None) or []
+                if str(_attr(a, "filename")).endswith(".ipynb")
+            ]
             if len(files) != 1:
-                notes.append(f"lab-{lab}: {student} handed in {len(files)} notebooks (.ipynb) on Canvas: "
-                             f"{'none' if not files else 'which one is the lab cannot be told'}; not graded")
+                notes.append(
+                    f"lab-{lab}: {student} handed in {len(files)} notebooks (.ipynb) on Canvas: "
+                    f"{'none' if not files else 'which one is the lab cannot be told'}; not graded"
+                )
                 continue
             if not _same_site(_attr(files[0], "url"), course):
-                notes.append(f"lab-{lab}: {student}'s notebook is at another site than the course's: not fetched "
-                             "(the token is only sent to the Canvas site); download it by hand")
+                notes.append(
+                    f"lab-{lab}: {student}'s notebook is at another site than the course's: not fetched "
+                    "(the token is only sent to the Canvas site); download it by hand"
+                )
                 continue
             data = _call(f"download {student}'s notebook for lab {lab}", files[0].get_contents, binary=True)
             if len(data) > MAX_NOTEBOOK:
@@ -157,11 +203,20 @@ def collect(course, people, grading: policy.Policy, into: Path, labs: list[int] 
                 continue
             name = f"{student}/lab-{lab}.ipynb"
             write_atomic(into / name, data)
-            manifest[name] = {"user_id": str(sub.user_id), "lab": lab, "assignment": assignment_id,
-                              "submitted_at": sub.submitted_at, "late": bool(getattr(sub, "late", False)),
-                              "seconds_late": getattr(sub, "seconds_late", None), "attempt": getattr(sub, "attempt", None)}
-    write_atomic(into / MANIFEST, json.dumps({"format": 1, "source": "canvas-api", "submissions": manifest},
-                                             indent=1, sort_keys=True) + "\n")
+            manifest[name] = {
+                "user_id": str(sub.user_id),
+                "lab": lab,
+                "assignment": assignment_id,
+                "submitted_at": sub.submitted_at,
+                "late": bool(getattr(sub, "late", False)),
+                "seconds_late": getattr(sub, "seconds_late", None),
+                "attempt": getattr(sub, "attempt", None),
+            }
+    write_atomic(
+        into / MANIFEST,
+        json.dumps({"format": 1, "source": "canvas-api", "submissions": manifest}, indent=1, sort_keys=True)
+        + "\n",
+    )
     return notes
 
 
@@ -180,6 +235,7 @@ def _attr(thing, name: str):
 # Grades and feedback back to Canvas.
 # ----------------------------------------------------------------------------------------
 
+
 def differences(course, results: dict, excused: bool = False) -> list[dict]:
     """Per lab with a canvas_id and per student with an lms_id: what Canvas has and what the kit gives, where they differ."""
     from labkit.grading.lms import _weighted
@@ -188,9 +244,13 @@ def differences(course, results: dict, excused: bool = False) -> list[dict]:
     grades = policy.grades(results)
     out = []
     for lab, assignment_id in sorted(grading.canvas.items()):
-        assignment = _call(f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id)
-        now = {str(s.user_id): s for s in _call(f"list the submissions of assignment {assignment_id}",
-                                                 assignment.get_submissions)}
+        assignment = _call(
+            f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id
+        )
+        now = {
+            str(s.user_id): s
+            for s in _call(f"list the submissions of assignment {assignment_id}", assignment.get_submissions)
+        }
         for student, mine in sorted(grades["students"].items()):
             user = results.get("students", {}).get(student, {}).get("lms_id")
             p = mine["labs"].get(str(lab))
@@ -203,11 +263,23 @@ def differences(course, results: dict, excused: bool = False) -> list[dict]:
             else:
                 kit = str(_weighted(p, "points"))
             there = now.get(str(user))
-            canvas_has = ("EX" if getattr(there, "excused", False) else
-                          _number(getattr(there, "score", None))) if there is not None else None
+            canvas_has = (
+                ("EX" if getattr(there, "excused", False) else _number(getattr(there, "score", None)))
+                if there is not None
+                else None
+            )
             if canvas_has != kit:
-                out.append({"lab": lab, "assignment": assignment_id, "student": student, "user_id": str(user),
-                            "canvas": canvas_has, "kit": kit, "assignment_object": assignment})
+                out.append(
+                    {
+                        "lab": lab,
+                        "assignment": assignment_id,
+                        "student": student,
+                        "user_id": str(user),
+                        "canvas": canvas_has,
+                        "kit": kit,
+                        "assignment_object": assignment,
+                    }
+                )
     return out
 
 
@@ -225,9 +297,17 @@ def apply(changes: list[dict]) -> list:
         by_assignment.setdefault(change["assignment"], []).append(change)
     done = []
     for assignment_id, items in sorted(by_assignment.items()):
-        data = {c["user_id"]: ({"excuse": "true"} if c["kit"] == "EX" else {"posted_grade": c["kit"]}) for c in items}
-        done.append(_call(f"update the grades of assignment {assignment_id}",
-                          items[0]["assignment_object"].submissions_bulk_update, grade_data=data))
+        data = {
+            c["user_id"]: ({"excuse": "true"} if c["kit"] == "EX" else {"posted_grade": c["kit"]})
+            for c in items
+        }
+        done.append(
+            _call(
+                f"update the grades of assignment {assignment_id}",
+                items[0]["assignment_object"].submissions_bulk_update,
+                grade_data=data,
+            )
+        )
     return done
 
 
@@ -236,9 +316,17 @@ def comment(course, results: dict, text_of) -> tuple[int, int]:
     grading = policy.Policy.from_json(results.get("policy"))
     sent = kept = 0
     for lab, assignment_id in sorted(grading.canvas.items()):
-        assignment = _call(f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id)
-        now = {str(s.user_id): s for s in _call(f"list the submissions of assignment {assignment_id}",
-                                                 assignment.get_submissions, include=["submission_comments"])}
+        assignment = _call(
+            f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id
+        )
+        now = {
+            str(s.user_id): s
+            for s in _call(
+                f"list the submissions of assignment {assignment_id}",
+                assignment.get_submissions,
+                include=["submission_comments"],
+            )
+        }
         for student, info in sorted(results.get("students", {}).items()):
             user = str(info.get("lms_id") or "")
             if user not in now:
@@ -247,7 +335,11 @@ def comment(course, results: dict, text_of) -> tuple[int, int]:
             if any(c.get("comment") == text for c in getattr(now[user], "submission_comments", None) or []):
                 kept += 1
                 continue
-            _call(f"comment on {student}'s submission of lab {lab}", now[user].edit, comment={"text_comment": text})
+            _call(
+                f"comment on {student}'s submission of lab {lab}",
+                now[user].edit,
+                comment={"text_comment": text},
+            )
             sent += 1
     return sent, kept
 
@@ -256,19 +348,27 @@ def show(changes: list[dict], stream=sys.stdout) -> None:
     if not changes:
         print("Canvas already has every grade the kit gives: nothing to change.", file=stream)
         return
-    print(f"{len(changes)} grade{'s' if len(changes) != 1 else ''} differ (lab, student, Canvas now -> the kit's):",
-          file=stream)
+    print(
+        f"{len(changes)} grade{'s' if len(changes) != 1 else ''} differ (lab, student, Canvas now -> the kit's):",
+        file=stream,
+    )
     for c in changes:
-        print(f"  lab-{c['lab']}  {c['student']:<20} {c['canvas'] if c['canvas'] is not None else '(none)':>8} -> "
-              f"{c['kit']}", file=stream)
+        print(
+            f"  lab-{c['lab']}  {c['student']:<20} {c['canvas'] if c['canvas'] is not None else '(none)':>8} -> "
+            f"{c['kit']}",
+            file=stream,
+        )
 
 
 # ----------------------------------------------------------------------------------------
 # The command line: python -m labkit canvas roster|collect|push.
 # ----------------------------------------------------------------------------------------
 
+
 def add_parser(sub) -> None:
-    canvas = sub.add_parser("canvas", help=f"Canvas through its API (token in {TOKEN_VARIABLE}): roster, collect, push")
+    canvas = sub.add_parser(
+        "canvas", help=f"Canvas through its API (token in {TOKEN_VARIABLE}): roster, collect, push"
+    )
     steps = canvas.add_subparsers(dest="step", required=True)
 
     def common(p) -> None:
@@ -279,20 +379,36 @@ def add_parser(sub) -> None:
     common(r)
     r.add_argument("--out", required=True, type=Path, help="the roster CSV to write")
     r.set_defaults(func=_roster)
-    c = steps.add_parser("collect", help="each lab's notebooks with their real submission times, for `make grade`")
+    c = steps.add_parser(
+        "collect", help="each lab's notebooks with their real submission times, for `make grade`"
+    )
     common(c)
     c.add_argument("--roster", required=True, type=Path)
-    c.add_argument("--policy", type=Path, default=None, help="the policy whose [labs.N] canvas_id name the assignments")
-    c.add_argument("--labs", default=None, help="comma-separated lab numbers (default: every one with a canvas_id)")
-    c.add_argument("--out", required=True, type=Path, help="the folder to write (then: make grade SUBMISSIONS=OUT)")
+    c.add_argument(
+        "--policy", type=Path, default=None, help="the policy whose [labs.N] canvas_id name the assignments"
+    )
+    c.add_argument(
+        "--labs", default=None, help="comma-separated lab numbers (default: every one with a canvas_id)"
+    )
+    c.add_argument(
+        "--out", required=True, type=Path, help="the folder to write (then: make grade SUBMISSIONS=OUT)"
+    )
     c.set_defaults(func=_collect)
-    p = steps.add_parser("push", help="grades (and feedback) of a graded folder to Canvas: the differences first")
+    p = steps.add_parser(
+        "push", help="grades (and feedback) of a graded folder to Canvas: the differences first"
+    )
     common(p)
     p.add_argument("folder", type=Path, help="the --out folder of a grading run")
     p.add_argument("--apply", action="store_true", help="send the differences (without it: only show them)")
-    p.add_argument("--comments", action="store_true", help="with --apply: each student's feedback as a comment")
-    p.add_argument("--missing", choices=("blank", "excused"), default="blank",
-                   help="a lab not handed in: left as Canvas has it, or excused (default %(default)s)")
+    p.add_argument(
+        "--comments", action="store_true", help="with --apply: each student's feedback as a comment"
+    )
+    p.add_argument(
+        "--missing",
+        choices=("blank", "excused"),
+        default="blank",
+        help="a lab not handed in: left as Canvas has it, or excused (default %(default)s)",
+    )
     p.set_defaults(func=_push)
 
 
@@ -338,8 +454,10 @@ def _push(args) -> int:
     try:
         results = scoreboard.read(args.folder)
         if results.get("provisional"):
-            raise CanvasError(f"these grades are {results['provisional']}: grade again with every required "
-                              "configuration before sending them to Canvas")
+            raise CanvasError(
+                f"these grades are {results['provisional']}: grade again with every required "
+                "configuration before sending them to Canvas"
+            )
         course = connect(args.url, args.course)
         changes = differences(course, results, excused=args.missing == "excused")
         show(changes)

@@ -33,16 +33,21 @@ class ReferenceBroken(GradeError):
 # What there is to grade.
 # ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Submissions:
     students: dict[str, dict[int, Path]] = field(default_factory=dict)  # student -> lab -> path
     notes: dict[str, list[str]] = field(default_factory=dict)  # student -> what was ignored, and why
     class_notes: list[str] = field(default_factory=list)  # entries of the folder that are not students
-    refused: dict[tuple[str, int], str] = field(default_factory=dict)  # (student, lab) -> why it is not graded
+    refused: dict[tuple[str, int], str] = field(
+        default_factory=dict
+    )  # (student, lab) -> why it is not graded
 
 
-LINKED = ("symlink: {what} is a symbolic link, and a link is never followed into the grader (it could name "
-          "another student's notebook or a file of the machine); hand in the notebook itself")
+LINKED = (
+    "symlink: {what} is a symbolic link, and a link is never followed into the grader (it could name "
+    "another student's notebook or a file of the machine); hand in the notebook itself"
+)
 
 
 def discover(folder: Path, known_labs: list[int]) -> Submissions:
@@ -61,8 +66,9 @@ def discover(folder: Path, known_labs: list[int]) -> Submissions:
                 subs.refused[(entry.name, number)] = LINKED.format(what="the student folder")
             continue
         if not entry.is_dir():
-            subs.class_notes.append(f"{entry.name}: ignored, not a student folder "
-                                    "(submissions go in <student_id>/lab-<N>.ipynb)")
+            subs.class_notes.append(
+                f"{entry.name}: ignored, not a student folder (submissions go in <student_id>/lab-<N>.ipynb)"
+            )
             continue
         student = entry.name
         found: dict[int, Path] = {}
@@ -76,7 +82,11 @@ def discover(folder: Path, known_labs: list[int]) -> Submissions:
                 if number in known_labs and item.is_symlink():
                     subs.refused[(student, number)] = LINKED.format(what=item.name)
                     notes.append(f"{item.name}: refused, it is a symbolic link")
-                elif number in known_labs and not stat.S_ISREG(mode := item.lstat().st_mode) and not stat.S_ISDIR(mode):
+                elif (
+                    number in known_labs
+                    and not stat.S_ISREG(mode := item.lstat().st_mode)
+                    and not stat.S_ISDIR(mode)
+                ):
                     subs.refused[(student, number)] = f"{item.name} is not a regular file"
                     notes.append(f"{item.name}: refused, it is not a regular file")
                 elif number in known_labs:
@@ -140,7 +150,9 @@ def choose_labs(text: str | None) -> list[catalog.Lab]:
     chosen = list(dict.fromkeys(chosen))
     without = [lab.name for lab in chosen if not lab.reference.exists()]
     if without:
-        raise GradeError(f"no reference solution for {', '.join(without)}: grading needs reference/lab-N.ipynb")
+        raise GradeError(
+            f"no reference solution for {', '.join(without)}: grading needs reference/lab-N.ipynb"
+        )
     if not chosen:
         raise GradeError("there are no labs to grade")
     return chosen

@@ -44,7 +44,7 @@ def scrub(text: str, student: str = "") -> str:
                 return path.split(mark, 1)[1]
         parts = [p for p in path.split("/") if p]
         if student and student in parts:
-            return "/".join(parts[len(parts) - parts[::-1].index(student):]) or student
+            return "/".join(parts[len(parts) - parts[::-1].index(student) :]) or student
         return parts[-1]
 
     return _PATH.sub(relative, str(text))
@@ -67,8 +67,14 @@ def _tests(configs: list[dict], rows: list[dict | None], hidden_messages: bool, 
             say = t["message"] if t["message"] and t["status"] != "passed" else ""
             if by["hidden"] and not hidden_messages:
                 say = ""
-            cells.append({"config": c["name"], "status": t["status"], "mark": MARK.get(t["status"], t["status"]),
-                          "message": clean(say)})
+            cells.append(
+                {
+                    "config": c["name"],
+                    "status": t["status"],
+                    "mark": MARK.get(t["status"], t["status"]),
+                    "message": clean(say),
+                }
+            )
         shown.append({"test": test, "label": test_label(test), "hidden": by["hidden"], "cells": cells})
     return shown
 
@@ -81,16 +87,30 @@ def _runs(configs: list[dict], rows: list[dict | None], tests: list[dict], clean
             continue
         finished = r["status"] not in ("error", "timeout")
         mine = [t | {"cell": t["cells"][i]} for t in tests if t["cells"][i] is not None] if finished else []
-        out.append({"config": c["name"], "status": r["status"], "passed": r["passed"], "total": r["total"],
-                    "problem": clean(r["message"]) if r["status"] in ("missing", "skipped", "error", "timeout") else "",
-                    "notes": [clean(n) for n in r.get("notes", [])],
-                    "public": [t for t in mine if not t["hidden"]], "hidden": [t for t in mine if t["hidden"]],
-                    "cell_errors": [{"cell": e.get("cell"), "type": e.get("type", ""), "message": clean(e.get("message", ""))}
-                                    for e in r.get("cell_errors", [])]})
+        out.append(
+            {
+                "config": c["name"],
+                "status": r["status"],
+                "passed": r["passed"],
+                "total": r["total"],
+                "problem": clean(r["message"])
+                if r["status"] in ("missing", "skipped", "error", "timeout")
+                else "",
+                "notes": [clean(n) for n in r.get("notes", [])],
+                "public": [t for t in mine if not t["hidden"]],
+                "hidden": [t for t in mine if t["hidden"]],
+                "cell_errors": [
+                    {"cell": e.get("cell"), "type": e.get("type", ""), "message": clean(e.get("message", ""))}
+                    for e in r.get("cell_errors", [])
+                ],
+            }
+        )
     return out
 
 
-def lab_part(results: dict, lab: dict, student: str, sid: str, index: dict, hidden_messages: bool, clean) -> dict:
+def lab_part(
+    results: dict, lab: dict, student: str, sid: str, index: dict, hidden_messages: bool, clean
+) -> dict:
     """One lab of one student: the outcome on each configuration, test by test."""
     configs = configs_of(results)
     rows = [index.get((student, lab["number"], c["name"])) for c in configs]
@@ -100,18 +120,36 @@ def lab_part(results: dict, lab: dict, student: str, sid: str, index: dict, hidd
     for run, row in zip(runs, [r for r in rows if r is not None]):
         run["card"] = "\n".join(cost_card(lab, run["config"], row)) if row.get("costs") else ""
     return {
-        "number": lab["number"], "name": lab["name"], "anchor": f"{sid}-{lab['number']}", "title": lab_title(lab),
+        "number": lab["number"],
+        "name": lab["name"],
+        "anchor": f"{sid}-{lab['number']}",
+        "title": lab_title(lab),
         "graded": any(rows),
-        "summary": ", ".join(f"{c['name']} {r['status']} {r['passed']}/{r['total']}"
-                             for c, r in zip(configs, rows) if r),
-        "problems": [{"config": c["name"], "status": r["status"], "message": clean(r["message"])}
-                     for c, r in zip(configs, rows) if r and r["status"] in ("missing", "skipped", "error", "timeout")],
-        "tests": tests, "notes": [clean(n) for n in first.get("notes", [])],
-        "cards": [{"config": c["name"], "text": "\n".join(cost_card(lab, c["name"], r))}
-                  for c, r in zip(configs, rows) if r and r.get("costs")],
-        "cell_errors": [{"config": c["name"], "cell": e.get("cell"), "type": e.get("type", ""),
-                         "message": clean(e.get("message", ""))}
-                        for c, r in zip(configs, rows) for e in (r or {}).get("cell_errors", [])],
+        "summary": ", ".join(
+            f"{c['name']} {r['status']} {r['passed']}/{r['total']}" for c, r in zip(configs, rows) if r
+        ),
+        "problems": [
+            {"config": c["name"], "status": r["status"], "message": clean(r["message"])}
+            for c, r in zip(configs, rows)
+            if r and r["status"] in ("missing", "skipped", "error", "timeout")
+        ],
+        "tests": tests,
+        "notes": [clean(n) for n in first.get("notes", [])],
+        "cards": [
+            {"config": c["name"], "text": "\n".join(cost_card(lab, c["name"], r))}
+            for c, r in zip(configs, rows)
+            if r and r.get("costs")
+        ],
+        "cell_errors": [
+            {
+                "config": c["name"],
+                "cell": e.get("cell"),
+                "type": e.get("type", ""),
+                "message": clean(e.get("message", "")),
+            }
+            for c, r in zip(configs, rows)
+            for e in (r or {}).get("cell_errors", [])
+        ],
         "runs": runs,
     }
 
@@ -119,15 +157,24 @@ def lab_part(results: dict, lab: dict, student: str, sid: str, index: dict, hidd
 def section(results: dict, student: str, sid: str, index: dict) -> dict:
     """One student's labs for the class page (the TA's: hidden tests' messages shown, nothing scrubbed)."""
     labs = [lab_part(results, lab, student, sid, index, True, str) for lab in labs_of(results)]
-    return {"student": student, "sid": sid, "notes": results["students"][student].get("notes", []),
-            "labs": [lab for lab in labs if lab["graded"]]}
+    return {
+        "student": student,
+        "sid": sid,
+        "notes": results["students"][student].get("notes", []),
+        "labs": [lab for lab in labs if lab["graded"]],
+    }
 
 
 def points_of(p: dict) -> dict:
     """One lab's points as both renderings show them."""
-    return {"points": p["points"], "max_points": p["max_points"], "text": points_cell(p),
-            "late_note": p.get("late_note", ""), "overridden": p.get("overridden", ""),
-            "adjustments": [adjustments.words(a) for a in p.get("adjustments", [])]}
+    return {
+        "points": p["points"],
+        "max_points": p["max_points"],
+        "text": points_cell(p),
+        "late_note": p.get("late_note", ""),
+        "overridden": p.get("overridden", ""),
+        "adjustments": [adjustments.words(a) for a in p.get("adjustments", [])],
+    }
 
 
 def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
@@ -145,17 +192,34 @@ def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
         part = lab_part(results, lab, student, "s0", index, False, clean)
         part["points"] = points_of(mine["labs"][str(lab["number"])]) if mine else None
         board = leaderboard.board(results, lab, viewer=student)
-        part["board"] = board | {"yours": leaderboard.yours(results, lab, student)} if board is not None else None
+        part["board"] = (
+            board | {"yours": leaderboard.yours(results, lab, student)} if board is not None else None
+        )
         labs.append(part)
     points = None
     if mine:
-        points = {"total": f"{mine['points']}/{mine['max_points']}", "rule": grades["rule"],
-                  "cells": [{"lab": lab["number"], "name": lab["name"], "text": part["points"]["text"],
-                             "overridden": bool(part["points"]["overridden"])}
-                            for lab, part in zip(labs_of(results), labs)]}
-    return {"student": student, "sid": "s0", "configs": configs_of(results), "points": points,
-            "notes": [clean(n) for n in results.get("students", {}).get(student, {}).get("notes", [])],
-            "labs": labs, "boards": [part["board"] for part in labs if part["board"] is not None]}
+        points = {
+            "total": f"{mine['points']}/{mine['max_points']}",
+            "rule": grades["rule"],
+            "cells": [
+                {
+                    "lab": lab["number"],
+                    "name": lab["name"],
+                    "text": part["points"]["text"],
+                    "overridden": bool(part["points"]["overridden"]),
+                }
+                for lab, part in zip(labs_of(results), labs)
+            ],
+        }
+    return {
+        "student": student,
+        "sid": "s0",
+        "configs": configs_of(results),
+        "points": points,
+        "notes": [clean(n) for n in results.get("students", {}).get(student, {}).get("notes", [])],
+        "labs": labs,
+        "boards": [part["board"] for part in labs if part["board"] is not None],
+    }
 
 
 def _pct(a: int, b: int) -> str:
@@ -173,24 +237,72 @@ def klass(results: dict, grades: dict | None = None) -> dict:
     students, labs, configs = students_of(results), labs_of(results), configs_of(results)
     found = rates(results)
     by = {(r["lab"]["number"], r["config"]["name"]): r for r in found}
-    passing = [{"number": lab["number"], "title": lab_title(lab), "cells": [
-        (f"{r['ok']}/{r['students']} students ({_pct(r['ok'], r['students'])}); tests {_pct(r['passed'], r['total'])}"
-         if (r := by[(lab["number"], c["name"])])["graded"] else "skipped") for c in configs]} for lab in labs]
-    points = {"rule": grades["rule"], "rows": [
-        {"student": s, "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}",
-         "cells": [{"lab": lab["number"], "text": points_cell(p := grades["students"][s]["labs"][str(lab["number"])]),
-                    "overridden": bool(p.get("overridden"))} for lab in labs]} for s in students]}
+    passing = [
+        {
+            "number": lab["number"],
+            "title": lab_title(lab),
+            "cells": [
+                (
+                    f"{r['ok']}/{r['students']} students ({_pct(r['ok'], r['students'])}); tests {_pct(r['passed'], r['total'])}"
+                    if (r := by[(lab["number"], c["name"])])["graded"]
+                    else "skipped"
+                )
+                for c in configs
+            ],
+        }
+        for lab in labs
+    ]
+    points = {
+        "rule": grades["rule"],
+        "rows": [
+            {
+                "student": s,
+                "total": f"{grades['students'][s]['points']}/{grades['students'][s]['max_points']}",
+                "cells": [
+                    {
+                        "lab": lab["number"],
+                        "text": points_cell(p := grades["students"][s]["labs"][str(lab["number"])]),
+                        "overridden": bool(p.get("overridden")),
+                    }
+                    for lab in labs
+                ],
+            }
+            for s in students
+        ],
+    }
     kinds = ("ok", "failed", "error", "timeout", "missing", "skipped")
     weak = sum(r.get("isolation") == "limits-only" for r in results.get("rows", []))
     return {
-        "students": students, "labs": labs, "configs": configs, "passing": passing, "points": points,
-        "stats": stats.final_points(results, grades), "labels": stats.bin_labels(),
+        "students": students,
+        "labs": labs,
+        "configs": configs,
+        "passing": passing,
+        "points": points,
+        "stats": stats.final_points(results, grades),
+        "labels": stats.bin_labels(),
         "boards": leaderboard.boards(results),
-        "statuses": [{"lab": r["lab"]["number"], "config": r["config"]["name"],
-                      "counts": [r["statuses"].get(k, 0) for k in kinds]} for r in found],
-        "bugs": [{"lab": b["lab"], "label": test_label(b["test"]), "hidden": b["hidden"], "config": b["config"],
-                  "count": len(b["students"]), "message": b["message"]} for b in multi_device_bugs(results)],
+        "statuses": [
+            {
+                "lab": r["lab"]["number"],
+                "config": r["config"]["name"],
+                "counts": [r["statuses"].get(k, 0) for k in kinds],
+            }
+            for r in found
+        ],
+        "bugs": [
+            {
+                "lab": b["lab"],
+                "label": test_label(b["test"]),
+                "hidden": b["hidden"],
+                "config": b["config"],
+                "count": len(b["students"]),
+                "message": b["message"],
+            }
+            for b in multi_device_bugs(results)
+        ],
         "limits_only": {"runs": weak, "of": len(results.get("rows", []))} if weak else None,
         "notes": list(results.get("notes", [])),
-        "student_notes": [{"student": s, "note": n} for s in students for n in results["students"][s].get("notes", [])],
+        "student_notes": [
+            {"student": s, "note": n} for s in students for n in results["students"][s].get("notes", [])
+        ],
     }

@@ -58,7 +58,9 @@ class Context:
 
     labs: list[int]
     students: set[str] | None = None  # the roster's ids where there is one, else the submission folders
-    tests: dict[int, set[str]] = field(default_factory=dict)  # lab -> its test names, collected when first asked
+    tests: dict[int, set[str]] = field(
+        default_factory=dict
+    )  # lab -> its test names, collected when first asked
 
     def lab_tests(self) -> Mapping[int, set[str]]:
         """lab -> the names of its tests (public and hidden), each lab's collected only when asked for."""
@@ -98,7 +100,9 @@ class _Names:
             self.errors.append(report.nodeid)
 
     def pytest_collection_finish(self, session):
-        self.names = {item.originalname for item in session.items if "lab_run" in getattr(item, "fixturenames", ())}
+        self.names = {
+            item.originalname for item in session.items if "lab_run" in getattr(item, "fixturenames", ())
+        }
 
 
 def test_names(lab: catalog.Lab) -> set[str]:
@@ -119,7 +123,9 @@ class Input:
     name: str  # the flag is --NAME, the Makefile's variable NAME in capitals
     file: str  # the kept copy: OUT/course/<file>
     help: str
-    check: Callable[[str, str, Context], Any]  # (text, source, class) -> parsed; ValueError naming source and line
+    check: Callable[
+        [str, str, Context], Any
+    ]  # (text, source, class) -> parsed; ValueError naming source and line
     needs_class: bool = True  # checked once the class (roster or submission folders) is known
     results_key: str | None = None  # where the parsed value goes in the results; None: grade uses it itself
 
@@ -134,7 +140,7 @@ def _check_policy(text: str, source: str, context: Context) -> policy_mod.Policy
     except policy_mod.PolicyError as e:
         line = _toml_line(text, str(e))
         if line and str(e).startswith(f"{source}: "):
-            raise policy_mod.PolicyError(f"{source}, line {line}: {str(e)[len(source) + 2:]}") from None
+            raise policy_mod.PolicyError(f"{source}, line {line}: {str(e)[len(source) + 2 :]}") from None
         raise
 
 
@@ -169,31 +175,73 @@ def _check_adjustments(text: str, source: str, context: Context) -> list[dict]:
 
 
 # The registry, in the order the inputs are checked (the roster first: the others are checked against it).
-INPUTS: dict[str, Input] = {i.name: i for i in [
-    Input("roster", "roster.csv", "CSV of the class (student, and optionally name, email, lms_id, section, "
-          "leaderboard)", _check_roster, needs_class=False),
-    Input("policy", "policy.toml", "the grading policy (TOML; default tests/policy.toml)", _check_policy,
-          needs_class=False),  # a change of policy is asked for by name: --change-policy
-    Input("overrides", "overrides.csv", "CSV of a TA's overrides (student,lab,points,test,status,comment)",
-          _check_overrides, results_key="overrides"),
-    Input("extensions", "extensions.csv", "CSV of extensions (student,lab,days)", _check_extensions,
-          results_key="extensions"),
-    Input("adjustments", "adjustments.csv", "CSV of a TA's point adjustments and rubric items "
-          "(student,lab,points,comment[,item,max])", _check_adjustments, results_key="adjustments"),
-]}
+INPUTS: dict[str, Input] = {
+    i.name: i
+    for i in [
+        Input(
+            "roster",
+            "roster.csv",
+            "CSV of the class (student, and optionally name, email, lms_id, section, leaderboard)",
+            _check_roster,
+            needs_class=False,
+        ),
+        Input(
+            "policy",
+            "policy.toml",
+            "the grading policy (TOML; default tests/policy.toml)",
+            _check_policy,
+            needs_class=False,
+        ),  # a change of policy is asked for by name: --change-policy
+        Input(
+            "overrides",
+            "overrides.csv",
+            "CSV of a TA's overrides (student,lab,points,test,status,comment)",
+            _check_overrides,
+            results_key="overrides",
+        ),
+        Input(
+            "extensions",
+            "extensions.csv",
+            "CSV of extensions (student,lab,days)",
+            _check_extensions,
+            results_key="extensions",
+        ),
+        Input(
+            "adjustments",
+            "adjustments.csv",
+            "CSV of a TA's point adjustments and rubric items (student,lab,points,comment[,item,max])",
+            _check_adjustments,
+            results_key="adjustments",
+        ),
+    ]
+}
 
 
 def add_arguments(parser) -> None:
     """Each input's flag, `--forget` and `--change-policy`, on a command that grades."""
     for entry in INPUTS.values():
-        parser.add_argument(f"--{entry.name}", type=Path, default=None,
-                            help=f"{entry.help}; kept in OUT/{FOLDER}/ for later runs")
-    parser.add_argument("--forget", default="", help=f"comma-separated inputs to drop from OUT/{FOLDER}/ "
-                        f"(from: {', '.join(INPUTS)})")
-    parser.add_argument("--change-policy", action="store_true",
-                        help="grade with a policy other than the one this class was graded with (every grade changes)")
-    parser.add_argument("--course", type=Path, default=None,
-                        help=f"where the course's state is kept (default OUT/{FOLDER}; a Slurm shard reads its run's)")
+        parser.add_argument(
+            f"--{entry.name}",
+            type=Path,
+            default=None,
+            help=f"{entry.help}; kept in OUT/{FOLDER}/ for later runs",
+        )
+    parser.add_argument(
+        "--forget",
+        default="",
+        help=f"comma-separated inputs to drop from OUT/{FOLDER}/ (from: {', '.join(INPUTS)})",
+    )
+    parser.add_argument(
+        "--change-policy",
+        action="store_true",
+        help="grade with a policy other than the one this class was graded with (every grade changes)",
+    )
+    parser.add_argument(
+        "--course",
+        type=Path,
+        default=None,
+        help=f"where the course's state is kept (default OUT/{FOLDER}; a Slurm shard reads its run's)",
+    )
 
 
 def given_of(args) -> dict[str, Path | None]:
@@ -204,6 +252,7 @@ def given_of(args) -> dict[str, Path | None]:
 # ----------------------------------------------------------------------------------------
 # Reading, checking and keeping the state.
 # ----------------------------------------------------------------------------------------
+
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -234,26 +283,37 @@ class State:
             try:
                 self.values[name] = entry.check(src.text, src.origin, context)
             except ValueError as e:
-                where = (f" (the copy kept in {self.folder / entry.file}: give a corrected --{name} FILE, or "
-                         f"--forget {name})") if src.kept else ""
+                where = (
+                    (
+                        f" (the copy kept in {self.folder / entry.file}: give a corrected --{name} FILE, or "
+                        f"--forget {name})"
+                    )
+                    if src.kept
+                    else ""
+                )
                 raise InputError(f"{e}{where}") from None
             if name == "roster":
                 context.students = set(self.values[name].students)
 
     def save(self) -> None:
         """Keep what this run graded with (only where it changed: a run that changes nothing writes nothing)."""
-        inputs = {name: {"file": INPUTS[name].file, "from": src.origin, "sha256": _sha(src.text)}
-                  for name, src in self.sources.items()}
+        inputs = {
+            name: {"file": INPUTS[name].file, "from": src.origin, "sha256": _sha(src.text)}
+            for name, src in self.sources.items()
+        }
         if inputs == self.manifest.get("inputs") and all(
-                (self.folder / INPUTS[n].file).is_file() for n in inputs):
+            (self.folder / INPUTS[n].file).is_file() for n in inputs
+        ):
             return
         for name, src in self.sources.items():
             write_atomic(self.folder / INPUTS[name].file, src.text)
         for name, entry in INPUTS.items():
             if name not in self.sources:
                 (self.folder / entry.file).unlink(missing_ok=True)
-        write_atomic(self.folder / MANIFEST, json.dumps({"format": FORMAT, "inputs": inputs}, indent=1,
-                                                        sort_keys=True) + "\n")
+        write_atomic(
+            self.folder / MANIFEST,
+            json.dumps({"format": FORMAT, "inputs": inputs}, indent=1, sort_keys=True) + "\n",
+        )
 
     def lines(self) -> list[str]:
         """The course state this run grades with, and what it changed: for the run's summary."""
@@ -281,15 +341,21 @@ def _read_given(path: Path) -> str:
 
 def _diff(old: str, new: str) -> str:
     """The lines added and removed, header and blank lines aside."""
+
     def body(text):
         return [ln.strip() for ln in text.splitlines()[1:] if ln.strip()]
+
     before, after = body(old), body(new)
     added = [ln for ln in after if ln not in before]
     removed = [ln for ln in before if ln not in after]
-    parts = [f"{len(added)} line{'s' if len(added) != 1 else ''} added" + (f" ({'; '.join(added[:3])}"
-             f"{' ...' if len(added) > 3 else ''})" if added else "")]
-    parts.append(f"{len(removed)} removed" + (f" ({'; '.join(removed[:3])}{' ...' if len(removed) > 3 else ''})"
-                                               if removed else ""))
+    parts = [
+        f"{len(added)} line{'s' if len(added) != 1 else ''} added"
+        + (f" ({'; '.join(added[:3])}{' ...' if len(added) > 3 else ''})" if added else "")
+    ]
+    parts.append(
+        f"{len(removed)} removed"
+        + (f" ({'; '.join(removed[:3])}{' ...' if len(removed) > 3 else ''})" if removed else "")
+    )
     return ", ".join(parts) if added or removed else "the same lines, reordered or reformatted"
 
 
@@ -300,8 +366,15 @@ def _policy_rules(text: str, origin: str, labs: list[int]) -> dict | None:
         return None  # the check says why, naming the line
 
 
-def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", change_policy: bool = False,
-         graded_policy: dict | None = None, labs: list[int] | None = None) -> State:
+def read(
+    folder: Path,
+    given: dict[str, Path | None],
+    *,
+    forget: str = "",
+    change_policy: bool = False,
+    graded_policy: dict | None = None,
+    labs: list[int] | None = None,
+) -> State:
     """The inputs this run grades with: each one given, else the kept copy, else none (the policy: the kit's).
 
     `graded_policy`: the policy of the results already in OUT (scoreboard.json), for a class graded before
@@ -326,13 +399,17 @@ def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", chang
     notes: list[str] = []
     for name, entry in INPUTS.items():
         old = None
-        if name in kept and ((given.get(name) is None and name not in dropped) or (folder / entry.file).is_file()):
+        if name in kept and (
+            (given.get(name) is None and name not in dropped) or (folder / entry.file).is_file()
+        ):
             try:
                 old = Source((folder / entry.file).read_text(encoding="utf-8"), str(kept[name]["from"]), True)
             except (OSError, UnicodeDecodeError, KeyError, TypeError):
-                raise InputError(f"{folder / entry.file}: the kept copy of the {name} is gone or unreadable "
-                                 f"(its manifest {folder / MANIFEST} names it): give --{name} FILE again, or "
-                                 f"--forget {name}") from None
+                raise InputError(
+                    f"{folder / entry.file}: the kept copy of the {name} is gone or unreadable "
+                    f"(its manifest {folder / MANIFEST} names it): give --{name} FILE again, or "
+                    f"--forget {name}"
+                ) from None
         if name in dropped:
             if old is not None:
                 changes.append(f"{name}: forgotten (was {old.origin})")
@@ -345,8 +422,11 @@ def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", chang
         elif old is not None:
             new = old
         elif name == "policy" and policy_mod.DEFAULT_PATH.exists():
-            new = Source(policy_mod.DEFAULT_PATH.read_text(encoding="utf-8"),
-                         str(policy_mod.DEFAULT_PATH.relative_to(catalog.ROOT)), False)
+            new = Source(
+                policy_mod.DEFAULT_PATH.read_text(encoding="utf-8"),
+                str(policy_mod.DEFAULT_PATH.relative_to(catalog.ROOT)),
+                False,
+            )
         else:
             continue
         sources[name] = new
@@ -363,16 +443,26 @@ def read(folder: Path, given: dict[str, Path | None], *, forget: str = "", chang
     return State(folder, manifest, sources, changes, notes)
 
 
-def _check_policy_change(sources: dict[str, Source], kept: dict, folder: Path, labs: list[int], change_policy: bool,
-                         graded_policy: dict | None, changes: list[str], notes: list[str]) -> None:
+def _check_policy_change(
+    sources: dict[str, Source],
+    kept: dict,
+    folder: Path,
+    labs: list[int],
+    change_policy: bool,
+    graded_policy: dict | None,
+    changes: list[str],
+    notes: list[str],
+) -> None:
     new = sources["policy"]
     rules = _policy_rules(new.text, new.origin, labs)
     if "policy" in kept and new.kept and policy_mod.DEFAULT_PATH.exists():
         default = policy_mod.DEFAULT_PATH.read_text(encoding="utf-8")
         if default != new.text:
-            notes.append(f"the kit's tests/policy.toml differs from the policy this class is graded with "
-                         f"({folder / INPUTS['policy'].file}, from {new.origin}); the class's is used. To grade "
-                         f"with the kit's: --policy tests/policy.toml --change-policy")
+            notes.append(
+                f"the kit's tests/policy.toml differs from the policy this class is graded with "
+                f"({folder / INPUTS['policy'].file}, from {new.origin}); the class's is used. To grade "
+                f"with the kit's: --policy tests/policy.toml --change-policy"
+            )
     before = None
     if "policy" in kept and not new.kept:
         text = (folder / INPUTS["policy"].file).read_text(encoding="utf-8")
@@ -386,9 +476,11 @@ def _check_policy_change(sources: dict[str, Source], kept: dict, folder: Path, l
     if before is None or rules is None or rules == before:
         return
     if not change_policy:
-        raise InputError(f"{new.origin}, line 1: this policy differs from {what}: "
-                         f"{_rule_diff(before, rules)}. Every grade of the term would change: to grade with it, "
-                         f"add --change-policy (make: CHANGE_POLICY=1); to keep the class's, leave --policy out")
+        raise InputError(
+            f"{new.origin}, line 1: this policy differs from {what}: "
+            f"{_rule_diff(before, rules)}. Every grade of the term would change: to grade with it, "
+            f"add --change-policy (make: CHANGE_POLICY=1); to keep the class's, leave --policy out"
+        )
     changes.append(f"policy: changed, asked for with --change-policy: {_rule_diff(before, rules)}")
 
 

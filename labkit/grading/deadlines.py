@@ -61,7 +61,9 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(f"{m.group(1)}T{m.group(2)}{zone}")
 
 
-def penalty(submitted: str | None, due: str | None, late: dict, extension_days: float = 0) -> tuple[float, float]:
+def penalty(
+    submitted: str | None, due: str | None, late: dict, extension_days: float = 0
+) -> tuple[float, float]:
     """(the fraction of points taken, the days late counted) for one submission."""
     if not submitted or not due:
         return 0.0, 0.0
@@ -97,19 +99,25 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
         return out
     if not usable:
         if _would_be_late(source, times, handed, due, late, extension_days):
-            out["late_note"] = (f"late by {SOURCES[source]}, which the policy does not accept for late penalties "
-                                f"([late] accept = {list(accept)}): not charged")
+            out["late_note"] = (
+                f"late by {SOURCES[source]}, which the policy does not accept for late penalties "
+                f"([late] accept = {list(accept)}): not charged"
+            )
         return out
     if source == "canvas" and not times.get("canvas"):  # a download's flag: late or not, never when
         if not handed.get("late"):
             return out
         if extension_days:
-            out["late_note"] = (f"Canvas marked it late, but it has an extension of {extension_days:g} days and "
-                                "Canvas's flag carries no time to compare with the new due date: not charged")
+            out["late_note"] = (
+                f"Canvas marked it late, but it has an extension of {extension_days:g} days and "
+                "Canvas's flag carries no time to compare with the new due date: not charged"
+            )
             return out
         taken, days = round(min(late.get("per_day", 0), late.get("cap", 1)), 4), 1
-        out["late_note"] = ("Canvas marked it late (_LATE), which carries no time: charged as 1 day late (collect "
-                            "with `labkit canvas collect` for the real time)")
+        out["late_note"] = (
+            "Canvas marked it late (_LATE), which carries no time: charged as 1 day late (collect "
+            "with `labkit canvas collect` for the real time)"
+        )
     else:
         try:
             taken, days = penalty(times[source], due, late, extension_days)
@@ -118,12 +126,15 @@ def charge(handed: dict | None, due: str | None, late: dict, extension_days: flo
             return out
     if days:
         out.update(late_days=days, late_penalty=taken)
-        out.setdefault("late_note", f"{days:g} day{'s' if days != 1 else ''} late by {SOURCES[source]} "
-                                    f"({times[source]})")
+        out.setdefault(
+            "late_note", f"{days:g} day{'s' if days != 1 else ''} late by {SOURCES[source]} ({times[source]})"
+        )
     return out
 
 
-def _would_be_late(source: str, times: dict, handed: dict, due: str, late: dict, extension_days: float) -> bool:
+def _would_be_late(
+    source: str, times: dict, handed: dict, due: str, late: dict, extension_days: float
+) -> bool:
     if source == "canvas" and not times.get("canvas"):
         return bool(handed.get("late"))
     try:
@@ -132,13 +143,17 @@ def _would_be_late(source: str, times: dict, handed: dict, due: str, late: dict,
         return False
 
 
-def parse_extensions(text: str, source: str, students: set[str], labs: set[int]) -> dict[str, dict[str, float]]:
+def parse_extensions(
+    text: str, source: str, students: set[str], labs: set[int]
+) -> dict[str, dict[str, float]]:
     """student -> lab (as text) -> days; every line's student and lab must be in the class."""
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
     missing = {"student", "lab", "days"} - set(reader.fieldnames or [])
     if missing:
-        raise DeadlineError(f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
-                            f"{', '.join(sorted(missing))} (expected student,lab,days)")
+        raise DeadlineError(
+            f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(sorted(missing))} (expected student,lab,days)"
+        )
     out: dict[str, dict[str, float]] = {}
     for line in reader:
         n = reader.line_num
@@ -155,4 +170,3 @@ def parse_extensions(text: str, source: str, students: set[str], labs: set[int])
             raise DeadlineError(f"{source}, line {n}: days must not be negative")
         out.setdefault(student, {})[str(int(lab))] = days
     return out
-

@@ -30,10 +30,23 @@ from labkit.run.allowance import DEFAULT_LIMITS, Limits
 # The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.
 # ----------------------------------------------------------------------------------------
 
+
 class Grader:
-    def __init__(self, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig], *, jobs: int,
-                 timeout: float, limits: Limits | None = None, stream=None, terminal: bool | None = None,
-                 batch_seconds: float = 3.0, warm: bool = True, pods: tuple[Path, Path] | None = None):
+    def __init__(
+        self,
+        out: Path,
+        labs: list[catalog.Lab],
+        chosen: list[DeviceConfig],
+        *,
+        jobs: int,
+        timeout: float,
+        limits: Limits | None = None,
+        stream=None,
+        terminal: bool | None = None,
+        batch_seconds: float = 3.0,
+        warm: bool = True,
+        pods: tuple[Path, Path] | None = None,
+    ):
         self.out = Path(out)
         # (RUNS, PLAN): the notebooks ran in pods of their own (labkit.grading.pods); each unit's output is read, not run
         self.pods = pods
@@ -45,12 +58,16 @@ class Grader:
         self.stream = stream or sys.stderr
         self.terminal = terminal
         self.batch_seconds = batch_seconds
-        self.stop: StopRequest | None = None  # grade() sets one for its whole run; run() makes its own otherwise
+        self.stop: StopRequest | None = (
+            None  # grade() sets one for its whole run; run() makes its own otherwise
+        )
         self._calls: dict[int, list[dict]] = {}
         self._kit = kit_digest()
         self._labs = {n: lab_digest(lab) for n, lab in self.labs.items()}
         self.graded = 0  # units graded (not taken from a previous run) in this process
-        self.again = lambda unit, row: False  # (unit, its kept row) -> grade it again all the same (--students, --retry)
+        self.again = lambda unit, row: (
+            False
+        )  # (unit, its kept row) -> grade it again all the same (--students, --retry)
         # Warm starts (labkit.run.warm): one server, started at the first run, forks every one-process CPU run's kernel.
         self.warm_wanted = warm and os.environ.get(envnames.WARM, "on") != "off"
         # JAX's compilation cache: filled by the reference solutions' runs, read-only for every student's (jaxcache).
@@ -65,13 +82,20 @@ class Grader:
             wanted = [c for c in self.configs.values() if c.platform == "cpu" and c.processes == 1]
             if self.warm_wanted and wanted:
                 base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
-                server = warm.Server([self.out / "work", self.out / "reference" / "work"], base, self.out / ".warm",
-                                     shared=[self.cache.folder] if self.cache else [])
+                server = warm.Server(
+                    [self.out / "work", self.out / "reference" / "work"],
+                    base,
+                    self.out / ".warm",
+                    shared=[self.cache.folder] if self.cache else [],
+                )
                 if server.start(self.limits):
                     self._warm = server
                 else:
-                    print(f"warm starts: none here ({server.why}); every kernel starts cold", file=self.stream,
-                          flush=True)
+                    print(
+                        f"warm starts: none here ({server.why}); every kernel starts cold",
+                        file=self.stream,
+                        flush=True,
+                    )
         return self._warm or None
 
     def close(self) -> None:
@@ -87,12 +111,21 @@ class Grader:
         return self._calls[lab]
 
     def key(self, unit: Unit) -> str:
-        return unit_key([self._kit, self._labs[unit.lab], config_digest(self.configs[unit.config]),
-                         submission_digest(unit.path), float(self.timeout), self.limits.to_json()]
-                        + (["pods", str(self.pods[0])] if self.pods else []))
+        return unit_key(
+            [
+                self._kit,
+                self._labs[unit.lab],
+                config_digest(self.configs[unit.config]),
+                submission_digest(unit.path),
+                float(self.timeout),
+                self.limits.to_json(),
+            ]
+            + (["pods", str(self.pods[0])] if self.pods else [])
+        )
 
-    def _judge(self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]],
-               expected: dict) -> list[tuple[Unit, str, dict, float]]:
+    def _judge(
+        self, store: Store, batch: list[tuple[Unit, str, execute.RunRecord, float]], expected: dict
+    ) -> list[tuple[Unit, str, dict, float]]:
         """One pytest session per lab for every finished run of that lab in `batch`; each unit's row.
 
         One unit's bad data is that unit's error: a session that raises is tried again unit by unit, and
@@ -118,10 +151,13 @@ class Grader:
 
     def _judge_lab(self, store: Store, number: int, items: list, expected: dict) -> list:
         lab = self.labs[number]
-        specs = [judge.RunSpec(u.label, u.path, self.configs[u.config], store.workdir(u), record=rec)
-                 for u, _, rec, _ in items]
-        judgement = judge.judge(lab.test_dirs(hidden=True), specs, hidden_dirs=[lab.hidden_tests], jobs=1,
-                                timeout=self.timeout)
+        specs = [
+            judge.RunSpec(u.label, u.path, self.configs[u.config], store.workdir(u), record=rec)
+            for u, _, rec, _ in items
+        ]
+        judgement = judge.judge(
+            lab.test_dirs(hidden=True), specs, hidden_dirs=[lab.hidden_tests], jobs=1, timeout=self.timeout
+        )
         by_run: dict[str, list[judge.Outcome]] = {}
         for o in judgement.outcomes:
             by_run.setdefault(o.run, []).append(o)
@@ -135,8 +171,15 @@ class Grader:
                 record.message = clean_message(record.message, unit, store.root)
                 for e in record.cell_errors:
                     e["message"] = clean_message(str(e.get("message", "")), unit, store.root)
-                row = make_row(unit.student, unit.lab, unit.config, record, outcomes,
-                               submission_notes(unit.path), *expected.get((unit.lab, unit.config), (0, 0)))
+                row = make_row(
+                    unit.student,
+                    unit.lab,
+                    unit.config,
+                    record,
+                    outcomes,
+                    submission_notes(unit.path),
+                    *expected.get((unit.lab, unit.config), (0, 0)),
+                )
                 if record.status == "ok":  # what its examined calls cost (labkit/cost.py), for the feedback
                     row["costs"] = cost.to_json(cost.cards(self.calls(number), {unit.config: record.results}))
             except Exception as e:  # noqa: BLE001 - this unit's, and this unit's alone
@@ -150,12 +193,20 @@ class Grader:
         unit, _, record, seconds = item
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         why = clean_message(f"{type(e).__name__}: {first}"[:300], unit, self.out)
-        row = unjudged_row(unit.student, unit.lab, unit.config, why, *expected.get((unit.lab, unit.config), (0, 0)))
+        row = unjudged_row(
+            unit.student, unit.lab, unit.config, why, *expected.get((unit.lab, unit.config), (0, 0))
+        )
         row.update(isolation=getattr(record, "isolation", ""), judged_by=getattr(record, "judged_by", ""))
         return unit, "", row, seconds
 
-    def run(self, units: list[Unit], store: Store, title: str, expected: dict | None = None,
-            fills_cache: bool = False) -> list[dict]:
+    def run(
+        self,
+        units: list[Unit],
+        store: Store,
+        title: str,
+        expected: dict | None = None,
+        fills_cache: bool = False,
+    ) -> list[dict]:
         """Grade `units` (skipping those already graded with the same key); their rows, in the order given.
 
         `fills_cache`: these runs (the reference solutions') write JAX's compilation cache; others only read it.
@@ -166,8 +217,15 @@ class Grader:
         unchanged, again = 0, set()
         for unit in units:
             if unit.path is None:
-                rows[unit] = make_row(unit.student, unit.lab, unit.config, None, [], [],
-                                      *expected.get((unit.lab, unit.config), (0, 0)))
+                rows[unit] = make_row(
+                    unit.student,
+                    unit.lab,
+                    unit.config,
+                    None,
+                    [],
+                    [],
+                    *expected.get((unit.lab, unit.config), (0, 0)),
+                )
                 if unit.refused:
                     rows[unit].update(status="error", message=f"refused: {unit.refused}")
                 continue
@@ -181,8 +239,11 @@ class Grader:
                 if cached is not None:
                     again.add(unit)  # its kept run too is not used again
         if unchanged:
-            print(f"{title}: {unchanged} of {len(units)} unchanged since the last run, not graded again",
-                  file=self.stream, flush=True)
+            print(
+                f"{title}: {unchanged} of {len(units)} unchanged since the last run, not graded again",
+                file=self.stream,
+                flush=True,
+            )
         progress = Progress(len(todo), title, self.stream, self.terminal, out=self.out)
         queue: list[tuple[Unit, str, execute.RunRecord, float]] = []
 
@@ -201,19 +262,36 @@ class Grader:
 
         def _run(unit: Unit) -> execute.RunRecord:
             if unit.path.is_file() and unit.path.stat().st_size > MAX_BYTES:
-                return execute.RunRecord(unit.config, "error", f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
-                                         f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
-                                         workdir=str(store.workdir(unit)))
+                return execute.RunRecord(
+                    unit.config,
+                    "error",
+                    f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
+                    f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
+                    workdir=str(store.workdir(unit)),
+                )
             workdir = store.workdir(unit)
             if self.pods:
                 runs, plan = self.pods
                 output = pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config, kit=unit.kit)
-                return pods_mod.record_of(output, self.configs[unit.config], self.calls(unit.lab), workdir,
-                                          self.timeout, self.limits)
+                return pods_mod.record_of(
+                    output,
+                    self.configs[unit.config],
+                    self.calls(unit.lab),
+                    workdir,
+                    self.timeout,
+                    self.limits,
+                )
             cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
-            return execute.run_notebook(unit.path, self.configs[unit.config], self.calls(unit.lab), workdir,
-                                        timeout=self.timeout, limits=self.limits, warm=self.warm_server(),
-                                        cache=cache)
+            return execute.run_notebook(
+                unit.path,
+                self.configs[unit.config],
+                self.calls(unit.lab),
+                workdir,
+                timeout=self.timeout,
+                limits=self.limits,
+                warm=self.warm_server(),
+                cache=cache,
+            )
 
         for unit, _ in todo:
             self.calls(unit.lab)  # collect in this thread, before any run starts
@@ -242,9 +320,16 @@ class Grader:
                             record, seconds = fut.result()
                             store.save_record(unit, key, record)
                         except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
-                            record = execute.RunRecord(unit.config, "error", f"the kit could not run this notebook "
-                                                       f"({type(e).__name__}: {e}); grade again to retry")
-                            key, seconds = "", round(time.monotonic() - began, 2)  # key "": graded again next time
+                            record = execute.RunRecord(
+                                unit.config,
+                                "error",
+                                f"the kit could not run this notebook "
+                                f"({type(e).__name__}: {e}); grade again to retry",
+                            )
+                            key, seconds = (
+                                "",
+                                round(time.monotonic() - began, 2),
+                            )  # key "": graded again next time
                         queue.append((unit, key, record, seconds))
                 stop.check()
                 progress.tick()

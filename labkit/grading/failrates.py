@@ -38,7 +38,9 @@ def rates(results: dict) -> list[dict]:
     out = []
     for lab in results.get("labs", []):
         mine = [r for r in rows if r["lab"] == lab["number"]]
-        outcome = {(r["student"], r["config"], t["test"]): t["status"] for r in mine for t in r.get("tests", [])}
+        outcome = {
+            (r["student"], r["config"], t["test"]): t["status"] for r in mine for t in r.get("tests", [])
+        }
         # The order the tests ran in, from the fullest row, so that a scoreboard read back from JSON (its
         # keys sorted) or merged from shards draws the same table as the run that wrote it.
         names, hidden = [], {}
@@ -58,14 +60,31 @@ def rates(results: dict) -> list[dict]:
             for c in configs:
                 judged = [s for s in students if outcome.get((s, c["name"], name)) in JUDGED]
                 failed = [s for s in judged if outcome[(s, c["name"], name)] != "passed"]
-                several_only = [] if _single(c) else [
-                    s for s in failed if any(outcome.get((s, one, name)) == "passed" for one in singles)]
-                cells.append({"config": c["name"], "judged": len(judged), "failed": len(failed),
-                              "rate": round(len(failed) / len(judged), 4) if judged else None,
-                              "several_only": several_only})
+                several_only = (
+                    []
+                    if _single(c)
+                    else [
+                        s for s in failed if any(outcome.get((s, one, name)) == "passed" for one in singles)
+                    ]
+                )
+                cells.append(
+                    {
+                        "config": c["name"],
+                        "judged": len(judged),
+                        "failed": len(failed),
+                        "rate": round(len(failed) / len(judged), 4) if judged else None,
+                        "several_only": several_only,
+                    }
+                )
             tests.append({"test": name, "hidden": hidden[name], "cells": cells})
-        out.append({"lab": lab["number"], "lab_name": lab["name"], "configs": [c["name"] for c in configs],
-                    "tests": tests})
+        out.append(
+            {
+                "lab": lab["number"],
+                "lab_name": lab["name"],
+                "configs": [c["name"] for c in configs],
+                "tests": tests,
+            }
+        )
     return out
 
 
@@ -77,17 +96,41 @@ def layout(lab: dict) -> dict:
         cells = []
         for c in t["cells"]:
             rate = c["rate"]
-            what = ("nothing judged here" if rate is None else
-                    f"{c['failed']} of {c['judged']} failed ({round(100 * rate)}%)")
+            what = (
+                "nothing judged here"
+                if rate is None
+                else f"{c['failed']} of {c['judged']} failed ({round(100 * rate)}%)"
+            )
             if c["several_only"]:
                 n = len(c["several_only"])
-                what += (f"; {n} of them pass{'es' if n == 1 else ''} it on one device: "
-                         + ", ".join(c["several_only"]))
-            cells.append({"config": c["config"], "rate": rate, "several_only": len(c["several_only"]),
-                          "length": 0 if not rate else max(2, round(BAR_LENGTH * rate)),
-                          "text": "–" if rate is None else f"{round(100 * rate)}%",
-                          "title": f"{label} on {c['config']}: {what}"})
-        rows.append({"test": t["test"], "label": label, "hidden": t["hidden"], "cells": cells,
-                     "several_only": any(c["several_only"] for c in cells)})
-    return {"lab": lab["lab"], "lab_name": lab["lab_name"], "configs": lab["configs"], "rows": rows,
-            "width": BAR_LENGTH + 36, "height": BAR_HEIGHT + 4, "bar_height": BAR_HEIGHT}
+                what += f"; {n} of them pass{'es' if n == 1 else ''} it on one device: " + ", ".join(
+                    c["several_only"]
+                )
+            cells.append(
+                {
+                    "config": c["config"],
+                    "rate": rate,
+                    "several_only": len(c["several_only"]),
+                    "length": 0 if not rate else max(2, round(BAR_LENGTH * rate)),
+                    "text": "–" if rate is None else f"{round(100 * rate)}%",
+                    "title": f"{label} on {c['config']}: {what}",
+                }
+            )
+        rows.append(
+            {
+                "test": t["test"],
+                "label": label,
+                "hidden": t["hidden"],
+                "cells": cells,
+                "several_only": any(c["several_only"] for c in cells),
+            }
+        )
+    return {
+        "lab": lab["lab"],
+        "lab_name": lab["lab_name"],
+        "configs": lab["configs"],
+        "rows": rows,
+        "width": BAR_LENGTH + 36,
+        "height": BAR_HEIGHT + 4,
+        "bar_height": BAR_HEIGHT,
+    }

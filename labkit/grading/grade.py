@@ -52,7 +52,10 @@ from labkit.judge import judge
 from labkit.run import execute, modes
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
-RETRIED = ("error", "timeout")  # the kept rows `--retry` grades again (a run that may go otherwise under less load)
+RETRIED = (
+    "error",
+    "timeout",
+)  # the kept rows `--retry` grades again (a run that may go otherwise under less load)
 
 # ----------------------------------------------------------------------------------------
 # The command.
@@ -68,15 +71,21 @@ def check_reference(rows: list[dict], labs: dict[int, catalog.Lab]) -> None:
         lab = labs[row["lab"]]
         bad = [t for t in row["tests"] if t["status"] not in ("passed", "skipped")]
         if not bad or row["status"] in ("error", "timeout"):  # the run itself: one line, not one per test
-            broken.append(f"{lab.reference.relative_to(lab.root)} on {row['config']}: {row['status']}: {row['message']}")
+            broken.append(
+                f"{lab.reference.relative_to(lab.root)} on {row['config']}: {row['status']}: {row['message']}"
+            )
             continue
         for t in bad:
             where = "hidden" if t["hidden"] else "public"
-            broken.append(f"{lab.reference.relative_to(lab.root)} on {row['config']}: {t['test']} "
-                          f"({where}, {t['file']}) {t['status']}: {t['message']}")
+            broken.append(
+                f"{lab.reference.relative_to(lab.root)} on {row['config']}: {t['test']} "
+                f"({where}, {t['file']}) {t['status']}: {t['message']}"
+            )
     if broken:
-        raise ReferenceBroken("the reference solution does not pass its own tests, so grading stops here:\n  "
-                              + "\n  ".join(broken))
+        raise ReferenceBroken(
+            "the reference solution does not pass its own tests, so grading stops here:\n  "
+            + "\n  ".join(broken)
+        )
 
 
 def check_isolation(limits: Limits, stream) -> None:
@@ -85,13 +94,21 @@ def check_isolation(limits: Limits, stream) -> None:
     Only `--isolation limits-only`, asked for by name, grades without one; every row then says so.
     """
     if limits.isolation == modes.LIMITS_ONLY:
-        print("isolation: resource limits only, asked for by name (--isolation limits-only): a notebook can read "
-              "what this user can read and use the network; every row says limits-only", file=stream, flush=True)
+        print(
+            "isolation: resource limits only, asked for by name (--isolation limits-only): a notebook can read "
+            "what this user can read and use the network; every row says limits-only",
+            file=stream,
+            flush=True,
+        )
         return
     if limits.isolation == modes.POD:
         modes.isolation(modes.POD)  # raises, with the reason, where this is no pod of the kit's design
-        print("isolation: no bubblewrap, the pod is the sandbox, asked for by name (--isolation pod); every row "
-              "says pod", file=stream, flush=True)
+        print(
+            "isolation: no bubblewrap, the pod is the sandbox, asked for by name (--isolation pod); every row "
+            "says pod",
+            file=stream,
+            flush=True,
+        )
         return
     if limits.isolation != modes.SANDBOX:
         return
@@ -101,9 +118,17 @@ def check_isolation(limits: Limits, stream) -> None:
         print(f"  not used: {problem.lines()[0]}", file=stream, flush=True)
 
 
-def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceConfig], subs: Submissions,
-               students: list[str], *, ref_rows: list[dict] = (), grading: policy_mod.Policy | None = None,
-               people: roster_mod.Roster | None = None) -> dict:
+def results_of(
+    rows: list[dict],
+    labs: list[catalog.Lab],
+    chosen: list[DeviceConfig],
+    subs: Submissions,
+    students: list[str],
+    *,
+    ref_rows: list[dict] = (),
+    grading: policy_mod.Policy | None = None,
+    people: roster_mod.Roster | None = None,
+) -> dict:
     """The plain data the scoreboard is drawn from (nothing in it depends on when or where it ran).
 
     Each lab carries its tests with their points and the configurations they ran on (from the
@@ -117,10 +142,13 @@ def results_of(rows: list[dict], labs: list[catalog.Lab], chosen: list[DeviceCon
         if ref_rows:
             mine = tests.get(lab.number, {})
             entry["tests"] = mine
-            entry["reference_costs"] = {r["config"]: r["costs"] for r in ref_rows
-                                        if r["lab"] == lab.number and r.get("costs")}
+            entry["reference_costs"] = {
+                r["config"]: r["costs"] for r in ref_rows if r["lab"] == lab.number and r.get("costs")
+            }
             entry["max_points"] = policy_mod.lab_points(grading or policy_mod.Policy(), mine, {})[1]
-        if lab.leaderboard is not None:  # the class leaderboard the catalog gives it (labkit/grading/leaderboard.py)
+        if (
+            lab.leaderboard is not None
+        ):  # the class leaderboard the catalog gives it (labkit/grading/leaderboard.py)
             entry["leaderboard"] = lab.leaderboard.to_json()
         labs_out.append(entry)
     info = people.students if people else {}
@@ -141,8 +169,9 @@ def _with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
     """Every roster student is in the class (a missing one with a note); a folder not on it is reported, not graded."""
     for student in list(subs.students):
         if student not in people.students:
-            subs.class_notes.append(f"{student}: a submission folder not on the roster ({people.source}), "
-                                    "not graded")
+            subs.class_notes.append(
+                f"{student}: a submission folder not on the roster ({people.source}), not graded"
+            )
             del subs.students[student]
             subs.notes.pop(student, None)
     for student in people.students:
@@ -151,14 +180,33 @@ def _with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
             subs.notes[student] = ["no submission: nothing was handed in for this student"]
 
 
-def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None,
-          jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, shard: str | None = None,
-          limits: Limits | None = None, stream=None, terminal: bool | None = None,
-          roster: Path | None = None, policy: Path | None = None, overrides: Path | None = None,
-          extensions: Path | None = None, adjustments: Path | None = None, start: str = "warm",
-          runs_from: Path | None = None, plan: Path | None = None, inputs: dict[str, Path | None] | None = None,
-          course: Path | None = None, forget: str = "", change_policy: bool = False, students: str | None = None,
-          retry: bool = False) -> dict:
+def grade(
+    submissions: Path,
+    out: Path,
+    *,
+    labs: str | None = None,
+    config_names: str | None = None,
+    jobs: int | None = None,
+    timeout: float = execute.DEFAULT_TIMEOUT,
+    shard: str | None = None,
+    limits: Limits | None = None,
+    stream=None,
+    terminal: bool | None = None,
+    roster: Path | None = None,
+    policy: Path | None = None,
+    overrides: Path | None = None,
+    extensions: Path | None = None,
+    adjustments: Path | None = None,
+    start: str = "warm",
+    runs_from: Path | None = None,
+    plan: Path | None = None,
+    inputs: dict[str, Path | None] | None = None,
+    course: Path | None = None,
+    forget: str = "",
+    change_policy: bool = False,
+    students: str | None = None,
+    retry: bool = False,
+) -> dict:
     """Grade the class in `submissions` into `out`; the results (also written as the scoreboard).
 
     The TA's inputs (`roster`, `policy`, `overrides`, `extensions`, `adjustments`, and any other of
@@ -172,16 +220,23 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     # are all named by path, and a relative one (`make grade`'s default OUT=scoreboard) means nothing there.
     submissions, out = Path(submissions).absolute(), Path(out).absolute()
     if not submissions.exists():
-        raise GradeError(f"the submissions folder {submissions} does not exist "
-                         "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)")
+        raise GradeError(
+            f"the submissions folder {submissions} does not exist "
+            "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)"
+        )
     if timeout <= 0:
         raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
     if jobs is not None and jobs < 1:
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
-    given = {"roster": roster, "policy": policy, "overrides": overrides, "extensions": extensions,
-             "adjustments": adjustments}
+    given = {
+        "roster": roster,
+        "policy": policy,
+        "overrides": overrides,
+        "extensions": extensions,
+        "adjustments": adjustments,
+    }
     given.update({name: path for name, path in (inputs or {}).items() if path is not None})
     state, context = _course_state(out, course, given, forget, change_policy)
     grading, people = state.values.get("policy") or policy_mod.Policy(), state.values.get("roster")
@@ -189,21 +244,39 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
     limits = limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
     check_isolation(limits, stream)
     if (runs_from is None) != (plan is None):
-        raise GradeError("--runs-from and --plan go together: the pods' outputs and the plan that made their inputs")
+        raise GradeError(
+            "--runs-from and --plan go together: the pods' outputs and the plan that made their inputs"
+        )
     pods = (Path(runs_from).absolute(), Path(plan).absolute()) if runs_from is not None else None
-    grader = Grader(out, chosen_labs, chosen, jobs=jobs or default_jobs(), timeout=timeout, limits=limits,
-                    stream=stream, terminal=terminal, warm=start != "cold", pods=pods)
+    grader = Grader(
+        out,
+        chosen_labs,
+        chosen,
+        jobs=jobs or default_jobs(),
+        timeout=timeout,
+        limits=limits,
+        stream=stream,
+        terminal=terminal,
+        warm=start != "cold",
+        pods=pods,
+    )
     grader.stop = stop = StopRequest()
 
     try:
-        subs, times = _submissions(submissions, out, people, stream)  # an LMS download is checked before any run
+        subs, times = _submissions(
+            submissions, out, people, stream
+        )  # an LMS download is checked before any run
         named = _class_checked(state, context, subs, students, stream)
         grader.again = _again(named, retry)
         if people is not None:
             roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
 
         # The reference solutions first: they must pass everything, or nothing else is worth grading.
-        ref_units = [Unit(REFERENCE, lab.number, c.name, lab.reference, kit=True) for lab in chosen_labs for c in chosen]
+        ref_units = [
+            Unit(REFERENCE, lab.number, c.name, lab.reference, kit=True)
+            for lab in chosen_labs
+            for c in chosen
+        ]
         ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions", fills_cache=True)
         check_reference(ref_rows, grader.labs)
         stop.check()
@@ -212,14 +285,21 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         students = sorted(subs.students)
         if part:
             students = [s for s in students if shard_of(s, part[1]) == part[0]]
-        units = [Unit(s, lab.number, c.name, subs.students[s].get(lab.number), subs.refused.get((s, lab.number), ""))
-                 for s in students for lab in chosen_labs for c in chosen]
+        units = [
+            Unit(
+                s, lab.number, c.name, subs.students[s].get(lab.number), subs.refused.get((s, lab.number), "")
+            )
+            for s in students
+            for lab in chosen_labs
+            for c in chosen
+        ]
         handed = _keep_history(out, subs, students, chosen_labs, times, grading)
         rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
         for row in rows:
             row["digest"] = handed.get((row["student"], row["lab"]), {}).get("digest", "")
-        results = results_of(rows, chosen_labs, chosen, subs, students, ref_rows=ref_rows, grading=grading,
-                             people=people)
+        results = results_of(
+            rows, chosen_labs, chosen, subs, students, ref_rows=ref_rows, grading=grading, people=people
+        )
         for (student, lab), info in sorted(handed.items()):
             results["students"][student].setdefault("submissions", {})[str(lab)] = info
         if provisional:
@@ -236,8 +316,9 @@ def grade(submissions: Path, out: Path, *, labs: str | None = None, config_names
         grader.close()  # the warm server, if one was started
 
 
-def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
-                 stream) -> tuple[Submissions, dict]:
+def _submissions(
+    submissions: Path, out: Path, people: roster_mod.Roster | None, stream
+) -> tuple[Submissions, dict]:
     """The class's notebooks: the kit's folder layout, or an LMS download read into OUT/collected first.
 
     Also (student, lab) -> what the LMS says of the submission (time, late mark), where it says it.
@@ -259,14 +340,30 @@ def _submissions(submissions: Path, out: Path, people: roster_mod.Roster | None,
     subs.class_notes[:0] = found.notes()
     for (student, lab), entry in sorted(found.files.items()):
         if entry["late"] and student in subs.notes:
-            subs.notes[student].append(f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})")
+            subs.notes[student].append(
+                f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})"
+            )
         subs.notes.setdefault(student, []).extend(f"lab-{lab}: {note}" for note in entry.get("notes", ()))
-    return subs, {k: {"submitted_at": v["submitted_at"], "late": v["late"], "source": v["source"],
-                      "file": v["member"], "times": v.get("times", {})} for k, v in found.files.items()}
+    return subs, {
+        k: {
+            "submitted_at": v["submitted_at"],
+            "late": v["late"],
+            "source": v["source"],
+            "file": v["member"],
+            "times": v.get("times", {}),
+        }
+        for k, v in found.files.items()
+    }
 
 
-def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[catalog.Lab], times: dict,
-                  grading: policy_mod.Policy) -> dict[tuple[str, int], dict]:
+def _keep_history(
+    out: Path,
+    subs: Submissions,
+    students: list[str],
+    labs: list[catalog.Lab],
+    times: dict,
+    grading: policy_mod.Policy,
+) -> dict[tuple[str, int], dict]:
     """Keep every notebook about to be graded in OUT/history by digest; (student, lab) -> what the results say.
 
     The results name the digest graded, the fingerprint of its code (labkit/grading/similarity.py), the LMS's submission time and late flag, and every time
@@ -284,23 +381,37 @@ def _keep_history(out: Path, subs: Submissions, students: list[str], labs: list[
             if path is None:
                 continue
             lms_info = times.get((student, lab.number), {})
-            entry = history.keep(out, student, lab.number, path, submitted_at=lms_info.get("submitted_at"),
-                                 source=lms_info.get("source", ""), file=lms_info.get("file", ""))
+            entry = history.keep(
+                out,
+                student,
+                lab.number,
+                path,
+                submitted_at=lms_info.get("submitted_at"),
+                source=lms_info.get("source", ""),
+                file=lms_info.get("file", ""),
+            )
             if entry is None:
                 continue
             known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
-            info = {"digest": entry["digest"], "submitted_at": lms_info.get("submitted_at"),
-                    "late": bool(lms_info.get("late")), "times": known}
+            info = {
+                "digest": entry["digest"],
+                "submitted_at": lms_info.get("submitted_at"),
+                "late": bool(lms_info.get("late")),
+                "times": known,
+            }
             code = similarity.fingerprint(path, handouts[lab.number])
             if code is not None:
-                info["code"] = code  # what labkit/grading/similarity.py compares, the handout's own code left out
+                info["code"] = (
+                    code  # what labkit/grading/similarity.py compares, the handout's own code left out
+                )
             handed[student, lab.number] = info
             writeups.write(out, student, lab.number, path, notes[lab.number])  # for the TA's rubric
     return handed
 
 
-def _course_state(out: Path, course: Path | None, given: dict, forget: str,
-                  change_policy: bool) -> tuple[course_mod.State, course_mod.Context]:
+def _course_state(
+    out: Path, course: Path | None, given: dict, forget: str, change_policy: bool
+) -> tuple[course_mod.State, course_mod.Context]:
     """The TA's inputs this run grades with (given, else kept), the roster and the policy checked already."""
     folder = Path(course).absolute() if course is not None else out / course_mod.FOLDER
     context = course_mod.Context(labs=[lab.number for lab in catalog.labs()])
@@ -309,16 +420,18 @@ def _course_state(out: Path, course: Path | None, given: dict, forget: str,
     except (OSError, ValueError, AttributeError):
         graded = None
     try:
-        state = course_mod.read(folder, given, forget=forget, change_policy=change_policy, graded_policy=graded,
-                                labs=context.labs)
+        state = course_mod.read(
+            folder, given, forget=forget, change_policy=change_policy, graded_policy=graded, labs=context.labs
+        )
         state.check(context, needs_class=False)
     except course_mod.InputError as e:
         raise GradeError(str(e)) from None
     return state, context
 
 
-def _class_checked(state: course_mod.State, context: course_mod.Context, subs: Submissions, students: str | None,
-                   stream) -> set[str]:
+def _class_checked(
+    state: course_mod.State, context: course_mod.Context, subs: Submissions, students: str | None, stream
+) -> set[str]:
     """The class made (the roster's students, or the folders), the inputs checked against it, the state kept.
 
     The ids `--students` names, each checked to be in the class.
@@ -328,7 +441,9 @@ def _class_checked(state: course_mod.State, context: course_mod.Context, subs: S
         _with_roster(subs, people)
     context.students = set(subs.students)
     try:
-        state.check(context, needs_class=True)  # overrides, extensions, ...: against the class, before any run
+        state.check(
+            context, needs_class=True
+        )  # overrides, extensions, ...: against the class, before any run
     except course_mod.InputError as e:
         raise GradeError(str(e)) from None
     named = _named_students(students, set(subs.students))
@@ -338,9 +453,19 @@ def _class_checked(state: course_mod.State, context: course_mod.Context, subs: S
     return named
 
 
-def prepare(submissions: Path, out: Path, *, inputs: dict[str, Path | None], course: Path | None = None,
-            forget: str = "", change_policy: bool = False, students: str | None = None, labs: str | None = None,
-            config_names: str | None = None, stream=None) -> course_mod.State:
+def prepare(
+    submissions: Path,
+    out: Path,
+    *,
+    inputs: dict[str, Path | None],
+    course: Path | None = None,
+    forget: str = "",
+    change_policy: bool = False,
+    students: str | None = None,
+    labs: str | None = None,
+    config_names: str | None = None,
+    stream=None,
+) -> course_mod.State:
     """Check and keep the course's state for runs that grade elsewhere (Slurm's shards), grading nothing.
 
     The same checks as `grade` makes before its first run; GradeError (exit 2) names the file and line.
@@ -387,21 +512,26 @@ def _named_students(text: str | None, known: set[str]) -> set[str]:
     named = {s.strip() for s in (text or "").split(",") if s.strip()}
     unknown = sorted(named - known)
     if unknown:
-        raise GradeError(f"--students names {', '.join(unknown)}: not in this class (no submission folder, or "
-                         "not on the roster); give the ids as the scoreboard names them, comma-separated")
+        raise GradeError(
+            f"--students names {', '.join(unknown)}: not in this class (no submission folder, or "
+            "not on the roster); give the ids as the scoreboard names them, comma-separated"
+        )
     return named
 
 
 def _again(named: set[str], retry: bool):
     """Which kept units to grade again: the named students' every unit; with retry, errors and timeouts."""
+
     def again(unit: Unit, row: dict) -> bool:
         return unit.student in named or (retry and row.get("status") in RETRIED)
+
     return again
 
 
 # ----------------------------------------------------------------------------------------
 # The student's own view: their last `make lab-N` runs, as results.
 # ----------------------------------------------------------------------------------------
+
 
 def student_results(build: Path, student: str = "you") -> dict:
     """Results (as the class scoreboard takes them) from build/lab-N/report.json of `make lab-N`."""
@@ -414,8 +544,10 @@ def student_results(build: Path, student: str = "you") -> dict:
         except (OSError, ValueError):
             continue
         labs.append(lab)
-        outcomes = [judge.Outcome(**{k: o[k] for k in judge.Outcome.__dataclass_fields__ if k in o})
-                    for o in report.get("outcomes", [])]
+        outcomes = [
+            judge.Outcome(**{k: o[k] for k in judge.Outcome.__dataclass_fields__ if k in o})
+            for o in report.get("outcomes", [])
+        ]
         for label, rec in report.get("runs", {}).items():
             record = execute.RunRecord.from_json(rec | {"results": {}})
             config = configs.by_name(record.config or label)
@@ -428,8 +560,14 @@ def student_results(build: Path, student: str = "you") -> dict:
     return {
         "format": FORMAT,
         "labs": [{"number": lab.number, "name": lab.name, "title": lab.title} for lab in labs],
-        "configs": [{"name": n, "summary": seen[n].summary if seen[n] else "", "devices": seen[n].devices if seen[n]
-                     else None} for n in names],
+        "configs": [
+            {
+                "name": n,
+                "summary": seen[n].summary if seen[n] else "",
+                "devices": seen[n].devices if seen[n] else None,
+            }
+            for n in names
+        ],
         "students": {student: {"notes": []}} if rows else {},
         "notes": [],
         "rows": rows,

@@ -54,32 +54,38 @@ RESULTS_SCHEMA = {
         "output": {"type": "string"},
         "visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
         "stdout_visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
-        "tests": {"type": "array", "items": {
-            "type": "object",
-            "required": ["name", "score", "max_score", "status", "visibility", "output"],
-            "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string", "minLength": 1},
-                "number": {"type": "string"},
-                "score": {"type": "number", "minimum": 0},
-                "max_score": {"type": "number", "minimum": 0},
-                "status": {"enum": ["passed", "failed"]},
-                "visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
-                "output": {"type": "string"},
-                "tags": {"type": "array", "items": {"type": "string"}},
+        "tests": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "score", "max_score", "status", "visibility", "output"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "number": {"type": "string"},
+                    "score": {"type": "number", "minimum": 0},
+                    "max_score": {"type": "number", "minimum": 0},
+                    "status": {"enum": ["passed", "failed"]},
+                    "visibility": {"enum": ["visible", "hidden", "after_due_date", "after_published"]},
+                    "output": {"type": "string"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
             },
-        }},
+        },
         # Gradescope's leaderboard: each submission's own values; `order` "asc" ranks lower values first.
-        "leaderboard": {"type": "array", "items": {
-            "type": "object",
-            "required": ["name", "value"],
-            "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string", "minLength": 1},
-                "value": {"type": ["number", "string"]},
-                "order": {"enum": ["asc", "desc"]},
+        "leaderboard": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "value"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "value": {"type": ["number", "string"]},
+                    "order": {"enum": ["asc", "desc"]},
+                },
             },
-        }},
+        },
     },
 }
 
@@ -153,8 +159,10 @@ exit 0
 
 
 # Said in results.json, and in every case's output, by an autograder built ISOLATION=limits-only.
-NOT_SANDBOXED = ("Not sandboxed: this autograder was built with ISOLATION=limits-only, so the notebook ran with "
-                 "resource limits only, not in the kit's sandbox.")
+NOT_SANDBOXED = (
+    "Not sandboxed: this autograder was built with ISOLATION=limits-only, so the notebook ran with "
+    "resource limits only, not in the kit's sandbox."
+)
 
 
 class GradescopeError(RuntimeError):
@@ -164,6 +172,7 @@ class GradescopeError(RuntimeError):
 # ----------------------------------------------------------------------------------------
 # The zip.
 # ----------------------------------------------------------------------------------------
+
 
 def _add(z: zipfile.ZipFile, path: Path, arcname: str) -> None:
     if path.is_dir():
@@ -205,11 +214,22 @@ def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT,
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     with zipfile.ZipFile(tmp, "w") as z:
         if isolation not in ("", LIMITS_ONLY):
-            raise GradescopeError(f"isolation is the sandbox (the default) or {LIMITS_ONLY}, not {isolation!r}")
+            raise GradescopeError(
+                f"isolation is the sandbox (the default) or {LIMITS_ONLY}, not {isolation!r}"
+            )
         major, minor = MINIMUM_PYTHON.split(".")
-        _text(z, "setup.sh", SETUP_SH.format(minimum=MINIMUM_PYTHON, major=major, minor=minor, uv=uv_version(root)))
-        _text(z, "run_autograder", RUN_AUTOGRADER.replace("@LAB@", str(lab.number)).replace(
-            "@ISOLATION@", f"--isolation {isolation} " if isolation else ""))
+        _text(
+            z,
+            "setup.sh",
+            SETUP_SH.format(minimum=MINIMUM_PYTHON, major=major, minor=minor, uv=uv_version(root)),
+        )
+        _text(
+            z,
+            "run_autograder",
+            RUN_AUTOGRADER.replace("@LAB@", str(lab.number)).replace(
+                "@ISOLATION@", f"--isolation {isolation} " if isolation else ""
+            ),
+        )
         for part in SHIPPED:
             if (root / part).exists():
                 _add(z, root / part, part)
@@ -227,6 +247,7 @@ def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT,
 # In the autograder: one submission to results.json.
 # ----------------------------------------------------------------------------------------
 
+
 def find_notebook(submission: Path, lab: catalog.Lab) -> tuple[Path | None, str]:
     """The notebook to grade: lab-N.ipynb, or the only .ipynb handed in; else None and why."""
     found = sorted(p for p in submission.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
@@ -237,8 +258,10 @@ def find_notebook(submission: Path, lab: catalog.Lab) -> tuple[Path | None, str]
         return found[0], ""
     if not found:
         return None, f"no notebook was handed in: upload {lab.name}.ipynb"
-    return None, (f"{len(found)} notebooks were handed in ({', '.join(p.name for p in found)}) and none is named "
-                  f"{lab.name}.ipynb: upload only {lab.name}.ipynb")
+    return None, (
+        f"{len(found)} notebooks were handed in ({', '.join(p.name for p in found)}) and none is named "
+        f"{lab.name}.ipynb: upload only {lab.name}.ipynb"
+    )
 
 
 def chosen_configs() -> list:
@@ -251,7 +274,9 @@ def chosen_configs() -> list:
     return out
 
 
-def results_json(outcomes: list[dict], config_names: list[str], grading: policy.Policy, notes: list[str]) -> dict:
+def results_json(
+    outcomes: list[dict], config_names: list[str], grading: policy.Policy, notes: list[str]
+) -> dict:
     """Gradescope's results from the judge's outcomes (dicts of judge.Outcome) on each configuration."""
     by_test: dict[str, dict] = {}
     for o in outcomes:
@@ -272,19 +297,31 @@ def results_json(outcomes: list[dict], config_names: list[str], grading: policy.
             if o["message"] and o["status"] != "passed" and not entry["hidden"]:
                 say += f": {o['message']}"
             lines.append(f"{c}: {say}")
-        cases.append({"name": name.removeprefix("test_").replace("_", " ") + (" (hidden)" if entry["hidden"] else ""),
-                      "score": earned, "max_score": entry["points"],
-                      "status": "passed" if ran and earned == entry["points"] else "failed",
-                      "visibility": "after_published" if entry["hidden"] else "visible",
-                      "output": "\n".join(lines)})
+        cases.append(
+            {
+                "name": name.removeprefix("test_").replace("_", " ")
+                + (" (hidden)" if entry["hidden"] else ""),
+                "score": earned,
+                "max_score": entry["points"],
+                "status": "passed" if ran and earned == entry["points"] else "failed",
+                "visibility": "after_published" if entry["hidden"] else "visible",
+                "output": "\n".join(lines),
+            }
+        )
         score += earned
     output = [f"Graded on {', '.join(config_names)}: {policy.COMBINE[grading.combine]}."] + notes
-    return {"score": round(score, 4), "output": "\n".join(output), "visibility": "visible",
-            "stdout_visibility": "hidden", "tests": cases}
+    return {
+        "score": round(score, 4),
+        "output": "\n".join(output),
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": cases,
+    }
 
 
-def with_leaderboard(results: dict, spec: catalog.Leaderboard, seconds: float | None,
-                     reference: float | None) -> dict:
+def with_leaderboard(
+    results: dict, spec: catalog.Leaderboard, seconds: float | None, reference: float | None
+) -> dict:
     """`results` with the lab's leaderboard: the submission's modelled step time (None: its run on the
     leaderboard's configuration does not pass, so it is not ranked), and a line of output beside the reference's."""
     results["leaderboard"] = leaderboard.gradescope(seconds, spec)
@@ -356,21 +393,34 @@ def container_memory() -> tuple[int | None, int | None]:
     return limit, kills
 
 
-def memory_notes(records: dict, limit: int | None, kills_before: int | None, kills_after: int | None) -> list[str]:
+def memory_notes(
+    records: dict, limit: int | None, kills_before: int | None, kills_after: int | None
+) -> list[str]:
     """What results.json says where a run died of memory: the kernel's OOM killer counted a kill while grading,
     or a run's kernel was killed by SIGKILL (which is how the OOM killer ends a process)."""
     killed = [label for label, rec in records.items() if "killed by signal 9" in (rec.message or "")]
-    counted = (kills_after or 0) - (kills_before or 0) if kills_before is not None and kills_after is not None else 0
+    counted = (
+        (kills_after or 0) - (kills_before or 0)
+        if kills_before is not None and kills_after is not None
+        else 0
+    )
     if not killed and counted <= 0:
         return []
     size = f" ({limit / (1 << 20):.0f} MiB)" if limit else ""
     runs = f"the run on {', '.join(killed)}" if killed else "a run"
-    certain = (f"the container's memory limit{size} was reached and the kernel killed {counted} process"
-               f"{'es' if counted > 1 else ''}" if counted > 0 else
-               f"killed by SIGKILL, which in Gradescope's container is its memory limit{size} being reached")
-    return [(f"Out of memory: {runs} died of memory ({certain}); those tests failed for that, not for the "
-             f"submission. Instructor: give the autograder more memory (Configure Autograder, container size: "
-             f"at least 2 GB and 1 CPU, as the kit's docs/grading.md says), then regrade.")]
+    certain = (
+        f"the container's memory limit{size} was reached and the kernel killed {counted} process"
+        f"{'es' if counted > 1 else ''}"
+        if counted > 0
+        else f"killed by SIGKILL, which in Gradescope's container is its memory limit{size} being reached"
+    )
+    return [
+        (
+            f"Out of memory: {runs} died of memory ({certain}); those tests failed for that, not for the "
+            f"submission. Instructor: give the autograder more memory (Configure Autograder, container size: "
+            f"at least 2 GB and 1 CPU, as the kit's docs/grading.md says), then regrade."
+        )
+    ]
 
 
 def run(root: Path, number: int | str, isolation: str = "") -> dict:
@@ -397,9 +447,14 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
         try:
             modes.require_sandbox("this submission was not graded")
         except modes.SandboxUnavailable as e:
-            notebook, why = None, (f"{e}\n\nOn Gradescope: ask for a container that allows user namespaces, or "
-                                   "build the autograder with `make gradescope LAB=N ISOLATION=limits-only`, which "
-                                   "grades without the sandbox and says so in every result.")
+            notebook, why = (
+                None,
+                (
+                    f"{e}\n\nOn Gradescope: ask for a container that allows user namespaces, or "
+                    "build the autograder with `make gradescope LAB=N ISOLATION=limits-only`, which "
+                    "grades without the sandbox and says so in every result."
+                ),
+            )
     if notebook is None:
         results = _nothing_graded(why)
     else:
@@ -408,21 +463,31 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
         try:
             runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
             limits = allowance.Limits(isolation=isolation or modes.SANDBOX)
-            judgement = judge.judge(lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests], jobs=1,
-                                    limits=limits)
+            judgement = judge.judge(
+                lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests], jobs=1, limits=limits
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        notes = [f"{label}: the run ended with {rec.status}: {rec.message}"
-                 for label, rec in judgement.records.items() if rec.status not in ("ok", "skipped")]
+        notes = [
+            f"{label}: the run ended with {rec.status}: {rec.message}"
+            for label, rec in judgement.records.items()
+            if rec.status not in ("ok", "skipped")
+        ]
         notes += memory_notes(judgement.records, limit, kills_before, container_memory()[1])
-        results = results_json([o.to_json() for o in judgement.outcomes], names, grading,
-                               [unsandboxed, *notes] if unsandboxed else notes)
+        results = results_json(
+            [o.to_json() for o in judgement.outcomes],
+            names,
+            grading,
+            [unsandboxed, *notes] if unsandboxed else notes,
+        )
         spec = lab.leaderboard
         if spec is not None and spec.config in names:
             from labkit import cost
 
             reference = cost.to_json(cost.read_reference(lab.public_tests))
-            with_leaderboard(results, spec, leaderboard_time(lab, judgement), leaderboard.step_time(reference, spec))
+            with_leaderboard(
+                results, spec, leaderboard_time(lab, judgement), leaderboard.step_time(reference, spec)
+            )
     for case in results["tests"] if unsandboxed else ():
         case["output"] = f"{unsandboxed}\n{case['output']}"
     results["execution_time"] = round(time.monotonic() - began, 2)
@@ -439,6 +504,8 @@ def main_run(args) -> int:
         results = _nothing_graded(f"The autograder could not grade this submission: {e}")
         write_atomic(Path(args.root) / "results" / "results.json", json.dumps(results, indent=1) + "\n")
         return 2
-    print(f"score {results['score']} of {sum(t['max_score'] for t in results['tests'])}; "
-          f"{Path(args.root) / 'results' / 'results.json'}")
+    print(
+        f"score {results['score']} of {sum(t['max_score'] for t in results['tests'])}; "
+        f"{Path(args.root) / 'results' / 'results.json'}"
+    )
     return 0

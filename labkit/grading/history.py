@@ -30,8 +30,20 @@ MAX_KEPT = 200_000_000  # larger files are named by digest, not copied
 MAX_METADATA = 10_000_000  # a submission_metadata.json larger than this is not read
 GIT_TIMEOUT = 20
 # git reads the repository's own config: none of it may run a program or change what log prints.
-_GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "log.showSignature=false",
-        "-c", "core.pager=cat", "-c", "log.date=iso-strict", "--no-pager"]
+_GIT = [
+    "git",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "log.showSignature=false",
+    "-c",
+    "core.pager=cat",
+    "-c",
+    "log.date=iso-strict",
+    "--no-pager",
+]
 
 
 def digest(path: Path) -> str:
@@ -54,8 +66,17 @@ def read(out: Path, student: str, lab: int) -> list[dict]:
     return data if isinstance(data, list) else []
 
 
-def keep(out: Path, student: str, lab: int, path: Path, *, submitted_at: str | None = None, source: str = "",
-         file: str = "", now: datetime | None = None) -> dict | None:
+def keep(
+    out: Path,
+    student: str,
+    lab: int,
+    path: Path,
+    *,
+    submitted_at: str | None = None,
+    source: str = "",
+    file: str = "",
+    now: datetime | None = None,
+) -> dict | None:
     """Keep `path` as a version of the student's lab; its history entry (the first one for these bytes)."""
     path = Path(path)
     if not path.is_file():
@@ -69,8 +90,13 @@ def keep(out: Path, student: str, lab: int, path: Path, *, submitted_at: str | N
     if path.stat().st_size <= MAX_KEPT:
         write_atomic(where / f"{d}.ipynb", path.read_bytes())
     when = (now or datetime.now(UTC)).isoformat(timespec="seconds")
-    entry = {"digest": d, "collected_at": when, "submitted_at": submitted_at, "source": source or "folder",
-             "file": file or path.name}
+    entry = {
+        "digest": d,
+        "collected_at": when,
+        "submitted_at": submitted_at,
+        "source": source or "folder",
+        "file": file or path.name,
+    }
     write_atomic(where / "history.json", json.dumps(entries + [entry], indent=1) + "\n")
     return entry
 
@@ -84,12 +110,33 @@ def _git_time(path: Path) -> str | None:
     if not (path.parent / ".git").exists():
         return None
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
-               GIT_CEILING_DIRECTORIES=str(path.parent.parent))
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_CEILING_DIRECTORIES=str(path.parent.parent),
+    )
     try:
-        done = subprocess.run([*_GIT, "-C", str(path.parent), "log", "-1", "--no-show-signature", "--no-mailmap",
-                               "--format=%cI", "--", path.name], capture_output=True, text=True, env=env,
-                              timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(
+            [
+                *_GIT,
+                "-C",
+                str(path.parent),
+                "log",
+                "-1",
+                "--no-show-signature",
+                "--no-mailmap",
+                "--format=%cI",
+                "--",
+                path.name,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=GIT_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     line = done.stdout.strip()

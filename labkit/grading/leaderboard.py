@@ -36,8 +36,12 @@ class Place:
     student: str  # for the student's own feedback only: never written where others read it
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "name": self.name, "seconds": self.seconds,
-                "time": cost.format_seconds(self.seconds)}
+        return {
+            "rank": self.rank,
+            "name": self.name,
+            "seconds": self.seconds,
+            "time": cost.format_seconds(self.seconds),
+        }
 
 
 def step_time(costs: dict | None, spec: Leaderboard) -> float | None:
@@ -77,7 +81,9 @@ def places(results: dict, lab: dict) -> list[Place]:
         if seconds is not None:
             timed.append((seconds, row["student"]))
     timed.sort()
-    return [Place(i, ANONYMOUS if opted_out(results, s) else s, t, s) for i, (t, s) in enumerate(timed, start=1)]
+    return [
+        Place(i, ANONYMOUS if opted_out(results, s) else s, t, s) for i, (t, s) in enumerate(timed, start=1)
+    ]
 
 
 def title(spec: Leaderboard) -> str:
@@ -87,8 +93,11 @@ def title(spec: Leaderboard) -> str:
 def names_shown(results: dict) -> bool:
     """Whether the course's policy shows students their classmates' ids (`[leaderboard] names = true`)."""
     data = results.get("policy") or {}
-    return isinstance(data, dict) and isinstance(data.get("leaderboard"), dict) and \
-        data["leaderboard"].get("names") is True
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("leaderboard"), dict)
+        and data["leaderboard"].get("names") is True
+    )
 
 
 def shown_as(results: dict, place: Place, viewer: str | None) -> str:
@@ -107,9 +116,16 @@ def board(results: dict, lab: dict, viewer: str | None = None) -> dict | None:
     if spec is None or spec.config not in {c["name"] for c in results.get("configs", [])}:
         return None  # not graded on the configuration that ranks it
     reference = step_time(lab.get("reference_costs", {}).get(spec.config), spec)
-    return {"lab": lab["number"], "name": lab["name"], **spec.to_json(), "title": title(spec),
-            "reference": None if reference is None else {"seconds": reference, "time": cost.format_seconds(reference)},
-            "places": [p.to_json() | {"name": shown_as(results, p, viewer)} for p in places(results, lab)]}
+    return {
+        "lab": lab["number"],
+        "name": lab["name"],
+        **spec.to_json(),
+        "title": title(spec),
+        "reference": None
+        if reference is None
+        else {"seconds": reference, "time": cost.format_seconds(reference)},
+        "places": [p.to_json() | {"name": shown_as(results, p, viewer)} for p in places(results, lab)],
+    }
 
 
 def boards(results: dict) -> list[dict]:
@@ -117,8 +133,14 @@ def boards(results: dict) -> list[dict]:
     return [b for b in (board(results, lab) for lab in results.get("labs", [])) if b is not None]
 
 
-def words(spec: Leaderboard, seconds: float | None, reference: float | None, place: Place | None = None,
-          ranked: int = 0, why: str = "") -> str:
+def words(
+    spec: Leaderboard,
+    seconds: float | None,
+    reference: float | None,
+    place: Place | None = None,
+    ranked: int = 0,
+    why: str = "",
+) -> str:
     """One line for a student: their time (or why they are not ranked), the reference's, and their rank."""
     chip = cost.chips()[spec.chip].name
     head = f"Leaderboard ({spec.function} on {spec.config})"
@@ -128,7 +150,9 @@ def words(spec: Leaderboard, seconds: float | None, reference: float | None, pla
         return f"{head}: not ranked: {why} ({ref} on a {chip})."
     out = f"{head}: yours: {cost.format_seconds(seconds)} on a {chip}; {ref}"
     if place is not None:
-        out += f"; rank {place.rank} of {ranked}" + (" (shown as anonymous)" if place.name == ANONYMOUS else "")
+        out += f"; rank {place.rank} of {ranked}" + (
+            " (shown as anonymous)" if place.name == ANONYMOUS else ""
+        )
     return out + "."
 
 
@@ -140,15 +164,26 @@ def yours(results: dict, lab: dict, student: str) -> str | None:
     ranked = places(results, lab)
     mine = next((p for p in ranked if p.student == student), None)
     reference = step_time(lab.get("reference_costs", {}).get(spec.config), spec)
-    row = next((r for r in results.get("rows", []) if (r["student"], r["lab"], r["config"]) ==
-                (student, lab["number"], spec.config)), None)
-    why = f"your run gave no cost card for {spec.function}" if row and row["status"] == "ok" and not mine else ""
+    row = next(
+        (
+            r
+            for r in results.get("rows", [])
+            if (r["student"], r["lab"], r["config"]) == (student, lab["number"], spec.config)
+        ),
+        None,
+    )
+    why = (
+        f"your run gave no cost card for {spec.function}"
+        if row and row["status"] == "ok" and not mine
+        else ""
+    )
     return words(spec, mine.seconds if mine else None, reference, mine, len(ranked), why)
 
 
 # ----------------------------------------------------------------------------------------
 # Gradescope: each submission reports its own value; Gradescope ranks them.
 # ----------------------------------------------------------------------------------------
+
 
 def gradescope_name(spec: Leaderboard) -> str:
     return f"{spec.function} on {spec.config}: modelled step time on a {cost.chips()[spec.chip].name} (µs)"

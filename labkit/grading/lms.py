@@ -56,9 +56,14 @@ MAX_RATIO = 200  # uncompressed / compressed, for members over RATIO_FLOOR
 RATIO_FLOOR = 1_000_000
 MAX_MEMBERS = 50_000
 
-CANVAS_NAME = re.compile(r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<user>[0-9]+)_(?P<submission>[0-9]+)_(?P<file>.+)$")
-LAB_IN_NAME = re.compile(r"lab[\s_.-]*0*(?P<lab>[1-9][0-9]*)(?:-(?P<resub>[0-9]+))?(?: ?\((?P<copy>[0-9]+)\))?"
-                         r"\.ipynb$", re.IGNORECASE)
+CANVAS_NAME = re.compile(
+    r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<user>[0-9]+)_(?P<submission>[0-9]+)_(?P<file>.+)$"
+)
+LAB_IN_NAME = re.compile(
+    r"lab[\s_.-]*0*(?P<lab>[1-9][0-9]*)(?:-(?P<resub>[0-9]+))?(?: ?\((?P<copy>[0-9]+)\))?"
+    r"\.ipynb$",
+    re.IGNORECASE,
+)
 GRADESCOPE_METADATA = ("submission_metadata.yml", "submission_metadata.json")
 
 
@@ -69,6 +74,7 @@ class LmsError(ValueError):
 # ----------------------------------------------------------------------------------------
 # Export.
 # ----------------------------------------------------------------------------------------
+
 
 def _roster_of(results: dict, student: str) -> dict:
     return results.get("students", {}).get(student, {})
@@ -91,20 +97,38 @@ def to_canvas(results: dict, missing: str = "blank") -> str:
     w = csv.writer(buf, lineterminator="\n")
     pol = policy.Policy.from_json(results.get("policy"))
     ids = pol.canvas
-    w.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-               + [_lab_column(lab) + (f" ({ids[lab['number']]})" if lab["number"] in ids else "") for lab in labs])
-    possible = [next((_weighted(g["labs"][str(lab["number"])], "max_points") for g in grades["students"].values()),
-                     lab.get("max_points", "")) for lab in labs]
+    w.writerow(
+        ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+        + [_lab_column(lab) + (f" ({ids[lab['number']]})" if lab["number"] in ids else "") for lab in labs]
+    )
+    possible = [
+        next(
+            (_weighted(g["labs"][str(lab["number"])], "max_points") for g in grades["students"].values()),
+            lab.get("max_points", ""),
+        )
+        for lab in labs
+    ]
     w.writerow(["    Points Possible", "", "", "", ""] + possible)
     for student, mine in grades["students"].items():
         info = _roster_of(results, student)
         cells = []
         for lab in labs:
             p = mine["labs"][str(lab["number"])]
-            cells.append(MISSING[missing] if p["status"] == "missing" and "overridden" not in p
-                         else _weighted(p, "points"))
-        w.writerow([_cell(info.get("name") or student), _cell(info.get("lms_id", "")), _cell(student),
-                    _cell(info.get("email", "")), _cell(info.get("section", ""))] + cells)
+            cells.append(
+                MISSING[missing]
+                if p["status"] == "missing" and "overridden" not in p
+                else _weighted(p, "points")
+            )
+        w.writerow(
+            [
+                _cell(info.get("name") or student),
+                _cell(info.get("lms_id", "")),
+                _cell(student),
+                _cell(info.get("email", "")),
+                _cell(info.get("section", "")),
+            ]
+            + cells
+        )
     return buf.getvalue()
 
 
@@ -142,8 +166,10 @@ def export(results: dict, fmt: str, missing: str = "blank") -> str:
     if not results.get("students"):
         raise LmsError("the results have no students: nothing to export")
     if results.get("provisional"):
-        raise LmsError(f"these grades are {results['provisional']}: grade again with every required "
-                       "configuration before exporting to an LMS")
+        raise LmsError(
+            f"these grades are {results['provisional']}: grade again with every required "
+            "configuration before exporting to an LMS"
+        )
     if fmt == "canvas":
         return to_canvas(results, missing)
     if fmt == "wide":
@@ -154,6 +180,7 @@ def export(results: dict, fmt: str, missing: str = "blank") -> str:
 # ----------------------------------------------------------------------------------------
 # Import: reading a zip or a folder safely.
 # ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Member:
@@ -168,8 +195,11 @@ class Source:
         self.path = Path(path)
         self.zip: zipfile.ZipFile | None = None
         if self.path.is_dir():
-            self.members = [Member(p.relative_to(self.path).as_posix(), p.stat().st_size)
-                            for p in sorted(self.path.rglob("*")) if p.is_file() and not p.is_symlink()]
+            self.members = [
+                Member(p.relative_to(self.path).as_posix(), p.stat().st_size)
+                for p in sorted(self.path.rglob("*"))
+                if p.is_file() and not p.is_symlink()
+            ]
             return
         try:
             self.zip = zipfile.ZipFile(self.path)
@@ -201,19 +231,24 @@ def check_zip(zf: zipfile.ZipFile, where: Path) -> list[Member]:
         name = info.filename
         parts = PurePosixPath(name.replace("\\", "/")).parts
         if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or ".." in parts:
-            raise LmsError(f"{where}: refused, the member {name!r} would be written outside its folder "
-                           "(path traversal)")
+            raise LmsError(
+                f"{where}: refused, the member {name!r} would be written outside its folder (path traversal)"
+            )
         mode = info.external_attr >> 16
         if stat.S_ISLNK(mode):
             raise LmsError(f"{where}: refused, the member {name!r} is a symbolic link")
         if info.is_dir():
             continue
         if info.file_size > MAX_FILE:
-            raise LmsError(f"{where}: refused, {name!r} unpacks to {info.file_size} bytes (a notebook may have "
-                           f"{MAX_FILE}): a zip bomb, or not a notebook")
+            raise LmsError(
+                f"{where}: refused, {name!r} unpacks to {info.file_size} bytes (a notebook may have "
+                f"{MAX_FILE}): a zip bomb, or not a notebook"
+            )
         if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
-            raise LmsError(f"{where}: refused, {name!r} unpacks to {info.file_size} bytes from "
-                           f"{info.compress_size} (more than {MAX_RATIO} to 1): a zip bomb")
+            raise LmsError(
+                f"{where}: refused, {name!r} unpacks to {info.file_size} bytes from "
+                f"{info.compress_size} (more than {MAX_RATIO} to 1): a zip bomb"
+            )
         total += info.file_size
         if total > MAX_TOTAL:
             raise LmsError(f"{where}: refused, it unpacks to more than {MAX_TOTAL} bytes: a zip bomb")
@@ -225,11 +260,14 @@ def check_zip(zf: zipfile.ZipFile, where: Path) -> list[Member]:
 # Import: which file is whose.
 # ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Collected:
     """Where a download's notebooks went, and what could not be matched (file, reason)."""
 
-    files: dict[tuple[str, int], dict] = field(default_factory=dict)  # (student, lab) -> {member, submitted_at, ..}
+    files: dict[tuple[str, int], dict] = field(
+        default_factory=dict
+    )  # (student, lab) -> {member, submitted_at, ..}
     unmatched: list[tuple[str, str]] = field(default_factory=list)
     layout: str = ""
 
@@ -265,8 +303,15 @@ def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
         base = PurePosixPath(m.name).name
         match = CANVAS_NAME.match(base)
         if not match:
-            out.unmatched.append((m.name, ("its name matches no pattern (Canvas names files "
-                                           "<name>_<user id>_<submission id>_<file>)")))
+            out.unmatched.append(
+                (
+                    m.name,
+                    (
+                        "its name matches no pattern (Canvas names files "
+                        "<name>_<user id>_<submission id>_<file>)"
+                    ),
+                )
+            )
             continue
         user = match.group("user")
         student = by_lms.get(user)
@@ -278,16 +323,27 @@ def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
             out.unmatched.append((m.name, why))
             continue
         rank = (resub, int(match.group("submission")))
-        entry = {"member": m.name, "late": bool(match.group("late")), "submitted_at": None, "source": "canvas",
-                 "times": {"canvas": None}}  # Canvas's flag: late or not, never when
+        entry = {
+            "member": m.name,
+            "late": bool(match.group("late")),
+            "submitted_at": None,
+            "source": "canvas",
+            "times": {"canvas": None},
+        }  # Canvas's flag: late or not, never when
         previous = best.get((student, lab))
         if previous is None or rank > previous[0]:
             if previous is not None:
-                out.unmatched.append((previous[1]["member"], (f"an earlier version: {m.name} is a later "
-                                                              "resubmission of the same lab")))
+                out.unmatched.append(
+                    (
+                        previous[1]["member"],
+                        (f"an earlier version: {m.name} is a later resubmission of the same lab"),
+                    )
+                )
             best[student, lab] = (rank, entry)
         else:
-            out.unmatched.append((m.name, f"an earlier version: {previous[1]['member']} is a later resubmission"))
+            out.unmatched.append(
+                (m.name, f"an earlier version: {previous[1]['member']} is a later resubmission")
+            )
     out.files = {k: v[1] for k, v in best.items()}
     return out
 
@@ -324,9 +380,17 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
                 students.append(student)
             elif not student:
                 strangers.append(f"sid {sid or '–'}, email {email or '–'}")
-        why = (f"its submitter ({strangers[0]}) is on no roster line" if strangers
-               else "no submitter in submission_metadata.yml")
-        owners[str(folder)] = (sorted(students), why, str(created) if created is not None else None, strangers)
+        why = (
+            f"its submitter ({strangers[0]}) is on no roster line"
+            if strangers
+            else "no submitter in submission_metadata.yml"
+        )
+        owners[str(folder)] = (
+            sorted(students),
+            why,
+            str(created) if created is not None else None,
+            strangers,
+        )
     for m in source.members:
         if _skip(m.name) or m.name == metadata_name:
             continue
@@ -339,30 +403,52 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
         if not students:
             out.unmatched.append((m.name, why))
             continue
-        if strangers:  # a group with a member the roster does not know: the others are credited, that one is not
+        if (
+            strangers
+        ):  # a group with a member the roster does not know: the others are credited, that one is not
             plural = "s" if len(strangers) > 1 else ""
-            out.unmatched.append((m.name, (f"not credited to the group member{plural} ({'; '.join(strangers)}) on "
-                                           f"no roster line; credited to {', '.join(students)}")))
+            out.unmatched.append(
+                (
+                    m.name,
+                    (
+                        f"not credited to the group member{plural} ({'; '.join(strangers)}) on "
+                        f"no roster line; credited to {', '.join(students)}"
+                    ),
+                )
+            )
         lab, resub, why = _lab_of(parts[-1], known_labs)
         if lab is None:
             out.unmatched.append((m.name, why))
             continue
         rank = (created or "", resub)
         for student in students:
-            entry = {"member": m.name, "late": False, "submitted_at": created, "source": "gradescope",
-                     "times": {"gradescope": created} if created else {}}
+            entry = {
+                "member": m.name,
+                "late": False,
+                "submitted_at": created,
+                "source": "gradescope",
+                "times": {"gradescope": created} if created else {},
+            }
             if len(students) > 1:
                 others = [s for s in students if s != student]
                 entry["group"] = students
-                entry["notes"] = [(f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
-                                   "credited with the group's submission")]
+                entry["notes"] = [
+                    (
+                        f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
+                        "credited with the group's submission"
+                    )
+                ]
             previous = best.get((student, lab))
             if previous is None or rank > previous[0]:
                 if previous is not None and previous[1]["member"] != m.name:
-                    out.unmatched.append((previous[1]["member"], f"an earlier version for {student}: {m.name} is later"))
+                    out.unmatched.append(
+                        (previous[1]["member"], f"an earlier version for {student}: {m.name} is later")
+                    )
                 best[student, lab] = (rank, entry)
             elif previous[1]["member"] != m.name:
-                out.unmatched.append((m.name, f"an earlier version for {student}: {previous[1]['member']} is later"))
+                out.unmatched.append(
+                    (m.name, f"an earlier version for {student}: {previous[1]['member']} is later")
+                )
     out.files = {k: v[1] for k, v in best.items()}
     return out
 
@@ -395,12 +481,21 @@ def canvas_api(source: Source, roster: Roster, known_labs: list[int]) -> Collect
         elif lab is None:
             out.unmatched.append((name, why))
         elif len(parts) != 2 or student != parts[0]:
-            out.unmatched.append((name, (f"Canvas user {record.get('user_id')} is not {parts[0]} on the roster "
-                                         "(column lms_id)")))
+            out.unmatched.append(
+                (
+                    name,
+                    (f"Canvas user {record.get('user_id')} is not {parts[0]} on the roster (column lms_id)"),
+                )
+            )
         else:
             when = record.get("submitted_at")
-            out.files[student, lab] = {"member": name, "late": bool(record.get("late")), "submitted_at": when,
-                                       "source": "canvas", "times": {"canvas": str(when) if when else None}}
+            out.files[student, lab] = {
+                "member": name,
+                "late": bool(record.get("late")),
+                "submitted_at": when,
+                "source": "canvas",
+                "times": {"canvas": str(when) if when else None},
+            }
     return out
 
 
@@ -432,8 +527,12 @@ def is_download(path: Path) -> bool:
     if any(path.rglob(GRADESCOPE_METADATA[0])) or (path / CANVAS_MANIFEST).is_file():
         return True
     for found in path.rglob(GRADESCOPE_METADATA[1]):
-        if (found.is_file() and not found.is_symlink() and found.stat().st_size <= MAX_FILE
-                and _export_metadata(found.name, found.read_bytes())):
+        if (
+            found.is_file()
+            and not found.is_symlink()
+            and found.stat().st_size <= MAX_FILE
+            and _export_metadata(found.name, found.read_bytes())
+        ):
             return True
     return any(p.is_file() and CANVAS_NAME.match(p.name) for p in path.iterdir())
 
@@ -441,12 +540,21 @@ def is_download(path: Path) -> bool:
 def collect(path: Path, roster: Roster | None, into: Path, known_labs: list[int]) -> Collected:
     """Read an LMS download into `into/<student>/lab-<N>.ipynb`; what was matched and what was not."""
     if roster is None:
-        raise LmsError(f"{path}: an LMS download is matched to students through the roster: add --roster FILE")
+        raise LmsError(
+            f"{path}: an LMS download is matched to students through the roster: add --roster FILE"
+        )
     source = Source(path)
     try:
-        meta = sorted((m.name for m in source.members if PurePosixPath(m.name).name in GRADESCOPE_METADATA
-                       and not _skip(m.name) and _export_metadata(m.name, source.read(m.name))),
-                      key=lambda n: n.count("/"))
+        meta = sorted(
+            (
+                m.name
+                for m in source.members
+                if PurePosixPath(m.name).name in GRADESCOPE_METADATA
+                and not _skip(m.name)
+                and _export_metadata(m.name, source.read(m.name))
+            ),
+            key=lambda n: n.count("/"),
+        )
         if meta:
             found = gradescope(source, roster, known_labs, meta[0])
         elif any(m.name == CANVAS_MANIFEST for m in source.members):

@@ -14,8 +14,16 @@ from labkit.grading import context
 def _md(text) -> str:
     """Text from a submission, safe inside a Markdown table cell: markup is escaped with backslashes, which
     Markdown shows as the characters themselves (an HTML entity would read as `&lt;` in a plain-text view)."""
-    return (str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<").replace(">", "\\>")
-            .replace("`", "\\`").replace("\r", " ").replace("\n", " "))
+    return (
+        str(text)
+        .replace("\\", "\\\\")
+        .replace("|", "\\|")
+        .replace("<", "\\<")
+        .replace(">", "\\>")
+        .replace("`", "\\`")
+        .replace("\r", " ")
+        .replace("\n", " ")
+    )
 
 
 def _finalize(value) -> str:
@@ -39,9 +47,15 @@ def _templates():
     if _TEMPLATES is None:
         from jinja2 import Environment, PackageLoader, StrictUndefined
 
-        _TEMPLATES = Environment(loader=PackageLoader("labkit.grading", "templates"), autoescape=False,
-                                 finalize=_finalize, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                                 keep_trailing_newline=True)
+        _TEMPLATES = Environment(
+            loader=PackageLoader("labkit.grading", "templates"),
+            autoescape=False,
+            finalize=_finalize,
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
         _TEMPLATES.filters["code"] = _code
     return _TEMPLATES
 

@@ -58,10 +58,12 @@ def merge(parts: list[dict], names: list[str] | None = None) -> dict:
             if key in PER_PART or key in DRAWN or part.get(key) == first.get(key):
                 continue
             what = {"kit": "version of the kit", "format": "format of results"}.get(key, key)
-            raise MergeError(f"{name}, line {_line(part, key)}: graded with another {what} than {first_name} "
-                             f"(line {_line(first, key)}): grade every shard with the same --labs, --configs and "
-                             "course inputs (roster, policy, overrides, extensions), with the same version of the "
-                             "kit; nothing was merged")
+            raise MergeError(
+                f"{name}, line {_line(part, key)}: graded with another {what} than {first_name} "
+                f"(line {_line(first, key)}): grade every shard with the same --labs, --configs and "
+                "course inputs (roster, policy, overrides, extensions), with the same version of the "
+                "kit; nothing was merged"
+            )
     labs = [lab["number"] for lab in labs_of(first)]
     configs = [c["name"] for c in configs_of(first)]
     students: dict[str, dict] = {}
@@ -71,21 +73,37 @@ def merge(parts: list[dict], names: list[str] | None = None) -> dict:
     for part, name in ordered:
         for student, info in part.get("students", {}).items():
             if student in students and students[student] != info:
-                raise MergeError(f"{name}, line {_line(part, 'students')}: student {student!r} is also in "
-                                 f"{owner[student]}, graded otherwise: merge each shard once; nothing was merged")
+                raise MergeError(
+                    f"{name}, line {_line(part, 'students')}: student {student!r} is also in "
+                    f"{owner[student]}, graded otherwise: merge each shard once; nothing was merged"
+                )
             students[student], owner[student] = info, name
         notes += [n for n in part.get("notes", []) if n not in notes]
         for r in part.get("rows", []):
             key = (r["student"], r["lab"], r["config"])
             if key in rows and rows[key] != r:
-                raise MergeError(f"{name}, line {_line(part, 'rows')}: {r['student']} lab {r['lab']} on "
-                                 f"{r['config']} is in two parts with different results; nothing was merged")
+                raise MergeError(
+                    f"{name}, line {_line(part, 'rows')}: {r['student']} lab {r['lab']} on "
+                    f"{r['config']} is in two parts with different results; nothing was merged"
+                )
             rows[key] = r
-    ordered_rows = sorted(rows.values(), key=lambda r: (
-        r["student"], labs.index(r["lab"]) if r["lab"] in labs else 0,
-        configs.index(r["config"]) if r["config"] in configs else 0))
-    shared = {k: v for k, v in first.items() if k not in DRAWN and k not in PER_PART}  # drawn again from the class
-    return {**shared, "students": {s: students[s] for s in sorted(students)}, "notes": notes, "rows": ordered_rows}
+    ordered_rows = sorted(
+        rows.values(),
+        key=lambda r: (
+            r["student"],
+            labs.index(r["lab"]) if r["lab"] in labs else 0,
+            configs.index(r["config"]) if r["config"] in configs else 0,
+        ),
+    )
+    shared = {
+        k: v for k, v in first.items() if k not in DRAWN and k not in PER_PART
+    }  # drawn again from the class
+    return {
+        **shared,
+        "students": {s: students[s] for s in sorted(students)},
+        "notes": notes,
+        "rows": ordered_rows,
+    }
 
 
 def merge_folders(folders: list[Path], out: Path, notes: Sequence[str] = ()) -> dict:
@@ -100,9 +118,11 @@ def merge_folders(folders: list[Path], out: Path, notes: Sequence[str] = ()) -> 
     for m, f in kept[1:]:
         if m != kept[0][0]:
             where = f / course.FOLDER / course.MANIFEST
-            raise MergeError(f"{where}, line 1: the course's inputs differ from those of {kept[0][1]} "
-                             f"({', '.join(_differing(kept[0][0], m))}): grade every shard with the same "
-                             "inputs; nothing was merged")
+            raise MergeError(
+                f"{where}, line 1: the course's inputs differ from those of {kept[0][1]} "
+                f"({', '.join(_differing(kept[0][0], m))}): grade every shard with the same "
+                "inputs; nothing was merged"
+            )
     results = merge(parts, [str(f / "scoreboard.json") for f in folders])
     results["notes"] = results["notes"] + [n for n in notes if n not in results["notes"]]
     out = Path(out)
@@ -113,7 +133,9 @@ def merge_folders(folders: list[Path], out: Path, notes: Sequence[str] = ()) -> 
             if mine.is_dir() and mine.resolve() != (out / "history" / student).resolve():
                 shutil.copytree(mine, out / "history" / student, dirs_exist_ok=True)
     if kept:
-        course.copy(min(kept, key=lambda mf: str(sorted(mf[0].items())))[1] / course.FOLDER, out / course.FOLDER)
+        course.copy(
+            min(kept, key=lambda mf: str(sorted(mf[0].items())))[1] / course.FOLDER, out / course.FOLDER
+        )
     return results
 
 

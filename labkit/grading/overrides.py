@@ -28,8 +28,10 @@ def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, se
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
     missing = {"student", "lab"} - set(reader.fieldnames or [])
     if missing:
-        raise OverrideError(f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
-                            f"{', '.join(sorted(missing))} (expected {','.join(COLUMNS)})")
+        raise OverrideError(
+            f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(sorted(missing))} (expected {','.join(COLUMNS)})"
+        )
     out, seen = [], {}
     for line in reader:
         n = reader.line_num
@@ -38,8 +40,10 @@ def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, se
             raise OverrideError(f"{source}, line {n}: no student {get['student']!r} in this class")
         lab = get["lab"].removeprefix("lab-")
         if not lab.isdigit() or int(lab) not in lab_tests:
-            raise OverrideError(f"{source}, line {n}: no lab {get['lab']!r} graded here "
-                                f"(labs: {', '.join(map(str, sorted(lab_tests)))})")
+            raise OverrideError(
+                f"{source}, line {n}: no lab {get['lab']!r} graded here "
+                f"(labs: {', '.join(map(str, sorted(lab_tests)))})"
+            )
         entry = {"student": get["student"], "lab": int(lab), "comment": get["comment"], "line": n}
         if get["points"]:
             if get["test"] or get["status"]:
@@ -47,7 +51,9 @@ def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, se
             try:
                 entry["points"] = float(get["points"])
             except ValueError:
-                raise OverrideError(f"{source}, line {n}: points must be a number, got {get['points']!r}") from None
+                raise OverrideError(
+                    f"{source}, line {n}: points must be a number, got {get['points']!r}"
+                ) from None
             if entry["points"] < 0:
                 raise OverrideError(f"{source}, line {n}: points must not be negative")
             key = (entry["student"], entry["lab"], "")
@@ -56,7 +62,9 @@ def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, se
             if test not in lab_tests[int(lab)]:
                 raise OverrideError(f"{source}, line {n}: lab {lab} has no test {get['test']!r}")
             if get["status"] not in ("passed", "failed"):
-                raise OverrideError(f"{source}, line {n}: status must be passed or failed, got {get['status']!r}")
+                raise OverrideError(
+                    f"{source}, line {n}: status must be passed or failed, got {get['status']!r}"
+                )
             entry.update(test=test, status=get["status"])
             key = (entry["student"], entry["lab"], test)
         else:

@@ -29,11 +29,13 @@ pre.card{font-size:.8rem;background:#f7f8f9;border:1px solid #d4d9de;padding:.4r
 details{margin:.2rem 0 .6rem} summary{cursor:pointer;font-weight:600}
 .notes{color:#6b4f00} .overridden{outline:2px dashed #8a5a00;outline-offset:-2px} .rule{color:#4a525a}
 """
-SPREAD_CSS = ("#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
-              "svg.failrate{display:block} table.failrates caption{text-align:left;font-weight:600;padding:.2rem 0} "
-              "tr.several-only th{background:#fbe3df} "
-              ".several-tag{font-size:.75rem;color:#8e2a1e;border:1px solid #d9a49b;border-radius:3px;padding:0 .25rem;"
-              "margin-left:.3rem}\n")
+SPREAD_CSS = (
+    "#spread td{text-align:center;vertical-align:bottom} svg.spread{display:block;margin:0 auto}\n"
+    "svg.failrate{display:block} table.failrates caption{text-align:left;font-weight:600;padding:.2rem 0} "
+    "tr.several-only th{background:#fbe3df} "
+    ".several-tag{font-size:.75rem;color:#8e2a1e;border:1px solid #d9a49b;border-radius:3px;padding:0 .25rem;"
+    "margin-left:.3rem}\n"
+)
 
 
 def _heat(row: dict | None) -> tuple[str, str, str]:
@@ -44,7 +46,11 @@ def _heat(row: dict | None) -> tuple[str, str, str]:
     if status in ("ok", "failed") and row["total"]:
         frac = row["passed"] / row["total"]
         hue = round(120 * frac)
-        return f"status-{status}", f"background:hsl({hue},62%,{78 if frac < 1 else 72}%)", f"{row['passed']}/{row['total']}"
+        return (
+            f"status-{status}",
+            f"background:hsl({hue},62%,{78 if frac < 1 else 72}%)",
+            f"{row['passed']}/{row['total']}",
+        )
     return f"status-{status}", "", status
 
 
@@ -57,9 +63,12 @@ def _templates():
     if _TEMPLATES is None:
         from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-        _TEMPLATES = Environment(loader=PackageLoader("labkit.grading", "templates"),
-                                 autoescape=select_autoescape(["html", "j2"], default_for_string=True),
-                                 undefined=StrictUndefined, keep_trailing_newline=True)
+        _TEMPLATES = Environment(
+            loader=PackageLoader("labkit.grading", "templates"),
+            autoescape=select_autoescape(["html", "j2"], default_for_string=True),
+            undefined=StrictUndefined,
+            keep_trailing_newline=True,
+        )
     return _TEMPLATES
 
 
@@ -69,17 +78,34 @@ def _spread(results: dict) -> dict:
     scale = max((d["students"] for d in found), default=1)
     by = {(d["lab"], d["config"]): d for d in found}
     configs = [c["name"] for c in configs_of(results)]
-    return {"configs": configs, "scale": scale, "bars": spread.BARS, "labs": [
-        {"number": lab["number"], "name": lab["name"],
-         "cells": [spread.layout(by[(lab["number"], c)], scale) | {"config": c, "skipped": by[(lab["number"], c)]["skipped"]}
-                   for c in configs]} for lab in labs_of(results)]}
+    return {
+        "configs": configs,
+        "scale": scale,
+        "bars": spread.BARS,
+        "labs": [
+            {
+                "number": lab["number"],
+                "name": lab["name"],
+                "cells": [
+                    spread.layout(by[(lab["number"], c)], scale)
+                    | {"config": c, "skipped": by[(lab["number"], c)]["skipped"]}
+                    for c in configs
+                ],
+            }
+            for lab in labs_of(results)
+        ],
+    }
 
 
 def _similar(results: dict, sid: dict[str, str]) -> dict:
     """The pairs to look at together, each student linked to their section of the page."""
-    return {"rule": similarity.RULE, "pairs": [
-        p | {"sids": [sid.get(s, "") for s in p["students"]], "percent": round(100 * p["similarity"])}
-        for p in similarity.pairs(results)]}
+    return {
+        "rule": similarity.RULE,
+        "pairs": [
+            p | {"sids": [sid.get(s, "") for s in p["students"]], "percent": round(100 * p["similarity"])}
+            for p in similarity.pairs(results)
+        ],
+    }
 
 
 def to_html(results: dict) -> str:
@@ -96,27 +122,57 @@ def to_html(results: dict) -> str:
             for lab in labs:
                 row = index.get((s, lab["number"], config["name"]))
                 cls, style, text = _heat(row)
-                cells.append({"cls": cls, "style": style, "text": text, "lab": lab["number"],
-                              "title": row["message"] if row and row["message"] else ""})
+                cells.append(
+                    {
+                        "cls": cls,
+                        "style": style,
+                        "text": text,
+                        "lab": lab["number"],
+                        "title": row["message"] if row and row["message"] else "",
+                    }
+                )
             rows.append({"student": s, "sid": sid[s], "cells": cells})
         heatmaps.append({"name": config["name"], "summary": config.get("summary", ""), "rows": rows})
     k = context.klass(results)
-    summary = (f"{len(students)} student{'s' if len(students) != 1 else ''} · labs "
-               f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
-               f"{', '.join(c['name'] for c in configs)}")
-    return _templates().get_template("scoreboard.html.j2").render(
-        css=CSS + SPREAD_CSS, summary=summary, labs=labs, configs=configs, spread=_spread(results),
-        failrates=[failrates.layout(lab) for lab in failrates.rates(results)], similar=_similar(results, sid),
-        heatmaps=heatmaps, points=k["points"], bugs=k["bugs"], boards=k["boards"], stats=k["stats"], labels=k["labels"],
-        notes=results.get("notes", []), sections=[context.section(results, s, sid[s], index) for s in students])
+    summary = (
+        f"{len(students)} student{'s' if len(students) != 1 else ''} · labs "
+        f"{', '.join(str(lab['number']) for lab in labs)} · configurations "
+        f"{', '.join(c['name'] for c in configs)}"
+    )
+    return (
+        _templates()
+        .get_template("scoreboard.html.j2")
+        .render(
+            css=CSS + SPREAD_CSS,
+            summary=summary,
+            labs=labs,
+            configs=configs,
+            spread=_spread(results),
+            failrates=[failrates.layout(lab) for lab in failrates.rates(results)],
+            similar=_similar(results, sid),
+            heatmaps=heatmaps,
+            points=k["points"],
+            bugs=k["bugs"],
+            boards=k["boards"],
+            stats=k["stats"],
+            labels=k["labels"],
+            notes=results.get("notes", []),
+            sections=[context.section(results, s, sid[s], index) for s in students],
+        )
+    )
 
 
 def feedback_html(results: dict, student: str) -> str:
     """One student's own page, from the context their Markdown feedback is drawn from (labkit/grading/context.py):
     the class page's rules, their labs only, hidden tests by name and outcome."""
     f = context.feedback(results, student)
-    return _templates().get_template("feedback.html.j2").render(
-        css=CSS, labs=labs_of(results), configs=f["configs"], points=f["points"], boards=f["boards"], s=f)
+    return (
+        _templates()
+        .get_template("feedback.html.j2")
+        .render(
+            css=CSS, labs=labs_of(results), configs=f["configs"], points=f["points"], boards=f["boards"], s=f
+        )
+    )
 
 
 def anonymous_html(results: dict) -> str:
@@ -127,8 +183,10 @@ def anonymous_html(results: dict) -> str:
         for cell in lab["cells"]:
             for bar in cell.get("bars", []):
                 if bar["count"]:
-                    bar["title"] = (f"{lab['name']} on {cell['config']}, {bar['label']}: {bar['count']} "
-                                    f"student{'s' if bar['count'] != 1 else ''}")
+                    bar["title"] = (
+                        f"{lab['name']} on {cell['config']}, {bar['label']}: {bar['count']} "
+                        f"student{'s' if bar['count'] != 1 else ''}"
+                    )
     rates = [failrates.layout(lab) for lab in failrates.rates(results)]
     for lab in rates:
         for row in lab["rows"]:
@@ -138,9 +196,20 @@ def anonymous_html(results: dict) -> str:
                     said += f"; {c['several_only']} of them pass it on one device"
                 c["title"] = f"{row['label']} on {c['config']}: {said}"
     count = len(students_of(results))
-    summary = (f"{count} student{'s' if count != 1 else ''} · labs "
-               f"{', '.join(str(lab['number']) for lab in labs_of(results))} · configurations "
-               f"{', '.join(c['name'] for c in configs_of(results))}")
-    return _templates().get_template("anonymous.html.j2").render(
-        css=CSS + SPREAD_CSS, summary=summary, spread=shown, failrates=rates, stats=stats.final_points(results),
-        labels=stats.bin_labels())
+    summary = (
+        f"{count} student{'s' if count != 1 else ''} · labs "
+        f"{', '.join(str(lab['number']) for lab in labs_of(results))} · configurations "
+        f"{', '.join(c['name'] for c in configs_of(results))}"
+    )
+    return (
+        _templates()
+        .get_template("anonymous.html.j2")
+        .render(
+            css=CSS + SPREAD_CSS,
+            summary=summary,
+            spread=shown,
+            failrates=rates,
+            stats=stats.final_points(results),
+            labels=stats.bin_labels(),
+        )
+    )

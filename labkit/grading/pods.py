@@ -44,7 +44,9 @@ NOTEBOOK = "notebook.ipynb"
 CALLS = "calls.json"
 RUN = "run"  # in a pod's output folder: the run's kit folder (its scratch folder inside)
 ENDED = "pod-run.json"  # in a pod's output folder: how the kernel ended, as the pod's kit saw it
-NOTEBOOK_MAX_BYTES = records.MAX_BYTES  # an executed notebook larger than this is not read for its cell errors
+NOTEBOOK_MAX_BYTES = (
+    records.MAX_BYTES
+)  # an executed notebook larger than this is not read for its cell errors
 
 
 class PodError(RuntimeError):
@@ -55,7 +57,10 @@ class PodError(RuntimeError):
 # plan: the trusted step that writes each unit's inputs.
 # ----------------------------------------------------------------------------------------
 
-def plan(submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None) -> list[dict]:
+
+def plan(
+    submissions: Path, out: Path, *, labs: str | None = None, config_names: str | None = None
+) -> list[dict]:
     """Write one input folder per unit (reference solutions first) under `out`; the units, as listed in units.json."""
     from labkit.judge import judge
 
@@ -71,7 +76,8 @@ def plan(submissions: Path, out: Path, *, labs: str | None = None, config_names:
     for lab in chosen_labs:
         calls = verify.for_the_student(verify.mark(judge.collect_calls(lab.test_dirs(hidden=True))))
         handed = [(collect.REFERENCE, lab.reference, True)] + [
-            (s, found[lab.number], False) for s, found in sorted(subs.students.items()) if lab.number in found]
+            (s, found[lab.number], False) for s, found in sorted(subs.students.items()) if lab.number in found
+        ]
         for student, notebook, kit in handed:
             for config in chosen:
                 index = len(units)
@@ -79,8 +85,13 @@ def plan(submissions: Path, out: Path, *, labs: str | None = None, config_names:
                 folder.mkdir(parents=True)
                 shutil.copyfile(notebook, folder / NOTEBOOK, follow_symlinks=False)
                 (folder / CALLS).write_text(json.dumps({"calls": calls}))
-                unit = {"index": index, "student": student, "lab": lab.number, "config": config.name,
-                        "kit": kit}
+                unit = {
+                    "index": index,
+                    "student": student,
+                    "lab": lab.number,
+                    "config": config.name,
+                    "kit": kit,
+                }
                 (folder / UNIT_FILE).write_text(json.dumps(unit))
                 units.append(unit)
     (out / "units.json").write_text(json.dumps({"units": units}, indent=1))
@@ -103,8 +114,9 @@ def _indexes(plan_folder: Path) -> dict[tuple[bool, str, int, str], int | None]:
     return found
 
 
-def output_of(runs: Path, plan_folder: Path, student: str, lab: int, config: str, *,
-              kit: bool = False) -> Path | None:
+def output_of(
+    runs: Path, plan_folder: Path, student: str, lab: int, config: str, *, kit: bool = False
+) -> Path | None:
     """The output folder of the pod that ran `student`'s lab on `config` (`kit`: the kit's own unit, a
     reference solution's), or None when the plan has no such unit."""
     index = _indexes(Path(plan_folder)).get((kit, student, lab, config))
@@ -115,16 +127,20 @@ def output_of(runs: Path, plan_folder: Path, student: str, lab: int, config: str
 # run: in the unit's pod.
 # ----------------------------------------------------------------------------------------
 
-def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_TIMEOUT,
-             limits: Limits | None = None) -> int:
+
+def run_unit(
+    unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_TIMEOUT, limits: Limits | None = None
+) -> int:
     """Run the unit in `unit_folder` (its pod's read-only inputs) with its output in `out`; 0 once it ran.
 
     Only with `--isolation pod` (a pod of the kit's design, `modes.pod_problem`): anything else is
     refused before the notebook starts, so this never runs a notebook without a sandbox by accident."""
     limits = limits or allowance.DEFAULT_LIMITS
     if limits.isolation != modes.POD:
-        raise modes.SandboxUnavailable("`pods run` runs a notebook with the pod as its only sandbox, so it asks "
-                                         "for it by name: --isolation pod")
+        raise modes.SandboxUnavailable(
+            "`pods run` runs a notebook with the pod as its only sandbox, so it asks "
+            "for it by name: --isolation pod"
+        )
     modes.isolation(modes.POD)  # raises, with the reason, where this is no pod of the kit's design
     unit = json.loads((Path(unit_folder) / UNIT_FILE).read_text())
     config = configs.by_name(unit["config"])
@@ -147,10 +163,17 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
     execute.fresh_workdir(work)
     input_path = execute.prepare(nb, work, calls)
     env = execute.environment_of(config)
-    ran = kernel.papermill_run(input_path, work / "executed.ipynb", scratch.RunFolders(work), env, limits,
-                             execute.new_key(), timeout)
-    ended |= {"timed_out": ran.timed_out, "died": ran.died, "disk": ran.disk, "failure": ran.failure,
-              "returncode": ran.returncode, "seconds": round(ran.seconds, 2)}
+    ran = kernel.papermill_run(
+        input_path, work / "executed.ipynb", scratch.RunFolders(work), env, limits, execute.new_key(), timeout
+    )
+    ended |= {
+        "timed_out": ran.timed_out,
+        "died": ran.died,
+        "disk": ran.disk,
+        "failure": ran.failure,
+        "returncode": ran.returncode,
+        "seconds": round(ran.seconds, 2),
+    }
     (Path(out) / ENDED).write_text(json.dumps(ended))
     return 0
 
@@ -159,30 +182,46 @@ def run_unit(unit_folder: Path, out: Path, *, timeout: float = execute.DEFAULT_T
 # The judge's side: a unit's output read as untrusted data.
 # ----------------------------------------------------------------------------------------
 
+
 def _text(value, limit: int = 300) -> str:
     return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
 
 
-def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, timeout: float,
-              limits: Limits) -> execute.RunRecord:
+def record_of(
+    output: Path | None, config, calls: list[dict], kit_folder: Path, timeout: float, limits: Limits
+) -> execute.RunRecord:
     """The run's record from a pod's output folder, each value of the pod's taken as untrusted data.
 
     `kit_folder` is the judge's own folder for this unit (the verifier works there, never in the pod's
     output). The required calls are run again by the kit's verifier, with `limits` (the judge's own
     isolation), so their values and facts are the kit's, whatever the pod wrote."""
-    record = execute.RunRecord(config.name, "error", workdir=str(kit_folder), isolation=modes.POD,
-                               limits=limits.to_json(), start="cold")
+    record = execute.RunRecord(
+        config.name,
+        "error",
+        workdir=str(kit_folder),
+        isolation=modes.POD,
+        limits=limits.to_json(),
+        start="cold",
+    )
     if output is None:
-        record.message = "the plan has no pod for this unit: plan and grade the same class, labs and configurations"
+        record.message = (
+            "the plan has no pod for this unit: plan and grade the same class, labs and configurations"
+        )
         return record
     try:
-        ended = records.ended(scratch.read(output, ENDED, 1 << 16))  # its schema, bounded (labkit.judge.records)
+        ended = records.ended(
+            scratch.read(output, ENDED, 1 << 16)
+        )  # its schema, bounded (labkit.judge.records)
     except FileNotFoundError:
-        record.message = ("the unit's pod left no record of its run (it did not start, or was stopped at its "
-                          "deadline or for its memory): nothing from this run is graded")
+        record.message = (
+            "the unit's pod left no record of its run (it did not start, or was stopped at its "
+            "deadline or for its memory): nothing from this run is graded"
+        )
         return record
     except (OSError, ValueError, TypeError) as e:
-        record.message = f"the unit's pod left a record the kit does not read ({_text(str(e))}): nothing from it is graded"
+        record.message = (
+            f"the unit's pod left a record the kit does not read ({_text(str(e))}): nothing from it is graded"
+        )
         return record
     status = ended.get("status")
     if status in ("error", "skipped"):
@@ -202,11 +241,16 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
         record.status, record.message = "timeout", f"the notebook did not finish within {timeout:g} s"
         return record
     results = scratch.RunFolders(run).scratch
-    found = scratch.kind(results, "results.json") if scratch.kind(run, scratch.SCRATCH) == "folder" else "missing"
+    found = (
+        scratch.kind(results, "results.json") if scratch.kind(run, scratch.SCRATCH) == "folder" else "missing"
+    )
     if found != "file":
-        record.message = ("the notebook stopped before its functions could be called" if found == "missing" else
-                          f"the run's results file was replaced by a {execute.NOT_A_FILE.get(found, 'special file')}, "
-                          "which the kit never opens: nothing from this run is graded")
+        record.message = (
+            "the notebook stopped before its functions could be called"
+            if found == "missing"
+            else f"the run's results file was replaced by a {execute.NOT_A_FILE.get(found, 'special file')}, "
+            "which the kit never opens: nothing from this run is graded"
+        )
         return record
     try:  # no key: the pod's kit held it beside the student's code, so a signature there proves nothing
         record.environment, record.results = execute.read_results(results / "results.json", None)
@@ -214,7 +258,9 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
         record.message = f"the run's results could not be read: {e}"
         return record
     except records.Malformed as e:
-        record.message = f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
+        record.message = (
+            f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
+        )
         return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.message = f"the run's results could not be read ({type(e).__name__})"
@@ -231,8 +277,11 @@ def record_of(output: Path | None, config, calls: list[dict], kit_folder: Path, 
 # python -m labkit pods ...
 # ----------------------------------------------------------------------------------------
 
+
 def add_parser(sub) -> None:
-    pods = sub.add_parser("pods", help="grade with one pod per unit, the pod as the sandbox (see docs/grading.md)")
+    pods = sub.add_parser(
+        "pods", help="grade with one pod per unit, the pod as the sandbox (see docs/grading.md)"
+    )
     steps = pods.add_subparsers(dest="step", required=True)
     p = steps.add_parser("plan", help="the trusted first step: one input folder per unit, PLAN/units/<i>/")
     p.add_argument("--submissions", required=True, type=Path)

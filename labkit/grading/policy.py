@@ -54,34 +54,48 @@ class Policy:
     late: dict = field(default_factory=dict)  # per_day, cap, grace_minutes (see labkit/grading/deadlines.py)
     due: dict[int, str] = field(default_factory=dict)  # lab number -> ISO 8601 due date
     canvas: dict[int, int] = field(default_factory=dict)  # lab number -> Canvas assignment id (exports)
-    names: bool = False  # [leaderboard] names: students see classmates' ids on the leaderboards (else "classmate N")
+    names: bool = (
+        False  # [leaderboard] names: students see classmates' ids on the leaderboards (else "classmate N")
+    )
 
     def weight(self, lab: int) -> float:
         return self.weights.get(lab, 1)
 
     def to_json(self) -> dict:
-        return {"combine": self.combine, "required": list(self.required),
-                "weights": {str(k): v for k, v in sorted(self.weights.items())}, "source": self.source,
-                "late": dict(self.late), "due": {str(k): v for k, v in sorted(self.due.items())},
-                "canvas": {str(k): v for k, v in sorted(self.canvas.items())}, "leaderboard": {"names": self.names}}
+        return {
+            "combine": self.combine,
+            "required": list(self.required),
+            "weights": {str(k): v for k, v in sorted(self.weights.items())},
+            "source": self.source,
+            "late": dict(self.late),
+            "due": {str(k): v for k, v in sorted(self.due.items())},
+            "canvas": {str(k): v for k, v in sorted(self.canvas.items())},
+            "leaderboard": {"names": self.names},
+        }
 
     @classmethod
     def from_json(cls, data: dict | None) -> Policy:
         if not data:
             return cls()
-        return cls(combine=data.get("combine", "all"), required=tuple(data.get("required", ())),
-                   weights={int(k): v for k, v in data.get("weights", {}).items()},
-                   source=data.get("source", ""), late=dict(data.get("late", {})),
-                   due={int(k): v for k, v in data.get("due", {}).items()},
-                   canvas={int(k): v for k, v in data.get("canvas", {}).items()},
-                   names=data.get("leaderboard", {}).get("names") is True)
+        return cls(
+            combine=data.get("combine", "all"),
+            required=tuple(data.get("required", ())),
+            weights={int(k): v for k, v in data.get("weights", {}).items()},
+            source=data.get("source", ""),
+            late=dict(data.get("late", {})),
+            due={int(k): v for k, v in data.get("due", {}).items()},
+            canvas={int(k): v for k, v in data.get("canvas", {}).items()},
+            names=data.get("leaderboard", {}).get("names") is True,
+        )
 
 
 def _unknown(where: str, keys, allowed: set[str], path) -> None:
     extra = sorted(set(keys) - allowed)
     if extra:
-        raise PolicyError(f"{path}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} "
-                          f"in {where} (known: {', '.join(sorted(allowed))})")
+        raise PolicyError(
+            f"{path}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} "
+            f"in {where} (known: {', '.join(sorted(allowed))})"
+        )
 
 
 def _number(value, what: str, path) -> float:
@@ -111,8 +125,10 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         raise PolicyError(f"{path}: [grading] required must be a list of configuration names")
     for name in required:
         if name not in configs.CONFIGS:
-            raise PolicyError(f"{path}: [grading] required names the unknown configuration {name!r} "
-                              f"(known: {', '.join(configs.CONFIGS)})")
+            raise PolicyError(
+                f"{path}: [grading] required names the unknown configuration {name!r} "
+                f"(known: {', '.join(configs.CONFIGS)})"
+            )
     known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
     weights, due, canvas = {}, {}, {}
     labs = data.get("labs", {})
@@ -120,8 +136,9 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         raise PolicyError(f"{path}: [labs] must be a table of [labs.N] tables")
     for key, table in labs.items():
         if not str(key).isdigit() or int(key) not in known:
-            raise PolicyError(f"{path}: [labs.{key}] names no lab of this course (labs: "
-                              f"{', '.join(map(str, known))})")
+            raise PolicyError(
+                f"{path}: [labs.{key}] names no lab of this course (labs: {', '.join(map(str, known))})"
+            )
         if not isinstance(table, dict):
             raise PolicyError(f"{path}: [labs.{key}] must be a table, e.g. weight = 1")
         _unknown(f"[labs.{key}]", table, _LAB, path)
@@ -130,14 +147,17 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         if "canvas_id" in table:
             value = table["canvas_id"]
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise PolicyError(f"{path}: [labs.{key}] canvas_id must be the assignment's number in Canvas, "
-                                  f"got {value!r}")
+                raise PolicyError(
+                    f"{path}: [labs.{key}] canvas_id must be the assignment's number in Canvas, got {value!r}"
+                )
             canvas[int(key)] = value
         if "due" in table:
             value = table["due"]
             if not hasattr(value, "isoformat") or not hasattr(value, "tzinfo") or value.tzinfo is None:
-                raise PolicyError(f"{path}: [labs.{key}] due must be a date and time with its offset, "
-                                  f"e.g. 2026-03-01T23:59:00Z; got {value!r}")
+                raise PolicyError(
+                    f"{path}: [labs.{key}] due must be a date and time with its offset, "
+                    f"e.g. 2026-03-01T23:59:00Z; got {value!r}"
+                )
             due[int(key)] = value.isoformat()
     late = data.get("late", {})
     if not isinstance(late, dict):
@@ -157,8 +177,16 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
     names = board.get("names", False)
     if not isinstance(names, bool):
         raise PolicyError(f"{path}: [leaderboard] names must be true or false, got {names!r}")
-    return Policy(combine=combine, required=tuple(required), weights=weights, source=str(path), late=late, due=due,
-                  canvas=canvas, names=names)
+    return Policy(
+        combine=combine,
+        required=tuple(required),
+        weights=weights,
+        source=str(path),
+        late=late,
+        due=due,
+        canvas=canvas,
+        names=names,
+    )
 
 
 def _accepted_sources(accept, path) -> list[str]:
@@ -166,15 +194,20 @@ def _accepted_sources(accept, path) -> list[str]:
     from labkit.grading import deadlines
 
     if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
-        raise PolicyError(f"{path}: [late] accept must be a list of time sources, e.g. "
-                          f"{list(deadlines.ACCEPT_DEFAULT)}")
+        raise PolicyError(
+            f"{path}: [late] accept must be a list of time sources, e.g. {list(deadlines.ACCEPT_DEFAULT)}"
+        )
     for name in accept:
         if name in deadlines.NEVER_ACCEPTED:
-            raise PolicyError(f"{path}: [late] accept names {name!r}, which a late penalty can never count from: "
-                              f"{deadlines.NEVER_ACCEPTED[name]}")
+            raise PolicyError(
+                f"{path}: [late] accept names {name!r}, which a late penalty can never count from: "
+                f"{deadlines.NEVER_ACCEPTED[name]}"
+            )
         if name not in deadlines.SOURCES:
-            raise PolicyError(f"{path}: [late] accept names the unknown time source {name!r} (known: "
-                              f"{', '.join(s for s in deadlines.SOURCES if s not in deadlines.NEVER_ACCEPTED)})")
+            raise PolicyError(
+                f"{path}: [late] accept names the unknown time source {name!r} (known: "
+                f"{', '.join(s for s in deadlines.SOURCES if s not in deadlines.NEVER_ACCEPTED)})"
+            )
     return list(accept)
 
 
@@ -204,18 +237,21 @@ def check_required(policy: Policy, chosen: list[str]) -> str:
     for name in policy.required:
         ok, reason = configs.CONFIGS[name].availability()
         if not ok:
-            raise PolicyError(f"{policy.source} requires {name}, which cannot run here ({reason}): no final "
-                              "grades without it; grade on a machine that has it")
+            raise PolicyError(
+                f"{policy.source} requires {name}, which cannot run here ({reason}): no final "
+                "grades without it; grade on a machine that has it"
+            )
         if name not in chosen:
             left_out.append(name)
     if left_out:
-        return (f"provisional: {policy.source} requires {', '.join(left_out)}, which --configs left out")
+        return f"provisional: {policy.source} requires {', '.join(left_out)}, which --configs left out"
     return ""
 
 
 # ----------------------------------------------------------------------------------------
 # From graded results to points: pure functions of scoreboard.json-shaped data.
 # ----------------------------------------------------------------------------------------
+
 
 def _num(x: float) -> float | int:
     return int(x) if float(x).is_integer() else round(float(x), 4)
@@ -227,7 +263,8 @@ def lab_tests(rows: list[dict]) -> dict[int, dict[str, dict]]:
     for r in rows:
         for t in r.get("tests", []):
             entry = out.setdefault(r["lab"], {}).setdefault(
-                t["test"], {"points": t.get("points", 1), "hidden": t.get("hidden", False), "configs": []})
+                t["test"], {"points": t.get("points", 1), "hidden": t.get("hidden", False), "configs": []}
+            )
             if t["status"] != "skipped" and r["config"] not in entry["configs"]:
                 entry["configs"].append(r["config"])
     return out
@@ -235,8 +272,10 @@ def lab_tests(rows: list[dict]) -> dict[int, dict[str, dict]]:
 
 def rule(policy: Policy, config_names: list[str]) -> str:
     weights = ", ".join(f"lab {n} x{_num(w)}" for n, w in sorted(policy.weights.items()))
-    return (f"{COMBINE[policy.combine]} ({', '.join(config_names) or 'none'}); total = the sum of lab points "
-            f"times lab weights ({weights or 'every lab x1'}); policy: {policy.source}")
+    return (
+        f"{COMBINE[policy.combine]} ({', '.join(config_names) or 'none'}); total = the sum of lab points "
+        f"times lab weights ({weights or 'every lab x1'}); policy: {policy.source}"
+    )
 
 
 def lab_points(policy: Policy, tests: dict[str, dict], rows: dict[str, dict]) -> tuple[float, float]:
@@ -267,8 +306,10 @@ def _with_test_overrides(rows: dict[str, dict], changes: dict[str, str]) -> dict
         return rows
     out = {}
     for config, row in rows.items():
-        tests = [t | {"status": changes[t["test"]]} if t["test"] in changes and t["status"] != "skipped" else t
-                 for t in row.get("tests", [])]
+        tests = [
+            t | {"status": changes[t["test"]]} if t["test"] in changes and t["status"] != "skipped" else t
+            for t in row.get("tests", [])
+        ]
         out[config] = row | {"tests": tests}
     return out
 
@@ -307,9 +348,17 @@ def grades(results: dict) -> dict:
     items = adjustments.items_of(results.get("adjustments", []))
     extensions = results.get("extensions", {})
     provisional = results.get("provisional", "")
-    out = {"rule": (provisional.upper().split(":")[0] + ":" + provisional.split(":", 1)[1] + "; "
-                    if provisional else "") + rule(policy, config_names),
-           "combine": policy.combine, "provisional": provisional, "students": {}}
+    out = {
+        "rule": (
+            provisional.upper().split(":")[0] + ":" + provisional.split(":", 1)[1] + "; "
+            if provisional
+            else ""
+        )
+        + rule(policy, config_names),
+        "combine": policy.combine,
+        "provisional": provisional,
+        "students": {},
+    }
     for student in sorted(results.get("students", {})):
         labs, total, possible = {}, 0.0, 0.0
         handed = results["students"][student].get("submissions", {})
@@ -320,19 +369,32 @@ def grades(results: dict) -> dict:
             earned, most = lab_points(policy, tests, mine)
             statuses = {r["status"] for r in mine.values()}
             status = "missing" if not mine or statuses == {"missing"} else "graded"
-            entry: dict = {"points": earned, "max_points": most, "weight": _num(policy.weight(number)), "status": status}
-            charged = deadlines.charge(handed.get(str(number)), policy.due.get(number), policy.late,
-                                       extensions.get(student, {}).get(str(number), 0))
+            entry: dict = {
+                "points": earned,
+                "max_points": most,
+                "weight": _num(policy.weight(number)),
+                "status": status,
+            }
+            charged = deadlines.charge(
+                handed.get(str(number)),
+                policy.due.get(number),
+                policy.late,
+                extensions.get(student, {}).get(str(number), 0),
+            )
             entry.update(charged)
             if charged.get("late_days"):
-                entry.update(points=_num(earned * (1 - charged["late_penalty"])),
-                             late_penalty=_num(charged["late_penalty"]))
+                entry.update(
+                    points=_num(earned * (1 - charged["late_penalty"])),
+                    late_penalty=_num(charged["late_penalty"]),
+                )
             if key in set_points:
                 entry["points"] = _num(set_points[key]["points"])
             if key in comments:
                 entry["overridden"] = "; ".join(comments[key])
             if key in adjusted or number in items:
-                entry.update(adjustments.applied(entry["points"], most, adjusted.get(key, []), items.get(number, {})))
+                entry.update(
+                    adjustments.applied(entry["points"], most, adjusted.get(key, []), items.get(number, {}))
+                )
                 entry["points"], most = _num(entry["points"]), _num(entry["max_points"])
             labs[str(number)] = entry
             total += policy.weight(number) * entry["points"]

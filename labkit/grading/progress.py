@@ -21,19 +21,27 @@ FILE = "progress.json"
 
 def record(out: Path, *, phase: str, total: int, done: int, started: float) -> None:
     """Write what a grading run has done so far (called after each graded unit)."""
-    write_atomic(Path(out) / FILE, json.dumps({"phase": phase, "total": total, "done": done, "started": started,
-                                               "updated": time.time()}))
+    write_atomic(
+        Path(out) / FILE,
+        json.dumps(
+            {"phase": phase, "total": total, "done": done, "started": started, "updated": time.time()}
+        ),
+    )
 
 
 @dataclass
 class Part:
     name: str
-    phase: str = "waiting"  # "waiting" (nothing written yet), "reference solutions", "grading N students", ...
+    phase: str = (
+        "waiting"  # "waiting" (nothing written yet), "reference solutions", "grading N students", ...
+    )
     total: int = 0
     done: int = 0
     started: float = 0.0
     finished: bool = False  # the run wrote its scoreboard
-    exit: int | None = None  # the exit status an engine recorded for it (see labkit.grading.slurm), when there is one
+    exit: int | None = (
+        None  # the exit status an engine recorded for it (see labkit.grading.slurm), when there is one
+    )
 
 
 def _read_part(folder: Path, name: str) -> Part:
@@ -123,7 +131,9 @@ def watch(out: Path, every: float, stream, until=None) -> None:
 class Progress:
     """A grading run's progress as it goes: a bar with an ETA on a terminal, plain lines otherwise."""
 
-    def __init__(self, total: int, title: str, stream=None, terminal: bool | None = None, out: Path | None = None):
+    def __init__(
+        self, total: int, title: str, stream=None, terminal: bool | None = None, out: Path | None = None
+    ):
         """`out`: the grading run's folder, where `progress.json` says how far it has got (`record`)."""
         self.total, self.done, self.start = total, 0, time.monotonic()
         self.title, self.out, self.began = title, out, time.time()
@@ -142,9 +152,17 @@ class Progress:
             )
             from rich.progress import Progress as Bar
 
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                           console=Console(file=self.stream), auto_refresh=False, transient=False)
+            self.bar = Bar(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                auto_refresh=False,
+                transient=False,
+            )
             self.task = self.bar.add_task(title, total=total)
             self.bar.start()
         elif total:
@@ -165,8 +183,11 @@ class Progress:
         elapsed = time.monotonic() - self.start
         eta = elapsed / self.done * (self.total - self.done)
         width = len(str(self.total))
-        print(f"[{self.done:>{width}}/{self.total}] {line}  (elapsed {elapsed:.0f} s, eta {eta:.0f} s)",
-              file=self.stream, flush=True)
+        print(
+            f"[{self.done:>{width}}/{self.total}] {line}  (elapsed {elapsed:.0f} s, eta {eta:.0f} s)",
+            file=self.stream,
+            flush=True,
+        )
 
     def tick(self) -> None:
         if self.bar is not None:

@@ -9,11 +9,24 @@ from collections import Counter, OrderedDict
 from labkit import cost
 from labkit.grading import adjustments, deadlines
 
-MARK = {"passed": "✓", "failed": "✗", "todo": "todo", "error": "error", "timeout": "timeout", "skipped": "skip"}
+MARK = {
+    "passed": "✓",
+    "failed": "✗",
+    "todo": "todo",
+    "error": "error",
+    "timeout": "timeout",
+    "skipped": "skip",
+}
 
 
-STATUS_STYLE = {"ok": "green", "failed": "red", "error": "red", "timeout": "red", "missing": "dim",
-                "skipped": "dim"}
+STATUS_STYLE = {
+    "ok": "green",
+    "failed": "red",
+    "error": "red",
+    "timeout": "red",
+    "missing": "dim",
+    "skipped": "dim",
+}
 
 
 def labs_of(results: dict) -> list[dict]:
@@ -55,14 +68,18 @@ def rates(results: dict) -> list[dict]:
         for config in configs_of(results):
             mine = [r for r in rows if r["lab"] == lab["number"] and r["config"] == config["name"]]
             graded = [r for r in mine if r["status"] != "skipped"]
-            out.append({
-                "lab": lab, "config": config, "students": len(mine),
-                "ok": sum(r["status"] == "ok" for r in mine),
-                "graded": len(graded),
-                "passed": sum(r["passed"] for r in graded),
-                "total": sum(r["total"] for r in graded),
-                "statuses": Counter(r["status"] for r in mine),
-            })
+            out.append(
+                {
+                    "lab": lab,
+                    "config": config,
+                    "students": len(mine),
+                    "ok": sum(r["status"] == "ok" for r in mine),
+                    "graded": len(graded),
+                    "passed": sum(r["passed"] for r in graded),
+                    "total": sum(r["total"] for r in graded),
+                    "statuses": Counter(r["status"] for r in mine),
+                }
+            )
     return out
 
 
@@ -84,18 +101,33 @@ def multi_device_bugs(results: dict, top: int = 10) -> list[dict]:
                 continue
             if singles:
                 alone = [index.get((row["student"], row["lab"], s)) for s in singles]
-                if not any(a and any(u["test"] == t["test"] and u["status"] == "passed" for u in a["tests"])
-                           for a in alone):
+                if not any(
+                    a and any(u["test"] == t["test"] and u["status"] == "passed" for u in a["tests"])
+                    for a in alone
+                ):
                     continue
-            entry = hits.setdefault((row["lab"], t["test"], row["config"]),
-                                    {"lab": row["lab"], "test": t["test"], "config": row["config"],
-                                     "hidden": t["hidden"], "students": set(), "messages": Counter()})
+            entry = hits.setdefault(
+                (row["lab"], t["test"], row["config"]),
+                {
+                    "lab": row["lab"],
+                    "test": t["test"],
+                    "config": row["config"],
+                    "hidden": t["hidden"],
+                    "students": set(),
+                    "messages": Counter(),
+                },
+            )
             entry["students"].add(row["student"])
             entry["messages"][t["message"]] += 1
     found = sorted(hits.values(), key=lambda e: (-len(e["students"]), e["lab"], e["test"], e["config"]))
-    return [e | {"students": sorted(e["students"]),
-                 "message": min(e["messages"].items(), key=lambda kv: (-kv[1], kv[0]))[0]}
-            for e in found[:top]]
+    return [
+        e
+        | {
+            "students": sorted(e["students"]),
+            "message": min(e["messages"].items(), key=lambda kv: (-kv[1], kv[0]))[0],
+        }
+        for e in found[:top]
+    ]
 
 
 def cost_card(lab: dict, config: str, row: dict) -> list[str]:
@@ -105,7 +137,9 @@ def cost_card(lab: dict, config: str, row: dict) -> list[str]:
     out = []
     for cid, entry in cost.from_json(row.get("costs") or {}).items():
         for label, c in entry.runs.items():
-            out += cost.lines(entry.function, label, c, chip_list, reference.get(cid, cost.Examined("")).runs.get(label))
+            out += cost.lines(
+                entry.function, label, c, chip_list, reference.get(cid, cost.Examined("")).runs.get(label)
+            )
     return out
 
 

@@ -72,12 +72,16 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
     header = [h.strip().lower() for h in header]
     canvas = all(h in header for h in CANVAS_HEADER)
     if "student" not in header:
-        raise RosterError(f"{source}, line 1: the header has no `student` column (it has: {', '.join(header)}); "
-                          f"expected columns {', '.join(COLUMNS)} (only `student` is required)")
+        raise RosterError(
+            f"{source}, line 1: the header has no `student` column (it has: {', '.join(header)}); "
+            f"expected columns {', '.join(COLUMNS)} (only `student` is required)"
+        )
     dupes = sorted({h for h in header if header.count(h) > 1 and h})
     if dupes and not canvas:  # two Canvas assignments may share a title; only the first columns are read
-        raise RosterError(f"{source}, line 1: the column{'s' if len(dupes) > 1 else ''} "
-                          f"{', '.join(dupes)} appear{'' if len(dupes) > 1 else 's'} twice")
+        raise RosterError(
+            f"{source}, line 1: the column{'s' if len(dupes) > 1 else ''} "
+            f"{', '.join(dupes)} appear{'' if len(dupes) > 1 else 's'} twice"
+        )
     roster = Roster(source=source)
     first_line: dict[str, int] = {}
     taken: dict[tuple[str, str], int] = {}
@@ -87,8 +91,10 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
             if not any(v.strip() for v in values):
                 continue
             if len(values) != len(header):
-                raise RosterError(f"{source}, line {line}: {len(values)} fields where the header has "
-                                  f"{len(header)} ({', '.join(header)})")
+                raise RosterError(
+                    f"{source}, line {line}: {len(values)} fields where the header has "
+                    f"{len(header)} ({', '.join(header)})"
+                )
             if canvas:
                 info = _canvas_line(dict(zip(header, values)), source, line)
                 if info is None:
@@ -99,24 +105,32 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
             if not sid:
                 raise RosterError(f"{source}, line {line}: the student id is empty")
             if sid in (".", "..") or "/" in sid or "\\" in sid or sid.startswith("."):
-                raise RosterError(f"{source}, line {line}: {sid!r} cannot be a student id (it is used as a folder name)")
+                raise RosterError(
+                    f"{source}, line {line}: {sid!r} cannot be a student id (it is used as a folder name)"
+                )
             if sid in first_line:
-                raise RosterError(f"{source}, line {line}: the student id {sid!r} is already on line "
-                                  f"{first_line[sid]}")
+                raise RosterError(
+                    f"{source}, line {line}: the student id {sid!r} is already on line {first_line[sid]}"
+                )
             for column in ("lms_id", "email"):
                 value = info.get(column, "")
                 if value and (column, value) in taken:
-                    raise RosterError(f"{source}, line {line}: {column} {value!r} is already on line "
-                                      f"{taken[column, value]}")
+                    raise RosterError(
+                        f"{source}, line {line}: {column} {value!r} is already on line {taken[column, value]}"
+                    )
                 if value:
                     taken[column, value] = line
             if info.get("leaderboard", "").lower() not in LEADERBOARD_CHOICES:
-                raise RosterError(f"{source}, line {line}: leaderboard {info['leaderboard']!r} is neither `hide` "
-                                  "(shown as anonymous on the class leaderboards) nor `show` (or empty: shown by id)")
+                raise RosterError(
+                    f"{source}, line {line}: leaderboard {info['leaderboard']!r} is neither `hide` "
+                    "(shown as anonymous on the class leaderboards) nor `show` (or empty: shown by id)"
+                )
             info["leaderboard"] = info.get("leaderboard", "").lower()
             first_line[sid] = line
             roster.students[sid] = {c: info.get(c, "") for c in COLUMNS[1:5]}
-            if info["leaderboard"]:  # only where the line says, so that a roster without the column reads as before
+            if info[
+                "leaderboard"
+            ]:  # only where the line says, so that a roster without the column reads as before
                 roster.students[sid]["leaderboard"] = info["leaderboard"]
             if info.get("group"):
                 roster.students[sid]["group"] = info["group"]
@@ -131,27 +145,45 @@ def _canvas_line(cells: dict[str, str], source: str, line: int) -> dict[str, str
     """One line of a Canvas gradebook export as a roster line; None for a line that is not a student."""
     cells = {k: v.strip() for k, v in cells.items()}
     name, canvas_id = cells["student"], cells["id"]
-    if name.lower() in ("points possible", "muted", "manual posting", "") or name.lower() in CANVAS_TEST_STUDENT:
+    if (
+        name.lower() in ("points possible", "muted", "manual posting", "")
+        or name.lower() in CANVAS_TEST_STUDENT
+    ):
         return None  # the Points Possible row, the Manual Posting / Muted row, Canvas's test student
     if not canvas_id.isdigit():
-        raise RosterError(f"{source}, line {line}: a Canvas gradebook line whose ID is {canvas_id!r}, not Canvas's "
-                          "user number; export the gradebook from Canvas again, or make a roster with a "
-                          "`student` column")
+        raise RosterError(
+            f"{source}, line {line}: a Canvas gradebook line whose ID is {canvas_id!r}, not Canvas's "
+            "user number; export the gradebook from Canvas again, or make a roster with a "
+            "`student` column"
+        )
     sid = cells["sis user id"] or cells["sis login id"]
     if not sid:
-        raise RosterError(f"{source}, line {line}: Canvas gives {name} (ID {canvas_id}) neither a SIS User ID nor "
-                          "a SIS Login ID, one of which is the kit's student id; make a roster with a `student` "
-                          "column (and lms_id for the Canvas ID)")
+        raise RosterError(
+            f"{source}, line {line}: Canvas gives {name} (ID {canvas_id}) neither a SIS User ID nor "
+            "a SIS Login ID, one of which is the kit's student id; make a roster with a `student` "
+            "column (and lms_id for the Canvas ID)"
+        )
     login = cells["sis login id"]
-    return {"student": sid, "name": name, "lms_id": canvas_id, "email": login if "@" in login else "",
-            "section": cells.get("section", "")}
+    return {
+        "student": sid,
+        "name": name,
+        "lms_id": canvas_id,
+        "email": login if "@" in login else "",
+        "section": cells.get("section", ""),
+    }
 
 
-NO_SUBMISSION = "no submission: nothing was handed in for this student"  # grade.py's note for a missing student
+NO_SUBMISSION = (
+    "no submission: nothing was handed in for this student"  # grade.py's note for a missing student
+)
 
 
-def credit_groups(people: Roster, students: dict[str, dict[int, Path]], notes: dict[str, list[str]],
-                  times: dict[tuple[str, int], dict]) -> None:
+def credit_groups(
+    people: Roster,
+    students: dict[str, dict[int, Path]],
+    notes: dict[str, list[str]],
+    times: dict[tuple[str, int], dict],
+) -> None:
     """Credit each group member without a submission of a lab with the one their group handed in.
 
     `students` (student -> lab -> notebook), `notes` (student -> notes) and `times` ((student, lab) ->
@@ -169,7 +201,8 @@ def credit_groups(people: Roster, students: dict[str, dict[int, Path]], notes: d
                 for m in others:
                     notes.setdefault(m, []).append(
                         f"lab-{lab}: not credited: {' and '.join(handed)} both handed in lab-{lab} for group {group}, "
-                        "so which one counts for you is not known; ask a TA (an override can give you the points)")
+                        "so which one counts for you is not known; ask a TA (an override can give you the points)"
+                    )
                 continue
             (source,) = handed
             for m in others:
@@ -179,7 +212,9 @@ def credit_groups(people: Roster, students: dict[str, dict[int, Path]], notes: d
                 mine = notes.setdefault(m, [])
                 if NO_SUBMISSION in mine:
                     mine.remove(NO_SUBMISSION)
-                mine.append(f"lab-{lab}: credited with the submission of {source}, in group {group} on the roster")
+                mine.append(
+                    f"lab-{lab}: credited with the submission of {source}, in group {group} on the roster"
+                )
 
 
 def load(path: Path) -> Roster:

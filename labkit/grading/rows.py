@@ -21,6 +21,7 @@ _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 # From a run and the judge's outcomes to one row of the scoreboard.
 # ----------------------------------------------------------------------------------------
 
+
 def submission_notes(path: Path | None) -> list[str]:
     """What is worth saying about a file that can still be graded: its size, an old nbformat."""
     if path is None or not path.is_file():
@@ -30,16 +31,20 @@ def submission_notes(path: Path | None) -> list[str]:
     if size > MAX_BYTES:
         return notes
     if size > LARGE_BYTES:
-        notes.append(f"the notebook is {size / 1e6:.0f} MB, mostly saved outputs: they are cleared before "
-                     "grading; clear them before handing in (Kernel > Restart & Clear Output)")
+        notes.append(
+            f"the notebook is {size / 1e6:.0f} MB, mostly saved outputs: they are cleared before "
+            "grading; clear them before handing in (Kernel > Restart & Clear Output)"
+        )
     try:
         with open(path, "rb") as f:
             version = json.load(f).get("nbformat")
     except (OSError, ValueError, AttributeError):
         return notes
     if isinstance(version, int) and version < 4:
-        notes.append(f"the notebook is in the old nbformat {version}; it was converted to nbformat 4 to be "
-                     "graded: save it from a current Jupyter")
+        notes.append(
+            f"the notebook is in the old nbformat {version}; it was converted to nbformat 4 to be "
+            "graded: save it from a current Jupyter"
+        )
     return notes
 
 
@@ -51,36 +56,77 @@ def clean_message(text: str, unit: Unit, out: Path) -> str:
     return _ADDRESS.sub("0x…", text)  # "<object at 0x7f3e...>" differs on every run
 
 
-def make_row(student: str, lab: int, config: str, record: execute.RunRecord | None,
-             outcomes: list[judge.Outcome], notes: list[str] = (), expected_total: int = 0,
-             expected_points: float = 0) -> dict:
+def make_row(
+    student: str,
+    lab: int,
+    config: str,
+    record: execute.RunRecord | None,
+    outcomes: list[judge.Outcome],
+    notes: list[str] = (),
+    expected_total: int = 0,
+    expected_points: float = 0,
+) -> dict:
     """One row: the run's status and the judge's per-test outcomes folded into one of ROW_STATUSES.
 
     `points` are those of the tests passed on this configuration alone, `max_points` those of the
     tests that ran here; how configurations combine into a lab's points is the policy's (labkit/grading/policy.py).
     """
-    tests = [{"test": o.test, "exercise": o.exercise, "file": o.file, "hidden": bool(o.hidden),
-              "status": o.status, "message": o.message, "points": o.points} for o in outcomes]
+    tests = [
+        {
+            "test": o.test,
+            "exercise": o.exercise,
+            "file": o.file,
+            "hidden": bool(o.hidden),
+            "status": o.status,
+            "message": o.message,
+            "points": o.points,
+        }
+        for o in outcomes
+    ]
     # A test worth no points whose exercise is not written (a stretch not tried) is left out, as make lab-N does.
-    counted = [t for t in tests if t["status"] != "skipped" and not (t["status"] == "todo" and not t["points"])]
+    counted = [
+        t for t in tests if t["status"] != "skipped" and not (t["status"] == "todo" and not t["points"])
+    ]
     passed = sum(t["status"] == "passed" for t in counted)
-    row = {"student": student, "lab": lab, "config": config, "status": "ok", "passed": passed,
-           "total": len(counted), "message": "", "tests": tests, "cell_errors": [], "notes": list(notes),
-           "points": _number(sum(t["points"] for t in counted if t["status"] == "passed")),
-           "max_points": _number(sum(t["points"] for t in counted))}
+    row = {
+        "student": student,
+        "lab": lab,
+        "config": config,
+        "status": "ok",
+        "passed": passed,
+        "total": len(counted),
+        "message": "",
+        "tests": tests,
+        "cell_errors": [],
+        "notes": list(notes),
+        "points": _number(sum(t["points"] for t in counted if t["status"] == "passed")),
+        "max_points": _number(sum(t["points"] for t in counted)),
+    }
     if record is None:
-        row.update(status="missing", total=expected_total, tests=[], points=0, max_points=_number(expected_points),
-                   message=f"lab-{lab}.ipynb was not handed in")
+        row.update(
+            status="missing",
+            total=expected_total,
+            tests=[],
+            points=0,
+            max_points=_number(expected_points),
+            message=f"lab-{lab}.ipynb was not handed in",
+        )
         return row
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
     row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
     row["start"] = record.start  # "warm" (forked by the warm server) or "cold" (a kernel of its own)
-    row["judged_by"] = record.judged_by  # "verified" (the kit ran the programs itself) or "reported" (see verify)
+    row["judged_by"] = (
+        record.judged_by
+    )  # "verified" (the kit ran the programs itself) or "reported" (see verify)
     if record.status == "skipped":
         row.update(status="skipped", total=0, passed=0, points=0, max_points=0, message=record.message)
     elif record.status in ("timeout", "error"):
-        row.update(status=record.status, passed=0, points=0,
-                   message=record.message or f"the run ended with {record.status}")
+        row.update(
+            status=record.status,
+            passed=0,
+            points=0,
+            message=record.message or f"the run ended with {record.status}",
+        )
     elif not counted:
         row.update(status="error", message="no test ran on this configuration")
     elif any(t["status"] in ("error", "timeout") for t in counted):
@@ -90,18 +136,25 @@ def make_row(student: str, lab: int, config: str, record: execute.RunRecord | No
         failing = [t for t in counted if t["status"] != "passed"]
         first = next((t for t in failing if not t["hidden"]), failing[0])
         what = "not implemented yet" if first["status"] == "todo" else first["message"]
-        row.update(status="failed", message=f"{len(failing)} of {len(counted)} tests did not pass; "
-                                            f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}")
+        row.update(
+            status="failed",
+            message=f"{len(failing)} of {len(counted)} tests did not pass; "
+            f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}",
+        )
     return row
 
 
-def unjudged_row(student: str, lab: int, config: str, why: str, expected_total: int = 0,
-                 expected_points: float = 0) -> dict:
+def unjudged_row(
+    student: str, lab: int, config: str, why: str, expected_total: int = 0, expected_points: float = 0
+) -> dict:
     """The `error` row of a unit the kit could not judge, made from nothing of the unit's run (so that
     what made its judging raise cannot make this raise too)."""
     row = make_row(student, lab, config, None, [], [], expected_total, expected_points)
-    row.update(status="error", message=f"the kit could not judge this run ({why}); tell your course staff: it is "
-                                       "judged again at the next grading run")
+    row.update(
+        status="error",
+        message=f"the kit could not judge this run ({why}); tell your course staff: it is "
+        "judged again at the next grading run",
+    )
     return row
 
 

@@ -42,11 +42,37 @@ from labkit.grading.markdown import feedback, to_markdown
 from labkit.grading.pages import anonymous_html, feedback_html, to_html
 from labkit.grading.results import STATUS_STYLE, configs_of, index_of, lab_title, labs_of, rates, students_of
 
-CSV_COLUMNS = ("student", "lab", "config", "passed", "total", "status", "points", "max_points", "message",
-               "isolation")
-GRADE_COLUMNS = ("student", "lab", "points", "max_points", "weight", "status", "late_days", "late_penalty",
-                 "time_source", "overridden", "adjustments", "rule")
-DRAWN = ("leaderboards", "failure_rates", "similar")  # drawn into scoreboard.json from the results, again on a merge
+CSV_COLUMNS = (
+    "student",
+    "lab",
+    "config",
+    "passed",
+    "total",
+    "status",
+    "points",
+    "max_points",
+    "message",
+    "isolation",
+)
+GRADE_COLUMNS = (
+    "student",
+    "lab",
+    "points",
+    "max_points",
+    "weight",
+    "status",
+    "late_days",
+    "late_penalty",
+    "time_source",
+    "overridden",
+    "adjustments",
+    "rule",
+)
+DRAWN = (
+    "leaderboards",
+    "failure_rates",
+    "similar",
+)  # drawn into scoreboard.json from the results, again on a merge
 
 
 class MergeError(ValueError):
@@ -56,6 +82,7 @@ class MergeError(ValueError):
 # ----------------------------------------------------------------------------------------
 # csv and json.
 # ----------------------------------------------------------------------------------------
+
 
 def _cell(value) -> str:
     """A csv field that a spreadsheet shows as text: never a formula, whatever a submission wrote."""
@@ -72,8 +99,20 @@ def to_csv(results: dict) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for r in results.get("rows", []):
-        writer.writerow([_cell(r["student"]), r["lab"], r["config"], r["passed"], r["total"], r["status"],
-                         r.get("points", ""), r.get("max_points", ""), _cell(_message(r)), r.get("isolation", "")])
+        writer.writerow(
+            [
+                _cell(r["student"]),
+                r["lab"],
+                r["config"],
+                r["passed"],
+                r["total"],
+                r["status"],
+                r.get("points", ""),
+                r.get("max_points", ""),
+                _cell(_message(r)),
+                r.get("isolation", ""),
+            ]
+        )
     return buf.getvalue()
 
 
@@ -85,12 +124,38 @@ def grades_csv(results: dict) -> str:
     writer.writerow(GRADE_COLUMNS)
     for student, mine in g["students"].items():
         for number, lab in mine["labs"].items():
-            writer.writerow([_cell(student), number, lab["points"], lab["max_points"], lab["weight"], lab["status"],
-                             lab.get("late_days", ""), lab.get("late_penalty", ""), lab.get("time_source", ""),
-                             _cell(lab.get("overridden", "")),
-                             _cell("; ".join(adjustments.words(a) for a in lab.get("adjustments", []))), g["rule"]])
-        writer.writerow([_cell(student), "total", mine["points"], mine["max_points"], "", "", "", "", "", "", "",
-                         g["rule"]])
+            writer.writerow(
+                [
+                    _cell(student),
+                    number,
+                    lab["points"],
+                    lab["max_points"],
+                    lab["weight"],
+                    lab["status"],
+                    lab.get("late_days", ""),
+                    lab.get("late_penalty", ""),
+                    lab.get("time_source", ""),
+                    _cell(lab.get("overridden", "")),
+                    _cell("; ".join(adjustments.words(a) for a in lab.get("adjustments", []))),
+                    g["rule"],
+                ]
+            )
+        writer.writerow(
+            [
+                _cell(student),
+                "total",
+                mine["points"],
+                mine["max_points"],
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                g["rule"],
+            ]
+        )
     return buf.getvalue()
 
 
@@ -98,8 +163,11 @@ def to_json(results: dict) -> str:
     """The results, with what is drawn from them: the leaderboards (under `leaderboards`) where a lab has one,
     each test's failure rate per configuration (`failure_rates`), and the submissions to look at together
     (`similar`) where there are any."""
-    drawn = {"leaderboards": leaderboard.boards(results), "failure_rates": failrates.rates(results),
-             "similar": similarity.pairs(results)}
+    drawn = {
+        "leaderboards": leaderboard.boards(results),
+        "failure_rates": failrates.rates(results),
+        "similar": similarity.pairs(results),
+    }
     shown = {k: v for k, v in results.items() if k not in DRAWN} | {k: v for k, v in drawn.items() if v}
     return json.dumps(shown, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -107,6 +175,7 @@ def to_json(results: dict) -> str:
 # ----------------------------------------------------------------------------------------
 # Writing, merging, and the terminal.
 # ----------------------------------------------------------------------------------------
+
 
 def write(results: dict, out: Path) -> None:
     """Every file of the scoreboard, each written atomically."""
@@ -172,8 +241,10 @@ def terminal(results: dict) -> Table:
                     cells.append(Text(row["status"], style=STATUS_STYLE.get(row["status"], "")))
             table.add_row(lab_title(lab), *cells)
         return table
-    table = Table(title=f"{len(students)} students: who passes every test, by lab and configuration",
-                  title_justify="left")
+    table = Table(
+        title=f"{len(students)} students: who passes every test, by lab and configuration",
+        title_justify="left",
+    )
     table.add_column("lab")
     for c in configs:
         table.add_column(c["name"], justify="center")

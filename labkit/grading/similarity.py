@@ -53,7 +53,9 @@ STRING = "STR"  # what every string literal becomes
 _KEPT = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
 _MAGIC = re.compile(r"^\s*[%!]")
 _ROUGH = re.compile(r"[A-Za-z_]\w*|\d+|\S")
-_FSTRING = {getattr(tokenize, n) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END") if hasattr(tokenize, n)}
+_FSTRING = {
+    getattr(tokenize, n) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END") if hasattr(tokenize, n)
+}
 _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
 
 
@@ -78,10 +80,16 @@ def _imported(source: str) -> set[str]:
 def _raw_tokens(source: str) -> list[tuple[int, str]]:
     """(type, text) of each token that counts; a cell tokenize cannot read is split into words and symbols."""
     try:
-        return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
-                if t.type not in _SKIPPED]
+        return [
+            (t.type, t.string)
+            for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in _SKIPPED
+        ]
     except (tokenize.TokenError, IndentationError, SyntaxError):
-        return [(tokenize.NAME if w[0].isalpha() or w[0] == "_" else tokenize.OP, w) for w in _ROUGH.findall(source)]
+        return [
+            (tokenize.NAME if w[0].isalpha() or w[0] == "_" else tokenize.OP, w)
+            for w in _ROUGH.findall(source)
+        ]
 
 
 def _without_magics(source: str) -> str:
@@ -126,7 +134,6 @@ def tokens(source: str, keep: set[str] = frozenset()) -> list[str]:
     return out
 
 
-
 def code_cells(nb: object) -> list[str]:
     """The source of each code cell of a notebook read as JSON (anything else in it is left out)."""
     out = []
@@ -143,8 +150,10 @@ def code_cells(nb: object) -> list[str]:
 
 
 def _shingles(seq: list[str]) -> set[int]:
-    return {int.from_bytes(hashlib.blake2b("\x1f".join(seq[i:i + SHINGLE]).encode(), digest_size=6).digest())
-            for i in range(max(len(seq) - SHINGLE + 1, 1 if seq else 0))}
+    return {
+        int.from_bytes(hashlib.blake2b("\x1f".join(seq[i : i + SHINGLE]).encode(), digest_size=6).digest())
+        for i in range(max(len(seq) - SHINGLE + 1, 1 if seq else 0))
+    }
 
 
 def starter(cells: list[str]) -> dict:
@@ -165,8 +174,10 @@ def fingerprint_of(cells: list[str], handout: dict | None = None) -> dict:
     own = [seq for seq in (tokens(c, keep) for c in cells) if seq and tuple(seq) not in given_cells]
     stream = "\x1e".join("\x1f".join(seq) for seq in own)
     shingles = set().union(*map(_shingles, own)) - given_shingles
-    return {"normalised": hashlib.sha256(stream.encode()).hexdigest()[:16] if own else "",
-            "shingles": sorted(shingles)}
+    return {
+        "normalised": hashlib.sha256(stream.encode()).hexdigest()[:16] if own else "",
+        "shingles": sorted(shingles),
+    }
 
 
 def read_cells(path: Path) -> list[str] | None:
@@ -213,21 +224,32 @@ def pairs(results: dict) -> list[dict]:
     found = []
     students = results.get("students", {})
     for lab in results.get("labs", []):
-        handed = {s: info["submissions"][str(lab["number"])] for s, info in sorted(students.items())
-                  if str(lab["number"]) in (info.get("submissions") or {})}
+        handed = {
+            s: info["submissions"][str(lab["number"])]
+            for s, info in sorted(students.items())
+            if str(lab["number"]) in (info.get("submissions") or {})
+        }
         for (s, a), (t, b) in combinations(handed.items(), 2):
             alike = compare(a, b)
             if alike:
-                found.append({"lab": lab["number"], "students": [s, t], "how": alike[0],
-                              "similarity": round(alike[1], 2)})
+                found.append(
+                    {
+                        "lab": lab["number"],
+                        "students": [s, t],
+                        "how": alike[0],
+                        "similarity": round(alike[1], 2),
+                    }
+                )
     order = {"byte-identical": 0, "identical after normalising": 1, "near-identical": 2}
     found.sort(key=lambda p: (p["lab"], order[p["how"]], -p["similarity"], p["students"]))
     return found
 
 
-RULE = (f"Pairs of submissions of one lab whose code is the same or nearly, once normalised: outputs, comments, "
-        f"whitespace and the handout's own code left out, names renamed in the order they appear, strings made "
-        f"one placeholder. Near-identical: {round(100 * NEAR)}% or more of their runs of {SHINGLE} tokens in "
-        f"common (Jaccard), where each wrote at least {MIN_SHINGLES} of their own. Students of one course write "
-        f"the same exercises from the same handout, and a short exercise has few good answers: these are "
-        f"notebooks to look at together, side by side, and no finding about anyone.")
+RULE = (
+    f"Pairs of submissions of one lab whose code is the same or nearly, once normalised: outputs, comments, "
+    f"whitespace and the handout's own code left out, names renamed in the order they appear, strings made "
+    f"one placeholder. Near-identical: {round(100 * NEAR)}% or more of their runs of {SHINGLE} tokens in "
+    f"common (Jaccard), where each wrote at least {MIN_SHINGLES} of their own. Students of one course write "
+    f"the same exercises from the same handout, and a short exercise has few good answers: these are "
+    f"notebooks to look at together, side by side, and no finding about anyone."
+)

@@ -47,15 +47,19 @@ class Request:
     timeout: float = 120.0
     partition: str | None = None
     account: str | None = None
-    extra: tuple[str, ...] = ()  # more `grade` arguments, passed to every shard as they are (--roster, --policy ..)
+    extra: tuple[
+        str, ...
+    ] = ()  # more `grade` arguments, passed to every shard as they are (--roster, --policy ..)
 
 
 def resources(request: Request) -> list[str]:
     """sbatch options for one shard: a CPU per parallel notebook, their memory, a GPU for the gpu configuration."""
     chosen = [configs.CONFIGS[n.strip()] for n in request.configs.split(",")] if request.configs else []
     if any(c.platform == "tpu" for c in chosen):
-        raise SlurmError("the tpu configuration cannot be graded through Slurm (TPU VMs are not Slurm nodes): "
-                         "grade it on the TPU VM with `make grade CONFIGS=tpu`")
+        raise SlurmError(
+            "the tpu configuration cannot be graded through Slurm (TPU VMs are not Slurm nodes): "
+            "grade it on the TPU VM with `make grade CONFIGS=tpu`"
+        )
     memory = request.jobs * DEFAULT_LIMITS.memory + KIT_MEMORY
     options = [f"--cpus-per-task={request.jobs}", f"--mem={memory // (1 << 20)}M"]
     if any(c.platform == "gpu" for c in chosen):
@@ -68,8 +72,18 @@ def resources(request: Request) -> list[str]:
 
 
 def _grade_command(request: Request, python: Path) -> list[str]:
-    args = [str(python), "-m", "labkit", "grade", "--submissions", str(request.submissions), "--jobs",
-            str(request.jobs), "--timeout", f"{request.timeout:g}"]
+    args = [
+        str(python),
+        "-m",
+        "labkit",
+        "grade",
+        "--submissions",
+        str(request.submissions),
+        "--jobs",
+        str(request.jobs),
+        "--timeout",
+        f"{request.timeout:g}",
+    ]
     if request.labs:
         args += ["--labs", request.labs]
     if request.configs:
@@ -83,11 +97,21 @@ def scripts(request: Request, kit: Path = catalog.ROOT) -> dict[str, str]:
     out, logs = request.out, request.out / "slurm"
     head = ["#!/bin/bash", f"cd {shlex.quote(str(kit))} || exit 1"]
     grade = " ".join(shlex.quote(a) for a in _grade_command(request, python))
-    shard = [*head, 'i="$SLURM_ARRAY_TASK_ID"',
-             f'{grade} --out {shlex.quote(str(out))}/shards/"$i" --shard "$i"/{request.shards}',
-             "status=$?", f'echo "$status" > {shlex.quote(str(logs))}/shard-"$i".exit', 'exit "$status"']
-    merge = [*head, (f"exec {shlex.quote(str(python))} -m labkit slurm-merge --out {shlex.quote(str(out))} "
-                     f"--shards {request.shards}")]
+    shard = [
+        *head,
+        'i="$SLURM_ARRAY_TASK_ID"',
+        f'{grade} --out {shlex.quote(str(out))}/shards/"$i" --shard "$i"/{request.shards}',
+        "status=$?",
+        f'echo "$status" > {shlex.quote(str(logs))}/shard-"$i".exit',
+        'exit "$status"',
+    ]
+    merge = [
+        *head,
+        (
+            f"exec {shlex.quote(str(python))} -m labkit slurm-merge --out {shlex.quote(str(out))} "
+            f"--shards {request.shards}"
+        ),
+    ]
     return {"shard.sh": "\n".join(shard) + "\n", "merge.sh": "\n".join(merge) + "\n"}
 
 
@@ -102,11 +126,15 @@ def _sbatch(args: list[str]) -> str:
 def submit(request: Request, kit: Path = catalog.ROOT) -> tuple[str, str]:
     """Submit the array job and the merge job; (array job id, merge job id)."""
     if shutil.which("sbatch") is None:
-        raise SlurmError("sbatch is not on the PATH: run this on a Slurm login node (or install Slurm's client)")
+        raise SlurmError(
+            "sbatch is not on the PATH: run this on a Slurm login node (or install Slurm's client)"
+        )
     if request.shards < 1:
         raise SlurmError(f"--shards must be at least 1, got {request.shards}")
     if not (kit / ".venv" / "bin" / "python").exists():
-        raise SlurmError(f"{kit}/.venv does not exist: run `make setup` in the kit once (on the shared file system)")
+        raise SlurmError(
+            f"{kit}/.venv does not exist: run `make setup` in the kit once (on the shared file system)"
+        )
     if not request.submissions.exists():
         raise SlurmError(f"the submissions folder {request.submissions} does not exist")
     logs = request.out / "slurm"
@@ -115,18 +143,37 @@ def submit(request: Request, kit: Path = catalog.ROOT) -> tuple[str, str]:
         write_atomic(logs / name, text)
     for stale in logs.glob("shard-*.exit"):  # a previous submission's statuses would read as this one's
         stale.unlink()
-    for stale in (request.out / "shards").glob("*/progress.json"):  # and its counts as this one's (`progress`)
+    for stale in (request.out / "shards").glob(
+        "*/progress.json"
+    ):  # and its counts as this one's (`progress`)
         stale.unlink()
     submitted = time.time()
     common = ["--job-name=labkit-grade", f"--chdir={kit}"]
-    array = _sbatch([*common, *resources(request), f"--array=1-{request.shards}",
-                     f"--output={logs}/shard-%a.log", str(logs / "shard.sh")])
-    merge = _sbatch([*common, "--cpus-per-task=1", f"--mem={KIT_MEMORY // (1 << 20)}M",
-                     f"--dependency=afterany:{array}", f"--output={logs}/merge.log",
-                     *([f"--partition={request.partition}"] if request.partition else []),
-                     *([f"--account={request.account}"] if request.account else []), str(logs / "merge.sh")])
-    write_atomic(logs / "jobs.json", json.dumps({"array": array, "merge": merge, "shards": request.shards,
-                                                 "submitted": submitted}))
+    array = _sbatch(
+        [
+            *common,
+            *resources(request),
+            f"--array=1-{request.shards}",
+            f"--output={logs}/shard-%a.log",
+            str(logs / "shard.sh"),
+        ]
+    )
+    merge = _sbatch(
+        [
+            *common,
+            "--cpus-per-task=1",
+            f"--mem={KIT_MEMORY // (1 << 20)}M",
+            f"--dependency=afterany:{array}",
+            f"--output={logs}/merge.log",
+            *([f"--partition={request.partition}"] if request.partition else []),
+            *([f"--account={request.account}"] if request.account else []),
+            str(logs / "merge.sh"),
+        ]
+    )
+    write_atomic(
+        logs / "jobs.json",
+        json.dumps({"array": array, "merge": merge, "shards": request.shards, "submitted": submitted}),
+    )
     return array, merge
 
 
@@ -157,8 +204,10 @@ def merge(out: Path, shards: int) -> tuple[dict, list[int]]:
     notes = []
     for i in failed:
         why = f"exit status {exits[i]}" if exits[i] is not None else "it was ended before it could finish"
-        notes.append(f"shard {i} of {shards} did not finish ({why}; its log: {out / 'slurm'}/shard-{i}.log): its "
-                     f"students are not in this scoreboard; grade them again with `grade --shard {i}/{shards}`")
+        notes.append(
+            f"shard {i} of {shards} did not finish ({why}; its log: {out / 'slurm'}/shard-{i}.log): its "
+            f"students are not in this scoreboard; grade them again with `grade --shard {i}/{shards}`"
+        )
     return merge_mod.merge_folders(found, out, notes), failed
 
 
@@ -167,16 +216,26 @@ def check_out(out: Path, course: Path | None = None) -> None:
     out = Path(out)
     if (out / "units").is_dir() and not (out / "slurm").is_dir():
         kept = out / "course"
-        raise SlurmError(f"{out} holds a grading run made here (its units/ and scoreboard): a Slurm run writes its "
-                         f"own scoreboard into OUT and would replace it. Give another OUT= on the shared file "
-                         f"system" + (f"; the class's inputs kept in {kept} come along with COURSE={kept}"
-                                      if (kept / "manifest.json").is_file() and course is None else ""))
+        raise SlurmError(
+            f"{out} holds a grading run made here (its units/ and scoreboard): a Slurm run writes its "
+            f"own scoreboard into OUT and would replace it. Give another OUT= on the shared file "
+            f"system"
+            + (
+                f"; the class's inputs kept in {kept} come along with COURSE={kept}"
+                if (kept / "manifest.json").is_file() and course is None
+                else ""
+            )
+        )
 
 
 def queued(job_ids: list[str]) -> bool:
     """Whether any of these jobs is still pending or running (squeue lists it)."""
-    done = subprocess.run(["squeue", "--noheader", "--format=%i", "--jobs", ",".join(job_ids)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["squeue", "--noheader", "--format=%i", "--jobs", ",".join(job_ids)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
@@ -193,9 +252,14 @@ def follow(out: Path, array: str, merge_id: str, shards: int, stream=None, every
             break
         time.sleep(every)
     if not (Path(out) / "scoreboard.json").is_file():
-        print(f"error: the merge job wrote no scoreboard: see {Path(out) / 'slurm' / 'merge.log'}", file=stream)
+        print(
+            f"error: the merge job wrote no scoreboard: see {Path(out) / 'slurm' / 'merge.log'}", file=stream
+        )
         return 1
     failed = [i for i, status in shard_exits(out, shards).items() if status != 0]
-    print(f"scoreboard: {Path(out) / 'scoreboard.csv'}"
-          + (f" (shards that did not finish: {', '.join(map(str, failed))})" if failed else ""), file=stream)
+    print(
+        f"scoreboard: {Path(out) / 'scoreboard.csv'}"
+        + (f" (shards that did not finish: {', '.join(map(str, failed))})" if failed else ""),
+        file=stream,
+    )
     return 1 if failed else 0

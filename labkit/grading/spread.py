@@ -24,8 +24,16 @@ included, goes through the template's autoescaping.
 from __future__ import annotations
 
 # (key, label) of each bar, left to right.
-BARS = (("missing", "missing"), ("no-result", "no result"), ("0", "0%"), ("1-24", "1-24%"), ("25-49", "25-49%"),
-        ("50-74", "50-74%"), ("75-99", "75-99%"), ("100", "100%"))
+BARS = (
+    ("missing", "missing"),
+    ("no-result", "no result"),
+    ("0", "0%"),
+    ("1-24", "1-24%"),
+    ("25-49", "25-49%"),
+    ("50-74", "50-74%"),
+    ("75-99", "75-99%"),
+    ("100", "100%"),
+)
 _QUARTERS = ("1-24", "25-49", "50-74", "75-99")
 
 BAR_WIDTH, BAR_GAP, HEIGHT, TOP, BOTTOM = 12, 3, 44, 12, 4
@@ -65,9 +73,18 @@ def distributions(results: dict) -> list[dict]:
                 key = bar_of(r)
                 if key is not None:
                     placed[key].append(r["student"])
-            out.append({"lab": lab["number"], "lab_name": lab["name"], "config": config["name"],
-                        "students": len(mine), "skipped": bool(mine) and all(bar_of(r) is None for r in mine),
-                        "bars": [{"key": key, "label": label, "students": sorted(placed[key])} for key, label in BARS]})
+            out.append(
+                {
+                    "lab": lab["number"],
+                    "lab_name": lab["name"],
+                    "config": config["name"],
+                    "students": len(mine),
+                    "skipped": bool(mine) and all(bar_of(r) is None for r in mine),
+                    "bars": [
+                        {"key": key, "label": label, "students": sorted(placed[key])} for key, label in BARS
+                    ],
+                }
+            )
     return out
 
 
@@ -90,12 +107,27 @@ def layout(d: dict, scale: int) -> dict:
         count = len(bar["students"])
         x = BAR_GAP + k * (BAR_WIDTH + BAR_GAP)
         height = 0 if count == 0 else max(2, round(HEIGHT * count / scale))
-        bars.append({"key": bar["key"], "label": bar["label"], "count": count, "x": x, "width": BAR_WIDTH,
-                     "y": TOP + HEIGHT - height, "height": height, "colour": _colour(bar["key"]),
-                     "title": _tooltip(d, bar["label"], bar["students"]) if count else ""})
+        bars.append(
+            {
+                "key": bar["key"],
+                "label": bar["label"],
+                "count": count,
+                "x": x,
+                "width": BAR_WIDTH,
+                "y": TOP + HEIGHT - height,
+                "height": height,
+                "colour": _colour(bar["key"]),
+                "title": _tooltip(d, bar["label"], bar["students"]) if count else "",
+            }
+        )
     width = BAR_GAP + len(d["bars"]) * (BAR_WIDTH + BAR_GAP)
-    return {"width": width, "height": TOP + HEIGHT + BOTTOM, "baseline": TOP + HEIGHT, "bars": bars,
-            "title": f"{d['lab_name']} on {d['config']}: scores of {d['students']} students"}
+    return {
+        "width": width,
+        "height": TOP + HEIGHT + BOTTOM,
+        "baseline": TOP + HEIGHT,
+        "bars": bars,
+        "title": f"{d['lab_name']} on {d['config']}: scores of {d['students']} students",
+    }
 
 
 def _colour(key: str) -> str:

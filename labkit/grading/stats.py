@@ -26,15 +26,30 @@ def summary(points: list[float], most: float) -> dict:
     """mean, median, standard deviation, lowest and highest of `points` (of `most` possible), and how many fall in
     each tenth of `most` (the last tenth includes full points)."""
     if not points:
-        return {"students": 0, "max_points": _num(most), "mean": None, "median": None, "stdev": None, "low": None,
-                "high": None, "bins": [0] * BINS}
+        return {
+            "students": 0,
+            "max_points": _num(most),
+            "mean": None,
+            "median": None,
+            "stdev": None,
+            "low": None,
+            "high": None,
+            "bins": [0] * BINS,
+        }
     bins = [0] * BINS
     for p in points:
         share = p / most if most else 0
         bins[max(0, min(BINS - 1, int(share * BINS)))] += 1
-    return {"students": len(points), "max_points": _num(most), "mean": _num(statistics.fmean(points)),
-            "median": _num(statistics.median(points)), "stdev": _num(statistics.pstdev(points)),
-            "low": _num(min(points)), "high": _num(max(points)), "bins": bins}
+    return {
+        "students": len(points),
+        "max_points": _num(most),
+        "mean": _num(statistics.fmean(points)),
+        "median": _num(statistics.median(points)),
+        "stdev": _num(statistics.pstdev(points)),
+        "low": _num(min(points)),
+        "high": _num(max(points)),
+        "bins": bins,
+    }
 
 
 def sections_of(results: dict) -> dict[str, list[str]]:
@@ -61,13 +76,21 @@ def final_points(results: dict, grades: dict | None = None) -> dict:
             most = max((by[s]["labs"][key]["max_points"] for s in students if s in by), default=0)
             out.append({"lab": lab["number"], "name": lab["name"]} | summary(points, most))
         totals = [by[s]["points"] for s in students if s in by]
-        out.append({"lab": "total", "name": "total"} | summary(totals, max((by[s]["max_points"] for s in students
-                                                                            if s in by), default=0)))
+        out.append(
+            {"lab": "total", "name": "total"}
+            | summary(totals, max((by[s]["max_points"] for s in students if s in by), default=0))
+        )
         return out
 
-    return {"bins": BINS, "rule": grades["rule"], "class": groups(sorted(by)),
-            "sections": [{"section": name, "students": len(members), "labs": groups(members)}
-                         for name, members in sections_of(results).items()]}
+    return {
+        "bins": BINS,
+        "rule": grades["rule"],
+        "class": groups(sorted(by)),
+        "sections": [
+            {"section": name, "students": len(members), "labs": groups(members)}
+            for name, members in sections_of(results).items()
+        ],
+    }
 
 
 def bin_labels() -> list[str]:

@@ -23,16 +23,42 @@ FORMAT = 1  # of the unit files; part of every key
 
 
 # Modules of the kit that draw or drive, and do not change a grade: editing them regrades nothing.
-_NOT_GRADING = {"__init__.py", "__main__.py", "cli.py", "report.py", "loop.py", "authoring.py", "notebook.py",
-                "release.py", "wheelhouse.py", "files.py", "policy.py", "roster.py", "lms.py", "canvas.py", "gradescope.py",
-                "deadlines.py", "overrides.py", "history.py", "progress.py", "course.py", "merge.py",
-                "scoreboard.py", "results.py", "markdown.py", "pages.py", "context.py", "stats.py",
-                "adjustments.py"}  # the scoreboard's drawing, and points a TA adds after grading
+_NOT_GRADING = {
+    "__init__.py",
+    "__main__.py",
+    "cli.py",
+    "report.py",
+    "loop.py",
+    "authoring.py",
+    "notebook.py",
+    "release.py",
+    "wheelhouse.py",
+    "files.py",
+    "policy.py",
+    "roster.py",
+    "lms.py",
+    "canvas.py",
+    "gradescope.py",
+    "deadlines.py",
+    "overrides.py",
+    "history.py",
+    "progress.py",
+    "course.py",
+    "merge.py",
+    "scoreboard.py",
+    "results.py",
+    "markdown.py",
+    "pages.py",
+    "context.py",
+    "stats.py",
+    "adjustments.py",
+}  # the scoreboard's drawing, and points a TA adds after grading
 
 
 # ----------------------------------------------------------------------------------------
 # Keys: what a unit's grade depends on.
 # ----------------------------------------------------------------------------------------
+
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -51,9 +77,13 @@ def _code_digest(path: Path) -> str:
         return file_digest(path)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     return _sha(ast.dump(tree).encode())
 
@@ -98,6 +128,7 @@ def config_digest(config: DeviceConfig) -> str:
 # Where graded units are kept.
 # ----------------------------------------------------------------------------------------
 
+
 class Store:
     """Graded units and finished runs under one folder, each file written atomically, each with its key."""
 
@@ -125,12 +156,16 @@ class Store:
             return None
 
     def save_row(self, unit: Unit, key: str, row: dict, seconds: float) -> None:
-        write_atomic(self.root / "units" / f"{unit.where}.json",
-                     json.dumps({"key": key, "seconds": seconds, "row": row}, indent=1))
+        write_atomic(
+            self.root / "units" / f"{unit.where}.json",
+            json.dumps({"key": key, "seconds": seconds, "row": row}, indent=1),
+        )
 
     def save_record(self, unit: Unit, key: str, record: execute.RunRecord) -> None:
-        write_atomic(self.root / "units" / f"{unit.where}.run.json",
-                     json.dumps({"key": key, "record": record.to_json()}))
+        write_atomic(
+            self.root / "units" / f"{unit.where}.run.json",
+            json.dumps({"key": key, "record": record.to_json()}),
+        )
 
     def workdir(self, unit: Unit) -> Path:
         return self.root / "work" / unit.where

@@ -26,7 +26,7 @@ def note_of(nb: object) -> str | None:
         source = cell.get("source", "")
         text = "".join(source) if isinstance(source, list) else str(source)
         if text.lstrip().startswith(HEADING):
-            return text.lstrip()[len(HEADING):].strip()
+            return text.lstrip()[len(HEADING) :].strip()
     return None
 
 
@@ -40,7 +40,7 @@ def text(student: str, lab: int, note: str | None, handout: str | None) -> str:
     """The file a TA reads: who and which lab, then the note as plain text (or why there is none)."""
     head = f"# Design note: {student!r}, lab {lab}\n\n"
     if note is None:
-        return head + "No note: the notebook has no cell that opens with \"" + HEADING + "\".\n"
+        return head + 'No note: the notebook has no cell that opens with "' + HEADING + '".\n'
     if not note or note == handout:
         return head + "Not written: the cell is as the handout gave it.\n"
     cut = note[:MAX_CHARS]

@@ -16,8 +16,10 @@ class FactUnavailable(Mismatch):
     """A check needs a fact of the compiled program that did not come back: it fails, saying why."""
 
 
-TRACEABLE = ("The checks of parallelism read the compiled program of your function: it must run under jax.jit "
-             "(no float(), np.asarray() or Python `if` on array values computed inside it)")
+TRACEABLE = (
+    "The checks of parallelism read the compiled program of your function: it must run under jax.jit "
+    "(no float(), np.asarray() or Python `if` on array values computed inside it)"
+)
 
 
 def collectives_of(got: plaindata.Value) -> tuple:
@@ -30,8 +32,10 @@ def sent_per_device(got: plaindata.Value) -> float:
     counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices, and a
     device sending to itself sends nothing)."""
     facts, found = _compiled(got, "collectives")
-    return sum(cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.group_width(c.pairs, c.groups, facts.devices))
-               for c in found)
+    return sum(
+        cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.group_width(c.pairs, c.groups, facts.devices))
+        for c in found
+    )
 
 
 def card_of(got: plaindata.Value) -> cost.Card:
@@ -40,18 +44,28 @@ def card_of(got: plaindata.Value) -> cost.Card:
     facts, flops = _compiled(got, "flops")
     memory, found = _compiled(got, "memory")[1], collectives_of(got)
     outputs = facts.outputs if not isinstance(facts.outputs, plaindata.Unavailable) else ()
-    return cost.card({"devices": facts.devices, "flops": flops, "memory": memory,
-                      "collectives": [{"op": c.op, "shape": c.shape,
-                                       **({"pairs": c.pairs} if c.pairs else {"groups": c.groups})} for c in found],
-                      "outputs": [{"dtype": o.dtype} for o in outputs]})
+    return cost.card(
+        {
+            "devices": facts.devices,
+            "flops": flops,
+            "memory": memory,
+            "collectives": [
+                {"op": c.op, "shape": c.shape, **({"pairs": c.pairs} if c.pairs else {"groups": c.groups})}
+                for c in found
+            ],
+            "outputs": [{"dtype": o.dtype} for o in outputs],
+        }
+    )
 
 
 def _compiled(got: plaindata.Value, fact: str):
     """The named fact of the call's compiled program, or FactUnavailable with the reason."""
     facts = got.compiled
     if facts is None:
-        raise FactUnavailable("this check needs the facts of the compiled program: declare the call with "
-                              "compiled_call(...), not call(...)")
+        raise FactUnavailable(
+            "this check needs the facts of the compiled program: declare the call with "
+            "compiled_call(...), not call(...)"
+        )
     if isinstance(facts, plaindata.Unavailable):
         raise FactUnavailable(f"the compiled program could not be examined ({facts.why}). {TRACEABLE}")
     value = getattr(facts, fact)
@@ -65,8 +79,10 @@ def _inputs(got: plaindata.Value, which) -> list:
     prefix = f"args[{which}]" if isinstance(which, int) else str(which)
     chosen = [p for p in inputs if p.path == prefix or p.path.startswith(prefix + "[")]
     if not chosen:
-        raise FactUnavailable(f"the compiled program has no array input {prefix} (its inputs: "
-                              f"{', '.join(p.path for p in inputs) or 'none'})")
+        raise FactUnavailable(
+            f"the compiled program has no array input {prefix} (its inputs: "
+            f"{', '.join(p.path for p in inputs) or 'none'})"
+        )
     return chosen
 
 
@@ -74,8 +90,9 @@ def _size(n: int) -> str:
     return f"{n} bytes" if n < 10_000 else f"{n / 1024:.0f} KiB"
 
 
-def expect_input_split(got: plaindata.Value, which, devices: int, *, name: str | None = None,
-                       hint: str | None = None) -> None:
+def expect_input_split(
+    got: plaindata.Value, which, devices: int, *, name: str | None = None, hint: str | None = None
+) -> None:
     """Each device holds 1/`devices` of input `which` (a position, or a path such as "args[0]['w']").
 
     Read from the sharding the compiled program gives the input: the placement the function asked for
@@ -91,11 +108,15 @@ def expect_input_split(got: plaindata.Value, which, devices: int, *, name: str |
             continue
         label = name or p.path
         if p.replicated or p.device_bytes >= p.bytes:
-            message = (f"every device holds all of {label} ({_size(p.bytes)} on each of {devices} devices), "
-                       f"where each should hold 1/{devices} of it")
+            message = (
+                f"every device holds all of {label} ({_size(p.bytes)} on each of {devices} devices), "
+                f"where each should hold 1/{devices} of it"
+            )
         else:
-            message = (f"each device holds {_size(p.device_bytes)} of {label}'s {_size(p.bytes)}, "
-                       f"more than 1/{devices} of it ({p.pieces} distinct pieces)")
+            message = (
+                f"each device holds {_size(p.device_bytes)} of {label}'s {_size(p.bytes)}, "
+                f"more than 1/{devices} of it ({p.pieces} distinct pieces)"
+            )
         raise Mismatch(with_hint(message, hint))
 
 
@@ -110,12 +131,21 @@ def expect_collective(got: plaindata.Value, op: str, devices: int, *, hint: str 
     if any(c.op == op and c.widest >= devices for c in found):
         return
     have = ", ".join(sorted({f"{c.op} over {c.widest}" for c in found})) or "none at all"
-    raise Mismatch(with_hint(f"the compiled program has no {op} over all {devices} devices (its collectives: "
-                              f"{have})", hint))
+    raise Mismatch(
+        with_hint(
+            f"the compiled program has no {op} over all {devices} devices (its collectives: {have})", hint
+        )
+    )
 
 
-def expect_work_split(got: plaindata.Value, whole_flops: float, devices: int, *, what: str = "the whole batch",
-                      hint: str | None = None) -> None:
+def expect_work_split(
+    got: plaindata.Value,
+    whole_flops: float,
+    devices: int,
+    *,
+    what: str = "the whole batch",
+    hint: str | None = None,
+) -> None:
     """No device does the work of all of it: one device's FLOPs stay well below `whole_flops`.
 
     `whole_flops` is what the computation's main work costs on all its data at once (counted by the
@@ -128,13 +158,21 @@ def expect_work_split(got: plaindata.Value, whole_flops: float, devices: int, *,
         return
     line = 0.95 * whole_flops
     if flops > line:
-        raise Mismatch(with_hint(
-            f"one device does {flops:.3g} FLOPs, about the {whole_flops:.3g} that {what} needs: every device "
-            f"computes all of it, where each should do about 1/{devices} ({whole_flops / devices:.3g})", hint))
+        raise Mismatch(
+            with_hint(
+                f"one device does {flops:.3g} FLOPs, about the {whole_flops:.3g} that {what} needs: every device "
+                f"computes all of it, where each should do about 1/{devices} ({whole_flops / devices:.3g})",
+                hint,
+            )
+        )
 
 
-def expect_jitted(got: plaindata.Value, *, allowed=("jit", "pjit", "device_put", "sharding_constraint"),
-                  hint: str | None = None) -> None:
+def expect_jitted(
+    got: plaindata.Value,
+    *,
+    allowed=("jit", "pjit", "device_put", "sharding_constraint"),
+    hint: str | None = None,
+) -> None:
     """The function's work happens inside jax.jit: outside it, only placement is allowed."""
     facts, _ = _compiled(got, "top_level")
     loose = sorted(set(facts.top_level) - set(allowed))
@@ -142,8 +180,15 @@ def expect_jitted(got: plaindata.Value, *, allowed=("jit", "pjit", "device_put",
         raise Mismatch(with_hint(f"the work ran op by op, outside any jax.jit ({', '.join(loose)})", hint))
 
 
-def expect_work_share(got: plaindata.Value, whole_flops: float, devices: int, *, slack: float = 1.5,
-                      what: str = "the whole computation", hint: str | None = None) -> None:
+def expect_work_share(
+    got: plaindata.Value,
+    whole_flops: float,
+    devices: int,
+    *,
+    slack: float = 1.5,
+    what: str = "the whole computation",
+    hint: str | None = None,
+) -> None:
     """One device's FLOPs stay within `slack` times its 1/`devices` share of `whole_flops`.
 
     Tighter than `expect_work_split`: that one catches a device computing everything, this one also
@@ -153,9 +198,13 @@ def expect_work_share(got: plaindata.Value, whole_flops: float, devices: int, *,
     _, flops = _compiled(got, "flops")
     if devices <= 1 or flops <= slack * whole_flops / devices:
         return
-    raise Mismatch(with_hint(
-        f"one device does {flops:.3g} FLOPs, {flops / whole_flops:.2f} of the {whole_flops:.3g} that {what} needs, "
-        f"where its 1/{devices} share is {whole_flops / devices:.3g}: devices repeat each other's work", hint))
+    raise Mismatch(
+        with_hint(
+            f"one device does {flops:.3g} FLOPs, {flops / whole_flops:.2f} of the {whole_flops:.3g} that {what} needs, "
+            f"where its 1/{devices} share is {whole_flops / devices:.3g}: devices repeat each other's work",
+            hint,
+        )
+    )
 
 
 def expect_collectives_within(got: plaindata.Value, blocks, *, allowed: str, hint: str | None = None) -> None:
@@ -170,12 +219,16 @@ def expect_collectives_within(got: plaindata.Value, blocks, *, allowed: str, hin
     for c in found:
         # A permute's pairs are judged one by one: a ppermute within each row of a grid is one collective-permute
         # whose pairs span every row, and each pair still joins two devices of one row.
-        for group in (c.groups or [pair for pair in c.pairs if pair[0] != pair[1]]):
+        for group in c.groups or [pair for pair in c.pairs if pair[0] != pair[1]]:
             if not any(set(group) <= b for b in blocks):
-                raise Mismatch(with_hint(
-                    f"the compiled program has {'an' if c.op[0] in 'aeiou' else 'a'} {c.op} that joins devices "
-                    f"{sorted(group)}, where only "
-                    f"collectives {allowed} are allowed", hint))
+                raise Mismatch(
+                    with_hint(
+                        f"the compiled program has {'an' if c.op[0] in 'aeiou' else 'a'} {c.op} that joins devices "
+                        f"{sorted(group)}, where only "
+                        f"collectives {allowed} are allowed",
+                        hint,
+                    )
+                )
 
 
 def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str | None = None) -> None:
@@ -183,8 +236,13 @@ def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str 
     _, memory = _compiled(got, "memory")
     held = memory["argument"] + memory["temp"]
     if held >= limit:
-        raise Mismatch(with_hint(f"one device holds {_size(held)} of arguments and temporaries, at least the "
-                                  f"{_size(limit)} of {what}", hint))
+        raise Mismatch(
+            with_hint(
+                f"one device holds {_size(held)} of arguments and temporaries, at least the "
+                f"{_size(limit)} of {what}",
+                hint,
+            )
+        )
 
 
 def _sent_by(got: plaindata.Value) -> list[tuple[float, str]]:
@@ -198,8 +256,15 @@ def _sent_by(got: plaindata.Value) -> list[tuple[float, str]]:
     return sorted(parts, key=lambda p: -p[0])
 
 
-def expect_sent_within(got: plaindata.Value, budget: float, devices: int, *, what: str, margin: float = 1.1,
-                       hint: str | None = None) -> None:
+def expect_sent_within(
+    got: plaindata.Value,
+    budget: float,
+    devices: int,
+    *,
+    what: str,
+    margin: float = 1.1,
+    hint: str | None = None,
+) -> None:
     """One device sends at most `margin` times `budget` bytes over all the collectives of the compiled program.
 
     Counted as the cost card counts (`sent_per_device`). A failure names the figure, the limit and each
@@ -210,13 +275,24 @@ def expect_sent_within(got: plaindata.Value, budget: float, devices: int, *, wha
     if devices <= 1 or sent <= margin * budget:
         return
     listed = "; ".join(f"{d}: {_size(round(b))}" for b, d in parts if b > 0)
-    raise Mismatch(with_hint(
-        f"each device sends {_size(round(sent))}, where the budget is {_size(round(budget))} ({what}; up to "
-        f"{margin:g} times that passes). What it sends: {listed}", hint))
+    raise Mismatch(
+        with_hint(
+            f"each device sends {_size(round(sent))}, where the budget is {_size(round(budget))} ({what}; up to "
+            f"{margin:g} times that passes). What it sends: {listed}",
+            hint,
+        )
+    )
 
 
-def expect_steps_within(got: plaindata.Value, limit: int, devices: int, *, op: str = "collective-permute",
-                        what: str, hint: str | None = None) -> None:
+def expect_steps_within(
+    got: plaindata.Value,
+    limit: int,
+    devices: int,
+    *,
+    op: str = "collective-permute",
+    what: str,
+    hint: str | None = None,
+) -> None:
     """The compiled program runs `op` at most `limit` times in one call: a schedule read as a count of steps.
 
     Each run of a collective is a step that every device waits on (a loop's collective counts once per trip);
@@ -230,5 +306,10 @@ def expect_steps_within(got: plaindata.Value, limit: int, devices: int, *, op: s
         return
     steps = sum(1 for c in found if c.op == op and (not c.pairs or any(a != b for a, b in c.pairs)))
     if steps > limit:
-        raise Mismatch(with_hint(f"the compiled program runs {steps} {op}s one after another, where {what} needs "
-                                  f"at most {limit}", hint))
+        raise Mismatch(
+            with_hint(
+                f"the compiled program runs {steps} {op}s one after another, where {what} needs "
+                f"at most {limit}",
+                hint,
+            )
+        )

@@ -63,8 +63,11 @@ def _materialise(enc: dict):
         import jax
         import numpy as np
 
-        return jax.ShapeDtypeStruct(tuple(enc["shape"]), np.dtype(enc["dtype"]),
-                                    sharding=_sharding(enc["place"]) if enc.get("place") else None)
+        return jax.ShapeDtypeStruct(
+            tuple(enc["shape"]),
+            np.dtype(enc["dtype"]),
+            sharding=_sharding(enc["place"]) if enc.get("place") else None,
+        )
     value = plaindata.decode(enc).value
     if kind in ("list", "tuple"):
         items = [_materialise(v) for v in enc["items"]]
@@ -119,11 +122,18 @@ def join_distributed() -> None:
         return
     import jax
 
-    process, timeout = os.environ.get(envnames.PROCESS_ID, "0"), float(os.environ.get(envnames.JOIN_TIMEOUT, "60"))
+    process, timeout = (
+        os.environ.get(envnames.PROCESS_ID, "0"),
+        float(os.environ.get(envnames.JOIN_TIMEOUT, "60")),
+    )
     if process != "0" and not _reachable(coordinator, timeout):
         # JAX's client aborts the whole process when the coordinator never answers: say why first.
-        print(f"labkit: process {process} could not join the others: nothing answered at {coordinator} "
-              f"within {timeout:g} s (did process 0 start?)", file=sys.__stderr__, flush=True)
+        print(
+            f"labkit: process {process} could not join the others: nothing answered at {coordinator} "
+            f"within {timeout:g} s (did process 0 start?)",
+            file=sys.__stderr__,
+            flush=True,
+        )
         os._exit(3)
     try:
         if os.environ.get(envnames.CPU_COLLECTIVES):
@@ -137,8 +147,12 @@ def join_distributed() -> None:
             initialization_timeout=int(os.environ.get(envnames.JOIN_TIMEOUT, "60")),
         )
     except Exception as e:  # noqa: BLE001 - whatever stopped the join, say so and stop this process
-        print(f"labkit: process {os.environ.get(envnames.PROCESS_ID)} could not join the others at "
-              f"{coordinator}: {type(e).__name__}: {_first_line(e)}", file=sys.__stderr__, flush=True)
+        print(
+            f"labkit: process {os.environ.get(envnames.PROCESS_ID)} could not join the others at "
+            f"{coordinator}: {type(e).__name__}: {_first_line(e)}",
+            file=sys.__stderr__,
+            flush=True,
+        )
         os._exit(3)
 
 
@@ -219,8 +233,11 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
         record["error"] = {"type": "Missing", "message": f"`{name}` is not defined", "where": None}
         return record
     if not callable(fn):
-        record["error"] = {"type": "NotCallable", "message": f"`{name}` is a {type(fn).__name__}, not a function",
-                           "where": None}
+        record["error"] = {
+            "type": "NotCallable",
+            "message": f"`{name}` is a {type(fn).__name__}, not a function",
+            "where": None,
+        }
         return record
     printed = _Tee(sys.stdout)
     traced = False
@@ -247,20 +264,28 @@ def call_one(namespace: dict, call: dict, settle=None) -> dict:
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything
         record["error"] = describe_exception(e)
         if traced and type(e).__name__ in _NEEDS_VALUES:
-            record["error"]["message"] = (f"a test examines this function's compiled program, so it runs under "
-                                          f"jax.jit, where its inputs have no values yet: {record['error']['message']}")
+            record["error"]["message"] = (
+                f"a test examines this function's compiled program, so it runs under "
+                f"jax.jit, where its inputs have no values yet: {record['error']['message']}"
+            )
     else:
         if call.get("facts"):
             record["facts"] = examine(fn, args, kwargs, settle)
         if call.get("verify") and _one_process():
-            record["program"] = facts.export(fn, args, kwargs, settle)  # the kit runs it itself: labkit.judge.verify
+            record["program"] = facts.export(
+                fn, args, kwargs, settle
+            )  # the kit runs it itself: labkit.judge.verify
     record["stdout"] = "".join(printed.kept)  # what the call printed in this process
     return record
 
 
 # What JAX raises when Python code asks a traced array for a value (`if x.sum() > 0`, `np.asarray(x)`).
-_NEEDS_VALUES = {"ConcretizationTypeError", "TracerArrayConversionError", "TracerBoolConversionError",
-                 "TracerIntegerConversionError"}
+_NEEDS_VALUES = {
+    "ConcretizationTypeError",
+    "TracerArrayConversionError",
+    "TracerBoolConversionError",
+    "TracerIntegerConversionError",
+}
 
 
 def _abstract(args, kwargs) -> bool:
@@ -298,7 +323,9 @@ def examine(fn, args, kwargs, settle=None) -> dict:
     except Exception as e:  # noqa: BLE001 - whatever stopped it, the facts are missing, not wrong
         if settle is not None:
             settle()
-        return {"unavailable": f"the compiled program could not be examined: {type(e).__name__}: {_first_line(e)}"}
+        return {
+            "unavailable": f"the compiled program could not be examined: {type(e).__name__}: {_first_line(e)}"
+        }
 
 
 def run(namespace: dict, calls_path: str, results_path: str) -> None:
@@ -323,17 +350,40 @@ _SEALED = None
 _MISSING = object()
 # Modules whose attributes the harness relies on: a patch made by the student's cells is undone
 # before every value is encoded. Classes likewise (a property of jax.Array patched to lie).
-_GUARDED_MODULES = ("builtins", "json", "math", "io", "contextlib", "traceback", "hmac", "hashlib", "numpy", "base64",
-                    "jax", "jax.numpy", "jax.sharding", "jax.export", "jax.experimental.multihost_utils",
-                    "jax.stages", "labkit", "labkit.judge", "labkit.judge.plaindata", "labkit.facts", "labkit.judge.harness")
+_GUARDED_MODULES = (
+    "builtins",
+    "json",
+    "math",
+    "io",
+    "contextlib",
+    "traceback",
+    "hmac",
+    "hashlib",
+    "numpy",
+    "base64",
+    "jax",
+    "jax.numpy",
+    "jax.sharding",
+    "jax.export",
+    "jax.experimental.multihost_utils",
+    "jax.stages",
+    "labkit",
+    "labkit.judge",
+    "labkit.judge.plaindata",
+    "labkit.facts",
+    "labkit.judge.harness",
+)
 
 
 class _World:
     """What the harness relies on, as it was when the kernel started; `restore()` puts it back."""
 
     def __init__(self, modules, classes):
-        self.modules = {name: (sys.modules[name], dict(vars(sys.modules[name]))) for name in modules
-                        if name in sys.modules}
+        self.modules = {
+            name: (sys.modules[name], dict(vars(sys.modules[name])))
+            for name in modules
+            if name in sys.modules
+        }
         self.classes = {}
         for cls in classes:
             self.classes[cls] = dict(vars(cls))
@@ -388,7 +438,7 @@ def cap_streams(limit: int) -> None:
         for parent, chunk in original(self):
             data = chunk
             if len(data) > state["left"]:
-                data, state["left"] = data[:state["left"]], 0
+                data, state["left"] = data[: state["left"]], 0
                 if not state["noted"]:
                     state["noted"] = True
                     data += note
@@ -415,8 +465,16 @@ def seal(key_file: str) -> None:
     import importlib
 
     # imported now, before the student's cells, so that the modules and classes kept are the real ones
-    for name in ("numpy", "base64", "jax", "jax.numpy", "jax.sharding", "jax.stages", "jax.export",
-                 "jax.experimental.multihost_utils"):
+    for name in (
+        "numpy",
+        "base64",
+        "jax",
+        "jax.numpy",
+        "jax.sharding",
+        "jax.stages",
+        "jax.export",
+        "jax.experimental.multihost_utils",
+    ):
         importlib.import_module(name)
     # JAX's array classes, kept now; the modules that define them are guarded too (found by the classes,
     # not by private names)

@@ -22,10 +22,14 @@ import re
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 _OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_DONE = re.compile(r"=\s*(?P<shape>.+?)\s+(?:" + "|".join(COLLECTIVES) + r")-done\((?:[^%)]*\s)?%(?P<start>[\w.\-]+)\)")
+_DONE = re.compile(
+    r"=\s*(?P<shape>.+?)\s+(?:" + "|".join(COLLECTIVES) + r")-done\((?:[^%)]*\s)?%(?P<start>[\w.\-]+)\)"
+)
 _NAME = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=")
-_GROUPS = re.compile(r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
-                     r"|mesh\[[^\]]*\]\s*\{[^}]*\})")
+_GROUPS = re.compile(
+    r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
+    r"|mesh\[[^\]]*\]\s*\{[^}]*\})"
+)
 _MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<p>[\d,{}\s]*)\}")
 
@@ -69,7 +73,9 @@ def _mesh_groups(text: str) -> list[list[int]]:
 
 
 _HEADER = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
-_CALLED = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%(?P<name>[\w.\-]+)")
+_CALLED = re.compile(
+    r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%(?P<name>[\w.\-]+)"
+)
 _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 _TRIPS = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(?P<n>\d+)"')
 MOST = 20_000  # collectives listed for one program, loops unrolled: more is refused, not truncated
@@ -173,7 +179,13 @@ def _counted(line: str, found: dict[str, list[str]], caller: list[str]) -> int |
     else:
         return None
     start_tuple = _through(operand.group("t"), odefs)
-    if k is None or bound is None or start_tuple is None or start_tuple[0] != "tuple" or k >= len(start_tuple[1]):
+    if (
+        k is None
+        or bound is None
+        or start_tuple is None
+        or start_tuple[0] != "tuple"
+        or k >= len(start_tuple[1])
+    ):
         return None
     start = _constant(start_tuple[1][k], odefs)
     root = bdefs.get(broot) if broot else None
@@ -195,8 +207,9 @@ def _counted(line: str, found: dict[str, list[str]], caller: list[str]) -> int |
     return max(0, -(-(bound - start) // step))
 
 
-def _calls(line: str, found: dict[str, list[str]] | None = None,
-           caller: list[str] | None = None) -> list[tuple[str, int | None]]:
+def _calls(
+    line: str, found: dict[str, list[str]] | None = None, caller: list[str] | None = None
+) -> list[tuple[str, int | None]]:
     """The computations one instruction runs, each with how many times (None: a loop whose steps cannot be
     counted)."""
     if " while(" in line:
@@ -248,14 +261,18 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
             shape = done.get(named.group("name"), m.group("shape")) if named else m.group("shape")
             count = times.get(name, 1)  # a computation nothing calls is counted once, never left out
             if count is None:
-                raise ValueError("a collective inside a loop whose number of steps the compiler cannot count "
-                                 f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
-                                 "Python for loop, so that what it sends can be counted")
+                raise ValueError(
+                    "a collective inside a loop whose number of steps the compiler cannot count "
+                    f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
+                    "Python for loop, so that what it sends can be counted"
+                )
             item = {"op": m.group("op"), "shape": _compact(shape)}
             pairs = _PAIRS.search(line)
             groups = _GROUPS.search(line)
             if pairs:
-                item["pairs"] = [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs.group("p"))]
+                item["pairs"] = [
+                    [int(a), int(b)] for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs.group("p"))
+                ]
             elif groups:
                 item["groups"] = parse_groups(groups.group("g"), devices)
             elif "replica_groups=" in line:  # a form not read here: never taken for every device
@@ -269,13 +286,15 @@ def collectives_in(hlo: str, devices: int) -> list[dict]:
 
 
 _SHAPED = re.compile(r"%?(?P<name>[\w.\-]+)\s*[:=]\s*(?P<shape>[a-z][a-z0-9]*\[[\d,]*\])")
-_DOT = re.compile(r"%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>[a-z][a-z0-9]*\[[\d,]*\])\S*\s+"
-                  r"(?P<op>dot|convolution)\(%(?P<lhs>[\w.\-]+)")
+_DOT = re.compile(
+    r"%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>[a-z][a-z0-9]*\[[\d,]*\])\S*\s+"
+    r"(?P<op>dot|convolution)\(%(?P<lhs>[\w.\-]+)"
+)
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<d>[\d,]*)\}")
 
 
 def _dims(shape: str) -> list[int]:
-    inside = shape[shape.index("[") + 1:shape.index("]")]
+    inside = shape[shape.index("[") + 1 : shape.index("]")]
     return [int(v) for v in inside.split(",") if v]
 
 
@@ -312,8 +331,10 @@ def loop_flops(hlo: str) -> float:
             if not dot or _HEADER.match(line):
                 continue
             if count is None:
-                raise ValueError("a matrix product inside a loop whose number of steps the compiler cannot count: "
-                                 "the work it does cannot be known from the program")
+                raise ValueError(
+                    "a matrix product inside a loop whose number of steps the compiler cannot count: "
+                    "the work it does cannot be known from the program"
+                )
             if count <= 1:
                 continue
             lhs = shapes.get(dot.group("lhs"))

@@ -82,14 +82,24 @@ def classify(excinfo) -> tuple[str, str]:
 
 
 class _Plugin:
-    def __init__(self, runs: list[RunSpec], hidden_dirs: list[Path], jobs: int, timeout: float, limits=None,
-                 warm=None, cache=None):
+    def __init__(
+        self,
+        runs: list[RunSpec],
+        hidden_dirs: list[Path],
+        jobs: int,
+        timeout: float,
+        limits=None,
+        warm=None,
+        cache=None,
+    ):
         self.runs = {r.label: r for r in runs}
         self.hidden_dirs = [d.resolve() for d in hidden_dirs]
         self.jobs = jobs
         self.timeout = timeout
         self.limits = limits  # allowance.Limits for every run; None: the defaults
-        self.warm = warm  # a started warm.Server that forks the runs' kernels, or None: every kernel starts cold
+        self.warm = (
+            warm  # a started warm.Server that forks the runs' kernels, or None: every kernel starts cold
+        )
         self.cache = cache  # a jaxcache.CompileCache for the runs, or None
         self.judgement = Judgement()
         self.collect_errors: list[str] = []
@@ -100,7 +110,9 @@ class _Plugin:
             metafunc.parametrize("lab_run", list(self.runs), indirect=True)
 
     def pytest_configure(self, config):
-        config.addinivalue_line("markers", f"{SINGLE_PROCESS_MARK}(reason): meaningless across several JAX processes")
+        config.addinivalue_line(
+            "markers", f"{SINGLE_PROCESS_MARK}(reason): meaningless across several JAX processes"
+        )
 
     @pytest.fixture
     def lab_run(self, request) -> LabRun:
@@ -122,22 +134,38 @@ class _Plugin:
         for item in session.items:
             for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values():
                 calls[c.id] = c
-        examined = {c.id for item in session.items
-                    for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values() if c.facts}
+        examined = {
+            c.id
+            for item in session.items
+            for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values()
+            if c.facts
+        }
         # a call made by several tests runs once; its compiled program is examined if any of them asks
-        encoded = [{"id": cid, **c.encoded(), **({"facts": True} if cid in examined else {})}
-                   for cid, c in calls.items()]
+        encoded = [
+            {"id": cid, **c.encoded(), **({"facts": True} if cid in examined else {})}
+            for cid, c in calls.items()
+        ]
         self.calls = verify.mark(encoded)
         self.single_process = single_process_reason(session.items)
 
         def run(spec: RunSpec) -> execute.RunRecord:
             if self.single_process and spec.config.processes > 1:
-                return execute.RunRecord(spec.config.name, "skipped", self.single_process, workdir=str(spec.workdir))
+                return execute.RunRecord(
+                    spec.config.name, "skipped", self.single_process, workdir=str(spec.workdir)
+                )
             if spec.record is not None:
                 return spec.record
-            return execute.run_notebook(spec.notebook, spec.config, self.calls, spec.workdir, timeout=self.timeout,
-                                        limits=self.limits, warm=self.warm, cache=self.cache,
-                                        keep_scratch=spec.keep_scratch)
+            return execute.run_notebook(
+                spec.notebook,
+                spec.config,
+                self.calls,
+                spec.workdir,
+                timeout=self.timeout,
+                limits=self.limits,
+                warm=self.warm,
+                cache=self.cache,
+                keep_scratch=spec.keep_scratch,
+            )
 
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             for spec, record in zip(self.runs.values(), pool.map(run, self.runs.values())):
@@ -155,22 +183,26 @@ class _Plugin:
                 status, message = "passed", ""
             elif report.skipped:
                 status = "skipped"
-                message = report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
+                message = (
+                    report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
+                )
             else:
                 status, message = classify(call.excinfo)
             label = item.callspec.params["lab_run"]
             path = Path(item.path).resolve()
-            self.judgement.outcomes.append(Outcome(
-                test=item.originalname,
-                exercise=getattr(item.function, "__labkit_exercise__", ""),
-                run=label,
-                config=self.runs[label].config.name,
-                status=status,
-                message=message,
-                hidden=any(path.is_relative_to(d) for d in self.hidden_dirs),
-                file=path.name,
-                points=getattr(item.function, "__labkit_points__", 1),
-            ))
+            self.judgement.outcomes.append(
+                Outcome(
+                    test=item.originalname,
+                    exercise=getattr(item.function, "__labkit_exercise__", ""),
+                    run=label,
+                    config=self.runs[label].config.name,
+                    status=status,
+                    message=message,
+                    hidden=any(path.is_relative_to(d) for d in self.hidden_dirs),
+                    file=path.name,
+                    points=getattr(item.function, "__labkit_points__", 1),
+                )
+            )
 
 
 def _single_process_message(mark) -> str:
@@ -180,8 +212,11 @@ def _single_process_message(mark) -> str:
 
 def single_process_reason(items) -> str | None:
     """Why a lab is not run on multi-process configurations: set when every one of its tests says so."""
-    marks = [item.get_closest_marker(SINGLE_PROCESS_MARK) for item in items
-             if "lab_run" in getattr(item, "fixturenames", ())]
+    marks = [
+        item.get_closest_marker(SINGLE_PROCESS_MARK)
+        for item in items
+        if "lab_run" in getattr(item, "fixturenames", ())
+    ]
     if marks and all(marks):
         return _single_process_message(marks[0])
     return None
@@ -189,8 +224,17 @@ def single_process_reason(items) -> str | None:
 
 def _args(test_dirs: list[Path]) -> list[str]:
     return [str(d) for d in test_dirs] + [
-        "-p", "no:cacheprovider", "-p", "no:terminal", "-p", "no:randomly",
-        "--import-mode=importlib", "-o", "python_files=test_*.py", "-W", "ignore::DeprecationWarning",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:terminal",
+        "-p",
+        "no:randomly",
+        "--import-mode=importlib",
+        "-o",
+        "python_files=test_*.py",
+        "-W",
+        "ignore::DeprecationWarning",
     ]
 
 
@@ -209,9 +253,17 @@ def collect_calls(test_dirs: list[Path]) -> list[dict]:
     return getattr(plugin, "calls", [])
 
 
-def judge(test_dirs: list[Path], runs: list[RunSpec], *, hidden_dirs: list[Path] = (),
-          jobs: int | None = None, timeout: float = execute.DEFAULT_TIMEOUT, limits=None, warm=None,
-          cache=None) -> Judgement:
+def judge(
+    test_dirs: list[Path],
+    runs: list[RunSpec],
+    *,
+    hidden_dirs: list[Path] = (),
+    jobs: int | None = None,
+    timeout: float = execute.DEFAULT_TIMEOUT,
+    limits=None,
+    warm=None,
+    cache=None,
+) -> Judgement:
     """Run the notebooks of `runs` and the tests in `test_dirs` against them (`warm`: see `warm.Server`;
     `cache`: see `jaxcache`)."""
     plugin = _Plugin(runs, list(hidden_dirs), jobs or os.cpu_count() or 1, timeout, limits, warm, cache)

@@ -23,6 +23,7 @@ MAX_ELEMENTS = 2_000_000
 # Encoding: runs in the student's process, for inputs in the judge too.
 # ----------------------------------------------------------------------------------------
 
+
 def _number(v):
     if isinstance(v, float) and not math.isfinite(v):
         return {"float": repr(v)}  # nan, inf, -inf
@@ -68,8 +69,14 @@ def sharding_of(x) -> dict | None:
         info["spec"] = [_spec_entry(e) for e in spec]
     shards = []
     for sh in getattr(x, "addressable_shards", []):
-        shards.append({"device": int(sh.device.id), "index": _index(sh.index, x.shape),
-                       "replica_id": int(sh.replica_id), "process": int(sh.device.process_index)})
+        shards.append(
+            {
+                "device": int(sh.device.id),
+                "index": _index(sh.index, x.shape),
+                "replica_id": int(sh.replica_id),
+                "process": int(sh.device.process_index),
+            }
+        )
     if not s.is_fully_addressable:
         # Several processes hold the array: this process sees only its own shards, but the sharding
         # knows every device's block, and which process that device belongs to.
@@ -78,8 +85,14 @@ def sharding_of(x) -> dict | None:
             block = _index(index, x.shape)
             replica = seen.setdefault(str(block), 0)
             seen[str(block)] += 1
-            shards.append({"device": int(device.id), "index": block, "replica_id": replica,
-                           "process": int(device.process_index)})
+            shards.append(
+                {
+                    "device": int(device.id),
+                    "index": block,
+                    "replica_id": replica,
+                    "process": int(device.process_index),
+                }
+            )
         shards.sort(key=lambda sh: (sh["process"], sh["device"]))
     info["shards"] = shards
     info["processes"] = sorted({sh["process"] for sh in shards})
@@ -196,6 +209,7 @@ def _safe_repr(value) -> str:
 # Decoding: runs in the judge.
 # ----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Sharding:
     """Where an array lived in the student's process."""
@@ -299,14 +313,19 @@ def decode(data: dict) -> Value:
             is_jax=bool(data.get("jax")),
         )
     if kind == "too-large":
-        return Value("too-large", dtype=data.get("dtype"), shape=tuple(data.get("shape", ())),
-                     description=f"an array of shape {tuple(data.get('shape', ()))}, too large to check")
+        return Value(
+            "too-large",
+            dtype=data.get("dtype"),
+            shape=tuple(data.get("shape", ())),
+            description=f"an array of shape {tuple(data.get('shape', ()))}, too large to check",
+        )
     return Value("object", description=f"a {data.get('type', 'value')}: {data.get('repr', '')}"[:300])
 
 
 # ----------------------------------------------------------------------------------------
 # Facts of the compiled program behind a call (see `facts`), decoded in the judge.
 # ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Unavailable:
@@ -367,14 +386,24 @@ def _maybe(data, build):
 
 def _placement(d: dict) -> Placement:
     device_bytes = Unavailable(str(d["unavailable"])) if "unavailable" in d else int(d["device_bytes"])
-    return Placement(str(d["path"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]), int(d["bytes"]),
-                     device_bytes, bool(d.get("replicated", False)), int(d.get("pieces", 1)))
+    return Placement(
+        str(d["path"]),
+        tuple(int(s) for s in d["shape"]),
+        str(d["dtype"]),
+        int(d["bytes"]),
+        device_bytes,
+        bool(d.get("replicated", False)),
+        int(d.get("pieces", 1)),
+    )
 
 
 def _collective(d: dict) -> Collective:
-    return Collective(str(d["op"]), str(d.get("shape", "")),
-                      tuple(tuple(int(i) for i in g) for g in d.get("groups", [])),
-                      tuple((int(a), int(b)) for a, b in d.get("pairs", [])))
+    return Collective(
+        str(d["op"]),
+        str(d.get("shape", "")),
+        tuple(tuple(int(i) for i in g) for g in d.get("groups", [])),
+        tuple((int(a), int(b)) for a, b in d.get("pairs", [])),
+    )
 
 
 def decode_compiled(data) -> Compiled | Unavailable:

@@ -31,15 +31,20 @@ from labkit import envnames
 
 FLOAT32, TENSORFLOAT32, BFLOAT16 = "float32", "tensorfloat32", "bfloat16"
 # Unit roundoff of a product's operands.
-ROUNDOFF = {FLOAT32: 0.0, TENSORFLOAT32: 2.0 ** -11, BFLOAT16: 2.0 ** -8}
+ROUNDOFF = {FLOAT32: 0.0, TENSORFLOAT32: 2.0**-11, BFLOAT16: 2.0**-8}
 SLACK = 8.0
 # Set in the kit's own (trusted) process only: grade every run as if its products were this precision. The kit's
 # test of its tolerances (tests/kit/test_precision.py) rounds products to bfloat16 on CPU, as a TPU does, and sets it;
 # nothing in a notebook can.
 EMULATED = envnames.EMULATED_PRODUCTS
 # What each backend does with float32 products when nothing is asked for.
-_BACKEND_DEFAULT = {"cpu": FLOAT32, "gpu": TENSORFLOAT32, "cuda": TENSORFLOAT32, "rocm": TENSORFLOAT32,
-                    "tpu": BFLOAT16}
+_BACKEND_DEFAULT = {
+    "cpu": FLOAT32,
+    "gpu": TENSORFLOAT32,
+    "cuda": TENSORFLOAT32,
+    "rocm": TENSORFLOAT32,
+    "tpu": BFLOAT16,
+}
 
 
 def effective(backend: str | None, setting: str | None) -> str:

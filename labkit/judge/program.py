@@ -19,8 +19,16 @@ MAX_RUN_ELEMENTS = 1 << 20
 # Custom calls an exported program may make: those of sharding itself, and jaxlib's own CPU linear algebra
 # (LAPACK kernels jax.export guarantees stable); never a callback into Python or code of the program's own.
 # Compared with the exact target names of the parsed module's custom calls (`read_module`).
-ALLOWED_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
-                                  "annotate_device_placement", "shape_assertion", "AllocateBuffer"})
+ALLOWED_CUSTOM_CALLS = frozenset(
+    {
+        "Sharding",
+        "SPMDFullToShardShape",
+        "SPMDShardToFullShape",
+        "annotate_device_placement",
+        "shape_assertion",
+        "AllocateBuffer",
+    }
+)
 ALLOWED_PATTERN = re.compile(r"lapack_[a-z0-9]+_ffi")
 # Operations whose float32 products a TPU or GPU may round (`labkit.judge.precision`).
 _PRODUCTS = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
@@ -78,10 +86,14 @@ def bounded(value: Any, budget: list[int]) -> None:
     if len(leaves) > MAX_OUTPUT_ARRAYS:
         raise TooLarge(f"it returns {len(leaves)} arrays; the kit reads at most {MAX_OUTPUT_ARRAYS}")
     if sum(sizes) > MAX_OUTPUT_ELEMENTS or nbytes > MAX_OUTPUT_BYTES:
-        raise TooLarge(f"it returns {sum(sizes)} values ({nbytes} bytes); the kit reads at most {MAX_OUTPUT_ELEMENTS} "
-                       f"values and {MAX_OUTPUT_BYTES} bytes from one call")
+        raise TooLarge(
+            f"it returns {sum(sizes)} values ({nbytes} bytes); the kit reads at most {MAX_OUTPUT_ELEMENTS} "
+            f"values and {MAX_OUTPUT_BYTES} bytes from one call"
+        )
     if sum(sizes) > budget[0]:
-        raise TooLarge(f"the run's calls return more than {MAX_RUN_ELEMENTS} values together; the kit reads no more")
+        raise TooLarge(
+            f"the run's calls return more than {MAX_RUN_ELEMENTS} values together; the kit reads no more"
+        )
     budget[0] -= sum(sizes)
 
 
@@ -118,19 +130,26 @@ def same_values(one: Any, other: Any) -> bool:
     import jax
     import numpy as np
 
-    def close(a: Any, b: Any) -> bool:  # sums taken in another order round otherwise: within float32's error of the values' size
+    def close(
+        a: Any, b: Any
+    ) -> bool:  # sums taken in another order round otherwise: within float32's error of the values' size
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         scale = float(np.nanmax(np.abs(b))) if b.size and not np.all(np.isnan(b)) else 0.0
-        return bool(a.shape == b.shape) and np.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, scale), equal_nan=True)
+        return bool(a.shape == b.shape) and np.allclose(
+            a, b, rtol=1e-5, atol=1e-5 * max(1.0, scale), equal_nan=True
+        )
 
     left, right = jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(other)
-    return len(left) == len(right) and all(_identical(np.asarray(a), np.asarray(b)) or close(a, b)
-                                           for a, b in zip(left, right))
+    return len(left) == len(right) and all(
+        _identical(np.asarray(a), np.asarray(b)) or close(a, b) for a, b in zip(left, right)
+    )
 
 
 def inconsistent(devices: int, where: str) -> str:
     """What the row says when an output claimed to be the same on every device is not (see `run_program`)."""
-    return (f"on {devices} devices this program's value depends on which device's copy is read ({where}): an "
-            "output shard_map says is the same on every device (out_specs=P() over an axis) differs from device "
-            "to device, which check_vma=False lets through. The kit grades device 0's copy, as plain JAX reads it; "
-            "combine the devices' values (jax.lax.psum, all_gather) or keep the output split (out_specs=P('data'))")
+    return (
+        f"on {devices} devices this program's value depends on which device's copy is read ({where}): an "
+        "output shard_map says is the same on every device (out_specs=P() over an axis) differs from device "
+        "to device, which check_vma=False lets through. The kit grades device 0's copy, as plain JAX reads it; "
+        "combine the devices' values (jax.lax.psum, all_gather) or keep the output split (out_specs=P('data'))"
+    )

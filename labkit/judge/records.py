@@ -64,10 +64,16 @@ class Memory(_Record):
 class Collective(_Record):
     op: Name
     shape: Text = ""  # a tuple's shape names each of its arrays
-    groups: Annotated[list[Annotated[list[Device], Meta(max_length=MOST_DEVICES)]],
-                      Meta(max_length=MOST_DEVICES)] | UnsetType = UNSET
-    pairs: Annotated[list[Annotated[list[Device], Meta(min_length=2, max_length=2)]],
-                     Meta(max_length=MOST_DEVICES)] | UnsetType = UNSET
+    groups: (
+        Annotated[list[Annotated[list[Device], Meta(max_length=MOST_DEVICES)]], Meta(max_length=MOST_DEVICES)]
+        | UnsetType
+    ) = UNSET
+    pairs: (
+        Annotated[
+            list[Annotated[list[Device], Meta(min_length=2, max_length=2)]], Meta(max_length=MOST_DEVICES)
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class Placement(_Record):
@@ -92,7 +98,9 @@ class Facts(_Record):
     top_level: Annotated[list[Name], Meta(max_length=1_000)] | UnsetType = UNSET
     memory: Memory | UnsetType = UNSET
     flops: Number | Unavailable | UnsetType = UNSET
-    collectives: Annotated[list[Collective], Meta(max_length=MOST_COLLECTIVES)] | Unavailable | UnsetType = UNSET
+    collectives: Annotated[list[Collective], Meta(max_length=MOST_COLLECTIVES)] | Unavailable | UnsetType = (
+        UNSET
+    )
     inputs: Placements | Unavailable | UnsetType = UNSET
     outputs: Placements | Unavailable | UnsetType = UNSET
     seconds: Number | UnsetType = UNSET
@@ -102,7 +110,9 @@ class Facts(_Record):
 class Value(_Record):
     """A call's value, as `plaindata.encode` writes it (checked at its top level: see the module's text)."""
 
-    kind: Literal["none", "bool", "int", "float", "str", "list", "tuple", "dict", "array", "too-large", "object"]
+    kind: Literal[
+        "none", "bool", "int", "float", "str", "list", "tuple", "dict", "array", "too-large", "object"
+    ]
     value: Any = UNSET  # a bool, int, float or string, or {"float": "nan"}
     items: Annotated[list[Any], Meta(max_length=plaindata.MAX_ELEMENTS)] | UnsetType = UNSET
     dtype: Name | UnsetType = UNSET
@@ -183,6 +193,7 @@ class Ended(_Record):
 # ----------------------------------------------------------------------------------------
 # Decoding.
 # ----------------------------------------------------------------------------------------
+
 
 def parse(data: bytes | str, limit: int = MAX_BYTES) -> Any:
     """JSON text as plain data (the standard library's reader: NaN and Infinity as Python writes them), raising

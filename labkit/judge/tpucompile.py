@@ -56,8 +56,10 @@ def libtpu_available() -> tuple[bool, str]:
 def short(exc: BaseException, limit: int = 300) -> str:
     """The compiler's message, shortened: its first informative line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("===")]
-    first = next((line for line in lines if "Error" in line or "RESOURCE_EXHAUSTED" in line or ":" in line),
-                 lines[0] if lines else type(exc).__name__)
+    first = next(
+        (line for line in lines if "Error" in line or "RESOURCE_EXHAUSTED" in line or ":" in line),
+        lines[0] if lines else type(exc).__name__,
+    )
     return first[:limit]
 
 
@@ -122,8 +124,17 @@ def _devices(topology_name: str):
     return topologies.get_topology_desc(platform="tpu", topology_name=topology_name).devices
 
 
-def compiled_facts(exported, blob: bytes, topology_name: str, shape: tuple | None, args, kwargs,
-                   positions: list[int], refused: str | None = None, store: FactsCache | None = None) -> dict:
+def compiled_facts(
+    exported,
+    blob: bytes,
+    topology_name: str,
+    shape: tuple | None,
+    args,
+    kwargs,
+    positions: list[int],
+    refused: str | None = None,
+    store: FactsCache | None = None,
+) -> dict:
     """The facts (`facts.gather`'s shape) of `exported` compiled for `topology_name`, or `{"unavailable": why}`.
 
     `shape`: the context mesh the CPU run placed the test's plain inputs in (None: a copy on each device);
@@ -131,8 +142,11 @@ def compiled_facts(exported, blob: bytes, topology_name: str, shape: tuple | Non
     the harness could not export it for the TPU, where it could not.
     """
     if "tpu" not in tuple(exported.platforms) and refused:
-        return {"unavailable": f"it compiles for CPU but could not be lowered for the TPU ({described(topology_name)}):"
-                               f" {refused}", "refused": True}
+        return {
+            "unavailable": f"it compiles for CPU but could not be lowered for the TPU ({described(topology_name)}):"
+            f" {refused}",
+            "refused": True,
+        }
     store = store if store is not None else cache()
     key = FactsCache.key(bytes(blob), topology_name, list(shape) if shape else None)
     found = store.get(key)
@@ -154,8 +168,10 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
 
     where = described(topology_name)
     if "tpu" not in tuple(exported.platforms):
-        return {"unavailable": f"its program was exported for {', '.join(exported.platforms)} only, not for the TPU "
-                               f"this configuration compiles for ({where}): the kit's harness exports for both"}
+        return {
+            "unavailable": f"its program was exported for {', '.join(exported.platforms)} only, not for the TPU "
+            f"this configuration compiles for ({where}): the kit's harness exports for both"
+        }
     try:
         devices = list(_devices(topology_name))
     except Exception as e:  # noqa: BLE001 - a missing or broken libtpu: the configuration cannot say
@@ -197,8 +213,11 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     if "unavailable" in found:
         why = str(found["unavailable"])
         if "did not compile" in why:
-            return {"unavailable": f"the TPU compiler ({where}) refused the program that XLA:CPU compiles: "
-                                   f"{why.split(': ', 1)[-1][:300]}", "refused": True}
+            return {
+                "unavailable": f"the TPU compiler ({where}) refused the program that XLA:CPU compiles: "
+                f"{why.split(': ', 1)[-1][:300]}",
+                "refused": True,
+            }
         return found
     found["compiled_for"] = where
     found["top_level"] = found.get("top_level", [])

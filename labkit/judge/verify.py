@@ -58,8 +58,12 @@ from labkit.run import scratch
 
 VERIFIED_FILE = "verified.json"
 FOLDER = "verify"  # in the run's kit folder: the verifier's only writable folder
-MAX_BYTES = records.VERIFIED_MAX_BYTES  # the verifier's findings, as the kit reads them: what the caps let through
-VERIFY_FLOOR = 20.0  # seconds: the least the verifier gets when the notebook's run used (nearly) all of its time
+MAX_BYTES = (
+    records.VERIFIED_MAX_BYTES
+)  # the verifier's findings, as the kit reads them: what the caps let through
+VERIFY_FLOOR = (
+    20.0  # seconds: the least the verifier gets when the notebook's run used (nearly) all of its time
+)
 
 
 class Unverified(Exception):
@@ -69,6 +73,7 @@ class Unverified(Exception):
 # ----------------------------------------------------------------------------------------
 # The verifier: a process of its own, in a sandbox, where no student code has run.
 # ----------------------------------------------------------------------------------------
+
 
 def _placed(exported, arrays: list, shape: tuple | None):
     """(the inputs, the mesh to run in, the outputs' shardings) on the devices the program was exported for.
@@ -87,7 +92,9 @@ def _placed(exported, arrays: list, shape: tuple | None):
 
     n = exported.nr_devices
     if n > jax.device_count():
-        raise Unverified(f"its program was made for {n} devices and this configuration has {jax.device_count()}")
+        raise Unverified(
+            f"its program was made for {n} devices and this configuration has {jax.device_count()}"
+        )
     devices = jax.devices()[:n]
     meshes: dict = {}
 
@@ -98,21 +105,28 @@ def _placed(exported, arrays: list, shape: tuple | None):
         abstract = sharding.mesh
         key = (abstract.axis_sizes, abstract.axis_names, abstract.axis_types)
         if key not in meshes:
-            meshes[key] = Mesh(np.array(devices).reshape(abstract.axis_sizes), abstract.axis_names,
-                               axis_types=abstract.axis_types)
+            meshes[key] = Mesh(
+                np.array(devices).reshape(abstract.axis_sizes),
+                abstract.axis_names,
+                axis_types=abstract.axis_types,
+            )
         return NamedSharding(meshes[key], sharding.spec)
 
     out = []
     everywhere = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
     for x, sharding in zip(arrays, exported.in_shardings_jax(None)):
-        placed = concrete(sharding) or (everywhere if shape is None and len(x.sharding.device_set) != n else None)
+        placed = concrete(sharding) or (
+            everywhere if shape is None and len(x.sharding.device_set) != n else None
+        )
         out.append(x if placed is None else jax.device_put(x, placed))
     outputs = [concrete(s) for s in exported.out_shardings_jax(None)]
     if n == 1 or shape is None:
         context = contextlib.nullcontext()
     else:
         names = tuple(f"devices{i or ''}" for i in range(len(shape)))
-        context = jax.set_mesh(next(iter(meshes.values()), None) or Mesh(np.array(devices).reshape(shape), names))
+        context = jax.set_mesh(
+            next(iter(meshes.values()), None) or Mesh(np.array(devices).reshape(shape), names)
+        )
     return out, context, outputs
 
 
@@ -128,8 +142,13 @@ def _relabelled(value, shardings: list):
     leaves, tree = jax.tree_util.tree_flatten(value)
     if len(leaves) != len(shardings):
         return value
-    return jax.tree_util.tree_unflatten(tree, [x if s is None or not isinstance(x, jax.Array) else jax.device_put(x, s)
-                                               for x, s in zip(leaves, shardings)])
+    return jax.tree_util.tree_unflatten(
+        tree,
+        [
+            x if s is None or not isinstance(x, jax.Array) else jax.device_put(x, s)
+            for x, s in zip(leaves, shardings)
+        ],
+    )
 
 
 def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
@@ -153,10 +172,14 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         module = read_module(exported.mlir_module())
     except Exception as e:  # noqa: BLE001 - whatever the bytes are, they are not a program the kit runs
         return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
-    foreign = sorted(c for c in module["targets"] if c not in ALLOWED_CUSTOM_CALLS and not ALLOWED_PATTERN.fullmatch(c))
+    foreign = sorted(
+        c for c in module["targets"] if c not in ALLOWED_CUSTOM_CALLS and not ALLOWED_PATTERN.fullmatch(c)
+    )
     if foreign:
-        return {"unverified": f"its program calls code the kit does not run ({', '.join(map(repr, foreign))[:200]}): "
-                              "only sharding's own and jaxlib's linear algebra are allowed"}
+        return {
+            "unverified": f"its program calls code the kit does not run ({', '.join(map(repr, foreign))[:200]}): "
+            "only sharding's own and jaxlib's linear algebra are allowed"
+        }
     args = [harness._materialise(a) for a in call.get("args", [])]
     kwargs = {k: harness._materialise(v) for k, v in call.get("kwargs", {}).items()}
     leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
@@ -183,8 +206,16 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
             if not examine:
                 return value, None
             if topology := tpucompile.topology():  # a compile-only TPU configuration: the TPU program's facts
-                return value, tpucompile.compiled_facts(exported, base64.b64decode(blob), topology, shape, a, kw,
-                                                        positions, call.get("tpu_refused"))
+                return value, tpucompile.compiled_facts(
+                    exported,
+                    base64.b64decode(blob),
+                    topology,
+                    shape,
+                    a,
+                    kw,
+                    positions,
+                    call.get("tpu_refused"),
+                )
             return value, facts.gather(program, a, kw)
 
     try:
@@ -204,8 +235,9 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         finding = differing(value)
         if exported.nr_devices > 1 and module["manual"] and used is not None:
             copied = attempt(None)[0]  # every input a copy on each device, as plain JAX runs the function
-            where = differing(copied) or (None if same_values(value, copied) else
-                                           "the value changes with where its inputs are placed")
+            where = differing(copied) or (
+                None if same_values(value, copied) else "the value changes with where its inputs are placed"
+            )
             if where is not None:
                 finding, value = finding or where, copied
         bounded(value, budget)
@@ -233,7 +265,9 @@ def main(argv: list[str]) -> int:
 
     from labkit.judge import harness
 
-    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache")  # a read-only cache
+    warnings.filterwarnings(
+        "ignore", message="Error writing persistent compilation cache"
+    )  # a read-only cache
 
     started = time.monotonic()
     results, budget = {}, [MAX_RUN_ELEMENTS]
@@ -241,8 +275,11 @@ def main(argv: list[str]) -> int:
         blob = job["programs"].get(call["id"])
         if blob is not None:
             results[call["id"]] = run_program(call, blob, budget)
-    payload = {"environment": harness.environment(), "results": results,
-               "seconds": round(time.monotonic() - started, 3)}
+    payload = {
+        "environment": harness.environment(),
+        "results": results,
+        "seconds": round(time.monotonic() - started, 3),
+    }
     Path(argv[0]).write_text(json.dumps(payload))
     return 0
 
@@ -250,6 +287,7 @@ def main(argv: list[str]) -> int:
 # ----------------------------------------------------------------------------------------
 # The kit's side: start the verifier after a run, and put its findings in the run's record.
 # ----------------------------------------------------------------------------------------
+
 
 def mark(calls: list[dict]) -> list[dict]:
     """The judge's calls, those the kit must run itself marked `verify`: every call of a function whose
@@ -276,12 +314,19 @@ def _abstracted(call: dict) -> dict:
         if kind == "dict":
             return {**enc, "items": [[k, strip(v)] for k, v in enc["items"]]}
         if kind == "array" and enc.get("as") != "numpy":
-            return {"kind": "abstract", "dtype": enc["dtype"], "shape": enc["shape"],
-                    **({"place": enc["place"]} if enc.get("place") else {})}
+            return {
+                "kind": "abstract",
+                "dtype": enc["dtype"],
+                "shape": enc["shape"],
+                **({"place": enc["place"]} if enc.get("place") else {}),
+            }
         return enc
 
-    return {**call, "args": [strip(a) for a in call.get("args", [])],
-            "kwargs": {k: strip(v) for k, v in call.get("kwargs", {}).items()}}
+    return {
+        **call,
+        "args": [strip(a) for a in call.get("args", [])],
+        "kwargs": {k: strip(v) for k, v in call.get("kwargs", {}).items()},
+    }
 
 
 def required(call: dict) -> bool:
@@ -292,12 +337,15 @@ def required(call: dict) -> bool:
 def _sent(results: dict) -> dict[str, dict]:
     """What the kernel sent beside each call's result (`facts.export`'s record), taken out of the result:
     the program is run, not kept."""
-    return {cid: sent if isinstance(sent := result.pop("program", None), dict) else {}
-            for cid, result in results.items()}
+    return {
+        cid: sent if isinstance(sent := result.pop("program", None), dict) else {}
+        for cid, result in results.items()
+    }
 
 
-def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None,
-           warm=None) -> None:
+def verify(
+    record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None, warm=None
+) -> None:
     """Run the programs of `record`'s calls in a fresh sandbox and put the values and facts found in `record`.
 
     Every call's result gets `judged_by`: "verified" (the kit's run), "reported" (a call `mark` left
@@ -324,15 +372,22 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
             result.pop("facts", None)  # no test reads them (`mark`): none are kept from the kernel
             result["judged_by"] = "reported"
         elif "error" in result:
-            result["judged_by"] = "verified"  # the call raised in the student's own process: that is the verdict
+            result["judged_by"] = (
+                "verified"  # the call raised in the student's own process: that is the verdict
+            )
         elif isinstance(mine.get("program"), str):
             wanted[cid] = mine["program"]
         elif mine.get("host_data") is True and takes_host_data(call) and "value" in result:
-            result["judged_by"] = "reported"  # the tests give it host data: its program's inputs are not the call's
+            result["judged_by"] = (
+                "reported"  # the tests give it host data: its program's inputs are not the call's
+            )
         elif mine.get("host_data") is True:
-            _unverified(result, "the function makes arrays from host data inside (jax.make_array_from_callback, "
-                                "jax.device_put of a numpy array, ...), so its program does not take the call's "
-                                "inputs: build its arrays from the inputs it is given")
+            _unverified(
+                result,
+                "the function makes arrays from host data inside (jax.make_array_from_callback, "
+                "jax.device_put of a numpy array, ...), so its program does not take the call's "
+                "inputs: build its arrays from the inputs it is given",
+            )
         else:
             _unverified(result, str(mine.get("unavailable") or "the run sent no program for it"))
     if not wanted:
@@ -342,8 +397,14 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
     left = min(float(timeout), max(VERIFY_FLOOR, float(timeout) - float(record.seconds or 0)))
     folder = scratch.empty(Path(kit_folder) / FOLDER)
     refused = {cid: str(sent[cid]["tpu_refused"])[:300] for cid in wanted if sent[cid].get("tpu_refused")}
-    job = json.dumps({"calls": [by_id[cid] | ({"tpu_refused": refused[cid]} if cid in refused else {})
-                                for cid in wanted], "programs": wanted}).encode()
+    job = json.dumps(
+        {
+            "calls": [
+                by_id[cid] | ({"tpu_refused": refused[cid]} if cid in refused else {}) for cid in wanted
+            ],
+            "programs": wanted,
+        }
+    ).encode()
     job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
     out = str(folder.resolve() / VERIFIED_FILE)
     with open(Path(kit_folder) / "verify.log", "wb") as log:
@@ -351,46 +412,79 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
         if warm is not None:
             job_file.write_bytes(job)
             try:
-                proc = warm.launch([out, str(job_file.resolve())], folder, env, limits, log, cache=cache,
-                                   readable=(Path(kit_folder),), module="labkit.judge.verify")
+                proc = warm.launch(
+                    [out, str(job_file.resolve())],
+                    folder,
+                    env,
+                    limits,
+                    log,
+                    cache=cache,
+                    readable=(Path(kit_folder),),
+                    module="labkit.judge.verify",
+                )
                 record.verify_start = "warm"
             except OSError as e:
                 log.write(f"labkit: no warm start for the verifier ({e}); it starts cold\n".encode())
         if proc is None:
             record.verify_start = "cold"
             cache_ro, cache_rw = cache.binds() if cache is not None else ((), ())
-            proc = sandbox.launch([sys.executable, "-m", "labkit.judge.verify", out], folder, env, limits, log=log,
-                                  stdin=job, extra_ro=cache_ro, extra_rw=cache_rw)
+            proc = sandbox.launch(
+                [sys.executable, "-m", "labkit.judge.verify", out],
+                folder,
+                env,
+                limits,
+                log=log,
+                stdin=job,
+                extra_ro=cache_ro,
+                extra_rw=cache_rw,
+            )
         try:
             code = proc.wait(timeout=left)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
             proc.kill()
             code = None
         finally:
-            job_file.unlink(missing_ok=True)  # the tests' inputs, hidden ones too: kept nowhere a later run sees
+            job_file.unlink(
+                missing_ok=True
+            )  # the tests' inputs, hidden ones too: kept nowhere a later run sees
     try:
         payload = records.verified_file(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))  # bounded, typed
         found = payload["results"]
         if payload.get("environment") and "error" not in payload["environment"]:
-            record.environment = kit_environment(payload["environment"], env, counted=True)  # the verifier's own
+            record.environment = kit_environment(
+                payload["environment"], env, counted=True
+            )  # the verifier's own
     except (OSError, ValueError, KeyError, TypeError):
-        why = ("the kit's own run of the programs did not finish within the time limit" if code is None else
-               f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)")
+        why = (
+            "the kit's own run of the programs did not finish within the time limit"
+            if code is None
+            else f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)"
+        )
         found = {cid: {"unverified": why} for cid in wanted}
     finally:
         scratch.remove(folder)
         record.verify_seconds = round(time.monotonic() - began, 2)
     for cid in wanted:
-        result, mine = record.results[cid], found.get(cid) or {"unverified": "the kit's run gave nothing for it"}
+        result, mine = (
+            record.results[cid],
+            found.get(cid) or {"unverified": "the kit's run gave nothing for it"},
+        )
         if "unverified" in mine:
             _unverified(result, mine["unverified"])
             continue
-        if "unrunnable" in mine or "value" not in mine:  # no value from the kernel is kept for a call the kit must run
-            _unverified(result, f"the kit found no way to run it on this configuration's devices "
-                                f"({mine.get('unrunnable', 'no value')}); if your function is plain JAX, this is the "
-                                "kit's limit, not your program's: tell your course staff")
+        if (
+            "unrunnable" in mine or "value" not in mine
+        ):  # no value from the kernel is kept for a call the kit must run
+            _unverified(
+                result,
+                f"the kit found no way to run it on this configuration's devices "
+                f"({mine.get('unrunnable', 'no value')}); if your function is plain JAX, this is the "
+                "kit's limit, not your program's: tell your course staff",
+            )
             continue
-        ours = _differs_from(result.get("value"), mine["value"])  # a value the notebook computed on the same inputs
+        ours = _differs_from(
+            result.get("value"), mine["value"]
+        )  # a value the notebook computed on the same inputs
         result["value"] = mine["value"]
         result["products"] = mine.get("products") is not False
         findings = [f for f in (mine.get("finding"), ours) if isinstance(f, str)]
@@ -398,7 +492,9 @@ def verify(record, calls: list[dict], kit_folder: Path, env: dict, limits, timeo
             result["finding"] = "; ".join(findings)
         if "facts" in mine:  # what ran outside an inner jax.jit is the trace's (the program alone cannot say)
             top_level = sent[cid].get("top_level")
-            result["facts"] = mine["facts"] | ({"top_level": top_level} if isinstance(top_level, list) else {})
+            result["facts"] = mine["facts"] | (
+                {"top_level": top_level} if isinstance(top_level, list) else {}
+            )
         else:
             result.pop("facts", None)
         result["judged_by"] = "verified"
@@ -414,21 +510,27 @@ def _differs_from(reported, kits) -> str | None:
         a, b = plaindata.decode(reported).value, plaindata.decode(kits).value
         import numpy as np
 
-        if np.shape(a) == np.shape(b) and np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                                                      rtol=1e-5, atol=1e-6, equal_nan=True):
+        if np.shape(a) == np.shape(b) and np.allclose(
+            np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-5, atol=1e-6, equal_nan=True
+        ):
             return None
     except Exception:  # noqa: BLE001 - values that do not compare as numbers differ
         pass
-    return ("the value your notebook computed differs from the kit's own run of the same program on the same "
-            "inputs: the kit grades its own (a function whose value depends on when or where it runs, or a "
-            "forgery)")
+    return (
+        "the value your notebook computed differs from the kit's own run of the same program on the same "
+        "inputs: the kit grades its own (a function whose value depends on when or where it runs, or a "
+        "forgery)"
+    )
 
 
 def _unverified(result: dict, why: str) -> None:
     result.pop("value", None)
     result.pop("facts", None)
-    result["error"] = {"type": "Unverified", "message": f"the kit could not run this call's program itself: {why}",
-                       "where": None}
+    result["error"] = {
+        "type": "Unverified",
+        "message": f"the kit could not run this call's program itself: {why}",
+        "where": None,
+    }
     result["judged_by"] = "unverified"
 
 
@@ -453,7 +555,11 @@ def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
     chose. Where the verifier did not count the devices, a one-process CPU configuration's own count stands; an
     accelerator's, or a multi-process run's (`counted` there), is the kernel's word, on rows that are reported."""
     out = dict(reported) if isinstance(reported, dict) else {}
-    if not counted and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit() and not env.get(envnames.NUM_PROCESSES):
+    if (
+        not counted
+        and str(env.get("JAX_NUM_CPU_DEVICES") or "").isdigit()
+        and not env.get(envnames.NUM_PROCESSES)
+    ):
         n = int(env["JAX_NUM_CPU_DEVICES"])
         out.update(device_count=n, local_device_count=n, process_count=1, process_index=0)
     platform = str(env.get("JAX_PLATFORMS") or out.get("backend") or "").split(",")[0]
@@ -464,7 +570,9 @@ def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
 
 def judged_by(results: dict) -> str:
     """A run's results in one word: "verified", "reported", or "partly verified"."""
-    marks = {"reported" if r.get("judged_by", "reported") == "reported" else "verified" for r in results.values()}
+    marks = {
+        "reported" if r.get("judged_by", "reported") == "reported" else "verified" for r in results.values()
+    }
     return "partly verified" if len(marks) > 1 else marks.pop() if marks else "reported"
 
 

@@ -21,8 +21,14 @@ import os
 import re
 
 # Where the NVIDIA driver's user-space libraries live when they are not in a system folder.
-_DRIVER_FOLDERS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
-                   "/run/nvidia/driver/usr/lib64", "/usr/lib64/nvidia", "/usr/lib/nvidia")
+_DRIVER_FOLDERS = (
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+    "/run/nvidia/driver/usr/lib64",
+    "/usr/lib64/nvidia",
+    "/usr/lib/nvidia",
+)
 # JAX's CUDA plugin, as each CUDA major version names its package.
 _CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 # Platforms whose runtime reserves far more address space than any sensible RLIMIT_AS (see `address_space_limit`).
@@ -47,7 +53,7 @@ def nvidia_devices() -> list[str]:
 def nvidia_gpus() -> list[str]:
     """One node per GPU: /dev/nvidia0, /dev/nvidia1, ..."""
     gpus = [p for p in _nodes("nvidia*") if re.fullmatch(r"nvidia[0-9]+", os.path.basename(p))]
-    return sorted(gpus, key=lambda p: int(os.path.basename(p)[len("nvidia"):]))
+    return sorted(gpus, key=lambda p: int(os.path.basename(p)[len("nvidia") :]))
 
 
 def devices() -> list[str]:
@@ -90,7 +96,10 @@ def gpu_available() -> tuple[bool, str]:
     if not nvidia_gpus():
         return False, "no NVIDIA GPU on this machine (no /dev/nvidia0, /dev/nvidia1, ... device)"
     if cuda_plugin() is None:
-        return False, "an NVIDIA GPU is here but JAX's CUDA plugin is not installed: run `make setup EXTRAS=cuda`"
+        return (
+            False,
+            "an NVIDIA GPU is here but JAX's CUDA plugin is not installed: run `make setup EXTRAS=cuda`",
+        )
     return True, ""
 
 

@@ -57,8 +57,13 @@ def check_python() -> Check:
     problem = envsetup.python_problem()
     version = ".".join(str(n) for n in sys.version_info[:3])
     if problem:
-        return Check("python", "Python", FAIL, f"Python {version} ({sys.executable}) is older than 3.11",
-                     "install Python 3.11 or newer and run `make ... PYTHON=python3.11`")
+        return Check(
+            "python",
+            "Python",
+            FAIL,
+            f"Python {version} ({sys.executable}) is older than 3.11",
+            "install Python 3.11 or newer and run `make ... PYTHON=python3.11`",
+        )
     return Check("python", "Python", OK, f"Python {version} ({sys.executable})")
 
 
@@ -79,20 +84,34 @@ def check_jax() -> Check:
     if found and found[0][:2] >= envsetup.NEWER_JAX_FROM:
         fix = f"Python {found[0][0]}.{found[0][1]} is here: `make setup PYTHON={found[1]}` makes .venv again with it"
     else:
-        fix = ("install Python 3.12 or 3.13 (Debian 13 and Ubuntu 24.04 have one as python3; elsewhere "
-               "`pyenv install 3.13` or `uv python install 3.13`), then `make setup PYTHON=python3.13`")
-    return Check("jax", "JAX", WARN, f"{detail}; JAX {newer}, what Colab and current TPU images run, needs Python 3.12 "
-                 "or newer", fix)
+        fix = (
+            "install Python 3.12 or 3.13 (Debian 13 and Ubuntu 24.04 have one as python3; elsewhere "
+            "`pyenv install 3.13` or `uv python install 3.13`), then `make setup PYTHON=python3.13`"
+        )
+    return Check(
+        "jax",
+        "JAX",
+        WARN,
+        f"{detail}; JAX {newer}, what Colab and current TPU images run, needs Python 3.12 or newer",
+        fix,
+    )
 
 
 def check_environment(root: Path = ROOT) -> Check:
     venv, title = root / ".venv", "Environment (.venv)"
     stamp = venv / envsetup.STAMP
     if not (venv / "bin" / "python").exists():
-        return Check("environment", title, FAIL, "not made yet", "`make setup` (the first `make lab-N` does it too)")
+        return Check(
+            "environment", title, FAIL, "not made yet", "`make setup` (the first `make lab-N` does it too)"
+        )
     if not stamp.exists():
-        return Check("environment", title, FAIL, "its last set-up did not finish",
-                     "`make setup` installs again (the log of the last try is build/setup.log)")
+        return Check(
+            "environment",
+            title,
+            FAIL,
+            "its last set-up did not finish",
+            "`make setup` installs again (the log of the last try is build/setup.log)",
+        )
     selection = stamp.read_text().split()
     if stamp.stat().st_mtime < (root / "uv.lock").stat().st_mtime:
         return Check("environment", title, FAIL, "older than uv.lock", "`make setup`")
@@ -101,9 +120,13 @@ def check_environment(root: Path = ROOT) -> Check:
         code, out = _run([uv, "sync", "--frozen", "--check", "--project", str(root), *selection])
         if code != 0:
             changes = [line.strip() for line in out.splitlines() if line.strip()[:1] in "+-~"]
-            return Check("environment", title, FAIL,
-                         f"does not match uv.lock: {len(changes)} package(s) differ ({', '.join(changes[:3])})",
-                         "`make setup` (or `make setup FORCE=1` after editing .venv by hand)")
+            return Check(
+                "environment",
+                title,
+                FAIL,
+                f"does not match uv.lock: {len(changes)} package(s) differ ({', '.join(changes[:3])})",
+                "`make setup` (or `make setup FORCE=1` after editing .venv by hand)",
+            )
     described = envsetup.describe_selection(selection)
     return Check("environment", title, OK, f"matches uv.lock ({described})")
 
@@ -117,9 +140,15 @@ def check_sandbox() -> Check:
         return Check("sandbox", "Sandbox (bubblewrap)", OK, f"works: {found.summary()}{skipped}")
     report = found.report().splitlines()
     fixes = [line.strip() for line in report if line.strip().lower().startswith("fix")]
-    return Check("sandbox", "Sandbox (bubblewrap)", FAIL, " / ".join(line.strip() for line in report[:3]),
-                 "; ".join(fixes) or "grading refuses to run without one: `make isolation` says why, and docs/sandbox.md, "
-                 "'Isolation and limits', how to get one")
+    return Check(
+        "sandbox",
+        "Sandbox (bubblewrap)",
+        FAIL,
+        " / ".join(line.strip() for line in report[:3]),
+        "; ".join(fixes)
+        or "grading refuses to run without one: `make isolation` says why, and docs/sandbox.md, "
+        "'Isolation and limits', how to get one",
+    )
 
 
 def check_configurations() -> list[Check]:
@@ -130,16 +159,31 @@ def check_configurations() -> list[Check]:
         ok, reason = config.availability()
         key = "cpu" if config.platform == "cpu" else config.platform
         status = OK if ok else (FAIL if config.platform == "cpu" else WARN)
-        out.append(Check(key, f"Configuration {config.name}", status,
-                         config.summary if ok else f"{config.summary}: {reason}"))
+        out.append(
+            Check(
+                key,
+                f"Configuration {config.name}",
+                status,
+                config.summary if ok else f"{config.summary}: {reason}",
+            )
+        )
     holders = _device_holders()
     if holders:
-        out.append(Check("tpu", "Accelerator in use", WARN, "held by " + ", ".join(holders),
-                         "stop that process (often a Jupyter kernel) before `make lab-N`: one process owns a TPU"))
+        out.append(
+            Check(
+                "tpu",
+                "Accelerator in use",
+                WARN,
+                "held by " + ", ".join(holders),
+                "stop that process (often a Jupyter kernel) before `make lab-N`: one process owns a TPU",
+            )
+        )
     return out
 
 
-LIBTPU_LICENCE = "Google Cloud Platform Terms of Service"  # what libtpu's own metadata says, when it is not here
+LIBTPU_LICENCE = (
+    "Google Cloud Platform Terms of Service"  # what libtpu's own metadata says, when it is not here
+)
 
 
 def check_libtpu() -> Check:
@@ -152,14 +196,22 @@ def check_libtpu() -> Check:
     try:
         dist = metadata.distribution("libtpu")
     except metadata.PackageNotFoundError:
-        return Check("libtpu", "TPU compiler (libtpu)", WARN,
-                     f"not installed: the configurations {names} are skipped",
-                     f"`make setup EXTRAS=tpu` adds it (about 640 MB; licence: {LIBTPU_LICENCE}); grading and "
-                     f"`make test` use it, a student's lean set-up never needs it")
+        return Check(
+            "libtpu",
+            "TPU compiler (libtpu)",
+            WARN,
+            f"not installed: the configurations {names} are skipped",
+            f"`make setup EXTRAS=tpu` adds it (about 640 MB; licence: {LIBTPU_LICENCE}); grading and "
+            f"`make test` use it, a student's lean set-up never needs it",
+        )
     size = sum(f.size or 0 for f in dist.files or [])
     licence = dist.metadata.get("License") or dist.metadata.get("License-Expression") or LIBTPU_LICENCE
-    return Check("libtpu", "TPU compiler (libtpu)", OK,
-                 f"libtpu {dist.version}, {size / 1e6:.0f} MB, licence: {licence}; compiles for {names}")
+    return Check(
+        "libtpu",
+        "TPU compiler (libtpu)",
+        OK,
+        f"libtpu {dist.version}, {size / 1e6:.0f} MB, licence: {licence}; compiles for {names}",
+    )
 
 
 def _device_holders() -> list[str]:
@@ -181,20 +233,33 @@ def _device_holders() -> list[str]:
 def check_docker() -> Check:
     client = shutil.which("docker")
     if not client:
-        return Check("docker", "Docker", FAIL, "no docker client on the PATH",
-                     "install Docker (Debian: apt install docker.io) for the course image; not needed otherwise")
+        return Check(
+            "docker",
+            "Docker",
+            FAIL,
+            "no docker client on the PATH",
+            "install Docker (Debian: apt install docker.io) for the course image; not needed otherwise",
+        )
     code, out = _run([client, "version", "--format", "{{.Server.Version}}"])
     if code != 0:
         if "permission denied" in out.lower():
-            why, fix = "the engine refuses this user (no permission on its socket)", \
-                "add yourself to the `docker` group, or run as root"
+            why, fix = (
+                "the engine refuses this user (no permission on its socket)",
+                "add yourself to the `docker` group, or run as root",
+            )
         else:
-            why, fix = "no engine answers" + (f" at {os.environ['DOCKER_HOST']}" if "DOCKER_HOST" in os.environ else ""), \
-                "start the Docker engine (or set DOCKER_HOST to one that runs)"
+            why, fix = (
+                "no engine answers"
+                + (f" at {os.environ['DOCKER_HOST']}" if "DOCKER_HOST" in os.environ else ""),
+                "start the Docker engine (or set DOCKER_HOST to one that runs)",
+            )
         return Check("docker", "Docker", FAIL, f"client {client}; {why}", fix)
     _, buildx = _run([client, "buildx", "version"])
-    builder = "BuildKit through buildx" if buildx.lower().startswith("github.com/docker/buildx") else \
-        "BuildKit with DOCKER_BUILDKIT=1 (no buildx plugin)"
+    builder = (
+        "BuildKit through buildx"
+        if buildx.lower().startswith("github.com/docker/buildx")
+        else "BuildKit with DOCKER_BUILDKIT=1 (no buildx plugin)"
+    )
     return Check("docker", "Docker", OK, f"engine {out.splitlines()[-1]} through {client}; {builder}")
 
 
@@ -203,18 +268,32 @@ def check_chromium() -> Check:
         program = shutil.which(name)
         if program:
             _, version = _run([program, "--version"])
-            first = next((line for line in version.splitlines() if line.lower().startswith(("chromium", "google"))),
-                         program)
+            first = next(
+                (line for line in version.splitlines() if line.lower().startswith(("chromium", "google"))),
+                program,
+            )
             return Check("chromium", "Chromium", OK, first)
-    return Check("chromium", "Chromium", FAIL, "not found",
-                 "only the HTML scoreboard's page test and the JupyterLab test need it (Debian: apt install chromium)")
+    return Check(
+        "chromium",
+        "Chromium",
+        FAIL,
+        "not found",
+        "only the HTML scoreboard's page test and the JupyterLab test need it (Debian: apt install chromium)",
+    )
 
 
 def check_disk(root: Path = ROOT, need: int = 3 * GiB) -> Check:
     free = shutil.disk_usage(root).free
     status = OK if free >= need else FAIL
-    return Check("disk", "Disk", status, f"{free / GiB:.1f} GiB free at {root}",
-                 "" if status == OK else f"the environment and a lab's runs need about {need / GiB:.0f} GiB: free some")
+    return Check(
+        "disk",
+        "Disk",
+        status,
+        f"{free / GiB:.1f} GiB free at {root}",
+        ""
+        if status == OK
+        else f"the environment and a lab's runs need about {need / GiB:.0f} GiB: free some",
+    )
 
 
 def check_memory(per_run: int = 4 * GiB) -> Check:
@@ -228,10 +307,14 @@ def check_memory(per_run: int = 4 * GiB) -> Check:
     cores = os.cpu_count() or 1
     jobs = max(1, min(cores, available // per_run))
     status = OK if available >= per_run else FAIL
-    return Check("memory", "Memory", status,
-                 f"{available / GiB:.1f} GiB available, {cores} cores: grading runs up to {jobs} notebook(s) at once "
-                 f"at the default 4 GiB each",
-                 "" if status == OK else "lower the limit (`--memory 2G`) or grade on a larger machine")
+    return Check(
+        "memory",
+        "Memory",
+        status,
+        f"{available / GiB:.1f} GiB available, {cores} cores: grading runs up to {jobs} notebook(s) at once "
+        f"at the default 4 GiB each",
+        "" if status == OK else "lower the limit (`--memory 2G`) or grade on a larger machine",
+    )
 
 
 def run_checks(root: Path = ROOT) -> list[Check]:
@@ -240,8 +323,13 @@ def run_checks(root: Path = ROOT) -> list[Check]:
         try:
             result = optional()
         except Exception as e:  # noqa: BLE001 - a broken environment must not hide the rest of the screen
-            result = Check(optional.__name__.removeprefix("check_"), optional.__name__, FAIL,
-                           f"could not be checked: {type(e).__name__}: {e}", "`make setup`")
+            result = Check(
+                optional.__name__.removeprefix("check_"),
+                optional.__name__,
+                FAIL,
+                f"could not be checked: {type(e).__name__}: {e}",
+                "`make setup`",
+            )
         checks += result if isinstance(result, list) else [result]
     return checks + [check_docker(), check_chromium(), check_disk(root), check_memory()]
 
@@ -259,13 +347,19 @@ def render(checks: list[Check], required: set[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m labkit doctor", description=__doc__.split("\n\n")[0])
-    p.add_argument("--for", dest="purposes", default="lab",
-                   help=f"what you mean to do, comma-separated: {', '.join(PURPOSES)} (default: lab)")
+    p.add_argument(
+        "--for",
+        dest="purposes",
+        default="lab",
+        help=f"what you mean to do, comma-separated: {', '.join(PURPOSES)} (default: lab)",
+    )
     args = p.parse_args(argv)
     purposes = [x.strip() for x in args.purposes.split(",") if x.strip()]
     unknown = [x for x in purposes if x not in PURPOSES]
     if unknown:
-        print(f"error: unknown purpose {', '.join(unknown)}; choose from {', '.join(PURPOSES)}", file=sys.stderr)
+        print(
+            f"error: unknown purpose {', '.join(unknown)}; choose from {', '.join(PURPOSES)}", file=sys.stderr
+        )
         return 2
     required = set().union(*(PURPOSES[x] for x in purposes))
     checks = run_checks()

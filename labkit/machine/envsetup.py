@@ -50,21 +50,27 @@ STAMP = ".synced"
 _PLANNED = re.compile(r"^\s*\+\s*([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
-def python_problem(version: tuple[int, ...] = tuple(sys.version_info[:3]), executable: str = sys.executable) -> str:
+def python_problem(
+    version: tuple[int, ...] = tuple(sys.version_info[:3]), executable: str = sys.executable
+) -> str:
     """One line saying why this Python cannot run the kit, or "" when it can."""
     if tuple(version[:2]) >= MINIMUM_PYTHON:
         return ""
     have = ".".join(str(n) for n in version)
     need = ".".join(str(n) for n in MINIMUM_PYTHON)
-    return (f"error: the kit needs Python {need} or newer, and `{Path(executable).name}` is Python {have} "
-            f"({executable}). Install Python {need} or newer and name it: `make lab-3 PYTHON=python{need}`.")
+    return (
+        f"error: the kit needs Python {need} or newer, and `{Path(executable).name}` is Python {have} "
+        f"({executable}). Install Python {need} or newer and name it: `make lab-3 PYTHON=python{need}`."
+    )
 
 
 def jax_for(version: tuple[int, ...], pyproject: Path = ROOT / "pyproject.toml") -> str:
     """The JAX version the lock gives Python `version`, read from the project's `jax==V; python_version ..`."""
     ops = {">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "==": lambda a, b: a == b}
     text = pyproject.read_text()
-    for m in re.finditer(r"""["']jax==([^;"'\s]+)\s*;\s*python_version\s*(>=|<|==)\s*['"](\d+)\.(\d+)['"]""", text):
+    for m in re.finditer(
+        r"""["']jax==([^;"'\s]+)\s*;\s*python_version\s*(>=|<|==)\s*['"](\d+)\.(\d+)['"]""", text
+    ):
         if ops[m.group(2)](tuple(version[:2]), (int(m.group(3)), int(m.group(4)))):
             return m.group(1)
     m = re.search(r"""["']jax==([^;"'\s]+)["']""", text)
@@ -80,8 +86,13 @@ def pythons_here(candidates: tuple[str, ...] = CANDIDATES) -> list[tuple[str, tu
         if not path:
             continue
         try:
-            out = subprocess.run([path, "-c", BASE_INTERPRETER + "; print(*sys.version_info[:3])"],
-                                 capture_output=True, text=True, timeout=30, check=False)
+            out = subprocess.run(
+                [path, "-c", BASE_INTERPRETER + "; print(*sys.version_info[:3])"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         lines = out.stdout.split("\n")
@@ -104,16 +115,23 @@ def _pyenv_pythons() -> list[str]:
         return []
 
 
-def pick_python(candidates: tuple[str, ...] = CANDIDATES, other_than: tuple[int, ...] | None = None
-                ) -> tuple[tuple[int, ...], str] | None:
+def pick_python(
+    candidates: tuple[str, ...] = CANDIDATES, other_than: tuple[int, ...] | None = None
+) -> tuple[tuple[int, ...], str] | None:
     """The newest supported Python that runs here, as (version, executable): the PATH's names first,
     then pyenv's installed versions; None when there is none. With `other_than` (a Python version),
     the newest one whose JAX is not that version's (3.11 against 3.12 and newer, and back)."""
-    supported = [(version, exe) for _, version, exe in pythons_here((*candidates, *_pyenv_pythons()))
-                 if MINIMUM_PYTHON <= tuple(version[:2]) <= NEWEST_SUPPORTED]
+    supported = [
+        (version, exe)
+        for _, version, exe in pythons_here((*candidates, *_pyenv_pythons()))
+        if MINIMUM_PYTHON <= tuple(version[:2]) <= NEWEST_SUPPORTED
+    ]
     if other_than is not None:
-        supported = [(version, exe) for version, exe in supported
-                     if (tuple(version[:2]) >= NEWER_JAX_FROM) != (tuple(other_than[:2]) >= NEWER_JAX_FROM)]
+        supported = [
+            (version, exe)
+            for version, exe in supported
+            if (tuple(version[:2]) >= NEWER_JAX_FROM) != (tuple(other_than[:2]) >= NEWER_JAX_FROM)
+        ]
     if not supported:
         return None
     best = max(version[:2] for version, _ in supported)
@@ -134,8 +152,11 @@ def remove_if_made_with_another_python(venv: Path) -> None:
     """A .venv made with another Python than this one is removed, to be made again, never synced over."""
     made_with, here = venv_python(venv), tuple(sys.version_info[:2])
     if made_with is not None and made_with[:2] != here:
-        print(f"  {venv.name}/ was made with Python {_dotted(made_with)}: removing it to make it again "
-              f"with {_dotted(here)}.", flush=True)
+        print(
+            f"  {venv.name}/ was made with Python {_dotted(made_with)}: removing it to make it again "
+            f"with {_dotted(here)}.",
+            flush=True,
+        )
         shutil.rmtree(venv)
 
 
@@ -192,8 +213,11 @@ def lock_sizes(lock: Path) -> dict[tuple[str, str], int]:
     machine, pythons = _platform_tags()
     sizes: dict[tuple[str, str], int] = {}
     for package in tomllib.loads(lock.read_text()).get("package", []):
-        fitting = [w.get("size", 0) for w in package.get("wheels", [])
-                   if _fits(w.get("url", "").rsplit("/", 1)[-1], machine, pythons)]
+        fitting = [
+            w.get("size", 0)
+            for w in package.get("wheels", [])
+            if _fits(w.get("url", "").rsplit("/", 1)[-1], machine, pythons)
+        ]
         if fitting:
             sizes[(_normalize(package["name"]), str(package.get("version")))] = max(fitting)
     return sizes
@@ -206,8 +230,15 @@ def _uv_env(venv: Path) -> dict[str, str]:
 def plan(uv: str, selection: list[str], venv: Path) -> list[tuple[str, str]] | None:
     """What `uv sync` would install into `venv` (name, version); None when uv cannot say."""
     try:
-        done = subprocess.run([uv, "sync", "--frozen", "--dry-run", *selection], cwd=ROOT, check=False,
-                              capture_output=True, text=True, timeout=120, env=_uv_env(venv))
+        done = subprocess.run(
+            [uv, "sync", "--frozen", "--dry-run", *selection],
+            cwd=ROOT,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_uv_env(venv),
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
@@ -232,12 +263,20 @@ def describe_selection(selection: list[str]) -> str:
 def _failure_hint(log_text: str, venv: Path) -> str:
     if "No space left on device" in log_text or "os error 28" in log_text:
         free = shutil.disk_usage(venv.parent if venv.parent.exists() else ROOT).free
-        return (f"the disk is full (no space left on device; {human(free)} free where .venv lives). "
-                "Free some space (`make clean`, uv's cache: `uv cache clean`) and run the command again.")
-    if re.search(r"(dns error|failed to lookup|Could not connect|connection (refused|reset)|timed out|"
-                 r"certificate)", log_text, re.I):
-        return ("the package index could not be reached. Check the network (and a proxy's CA with "
-                "SSL_CERT_FILE), or set up offline from a wheelhouse: `make setup OFFLINE=1` (see docs/containers.md, 'Offline, without Docker').")
+        return (
+            f"the disk is full (no space left on device; {human(free)} free where .venv lives). "
+            "Free some space (`make clean`, uv's cache: `uv cache clean`) and run the command again."
+        )
+    if re.search(
+        r"(dns error|failed to lookup|Could not connect|connection (refused|reset)|timed out|"
+        r"certificate)",
+        log_text,
+        re.I,
+    ):
+        return (
+            "the package index could not be reached. Check the network (and a proxy's CA with "
+            "SSL_CERT_FILE), or set up offline from a wheelhouse: `make setup OFFLINE=1` (see docs/containers.md, 'Offline, without Docker')."
+        )
     return "see the log above."
 
 
@@ -252,9 +291,16 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
         pass
     started = time.monotonic()
     here = tuple(sys.version_info[:3])
-    print(f"Python {_dotted(here)} ({sys.executable}): JAX {jax_for(here)}"
-          + ("" if here[:2] >= NEWER_JAX_FROM else
-             f" (JAX {jax_for(NEWER_JAX_FROM)} needs Python {_dotted(NEWER_JAX_FROM)} or newer)") + ".", flush=True)
+    print(
+        f"Python {_dotted(here)} ({sys.executable}): JAX {jax_for(here)}"
+        + (
+            ""
+            if here[:2] >= NEWER_JAX_FROM
+            else f" (JAX {jax_for(NEWER_JAX_FROM)} needs Python {_dotted(NEWER_JAX_FROM)} or newer)"
+        )
+        + ".",
+        flush=True,
+    )
     remove_if_made_with_another_python(venv)
     if "--python" not in selection:
         selection = ["--python", os.path.realpath(sys.executable), *selection]
@@ -263,8 +309,11 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
     if planned:
         sizes = lock_sizes(ROOT / "uv.lock")
         total = sum(sizes.get(p, 0) for p in planned)
-        print(f"{what}: {len(planned)} packages, about {human(total)} to download "
-              "(less when uv's cache has them).", flush=True)
+        print(
+            f"{what}: {len(planned)} packages, about {human(total)} to download "
+            "(less when uv's cache has them).",
+            flush=True,
+        )
     elif planned == []:
         print(f"{what}: nothing new to install.", flush=True)
     else:
@@ -280,14 +329,21 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
     if code != 0:
         text = log.read_text(errors="replace")
         tail = "\n".join(text.splitlines()[-15:])
-        print(f"{tail}\nerror: setting up {venv.name}/ failed after {seconds:.0f} s: {_failure_hint(text, venv)}\n"
-              f"  full log: {_shown(log)}", file=sys.stderr, flush=True)
+        print(
+            f"{tail}\nerror: setting up {venv.name}/ failed after {seconds:.0f} s: {_failure_hint(text, venv)}\n"
+            f"  full log: {_shown(log)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     try:
         stamp.write_text(" ".join(selection) + "\n")
     except OSError as e:
-        print(f"error: {venv.name}/ was installed but could not be marked finished ({e}); "
-              f"{_failure_hint(str(e), venv)}", file=sys.stderr)
+        print(
+            f"error: {venv.name}/ was installed but could not be marked finished ({e}); "
+            f"{_failure_hint(str(e), venv)}",
+            file=sys.stderr,
+        )
         return 1
     print(f"  done in {seconds:.0f} s.", flush=True)
     return 0
@@ -295,8 +351,14 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
 
 def _uv_sync(uv: str, selection: list[str], venv: Path, out, *more: str) -> int:
     try:
-        return subprocess.run([uv, "sync", "--frozen", *selection, *more], cwd=ROOT, stdout=out,
-                              stderr=subprocess.STDOUT, env=_uv_env(venv), check=False).returncode
+        return subprocess.run(
+            [uv, "sync", "--frozen", *selection, *more],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_uv_env(venv),
+            check=False,
+        ).returncode
     except OSError as e:
         out.write(f"{e}\n")
         return 127
@@ -325,13 +387,22 @@ def _shown(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m labkit.machine.envsetup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python3 -m labkit.machine.envsetup", description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("check-python", help="exit 1, with one line, when this Python is too old for the kit")
-    pick = sub.add_parser("pick-python", help="print the newest supported Python here (exit 1 when there is none)")
-    pick.add_argument("--other-than", metavar="PYTHON",
-                      help="the newest one whose JAX differs from this Python's (the other world of the lock)")
-    fresh = sub.add_parser("remove-other-venv", help="remove --venv when it was made with another Python than this one")
+    pick = sub.add_parser(
+        "pick-python", help="print the newest supported Python here (exit 1 when there is none)"
+    )
+    pick.add_argument(
+        "--other-than",
+        metavar="PYTHON",
+        help="the newest one whose JAX differs from this Python's (the other world of the lock)",
+    )
+    fresh = sub.add_parser(
+        "remove-other-venv", help="remove --venv when it was made with another Python than this one"
+    )
     fresh.add_argument("--venv", type=Path, default=ROOT / ".venv")
     s = sub.add_parser("sync", help="uv sync --frozen SELECTION, quietly, into --venv")
     s.add_argument("--uv", default="uv")

@@ -56,7 +56,11 @@ def top_level_modules(entries: list[str]) -> set[str]:
         if module is None:
             continue
         parts = entry.replace("\\", "/").split("/")
-        if len(parts) == 1 or parts[1] == "__init__.py" or (len(parts) == 2 and parts[1].startswith("__init__.")):
+        if (
+            len(parts) == 1
+            or parts[1] == "__init__.py"
+            or (len(parts) == 2 and parts[1].startswith("__init__."))
+        ):
             modules.add(module)
     return modules
 

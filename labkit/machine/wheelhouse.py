@@ -74,10 +74,20 @@ def needed(uv: str, selection: list[str]) -> list[tuple[str, str]]:
     """
     project = normalize(pyproject()["project"]["name"])
     with tempfile.TemporaryDirectory(prefix="labkit-plan-") as scratch:
-        env = dict(os.environ, UV_PROJECT_ENVIRONMENT=str(Path(scratch) / "venv"), UV_PYTHON_DOWNLOADS="never",
-                   NO_COLOR="1")
-        done = subprocess.run([uv, "sync", "--frozen", "--offline", "--dry-run", *selection], cwd=ROOT, env=env,
-                              check=False, capture_output=True, text=True)
+        env = dict(
+            os.environ,
+            UV_PROJECT_ENVIRONMENT=str(Path(scratch) / "venv"),
+            UV_PYTHON_DOWNLOADS="never",
+            NO_COLOR="1",
+        )
+        done = subprocess.run(
+            [uv, "sync", "--frozen", "--offline", "--dry-run", *selection],
+            cwd=ROOT,
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+        )
     if done.returncode != 0:
         raise PlanError((done.stderr or done.stdout).strip())
     plan = []
@@ -91,15 +101,23 @@ def needed(uv: str, selection: list[str]) -> list[tuple[str, str]]:
 def missing(wheelhouse: Path, uv: str, selection: list[str]) -> list[str]:
     """Requirements (name==version, or a build requirement) with no wheel in the folder."""
     found = present(wheelhouse)
-    lacking = [f"{name}=={version}" for name, version in needed(uv, selection)
-               if version.lower() not in found.get(normalize(name), set())]
-    lacking += [f"{req} (the build backend of the kit itself)" for req in build_requires()
-                if _requirement_name(req) not in found]
+    lacking = [
+        f"{name}=={version}"
+        for name, version in needed(uv, selection)
+        if version.lower() not in found.get(normalize(name), set())
+    ]
+    lacking += [
+        f"{req} (the build backend of the kit itself)"
+        for req in build_requires()
+        if _requirement_name(req) not in found
+    ]
     return lacking
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m labkit.machine.wheelhouse", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m labkit.machine.wheelhouse", description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("missing", help="list the wheels the environment needs that the wheelhouse lacks")
     m.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
@@ -114,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = args.wheelhouse
     if not folder.is_dir() or not any(folder.glob("*.whl")):
-        print(f"error: no wheelhouse at {folder}/: run `make wheelhouse` on a machine with network "
-              "(same platform and Python version as this one), then copy the folder here", file=sys.stderr)
+        print(
+            f"error: no wheelhouse at {folder}/: run `make wheelhouse` on a machine with network "
+            "(same platform and Python version as this one), then copy the folder here",
+            file=sys.stderr,
+        )
         return 1
     try:
         lacking = missing(folder, args.uv, args.selection)
@@ -123,12 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: could not list the locked packages for this machine:\n{e}", file=sys.stderr)
         return 1
     if lacking:
-        print(f"error: the wheelhouse {folder}/ is incomplete: {len(lacking)} package(s) this machine needs "
-              "have no wheel there:", file=sys.stderr)
+        print(
+            f"error: the wheelhouse {folder}/ is incomplete: {len(lacking)} package(s) this machine needs "
+            "have no wheel there:",
+            file=sys.stderr,
+        )
         for requirement in lacking:
             print(f"  - {requirement}", file=sys.stderr)
-        print("Run `make wheelhouse` where there is network, on the same platform and Python version as this "
-              "machine (and with the same EXTRAS), then copy wheelhouse/ here.", file=sys.stderr)
+        print(
+            "Run `make wheelhouse` where there is network, on the same platform and Python version as this "
+            "machine (and with the same EXTRAS), then copy wheelhouse/ here.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -49,20 +49,45 @@ def parse_size(text: str | int) -> int:
 def add_arguments(parser) -> None:
     """The limit flags of a command that runs notebooks (`lab`, `grade`)."""
     d = DEFAULT_LIMITS
-    parser.add_argument("--memory", type=parse_size, default=d.memory, metavar="SIZE",
-                        help=f"memory one notebook run may use, e.g. 4G (default {format_size(d.memory)})")
-    parser.add_argument("--max-processes", type=int, default=d.processes, metavar="N",
-                        help=f"processes and threads one run may have at once (default {d.processes})")
-    parser.add_argument("--disk", type=parse_size, default=d.disk, metavar="SIZE",
-                        help=f"what one run may write to disk (its scratch folder; /tmp and /dev/shm each) before it is "
-                             f"stopped (default {format_size(d.disk)})")
-    parser.add_argument("--max-output", type=parse_size, default=d.output, metavar="SIZE",
-                        help=f"output of one run that is kept; the rest is cut (default {format_size(d.output)})")
+    parser.add_argument(
+        "--memory",
+        type=parse_size,
+        default=d.memory,
+        metavar="SIZE",
+        help=f"memory one notebook run may use, e.g. 4G (default {format_size(d.memory)})",
+    )
+    parser.add_argument(
+        "--max-processes",
+        type=int,
+        default=d.processes,
+        metavar="N",
+        help=f"processes and threads one run may have at once (default {d.processes})",
+    )
+    parser.add_argument(
+        "--disk",
+        type=parse_size,
+        default=d.disk,
+        metavar="SIZE",
+        help=f"what one run may write to disk (its scratch folder; /tmp and /dev/shm each) before it is "
+        f"stopped (default {format_size(d.disk)})",
+    )
+    parser.add_argument(
+        "--max-output",
+        type=parse_size,
+        default=d.output,
+        metavar="SIZE",
+        help=f"output of one run that is kept; the rest is cut (default {format_size(d.output)})",
+    )
 
 
 def limits_from_args(args) -> Limits:
-    return Limits(memory=args.memory, processes=args.max_processes, output=args.max_output,
-                  disk=getattr(args, "disk", DEFAULT_LIMITS.disk), isolation=getattr(args, "isolation", AUTO))
+    return Limits(
+        memory=args.memory,
+        processes=args.max_processes,
+        output=args.max_output,
+        disk=getattr(args, "disk", DEFAULT_LIMITS.disk),
+        isolation=getattr(args, "isolation", AUTO),
+    )
 
 
 def format_size(n: int) -> str:

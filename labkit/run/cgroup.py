@@ -36,7 +36,9 @@ def _may_make_cgroups() -> bool:
 def counts_processes(cgroups: list[Path]) -> bool:
     """Whether `cgroups` (from make_cgroups) hold a pids cgroup (v1's, or a v2 run cgroup), which counts the
     run's processes."""
-    return any(Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) or cgroup2.counts_processes(g) for g in cgroups)
+    return any(
+        Path(g).is_relative_to(Path("/sys/fs/cgroup/pids")) or cgroup2.counts_processes(g) for g in cgroups
+    )
 
 
 @functools.cache
@@ -72,21 +74,31 @@ def autogroups() -> bool:
 
 def cpu_share() -> str:
     """Which CPU share each run gets here, in words (see docs/sandbox.md, 'Limits'); nothing is made or moved."""
-    group = ("one scheduling group per run: the kernel's autogroups, a run's processes may not start a session of "
-             "their own (seccomp: setsid fails)")
+    group = (
+        "one scheduling group per run: the kernel's autogroups, a run's processes may not start a session of "
+        "their own (seccomp: setsid fails)"
+    )
     if os.environ.get(envnames.CGROUPS, "auto") == "off":
         if autogroups():
             return f"{group}; cgroups are turned off (LABKIT_CGROUPS=off)"
         return "none: cgroups are turned off (LABKIT_CGROUPS=off); runs compete process by process"
-    if _may_make_cgroups() and _own_cgroup("cpu") is not None and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
+    if (
+        _may_make_cgroups()
+        and _own_cgroup("cpu") is not None
+        and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists()
+    ):
         return f"a v1 cpu cgroup per run (cpu.shares {CPU_SHARES}), made as root"
     if cgroup2.usable(cgroup2.own()):
-        return f"a v2 cgroup per run (cpu.weight {cgroup2.CPU_WEIGHT}, pids.max) in the cgroup handed to the kit"
+        return (
+            f"a v2 cgroup per run (cpu.weight {cgroup2.CPU_WEIGHT}, pids.max) in the cgroup handed to the kit"
+        )
     if autogroups():
         return f"{group}; no cgroup per run (the kit may make no v1 one and was handed no v2 one)"
-    return ("none: the kit may make no v1 cgroup (it is not root, or they are not mounted) and was handed no v2 "
-            "cgroup with the cpu and pids controllers, and the kernel's autogroups do not hold for its processes "
-            "(off, or the kit is in a cpu cgroup below the root); runs compete process by process")
+    return (
+        "none: the kit may make no v1 cgroup (it is not root, or they are not mounted) and was handed no v2 "
+        "cgroup with the cpu and pids controllers, and the kernel's autogroups do not hold for its processes "
+        "(off, or the kit is in a cpu cgroup below the root); runs compete process by process"
+    )
 
 
 def make_cgroups(limits: Limits) -> list[Path]:
@@ -107,9 +119,11 @@ def _v1_cgroups(limits: Limits) -> list[Path]:
     """New v1 cgroups (pids, memory, cpu) below the kit's own, as far as they can be made."""
     made = []
     name = f"labkit-{uuid.uuid4().hex[:12]}"
-    for controller, settings in (("pids", {"pids.max": limits.processes}),
-                                 ("memory", {"memory.limit_in_bytes": limits.memory}),
-                                 ("cpu", {"cpu.shares": CPU_SHARES})):
+    for controller, settings in (
+        ("pids", {"pids.max": limits.processes}),
+        ("memory", {"memory.limit_in_bytes": limits.memory}),
+        ("cpu", {"cpu.shares": CPU_SHARES}),
+    ):
         own = _own_cgroup(controller)
         base = Path("/sys/fs/cgroup") / controller
         if own is None or not (base / "cgroup.procs").exists():

@@ -62,7 +62,8 @@ def usable(group: Path | None) -> bool:
     if group is None or not {"cpu", "pids"} <= _controllers(group):
         return False
     return {"cpu", "pids"} <= _controllers(group, "cgroup.subtree_control") or (
-        os.access(group / "cgroup.procs", os.W_OK) and os.access(group / "cgroup.subtree_control", os.W_OK))
+        os.access(group / "cgroup.procs", os.W_OK) and os.access(group / "cgroup.subtree_control", os.W_OK)
+    )
 
 
 def prepare(group: Path | None) -> bool:

@@ -59,11 +59,15 @@ class RunRecord:
     processes: list = field(default_factory=list)  # [{"process", "exit", "environment", "results"}]
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
     limits: dict = field(default_factory=dict)  # the Limits the run had
-    start: str = ""  # "warm" (a kernel forked by a warm server, `labkit.run.warm`) or "cold" (a kernel of its own)
+    start: str = (
+        ""  # "warm" (a kernel forked by a warm server, `labkit.run.warm`) or "cold" (a kernel of its own)
+    )
     # what gave the run its share of the processors: "cgroup v1 cpu.shares", "cgroup v2 cpu.weight", "autogroup"
     # (one session per run, `labkit.run.sessions`) or "none" (its processes competed one by one with everything else)
     cpu_share: str = ""
-    judged_by: str = ""  # "verified" (values from the kit's own run of the programs, `labkit.judge.verify`) or "reported"
+    judged_by: str = (
+        ""  # "verified" (values from the kit's own run of the programs, `labkit.judge.verify`) or "reported"
+    )
     verify_seconds: float = 0.0  # what the kit's own run of the programs took (after the notebook's run)
     verify_start: str = ""  # how that run started: "warm" (forked by the warm server) or "cold"
 
@@ -87,13 +91,17 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     try:
         json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise BadNotebook(f"{path} is not valid notebook JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise BadNotebook(
+            f"{path} is not valid notebook JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+        ) from None
     except UnicodeDecodeError:
         raise BadNotebook(f"{path} is not a text file: is it really a notebook?") from None
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as e:  # noqa: BLE001 - nbformat's reader raises many kinds on a bad file
-        raise BadNotebook(f"{path} is not a notebook nbformat can read: {str(e).splitlines()[0][:300]}") from None
+        raise BadNotebook(
+            f"{path} is not a notebook nbformat can read: {str(e).splitlines()[0][:300]}"
+        ) from None
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as e:
@@ -111,8 +119,9 @@ def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: 
     calls_path = folders.kit / "calls.json"
     results_path = folders.scratch / "results.json"
     calls_path.write_text(json.dumps({"calls": calls}))
-    copy = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                             "language": "python"}})
+    copy = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
     if first:
         copy.cells.append(nbformat.v4.new_code_cell(first, metadata={"tags": [SETUP_TAG]}))
     for number, cell in enumerate(nb.cells, start=1):
@@ -163,12 +172,20 @@ def read_results(path: Path, key: str | None) -> tuple[dict, dict]:
         payload = records.parse(text)
     else:
         payload = records.parse(outer["payload"]) if isinstance(outer.get("payload"), str) else outer
-    return records.payload(payload)  # its schema, bounded: records.Malformed (a ValueError) if it does not fit
+    return records.payload(
+        payload
+    )  # its schema, bounded: records.Malformed (a ValueError) if it does not fit
 
 
-NOT_A_FILE = {"link": "symbolic link", "folder": "folder", "other": "special file (a named pipe, a socket or a device)"}
-FORGED = ("the run's results were not written by the kit's harness (a cell or a process it started wrote or "
-          "replaced them): nothing from this run is graded")
+NOT_A_FILE = {
+    "link": "symbolic link",
+    "folder": "folder",
+    "other": "special file (a named pipe, a socket or a device)",
+}
+FORGED = (
+    "the run's results were not written by the kit's harness (a cell or a process it started wrote or "
+    "replaced them): nothing from this run is graded"
+)
 
 
 def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
@@ -193,13 +210,22 @@ def cell_errors_of(nb) -> tuple[list[dict], int | None]:
         if isinstance(pm, dict) and pm.get("start_time"):
             last_started = number
         source = cell.get("source", "")
-        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else _text(source, 10000)
+        source = (
+            "".join(s for s in source if isinstance(s, str))
+            if isinstance(source, list)
+            else _text(source, 10000)
+        )
         for out in cell.get("outputs") if isinstance(cell.get("outputs"), list) else []:
             if isinstance(out, dict) and out.get("output_type") == "error":
                 evalue = _text(out.get("evalue", ""), 2000)
-                errors.append({"cell": number, "type": _text(out.get("ename", ""), 100),
-                               "message": evalue.splitlines()[0][:300] if evalue else "",
-                               "code": source.strip().splitlines()[0][:120] if source.strip() else ""})
+                errors.append(
+                    {
+                        "cell": number,
+                        "type": _text(out.get("ename", ""), 100),
+                        "message": evalue.splitlines()[0][:300] if evalue else "",
+                        "code": source.strip().splitlines()[0][:120] if source.strip() else "",
+                    }
+                )
     return errors[:100], last_started
 
 
@@ -218,8 +244,14 @@ def fresh_workdir(workdir: Path) -> None:
     a folder of the user's given by mistake is refused (ValueError)."""
     workdir = Path(workdir)
     if os.path.lexists(workdir):
-        if workdir.is_dir() and not workdir.is_symlink() and any(workdir.iterdir()) and not any(
-                os.path.lexists(workdir / name) for name in (RUN_MARK, "input.ipynb", "run.log", "process-0")):
+        if (
+            workdir.is_dir()
+            and not workdir.is_symlink()
+            and any(workdir.iterdir())
+            and not any(
+                os.path.lexists(workdir / name) for name in (RUN_MARK, "input.ipynb", "run.log", "process-0")
+            )
+        ):
             raise ValueError(f"{workdir} is not a folder the kit made for a run: it is not emptied")
         scratch.remove(workdir)
     workdir.mkdir(parents=True)
@@ -234,9 +266,18 @@ def start_folders(workdir: Path) -> scratch.RunFolders:
     return folders
 
 
-def run_notebook(notebook: Path, config: DeviceConfig, calls: list[dict], workdir: Path,
-                 timeout: float = DEFAULT_TIMEOUT, *, limits: Limits | None = None, warm=None,
-                 cache=None, keep_scratch: bool = False) -> RunRecord:
+def run_notebook(
+    notebook: Path,
+    config: DeviceConfig,
+    calls: list[dict],
+    workdir: Path,
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    limits: Limits | None = None,
+    warm=None,
+    cache=None,
+    keep_scratch: bool = False,
+) -> RunRecord:
     """Run `notebook` on `config` in a child process and return what came back, as plain data.
 
     The child runs sandboxed and under `limits` (see `sandbox`); its results are read once,
@@ -274,17 +315,36 @@ def environment_of(config: DeviceConfig) -> dict[str, str]:
     return config.environment() | {envnames.RUN: config.name}
 
 
-def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm,
-             cache) -> RunRecord:
+def _run_one(
+    nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm, cache
+) -> RunRecord:
     input_path = prepare(nb, workdir, verify.for_the_student(calls))
     key = new_key()
     env = environment_of(config) | (cache.environment() if cache else {})
     warm = warm if warm is not None and config.platform == "cpu" else None
-    ran = kernel.papermill_run(input_path, workdir / "executed.ipynb", scratch.RunFolders(workdir), env, limits, key, timeout,
-                     warm=warm, cache=cache)
+    ran = kernel.papermill_run(
+        input_path,
+        workdir / "executed.ipynb",
+        scratch.RunFolders(workdir),
+        env,
+        limits,
+        key,
+        timeout,
+        warm=warm,
+        cache=cache,
+    )
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
-    record = RunRecord(config.name, "ok", seconds=round(ran.seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=ran.isolation, limits=limits.to_json(), start=ran.start, cpu_share=ran.cpu_share)
+    record = RunRecord(
+        config.name,
+        "ok",
+        seconds=round(ran.seconds, 2),
+        cell_errors=cell_errors,
+        workdir=str(workdir),
+        isolation=ran.isolation,
+        limits=limits.to_json(),
+        start=ran.start,
+        cpu_share=ran.cpu_share,
+    )
     if ran.disk:
         record.status = "error"
         where = f" (while running cell {last_started})" if last_started is not None else ""
@@ -299,9 +359,12 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
     found = scratch.kind(results_path.parent, results_path.name)
     if found != "file":
         record.status = "error"
-        record.message = (_why_no_results(workdir / "run.log", ran) if found == "missing" else
-                          f"the run's results file was replaced by a {NOT_A_FILE.get(found, 'special file')}, which "
-                          "the kit never opens: nothing from this run is graded")
+        record.message = (
+            _why_no_results(workdir / "run.log", ran)
+            if found == "missing"
+            else f"the run's results file was replaced by a {NOT_A_FILE.get(found, 'special file')}, which "
+            "the kit never opens: nothing from this run is graded"
+        )
         return record
     try:
         record.environment, record.results = read_results(results_path, key)
@@ -313,7 +376,9 @@ def _run_one(nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout
         record.message = f"the run's results could not be read: {e}"
     except records.Malformed as e:
         record.status = "error"
-        record.message = f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
+        record.message = (
+            f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.status = "error"
         record.message = f"the run's results could not be read ({type(e).__name__})"
@@ -342,8 +407,15 @@ def _read_payload(path: Path, key: str | None = None) -> tuple[dict, dict] | Non
 # A run of several JAX processes.
 # ----------------------------------------------------------------------------------------
 
-def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[dict], workdir: Path,
-                   timeout: float, limits: Limits | None = None) -> RunRecord:
+
+def _run_processes(
+    nb: nbformat.NotebookNode,
+    config: DeviceConfig,
+    calls: list[dict],
+    workdir: Path,
+    timeout: float,
+    limits: Limits | None = None,
+) -> RunRecord:
     """A run of `config.processes` JAX processes, each a kernel running the notebook, joined on a free localhost port.
 
     Process i works in `workdir/process-i/`; the run's results are process 0's, and every
@@ -364,21 +436,39 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         deadline = time.monotonic() + timeout
         while not first and time.monotonic() < deadline and not stop.is_set():
             time.sleep(0.02)
-        if not first or not first[0].started.wait(max(0.0, deadline - time.monotonic())) or not first[0].sandboxed:
+        if (
+            not first
+            or not first[0].started.wait(max(0.0, deadline - time.monotonic()))
+            or not first[0].sandboxed
+        ):
             return None
         return sandbox.network_of(first[0].sandboxed)
 
     def one(i: int) -> None:
         input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
-        env = (environment_of(config) | {envnames.JOIN_TIMEOUT: str(int(min(60, timeout)))}
-               | config.process_env(i, coordinator))
-        runs[i] = kernel.papermill_run(input_path, dirs[i] / "executed.ipynb", scratch.RunFolders(dirs[i]), env, limits, key, timeout,
-                             network=network if i else None, kernels=first if i == 0 else None)
+        env = (
+            environment_of(config)
+            | {envnames.JOIN_TIMEOUT: str(int(min(60, timeout)))}
+            | config.process_env(i, coordinator)
+        )
+        runs[i] = kernel.papermill_run(
+            input_path,
+            dirs[i] / "executed.ipynb",
+            scratch.RunFolders(dirs[i]),
+            env,
+            limits,
+            key,
+            timeout,
+            network=network if i else None,
+            kernels=first if i == 0 else None,
+        )
         if runs[i].died or runs[i].failure:
             stop.set()
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"labkit-process-{i}", daemon=True)
-               for i in range(config.processes)]
+    threads = [
+        threading.Thread(target=one, args=(i,), name=f"labkit-process-{i}", daemon=True)
+        for i in range(config.processes)
+    ]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout + PEER_GRACE
@@ -394,22 +484,40 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
                 kernel.end_kernels_in(dirs[i])
     for thread in threads:
         thread.join()
-    if failed is not None:  # a peer may be seen to end first (its collectives abort once a process is gone): a
-        failed = next((i for i, r in enumerate(runs) if r is not None and r.disk), failed)  # stop for the disk is why
+    if (
+        failed is not None
+    ):  # a peer may be seen to end first (its collectives abort once a process is gone): a
+        failed = next(
+            (i for i, r in enumerate(runs) if r is not None and r.disk), failed
+        )  # stop for the disk is why
     seconds = time.monotonic() - start
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
-    record = RunRecord(config.name, "ok", seconds=round(seconds, 2), cell_errors=cell_errors, workdir=str(workdir),
-                       isolation=next((r.isolation for r in runs if r), ""), limits=limits.to_json(), start="cold",
-                       cpu_share=next((r.cpu_share for r in runs if r), ""))
+    record = RunRecord(
+        config.name,
+        "ok",
+        seconds=round(seconds, 2),
+        cell_errors=cell_errors,
+        workdir=str(workdir),
+        isolation=next((r.isolation for r in runs if r), ""),
+        limits=limits.to_json(),
+        start="cold",
+        cpu_share=next((r.cpu_share for r in runs if r), ""),
+    )
     refused = []
     for i, (run, pdir) in enumerate(zip(runs, dirs)):
         results = scratch.RunFolders(pdir).scratch
         payload = _read_payload(results / "results.json", key)
         if payload is None and scratch.is_file(results, "results.json"):
             refused.append(i)
-        record.processes.append({"process": i, "exit": run.returncode if run else None, "coordinator": coordinator,
-                                 "environment": payload[0] if payload else {},
-                                 "results": payload[1] if payload else {}})
+        record.processes.append(
+            {
+                "process": i,
+                "exit": run.returncode if run else None,
+                "coordinator": coordinator,
+                "environment": payload[0] if payload else {},
+                "results": payload[1] if payload else {},
+            }
+        )
     of = f"of {config.processes}"
     if failed is not None:
         record.status = "error"
@@ -419,14 +527,21 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
     if any(r is None or r.timed_out for r in runs):
         record.status = "timeout"
         where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
-        record.message = f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
+        record.message = (
+            f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
+        )
         return record
-    missing = [i for i, p in enumerate(record.processes)
-               if not p["results"] and not scratch.is_file(scratch.RunFolders(dirs[i]).scratch, "results.json")]
+    missing = [
+        i
+        for i, p in enumerate(record.processes)
+        if not p["results"] and not scratch.is_file(scratch.RunFolders(dirs[i]).scratch, "results.json")
+    ]
     if missing:
         record.status = "error"
-        record.message = (f"process {missing[0]} {of} stopped before its functions could be called: "
-                          + _why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]]))
+        record.message = (
+            f"process {missing[0]} {of} stopped before its functions could be called: "
+            + _why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]])
+        )
         return record
     if refused:
         record.status = "error"
@@ -434,7 +549,9 @@ def _run_processes(nb: nbformat.NotebookNode, config: DeviceConfig, calls: list[
         return record
     # process 0's word for its devices (a multi-process run is reported: see labkit.judge.verify), the configuration's
     # for its backend and the precision of its products
-    record.environment = verify.kit_environment(record.processes[0]["environment"], environment_of(config), counted=True)
+    record.environment = verify.kit_environment(
+        record.processes[0]["environment"], environment_of(config), counted=True
+    )
     record.results = record.processes[0]["results"]
     record.judged_by = "reported"  # each process's own report: see labkit.judge.verify
     return record
@@ -462,7 +579,9 @@ def _why_no_results(log_path: Path, ran: kernel.KernelRun) -> str:
     return f"the notebook stopped before its functions could be called: {tail}"
 
 
-LOG_TAIL_BYTES = 1 << 16  # of a run's log, only the end is read: the kernel's output makes it as long as it likes
+LOG_TAIL_BYTES = (
+    1 << 16
+)  # of a run's log, only the end is read: the kernel's output makes it as long as it likes
 
 
 def _tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:

@@ -43,8 +43,12 @@ def _join(namespaces: dict[str, str]) -> bool:
     def setns(fd: int, kind: str) -> bool:
         if libc.setns(fd, _CLONE[kind]) == 0:
             return True
-        print(f"labkit: process could not join the others' network ({kind} namespace: "
-              f"{os.strerror(ctypes.get_errno())})", file=sys.stderr, flush=True)
+        print(
+            f"labkit: process could not join the others' network ({kind} namespace: "
+            f"{os.strerror(ctypes.get_errno())})",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
 
     try:
@@ -56,7 +60,9 @@ def _join(namespaces: dict[str, str]) -> bool:
         if os.geteuid() != 0 or not _capabilities() & 1 << _CAP_SYS_ADMIN:
             owner = fcntl.ioctl(net, _NS_GET_USERNS)
             try:
-                if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino and not setns(owner, "user"):
+                if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino and not setns(
+                    owner, "user"
+                ):
                     return False
             finally:
                 os.close(owner)
@@ -85,17 +91,25 @@ def _exec(argv: list[str]) -> int:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
     apply_rlimits(spec.get("rlimits", {}))
-    if spec.get("sessions") == "hold":  # no sandbox to apply the filter: this step does, before the command starts
+    if (
+        spec.get("sessions") == "hold"
+    ):  # no sandbox to apply the filter: this step does, before the command starts
         try:
             sessions.install()
         except OSError as e:
-            print(f"labkit: the run's processes could not be kept in one session: {e}", file=sys.stderr, flush=True)
+            print(
+                f"labkit: the run's processes could not be kept in one session: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
             return 126
     if spec.get("reach"):  # root, before becoming the user that starts bwrap: what it must find at its place
         from labkit.run import nest
 
         nest.reach(spec["reach"], int(spec["user"]))
-    if "user" in spec:  # inside the sandbox, as root with only CAP_SETUID and CAP_SETGID: become the run's user
+    if (
+        "user" in spec
+    ):  # inside the sandbox, as root with only CAP_SETUID and CAP_SETGID: become the run's user
         uid = int(spec["user"])
         os.setgroups([])
         os.setresgid(uid, uid, uid)

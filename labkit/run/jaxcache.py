@@ -27,9 +27,14 @@ from pathlib import Path
 from labkit import envnames
 
 # Cache every program, however small or quick to compile: the labs' programs all are.
-SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+SETTINGS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 # A run that may not write the cache would otherwise print a warning for each program it misses.
-QUIET = ("import warnings; warnings.filterwarnings('ignore', message='Error writing persistent compilation cache')")
+QUIET = (
+    "import warnings; warnings.filterwarnings('ignore', message='Error writing persistent compilation cache')"
+)
 
 
 TPU_FACTS = "tpu-facts"  # the TPU compiler's facts of each program (judge.tpucompile), beside JAX's entries
@@ -41,8 +46,10 @@ class CompileCache:
     writable: bool  # True for the runs that fill it (the reference solutions; a student's own loop)
 
     def environment(self) -> dict[str, str]:
-        return SETTINGS | {"JAX_COMPILATION_CACHE_DIR": str(self.folder),
-                           envnames.TPU_CACHE: str(self.folder / TPU_FACTS)}
+        return SETTINGS | {
+            "JAX_COMPILATION_CACHE_DIR": str(self.folder),
+            envnames.TPU_CACHE: str(self.folder / TPU_FACTS),
+        }
 
     def read_only(self) -> CompileCache:
         return CompileCache(self.folder, False)

@@ -31,16 +31,27 @@ from labkit.run.allowance import DEFAULT_LIMITS, Limits
 def kill_tree(pid: int) -> None:
     """End a process and everything it started, including kernels in sessions of their own."""
     for p in [pid, *sandbox.descendants(pid)]:
-        for kill in (lambda q: os.killpg(os.getpgid(q), signal.SIGKILL), lambda q: os.kill(q, signal.SIGKILL)):
+        for kill in (
+            lambda q: os.killpg(os.getpgid(q), signal.SIGKILL),
+            lambda q: os.kill(q, signal.SIGKILL),
+        ):
             try:
                 kill(p)
             except (ProcessLookupError, PermissionError, OSError):
                 pass
 
 
-def launch(cmd: list[str], cwd: Path, env: dict[str, str], log, limits: Limits | None = None,
-           key: str | None = None, join: dict[str, str] | None = None, extra_ro: tuple = (),
-           extra_rw: tuple = ()) -> sandbox.Sandboxed:
+def launch(
+    cmd: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    log,
+    limits: Limits | None = None,
+    key: str | None = None,
+    join: dict[str, str] | None = None,
+    extra_ro: tuple = (),
+    extra_rw: tuple = (),
+) -> sandbox.Sandboxed:
     """Start one process of a run, sandboxed and under `limits`, its output into `log` (see `sandbox.launch`).
 
     Every process a run starts goes through here: one for a one-process configuration, one per
@@ -53,8 +64,17 @@ def launch(cmd: list[str], cwd: Path, env: dict[str, str], log, limits: Limits |
     limits = limits or DEFAULT_LIMITS
     if harness.tpu_hosts(env) > 1:
         limits = dataclasses.replace(limits, network=True)
-    return sandbox.launch(cmd, cwd, env, limits, log=log, stdin=(key + "\n").encode() if key else None, join=join,
-                          extra_ro=extra_ro, extra_rw=extra_rw)
+    return sandbox.launch(
+        cmd,
+        cwd,
+        env,
+        limits,
+        log=log,
+        stdin=(key + "\n").encode() if key else None,
+        join=join,
+        extra_ro=extra_ro,
+        extra_rw=extra_rw,
+    )
 
 
 @dataclass
@@ -112,11 +132,27 @@ def _kernel_manager_class():
         a socket path may not be longer than about 100 bytes.
         """
 
-        def setup(self, workdir: Path, env: dict, limits: Limits, log, seal: list[str], network=None,
-                  warm=None, cache=None, readable: Path | None = None) -> None:
+        def setup(
+            self,
+            workdir: Path,
+            env: dict,
+            limits: Limits,
+            log,
+            seal: list[str],
+            network=None,
+            warm=None,
+            cache=None,
+            readable: Path | None = None,
+        ) -> None:
             """`network`, when given, is called at launch for the namespaces to join (`sandbox.network_of`);
             `warm`, a `warm.Server`, forks the kernel instead of starting one."""
-            self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = workdir, env, limits, log, seal
+            self.run_dir, self.run_env, self.run_limits, self.run_log, self.seal_args = (
+                workdir,
+                env,
+                limits,
+                log,
+                seal,
+            )
             self.network, self.warm, self.start_kind, self.cache = network, warm, "", cache
             self.readable = (readable,) if readable is not None else ()  # the run's kit folder, read-only
             self.started = threading.Event()  # set once the kernel's process exists (or could not be made)
@@ -141,28 +177,47 @@ def _kernel_manager_class():
 
         def client(self, **kwargs):
             kc = super().client(context=self.client_context, **kwargs)
-            self.clients.append(kc)  # papermill's client does not stop its channels for a kernel it did not start
+            self.clients.append(
+                kc
+            )  # papermill's client does not stop its channels for a kernel it did not start
             return kc
 
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             # What the cells write to the process's own descriptors (os.write, C libraries) goes to the
             # run's log, which the sandbox cuts; what they print goes to the notebook, which the kernel cuts.
-            cmd = [*kernel_cmd, "--IPKernelApp.capture_fd_output=False",
-                   "--IPKernelApp.exec_lines=" + json.dumps(self.seal_args)]
+            cmd = [
+                *kernel_cmd,
+                "--IPKernelApp.capture_fd_output=False",
+                "--IPKernelApp.exec_lines=" + json.dumps(self.seal_args),
+            ]
             try:
                 if self.warm is not None and self.network is None and "ipykernel_launcher" in cmd:
                     try:
-                        argv = cmd[cmd.index("ipykernel_launcher") + 1:]
-                        self.sandboxed = self.warm.launch(argv, self.run_dir, self.run_env, self.run_limits,
-                                                          self.run_log, cache=self.cache, readable=self.readable)
+                        argv = cmd[cmd.index("ipykernel_launcher") + 1 :]
+                        self.sandboxed = self.warm.launch(
+                            argv,
+                            self.run_dir,
+                            self.run_env,
+                            self.run_limits,
+                            self.run_log,
+                            cache=self.cache,
+                            readable=self.readable,
+                        )
                         self.start_kind = "warm"
                     except OSError as e:  # the run starts cold, as it would without a warm server
                         self.run_log.write(f"labkit: no warm start ({e}); the kernel starts cold\n".encode())
                 if self.sandboxed is None:
                     cache_ro, cache_rw = self.cache.binds() if self.cache else ((), ())
-                    self.sandboxed = launch(cmd, self.run_dir, self.run_env, self.run_log, self.run_limits,
-                                            join=self.network() if self.network else None,
-                                            extra_ro=(*self.readable, *cache_ro), extra_rw=cache_rw)
+                    self.sandboxed = launch(
+                        cmd,
+                        self.run_dir,
+                        self.run_env,
+                        self.run_log,
+                        self.run_limits,
+                        join=self.network() if self.network else None,
+                        extra_ro=(*self.readable, *cache_ro),
+                        extra_rw=cache_rw,
+                    )
                     self.start_kind = "cold"
             finally:
                 self.started.set()
@@ -193,7 +248,9 @@ def _kernel_manager_class():
             with contextlib.suppress(Exception):
                 self._close_control_socket()
             self.context.destroy(linger=0)
-            shutil.rmtree(self.link_dir, ignore_errors=True)  # the kit's own folder (the link in it is not followed)
+            shutil.rmtree(
+                self.link_dir, ignore_errors=True
+            )  # the kit's own folder (the link in it is not followed)
 
     _SandboxedKernelManager = SandboxedKernelManager
     return SandboxedKernelManager
@@ -234,7 +291,7 @@ def _engine() -> str:
             if size > room and not self.output_cut:
                 self.output_cut = True
                 if msg.get("msg_type") == "stream" and room > 1000:  # the start of a long stream is kept
-                    content["text"] = str(content.get("text", ""))[:room - 1000] + note
+                    content["text"] = str(content.get("text", ""))[: room - 1000] + note
                     size = room
                 else:
                     outs.append(nbformat.v4.new_output("stream", name="stderr", text=note.lstrip("\n")))
@@ -249,19 +306,37 @@ def _engine() -> str:
             # now, so that a notebook that asks to exit always ends the same way, whatever the machine's load.
             payload = ((exec_reply or {}).get("content") or {}).get("payload") or []
             if hasattr(self.km, "stop_kernel") and any(
-                    p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
+                p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload
+            ):
                 self.km.asked_to_exit = True
                 self.km.stop_kernel()
             return await super()._check_raise_for_error(cell, cell_index, exec_reply)
 
     class Engine(NBClientEngine):
         @classmethod
-        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None, stderr_file=None,
-                                     start_timeout=60, execution_timeout=None, **kwargs):
+        def execute_managed_notebook(
+            cls,
+            nb_man,
+            kernel_name,
+            log_output=False,
+            stdout_file=None,
+            stderr_file=None,
+            start_timeout=60,
+            execution_timeout=None,
+            **kwargs,
+        ):
             kwargs.pop("input_path", None)
-            return CappedClient(nb_man, kernel_name=kernel_name, timeout=execution_timeout, startup_timeout=start_timeout,
-                                log=logger, log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file,
-                                **kwargs).execute()
+            return CappedClient(
+                nb_man,
+                kernel_name=kernel_name,
+                timeout=execution_timeout,
+                startup_timeout=start_timeout,
+                log=logger,
+                log_output=log_output,
+                stdout_file=stdout_file,
+                stderr_file=stderr_file,
+                **kwargs,
+            ).execute()
 
     papermill_engines.register(ENGINE, Engine)
     _ENGINE_READY = True
@@ -274,6 +349,8 @@ ENGINE, _ENGINE_READY = "labkit", False
 def largest_message(limits: Limits) -> int:
     """The largest message from a kernel this process accepts: a larger one ends the run's output (memory safety)."""
     return max(4 * limits.output, 64 << 20)
+
+
 _PAPERMILL_LOCK = threading.Lock()
 
 
@@ -293,7 +370,9 @@ def _watch_disk(folder: Path, allowed: int, ran: KernelRun, stop, done: threadin
         if _measure_disk(folder, allowed, ran, pids()):
             stop()
             return
-        pause = max(DISK_POLL, 4 * (time.monotonic() - began))  # a folder of many names is measured less often
+        pause = max(
+            DISK_POLL, 4 * (time.monotonic() - began)
+        )  # a folder of many names is measured less often
 
 
 def _measure_disk(folder: Path, allowed: int, ran: KernelRun, pids: list[int] = ()) -> bool:
@@ -312,7 +391,9 @@ def _measure_disk(folder: Path, allowed: int, ran: KernelRun, pids: list[int] = 
         return False  # the folder is gone: the run is over
     if used <= allowed:
         return False
-    ran.disk = f"the notebook wrote more than {allowance.format_size(allowed)} to disk, so the run was stopped"
+    ran.disk = (
+        f"the notebook wrote more than {allowance.format_size(allowed)} to disk, so the run was stopped"
+    )
     return True
 
 
@@ -322,9 +403,20 @@ def _run_processes_of(km) -> list[int]:
     return [run.pid, *sandbox.descendants(run.pid)] if run is not None else []
 
 
-def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolders, env: dict, limits: Limits, key: str,
-               timeout: float, log_name: str = "run.log", network=None, kernels: list | None = None,
-               warm=None, cache=None) -> KernelRun:
+def papermill_run(
+    input_path: Path,
+    output_path: Path,
+    folders: scratch.RunFolders,
+    env: dict,
+    limits: Limits,
+    key: str,
+    timeout: float,
+    log_name: str = "run.log",
+    network=None,
+    kernels: list | None = None,
+    warm=None,
+    cache=None,
+) -> KernelRun:
     """Execute `input_path` into `output_path` with papermill, on a sandboxed kernel working in `workdir`.
 
     Every cell runs even after one raised. The kernel reads the run's key from a file only it
@@ -340,9 +432,18 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
     from nbclient.exceptions import DeadKernelError
 
     workdir = folders.scratch
-    key_file = scratch.create(workdir, f".labkit-key-{secrets.token_hex(8)}.json", json.dumps(
-        {"key": key, "calls": str(folders.kit / "calls.json"), "results": str(workdir / "results.json"),
-         "output": limits.output}).encode())
+    key_file = scratch.create(
+        workdir,
+        f".labkit-key-{secrets.token_hex(8)}.json",
+        json.dumps(
+            {
+                "key": key,
+                "calls": str(folders.kit / "calls.json"),
+                "results": str(workdir / "results.json"),
+                "output": limits.output,
+            }
+        ).encode(),
+    )
     seal = ["import labkit.judge.harness", f"labkit.judge.harness.seal({str(key_file)!r})", "del labkit"]
     if cache is not None:
         from labkit.run import jaxcache
@@ -359,15 +460,26 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
         watchdog.daemon = True
         watchdog.start()
         done = threading.Event()
-        disk = threading.Thread(target=_watch_disk, args=(workdir, limits.disk, ran, km.stop_kernel, done,
-                                                          lambda: _run_processes_of(km)),
-                                name="labkit-disk", daemon=True)
+        disk = threading.Thread(
+            target=_watch_disk,
+            args=(workdir, limits.disk, ran, km.stop_kernel, done, lambda: _run_processes_of(km)),
+            name="labkit-disk",
+            daemon=True,
+        )
         disk.start()
         try:
             papermill.execute_notebook(
-                str(input_path), str(output_path), kernel_name="python3", progress_bar=False, km=km,
-                engine_name=engine, allow_errors=True, execution_timeout=max(1, int(timeout)),
-                start_timeout=max(1, int(timeout)), output_limit=limits.output)
+                str(input_path),
+                str(output_path),
+                kernel_name="python3",
+                progress_bar=False,
+                km=km,
+                engine_name=engine,
+                allow_errors=True,
+                execution_timeout=max(1, int(timeout)),
+                start_timeout=max(1, int(timeout)),
+                output_limit=limits.output,
+            )
         except PapermillExecutionError:
             pass  # the student's cells raised; the harness cell still ran, and the errors are in the output
         except DeadKernelError:
@@ -378,9 +490,11 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
                 ran.failure = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 if type(e).__name__ == "CellTimeoutError" and not ran.died:
                     # the cell ended but its outputs stopped arriving: a message over the size the kit accepts
-                    ran.failure = (f"the cells' output stopped reaching the kit: a single output larger than "
-                                   f"{allowance.format_size(largest_message(limits))} is refused, and the rest of the "
-                                   "run with it")
+                    ran.failure = (
+                        f"the cells' output stopped reaching the kit: a single output larger than "
+                        f"{allowance.format_size(largest_message(limits))} is refused, and the rest of the "
+                        "run with it"
+                    )
         finally:
             watchdog.cancel()
             done.set()
@@ -391,7 +505,10 @@ def papermill_run(input_path: Path, output_path: Path, folders: scratch.RunFolde
     if ran.disk:
         ran.died, ran.failure = True, ran.disk
     elif km.asked_to_exit and not ran.timed_out:
-        ran.died, ran.failure = True, "a cell asked it to exit (exit() or quit()), so the cells after it never ran"
+        ran.died, ran.failure = (
+            True,
+            "a cell asked it to exit (exit() or quit()), so the cells after it never ran",
+        )
     scratch.unlink(workdir, key_file.name)
     ran.seconds = time.monotonic() - start
     ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None

@@ -34,8 +34,18 @@ def finding() -> bwrap.Finding:
     """Which bwrap makes the sandbox here (probed once; see `labkit.run.bwrap`), or why none can."""
     wanted = os.environ.get(envnames.SANDBOX, "auto").strip().lower()
     if wanted in ("none", "off", "limits-only", "0", "no"):
-        return bwrap.Finding(None, "", "", [bwrap.Problem(bwrap.Candidate(None, envnames.SANDBOX), False,
-                                                          f"LABKIT_SANDBOX={wanted} asks for resource limits only")])
+        return bwrap.Finding(
+            None,
+            "",
+            "",
+            [
+                bwrap.Problem(
+                    bwrap.Candidate(None, envnames.SANDBOX),
+                    False,
+                    f"LABKIT_SANDBOX={wanted} asks for resource limits only",
+                )
+            ],
+        )
     return bwrap.find()
 
 
@@ -67,8 +77,9 @@ def require_sandbox(consequence: str = "the notebook was not run") -> bwrap.Find
         f"no sandbox can be made on this machine, so {consequence}:\n  "
         + found.report().replace("\n", "\n  ")
         + "\nGrade where bubblewrap works (see docs/sandbox.md, 'Isolation and limits'), or, knowing that a notebook "
-          "can then read what this user can read and use the network, ask for resource limits only by name: "
-          "--isolation limits-only (make grade ISOLATION=limits-only).")
+        "can then read what this user can read and use the network, ask for resource limits only by name: "
+        "--isolation limits-only (make grade ISOLATION=limits-only)."
+    )
 
 
 _warned = False
@@ -85,8 +96,11 @@ def _note_problems() -> None:
         _noted = True
     found = finding()
     for problem in found.problems:
-        print(f"labkit: note: {problem.lines()[0]}; using the {found.origin} bwrap instead", file=sys.stderr,
-              flush=True)
+        print(
+            f"labkit: note: {problem.lines()[0]}; using the {found.origin} bwrap instead",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def isolation(wanted: str = AUTO) -> tuple[str, str]:
@@ -112,9 +126,13 @@ def isolation(wanted: str = AUTO) -> tuple[str, str]:
     with _warn_lock:
         if not _warned:
             _warned = True
-            print(f"labkit: warning: notebooks run with resource limits only, not in a sandbox:\n  "
-                  f"{reason.replace(chr(10), chr(10) + '  ')}\nA notebook can then read what this user can read and "
-                  "use the network; see docs/sandbox.md, 'Isolation and limits'.", file=sys.stderr, flush=True)
+            print(
+                f"labkit: warning: notebooks run with resource limits only, not in a sandbox:\n  "
+                f"{reason.replace(chr(10), chr(10) + '  ')}\nA notebook can then read what this user can read and "
+                "use the network; see docs/sandbox.md, 'Isolation and limits'.",
+                file=sys.stderr,
+                flush=True,
+            )
     return LIMITS_ONLY, reason
 
 
@@ -126,10 +144,12 @@ def pod_problem(root: str = "/") -> str:
     file system mounted read-only. So `--isolation pod` typed by mistake outside such a container stops."""
     if _read_only(root):
         return ""
-    return (f"--isolation pod runs notebooks without bubblewrap, the container being the sandbox, but {root} is "
-            "writable here, so this is not a container of the kit's pod-per-unit design (read-only root, no "
-            "network, its inputs read-only, one output folder): nothing was run. Outside such a pod, grade with "
-            "--isolation sandbox (see docs/sandbox.md).")
+    return (
+        f"--isolation pod runs notebooks without bubblewrap, the container being the sandbox, but {root} is "
+        "writable here, so this is not a container of the kit's pod-per-unit design (read-only root, no "
+        "network, its inputs read-only, one output folder): nothing was run. Outside such a pod, grade with "
+        "--isolation sandbox (see docs/sandbox.md)."
+    )
 
 
 def _read_only(root: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
@@ -137,7 +157,9 @@ def _read_only(root: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
     that point), as gVisor reports them (its statfs does not say ST_RDONLY), else statvfs's flag."""
     try:
         with open(mountinfo) as f:
-            options = [line.split()[5].split(",") for line in f if len(line.split()) > 5 and line.split()[4] == root]
+            options = [
+                line.split()[5].split(",") for line in f if len(line.split()) > 5 and line.split()[4] == root
+            ]
     except OSError:
         options = []
     if options:
@@ -147,9 +169,13 @@ def _read_only(root: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
 
 def add_isolation_argument(parser, default: str) -> None:
     """`--isolation`: what a command does where no sandbox can be made."""
-    parser.add_argument("--isolation", choices=ISOLATIONS, default=default,
-                        help=f"{SANDBOX}: run notebooks only in a sandbox, and stop before running any where none can "
-                             f"be made; {AUTO}: a sandbox where one can be made, else limits only with a warning; "
-                             f"{LIMITS_ONLY}: resource limits only, no sandbox; {POD}: no bubblewrap, the container "
-                             f"the kit runs in is the sandbox (one pod per graded unit, see docs/grading.md; refused "
-                             f"where / is writable) (default %(default)s)")
+    parser.add_argument(
+        "--isolation",
+        choices=ISOLATIONS,
+        default=default,
+        help=f"{SANDBOX}: run notebooks only in a sandbox, and stop before running any where none can "
+        f"be made; {AUTO}: a sandbox where one can be made, else limits only with a warning; "
+        f"{LIMITS_ONLY}: resource limits only, no sandbox; {POD}: no bubblewrap, the container "
+        f"the kit runs in is the sandbox (one pod per graded unit, see docs/grading.md; refused "
+        f"where / is writable) (default %(default)s)",
+    )

@@ -20,9 +20,30 @@ from labkit.run.modes import finding
 
 # The variables a run's environment keeps from the caller's; everything else (tokens, keys,
 # the TA's own settings) stays out of the student's process.
-_KEEP_VARIABLES = ("PATH", "LANG", "LANGUAGE", "LC_", "TZ", "TERM", "NO_COLOR", "COLUMNS", "JAX_", "XLA_", "TPU_",
-                   "LIBTPU", "LABKIT_", "OMP_", "MKL_", "OPENBLAS_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED",
-                   "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "JUPYTER_PLATFORM_DIRS")
+_KEEP_VARIABLES = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "LC_",
+    "TZ",
+    "TERM",
+    "NO_COLOR",
+    "COLUMNS",
+    "JAX_",
+    "XLA_",
+    "TPU_",
+    "LIBTPU",
+    "LABKIT_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "JUPYTER_PLATFORM_DIRS",
+)
 # System folders a run sees read-only (when they exist).
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
@@ -44,7 +65,9 @@ def visible(extra: tuple[str | Path, ...] = ()) -> list[str]:
             continue
         inside_env = any(p.is_relative_to(Path(prefix).resolve()) for prefix in (sys.prefix, sys.base_prefix))
         if p == root or root.is_relative_to(p) or (p.is_relative_to(root) and not inside_env):
-            found.add(package)  # an editable install, or a test's folder: only labkit/, never the rest of the kit
+            found.add(
+                package
+            )  # an editable install, or a test's folder: only labkit/, never the rest of the kit
         else:
             found.add(p)
     found.update(Path(p).resolve() for p in extra)
@@ -80,7 +103,10 @@ def _links(binds: list[str]) -> list[tuple[str, str]]:
     shown = (*_SYSTEM, *binds)
     out = []
     for target, link in links_on_the_way(sys.executable):
-        if not any(link == s or link.startswith(s.rstrip("/") + "/") for s in shown) and (target, link) not in out:
+        if (
+            not any(link == s or link.startswith(s.rstrip("/") + "/") for s in shown)
+            and (target, link) not in out
+        ):
             out.append((target, link))
     return out
 
@@ -93,17 +119,29 @@ def accelerator_devices() -> list[str]:
     return accelerators.devices()
 
 
-def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
-                  extra_ro: tuple[str | Path, ...] = (), *, user: int | None = None,
-                  extra_rw: tuple[str | Path, ...] = (), hostname: str | None = None,
-                  seccomp: int | None = None) -> list[str]:
+def bwrap_command(
+    program: str,
+    cmd: list[str],
+    workdir: Path,
+    limits: Limits,
+    extra_ro: tuple[str | Path, ...] = (),
+    *,
+    user: int | None = None,
+    extra_rw: tuple[str | Path, ...] = (),
+    hostname: str | None = None,
+    seccomp: int | None = None,
+) -> list[str]:
     """bwrap's command line for `cmd`. With `user`, `cmd` must be the first step (`_exec`) that becomes it.
 
     `extra_rw` names more folders the sandbox may write (a warm server's: the grading output).
     `hostname`, the name the sandbox's own UTS namespace gets (see `PRIVATE_HOSTNAME`).
     `seccomp`, a descriptor bwrap reads a filter from (`sessions.pipe`: no new sessions in the run).
     """
-    args = [program, *bwrap.namespace_args(limits.network, user), *(["--hostname", hostname] if hostname else [])]
+    args = [
+        program,
+        *bwrap.namespace_args(limits.network, user),
+        *(["--hostname", hostname] if hostname else []),
+    ]
     if seccomp is not None:
         args += ["--seccomp", str(seccomp)]
     for p in _SYSTEM:
@@ -115,13 +153,27 @@ def bwrap_command(program: str, cmd: list[str], workdir: Path, limits: Limits,
     # /tmp and /dev/shm vanish with the sandbox; where this bwrap can cap a tmpfs (0.10 and later), each holds at
     # most the run's disk allowance, else the run's memory cgroup (where there is one) holds them
     capped = ["--size", str(limits.disk)] if bwrap.sizes_tmpfs(finding().version) else []
-    args += [*shared, *capped, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", *shared, *capped,
-             "--tmpfs", "/dev/shm"]
+    args += [
+        *shared,
+        *capped,
+        "--tmpfs",
+        "/tmp",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *shared,
+        *capped,
+        "--tmpfs",
+        "/dev/shm",
+    ]
     for device in accelerator_devices():
         args += ["--dev-bind", device, device]
     if accelerator_devices() and os.path.isdir("/sys"):
         args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
-    elif os.path.isdir(CPU_INFO):  # the CPUs' count, which libtpu's allocator reads to compile for a TPU topology
+    elif os.path.isdir(
+        CPU_INFO
+    ):  # the CPUs' count, which libtpu's allocator reads to compile for a TPU topology
         args += ["--ro-bind", CPU_INFO, CPU_INFO]
     binds = [p for p in visible(extra_ro) if not any(p == s or p.startswith(s + "/") for s in _SYSTEM)]
     links = _links(binds)
@@ -165,8 +217,14 @@ def run_environment(env: dict[str, str], workdir: Path, sandboxed: bool) -> dict
     home = "/tmp/home" if sandboxed else str(Path(workdir).resolve() / ".home")
     if not sandboxed:
         Path(home).mkdir(parents=True, exist_ok=True)
-    return kept | {"HOME": home, "TMPDIR": "/tmp" if sandboxed else home, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
-                   "MPLCONFIGDIR": f"{home}/.matplotlib", "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter-runtime"}
+    return kept | {
+        "HOME": home,
+        "TMPDIR": "/tmp" if sandboxed else home,
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONSAFEPATH": "1",
+        "MPLCONFIGDIR": f"{home}/.matplotlib",
+        "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter-runtime",
+    }
 
 
 def tmpfs_sizes() -> str:
@@ -176,5 +234,7 @@ def tmpfs_sizes() -> str:
         return "no sandbox: a run's TMPDIR is in its scratch folder, which is measured (the machine's /tmp is not)"
     if bwrap.sizes_tmpfs(found.version):
         return "tmpfs of the run's --disk each (bwrap --size)"
-    return (f"tmpfs without a size ({found.version} cannot cap one; bubblewrap 0.10 and later can, as the bundled "
-            "one: LABKIT_BWRAP=bundled), held only by the run's memory cgroup where there is one")
+    return (
+        f"tmpfs without a size ({found.version} cannot cap one; bubblewrap 0.10 and later can, as the bundled "
+        "one: LABKIT_BWRAP=bundled), held only by the run's memory cgroup where there is one"
+    )

@@ -59,15 +59,25 @@ def _check(result: int, what: str) -> None:
         raise NestError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+def _mount(
+    libc, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
     def enc(s: str | None) -> bytes | None:
         return s.encode() if s is not None else None
 
-    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {fstype or source} on {target}")
+    _check(
+        libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
+        f"mount {fstype or source} on {target}",
+    )
 
 
-def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] | None = None,
-                     readable: Path | None = None, tmp_size: int | None = None) -> None:
+def enter_namespaces(
+    workdir: Path,
+    roots: list[Path],
+    shared: dict[str, bool] | None = None,
+    readable: Path | None = None,
+    tmp_size: int | None = None,
+) -> None:
     """In the forked child, before the run's code: new namespaces, and a file system showing only `workdir`.
 
     `shared` names more folders the server may write, each with whether this run may write it too
@@ -84,7 +94,9 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
     inside = uid if uid else RUN_ID
     Path("/proc/self/uid_map").write_text(f"{inside} {uid} 1")
     Path("/proc/self/gid_map").write_text(f"{inside} {gid} 1")
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "namespaces")
+    _check(
+        libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "namespaces"
+    )
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     work = str(Path(workdir).resolve())
     keep = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -95,7 +107,9 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
     shared = {str(Path(f).resolve()): bool(w) for f, w in (shared or {}).items()}
     shown = {f: os.open(f, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for f in shared}
     roots = [str(Path(root).resolve()) for root in roots]
-    roots = [r for r in roots if not any(r != o and Path(r).is_relative_to(o) for o in roots)]  # covered already
+    roots = [
+        r for r in roots if not any(r != o and Path(r).is_relative_to(o) for o in roots)
+    ]  # covered already
     # /tmp first. What the server's sandbox binds under /tmp (the kit's environment, when it lies there) is bound
     # again, as it was (read-only stays read-only); a folder of the run's own (its scratch folder) is bound below.
     under_tmp = _mounts_under("/tmp")
@@ -114,15 +128,22 @@ def enter_namespaces(workdir: Path, roots: list[Path], shared: dict[str, bool] |
             os.makedirs(root_s, exist_ok=True)  # a folder under /tmp is made again (empty), to be covered
             _mount(libc, "tmpfs", root_s, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
             if Path(work).is_relative_to(root_s):
-                if keep_above is not None:  # the kit folder, read-only, and the scratch folder in it, writable
+                if (
+                    keep_above is not None
+                ):  # the kit folder, read-only, and the scratch folder in it, writable
                     os.makedirs(above, exist_ok=True)
                     _mount(libc, f"/proc/self/fd/{keep_above}", above, None, MS_BIND)
                     _mount(libc, None, above, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
                 else:
                     os.makedirs(work, exist_ok=True)
                 _mount(libc, f"/proc/self/fd/{keep}", work, None, MS_BIND)
-            _mount(libc, None, root_s, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-        for folder_s, fd in shown.items():  # bound again (one under /tmp is gone by now); read-only unless its to write
+            _mount(
+                libc, None, root_s, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=64k"
+            )
+        for (
+            folder_s,
+            fd,
+        ) in shown.items():  # bound again (one under /tmp is gone by now); read-only unless its to write
             os.makedirs(folder_s, exist_ok=True)
             _mount(libc, f"/proc/self/fd/{fd}", folder_s, None, MS_BIND)
             if not shared[folder_s]:
@@ -192,11 +213,15 @@ def drop_privileges() -> None:
     """No capability left, none to be had back (bounding set, ambient set, no_new_privs); not dumpable by others."""
     libc = _libc()
     for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 1:  # EPERM: not ours to drop
+        if (
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 1
+        ):  # EPERM: not ours to drop
             raise NestError(1, "the capability bounding set could not be emptied")
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0)
-    data = ctypes.create_string_buffer(24)  # two (effective, permitted, inheritable) sets of 32 bits, all zero
+    data = ctypes.create_string_buffer(
+        24
+    )  # two (effective, permitted, inheritable) sets of 32 bits, all zero
     _check(libc.capset(ctypes.c_char_p(header), data), "dropping the capabilities")
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if capabilities() != 0:

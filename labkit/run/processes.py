@@ -69,8 +69,11 @@ def uids_in_use() -> set[int]:
 def user_tasks(uid: int | None = None) -> int:
     """Processes and threads user `uid` (this one by default) has now: what RLIMIT_NPROC counts."""
     uid = os.getuid() if uid is None else uid
-    return sum(p.info["num_threads"] or 0 for p in psutil.process_iter(["uids", "num_threads"])
-               if p.info["uids"] is not None and p.info["uids"].real == uid)
+    return sum(
+        p.info["num_threads"] or 0
+        for p in psutil.process_iter(["uids", "num_threads"])
+        if p.info["uids"] is not None and p.info["uids"].real == uid
+    )
 
 
 def held_after_removal(pids: list[int], device: int) -> int:
@@ -92,7 +95,12 @@ def held_after_removal(pids: list[int], device: int) -> int:
                 st = os.stat(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and st.st_dev == device and st.st_ino not in seen:
+            if (
+                stat.S_ISREG(st.st_mode)
+                and st.st_nlink == 0
+                and st.st_dev == device
+                and st.st_ino not in seen
+            ):
                 seen.add(st.st_ino)
                 total += st.st_blocks * 512
     return total

@@ -88,12 +88,20 @@ def _privileged(status: dict[str, str]) -> bool:
 
 def apparmor_profile(program: str) -> str:
     """An AppArmor profile that lets `program` (and only it) make user namespaces, for Ubuntu 24.04."""
-    return ("abi <abi/4.0>,\ninclude <tunables/global>\n"
-            f"profile labkit-bwrap {program} flags=(unconfined) {{\n  userns,\n}}\n")
+    return (
+        "abi <abi/4.0>,\ninclude <tunables/global>\n"
+        f"profile labkit-bwrap {program} flags=(unconfined) {{\n  userns,\n}}\n"
+    )
 
 
-def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), root: Path = Path("/"),
-             environ: dict[str, str] | None = None) -> Refusal:
+def diagnose(
+    error: str,
+    program: str = "bwrap",
+    *,
+    proc: Path = Path("/proc"),
+    root: Path = Path("/"),
+    environ: dict[str, str] | None = None,
+) -> Refusal:
     """The cause of a refused sandbox, from bwrap's error text and the host's own settings."""
     text = error.strip()
     first = (text.splitlines() or ["no message"])[0][:300]
@@ -112,7 +120,8 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
             "(making / a slave mount) and to give the new network's loopback an address",
             "grade on nodes without gVisor, in a container started with the kit's seccomp profile and "
             "`systempaths=unconfined` (Kubernetes: the Job in infra/k8s on an ordinary node pool, "
-            "`procMount: Unmasked`); gVisor itself is then not the sandbox, bwrap is")
+            "`procMount: Unmasked`); gVisor itself is then not the sandbox, bwrap is",
+        )
     if "Can't mount proc" in text:
         where = f"in this {container} container " if container else ""
         return Refusal(
@@ -120,7 +129,8 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
             f"bwrap made its namespaces but may not mount a fresh /proc {where}({first}): the container "
             "runtime masks parts of /proc, and the kernel then refuses a new proc mount",
             "start the container with `--security-opt systempaths=unconfined` (Docker; with the seccomp option "
-            "that lets namespaces be made), or `procMount: Unmasked` in the pod's securityContext (Kubernetes)")
+            "that lets namespaces be made), or `procMount: Unmasked` in the pod's securityContext (Kubernetes)",
+        )
     if "must be installed setuid" in text or not (proc / "self" / "ns" / "user").exists():
         return Refusal(
             "no-setuid-helper",
@@ -128,14 +138,16 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
             "setuid-root helper, and the bundled bwrap is not setuid (a wheel cannot install one)",
             "install the distribution's bubblewrap with its setuid bit (e.g. `sudo apt-get install bubblewrap`, "
             "then `sudo chmod u+s /usr/bin/bwrap` where the package does not set it), or use a kernel built with "
-            "CONFIG_USER_NS")
+            "CONFIG_USER_NS",
+        )
     if _read(sysctl / "user" / "max_user_namespaces") == "0":
         return Refusal(
             "kernel-userns-off",
             "user namespaces are turned off in the kernel (/proc/sys/user/max_user_namespaces = 0)"
             + (f"; bwrap: {first}" if text else ""),
             "`sudo sysctl -w user.max_user_namespaces=15000`, and keep it with a line "
-            "`user.max_user_namespaces = 15000` in /etc/sysctl.d/90-labkit.conf; or a setuid-root system bwrap")
+            "`user.max_user_namespaces = 15000` in /etc/sysctl.d/90-labkit.conf; or a setuid-root system bwrap",
+        )
     if container and (seccomp or refused) and "uid map" not in text:
         filt = "a seccomp filter (Seccomp: 2 in /proc/self/status)" if seccomp else "the container's policy"
         return Refusal(
@@ -144,14 +156,16 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
             "seccomp profile does, blocks unshare/clone of namespaces",
             "run the container with a seccomp profile that allows creating namespaces (the kit's, or "
             "`--security-opt seccomp=unconfined`) and `--security-opt systempaths=unconfined`, as a user "
-            "other than root; or grade outside the container")
+            "other than root; or grade outside the container",
+        )
     if not privileged and _read(sysctl / "kernel" / "unprivileged_userns_clone") == "0":
         return Refusal(
             "debian-userns-clone-off",
             "unprivileged user namespaces are turned off (/proc/sys/kernel/unprivileged_userns_clone = 0)"
             + (f"; bwrap: {first}" if text else ""),
             "`sudo sysctl -w kernel.unprivileged_userns_clone=1`, and keep it with a line "
-            "`kernel.unprivileged_userns_clone = 1` in /etc/sysctl.d/90-labkit.conf")
+            "`kernel.unprivileged_userns_clone = 1` in /etc/sysctl.d/90-labkit.conf",
+        )
     if not privileged and _read(sysctl / "kernel" / "apparmor_restrict_unprivileged_userns") == "1":
         return Refusal(
             "apparmor-userns",
@@ -160,9 +174,11 @@ def diagnose(error: str, program: str = "bwrap", *, proc: Path = Path("/proc"), 
             + (f"; bwrap: {first}" if text else ""),
             f"allow this bwrap alone: write /etc/apparmor.d/labkit-bwrap with `{apparmor_profile(program)!r}` "
             "(see docs/sandbox.md, 'Isolation and limits') and run `sudo apparmor_parser -r /etc/apparmor.d/labkit-bwrap`;"
-            " or, for the whole machine, `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`")
+            " or, for the whole machine, `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`",
+        )
     where = f" (in a {container} container)" if container else ""
     return Refusal(
         "unknown",
         f"bwrap cannot make a sandbox here{where}: {first}",
-        "see docs/sandbox.md, 'Isolation and limits': bwrap needs unprivileged user namespaces, or a setuid-root bwrap")
+        "see docs/sandbox.md, 'Isolation and limits': bwrap needs unprivileged user namespaces, or a setuid-root bwrap",
+    )

@@ -63,13 +63,10 @@ from labkit.run.runusers import hand_over, run_user
 # labkit.run.processes (psutil) is imported where it is used.
 
 
-
-
-
-
 # ----------------------------------------------------------------------------------------
 # Launching.
 # ----------------------------------------------------------------------------------------
+
 
 class Drain(threading.Thread):
     """Copies a run's output into its log, up to `cap` bytes; the rest is read and thrown away."""
@@ -90,7 +87,9 @@ class Drain(threading.Thread):
                     self.kept += len(part)
                     self.log.write(part)
                     if self.kept >= self.cap:
-                        self.log.write(f"\n[labkit: the run's log was cut at {format_size(self.cap)}]\n".encode())
+                        self.log.write(
+                            f"\n[labkit: the run's log was cut at {format_size(self.cap)}]\n".encode()
+                        )
                     self.log.flush()
         except (OSError, ValueError):
             pass
@@ -108,9 +107,24 @@ class Sandboxed:
     (its session, its cgroups) and finishes copying its output to the log.
     """
 
-    def __init__(self, popen: subprocess.Popen, isolation: str, reason: str, cgroups: list[Path],
-                 drain: Drain | None, limits: Limits, token: str = "", cpu_share: str = cgroup.NO_SHARE):
-        self.popen, self.isolation, self.reason, self.cgroups, self.drain = popen, isolation, reason, cgroups, drain
+    def __init__(
+        self,
+        popen: subprocess.Popen,
+        isolation: str,
+        reason: str,
+        cgroups: list[Path],
+        drain: Drain | None,
+        limits: Limits,
+        token: str = "",
+        cpu_share: str = cgroup.NO_SHARE,
+    ):
+        self.popen, self.isolation, self.reason, self.cgroups, self.drain = (
+            popen,
+            isolation,
+            reason,
+            cgroups,
+            drain,
+        )
         self.limits, self.token, self.cpu_share = limits, token, cpu_share
         self.pid = popen.pid
         self._finished = False
@@ -148,7 +162,9 @@ class Sandboxed:
     def _end_rest(self) -> None:
         from labkit.run import processes
 
-        processes.kill(processes.session_members(self.pid) + (processes.marked(self.token) if self.token else []))
+        processes.kill(
+            processes.session_members(self.pid) + (processes.marked(self.token) if self.token else [])
+        )
         for group in self.cgroups:
             cgroup.remove_cgroup(group)
 
@@ -189,7 +205,9 @@ def run_rlimits(env: dict[str, str], limits: Limits) -> dict[str, int]:
     """The resource limits of a run's processes (`RLIMIT_` names less the prefix), RLIMIT_NPROC aside."""
     rlimits = {"FSIZE": min(limits.file_size, limits.disk), "CORE": 0}
     address_space = accelerators.address_space_limit(env, limits.memory)
-    if address_space is not None:  # an accelerator run has none: its memory cgroup, where there is one, limits it
+    if (
+        address_space is not None
+    ):  # an accelerator run has none: its memory cgroup, where there is one, limits it
         rlimits["AS"] = address_space
     return rlimits
 
@@ -201,10 +219,21 @@ def descendants(pid: int) -> list[int]:
     return processes.descendants(pid)
 
 
-def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | None = None, *, log,
-           stdin: bytes | None = None, extra_ro: tuple[str | Path, ...] = (),
-           join: dict[str, str] | None = None, extra_rw: tuple[str | Path, ...] = (),
-           as_user: int | None = None, cgroups: bool = True, new_sessions: bool = False) -> Sandboxed:
+def launch(
+    cmd: list[str],
+    workdir: Path,
+    env: dict[str, str],
+    limits: Limits | None = None,
+    *,
+    log,
+    stdin: bytes | None = None,
+    extra_ro: tuple[str | Path, ...] = (),
+    join: dict[str, str] | None = None,
+    extra_rw: tuple[str | Path, ...] = (),
+    as_user: int | None = None,
+    cgroups: bool = True,
+    new_sessions: bool = False,
+) -> Sandboxed:
     """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
 
     `env` is the run's intended environment (the configuration's); it is reduced to what a run
@@ -233,7 +262,9 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     kind, reason = modes.isolation(limits.isolation)
     program = modes.bubblewrap()[0] if kind == modes.BUBBLEWRAP else None
     token = uuid.uuid4().hex
-    run_env = mounts.run_environment(env, workdir, sandboxed=kind == modes.BUBBLEWRAP) | {envnames.RUN_TOKEN: token}
+    run_env = mounts.run_environment(env, workdir, sandboxed=kind == modes.BUBBLEWRAP) | {
+        envnames.RUN_TOKEN: token
+    }
     cmd = list(cmd)
     if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
         cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's
@@ -250,8 +281,13 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
     if as_user is not None:
         counted = True  # the server's own processes: its runs are counted in their cgroups
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
-    elif (kind == modes.BUBBLEWRAP and os.geteuid() == 0 and not counted and modes.can_run_as_user(program)
-            and runusers.open_to_others(mounts.accelerator_devices())):
+    elif (
+        kind == modes.BUBBLEWRAP
+        and os.geteuid() == 0
+        and not counted
+        and modes.can_run_as_user(program)
+        and runusers.open_to_others(mounts.accelerator_devices())
+    ):
         user = run_user()
         user = user if hand_over(workdir, user) else None
     if user is not None:
@@ -259,30 +295,58 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         # sandbox, once bwrap (as root) has made it; that user owns the scratch folder.
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
         first = json.dumps({"rlimits": {"NPROC": limits.processes}, "user": user})
-        inner = mounts.bwrap_command(program, [sys.executable, "-P", "-m", "labkit.run.firststep", first, *cmd], workdir, limits,
-                              (*extra_ro, Path(__file__).resolve().parents[1]), user=user, hostname=hostname,
-                              seccomp=seccomp)
+        inner = mounts.bwrap_command(
+            program,
+            [sys.executable, "-P", "-m", "labkit.run.firststep", first, *cmd],
+            workdir,
+            limits,
+            (*extra_ro, Path(__file__).resolve().parents[1]),
+            user=user,
+            hostname=hostname,
+            seccomp=seccomp,
+        )
     else:
-        inner = (mounts.bwrap_command(program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname,
-                               seccomp=seccomp)
-                 if kind == modes.BUBBLEWRAP else cmd)
+        inner = (
+            mounts.bwrap_command(
+                program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname, seccomp=seccomp
+            )
+            if kind == modes.BUBBLEWRAP
+            else cmd
+        )
         if not counted and os.geteuid() != 0:
             from labkit.run import processes
 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
-    spec = json.dumps({"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
-                      | ({"join": join} if join and kind == modes.BUBBLEWRAP else {})
-                      | ({"sessions": "hold"} if held and kind != modes.BUBBLEWRAP else {})
-                      | ({"user": as_user, "reach": [*mounts.visible(extra_ro), str(workdir.resolve()),
-                                                     *(str(Path(p).resolve()) for p in extra_rw)]}
-                         if as_user is not None else {}))
+    spec = json.dumps(
+        {"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
+        | ({"join": join} if join and kind == modes.BUBBLEWRAP else {})
+        | ({"sessions": "hold"} if held and kind != modes.BUBBLEWRAP else {})
+        | (
+            {
+                "user": as_user,
+                "reach": [
+                    *mounts.visible(extra_ro),
+                    str(workdir.resolve()),
+                    *(str(Path(p).resolve()) for p in extra_rw),
+                ],
+            }
+            if as_user is not None
+            else {}
+        )
+    )
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
     full = [sys.executable, "-P", "-m", "labkit.run.firststep", spec, *inner]
     try:
-        popen = subprocess.Popen(full, cwd=workdir, env=run_env,
-                                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                 pass_fds=(seccomp,) if seccomp is not None else ())
+        popen = subprocess.Popen(
+            full,
+            cwd=workdir,
+            env=run_env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(seccomp,) if seccomp is not None else (),
+        )
     finally:
         if seccomp is not None:
             os.close(seccomp)
@@ -295,5 +359,3 @@ def launch(cmd: list[str], workdir: Path, env: dict[str, str], limits: Limits | 
         except OSError:
             pass
     return Sandboxed(popen, kind, reason, cgroups, drain, limits, token, cgroup.share_of(cgroups, held))
-
-

@@ -60,7 +60,9 @@ def read(folder: Path, name: str, limit: int) -> bytes:
     dir_fd = _open_folder(folder)
     try:
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd)
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd
+            )
         except OSError as e:
             if e.errno == 40:  # ELOOP: the name is a symbolic link
                 raise Refused(f"{name} is a symbolic link") from None
@@ -100,8 +102,15 @@ def kind(folder: Path, name: str) -> str:
         return "missing"
     finally:
         os.close(dir_fd)
-    return ("file" if stat.S_ISREG(mode) else "link" if stat.S_ISLNK(mode) else "folder" if stat.S_ISDIR(mode)
-            else "other")
+    return (
+        "file"
+        if stat.S_ISREG(mode)
+        else "link"
+        if stat.S_ISLNK(mode)
+        else "folder"
+        if stat.S_ISDIR(mode)
+        else "other"
+    )
 
 
 def is_file(folder: Path, name: str) -> bool:
@@ -113,7 +122,9 @@ def create(folder: Path, name: str, data: bytes, mode: int = 0o600) -> Path:
     """Write a new file `name` in `folder`; FileExistsError if any entry of that name is there already."""
     dir_fd = _open_folder(folder)
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+        )
     finally:
         os.close(dir_fd)
     with os.fdopen(fd, "wb") as f:
@@ -172,7 +183,9 @@ def _names(dir_fd: int) -> list[str]:
 
 
 MAX_DEPTH = 64  # a scratch folder's folders nested deeper than this are refused (see `usage`)
-NAME_COST = 4096  # bytes each name counts for in `usage`, on top of its blocks: a flood of empty files is not free
+NAME_COST = (
+    4096  # bytes each name counts for in `usage`, on top of its blocks: a flood of empty files is not free
+)
 
 
 def _open_child_folder(dir_fd: int, name: str) -> int | None:

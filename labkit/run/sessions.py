@@ -53,15 +53,17 @@ def program(machine: str | None = None) -> bytes | None:
     if native is None:
         return None
     arch, setsid = native
-    return b"".join([
-        _insn(_LD_W_ABS, 0, 0, _ARCH),
-        _insn(_JEQ_K, 0, 4, arch),  # another architecture's table: refused (jumps to the last)
-        _insn(_LD_W_ABS, 0, 0, _NR),
-        _insn(_ALU_AND_K, 0, 0, ~_X32_BIT & 0xFFFFFFFF),
-        _insn(_JEQ_K, 1, 0, setsid),
-        _insn(_RET_K, 0, 0, _ALLOW),
-        _insn(_RET_K, 0, 0, _ERRNO | _EPERM),
-    ])
+    return b"".join(
+        [
+            _insn(_LD_W_ABS, 0, 0, _ARCH),
+            _insn(_JEQ_K, 0, 4, arch),  # another architecture's table: refused (jumps to the last)
+            _insn(_LD_W_ABS, 0, 0, _NR),
+            _insn(_ALU_AND_K, 0, 0, ~_X32_BIT & 0xFFFFFFFF),
+            _insn(_JEQ_K, 1, 0, setsid),
+            _insn(_RET_K, 0, 0, _ALLOW),
+            _insn(_RET_K, 0, 0, _ERRNO | _EPERM),
+        ]
+    )
 
 
 def available() -> bool:
@@ -113,8 +115,11 @@ def _cpu_group(proc: Path, mounts: Path) -> tuple[str, str] | None:
     return None
 
 
-def in_effect(proc: Path = Path("/proc/self/cgroup"), mounts: Path = Path("/proc/self/mountinfo"),
-              enabled: Path = Path("/proc/sys/kernel/sched_autogroup_enabled")) -> bool:
+def in_effect(
+    proc: Path = Path("/proc/self/cgroup"),
+    mounts: Path = Path("/proc/self/mountinfo"),
+    enabled: Path = Path("/proc/sys/kernel/sched_autogroup_enabled"),
+) -> bool:
     """Whether the kernel's autogroups share the processors between this process's sessions.
 
     They do where they are on and the process is in the root of the cpu controller's hierarchy (seen

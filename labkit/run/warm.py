@@ -49,13 +49,21 @@ START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 # The kit's side.
 # ----------------------------------------------------------------------------------------
 
+
 class WarmRun:
     """A kernel forked by the server, seen like `sandbox.Sandboxed`: `pid`, `poll()`, `wait()`, `kill()`."""
 
     isolation, reason, cpu_share = "bubblewrap", "", "none"
 
     def __init__(self, conn: socket.socket, pid: int, cgroups: list[Path], drain, limits, token: str):
-        self.conn, self.pid, self.cgroups, self.drain, self.limits, self.token = conn, pid, cgroups, drain, limits, token
+        self.conn, self.pid, self.cgroups, self.drain, self.limits, self.token = (
+            conn,
+            pid,
+            cgroups,
+            drain,
+            limits,
+            token,
+        )
         self.returncode: int | None = None
         self._finished = False
         self._lock = threading.Lock()
@@ -174,7 +182,9 @@ class Server:
             self.why = "root without a pids cgroup: each run starts as a user of its own"
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
-        for root in self.roots:  # bound into the server's sandbox, so they must exist (OUT/work before any run)
+        for (
+            root
+        ) in self.roots:  # bound into the server's sandbox, so they must exist (OUT/work before any run)
             root.mkdir(parents=True, exist_ok=True)
         for stale in (self.socket_path, self.folder / "server.status"):  # a server of an earlier run's
             with contextlib.suppress(FileNotFoundError):
@@ -192,11 +202,20 @@ class Server:
                 if not mode & 0o001:  # that user passes through it to the runs' folders (it may not list it)
                     root.chmod(mode | 0o001)
         self._log = open(self.folder / "server.log", "wb")  # noqa: SIM115 - open while the server runs
-        server_limits = replace(limits, memory=max(limits.memory, 8 << 30), processes=max(limits.processes, 4096))
-        self.process = sandbox.launch([sys.executable, "-m", "labkit.run.warmserver", json.dumps(spec)], self.folder, self.env,
-                                      server_limits, log=self._log, extra_rw=(*self.roots, *self.shared),
-                                      as_user=self.user,
-                                      cgroups=False, new_sessions=True)
+        server_limits = replace(
+            limits, memory=max(limits.memory, 8 << 30), processes=max(limits.processes, 4096)
+        )
+        self.process = sandbox.launch(
+            [sys.executable, "-m", "labkit.run.warmserver", json.dumps(spec)],
+            self.folder,
+            self.env,
+            server_limits,
+            log=self._log,
+            extra_rw=(*self.roots, *self.shared),
+            as_user=self.user,
+            cgroups=False,
+            new_sessions=True,
+        )
         self._began = time.monotonic()
         return True
 
@@ -229,8 +248,17 @@ class Server:
         self._stop()
         return False
 
-    def launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
-               readable: tuple = (), module: str | None = None) -> WarmRun:
+    def launch(
+        self,
+        argv: list[str],
+        workdir: Path,
+        env: dict[str, str],
+        limits,
+        log,
+        cache=None,
+        readable: tuple = (),
+        module: str | None = None,
+    ) -> WarmRun:
         """Fork a kernel (`ipykernel_launcher` with `argv`) for one run working in `workdir`; OSError if not.
 
         `readable`: the run's kit folder (at most one), which holds `workdir` and which the run sees read-only.
@@ -253,8 +281,17 @@ class Server:
                 runusers.hand_over(workdir, os.geteuid())
             raise
 
-    def _launch(self, argv: list[str], workdir: Path, env: dict[str, str], limits, log, cache=None,
-                readable: tuple = (), module: str | None = None) -> WarmRun:
+    def _launch(
+        self,
+        argv: list[str],
+        workdir: Path,
+        env: dict[str, str],
+        limits,
+        log,
+        cache=None,
+        readable: tuple = (),
+        module: str | None = None,
+    ) -> WarmRun:
         from labkit.run import sandbox
 
         token = os.urandom(16).hex()
@@ -267,11 +304,20 @@ class Server:
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
         if cache is not None and Path(cache.folder).resolve() not in self.shared:
             raise OSError(f"the compilation cache {cache.folder} is not the warm server's")
-        shared = {str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
-                  for p in self.shared}
-        request = {"argv": argv, "workdir": str(workdir), "env": run_env, "rlimits": rlimits, "shared": shared,
-                   "readable": str(Path(readable[0]).resolve()) if readable else None, "module": module,
-                   "tmp_size": limits.disk}
+        shared = {
+            str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
+            for p in self.shared
+        }
+        request = {
+            "argv": argv,
+            "workdir": str(workdir),
+            "env": run_env,
+            "rlimits": rlimits,
+            "shared": shared,
+            "readable": str(Path(readable[0]).resolve()) if readable else None,
+            "module": module,
+            "tmp_size": limits.disk,
+        }
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -292,7 +338,9 @@ class Server:
         drain.start()
         pid = _hello(ours, timeout=60)
         run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
-        run.cpu_share = cgroup.share_of(cgroups, sessions.available())  # its init applies the filter (`warmserver._init`)
+        run.cpu_share = cgroup.share_of(
+            cgroups, sessions.available()
+        )  # its init applies the filter (`warmserver._init`)
         if pid is None:
             ours.close()
             run.kill()

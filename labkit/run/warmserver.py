@@ -18,15 +18,45 @@ import sys
 from pathlib import Path
 
 # What every lab's run imports, once, in the server (never starting a backend).
-PRELOAD = ("numpy", "jax", "jax.numpy", "jax.sharding", "jax.experimental.mesh_utils", "flax.nnx", "optax",
-           "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "labkit.judge.harness", "labkit.notebook",
-           # what the kernel's start imports (its debugger, shell, history, event loop): about 0.5 s each run
-           "ipykernel.debugger", "ipykernel.zmqshell", "ipykernel.iostream", "ipykernel.heartbeat",
-           "ipykernel.comm", "IPython.core.history", "IPython.core.completer", "sqlite3", "pdb", "pydoc",
-           "tornado.ioloop", "tornado.queues", "xml.dom.minidom", "xmlrpc.client", "unicodedata", "faulthandler",
-           "psutil", "jax.export", "labkit.judge.verify", "labkit.facts")
+PRELOAD = (
+    "numpy",
+    "jax",
+    "jax.numpy",
+    "jax.sharding",
+    "jax.experimental.mesh_utils",
+    "flax.nnx",
+    "optax",
+    "IPython",
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "labkit.judge.harness",
+    "labkit.notebook",
+    # what the kernel's start imports (its debugger, shell, history, event loop): about 0.5 s each run
+    "ipykernel.debugger",
+    "ipykernel.zmqshell",
+    "ipykernel.iostream",
+    "ipykernel.heartbeat",
+    "ipykernel.comm",
+    "IPython.core.history",
+    "IPython.core.completer",
+    "sqlite3",
+    "pdb",
+    "pydoc",
+    "tornado.ioloop",
+    "tornado.queues",
+    "xml.dom.minidom",
+    "xmlrpc.client",
+    "unicodedata",
+    "faulthandler",
+    "psutil",
+    "jax.export",
+    "labkit.judge.verify",
+    "labkit.facts",
+)
 READY, UNAVAILABLE = "ready", "unavailable"
-MODULES = ("labkit.judge.verify",)  # what a forked child may run instead of a kernel: the kit's own, never a student's
+MODULES = (
+    "labkit.judge.verify",
+)  # what a forked child may run instead of a kernel: the kit's own, never a student's
 
 
 def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None:
@@ -54,8 +84,13 @@ def _child(request: dict, log_fd: int, hello_fd: int, roots: list[Path]) -> None
         firststep.apply_rlimits(request["rlimits"])
 
         workdir = Path(request["workdir"])
-        nest.enter_namespaces(workdir, roots, shared=request.get("shared", {}), readable=request.get("readable"),
-                              tmp_size=request.get("tmp_size"))
+        nest.enter_namespaces(
+            workdir,
+            roots,
+            shared=request.get("shared", {}),
+            readable=request.get("readable"),
+            tmp_size=request.get("tmp_size"),
+        )
         pid = os.fork()
         if pid == 0:
             _init(request, workdir)

@@ -28,9 +28,19 @@ def _warm_server(out: Path, chosen: list, limits, cache):
     return server if server.begin(limits or allowance.DEFAULT_LIMITS) else None
 
 
-def run_lab(number: int | str, *, notebook: Path | None = None, config_names: str | None = None,
-            timeout: float | None = None, hidden: bool = False, console=None,
-            build: Path | None = None, limits=None, record_costs: bool = False, keep_scratch: bool = False) -> bool:
+def run_lab(
+    number: int | str,
+    *,
+    notebook: Path | None = None,
+    config_names: str | None = None,
+    timeout: float | None = None,
+    hidden: bool = False,
+    console=None,
+    build: Path | None = None,
+    limits=None,
+    record_costs: bool = False,
+    keep_scratch: bool = False,
+) -> bool:
     """Run lab `number` (the student's notebook unless `notebook` is given); True when every test passed.
 
     `record_costs`: write the runs' cost cards as the lab's reference cards (course staff, on the reference)."""
@@ -44,15 +54,39 @@ def run_lab(number: int | str, *, notebook: Path | None = None, config_names: st
     cache = jaxcache.prepare(Path(build or BUILD) / ".jax-cache") if jaxcache.wanted() else None
     server = _warm_server(out, chosen, limits, cache)
     try:
-        return _run(lab, notebook, chosen, out, timeout, hidden, console, limits, server, cache, record_costs,
-                    keep_scratch)
+        return _run(
+            lab,
+            notebook,
+            chosen,
+            out,
+            timeout,
+            hidden,
+            console,
+            limits,
+            server,
+            cache,
+            record_costs,
+            keep_scratch,
+        )
     finally:
         if server is not None:
             server.stop()
 
 
-def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, console, limits, server,
-         cache, record_costs: bool = False, keep_scratch: bool = False) -> bool:
+def _run(
+    lab,
+    notebook: Path,
+    chosen: list,
+    out: Path,
+    timeout,
+    hidden: bool,
+    console,
+    limits,
+    server,
+    cache,
+    record_costs: bool = False,
+    keep_scratch: bool = False,
+) -> bool:
     from rich.console import Console
 
     from labkit import cost
@@ -68,8 +102,16 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
 
     for line in stamp.advice(notebook, out):
         console.print(line, markup=False, highlight=False)
-    judgement = judge(lab.test_dirs(hidden), runs, hidden_dirs=[lab.hidden_tests], jobs=len(runs), timeout=timeout,
-                      limits=limits, warm=server, cache=cache)
+    judgement = judge(
+        lab.test_dirs(hidden),
+        runs,
+        hidden_dirs=[lab.hidden_tests],
+        jobs=len(runs),
+        timeout=timeout,
+        limits=limits,
+        warm=server,
+        cache=cache,
+    )
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
     found = cost.cards(judgement.calls, {label: rec.results for label, rec in judgement.records.items()})
@@ -81,11 +123,18 @@ def _run(lab, notebook: Path, chosen: list, out: Path, timeout, hidden: bool, co
     if not found and (why := cost.why_none(judgement.calls, results)):
         print(why, file=console.file)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps({
-        "lab": lab.number,
-        "notebook": str(notebook),
-        "runs": {label: rec.to_json() | {"results": None} for label, rec in judgement.records.items()},
-        "outcomes": [o.to_json() for o in judgement.outcomes],
-        "costs": cost.to_json(found),
-    }, indent=1))
+    (out / "report.json").write_text(
+        json.dumps(
+            {
+                "lab": lab.number,
+                "notebook": str(notebook),
+                "runs": {
+                    label: rec.to_json() | {"results": None} for label, rec in judgement.records.items()
+                },
+                "outcomes": [o.to_json() for o in judgement.outcomes],
+                "costs": cost.to_json(found),
+            },
+            indent=1,
+        )
+    )
     return ok

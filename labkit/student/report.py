@@ -112,13 +112,16 @@ def summary(runs: list[str], outcomes: list[Outcome], records: dict[str, RunReco
         passed = sum(o.status == "passed" for o in counted)
         if passed != len(counted) or not counted:
             all_ok = False
-        notes = [f"{skipped} skipped"] * bool(skipped) + [f"{optional} optional not tried yet"] * bool(optional)
+        notes = [f"{skipped} skipped"] * bool(skipped) + [f"{optional} optional not tried yet"] * bool(
+            optional
+        )
         parts.append(f"{passed}/{len(counted)} on {run}" + (f" ({', '.join(notes)})" if notes else ""))
     return "; ".join(parts), all_ok and ran_any
 
 
-def print_lab(console: Console, title: str, runs: list[str], outcomes: list[Outcome],
-              records: dict[str, RunRecord]) -> bool:
+def print_lab(
+    console: Console, title: str, runs: list[str], outcomes: list[Outcome], records: dict[str, RunRecord]
+) -> bool:
     console.print(lab_table(title, runs, outcomes))
     for run in runs:
         record = records.get(run)
@@ -137,5 +140,7 @@ def print_lab(console: Console, title: str, runs: list[str], outcomes: list[Outc
         # nothing could run here (no GPU, no TPU): said with the reason, neither a pass nor an error
         console.print(Text("SKIP  " + line, style="bold yellow"), soft_wrap=True)
         return True
-    console.print(Text(("PASS  " if ok else "FAIL  ") + line, style="bold green" if ok else "bold red"), soft_wrap=True)
+    console.print(
+        Text(("PASS  " if ok else "FAIL  ") + line, style="bold green" if ok else "bold red"), soft_wrap=True
+    )
     return ok

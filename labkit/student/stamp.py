@@ -28,7 +28,9 @@ def write(folder: Path, now: float | None = None) -> None:
 def read(folder: Path) -> float | None:
     """The time of the last check, or None (no stamp, or not a regular file holding a time)."""
     try:
-        fd = os.open(Path(folder) / NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(
+            Path(folder) / NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
     except OSError:
         return None
     try:
@@ -47,18 +49,23 @@ def read(folder: Path) -> float | None:
 def advice(notebook: Path, folder: Path) -> list[str]:
     """Lines for `make lab-N` about the notebook it runs: how to open it, and whether it is older than the
     last check() (the student's latest edits may not be saved)."""
-    out = [f"To work on it: `.venv/bin/jupyter lab {notebook}` (or `make docker-lab`), then `check(\"name\")` "
-           + "in a cell runs the public tests of one function."]
+    out = [
+        f'To work on it: `.venv/bin/jupyter lab {notebook}` (or `make docker-lab`), then `check("name")` '
+        + "in a cell runs the public tests of one function."
+    ]
     checked = read(folder)
     try:
         saved = Path(notebook).stat().st_mtime
     except OSError:
         return out
     if checked is not None and saved + SLACK < checked:
+
         def at(t: float) -> str:
             return time.strftime("%H:%M:%S", time.localtime(t))
 
-        out.append(f"Note: {notebook} was last saved at {at(saved)}, before your last check() at {at(checked)}. "
-                   "This run grades the file on disk: if you changed the notebook since, save it in JupyterLab "
-                   "(Ctrl+S) and run this again.")
+        out.append(
+            f"Note: {notebook} was last saved at {at(saved)}, before your last check() at {at(checked)}. "
+            "This run grades the file on disk: if you changed the notebook since, save it in JupyterLab "
+            "(Ctrl+S) and run this again."
+        )
     return out

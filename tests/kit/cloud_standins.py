@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-FAKE = r'''
+FAKE = r"""
 import json, os, shutil, sys
 tool = os.path.basename(sys.argv[0])
 args = sys.argv[1:]
@@ -72,7 +72,7 @@ elif tool == "gcloud":
         print(canned.get("ssh", {}).get(name, "ready"))
 elif tool == "nox":
     print("nox " + " ".join(args))
-'''
+"""
 
 
 def install(bin_dir: Path, tools: tuple[str, ...], log: Path, canned: Path, remote: Path) -> None:

@@ -26,8 +26,14 @@ def kit(build):
 
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         env = dict(os.environ, COLUMNS="160", NO_COLOR="1", LABKIT_BUILD=str(build))
-        return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
-                              capture_output=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "labkit", *args],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
 
     return run
 
@@ -111,20 +117,47 @@ MACHINE_WIDE = "machine_wide"
 # which run no lab notebook through a kernel and start no service. Everything else is in `make test`
 # only. A new module belongs here when it is quick; docs/development.md says which tier to run when.
 FAST = "fast"
-FAST_MODULES = frozenset({
-    "test_accelerators.py", "test_authoring.py", "test_checks.py", "test_class_at_a_glance.py",
-    "test_configs.py", "test_deadlines.py", "test_failrates.py", "test_hints.py", "test_infra_schema.py",
-    "test_layout.py", "test_leaderboard.py", "test_overrides.py", "test_plaindata.py", "test_policy.py",
-    "test_public_jax.py", "test_roster.py", "test_scratch.py", "test_similarity.py", "test_stretch.py",
-    "test_venv_modules.py", "test_verify.py", "test_lms.py", "test_tiers.py", "test_canvas.py", "test_records.py",
-    "test_feedback.py", "test_lint.py", "test_envnames.py",
-})
+FAST_MODULES = frozenset(
+    {
+        "test_accelerators.py",
+        "test_authoring.py",
+        "test_checks.py",
+        "test_class_at_a_glance.py",
+        "test_configs.py",
+        "test_deadlines.py",
+        "test_failrates.py",
+        "test_hints.py",
+        "test_infra_schema.py",
+        "test_layout.py",
+        "test_leaderboard.py",
+        "test_overrides.py",
+        "test_plaindata.py",
+        "test_policy.py",
+        "test_public_jax.py",
+        "test_roster.py",
+        "test_scratch.py",
+        "test_similarity.py",
+        "test_stretch.py",
+        "test_venv_modules.py",
+        "test_verify.py",
+        "test_lms.py",
+        "test_tiers.py",
+        "test_canvas.py",
+        "test_records.py",
+        "test_feedback.py",
+        "test_lint.py",
+        "test_envnames.py",
+    }
+)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", f"{MACHINE_WIDE}: the module starts, uses or stops a service of the "
-                                       "whole machine (Docker engine, Slurm, user accounts); such modules run "
-                                       "one after another in one worker")
+    config.addinivalue_line(
+        "markers",
+        f"{MACHINE_WIDE}: the module starts, uses or stops a service of the "
+        "whole machine (Docker engine, Slurm, user accounts); such modules run "
+        "one after another in one worker",
+    )
     config.addinivalue_line("markers", f"{FAST}: a unit or contract test of the fast tier (make test-fast)")
 
 

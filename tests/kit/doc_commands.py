@@ -98,10 +98,15 @@ def blocks(paths: list[Path] | None = None) -> list[Block]:
             i += 1
             before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
             mark = NOT_RUN.match(before.strip())
-            found.append(Block(page=str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
-                               line=start + 1, language=language,
-                               commands=_commands(body) if language in SHELL else (),
-                               not_run=mark.group("why") if mark else None))
+            found.append(
+                Block(
+                    page=str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+                    line=start + 1,
+                    language=language,
+                    commands=_commands(body) if language in SHELL else (),
+                    not_run=mark.group("why") if mark else None,
+                )
+            )
     return found
 
 
@@ -140,9 +145,13 @@ def user_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     kit's own variables (LABKIT_*), the tests' interpreter's (VIRTUAL_ENV, PYTHONPATH, JAX_NUM_CPU_DEVICES), and
     those of a `make` the tests run under (`make test`: MAKELEVEL and its flags, which make a nested make print
     `make[1]: Entering directory` and change its exit status)."""
-    return {k: v for k, v in (os.environ if base is None else base).items()
-            if not k.startswith("LABKIT_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")
-            and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")}
+    return {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith("LABKIT_")
+        and k not in ("VIRTUAL_ENV", "PYTHONPATH", "JAX_NUM_CPU_DEVICES")
+        and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
+    }
 
 
 def taken_by_tests(folder: Path = TESTS) -> tuple[set[str], set[str]]:

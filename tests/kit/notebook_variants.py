@@ -39,11 +39,19 @@ def reference_code(lab: int) -> str:
 def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements) -> dict:
     """Lab `lab`'s reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures."""
     assert all(old in reference_code(lab) for old, _ in replacements), "a replacement finds nothing"
-    done = kit("lab", str(lab), "--notebook", str(variant(lab, *replacements)), "--configs", "cpu-1,cpu-8",
-               "--hidden")
+    done = kit(
+        "lab",
+        str(lab),
+        "--notebook",
+        str(variant(lab, *replacements)),
+        "--configs",
+        "cpu-1,cpu-8",
+        "--hidden",
+    )
     outcomes = lab_outcomes(lab)
     assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
-        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"]
+        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"
+    ]
     failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
     assert (done.returncode == 0) == (not failed), done.stdout + done.stderr
     return failed
@@ -52,9 +60,19 @@ def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements) -> dict
 def failures_by_config(kit, lab_outcomes, variant, lab: int, old: str, new: str, expected: set[str]) -> dict:
     """Lab `lab`'s reference with `old` replaced by `new`, judged on cpu-1 and cpu-8 with hidden tests: its exit
     status, its output, and per configuration the tests that did not pass (`expected` must all have run on cpu-8)."""
-    assert old in reference_code(lab), f"lab {lab}'s reference changed: the text to replace is no longer in it"
-    done = kit("lab", str(lab), "--notebook", str(variant(lab, (old, new))), "--configs", "cpu-1,cpu-8", "--hidden")
+    assert old in reference_code(lab), (
+        f"lab {lab}'s reference changed: the text to replace is no longer in it"
+    )
+    done = kit(
+        "lab", str(lab), "--notebook", str(variant(lab, (old, new))), "--configs", "cpu-1,cpu-8", "--hidden"
+    )
     outcomes = lab_outcomes(lab)
     assert expected <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
-    return {"returncode": done.returncode, "output": done.stdout + done.stderr,
-            **{config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"} for config in outcomes}}
+    return {
+        "returncode": done.returncode,
+        "output": done.stdout + done.stderr,
+        **{
+            config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"}
+            for config in outcomes
+        },
+    }

@@ -27,14 +27,51 @@ def main() -> int:
     cluster = slurm_cluster.start(Path(state))
     try:
         keep = {k: cluster.env[k] for k in ("PATH", "SLURM_CONF")}
-        as_user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "env", "-i",
-                   *(f"{k}={v}" for k, v in keep.items()), f"HOME={home}", "NO_COLOR=1"]
-        grade = [sys.executable, "-m", "labkit", "slurm-grade", "--submissions", submissions, "--out", out,
-                 "--shards", "2", "--labs", "1", "--configs", "cpu-1", "--jobs", "1", "--every", "2"]
-        done = subprocess.run([*as_user, *grade], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+        as_user = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in keep.items()),
+            f"HOME={home}",
+            "NO_COLOR=1",
+        ]
+        grade = [
+            sys.executable,
+            "-m",
+            "labkit",
+            "slurm-grade",
+            "--submissions",
+            submissions,
+            "--out",
+            out,
+            "--shards",
+            "2",
+            "--labs",
+            "1",
+            "--configs",
+            "cpu-1",
+            "--jobs",
+            "1",
+            "--every",
+            "2",
+        ]
+        done = subprocess.run(
+            [*as_user, *grade], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
+        )
         queued = cluster.run("squeue", "--noheader", "--format=%u").stdout.split()
-        print(json.dumps({"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
-                          "queued_by": sorted(set(queued))}))
+        print(
+            json.dumps(
+                {
+                    "returncode": done.returncode,
+                    "stdout": done.stdout,
+                    "stderr": done.stderr,
+                    "queued_by": sorted(set(queued)),
+                }
+            )
+        )
     finally:
         cluster.run("scancel", "--full", "--user", uid)
         cluster.stop()

@@ -63,35 +63,68 @@ def start(folder: Path) -> Cluster:
     cpus = os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20) - 1024
     conf = folder / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=labkit-test", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
-        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}", "AuthType=auth/munge",
-        f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool'}",
-        f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
-        f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={folder / 'log' / 'slurmd.log'}",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none", "JobCompType=jobcomp/none",
-        "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
-        "ReturnToService=2", "MinJobAge=2", "KillWait=5",
-        f"NodeName={host} CPUs={cpus} RealMemory={memory} State=UNKNOWN",
-        "PartitionName=grading Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""]))
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=labkit-test",
+                f"SlurmctldHost={host}",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                f"SlurmctldPort={_free_port()}",
+                f"SlurmdPort={_free_port()}",
+                "AuthType=auth/munge",
+                f"StateSaveLocation={folder / 'state'}",
+                f"SlurmdSpoolDir={folder / 'spool'}",
+                f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+                f"SlurmdPidFile={folder / 'slurmd.pid'}",
+                f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
+                f"SlurmdLogFile={folder / 'log' / 'slurmd.log'}",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "MpiDefault=none",
+                "JobCompType=jobcomp/none",
+                "SchedulerType=sched/backfill",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core_Memory",
+                "ReturnToService=2",
+                "MinJobAge=2",
+                "KillWait=5",
+                f"NodeName={host} CPUs={cpus} RealMemory={memory} State=UNKNOWN",
+                "PartitionName=grading Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
+    )
     env = dict(os.environ, SLURM_CONF=str(conf))
     env["PATH"] = "/usr/sbin:" + env.get("PATH", "")
     cluster = Cluster(folder, env)
     if subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False).returncode != 0:
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         subprocess.run(["munged", "--force"], env=env, check=True)  # daemonizes; it stays for the machine
-    cluster.processes.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    cluster.processes.append(
+        subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(conf)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
     time.sleep(1)
-    cluster.processes.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf)], env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    cluster.processes.append(
+        subprocess.Popen(
+            ["slurmd", "-D", "-f", str(conf)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         state = cluster.run("sinfo", "--noheader", "--format=%T").stdout.strip()
         if state in ("idle", "mixed"):
             return cluster
         time.sleep(1)
-    logs = "".join((folder / "log" / n).read_text()[-2000:] for n in ("slurmctld.log", "slurmd.log")
-                   if (folder / "log" / n).exists())
+    logs = "".join(
+        (folder / "log" / n).read_text()[-2000:]
+        for n in ("slurmctld.log", "slurmd.log")
+        if (folder / "log" / n).exists()
+    )
     cluster.stop()
     raise RuntimeError(f"the one-node Slurm did not come up (sinfo: {state!r}):\n{logs}")

@@ -22,7 +22,14 @@ def gpu_host(tmp_path, monkeypatch):
     """A /dev of an NVIDIA host with two GPUs, as the driver makes it."""
     dev = tmp_path / "dev"
     (dev / "nvidia-caps").mkdir(parents=True)
-    for node in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps/nvidia-cap1"):
+    for node in (
+        "nvidia0",
+        "nvidia1",
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-caps/nvidia-cap1",
+    ):
         (dev / node).touch()
     monkeypatch.setattr(accelerators, "DEV", str(dev))
     return dev
@@ -36,8 +43,9 @@ def test_a_cpu_host_has_no_accelerator_nodes(tmp_path, monkeypatch):
 
 def test_every_nvidia_node_is_found_and_each_gpu_once(gpu_host):
     names = [os.path.relpath(p, gpu_host) for p in accelerators.nvidia_devices()]
-    assert sorted(names) == sorted(["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
-                                    "nvidia-caps/nvidia-cap1"])
+    assert sorted(names) == sorted(
+        ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps/nvidia-cap1"]
+    )
     assert [os.path.basename(p) for p in accelerators.nvidia_gpus()] == ["nvidia0", "nvidia1"]
 
 
@@ -59,10 +67,13 @@ def test_an_accelerator_run_has_no_address_space_limit(platforms):
 
 def _limits_of_a_run(tmp_path, env: dict) -> str:
     log_path = tmp_path / "log"
-    code = "print(open('/proc/self/limits').read()); import os; print('LD', os.environ.get('LD_LIBRARY_PATH'))"
+    code = (
+        "print(open('/proc/self/limits').read()); import os; print('LD', os.environ.get('LD_LIBRARY_PATH'))"
+    )
     with open(log_path, "wb") as log:
-        proc = sandbox.launch([sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"], **env},
-                              log=log)
+        proc = sandbox.launch(
+            [sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"], **env}, log=log
+        )
         try:
             proc.wait(timeout=60)
         finally:
@@ -77,14 +88,18 @@ def _address_space(text: str) -> str:
 
 
 def test_a_launched_cpu_run_has_the_address_space_limit(tmp_path):
-    assert _address_space(_limits_of_a_run(tmp_path, {"JAX_PLATFORMS": "cpu"})) == str(allowance.DEFAULT_LIMITS.memory)
+    assert _address_space(_limits_of_a_run(tmp_path, {"JAX_PLATFORMS": "cpu"})) == str(
+        allowance.DEFAULT_LIMITS.memory
+    )
 
 
 def test_a_launched_gpu_run_has_none(tmp_path):
     assert _address_space(_limits_of_a_run(tmp_path, {"JAX_PLATFORMS": "cuda"})) == "unlimited"
 
 
-def test_the_driver_folder_named_by_ld_library_path_is_found_only_on_a_gpu_host(gpu_host, tmp_path, monkeypatch):
+def test_the_driver_folder_named_by_ld_library_path_is_found_only_on_a_gpu_host(
+    gpu_host, tmp_path, monkeypatch
+):
     driver = tmp_path / "nvidia" / "lib64"
     driver.mkdir(parents=True)
     (driver / "libcuda.so.1").touch()
@@ -98,13 +113,18 @@ def test_a_sandboxed_gpu_run_sees_the_driver_folder_on_its_library_path(gpu_host
     driver = tmp_path / "nvidia" / "lib64"
     driver.mkdir(parents=True)
     (driver / "libcuda.so.1").write_text("driver")
-    code = (f"import os; print('LD', os.environ.get('LD_LIBRARY_PATH')); "
-            f"print('READ', open({str(driver / 'libcuda.so.1')!r}).read())")
+    code = (
+        f"import os; print('LD', os.environ.get('LD_LIBRARY_PATH')); "
+        f"print('READ', open({str(driver / 'libcuda.so.1')!r}).read())"
+    )
     log_path = tmp_path / "log"
     with open(log_path, "wb") as log:
-        proc = sandbox.launch([sys.executable, "-c", code], tmp_path / "work",
-                              {"PATH": os.environ["PATH"], "JAX_PLATFORMS": "cuda", "LD_LIBRARY_PATH": str(driver)},
-                              log=log)
+        proc = sandbox.launch(
+            [sys.executable, "-c", code],
+            tmp_path / "work",
+            {"PATH": os.environ["PATH"], "JAX_PLATFORMS": "cuda", "LD_LIBRARY_PATH": str(driver)},
+            log=log,
+        )
         try:
             proc.wait(timeout=60)
         finally:

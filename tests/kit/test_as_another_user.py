@@ -32,7 +32,8 @@ BATTERY_TESTS = (
     "test_the_honest_submission_passes_everything_beside_the_tricks",
     "test_killing_the_parent_processes_reaches_nothing_outside_the_run",
     "test_the_reference_hidden_tests_other_runs_and_the_network_are_out_of_reach",
-    "test_a_process_left_behind_neither_forges_the_results_nor_outlives_the_run")
+    "test_a_process_left_behind_neither_forges_the_results_nor_outlives_the_run",
+)
 # The tests whose code paths differ for a user other than root.
 TESTS = [
     "tests/kit/test_multihost.py::test_the_processes_share_one_private_network_that_reaches_nothing_of_the_host",
@@ -72,26 +73,48 @@ def _why_not() -> str | None:
         return "needs unshare and setpriv (util-linux)"
     if modes.isolation()[0] != modes.BUBBLEWRAP:
         return "bubblewrap does not work here"
-    if _closed_to_others(ROOT / "labkit") or not os.stat(ROOT / "labkit" / "__init__.py").st_mode & stat.S_IROTH:
+    if (
+        _closed_to_others(ROOT / "labkit")
+        or not os.stat(ROOT / "labkit" / "__init__.py").st_mode & stat.S_IROTH
+    ):
         return "the repository is not readable by other users"
     return None
 
 
-def in_a_namespace_where_others_reach_the_interpreter(home: Path, command: list[str], timeout: float
-                                                     ) -> subprocess.CompletedProcess:
+def in_a_namespace_where_others_reach_the_interpreter(
+    home: Path, command: list[str], timeout: float
+) -> subprocess.CompletedProcess:
     """Run `command` (as root) in a mount namespace of the test's own: a fresh root-owned tmpfs (open to
     others) over the folder that closes the interpreter's prefix to others, with the prefix bound back
     in its place (staged under `home`)."""
     prefix = Path(sys.base_prefix).resolve()
     closed = _closed_to_others(prefix)
     staged, prefix_q = shlex.quote(f"{home}/prefix"), shlex.quote(str(prefix))
-    reopen = "" if closed is None else (
-        f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
-        f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
-        f"mount --move {staged} {prefix_q} && ")
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
-                           reopen + "exec " + shlex.join(command)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    reopen = (
+        ""
+        if closed is None
+        else (
+            f"mkdir -p {staged} && mount --bind {prefix_q} {staged} && "
+            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(closed))} && mkdir -p {prefix_q} && "
+            f"mount --move {staged} {prefix_q} && "
+        )
+    )
+    return subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-ec",
+            reopen + "exec " + shlex.join(command),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 WHY_NOT = _why_not()  # once: whether bubblewrap works is found by running it
@@ -102,11 +125,30 @@ def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
     home = Path(tempfile.mkdtemp(prefix="labkit-nobody-"))
     try:
         os.chown(home, NOBODY, NOBODY)
-        pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={home}/pt",
-                      "-o", "addopts=", *TESTS]
-        as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                     "env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={home}", f"LABKIT_BATTERY={BATTERY}",
-                     *pytest_cmd]
+        pytest_cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={home}/pt",
+            "-o",
+            "addopts=",
+            *TESTS,
+        ]
+        as_nobody = [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            "env",
+            "-i",
+            f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}",
+            f"HOME={home}",
+            f"LABKIT_BATTERY={BATTERY}",
+            *pytest_cmd,
+        ]
         done = in_a_namespace_where_others_reach_the_interpreter(home, as_nobody, timeout=1800)
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -114,9 +156,9 @@ def test_as_an_ordinary_user_the_sandbox_limits_and_shared_network_hold():
     assert done.returncode == 0 and f"{EXPECTED} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Slurm for an ordinary user: the user submits, slurmd runs the shards and the merge as that user.
+
 
 def _slurm_missing() -> str | None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -125,7 +167,9 @@ def _slurm_missing() -> str | None:
     return slurm_cluster.missing()
 
 
-@pytest.mark.skipif(WHY_NOT is not None or _slurm_missing() is not None, reason=str(WHY_NOT or _slurm_missing()))
+@pytest.mark.skipif(
+    WHY_NOT is not None or _slurm_missing() is not None, reason=str(WHY_NOT or _slurm_missing())
+)
 def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
     import csv
     import json
@@ -133,20 +177,32 @@ def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
     from labkit.grading import collect
 
     names = [f"student{i}" for i in range(20)]
-    students = [n for n in names if collect.shard_of(n, 2) == 1][:2] + [n for n in names if collect.shard_of(n, 2) == 2][:1]
+    students = [n for n in names if collect.shard_of(n, 2) == 1][:2] + [
+        n for n in names if collect.shard_of(n, 2) == 2
+    ][:1]
     home = Path(tempfile.mkdtemp(prefix="labkit-nobody-slurm-"))
     try:
         os.chmod(home, 0o755)
         submissions = home / "submissions"
         for i, student in enumerate(students):
             (submissions / student).mkdir(parents=True)
-            shutil.copy(ROOT / ("reference" if i == 0 else "labs") / "lab-1.ipynb", submissions / student / "lab-1.ipynb")
+            shutil.copy(
+                ROOT / ("reference" if i == 0 else "labs") / "lab-1.ipynb",
+                submissions / student / "lab-1.ipynb",
+            )
         out = home / "out"
         out.mkdir()
         for path in (home, out, *submissions.rglob("*"), submissions):
             os.chown(path, NOBODY, NOBODY)
-        helper = [sys.executable, str(Path(__file__).resolve().parent / "slurm_as_user.py"), str(home / "slurm"),
-                  str(submissions), str(out), str(home), str(NOBODY)]
+        helper = [
+            sys.executable,
+            str(Path(__file__).resolve().parent / "slurm_as_user.py"),
+            str(home / "slurm"),
+            str(submissions),
+            str(out),
+            str(home),
+            str(NOBODY),
+        ]
         done = in_a_namespace_where_others_reach_the_interpreter(home, helper, timeout=1200)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         result = json.loads(done.stdout.strip().splitlines()[-1])

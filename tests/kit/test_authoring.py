@@ -18,11 +18,14 @@ def test_a_solution_region_becomes_a_stub_with_the_same_indent():
     assert out.startswith("def f(x):")
 
 
-@pytest.mark.parametrize("source", [
-    "### BEGIN SOLUTION\nx = 1\n",
-    "x = 1\n### END SOLUTION\n",
-    "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "### BEGIN SOLUTION\nx = 1\n",
+        "x = 1\n### END SOLUTION\n",
+        "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n",
+    ],
+)
 def test_unbalanced_markers_are_refused(source):
     with pytest.raises(authoring.MarkerError):
         authoring.strip_source(source)
@@ -100,8 +103,14 @@ def test_make_list_gives_the_reading_order_and_each_moved_lab_comes_after_what_i
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "labkit", "list"], cwd=catalog.ROOT, capture_output=True, text=True,
-                          check=True, env={**__import__("os").environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "list"],
+        cwd=catalog.ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     numbers = [int(line.split()[0]) for line in done.stdout.splitlines() if line.strip()]
     assert numbers == [lab.number for lab in catalog.reading_order()]
     assert sorted(numbers) == [lab.number for lab in catalog.labs()]

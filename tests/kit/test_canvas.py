@@ -25,12 +25,29 @@ TOKEN = "s3cret-token-7"
 COURSE = 1234
 NB = json.dumps({"cells": [], "metadata": {"tag": "alice"}, "nbformat": 4, "nbformat_minor": 5})
 USERS = [  # two pages of search_users
-    [{"id": 4411, "name": "Alice Liddell", "sortable_name": "Liddell, Alice", "sis_user_id": "alice",
-      "login_id": "alice@u.edu", "email": "alice@u.edu",
-      "enrollments": [{"type": "StudentEnrollment", "course_section_id": 7}]}],
-    [{"id": 4412, "name": "Bob Marley", "sortable_name": "Marley, Bob", "sis_user_id": None, "login_id": "bob",
-      "email": "bob@u.edu", "enrollments": [{"type": "StudentEnrollment", "course_section_id": 8}]},
-     {"id": 4413, "name": "No Id", "sortable_name": "Id, No", "sis_user_id": None, "login_id": None}],
+    [
+        {
+            "id": 4411,
+            "name": "Alice Liddell",
+            "sortable_name": "Liddell, Alice",
+            "sis_user_id": "alice",
+            "login_id": "alice@u.edu",
+            "email": "alice@u.edu",
+            "enrollments": [{"type": "StudentEnrollment", "course_section_id": 7}],
+        }
+    ],
+    [
+        {
+            "id": 4412,
+            "name": "Bob Marley",
+            "sortable_name": "Marley, Bob",
+            "sis_user_id": None,
+            "login_id": "bob",
+            "email": "bob@u.edu",
+            "enrollments": [{"type": "StudentEnrollment", "course_section_id": 8}],
+        },
+        {"id": 4413, "name": "No Id", "sortable_name": "Id, No", "sis_user_id": None, "login_id": None},
+    ],
 ]
 
 
@@ -38,35 +55,70 @@ class Canvas:
     def __init__(self):
         self.requests: list[dict] = []
         self.submissions = {  # assignment 555 = lab 3
-            4411: {"id": 1, "user_id": 4411, "assignment_id": 555, "workflow_state": "submitted",
-                   "submitted_at": "2026-03-04T10:00:00Z", "late": True, "seconds_late": 200000, "score": None,
-                   "attachments": [{"id": 91, "filename": "lab-3.ipynb", "display_name": "lab-3.ipynb",
-                                    "url": "@/files/91/download?verifier=abc"}],
-                   "submission_comments": []},
-            4412: {"id": 2, "user_id": 4412, "assignment_id": 555, "workflow_state": "graded",
-                   "submitted_at": None, "late": False, "score": 2.0, "attachments": [],
-                   "submission_comments": [{"comment": "FEEDBACK bob"}]},
+            4411: {
+                "id": 1,
+                "user_id": 4411,
+                "assignment_id": 555,
+                "workflow_state": "submitted",
+                "submitted_at": "2026-03-04T10:00:00Z",
+                "late": True,
+                "seconds_late": 200000,
+                "score": None,
+                "attachments": [
+                    {
+                        "id": 91,
+                        "filename": "lab-3.ipynb",
+                        "display_name": "lab-3.ipynb",
+                        "url": "@/files/91/download?verifier=abc",
+                    }
+                ],
+                "submission_comments": [],
+            },
+            4412: {
+                "id": 2,
+                "user_id": 4412,
+                "assignment_id": 555,
+                "workflow_state": "graded",
+                "submitted_at": None,
+                "late": False,
+                "score": 2.0,
+                "attachments": [],
+                "submission_comments": [{"comment": "FEEDBACK bob"}],
+            },
         }
 
     def answer(self, handler, method: str):
         parts = urlsplit(handler.path)
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length).decode() if length else ""
-        self.requests.append({"method": method, "path": parts.path, "query": parse_qs(parts.query),
-                              "form": parse_qs(body), "auth": handler.headers.get("Authorization")})
+        self.requests.append(
+            {
+                "method": method,
+                "path": parts.path,
+                "query": parse_qs(parts.query),
+                "form": parse_qs(body),
+                "auth": handler.headers.get("Authorization"),
+            }
+        )
         base = f"/api/v1/courses/{COURSE}"
         me = f"http://127.0.0.1:{handler.server.server_port}"
         page = int(parse_qs(parts.query).get("page", ["1"])[0])
         routes = {
             ("GET", base): ({"id": COURSE, "name": "SPMD"}, None),
             ("GET", f"{base}/sections"): ([{"id": 7, "name": "A"}, {"id": 8, "name": "B"}], None),
-            ("GET", f"{base}/search_users"): (USERS[page - 1], f'<{me}{base}/search_users?page={page + 1}>; rel="next"'
-                                               if page < len(USERS) else None),
+            ("GET", f"{base}/search_users"): (
+                USERS[page - 1],
+                f'<{me}{base}/search_users?page={page + 1}>; rel="next"' if page < len(USERS) else None,
+            ),
             ("GET", f"{base}/assignments/555"): ({"id": 555, "course_id": COURSE, "name": "Lab 3"}, None),
             ("GET", f"{base}/assignments/555/submissions"): (
-                [json.loads(json.dumps(s).replace('"@/', f'"{me}/')) for s in self.submissions.values()], None),
+                [json.loads(json.dumps(s).replace('"@/', f'"{me}/')) for s in self.submissions.values()],
+                None,
+            ),
             ("POST", f"{base}/assignments/555/submissions/update_grades"): (
-                {"id": 77, "workflow_state": "queued", "url": f"{me}/api/v1/progress/77"}, None),
+                {"id": 77, "workflow_state": "queued", "url": f"{me}/api/v1/progress/77"},
+                None,
+            ),
             ("GET", "/files/91/download"): (NB, None),
         }
         for user in self.submissions:
@@ -137,8 +189,12 @@ def test_the_token_comes_from_the_environment_goes_as_a_bearer_header_and_only_o
 def test_the_roster_reads_every_page_with_sis_ids_emails_and_sections(standin):
     text, notes = canvas.roster_csv(course_of(standin))
     people = roster.parse(text, "from Canvas")
-    assert people.students["alice"] == {"name": "Liddell, Alice", "email": "alice@u.edu", "lms_id": "4411",
-                                        "section": "A"}
+    assert people.students["alice"] == {
+        "name": "Liddell, Alice",
+        "email": "alice@u.edu",
+        "lms_id": "4411",
+        "section": "A",
+    }
     assert people.students["bob"]["lms_id"] == "4412" and people.students["bob"]["section"] == "B"
     assert len(notes) == 1 and "4413" in notes[0]
     users = [r for r in standin.calls("GET") if r["path"].endswith("/search_users")]
@@ -159,21 +215,65 @@ def test_collect_writes_the_notebooks_with_their_real_canvas_times(standin, tmp_
 
 
 def results_for_push() -> dict:
-    ref = [{"student": "reference", "lab": 3, "config": "cpu-1", "status": "ok", "passed": 1, "total": 1,
-            "message": "", "tests": [{"test": "test_a", "exercise": "f", "file": "t.py", "hidden": False,
-                                      "status": "passed", "message": "", "points": 5}], "cell_errors": [], "notes": []}]
-    rows = [dict(ref[0], student="alice"), dict(ref[0], student="bob", status="failed", passed=0,
-                                                 tests=[dict(ref[0]["tests"][0], status="failed")])]
-    return {"format": 1, "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3", "tests": policy.lab_tests(ref)[3],
-                                   "max_points": 5}],
-            "configs": [{"name": "cpu-1", "summary": "", "devices": 1}],
-            "students": {"alice": {"notes": [], "lms_id": "4411"}, "bob": {"notes": [], "lms_id": "4412"}},
-            "notes": [], "rows": rows, "policy": policy.Policy(canvas={3: 555}).to_json()}
+    ref = [
+        {
+            "student": "reference",
+            "lab": 3,
+            "config": "cpu-1",
+            "status": "ok",
+            "passed": 1,
+            "total": 1,
+            "message": "",
+            "tests": [
+                {
+                    "test": "test_a",
+                    "exercise": "f",
+                    "file": "t.py",
+                    "hidden": False,
+                    "status": "passed",
+                    "message": "",
+                    "points": 5,
+                }
+            ],
+            "cell_errors": [],
+            "notes": [],
+        }
+    ]
+    rows = [
+        dict(ref[0], student="alice"),
+        dict(
+            ref[0],
+            student="bob",
+            status="failed",
+            passed=0,
+            tests=[dict(ref[0]["tests"][0], status="failed")],
+        ),
+    ]
+    return {
+        "format": 1,
+        "labs": [
+            {
+                "number": 3,
+                "name": "lab-3",
+                "title": "Lab 3",
+                "tests": policy.lab_tests(ref)[3],
+                "max_points": 5,
+            }
+        ],
+        "configs": [{"name": "cpu-1", "summary": "", "devices": 1}],
+        "students": {"alice": {"notes": [], "lms_id": "4411"}, "bob": {"notes": [], "lms_id": "4412"}},
+        "notes": [],
+        "rows": rows,
+        "policy": policy.Policy(canvas={3: 555}).to_json(),
+    }
 
 
 def test_push_shows_the_differences_and_a_dry_run_sends_nothing(standin):
     changes = canvas.differences(course_of(standin), results_for_push())
-    assert [(c["student"], c["canvas"], c["kit"]) for c in changes] == [("alice", None, "5"), ("bob", "2", "0")]
+    assert [(c["student"], c["canvas"], c["kit"]) for c in changes] == [
+        ("alice", None, "5"),
+        ("bob", "2", "0"),
+    ]
     assert not standin.calls("POST") and not standin.calls("PUT")
 
 
@@ -200,9 +300,26 @@ def test_the_command_line_dry_run_never_prints_the_token(standin, tmp_path):
 
     scoreboard.write(results_for_push(), tmp_path / "board")
     env = {"PATH": "/usr/bin:/bin", canvas.TOKEN_VARIABLE: TOKEN}
-    done = subprocess.run([sys.executable, "-m", "labkit", "canvas", "push", str(tmp_path / "board"), "--url",
-                           standin.url, "--course", str(COURSE)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "canvas",
+            "push",
+            str(tmp_path / "board"),
+            "--url",
+            standin.url,
+            "--course",
+            str(COURSE),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "lab-3  alice" in done.stdout and "dry run" in done.stdout.lower()
     assert TOKEN not in done.stdout + done.stderr and not standin.calls("POST")

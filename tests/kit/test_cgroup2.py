@@ -92,31 +92,50 @@ def test_whether_a_cgroup_is_usable_is_told_without_moving_anything(tmp_path):
 
 
 def isolation_command(**env) -> str:
-    done = subprocess.run([sys.executable, "-m", "labkit", "isolation"], env=os.environ | env, text=True,
-                          capture_output=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "isolation"],
+        env=os.environ | env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     return done.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").exists()
-                    or modes.isolation()[0] != modes.BUBBLEWRAP,
-                    reason="needs root, a v1 cpu controller and a sandbox")
+@pytest.mark.skipif(
+    os.geteuid() != 0
+    or not (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").exists()
+    or modes.isolation()[0] != modes.BUBBLEWRAP,
+    reason="needs root, a v1 cpu controller and a sandbox",
+)
 def test_the_isolation_command_says_which_cpu_share_runs_get_here():
     assert "CPU share: a v1 cpu cgroup per run (cpu.shares 1024), made as root" in isolation_command()
     # without cgroups, one autogroup per run where the kernel's autogroups hold here (labkit.run.sessions), else none
     share = "one scheduling group per run: the kernel's autogroups" if cgroup.autogroups() else "none"
     without = isolation_command(LABKIT_CGROUPS="off")
-    assert f"CPU share: {share}" in without and "cgroups are turned off (LABKIT_CGROUPS=off)" in without, without
+    assert f"CPU share: {share}" in without and "cgroups are turned off (LABKIT_CGROUPS=off)" in without, (
+        without
+    )
 
 
 DELEGATED = os.geteuid() != 0 and cgroup.delegated_cgroup() is not None
 
 
-@pytest.mark.skipif(not DELEGATED, reason="this machine hands the kit no v2 cgroup with the cpu controller "
-                                          "(e.g. systemd-run --user --scope -p Delegate=yes)")
+@pytest.mark.skipif(
+    not DELEGATED,
+    reason="this machine hands the kit no v2 cgroup with the cpu controller "
+    "(e.g. systemd-run --user --scope -p Delegate=yes)",
+)
 def test_a_run_launched_without_root_lives_in_a_cpu_weighted_cgroup_of_its_own(tmp_path):
     log = io.BytesIO()
-    run = sandbox.launch([sys.executable, "-c", "import time; time.sleep(3)"], tmp_path / "work", {},
-                         allowance.Limits(processes=50), log=log)
+    run = sandbox.launch(
+        [sys.executable, "-c", "import time; time.sleep(3)"],
+        tmp_path / "work",
+        {},
+        allowance.Limits(processes=50),
+        log=log,
+    )
     try:
         (group,) = run.cgroups
         deadline = time.monotonic() + 10

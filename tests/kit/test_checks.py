@@ -37,13 +37,25 @@ def value(x):
 def sharded(n_pieces, devices, length=16, replicated=False):
     """A decoded jax-like value whose shards are described by hand."""
     step = length // n_pieces
-    shards = [{"device": d, "index": [[0, length]] if replicated else [[(d % n_pieces) * step, (d % n_pieces + 1) * step]],
-               "replica_id": 0} for d in range(devices)]
+    shards = [
+        {
+            "device": d,
+            "index": [[0, length]] if replicated else [[(d % n_pieces) * step, (d % n_pieces + 1) * step]],
+            "replica_id": 0,
+        }
+        for d in range(devices)
+    ]
     data = plaindata.encode(np.zeros(length, np.float32))
     data["jax"] = True
-    data["sharding"] = {"type": "NamedSharding", "device_ids": list(range(devices)), "fully_replicated": replicated,
-                        "fully_addressable": True, "mesh": {"data": devices}, "spec": [] if replicated else ["data"],
-                        "shards": shards}
+    data["sharding"] = {
+        "type": "NamedSharding",
+        "device_ids": list(range(devices)),
+        "fully_replicated": replicated,
+        "fully_addressable": True,
+        "mesh": {"data": devices},
+        "spec": [] if replicated else ["data"],
+        "shards": shards,
+    }
     return plaindata.decode(data)
 
 
@@ -117,6 +129,7 @@ def test_equal_calls_share_an_id_and_different_inputs_do_not():
 
 def test_check_refuses_parameters_no_call_provides():
     with pytest.raises(TypeError):
+
         @check(got=call("f"))
         def test_x(got, other):
             pass
@@ -128,7 +141,9 @@ def test_a_value_that_a_known_mistake_gives_is_named_by_that_mistake():
     mistakes = {"You kept one block's sum": np.float32(1.0), "You averaged": np.float32(0.5)}
     expect_close_naming_mistakes(value(np.float32(4.0)), 4.0, mistakes)
     text = message(expect_close_naming_mistakes, value(np.float32(1.0)), 4.0, mistakes, hint="try psum")
-    assert "expected 4, got 1" in text and text.endswith("You kept one block's sum") and "try psum" not in text
+    assert (
+        "expected 4, got 1" in text and text.endswith("You kept one block's sum") and "try psum" not in text
+    )
     other = message(expect_close_naming_mistakes, value(np.float32(3.0)), 4.0, mistakes, hint="try psum")
     assert "mistake" not in other and "You" not in other and other.endswith("try psum")
 
@@ -136,8 +151,12 @@ def test_a_value_that_a_known_mistake_gives_is_named_by_that_mistake():
 def test_a_mistake_that_gives_the_right_answer_is_never_named():
     from labkit.checks import expect_close_naming_mistakes
 
-    text = message(expect_close_naming_mistakes, value(np.arange(4.0)), np.ones(4),
-                   {"Same as right": np.ones(4), "Wrong shape": np.arange(8.0), "Off by one": np.arange(4.0)})
+    text = message(
+        expect_close_naming_mistakes,
+        value(np.arange(4.0)),
+        np.ones(4),
+        {"Same as right": np.ones(4), "Wrong shape": np.arange(8.0), "Off by one": np.arange(4.0)},
+    )
     assert text.endswith("Off by one") and "Same as right" not in text
 
 
@@ -146,8 +165,10 @@ def test_the_summary_counts_skipped_tests_out_and_still_passes():
     from labkit.run.execute import RunRecord
     from labkit.student.report import summary
 
-    outcomes = [Outcome("test_a", "f", "cpu-2x4", "cpu-2x4", "passed"),
-                Outcome("test_b", "f", "cpu-2x4", "cpu-2x4", "skipped", "one process only")]
+    outcomes = [
+        Outcome("test_a", "f", "cpu-2x4", "cpu-2x4", "passed"),
+        Outcome("test_b", "f", "cpu-2x4", "cpu-2x4", "skipped", "one process only"),
+    ]
     line, ok = summary(["cpu-2x4"], outcomes, {"cpu-2x4": RunRecord("cpu-2x4", "ok")})
     assert ok and line == "1/1 on cpu-2x4 (1 skipped)"
     outcomes[0].status = "failed"
@@ -156,16 +177,33 @@ def test_the_summary_counts_skipped_tests_out_and_still_passes():
 
 # -- expectations on the compiled program ------------------------------------------------------
 
+
 def compiled(**facts):
     """A decoded value whose call carried these facts of its compiled program."""
-    base = {"devices": 8, "collectives": [], "memory": {"argument": 0, "output": 0, "temp": 0, "alias": 0},
-            "flops": 100.0, "inputs": [], "outputs": [], "top_level": ["jit"]}
-    return dataclasses.replace(value(np.zeros(4, np.float32)), compiled=plaindata.decode_compiled({**base, **facts}))
+    base = {
+        "devices": 8,
+        "collectives": [],
+        "memory": {"argument": 0, "output": 0, "temp": 0, "alias": 0},
+        "flops": 100.0,
+        "inputs": [],
+        "outputs": [],
+        "top_level": ["jit"],
+    }
+    return dataclasses.replace(
+        value(np.zeros(4, np.float32)), compiled=plaindata.decode_compiled({**base, **facts})
+    )
 
 
 def weight(path, whole, each, replicated=False):
-    return {"path": path, "shape": [whole // 4], "dtype": "float32", "bytes": whole, "device_bytes": each,
-            "replicated": replicated, "pieces": 1 if replicated else whole // each}
+    return {
+        "path": path,
+        "shape": [whole // 4],
+        "dtype": "float32",
+        "bytes": whole,
+        "device_bytes": each,
+        "replicated": replicated,
+        "pieces": 1 if replicated else whole // each,
+    }
 
 
 def test_an_input_stored_one_eighth_per_device_is_split():
@@ -194,14 +232,19 @@ def test_an_all_reduce_over_every_device_is_found_and_a_missing_one_named():
 
 def test_a_device_doing_the_whole_batchs_flops_is_named():
     expect_work_split(compiled(flops=150.0), 1000.0, 8)
-    expect_work_split(compiled(flops=780.0), 1000.0, 2)  # half the products on two devices, and the rest of a step
+    expect_work_split(
+        compiled(flops=780.0), 1000.0, 2
+    )  # half the products on two devices, and the rest of a step
     assert "every device computes all of it" in message(expect_work_split, compiled(flops=1100.0), 1000.0, 8)
 
 
 def test_a_device_repeating_part_of_its_neighbours_work_is_named():
     expect_work_share(compiled(flops=130.0), 1000.0, 8)  # its 125, and a little around it
     text = message(expect_work_share, compiled(flops=500.0), 1000.0, 8, what="x @ w")
-    assert text.startswith("one device does 500 FLOPs, 0.50 of the 1e+03 that x @ w needs") and "1/8 share" in text
+    assert (
+        text.startswith("one device does 500 FLOPs, 0.50 of the 1e+03 that x @ w needs")
+        and "1/8 share" in text
+    )
 
 
 ROWS_OF_A_2X4_GRID = [{0, 1, 2, 3}, {4, 5, 6, 7}]
@@ -211,13 +254,21 @@ def test_collectives_inside_the_rows_of_a_grid_pass_and_one_across_them_is_named
     over_model = {"op": "all-to-all", "shape": "f32[2,8]", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
     expect_collectives_within(compiled(collectives=[over_model]), ROWS_OF_A_2X4_GRID, allowed="over 'model'")
     over_data = {"op": "all-reduce", "shape": "f32[8]", "groups": [[0, 4], [1, 5], [2, 6], [3, 7]]}
-    text = message(expect_collectives_within, compiled(collectives=[over_model, over_data]), ROWS_OF_A_2X4_GRID,
-                   allowed="over 'model'")
-    assert text == "the compiled program has an all-reduce that joins devices [0, 4], where only collectives over " \
-                   "'model' are allowed"
+    text = message(
+        expect_collectives_within,
+        compiled(collectives=[over_model, over_data]),
+        ROWS_OF_A_2X4_GRID,
+        allowed="over 'model'",
+    )
+    assert (
+        text
+        == "the compiled program has an all-reduce that joins devices [0, 4], where only collectives over "
+        "'model' are allowed"
+    )
     across = {"op": "collective-permute", "shape": "f32[8]", "pairs": [[3, 4]]}
     assert "a collective-permute that joins devices [3, 4]" in message(
-        expect_collectives_within, compiled(collectives=[across]), ROWS_OF_A_2X4_GRID, allowed="over 'model'")
+        expect_collectives_within, compiled(collectives=[across]), ROWS_OF_A_2X4_GRID, allowed="over 'model'"
+    )
 
 
 def test_a_ring_shift_sends_its_block_once_and_a_device_sending_to_itself_sends_nothing():
@@ -234,11 +285,20 @@ def test_a_collective_that_names_no_groups_joins_every_device_for_the_card_and_t
 
 def test_the_card_of_a_call_is_the_kits_card_of_its_compiled_program():
     gather = {"op": "all-gather", "shape": "f32[1024]", "groups": [list(range(8))]}
-    card = card_of(compiled(flops=2e6, collectives=[gather], outputs=[
-        {"path": "out", "shape": [8], "dtype": "float32", "bytes": 32, "device_bytes": 4}],
-        memory={"argument": 512, "output": 4, "temp": 4096, "alias": 0}))
+    card = card_of(
+        compiled(
+            flops=2e6,
+            collectives=[gather],
+            outputs=[{"path": "out", "shape": [8], "dtype": "float32", "bytes": 32, "device_bytes": 4}],
+            memory={"argument": 512, "output": 4, "temp": 4096, "alias": 0},
+        )
+    )
     assert card.devices == 8 and card.flops == 2e6 and card.dtype == "f32"
-    assert card.sent == {"all-gather": 7 / 8 * 4096} and card.held == {"argument": 512, "output": 4, "temp": 4096}
+    assert card.sent == {"all-gather": 7 / 8 * 4096} and card.held == {
+        "argument": 512,
+        "output": 4,
+        "temp": 4096,
+    }
     with pytest.raises(FactUnavailable, match="cannot be made here: no FLOPs here"):
         card_of(compiled(flops={"unavailable": "no FLOPs here"}))
 
@@ -248,7 +308,8 @@ def test_a_device_holding_as_much_as_a_whole_input_is_named():
     expect_held_below(compiled(memory=small), 32768, what="all of x")
     big = {"argument": 4096, "output": 1024, "temp": 49152, "alias": 0}
     assert message(expect_held_below, compiled(memory=big), 32768, what="all of x").startswith(
-        "one device holds 52 KiB of arguments and temporaries, at least the 32 KiB of all of x")
+        "one device holds 52 KiB of arguments and temporaries, at least the 32 KiB of all of x"
+    )
 
 
 def test_work_done_op_by_op_is_not_jitted():
@@ -257,7 +318,9 @@ def test_work_done_op_by_op_is_not_jitted():
 
 
 def test_missing_facts_fail_even_on_one_device_and_say_why():
-    got = dataclasses.replace(value(np.zeros(4)), compiled=plaindata.Unavailable("jax.jit could not trace it"))
+    got = dataclasses.replace(
+        value(np.zeros(4)), compiled=plaindata.Unavailable("jax.jit could not trace it")
+    )
     with pytest.raises(FactUnavailable) as e:
         expect_collective(got, "all-reduce", 1)
     assert "jax.jit could not trace it" in str(e.value) and isinstance(e.value, Mismatch)
@@ -282,7 +345,8 @@ def test_a_call_made_plainly_by_one_test_and_examined_by_another_runs_once_exami
         "from labkit.checks import call, check, compiled_call\n\n"
         "@check(got=call('f', 1))\ndef test_plain(got):\n    pass\n\n"
         "@check(got=compiled_call('f', 1))\ndef test_examined(got):\n    pass\n\n"
-        "@check(got=call('g', 1))\ndef test_other(got):\n    pass\n")
+        "@check(got=call('g', 1))\ndef test_other(got):\n    pass\n"
+    )
     calls = {c["function"]: c for c in judge.collect_calls([tmp_path])}
     assert sorted(calls) == ["f", "g"]
     assert calls["f"].get("facts") is True and "facts" not in calls["g"]

@@ -33,8 +33,9 @@ def solved() -> dict:
     nb = json.loads(LAB.reference.read_text())
     for cell in nb["cells"]:
         text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        cell["source"] = "\n".join(ln for ln in text.splitlines() if "### BEGIN SOLUTION" not in ln
-                                   and "### END SOLUTION" not in ln)
+        cell["source"] = "\n".join(
+            ln for ln in text.splitlines() if "### BEGIN SOLUTION" not in ln and "### END SOLUTION" not in ln
+        )
     return nb
 
 
@@ -58,11 +59,18 @@ def klass(tmp_path_factory) -> tuple[dict, Path]:
     own = solved()
     for cell in own["cells"]:
         if cell["cell_type"] == "code" and cell["source"].startswith("def shard_map_double"):
-            cell["source"] = ("def shard_map_double(x):\n    n = len(jax.devices())\n    pieces = jnp.split(x, n)\n"
-                              "    out = [jax.device_put(2 * p, d) for p, d in zip(pieces, jax.devices())]\n"
-                              "    return jnp.concatenate([jax.device_get(o) for o in out])\n")
-    for student, text in (("ann", answer), ("ben", answer), ("cy", json.dumps(renamed(solved()))),
-                          ("dee", LAB.student.read_text()), ("eve", json.dumps(own))):
+            cell["source"] = (
+                "def shard_map_double(x):\n    n = len(jax.devices())\n    pieces = jnp.split(x, n)\n"
+                "    out = [jax.device_put(2 * p, d) for p, d in zip(pieces, jax.devices())]\n"
+                "    return jnp.concatenate([jax.device_get(o) for o in out])\n"
+            )
+    for student, text in (
+        ("ann", answer),
+        ("ben", answer),
+        ("cy", json.dumps(renamed(solved()))),
+        ("dee", LAB.student.read_text()),
+        ("eve", json.dumps(own)),
+    ):
         (subs / student).mkdir(parents=True)
         (subs / student / "lab-3.ipynb").write_text(text)
     found, times = grade._submissions(subs, out, None, io.StringIO())
@@ -70,12 +78,24 @@ def klass(tmp_path_factory) -> tuple[dict, Path]:
     handed = grade._keep_history(out, found, students, [LAB], times, grade.policy_mod.Policy())
     rows = []
     for s in students:
-        rows += [passing(s, "cpu-1"), one_device_bug(s, "cpu-8") if s in ("cy", "eve") else passing(s, "cpu-8")]
-    rows[-2:] = [row("eve", c, [], status="error", message="the run ended with error") for c in ("cpu-1", "cpu-8")]
-    results = {"format": 1, "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3 · shard_map basics"}],
-               "configs": [{"name": "cpu-1", "summary": "one CPU device", "devices": 1},
-                           {"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8}],
-               "students": {s: {"notes": []} for s in students}, "notes": [], "rows": rows}
+        rows += [
+            passing(s, "cpu-1"),
+            one_device_bug(s, "cpu-8") if s in ("cy", "eve") else passing(s, "cpu-8"),
+        ]
+    rows[-2:] = [
+        row("eve", c, [], status="error", message="the run ended with error") for c in ("cpu-1", "cpu-8")
+    ]
+    results = {
+        "format": 1,
+        "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3 · shard_map basics"}],
+        "configs": [
+            {"name": "cpu-1", "summary": "one CPU device", "devices": 1},
+            {"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8},
+        ],
+        "students": {s: {"notes": []} for s in students},
+        "notes": [],
+        "rows": rows,
+    }
     for (student, lab), info in handed.items():
         results["students"][student].setdefault("submissions", {})[str(lab)] = info
     scoreboard.write(results, out)
@@ -94,17 +114,27 @@ def test_the_json_lists_the_pairs_to_look_at_together(klass):
     _, out = klass
     shown = json.loads((out / "scoreboard.json").read_text())
     assert [(p["students"], p["how"]) for p in shown["similar"]] == [
-        (["ann", "ben"], "byte-identical"), (["ann", "cy"], "identical after normalising"),
-        (["ben", "cy"], "identical after normalising")]
+        (["ann", "ben"], "byte-identical"),
+        (["ann", "cy"], "identical after normalising"),
+        (["ben", "cy"], "identical after normalising"),
+    ]
     assert [t["test"] for t in shown["failure_rates"][0]["tests"]] == [
-        "test_doubles", "test_is_split", "test_hidden_block"]
+        "test_doubles",
+        "test_is_split",
+        "test_hidden_block",
+    ]
 
 
 def test_a_merged_class_lists_the_pairs_found_across_its_shards(klass):
     results, _ = klass
-    halves = [{**results, "students": {s: v for s, v in results["students"].items() if (s in ("ann", "cy")) == first},
-               "rows": [r for r in results["rows"] if (r["student"] in ("ann", "cy")) == first]}
-              for first in (True, False)]
+    halves = [
+        {
+            **results,
+            "students": {s: v for s, v in results["students"].items() if (s in ("ann", "cy")) == first},
+            "rows": [r for r in results["rows"] if (r["student"] in ("ann", "cy")) == first],
+        }
+        for first in (True, False)
+    ]
     assert all(similarity.pairs(h) != similarity.pairs(results) for h in halves)
     merged = merging.merge([json.loads(scoreboard.to_json(h)) for h in halves])
     assert json.loads(scoreboard.to_json(merged))["similar"] == similarity.pairs(results)
@@ -121,10 +151,26 @@ def screenshot(page: Path, profile: Path) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     SHOT.unlink(missing_ok=True)
     done = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}",
-         "--window-size=1200,1500", f"--screenshot={SHOT}", page.as_uri()],
-        capture_output=True, text=True, timeout=180, check=False)
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--window-size=1200,1500",
+            f"--screenshot={SHOT}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert SHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and SHOT.stat().st_size > 20_000
 
@@ -142,7 +188,7 @@ def test_the_page_draws_each_tests_failure_rate_per_configuration(page):
     assert len(tables) == 1
     start = page.elements.index(tables[0])
     rates, marked, test = {}, set(), None
-    for tag, attrs, _ in page.elements[start + 1:]:
+    for tag, attrs, _ in page.elements[start + 1 :]:
         if tag == "table":
             break
         if tag == "tr" and "data-test" in attrs:
@@ -161,10 +207,16 @@ def test_the_page_draws_each_tests_failure_rate_per_configuration(page):
 
 def test_the_page_lists_the_submissions_to_look_at_together_in_neutral_words(page):
     table = next(e for e in page.elements if e[0] == "table" and e[1].get("id") == "similar")
-    listed = [(e[1]["data-how"], re.findall(r"ann|ben|cy|dee|eve", e[2])) for e in page.elements
-              if e[0] == "tr" and "data-how" in e[1]]
-    assert listed == [("byte-identical", ["ann", "ben"]), ("identical after normalising", ["ann", "cy"]),
-                      ("identical after normalising", ["ben", "cy"])]
+    listed = [
+        (e[1]["data-how"], re.findall(r"ann|ben|cy|dee|eve", e[2]))
+        for e in page.elements
+        if e[0] == "tr" and "data-how" in e[1]
+    ]
+    assert listed == [
+        ("byte-identical", ["ann", "ben"]),
+        ("identical after normalising", ["ann", "cy"]),
+        ("identical after normalising", ["ben", "cy"]),
+    ]
     section = "".join(page.text)
     assert "look at together" in section and "dee" not in table[2] and "eve" not in table[2]
     assert not re.search(r"plagiari|cheat|copied|suspicious|misconduct", section, re.IGNORECASE)

@@ -52,20 +52,46 @@ X, W, B = [1.0] * 8, [[0.5, -0.5]] * 8, [0.0, 1.0]
 ROWS, W1, B1, W2, B2 = [[1.0] * 4] * 8, [[0.25] * 8] * 4, [0.0] * 8, [[0.5] * 4] * 8, [1.0] * 4
 MLP = [ROWS, W1, B1, W2, B2]
 GRID = [[1.0] * 8] * 8
-PARAMS = {"hidden": {"kernel": [[0.5] * 8] * 3, "bias": [0.0] * 8}, "out": {"kernel": [[0.25]] * 8, "bias": [0.0]}}
+PARAMS = {
+    "hidden": {"kernel": [[0.5] * 8] * 3, "bias": [0.0] * 8},
+    "out": {"kernel": [[0.25]] * 8, "bias": [0.0]},
+}
 BATCH = [PARAMS, [[1.0] * 3] * 8, [[0.0]] * 8]
-STATE = {name: [[0.125] * 16] * 16 for name in ("wq", "wk", "wv", "wo", "w1", "w2")}  # dim 16: one of 16 heads each
+STATE = {
+    name: [[0.125] * 16] * 16 for name in ("wq", "wk", "wv", "wo", "w1", "w2")
+}  # dim 16: one of 16 heads each
 TOKENS = [[[1.0] * 16] * 2] * 2  # (batch, seq, dim)
 CALLS = {
-    7: {"layer_jit": [X, W, B], "layer_constrained": [X, W, B], "layer_shard_map": [X, W, B],
-        "layer_grid": [GRID, W, B], "layer_grid_w_in_pieces": [GRID, W, B]},
-    8: {"global_gradients": BATCH, "train_data_parallel": [*BATCH, 2, 0.05], "accumulated_gradients": [*BATCH, 2],
-        "train_data_parallel_adam": [*BATCH, 2, 0.05]},
-    9: {"tensor_parallel_mlp": MLP, "fsdp_mlp": MLP, "fsdp_gradients": [ROWS, ROWS, W1, B1, W2, B2],
-        "tensor_parallel_scattered": MLP, "fsdp_layer_by_layer": MLP},
-    10: {"pass_to_next_stage": [[1.0, 2.0]], "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
-         "ring_sum": [[[1.0, 2.0]]], "ring_sum_both_ways": [[[1.0], [2.0]]]},
-    14: {"train_step": [STATE, STATE, TOKENS, TOKENS], "train_steps": [STATE, STATE, [TOKENS] * 3, [TOKENS] * 3]},
+    7: {
+        "layer_jit": [X, W, B],
+        "layer_constrained": [X, W, B],
+        "layer_shard_map": [X, W, B],
+        "layer_grid": [GRID, W, B],
+        "layer_grid_w_in_pieces": [GRID, W, B],
+    },
+    8: {
+        "global_gradients": BATCH,
+        "train_data_parallel": [*BATCH, 2, 0.05],
+        "accumulated_gradients": [*BATCH, 2],
+        "train_data_parallel_adam": [*BATCH, 2, 0.05],
+    },
+    9: {
+        "tensor_parallel_mlp": MLP,
+        "fsdp_mlp": MLP,
+        "fsdp_gradients": [ROWS, ROWS, W1, B1, W2, B2],
+        "tensor_parallel_scattered": MLP,
+        "fsdp_layer_by_layer": MLP,
+    },
+    10: {
+        "pass_to_next_stage": [[1.0, 2.0]],
+        "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
+        "ring_sum": [[[1.0, 2.0]]],
+        "ring_sum_both_ways": [[[1.0], [2.0]]],
+    },
+    14: {
+        "train_step": [STATE, STATE, TOKENS, TOKENS],
+        "train_steps": [STATE, STATE, [TOKENS] * 3, [TOKENS] * 3],
+    },
 }
 
 
@@ -73,8 +99,15 @@ CALLS = {
 def test_a_second_call_of_each_exercise_compiles_nothing(lab):
     nb = json.loads(catalog.lab(lab).reference.read_text())
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
-    done = subprocess.run([sys.executable, "-c", RUN_TWICE], input=json.dumps([nb, CALLS[lab]]), env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_TWICE],
+        input=json.dumps([nb, CALLS[lab]]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(compiled) == set(CALLS[lab])

@@ -8,16 +8,21 @@ from labkit.checks import expect_collectives_within, expect_sent_within, expect_
 
 def shift(s: int) -> dict:
     """One ppermute by `s` within each row of a 2 x 4 grid: a collective-permute whose pairs span both rows."""
-    return {"op": "collective-permute", "shape": "f32[2,8]",
-            "pairs": [[r * 4 + k, r * 4 + (k + s) % 4] for r in range(2) for k in range(4)]}
+    return {
+        "op": "collective-permute",
+        "shape": "f32[2,8]",
+        "pairs": [[r * 4 + k, r * 4 + (k + s) % 4] for r in range(2) for k in range(4)],
+    }
 
 
 def test_a_permute_within_each_grid_row_passes_though_its_pairs_span_every_row():
-    expect_collectives_within(compiled(collectives=[shift(1), shift(2), shift(3)]), ROWS_OF_A_2X4_GRID,
-                              allowed="over 'model'")
+    expect_collectives_within(
+        compiled(collectives=[shift(1), shift(2), shift(3)]), ROWS_OF_A_2X4_GRID, allowed="over 'model'"
+    )
     across = {**shift(1), "pairs": shift(1)["pairs"] + [[3, 4]]}
     assert "a collective-permute that joins devices [3, 4]" in message(
-        expect_collectives_within, compiled(collectives=[across]), ROWS_OF_A_2X4_GRID, allowed="over 'model'")
+        expect_collectives_within, compiled(collectives=[across]), ROWS_OF_A_2X4_GRID, allowed="over 'model'"
+    )
 
 
 def test_a_schedule_is_counted_in_permutes_and_a_device_sending_to_itself_is_no_step():
@@ -25,13 +30,18 @@ def test_a_schedule_is_counted_in_permutes_and_a_device_sending_to_itself_is_no_
     to_itself = {**ring, "pairs": [[i, i] for i in range(8)]}
     expect_steps_within(compiled(collectives=[ring] * 5 + [to_itself] * 9), 5, 8, what="five steps")
     text = message(expect_steps_within, compiled(collectives=[ring] * 6), 5, 8, what="five steps")
-    assert text == "the compiled program runs 6 collective-permutes one after another, where five steps needs at most 5"
+    assert (
+        text
+        == "the compiled program runs 6 collective-permutes one after another, where five steps needs at most 5"
+    )
 
 
 def test_a_budget_failure_names_the_figure_the_limit_and_each_collective():
     reduce = {"op": "all-reduce", "shape": "f32[32]{0}", "groups": [list(range(8))]}
     expect_sent_within(compiled(collectives=[reduce]), 224, 8, what="one all-reduce")
     text = message(expect_sent_within, compiled(collectives=[reduce]), 112, 8, what="one reduce-scatter")
-    assert text.startswith("each device sends 224 bytes, where the budget is 112 bytes (one reduce-scatter; up to 1.1 "
-                           "times that passes)"), text
+    assert text.startswith(
+        "each device sends 224 bytes, where the budget is 112 bytes (one reduce-scatter; up to 1.1 "
+        "times that passes)"
+    ), text
     assert "all-reduce of f32[32] over 8 devices: 224 bytes" in text

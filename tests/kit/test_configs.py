@@ -40,6 +40,7 @@ def test_parse_names_the_unknown_configuration_and_lists_the_known_ones():
 # Pod sizes and accelerators.
 # ----------------------------------------------------------------------------------------
 
+
 def test_every_pod_size_has_a_cpu_configuration_with_that_many_devices():
     for n in configs.POD_SIZES:
         config = configs.parse(f"cpu-{n}")[0]
@@ -125,4 +126,8 @@ def test_make_lab_on_gpu_without_one_is_skipped_with_the_reason_not_an_error(kit
 def test_make_lab_with_an_unknown_configuration_lists_those_that_exist(kit):
     done = kit("lab", "3", "--configs", "gpu-2")
     assert done.returncode == 2
-    assert "unknown device configuration 'gpu-2'" in done.stderr and "cpu-4x2" in done.stderr and "gpu" in done.stderr
+    assert (
+        "unknown device configuration 'gpu-2'" in done.stderr
+        and "cpu-4x2" in done.stderr
+        and "gpu" in done.stderr
+    )

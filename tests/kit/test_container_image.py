@@ -48,6 +48,7 @@ _spec.loader.exec_module(engine_module)
 # ---------------------------------------------------------------------------------------------
 # The engine and the image.
 
+
 @pytest.fixture(scope="session")
 def engine():
     """The environment the docker client needs; the kit's own engine is stopped after the session
@@ -61,30 +62,56 @@ def engine():
     # the base image, the tagged images and the recent cache (uv's downloads) stay for the next run.
     client = ["bash", str(ROOT / "docker" / "client.sh")]
     subprocess.run([*client, "image", "prune", "-f"], env=env, capture_output=True, timeout=300, check=False)
-    subprocess.run([*client, "builder", "prune", "-f", "--keep-storage", "10GB"], env=env, capture_output=True,
-                   timeout=300, check=False)
+    subprocess.run(
+        [*client, "builder", "prune", "-f", "--keep-storage", "10GB"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
     if started:
         engine_module.stop()
 
 
 def docker(engine, *args, timeout=600, check=True, **kw) -> subprocess.CompletedProcess:
-    done = subprocess.run(["bash", str(ROOT / "docker" / "client.sh"), *args], env=engine, capture_output=True,
-                          text=True, timeout=timeout, check=False, **kw)
+    done = subprocess.run(
+        ["bash", str(ROOT / "docker" / "client.sh"), *args],
+        env=engine,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kw,
+    )
     if check:
         assert done.returncode == 0, f"docker {' '.join(args)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return done
 
 
 def make(engine, *args, timeout=1800, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, env=dict(env or engine), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=ROOT,
+        env=dict(env or engine),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def make_line(engine, words: list[str], timeout=1800) -> subprocess.CompletedProcess:
     """A make line of the guide, as `doc_commands` gives its words, run from the kit's top folder with
     the engine the guide's user exports (DOCKER_HOST) and nothing of the kit's own."""
-    return subprocess.run(words, cwd=ROOT, env=doc_commands.user_environment(engine), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        words,
+        cwd=ROOT,
+        env=doc_commands.user_environment(engine),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def behind_the_proxy() -> dict[str, str]:
@@ -105,8 +132,13 @@ def base(engine):
 
 @pytest.fixture(scope="session")
 def image(engine, base):
-    line = (doc_commands.with_values("make docker-build CA_CERTS=/etc/ssl/certs/ca-certificates.crt", CA_CERTS=str(CA))
-            if CA.exists() else doc_commands.with_values("make docker-build"))
+    line = (
+        doc_commands.with_values(
+            "make docker-build CA_CERTS=/etc/ssl/certs/ca-certificates.crt", CA_CERTS=str(CA)
+        )
+        if CA.exists()
+        else doc_commands.with_values("make docker-build")
+    )
     done = make_line(engine, line)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return IMAGE
@@ -139,7 +171,9 @@ def labs_with(tmp_path: Path, notebook: Path | None = None) -> Path:
 
 def sandbox_options() -> list[str]:
     """The options `make docker-lab` and `make docker-grade` give bubblewrap (from the Makefile)."""
-    plan = subprocess.run(["make", "-n", "docker-grade"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    plan = subprocess.run(
+        ["make", "-n", "docker-grade"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     options = re.findall(r"--security-opt \S+|--cap-drop \S+|--pids-limit \S+", plan)
     assert any("seccomp=" in o for o in options), plan
     return [word for option in options for word in option.split()]
@@ -148,12 +182,25 @@ def sandbox_options() -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # The student loop: `docker run IMAGE` on the mounted labs/.
 
+
 @pytest.fixture(scope="module")
 def unmodified_run(engine, image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("student")
     labs, build = labs_with(tmp), host_folder(tmp, "build")
-    done = docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", "-v", f"{labs}:{KIT}/labs",
-                  "-v", f"{build}:{KIT}/build", image, check=False, timeout=900)
+    done = docker(
+        engine,
+        "run",
+        "--rm",
+        "--user",
+        f"{HOST_USER}:{HOST_USER}",
+        "-v",
+        f"{labs}:{KIT}/labs",
+        "-v",
+        f"{build}:{KIT}/build",
+        image,
+        check=False,
+        timeout=900,
+    )
     return done, build
 
 
@@ -179,9 +226,23 @@ def typed_by_a_host_user(engine, line: str, folder: Path) -> subprocess.Complete
     if not socket.startswith("unix://"):
         pytest.skip(f"the engine is not on a local socket ({socket}): no host user can be given its group")
     env = dict(doc_commands.user_environment(engine), HOME=str(folder), USER="host")
-    return subprocess.run(["setpriv", f"--reuid={HOST_USER}", f"--regid={HOST_USER}",
-                           f"--groups={os.stat(socket.removeprefix('unix://')).st_gid}", "bash", "-c", line],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=900, check=False)
+    return subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={HOST_USER}",
+            f"--regid={HOST_USER}",
+            f"--groups={os.stat(socket.removeprefix('unix://')).st_gid}",
+            "bash",
+            "-c",
+            line,
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 def test_the_guides_student_loop_lines_run_on_the_host_users_labs_as_that_user(engine, image):
@@ -190,13 +251,25 @@ def test_the_guides_student_loop_lines_run_on_the_host_users_labs_as_that_user(e
         os.chmod(folder, 0o755)
         os.chown(folder, HOST_USER, HOST_USER)
         labs = labs_with(folder)
-        default = typed_by_a_host_user(engine, doc_commands.typed(
-            'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/labs:/home/student/kit/labs" labkit:cpu'), folder)
-        assert default.returncode != 0 and "not implemented yet" in default.stdout, default.stdout[-3000:] + default.stderr
+        default = typed_by_a_host_user(
+            engine,
+            doc_commands.typed(
+                'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/labs:/home/student/kit/labs" labkit:cpu'
+            ),
+            folder,
+        )
+        assert default.returncode != 0 and "not implemented yet" in default.stdout, (
+            default.stdout[-3000:] + default.stderr
+        )
         assert "cpu-1" in default.stdout and "cpu-8" in default.stdout, default.stdout[-3000:]
-        lab_4 = typed_by_a_host_user(engine, doc_commands.typed(
-            'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/labs:/home/student/kit/labs" labkit:cpu '
-            "make lab-4 CONFIGS=cpu-8"), folder)
+        lab_4 = typed_by_a_host_user(
+            engine,
+            doc_commands.typed(
+                'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/labs:/home/student/kit/labs" labkit:cpu '
+                "make lab-4 CONFIGS=cpu-8"
+            ),
+            folder,
+        )
         assert re.search(r"\d+/\d+ on cpu-8", lab_4.stdout), lab_4.stdout[-3000:] + lab_4.stderr
         assert not re.search(r"\d+/\d+ on cpu-1", lab_4.stdout), "only the configuration asked for"
         assert lab_4.returncode != 0, "lab 4 as handed out does not pass"
@@ -207,15 +280,32 @@ def test_the_guides_student_loop_lines_run_on_the_host_users_labs_as_that_user(e
 
 def test_the_container_runs_as_the_user_it_is_given_never_root(engine, image):
     assert docker(engine, "run", "--rm", image, "id", "-u").stdout.strip() == "1000"
-    assert docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", image, "id", "-u").stdout.strip() == str(HOST_USER)
+    assert docker(
+        engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", image, "id", "-u"
+    ).stdout.strip() == str(HOST_USER)
 
 
 def lab_3_reference_passes_in_the_sandbox(engine, image, tmp_path) -> None:
     """`make lab-3` in `image` on lab 3's reference, as a host user: every test passes on cpu-1 and cpu-8, in bwrap."""
     labs, build = labs_with(tmp_path, ROOT / "reference" / "lab-3.ipynb"), host_folder(tmp_path, "build")
-    done = docker(engine, "run", "--rm", "--user", f"{HOST_USER}:{HOST_USER}", *sandbox_options(),
-                  "-v", f"{labs}:{KIT}/labs", "-v", f"{build}:{KIT}/build", image,
-                  "make", "lab-3", "CONFIGS=cpu-1,cpu-8", check=False, timeout=900)
+    done = docker(
+        engine,
+        "run",
+        "--rm",
+        "--user",
+        f"{HOST_USER}:{HOST_USER}",
+        *sandbox_options(),
+        "-v",
+        f"{labs}:{KIT}/labs",
+        "-v",
+        f"{build}:{KIT}/build",
+        image,
+        "make",
+        "lab-3",
+        "CONFIGS=cpu-1,cpu-8",
+        check=False,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((build / "lab-3" / "report.json").read_text())
     by_config = {}
@@ -240,15 +330,29 @@ def bookworm_image(engine):
         done = make_line(engine, doc_commands.with_values("make docker-base DEBIAN_SUITE=bookworm"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # its own tag, so that the Debian 13 image the other tests run stays labkit:cpu
-    done = make_line(engine, doc_commands.with_values("make docker-build BASE_IMAGE=labkit-base:bookworm",
-                                                  also={"IMAGE": "labkit:kit-test-bookworm", **behind_the_proxy()}))
+    done = make_line(
+        engine,
+        doc_commands.with_values(
+            "make docker-build BASE_IMAGE=labkit-base:bookworm",
+            also={"IMAGE": "labkit:kit-test-bookworm", **behind_the_proxy()},
+        ),
+    )
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return "labkit:kit-test-bookworm"
 
 
-def test_the_image_on_debian_12_has_jax_0_10_and_passes_lab_3_on_cpu_1_and_cpu_8(engine, bookworm_image, tmp_path):
-    versions = docker(engine, "run", "--rm", bookworm_image, "python", "-c",
-                      "import sys, jax, flax; print(*sys.version_info[:2], jax.__version__, flax.__version__)").stdout.split()
+def test_the_image_on_debian_12_has_jax_0_10_and_passes_lab_3_on_cpu_1_and_cpu_8(
+    engine, bookworm_image, tmp_path
+):
+    versions = docker(
+        engine,
+        "run",
+        "--rm",
+        bookworm_image,
+        "python",
+        "-c",
+        "import sys, jax, flax; print(*sys.version_info[:2], jax.__version__, flax.__version__)",
+    ).stdout.split()
     assert versions[:3] == ["3", "11", "0.10.2"], versions
     lab_3_reference_passes_in_the_sandbox(engine, bookworm_image, tmp_path)
 
@@ -264,10 +368,12 @@ def test_with_dockers_default_profile_bubblewrap_cannot_make_the_sandbox(engine,
 
 def test_the_kits_profile_still_refuses_what_bubblewrap_does_not_need(engine, image):
     """keyctl, bpf and kexec_load stay refused (EPERM) under the kit's seccomp profile."""
-    script = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-              "numbers = {'keyctl': 250, 'bpf': 321, 'kexec_load': 246} if os.uname().machine == 'x86_64' "
-              "else {'keyctl': 219, 'bpf': 280, 'kexec_load': 104}; "
-              "print({name: (libc.syscall(n, 0, 0, 0, 0, 0), ctypes.get_errno()) for name, n in numbers.items()})")
+    script = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        "numbers = {'keyctl': 250, 'bpf': 321, 'kexec_load': 246} if os.uname().machine == 'x86_64' "
+        "else {'keyctl': 219, 'bpf': 280, 'kexec_load': 104}; "
+        "print({name: (libc.syscall(n, 0, 0, 0, 0, 0), ctypes.get_errno()) for name, n in numbers.items()})"
+    )
     out = docker(engine, "run", "--rm", *sandbox_options(), image, "python", "-c", script).stdout
     assert out.strip() == "{'keyctl': (-1, 1), 'bpf': (-1, 1), 'kexec_load': (-1, 1)}", out
 
@@ -275,20 +381,34 @@ def test_the_kits_profile_still_refuses_what_bubblewrap_does_not_need(engine, im
 # ---------------------------------------------------------------------------------------------
 # What the image holds.
 
+
 def test_the_image_holds_no_reference_solution_and_no_hidden_test(engine, image):
-    listing = docker(engine, "run", "--rm", image, "sh", "-c",
-                     f"cd {KIT} && find . -path ./.venv -prune -o -type f -print0 | xargs -0 sha256sum").stdout
+    listing = docker(
+        engine,
+        "run",
+        "--rm",
+        image,
+        "sh",
+        "-c",
+        f"cd {KIT} && find . -path ./.venv -prune -o -type f -print0 | xargs -0 sha256sum",
+    ).stdout
     inside = {line.split()[0]: line.split(maxsplit=1)[1] for line in listing.splitlines()}
     assert "./labs/lab-3.ipynb" in inside.values() and "./labkit/run/sandbox.py" in inside.values()
-    assert not [p for p in inside.values() if p.startswith(("./reference/", "./tests/hidden/", "./tests/kit/"))]
-    secrets = [p for p in [*(ROOT / "reference").glob("*.ipynb"), *(ROOT / "tests" / "hidden").rglob("*.py")]
-               if p.stat().st_size]
+    assert not [
+        p for p in inside.values() if p.startswith(("./reference/", "./tests/hidden/", "./tests/kit/"))
+    ]
+    secrets = [
+        p
+        for p in [*(ROOT / "reference").glob("*.ipynb"), *(ROOT / "tests" / "hidden").rglob("*.py")]
+        if p.stat().st_size
+    ]
     leaked = [str(p) for p in secrets if hashlib.sha256(p.read_bytes()).hexdigest() in inside]
     assert secrets and not leaked, leaked
 
 
 # ---------------------------------------------------------------------------------------------
 # JupyterLab in a real browser: `make docker-lab`, then headless Chromium.
+
 
 @pytest.fixture(scope="module")
 def jupyterlab(engine, image, tmp_path_factory):
@@ -299,9 +419,18 @@ def jupyterlab(engine, image, tmp_path_factory):
     port, name = "18888", "labkit-lab-kit-test"
     docker(engine, "rm", "-f", name, check=False)
     log = open(tmp / "docker-lab.log", "w+")  # noqa: SIM115 - the server writes it until the fixture ends
-    line = doc_commands.with_values("make docker-lab", also={"PORT": port, "LAB_NAME": name, "LAB_DIR": str(labs)})
-    proc = subprocess.Popen(line, cwd=ROOT, env=doc_commands.user_environment(engine), stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    line = doc_commands.with_values(
+        "make docker-lab", also={"PORT": port, "LAB_NAME": name, "LAB_DIR": str(labs)}
+    )
+    proc = subprocess.Popen(
+        line,
+        cwd=ROOT,
+        env=doc_commands.user_environment(engine),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url, deadline = None, time.monotonic() + 240
     while time.monotonic() < deadline and url is None:
         time.sleep(1)
@@ -338,9 +467,18 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
     for old in (shot, ARTIFACTS / "jupyterlab-lab-3-failed.png"):
         old.unlink(missing_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=chromium,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             page.goto(url.replace("/lab?", "/lab/tree/labs/lab-3.ipynb?"), timeout=120_000)
@@ -355,8 +493,11 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
                 page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
                 page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
                 try:
-                    page.wait_for_function("() => [...document.querySelectorAll('.jp-InputPrompt')]"
-                                           ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))", timeout=60_000)
+                    page.wait_for_function(
+                        "() => [...document.querySelectorAll('.jp-InputPrompt')]"
+                        ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))",
+                        timeout=60_000,
+                    )
                     break
                 except PlaywrightTimeout:
                     continue
@@ -377,8 +518,14 @@ def test_chromium_runs_lab_3_in_jupyterlab_and_shows_the_check_cells_output(jupy
     header = next(i for i, line in enumerate(lines) if "shard_map_double: public tests" in line)
     assert lines[header + 1].split() == ["cpu-1", "cpu-8"], text
     # the table's rows run up to the line in brackets that says where `make lab-3` goes further
-    table = next((lines[header + 2:header + 2 + i] for i, line in enumerate(lines[header + 2:])
-                  if line.lstrip().startswith("(")), lines[header + 2:])
+    table = next(
+        (
+            lines[header + 2 : header + 2 + i]
+            for i, line in enumerate(lines[header + 2 :])
+            if line.lstrip().startswith("(")
+        ),
+        lines[header + 2 :],
+    )
     rows = [line for line in table if line.strip() and not line.lstrip().startswith("•")]
     assert rows and all(row.split()[-2:] == ["✓", "✓"] for row in rows), text
     # and below it, the cost card of the cpu-8 run
@@ -414,31 +561,50 @@ def graded(engine, image, tmp_path_factory):
     for trick in HOSTILE:
         with_cell((ADVERSARIAL / f"{trick}.py").read_text(), subs / trick / "lab-3.ipynb")
     started = time.monotonic()
-    done = make_line(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
-                                                  SUBMISSIONS=str(subs), GRADES=str(grades),
-                                                  also={"CONFIGS": "cpu-1", "TIMEOUT": "120"}), timeout=1500)
+    done = make_line(
+        engine,
+        doc_commands.with_values(
+            "make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+            SUBMISSIONS=str(subs),
+            GRADES=str(grades),
+            also={"CONFIGS": "cpu-1", "TIMEOUT": "120"},
+        ),
+        timeout=1500,
+    )
     seconds = time.monotonic() - started
-    rows = list(csv.DictReader((grades / "scoreboard.csv").open())) if (grades / "scoreboard.csv").exists() else []
+    rows = (
+        list(csv.DictReader((grades / "scoreboard.csv").open()))
+        if (grades / "scoreboard.csv").exists()
+        else []
+    )
     return done, grades, {r["student"]: r for r in rows}, seconds
 
 
 def test_docker_grade_writes_the_scoreboard_to_the_hosts_folder(graded):
     done, grades, rows, _ = graded
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert {"scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html"} <= {p.name for p in grades.iterdir()}
+    assert {"scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html"} <= {
+        p.name for p in grades.iterdir()
+    }
     assert set(rows) == {"honest", "unmodified", *HOSTILE}
 
 
 def test_docker_grade_runs_every_notebook_in_the_sandbox(graded):
     _, _, rows, _ = graded
-    assert rows and {r["isolation"] for r in rows.values()} == {"bubblewrap"}, {s: r["isolation"] for s, r in rows.items()}
+    assert rows and {r["isolation"] for r in rows.values()} == {"bubblewrap"}, {
+        s: r["isolation"] for s, r in rows.items()
+    }
 
 
 def test_in_the_container_the_honest_notebook_passes_and_no_hostile_one_scores(graded):
     _, _, rows, _ = graded
-    assert rows["honest"]["status"] == "ok" and rows["honest"]["passed"] == rows["honest"]["total"] != "0", rows["honest"]
+    assert rows["honest"]["status"] == "ok" and rows["honest"]["passed"] == rows["honest"]["total"] != "0", (
+        rows["honest"]
+    )
     assert rows["unmodified"]["passed"] == "0"
-    scored = {s: rows[s]["passed"] for s in HOSTILE if int(rows[s]["passed"]) > int(rows["unmodified"]["passed"])}
+    scored = {
+        s: rows[s]["passed"] for s in HOSTILE if int(rows[s]["passed"]) > int(rows["unmodified"]["passed"])
+    }
     assert not scored, scored
 
 
@@ -448,45 +614,77 @@ def test_docker_grade_leaves_the_files_it_wrote_to_the_host_user(graded):
     assert owned_by(grades, os.getuid()) == []
 
 
-def test_docker_grade_with_its_default_configurations_grades_every_one_and_starts_warm(engine, image, tmp_path):
+def test_docker_grade_with_its_default_configurations_grades_every_one_and_starts_warm(
+    engine, image, tmp_path
+):
     # No CONFIGS: every configuration the container can run, cpu-2x4 among them (its two processes join
     # over gloo in a container with no network), and the one-process runs forked by a warm server.
     subs, grades = tmp_path / "submissions", tmp_path / "grades"
     (subs / "ada").mkdir(parents=True)
     shutil.copy2(ROOT / "reference" / "lab-3.ipynb", subs / "ada" / "lab-3.ipynb")
-    done = make_line(engine, doc_commands.with_values("make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
-                                                  SUBMISSIONS=str(subs), GRADES=str(grades)), timeout=1500)
+    done = make_line(
+        engine,
+        doc_commands.with_values(
+            "make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+            SUBMISSIONS=str(subs),
+            GRADES=str(grades),
+        ),
+        timeout=1500,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    rows = {r["config"]: r for r in json.loads((grades / "scoreboard.json").read_text())["rows"]
-            if r["student"] == "ada"}
+    rows = {
+        r["config"]: r
+        for r in json.loads((grades / "scoreboard.json").read_text())["rows"]
+        if r["student"] == "ada"
+    }
     assert {"cpu-1", "cpu-8", "cpu-2x4"} <= set(rows), sorted(rows)
-    assert {c: r["status"] for c, r in rows.items()} == dict.fromkeys(rows, "ok"), {c: r["message"] for c, r in rows.items()}
+    assert {c: r["status"] for c, r in rows.items()} == dict.fromkeys(rows, "ok"), {
+        c: r["message"] for c, r in rows.items()
+    }
     assert rows["cpu-1"]["start"] == rows["cpu-8"]["start"] == "warm"
 
 
 # ---------------------------------------------------------------------------------------------
 # Other builds: the TPU variant, and bases that lack what the image needs.
 
+
 def test_the_tpu_variant_builds_installs_libtpu_and_runs_the_cpu_configurations(engine, image):
-    done = make_line(engine, doc_commands.with_values("make docker-build EXTRAS=tpu", also=behind_the_proxy()))
+    done = make_line(
+        engine, doc_commands.with_values("make docker-build EXTRAS=tpu", also=behind_the_proxy())
+    )
     # The build's own check ran lab 3 on cpu-1 and cpu-8 in the TPU image (see the Dockerfile).
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
-    found = docker(engine, "run", "--rm", TPU_IMAGE, "python", "-c",
-                   "import importlib.metadata as m; print(m.version('libtpu'))").stdout
+    found = docker(
+        engine,
+        "run",
+        "--rm",
+        TPU_IMAGE,
+        "python",
+        "-c",
+        "import importlib.metadata as m; print(m.version('libtpu'))",
+    ).stdout
     assert re.fullmatch(r"\d[\w.]*\n", found), found
     configs = docker(engine, "run", "--rm", TPU_IMAGE, "python", "-m", "labkit", "configs").stdout
     assert re.search(r"tpu.*(skip|no TPU|not available)", configs, re.IGNORECASE | re.DOTALL), configs
 
 
-@pytest.mark.parametrize("missing, remove", [("make", "rm -f /usr/bin/make"),
-                                             ("python3", "rm -f /usr/bin/python3 /usr/bin/python3.*")])
-def test_a_base_without_python3_or_make_fails_the_build_at_once_with_that_reason(engine, base, missing, remove, tmp_path):
+@pytest.mark.parametrize(
+    "missing, remove",
+    [("make", "rm -f /usr/bin/make"), ("python3", "rm -f /usr/bin/python3 /usr/bin/python3.*")],
+)
+def test_a_base_without_python3_or_make_fails_the_build_at_once_with_that_reason(
+    engine, base, missing, remove, tmp_path
+):
     broken = f"labkit-test-base-without-{missing}"
     (tmp_path / "Dockerfile").write_text(f"FROM {base}\nRUN {remove}\n")
     docker(engine, "build", "-t", broken, str(tmp_path))
     started = time.monotonic()
-    done = make(engine, "docker-build", f"BASE_IMAGE={broken}", f"IMAGE=labkit:kit-test-broken-{missing}", timeout=600)
+    done = make(
+        engine, "docker-build", f"BASE_IMAGE={broken}", f"IMAGE=labkit:kit-test-broken-{missing}", timeout=600
+    )
     assert done.returncode != 0
-    assert f"the base image has no {missing}" in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"the base image has no {missing}" in done.stdout + done.stderr, (
+        done.stdout[-3000:] + done.stderr[-3000:]
+    )
     # It stopped at the base's first step: `make setup` never started (it would print its first command).
     assert "-m venv .tools" not in done.stdout + done.stderr and time.monotonic() - started < 120

@@ -23,27 +23,32 @@ def test_every_chip_names_its_source_and_has_every_figure():
         assert min(chip.hbm_bytes, chip.hbm_bandwidth, chip.send_bandwidth) > 0
 
 
-@pytest.mark.parametrize(("op", "result", "n", "expected"), [
-    # all-reduce of 1 KiB over 8: a reduce-scatter then an all-gather, each 7/8 of the array
-    ("all-reduce", 1024, 8, 2 * 7 / 8 * 1024),
-    # all-gather whose gathered result is 1 KiB: each device sends its 128 B to the 7 others' ring
-    ("all-gather", 1024, 8, 7 * 128),
-    # reduce-scatter to a 128 B block from a 1 KiB array: 7 blocks of 128 B pass through each device
-    ("reduce-scatter", 128, 8, 7 * 128),
-    # all-to-all of 1 KiB: all but the block a device keeps
-    ("all-to-all", 1024, 4, 3 * 256),
-    # ppermute: the whole buffer, once
-    ("collective-permute", 512, 8, 512),
-    # on one device nothing moves
-    ("all-reduce", 1024, 1, 0),
-])
+@pytest.mark.parametrize(
+    ("op", "result", "n", "expected"),
+    [
+        # all-reduce of 1 KiB over 8: a reduce-scatter then an all-gather, each 7/8 of the array
+        ("all-reduce", 1024, 8, 2 * 7 / 8 * 1024),
+        # all-gather whose gathered result is 1 KiB: each device sends its 128 B to the 7 others' ring
+        ("all-gather", 1024, 8, 7 * 128),
+        # reduce-scatter to a 128 B block from a 1 KiB array: 7 blocks of 128 B pass through each device
+        ("reduce-scatter", 128, 8, 7 * 128),
+        # all-to-all of 1 KiB: all but the block a device keeps
+        ("all-to-all", 1024, 4, 3 * 256),
+        # ppermute: the whole buffer, once
+        ("collective-permute", 512, 8, 512),
+        # on one device nothing moves
+        ("all-reduce", 1024, 1, 0),
+    ],
+)
 def test_ring_bytes_each_device_sends(op, result, n, expected):
     assert cost.bytes_sent(op, result, n) == pytest.approx(expected)
 
 
 def test_an_all_reduce_moves_about_twice_what_a_reduce_scatter_moves_for_the_same_array():
     array, n = 8 << 20, 8
-    assert cost.bytes_sent("all-reduce", array, n) == pytest.approx(2 * cost.bytes_sent("reduce-scatter", array // n, n))
+    assert cost.bytes_sent("all-reduce", array, n) == pytest.approx(
+        2 * cost.bytes_sent("reduce-scatter", array // n, n)
+    )
 
 
 def test_shapes_in_hlo_text_are_counted_with_their_dtypes():
@@ -54,9 +59,13 @@ def test_shapes_in_hlo_text_are_counted_with_their_dtypes():
 
 
 def _facts(**changes) -> dict:
-    facts = {"devices": 8, "flops": 1e9, "memory": {"argument": 1 << 20, "output": 1 << 20, "temp": 0, "alias": 0},
-             "collectives": [{"op": "all-reduce", "shape": "f32[262144]{0}", "groups": [list(range(8))]}],
-             "outputs": [{"dtype": "float32"}]}
+    facts = {
+        "devices": 8,
+        "flops": 1e9,
+        "memory": {"argument": 1 << 20, "output": 1 << 20, "temp": 0, "alias": 0},
+        "collectives": [{"op": "all-reduce", "shape": "f32[262144]{0}", "groups": [list(range(8))]}],
+        "outputs": [{"dtype": "float32"}],
+    }
     return facts | changes
 
 
@@ -83,16 +92,34 @@ def test_bfloat16_outputs_use_the_bfloat16_peak_and_a_big_matmul_is_compute_boun
 
 def test_groups_smaller_than_the_mesh_count_their_own_size():
     # a psum over one axis of a 2x4 mesh: groups of 4
-    c = cost.card(_facts(collectives=[{"op": "all-reduce", "shape": "f32[1024]{0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}]))
+    c = cost.card(
+        _facts(
+            collectives=[
+                {"op": "all-reduce", "shape": "f32[1024]{0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+            ]
+        )
+    )
     assert c.sent["all-reduce"] == pytest.approx(2 * 3 / 4 * 4096)
 
 
 def test_a_collective_permute_sends_its_buffer_once_and_nothing_when_a_device_sends_to_itself():
     # a ring shift over 8 devices, and the same ring on one device (XLA keeps it as a permute from 0 to 0)
-    ring = cost.card(_facts(collectives=[{"op": "collective-permute", "shape": "f32[256]{0}",
-                                          "pairs": [[i, (i + 1) % 8] for i in range(8)]}]))
-    alone = cost.card(_facts(devices=1, collectives=[{"op": "collective-permute", "shape": "f32[256]{0}",
-                                                      "pairs": [[0, 0]]}]))
+    ring = cost.card(
+        _facts(
+            collectives=[
+                {
+                    "op": "collective-permute",
+                    "shape": "f32[256]{0}",
+                    "pairs": [[i, (i + 1) % 8] for i in range(8)],
+                }
+            ]
+        )
+    )
+    alone = cost.card(
+        _facts(
+            devices=1, collectives=[{"op": "collective-permute", "shape": "f32[256]{0}", "pairs": [[0, 0]]}]
+        )
+    )
     assert ring.sent == {"collective-permute": 1024} and alone.sent == {}
 
 
@@ -121,8 +148,9 @@ def test_a_lab_whose_runs_were_all_on_one_device_says_in_one_line_why_it_has_no_
 
 
 def test_the_card_compares_with_the_reference_by_factors():
-    reference = cost.card(_facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}",
-                                               "groups": [list(range(8))]}]))
+    reference = cost.card(
+        _facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}", "groups": [list(range(8))]}])
+    )
     mine = cost.card(_facts())  # an all-reduce of the whole array, then a slice
     notes = cost.compare(mine, reference)
     assert notes == ["your program has 2.0x the bytes each device sends that the reference needs"]
@@ -144,8 +172,9 @@ def test_a_real_psum_on_eight_devices_gets_the_hand_computed_card():
         print(json.dumps(facts.gather(f, (x,), {})))
     """)
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     c = cost.card(json.loads(done.stdout.strip().splitlines()[-1]))
     assert c.devices == 8
@@ -159,9 +188,11 @@ def test_a_real_psum_on_eight_devices_gets_the_hand_computed_card():
 # ----------------------------------------------------------------------------------------
 
 SCATTER = 'return jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)'
-ALL_REDUCE_THEN_SLICE = ('total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
-                         '        block = total.shape[0] // jax.lax.psum(1, "data")\n'
-                         '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("data") * block, block)')
+ALL_REDUCE_THEN_SLICE = (
+    'total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
+    '        block = total.shape[0] // jax.lax.psum(1, "data")\n'
+    '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("data") * block, block)'
+)
 
 
 def test_the_reference_costs_what_its_recorded_card_says(kit, lab_report):
@@ -169,7 +200,7 @@ def test_the_reference_costs_what_its_recorded_card_says(kit, lab_report):
 
     done = kit("lab", "5", "--notebook", str(catalog.lab(5).reference), "--configs", "cpu-1,cpu-8")
     assert done.returncode == 0, done.stdout[-3000:]
-    card_text = done.stdout[done.stdout.index("Cost cards"):]
+    card_text = done.stdout[done.stdout.index("Cost cards") :]
     assert "shard_map_column_sums on cpu-8 (8 devices)" in card_text
     assert "sends reduce-scatter" in card_text and "about what the reference solution costs" in card_text
     assert "TPU v5e x8" in card_text and "NVIDIA H100 SXM x8" in card_text
@@ -182,8 +213,15 @@ def test_an_all_reduce_then_a_slice_passes_and_the_card_names_twice_the_bytes_se
     from labkit.course import catalog
 
     assert SCATTER in catalog.lab(5).reference.read_text().replace('\\"', '"'), "the reference changed"
-    done = kit("lab", "5", "--notebook", str(variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE))), "--configs", "cpu-1,cpu-8")
-    card_text = done.stdout[done.stdout.index("Cost cards"):]
+    done = kit(
+        "lab",
+        "5",
+        "--notebook",
+        str(variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE))),
+        "--configs",
+        "cpu-1,cpu-8",
+    )
+    card_text = done.stdout[done.stdout.index("Cost cards") :]
     assert "shard_map_column_sums on cpu-8" in card_text and "sends all-reduce" in card_text
     assert "your program has 2.0x the bytes each device sends that the reference needs" in card_text
     assert "column sums" in done.stdout  # and its public tests ran
@@ -192,10 +230,31 @@ def test_an_all_reduce_then_a_slice_passes_and_the_card_names_twice_the_bytes_se
 def test_the_feedback_of_a_graded_class_shows_each_students_card_against_the_reference(tmp_path, variant):
     submissions = tmp_path / "submissions"
     (submissions / "ada").mkdir(parents=True)
-    (submissions / "ada" / "lab-5.ipynb").write_bytes(variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE)).read_bytes())
-    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(submissions), "--out",
-                           str(tmp_path / "out"), "--labs", "5", "--configs", "cpu-8", "--jobs", "1"],
-                          capture_output=True, text=True, timeout=900, check=False)
+    (submissions / "ada" / "lab-5.ipynb").write_bytes(
+        variant(5, (SCATTER, ALL_REDUCE_THEN_SLICE)).read_bytes()
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(submissions),
+            "--out",
+            str(tmp_path / "out"),
+            "--labs",
+            "5",
+            "--configs",
+            "cpu-8",
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     md = (tmp_path / "out" / "feedback" / "ada.md").read_text()
     assert "Cost card" in md and "shard_map_column_sums on cpu-8 (8 devices)" in md
@@ -205,9 +264,22 @@ def test_the_feedback_of_a_graded_class_shows_each_students_card_against_the_ref
 
 
 def test_a_collective_permute_is_timed_on_the_one_link_it_sends_over_not_a_rings_two():
-    shift = cost.card(_facts(collectives=[{"op": "collective-permute", "shape": "f32[262144]{0}",
-                                           "pairs": [[i, (i + 1) % 8] for i in range(8)]}]))
+    shift = cost.card(
+        _facts(
+            collectives=[
+                {
+                    "op": "collective-permute",
+                    "shape": "f32[262144]{0}",
+                    "pairs": [[i, (i + 1) % 8] for i in range(8)],
+                }
+            ]
+        )
+    )
     assert shift.timing(CHIPS["v5e"]).communication == pytest.approx((1 << 20) / 50e9)  # one ICI port one way
     assert shift.timing(CHIPS["v6e"]).communication == pytest.approx((1 << 20) / 100e9)
-    gathered = cost.card(_facts(collectives=[{"op": "all-gather", "shape": "f32[262144]{0}", "groups": [list(range(8))]}]))
-    assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(7 / 8 * (1 << 20) / 100e9)  # a ring: two
+    gathered = cost.card(
+        _facts(collectives=[{"op": "all-gather", "shape": "f32[262144]{0}", "groups": [list(range(8))]}])
+    )
+    assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(
+        7 / 8 * (1 << 20) / 100e9
+    )  # a ring: two

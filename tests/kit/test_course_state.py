@@ -23,8 +23,10 @@ from labkit.grading import collect, course, merge, progress, slurm, store
 
 ARGS = ("--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "120", "--isolation", "limits-only")
 ROSTER = "student,name\nalice,Alice\ndora,Dora\nzoe,Zoe\n"
-POLICY = ('[grading]\ncombine = "all"\n\n[labs.3]\ndue = 2026-03-01T23:59:00Z\n\n'
-          '[late]\nper_day = 0.1\naccept = ["mtime"]\n')
+POLICY = (
+    '[grading]\ncombine = "all"\n\n[labs.3]\ndue = 2026-03-01T23:59:00Z\n\n'
+    '[late]\nper_day = 0.1\naccept = ["mtime"]\n'
+)
 OVERRIDES = "student,lab,points,test,status,comment\ndora,3,4,,,partial credit by hand\n"
 EXTENSIONS = "student,lab,days\nalice,3,2\n"
 FILES = ("scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html", "grades.csv")
@@ -33,8 +35,12 @@ FILES = ("scoreboard.csv", "scoreboard.json", "scoreboard.md", "scoreboard.html"
 def inputs(folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, text in (("roster.csv", ROSTER), ("policy.toml", POLICY), ("overrides.csv", OVERRIDES),
-                       ("extensions.csv", EXTENSIONS)):
+    for name, text in (
+        ("roster.csv", ROSTER),
+        ("policy.toml", POLICY),
+        ("overrides.csv", OVERRIDES),
+        ("extensions.csv", EXTENSIONS),
+    ):
         (folder / name).write_text(text)
         paths[name.split(".")[0]] = folder / name
     return paths
@@ -52,7 +58,9 @@ def graded(tmp_path_factory):
     write(subs / "alice" / "lab-3.ipynb", reference_nb())  # a day late, with an extension of two
     late = datetime.fromisoformat("2026-03-02T12:00:00+00:00").timestamp()
     os.utime(subs / "alice" / "lab-3.ipynb", (late, late))
-    write(subs / "dora" / "lab-3.ipynb", (ROOT / "labs" / "lab-3.ipynb").read_text())  # nothing done: overridden
+    write(
+        subs / "dora" / "lab-3.ipynb", (ROOT / "labs" / "lab-3.ipynb").read_text()
+    )  # nothing done: overridden
     paths = inputs(folder / "ta")
     out = folder / "out"
     kit = store.kit_digest()
@@ -63,7 +71,9 @@ def graded(tmp_path_factory):
 
 def same_kit(graded) -> None:
     if store.kit_digest() != graded[3]:
-        pytest.skip("the kit's grading code changed since the class was graded, so every unit is graded again")
+        pytest.skip(
+            "the kit's grading code changed since the class was graded, so every unit is graded again"
+        )
 
 
 def grades(out: Path) -> dict[tuple[str, str], dict]:
@@ -105,8 +115,16 @@ def test_a_run_that_changes_an_input_says_what_changed(graded, tmp_path):
     subs, out = graded[:2]
     again = copy_run(out, tmp_path / "again")
     (tmp_path / "overrides.csv").write_text(OVERRIDES + "alice,3,5,,,a regrade\n")
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--overrides",
-                     str(tmp_path / "overrides.csv"), *ARGS)
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(again),
+        "--overrides",
+        str(tmp_path / "overrides.csv"),
+        *ARGS,
+    )
     assert done.returncode == 0, done.stderr
     assert "1 line added (alice,3,5,,,a regrade), 0 removed" in done.stderr
     assert grades(again)["alice", "3"]["points"] == "5"
@@ -127,9 +145,20 @@ def test_another_policy_is_refused_unless_asked_for_by_name(graded, tmp_path):
     assert f"{other}, line 1: this policy differs from the policy this class was graded with" in done.stderr
     assert "--change-policy" in done.stderr and "reference solutions" not in done.stderr
     assert (again / "grades.csv").read_text() == (out / "grades.csv").read_text()  # nothing lost
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--policy", str(other),
-                     "--change-policy", *ARGS)
-    assert done.returncode == 0 and "policy: changed, asked for with --change-policy" in done.stderr, done.stderr
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(again),
+        "--policy",
+        str(other),
+        "--change-policy",
+        *ARGS,
+    )
+    assert done.returncode == 0 and "policy: changed, asked for with --change-policy" in done.stderr, (
+        done.stderr
+    )
 
 
 BAD = {
@@ -147,7 +176,9 @@ def test_a_bad_input_exits_2_naming_its_line_before_any_reference_is_graded(grad
     bad = tmp_path / f"bad-{name}"
     bad.write_text(text)
     out = tmp_path / "out"
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(out), *flags(paths | {name: bad}), *ARGS)
+    done = run_grade(
+        "grade", "--submissions", str(subs), "--out", str(out), *flags(paths | {name: bad}), *ARGS
+    )
     assert done.returncode == 2, done.stderr
     assert f"{bad}, {says}" in done.stderr
     assert "reference solutions" not in done.stderr and not out.exists()
@@ -155,9 +186,18 @@ def test_a_bad_input_exits_2_naming_its_line_before_any_reference_is_graded(grad
 
 def test_a_student_in_the_overrides_who_is_not_on_the_roster_is_refused(graded, tmp_path):
     subs, _, paths = graded[:3]
-    (tmp_path / "roster.csv").write_text("student\nalice\nzoe\n")  # dora's folder is there, but not on the roster
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(tmp_path / "out"),
-                     *flags(paths | {"roster": tmp_path / "roster.csv"}), *ARGS)
+    (tmp_path / "roster.csv").write_text(
+        "student\nalice\nzoe\n"
+    )  # dora's folder is there, but not on the roster
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(tmp_path / "out"),
+        *flags(paths | {"roster": tmp_path / "roster.csv"}),
+        *ARGS,
+    )
     assert done.returncode == 2 and "line 2: no student 'dora' in this class" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
 
@@ -165,37 +205,58 @@ def test_a_student_in_the_overrides_who_is_not_on_the_roster_is_refused(graded, 
 def test_shards_merged_in_either_order_are_byte_for_byte_the_one_run(graded, tmp_path):
     same_kit(graded)
     subs, out, paths = graded[:3]
-    assert collect.shard_of("alice", 2) != collect.shard_of("dora", 2)  # the extension and the override: apart
+    assert collect.shard_of("alice", 2) != collect.shard_of(
+        "dora", 2
+    )  # the extension and the override: apart
     parts = []
     for i in (1, 2):
         part = copy_run(out, tmp_path / f"part{i}", state=False)
-        done = run_grade("grade", "--submissions", str(subs), "--out", str(part), "--shard", f"{i}/2",
-                         *flags(paths), *ARGS)
+        done = run_grade(
+            "grade", "--submissions", str(subs), "--out", str(part), "--shard", f"{i}/2", *flags(paths), *ARGS
+        )
         assert done.returncode == 0 and "to grade" not in done.stderr, done.stderr
         parts.append(part)
     for order, merged in (((0, 1), tmp_path / "m12"), ((1, 0), tmp_path / "m21")):
         done = run_grade("scoreboard", "merge", *(str(parts[i]) for i in order), "--out", str(merged))
         assert done.returncode == 0, done.stderr
-    for name in [*FILES, "course/manifest.json", "course/overrides.csv", "course/extensions.csv",
-                 "course/roster.csv", "course/policy.toml", *(f"feedback/{s}.md" for s in ("alice", "dora", "zoe"))]:
+    for name in [
+        *FILES,
+        "course/manifest.json",
+        "course/overrides.csv",
+        "course/extensions.csv",
+        "course/roster.csv",
+        "course/policy.toml",
+        *(f"feedback/{s}.md" for s in ("alice", "dora", "zoe")),
+    ]:
         one = (out / name).read_bytes()
         assert (tmp_path / "m12" / name).read_bytes() == one, name
         assert (tmp_path / "m21" / name).read_bytes() == one, name
     kept = sorted(p.relative_to(out / "history") for p in (out / "history").rglob("*.ipynb"))
-    assert sorted(p.relative_to(tmp_path / "m21" / "history") for p in (tmp_path / "m21" / "history").rglob(
-        "*.ipynb")) == kept
+    assert (
+        sorted(
+            p.relative_to(tmp_path / "m21" / "history")
+            for p in (tmp_path / "m21" / "history").rglob("*.ipynb")
+        )
+        == kept
+    )
 
 
 def test_a_merge_of_parts_graded_with_another_kit_or_policy_is_refused_and_writes_nothing(graded, tmp_path):
     out = graded[1]
-    for key, value, what in (("kit", "0" * 64, "version of the kit"), ("policy", {"combine": "any"}, "policy")):
+    for key, value, what in (
+        ("kit", "0" * 64, "version of the kit"),
+        ("policy", {"combine": "any"}, "policy"),
+    ):
         other = tmp_path / f"other-{key}"
         shutil.copytree(out, other)
         data = json.loads((other / "scoreboard.json").read_text())
         data[key] = value
         (other / "scoreboard.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        line = next(n for n, t in enumerate((other / "scoreboard.json").read_text().splitlines(), 1)
-                    if t.startswith(f' "{key}":'))
+        line = next(
+            n
+            for n, t in enumerate((other / "scoreboard.json").read_text().splitlines(), 1)
+            if t.startswith(f' "{key}":')
+        )
         done = run_grade("scoreboard", "merge", str(out), str(other), "--out", str(tmp_path / "merged"))
         assert done.returncode == 2, done.stderr
         assert f"scoreboard.json, line {line}: graded with another {what} than" in done.stderr
@@ -209,8 +270,12 @@ def test_retry_grades_a_kept_timeout_again_and_without_it_the_timeout_stays(grad
     again = copy_run(out, tmp_path / "again")
     unit = again / "units" / "alice" / "lab-3" / "cpu-1.json"
     kept = json.loads(unit.read_text())
-    kept["row"].update(status="timeout", passed=0, message="the run took more than 120 s",  # as under load
-                       tests=[t | {"status": "failed", "message": "timeout"} for t in kept["row"]["tests"]])
+    kept["row"].update(
+        status="timeout",
+        passed=0,
+        message="the run took more than 120 s",  # as under load
+        tests=[t | {"status": "failed", "message": "timeout"} for t in kept["row"]["tests"]],
+    )
     unit.write_text(json.dumps(kept))
     done = run_grade("grade", "--submissions", str(subs), "--out", str(again), *ARGS)
     assert "to grade" not in done.stderr and grades(again)["alice", "3"]["points"] == "0"
@@ -228,7 +293,9 @@ def test_students_grades_only_the_named_students_again(graded, tmp_path):
     assert done.returncode == 0, done.stderr
     graded_now = [ln.split("] ")[1].split(":")[0] for ln in done.stderr.splitlines() if ln.startswith("[")]
     assert graded_now == ["dora lab-3 cpu-1"]
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--students", "dora,nobody", *ARGS)
+    done = run_grade(
+        "grade", "--submissions", str(subs), "--out", str(again), "--students", "dora,nobody", *ARGS
+    )
     assert done.returncode == 2 and "--students names nobody: not in this class" in done.stderr
 
 
@@ -236,20 +303,39 @@ def test_students_grades_only_the_named_students_again(graded, tmp_path):
 # The other paths: Slurm, the container, progress; and the registry itself.
 # ----------------------------------------------------------------------------------------
 
+
 def make_plan(*args: str) -> str:
-    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          check=False).stdout
+    return subprocess.run(
+        ["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    ).stdout
 
 
 def test_make_slurm_grade_and_docker_grade_pass_every_ta_input():
-    plan = make_plan("slurm-grade", "SHARDS=2", "ROSTER=r.csv", "POLICY=p.toml", "OVERRIDES=o.csv",
-                     "EXTENSIONS=e.csv", "STUDENTS=a,b", "RETRY=1")
-    for flag in ("--roster r.csv", "--policy p.toml", "--overrides o.csv", "--extensions e.csv", "--students a,b",
-                 "--retry"):
+    plan = make_plan(
+        "slurm-grade",
+        "SHARDS=2",
+        "ROSTER=r.csv",
+        "POLICY=p.toml",
+        "OVERRIDES=o.csv",
+        "EXTENSIONS=e.csv",
+        "STUDENTS=a,b",
+        "RETRY=1",
+    )
+    for flag in (
+        "--roster r.csv",
+        "--policy p.toml",
+        "--overrides o.csv",
+        "--extensions e.csv",
+        "--students a,b",
+        "--retry",
+    ):
         assert flag in plan, flag
     plan = make_plan("docker-grade", "ROSTER=/tmp/r.csv", "OVERRIDES=o.csv")
     assert '-v "/tmp/r.csv:/course-inputs/roster/r.csv:ro"' in plan
-    assert "--roster /course-inputs/roster/r.csv" in plan and "--overrides /course-inputs/overrides/o.csv" in plan
+    assert (
+        "--roster /course-inputs/roster/r.csv" in plan
+        and "--overrides /course-inputs/overrides/o.csv" in plan
+    )
 
 
 def test_slurm_grade_checks_and_keeps_the_inputs_and_every_shard_reads_them(graded, tmp_path, monkeypatch):
@@ -259,8 +345,25 @@ def test_slurm_grade_checks_and_keeps_the_inputs_and_every_shard_reads_them(grad
     submitted = []
     monkeypatch.setattr(slurm, "submit", lambda request: submitted.append(request) or ("1", "2"))
     out = tmp_path / "out"
-    code = cli.main(["slurm-grade", "--submissions", str(subs), "--out", str(out), "--shards", "2", "--labs", "3",
-                     "--configs", "cpu-1", "--no-wait", "--students", "dora", *flags(paths)])
+    code = cli.main(
+        [
+            "slurm-grade",
+            "--submissions",
+            str(subs),
+            "--out",
+            str(out),
+            "--shards",
+            "2",
+            "--labs",
+            "3",
+            "--configs",
+            "cpu-1",
+            "--no-wait",
+            "--students",
+            "dora",
+            *flags(paths),
+        ]
+    )
     assert code == 0 and len(submitted) == 1
     shard = slurm.scripts(submitted[0], ROOT)["shard.sh"]
     assert f"--course {out / 'course'}" in shard and "--students dora" in shard
@@ -269,8 +372,19 @@ def test_slurm_grade_checks_and_keeps_the_inputs_and_every_shard_reads_them(grad
     assert kept["overrides"]["from"] == str(paths["overrides"])
     bad = tmp_path / "bad.csv"
     bad.write_text("student,lab,points\nnobody,3,1\n")
-    code = cli.main(["slurm-grade", "--submissions", str(subs), "--out", str(tmp_path / "o2"), "--shards", "2",
-                     "--no-wait", *flags(paths | {"overrides": bad})])
+    code = cli.main(
+        [
+            "slurm-grade",
+            "--submissions",
+            str(subs),
+            "--out",
+            str(tmp_path / "o2"),
+            "--shards",
+            "2",
+            "--no-wait",
+            *flags(paths | {"overrides": bad}),
+        ]
+    )
     assert code == 2 and len(submitted) == 1  # refused before anything was submitted
 
 
@@ -282,11 +396,14 @@ def test_slurm_grade_refuses_an_out_that_holds_a_local_run(tmp_path):
 
 def test_progress_reads_a_local_run_started_after_a_slurm_run_not_the_stale_shards(tmp_path):
     for i in (1, 2):
-        progress.record(tmp_path / "shards" / str(i), phase="grading 5 students", total=10, done=10, started=100.0)
+        progress.record(
+            tmp_path / "shards" / str(i), phase="grading 5 students", total=10, done=10, started=100.0
+        )
         (tmp_path / "shards" / str(i) / "scoreboard.json").write_text("{}")
     (tmp_path / "slurm").mkdir()
-    (tmp_path / "slurm" / "jobs.json").write_text(json.dumps({"array": "1", "merge": "2", "shards": 2,
-                                                              "submitted": 90.0}))
+    (tmp_path / "slurm" / "jobs.json").write_text(
+        json.dumps({"array": "1", "merge": "2", "shards": 2, "submitted": 90.0})
+    )
     progress.record(tmp_path, phase="grading 30 students", total=30, done=3, started=200.0)
     line = progress.summary(progress.parts(tmp_path), now=210.0)
     assert line.startswith("shards finished 0/1, units graded 3/30"), line
@@ -296,15 +413,20 @@ def test_progress_of_a_new_slurm_submission_takes_no_earlier_shard_for_finished(
     (tmp_path / "shards" / "1").mkdir(parents=True)
     (tmp_path / "shards" / "1" / "scoreboard.json").write_text("{}")  # left by the submission before
     (tmp_path / "slurm").mkdir()
-    (tmp_path / "slurm" / "jobs.json").write_text(json.dumps({"array": "1", "merge": "2", "shards": 2,
-                                                              "submitted": 300.0}))
+    (tmp_path / "slurm" / "jobs.json").write_text(
+        json.dumps({"array": "1", "merge": "2", "shards": 2, "submitted": 300.0})
+    )
     line = progress.summary(progress.parts(tmp_path), now=310.0)
     assert line.startswith("shards finished 0/1"), line
 
 
 def test_the_makefile_takes_its_input_flags_from_the_registry():
-    names = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "labkit.grading.course", "names"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    names = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "labkit.grading.course", "names"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert names == list(course.INPUTS)
     makefile = (ROOT / "Makefile").read_text()
     assert "$(shell $(PY) -m labkit.grading.course names" in makefile
@@ -313,10 +435,16 @@ def test_the_makefile_takes_its_input_flags_from_the_registry():
 
 def test_a_merge_is_the_same_whatever_order_the_parts_come_in():
     base = {"format": 1, "labs": [{"number": 3}], "configs": [{"name": "cpu-1"}], "kit": "k", "notes": ["n"]}
-    one = base | {"students": {"a": {"notes": []}}, "rows": [{"student": "a", "lab": 3, "config": "cpu-1"}],
-                  "notes": ["n", "only a's part says this"]}
-    two = base | {"students": {"b": {"notes": []}}, "rows": [{"student": "b", "lab": 3, "config": "cpu-1"}],
-                  "notes": ["only b's part says this", "n"]}
+    one = base | {
+        "students": {"a": {"notes": []}},
+        "rows": [{"student": "a", "lab": 3, "config": "cpu-1"}],
+        "notes": ["n", "only a's part says this"],
+    }
+    two = base | {
+        "students": {"b": {"notes": []}},
+        "rows": [{"student": "b", "lab": 3, "config": "cpu-1"}],
+        "notes": ["only b's part says this", "n"],
+    }
     assert merge.merge([one, two]) == merge.merge([two, one])
     assert json.dumps(merge.merge([one, two])) == json.dumps(merge.merge([two, one]))
 
@@ -324,7 +452,10 @@ def test_a_merge_is_the_same_whatever_order_the_parts_come_in():
 def test_a_kept_input_whose_copy_is_gone_is_named(tmp_path):
     folder = tmp_path / "course"
     folder.mkdir()
-    (folder / "manifest.json").write_text(json.dumps({"format": 1, "inputs": {
-        "overrides": {"file": "overrides.csv", "from": "o.csv", "sha256": "x"}}}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {"format": 1, "inputs": {"overrides": {"file": "overrides.csv", "from": "o.csv", "sha256": "x"}}}
+        )
+    )
     with pytest.raises(course.InputError, match="the kept copy of the overrides is gone"):
         course.read(folder, {})

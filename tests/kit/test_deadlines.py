@@ -58,8 +58,11 @@ def test_a_time_without_an_offset_is_refused():
 
 
 def test_the_policy_file_takes_due_dates_with_an_offset_and_the_late_policy():
-    p = policy.parse('[labs.3]\ndue = 2026-03-01T23:59:00-08:00\n[late]\nper_day = 0.1\ncap = 0.3\n',
-                     "tests/policy.toml", known_labs=[3])
+    p = policy.parse(
+        "[labs.3]\ndue = 2026-03-01T23:59:00-08:00\n[late]\nper_day = 0.1\ncap = 0.3\n",
+        "tests/policy.toml",
+        known_labs=[3],
+    )
     assert p.due == {3: DUE} and p.late == {"per_day": 0.1, "cap": 0.3}
     with pytest.raises(policy.PolicyError, match="due must be a date and time with its offset"):
         policy.parse("[labs.3]\ndue = 2026-03-01T23:59:00\n", "tests/policy.toml", known_labs=[3])
@@ -67,8 +70,13 @@ def test_the_policy_file_takes_due_dates_with_an_offset_and_the_late_policy():
 
 def test_a_late_lab_loses_its_share_of_points_and_says_so():
     res = results(bob_rows(), policy.Policy(due={3: DUE}, late=LATE))
-    res["students"]["bob"]["submissions"] = {"3": {"digest": "x", "submitted_at": "2026-03-02T12:00:00-08:00",
-                                                   "times": {"gradescope": "2026-03-02T12:00:00-08:00"}}}
+    res["students"]["bob"]["submissions"] = {
+        "3": {
+            "digest": "x",
+            "submitted_at": "2026-03-02T12:00:00-08:00",
+            "times": {"gradescope": "2026-03-02T12:00:00-08:00"},
+        }
+    }
     lab = policy.grades(res)["students"]["bob"]["labs"]["3"]
     assert (lab["points"], lab["late_days"], lab["late_penalty"]) == (1.8, 1, 0.1)
     assert "2/5" not in markdown.to_markdown(res)
@@ -84,7 +92,6 @@ def test_extensions_name_students_and_labs_of_the_class():
         deadlines.parse_extensions("student,lab,days\nbob,9,2\n", "ext.csv", {"bob"}, {3})
     with pytest.raises(deadlines.DeadlineError, match="missing column days"):
         deadlines.parse_extensions("student,lab\nbob,3\n", "ext.csv", {"bob"}, {3})
-
 
 
 # ----------------------------------------------------------------------------------------
@@ -104,8 +111,11 @@ def graded(submissions, tmp_path, late=None, people=ROSTER) -> dict:
     labs = [lab for lab in catalog.labs() if lab.number == 3]
     pol = policy.Policy(due={3: PAST_DUE}, late={"per_day": 0.1, "cap": 0.5, **(late or {})})
     handed = grade._keep_history(out, subs, sorted(subs.students), labs, lms_times, pol)
-    rows = [row(s, c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for s in subs.students
-            for c in ("cpu-1", "cpu-8")]
+    rows = [
+        row(s, c, [t("doubles", "passed", 2), t("split", "passed", 3)])
+        for s in subs.students
+        for c in ("cpu-1", "cpu-8")
+    ]
     res = results(rows, pol)
     for (student, lab), info in handed.items():
         res["students"][student].setdefault("submissions", {})[str(lab)] = info
@@ -133,20 +143,44 @@ def test_a_canvas_file_not_marked_late_is_on_time_whenever_the_kit_collected_it(
 def test_a_file_canvas_marked_late_is_charged_one_day_and_says_canvas_flagged_it(tmp_path):
     res = graded(canvas_zip(tmp_path), tmp_path)
     bob = lab3(res, "bob")
-    assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (4.5, 1, 0.1, "canvas")
+    assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (
+        4.5,
+        1,
+        0.1,
+        "canvas",
+    )
     assert "by Canvas's late flag (_LATE in the file's name)" in markdown.to_markdown(res)
-    assert "Canvas marked it late (_LATE), which carries no time: charged as 1 day late" in \
-        markdown.feedback(res, "bob")
+    assert "Canvas marked it late (_LATE), which carries no time: charged as 1 day late" in markdown.feedback(
+        res, "bob"
+    )
 
 
 def test_a_notebook_collected_through_canvas_api_is_charged_the_days_it_was_late(tmp_path):
     folder = tmp_path / "canvas-subs"
     (folder / "bob").mkdir(parents=True)
     (folder / "bob" / "lab-3.ipynb").write_text(NB)
-    (folder / "canvas_submissions.json").write_text(json.dumps({"format": 1, "source": "canvas-api", "submissions": {
-        "bob/lab-3.ipynb": {"user_id": "4412", "submitted_at": "2026-03-04T10:00:00Z", "late": True}}}))
+    (folder / "canvas_submissions.json").write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "source": "canvas-api",
+                "submissions": {
+                    "bob/lab-3.ipynb": {
+                        "user_id": "4412",
+                        "submitted_at": "2026-03-04T10:00:00Z",
+                        "late": True,
+                    }
+                },
+            }
+        )
+    )
     bob = lab3(graded(folder, tmp_path), "bob")
-    assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (3.5, 3, 0.3, "canvas"), bob
+    assert (bob["points"], bob["late_days"], bob["late_penalty"], bob["time_source"]) == (
+        3.5,
+        3,
+        0.3,
+        "canvas",
+    ), bob
 
 
 def test_canvas_flag_is_not_charged_when_the_policy_does_not_accept_it(tmp_path):
@@ -156,10 +190,14 @@ def test_canvas_flag_is_not_charged_when_the_policy_does_not_accept_it(tmp_path)
 
 
 GRADESCOPE_META = {
-    "submission_1": {":submitters": [{":sid": "4411", ":email": "alice@u.edu"}],
-                     ":created_at": "2026-03-01 20:00:00.000000000 -08:00"},
-    "submission_2": {":submitters": [{":sid": "4412", ":email": "bob@u.edu"}],
-                     ":created_at": "2026-03-03 12:00:00.000000000 -08:00"},
+    "submission_1": {
+        ":submitters": [{":sid": "4411", ":email": "alice@u.edu"}],
+        ":created_at": "2026-03-01 20:00:00.000000000 -08:00",
+    },
+    "submission_2": {
+        ":submitters": [{":sid": "4412", ":email": "bob@u.edu"}],
+        ":created_at": "2026-03-03 12:00:00.000000000 -08:00",
+    },
 }
 
 
@@ -179,8 +217,11 @@ def test_a_penalty_counts_from_gradescopes_submission_time(tmp_path, metadata):
 def test_gradescopes_autograder_metadata_in_a_students_folder_dates_its_notebook(tmp_path):
     (tmp_path / "subs" / "bob").mkdir(parents=True)
     (tmp_path / "subs" / "bob" / "lab-3.ipynb").write_text(NB)
-    (tmp_path / "subs" / "bob" / "submission_metadata.json").write_text(json.dumps(
-        {"id": 1, "created_at": "2026-03-02T12:00:00.000000-08:00", "users": [{"email": "bob@u.edu"}]}))
+    (tmp_path / "subs" / "bob" / "submission_metadata.json").write_text(
+        json.dumps(
+            {"id": 1, "created_at": "2026-03-02T12:00:00.000000-08:00", "users": [{"email": "bob@u.edu"}]}
+        )
+    )
     bob = lab3(graded(tmp_path / "subs", tmp_path, people=None), "bob")
     assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.5, 1, "gradescope")
 
@@ -201,8 +242,9 @@ def test_a_plain_folders_file_time_is_recorded_but_not_charged_by_default(tmp_pa
 
 
 def test_a_plain_folders_file_time_is_charged_when_the_policy_accepts_it(tmp_path):
-    res = graded(plain_folder(tmp_path, "2026-03-03T12:00:00-08:00"), tmp_path, late={"accept": ["mtime"]},
-                 people=None)
+    res = graded(
+        plain_folder(tmp_path, "2026-03-03T12:00:00-08:00"), tmp_path, late={"accept": ["mtime"]}, people=None
+    )
     bob = lab3(res, "bob")
     assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.0, 2, "mtime")
     assert "by the file's modification time" in markdown.to_markdown(res)
@@ -210,10 +252,16 @@ def test_a_plain_folders_file_time_is_charged_when_the_policy_accepts_it(tmp_pat
 
 def test_a_git_commit_time_dates_a_students_repository_when_the_policy_accepts_it(tmp_path):
     subs = plain_folder(tmp_path, "2026-02-01T12:00:00-08:00")  # the file's own time says on time
-    env = {**os.environ, "GIT_COMMITTER_DATE": "2026-03-02T12:00:00-08:00",
-           "GIT_AUTHOR_DATE": "2026-03-02T12:00:00-08:00"}
-    for cmd in (["init", "-q"], ["add", "lab-3.ipynb"],
-                ["-c", "user.name=Bob", "-c", "user.email=bob@u.edu", "commit", "-q", "-m", "lab 3"]):
+    env = {
+        **os.environ,
+        "GIT_COMMITTER_DATE": "2026-03-02T12:00:00-08:00",
+        "GIT_AUTHOR_DATE": "2026-03-02T12:00:00-08:00",
+    }
+    for cmd in (
+        ["init", "-q"],
+        ["add", "lab-3.ipynb"],
+        ["-c", "user.name=Bob", "-c", "user.email=bob@u.edu", "commit", "-q", "-m", "lab 3"],
+    ):
         subprocess.run(["git", "-C", str(subs / "bob"), *cmd], env=env, check=True, capture_output=True)
     bob = lab3(graded(subs, tmp_path, late={"accept": ["git", "mtime"]}, people=None), "bob")
     assert (bob["points"], bob["late_days"], bob["time_source"]) == (4.5, 1, "git")
@@ -225,7 +273,9 @@ def test_the_collection_time_is_recorded_but_never_charged(tmp_path):
     assert kept and json.loads(kept[0].read_text())[0]["collected_at"] > "2026-03"  # in OUT/history
     assert "collected" not in res["students"]["bob"]["submissions"]["3"]["times"]  # not in the results
     assert lab3(res, "bob").get("late_days") is None
-    with pytest.raises(policy.PolicyError, match="accept names 'collected', which a late penalty can never count"):
+    with pytest.raises(
+        policy.PolicyError, match="accept names 'collected', which a late penalty can never count"
+    ):
         policy.parse('[late]\naccept = ["collected"]\n', "tests/policy.toml", known_labs=[3])
     with pytest.raises(policy.PolicyError, match="unknown time source 'email'"):
         policy.parse('[late]\naccept = ["email"]\n', "tests/policy.toml", known_labs=[3])
@@ -233,5 +283,7 @@ def test_the_collection_time_is_recorded_but_never_charged(tmp_path):
 
 def test_grades_csv_names_each_labs_time_source(tmp_path):
     table = list(csv.DictReader(io.StringIO(scoreboard.grades_csv(graded(canvas_zip(tmp_path), tmp_path)))))
-    assert {(r["student"], r["lab"], r["time_source"]) for r in table if r["lab"] == "3"} == \
-        {("alice", "3", "canvas"), ("bob", "3", "canvas")}
+    assert {(r["student"], r["lab"], r["time_source"]) for r in table if r["lab"] == "3"} == {
+        ("alice", "3", "canvas"),
+        ("bob", "3", "canvas"),
+    }

@@ -36,10 +36,18 @@ for i in range(3):
 
 def test_a_notebook_that_fills_the_disk_is_stopped_named_and_leaves_no_file_while_grading_goes_on(tmp_path):
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
-    runs = [RunSpec("filler", filler, CONFIGS["cpu-1"], tmp_path / "filler"),
-            RunSpec("honest", LAB.reference, CONFIGS["cpu-1"], tmp_path / "honest")]
-    judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=2, timeout=150,
-                      limits=SMALL_DISK)
+    runs = [
+        RunSpec("filler", filler, CONFIGS["cpu-1"], tmp_path / "filler"),
+        RunSpec("honest", LAB.reference, CONFIGS["cpu-1"], tmp_path / "honest"),
+    ]
+    judgement = judge(
+        LAB.test_dirs(hidden=True),
+        runs,
+        hidden_dirs=[LAB.hidden_tests],
+        jobs=2,
+        timeout=150,
+        limits=SMALL_DISK,
+    )
 
     record = judgement.records["filler"]
     assert record.status == "error"
@@ -82,11 +90,15 @@ def test_each_process_of_a_multi_process_run_is_held_to_the_allowance_and_the_ru
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
     record = execute.run_notebook(filler, config, [], tmp_path / "run", limits=SMALL_DISK)
     assert record.status == "error"
-    assert "stopped early" in record.message and "wrote more than 64 MiB to disk" in record.message, record.message
+    assert "stopped early" in record.message and "wrote more than 64 MiB to disk" in record.message, (
+        record.message
+    )
     assert not list((tmp_path / "run").glob("process-*/scratch"))
 
 
-def test_a_multi_process_run_stopped_for_the_disk_says_so_though_a_peer_is_seen_to_die_first(tmp_path, monkeypatch):
+def test_a_multi_process_run_stopped_for_the_disk_says_so_though_a_peer_is_seen_to_die_first(
+    tmp_path, monkeypatch
+):
     # the process stopped for the disk is 0; its peer, which loses it, aborts (signal 6) and its end is seen first
     stopped = "the notebook wrote more than 64 MiB to disk, so the run was stopped"
 
@@ -103,13 +115,16 @@ def test_a_multi_process_run_stopped_for_the_disk_says_so_though_a_peer_is_seen_
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
     record = execute.run_notebook(filler, CONFIGS["cpu-2x4"], [], tmp_path / "run", limits=SMALL_DISK)
     assert record.status == "error"
-    assert record.message == f"process 0 of 2 stopped early, so the others were ended too: {stopped}", record.message
+    assert record.message == f"process 0 of 2 stopped early, so the others were ended too: {stopped}", (
+        record.message
+    )
 
 
 def test_the_scratch_folder_is_kept_when_asked_even_after_the_disk_stopped_the_run(tmp_path):
     filler = with_cell(FILL, tmp_path / "filler.ipynb")
-    record = execute.run_notebook(filler, CONFIGS["cpu-1"], [], tmp_path / "run", limits=SMALL_DISK,
-                                  keep_scratch=True)
+    record = execute.run_notebook(
+        filler, CONFIGS["cpu-1"], [], tmp_path / "run", limits=SMALL_DISK, keep_scratch=True
+    )
     assert "wrote more than 64 MiB to disk" in record.message, record.message
     assert (tmp_path / "run" / "scratch" / "filler-0").is_file()  # to look at, as the TA asked
 
@@ -157,14 +172,24 @@ def test_no_single_file_is_larger_than_the_disk_allowance(tmp_path):
 
 def test_a_bwrap_caps_a_tmpfs_from_version_0_10_on():
     assert [bwrap.sizes_tmpfs(f"bubblewrap {v}") for v in ("0.6.1", "0.9.0", "0.10.0", "0.11.0", "1.0")] == [
-        False, False, True, True, True]
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
     assert not bwrap.sizes_tmpfs("")
 
 
 @pytest.mark.skipif(modes.isolation()[0] != modes.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox here")
 def test_the_isolation_command_says_whether_tmp_is_capped():
-    done = subprocess.run([sys.executable, "-m", "labkit", "isolation"], text=True, capture_output=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "isolation"],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     capped = bwrap.sizes_tmpfs(modes.finding().version)
     assert ("/tmp and /dev/shm: tmpfs of the run's --disk each" in done.stdout) == capped, done.stdout
     assert ("/tmp and /dev/shm: tmpfs without a size" in done.stdout) == (not capped), done.stdout
@@ -178,4 +203,6 @@ def test_the_disk_allowance_is_a_flag_of_lab_and_grade_with_a_default():
     for command in (["lab", "3"], ["grade"]):
         args = cli.parser().parse_args([*command, "--disk", "512M"])
         assert allowance.limits_from_args(args).disk == 512 * allowance.MiB
-        assert allowance.limits_from_args(cli.parser().parse_args(command)).disk == allowance.DEFAULT_LIMITS.disk
+        assert (
+            allowance.limits_from_args(cli.parser().parse_args(command)).disk == allowance.DEFAULT_LIMITS.disk
+        )

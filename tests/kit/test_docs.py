@@ -21,8 +21,15 @@ README = ROOT / "README.md"
 @pytest.fixture(scope="module")
 def site() -> Path:
     """The site as the README's `make docs` builds it, into build/site."""
-    done = subprocess.run(["bash", "-c", doc_commands.typed("make docs")], cwd=ROOT,
-                          env=doc_commands.user_environment(), capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        ["bash", "-c", doc_commands.typed("make docs")],
+        cwd=ROOT,
+        env=doc_commands.user_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return ROOT / "build" / "site"
 
@@ -35,7 +42,9 @@ def test_the_site_has_every_guide_the_benchmarks_and_every_lab_in_reading_order(
         assert (site / "course" / lab.student.name.replace(".ipynb", ".html")).is_file(), lab.name
     config = json.loads((ROOT / "build" / "docs-src" / "mkdocs.yml").read_text())
     course = next(item["The course"] for item in config["nav"] if "The course" in item)
-    labs = [int(re.search(r"lab-(\d+)", p).group(1)) for entry in course for p in entry.values() if "lab-" in p]
+    labs = [
+        int(re.search(r"lab-(\d+)", p).group(1)) for entry in course for p in entry.values() if "lab-" in p
+    ]
     assert labs == [lab.number for lab in catalog.reading_order()]
 
 
@@ -45,8 +54,13 @@ def test_the_course_pages_carry_the_student_notebooks_and_no_solution(site):
         assert "BEGIN SOLUTION" not in page and "END SOLUTION" not in page
         reference = json.loads(lab.reference.read_text())["cells"]
         student = "".join("".join(c["source"]) for c in json.loads(lab.student.read_text())["cells"])
-        solutions = [line.strip() for c in reference if c["cell_type"] == "code" for line in "".join(c["source"]).splitlines()
-                     if len(line.strip()) > 30 and line.strip() not in student]
+        solutions = [
+            line.strip()
+            for c in reference
+            if c["cell_type"] == "code"
+            for line in "".join(c["source"]).splitlines()
+            if len(line.strip()) > 30 and line.strip() not in student
+        ]
         found = [line for line in solutions if line.replace('"', "&quot;") in page or line in page]
         assert found == [], (lab.name, found[:3])
 
@@ -55,15 +69,17 @@ def test_the_site_reads_offline_it_loads_nothing_from_another_host(site):
     external = re.compile(r'<(?:script|link|img|iframe)[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"')
     for page in site.rglob("*.html"):
         assert not external.findall(page.read_text()), page
-    assert (site / "vendor" / "iframe-worker-1.0.4-shim.js").is_file(), "search's shim is carried, not fetched"
+    assert (site / "vendor" / "iframe-worker-1.0.4-shim.js").is_file(), (
+        "search's shim is carried, not fetched"
+    )
 
 
 def test_the_pictures_are_drawn_by_the_kit_and_shown(site):
     for name in ("sharding.svg", "pipeline.svg", "layers.svg", "architecture.svg"):
         assert (site / "img" / name).read_text().startswith("<svg")
-    assert 'img/sharding.svg' in (site / "course.html").read_text()
-    assert 'img/layers.svg' in (site / "sandbox.html").read_text()
-    assert 'img/architecture.svg' in (site / "architecture.html").read_text()
+    assert "img/sharding.svg" in (site / "course.html").read_text()
+    assert "img/layers.svg" in (site / "sandbox.html").read_text()
+    assert "img/architecture.svg" in (site / "architecture.html").read_text()
 
 
 def test_the_architecture_page_names_every_module_of_the_kit_and_none_that_is_not_there():
@@ -84,14 +100,20 @@ def test_the_architecture_picture_puts_only_the_students_kernel_beyond_the_trust
         for name in re.findall(r"[a-z_/]+\.py", modules):
             assert (ROOT / "labkit" / name).is_file(), name
     svg = pictures.architecture_svg()
-    assert svg.startswith("<svg") and all(stage.replace("'", "&#x27;") in svg for stage, _, _ in pictures.STAGES)
+    assert svg.startswith("<svg") and all(
+        stage.replace("'", "&#x27;") in svg for stage, _, _ in pictures.STAGES
+    )
 
 
 def test_the_sharding_picture_is_what_jax_says():
     layouts = pictures.sharding_layouts()
     both, rows, cols = layouts
-    assert len(both) == 8 and all(len(devices) == 1 for _, devices in both)  # P('rows', 'cols'): one block each
-    assert len(rows) == 2 and all(len(devices) == 4 for _, devices in rows)  # P('rows', None): copied along 'cols'
+    assert len(both) == 8 and all(
+        len(devices) == 1 for _, devices in both
+    )  # P('rows', 'cols'): one block each
+    assert len(rows) == 2 and all(
+        len(devices) == 4 for _, devices in rows
+    )  # P('rows', None): copied along 'cols'
     assert len(cols) == 4 and all(len(devices) == 2 for _, devices in cols)
     assert sorted(d for _, devices in both for d in devices) == list(range(8))
 
@@ -108,11 +130,13 @@ def test_a_broken_link_fails_the_build(tmp_path):
     for name in ("docs", "labs"):
         shutil.copytree(ROOT / name, kit / name)
     shutil.copy2(ROOT / "BENCHMARKS.md", kit / "BENCHMARKS.md")
-    (kit / "docs" / "student.md").write_text((kit / "docs" / "student.md").read_text()
-                                             + "\nSee [the missing page](nowhere.md).\n")
+    (kit / "docs" / "student.md").write_text(
+        (kit / "docs" / "student.md").read_text() + "\nSee [the missing page](nowhere.md).\n"
+    )
     assert docsite.build(tmp_path / "site", tmp_path / "src", kit) != 0
-    (kit / "docs" / "student.md").write_text((ROOT / "docs" / "student.md").read_text()
-                                             + "\nSee [a missing anchor](grading.md#no-such-heading).\n")
+    (kit / "docs" / "student.md").write_text(
+        (ROOT / "docs" / "student.md").read_text() + "\nSee [a missing anchor](grading.md#no-such-heading).\n"
+    )
     assert docsite.build(tmp_path / "site", tmp_path / "src", kit) != 0
 
 

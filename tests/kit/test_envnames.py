@@ -18,14 +18,20 @@ NOT_YET = {"labkit/notebook.py", "labkit/judge/tpucompile.py"}
 
 def literals(path) -> list[tuple[int, str]]:
     """(line, name) for each string constant in `path` that is exactly a LABKIT_* name."""
-    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value)]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value)
+    ]
 
 
 def test_no_module_spells_a_labkit_variable_but_envnames():
-    found = [f"{path.relative_to(ROOT)}:{line}: {name!r}" for path in sorted(KIT.rglob("*.py"))
-             if path != KIT / "envnames.py" and str(path.relative_to(ROOT)) not in NOT_YET
-             for line, name in literals(path)]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name!r}"
+        for path in sorted(KIT.rglob("*.py"))
+        if path != KIT / "envnames.py" and str(path.relative_to(ROOT)) not in NOT_YET
+        for line, name in literals(path)
+    ]
     assert not found, "spell these through labkit/envnames.py (envnames.X):\n" + "\n".join(found)
 
 

@@ -73,17 +73,23 @@ def test_a_flood_of_prints_keeps_the_start_and_marks_the_cut(tmp_path, calls):
 
 def test_one_output_larger_than_the_kit_accepts_ends_the_run_with_a_clear_message(tmp_path, calls):
     size = kernel.largest_message(SMALL) + (8 << 20)
-    huge = with_cell(f"from IPython.display import display\ndisplay({{'text/plain': 'y' * {size}}}, raw=True)",
-                     tmp_path / "huge.ipynb")
+    huge = with_cell(
+        f"from IPython.display import display\ndisplay({{'text/plain': 'y' * {size}}}, raw=True)",
+        tmp_path / "huge.ipynb",
+    )
     record = execute.run_notebook(huge, CONFIGS["cpu-1"], calls, tmp_path / "run", limits=SMALL)
     assert record.status == "error"
     assert "a single output larger than 64 MiB is refused" in record.message, record.message
     assert (tmp_path / "run" / "executed.ipynb").stat().st_size < SMALL.output
 
 
-def test_an_output_above_the_allowance_but_within_what_is_accepted_is_dropped_and_the_run_goes_on(tmp_path, calls):
-    big = with_cell("from IPython.display import display\ndisplay({'text/plain': 'y' * (8 << 20)}, raw=True)",
-                    tmp_path / "big.ipynb")
+def test_an_output_above_the_allowance_but_within_what_is_accepted_is_dropped_and_the_run_goes_on(
+    tmp_path, calls
+):
+    big = with_cell(
+        "from IPython.display import display\ndisplay({'text/plain': 'y' * (8 << 20)}, raw=True)",
+        tmp_path / "big.ipynb",
+    )
     record = execute.run_notebook(big, CONFIGS["cpu-1"], calls, tmp_path / "run", limits=SMALL)
     assert record.status == "ok", record.message
     assert "output cut here" in outputs_of(tmp_path / "run")
@@ -93,28 +99,45 @@ def test_an_output_above_the_allowance_but_within_what_is_accepted_is_dropped_an
 @pytest.mark.skipif(modes.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
 def test_the_kernel_runs_in_the_sandbox_and_papermill_does_not(tmp_path, calls):
     # The process tree a cell can see: the kernel and what the sandbox put around it, never papermill.
-    probe = with_cell("import pathlib\n"
-                      "seen = sorted({p.read_text().replace(chr(0), ' ') for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')})\n"
-                      "pathlib.Path('seen.json').write_text(__import__('json').dumps(seen))", tmp_path / "probe.ipynb")
+    probe = with_cell(
+        "import pathlib\n"
+        "seen = sorted({p.read_text().replace(chr(0), ' ') for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')})\n"
+        "pathlib.Path('seen.json').write_text(__import__('json').dumps(seen))",
+        tmp_path / "probe.ipynb",
+    )
     record = execute.run_notebook(probe, CONFIGS["cpu-1"], calls, tmp_path / "run", keep_scratch=True)
     assert record.status == "ok", record.message
     seen = json.loads((tmp_path / "run" / "scratch" / "seen.json").read_text())
     assert any("ipykernel_launcher" in c for c in seen), seen
-    others = [c for c in seen if c.strip() and not c.startswith(("bwrap ", "/usr/bin/bwrap "))
-              and "ipykernel_launcher" not in c]
+    others = [
+        c
+        for c in seen
+        if c.strip() and not c.startswith(("bwrap ", "/usr/bin/bwrap ")) and "ipykernel_launcher" not in c
+    ]
     assert others == [], others  # nothing else: no papermill, no grading process, no test runner
 
 
 def test_the_errors_of_an_executed_notebook_are_read_as_data_that_may_be_anything():
     """Papermill's copy and a pod's notebook are read by one function, which takes nothing on trust."""
-    raised = {"cell_type": "code", "metadata": {"labkit_cell": 2, "papermill": {"start_time": "t"}},
-              "source": ["y = 1 / 0\n", "z = 2"], "outputs": [{"output_type": "error", "ename": "ZeroDivisionError",
-                                                             "evalue": "division by zero\nmore"}]}
-    odd = [{"cell_type": "code", "metadata": {"labkit_cell": True}, "outputs": [{"output_type": "error"}]},
-           {"cell_type": "code", "metadata": "no", "outputs": 5}, "not a cell", {"cell_type": "code"},
-           {"cell_type": "code", "metadata": {"labkit_cell": 3}, "source": [1, 2], "outputs": [7, None]}]
+    raised = {
+        "cell_type": "code",
+        "metadata": {"labkit_cell": 2, "papermill": {"start_time": "t"}},
+        "source": ["y = 1 / 0\n", "z = 2"],
+        "outputs": [
+            {"output_type": "error", "ename": "ZeroDivisionError", "evalue": "division by zero\nmore"}
+        ],
+    }
+    odd = [
+        {"cell_type": "code", "metadata": {"labkit_cell": True}, "outputs": [{"output_type": "error"}]},
+        {"cell_type": "code", "metadata": "no", "outputs": 5},
+        "not a cell",
+        {"cell_type": "code"},
+        {"cell_type": "code", "metadata": {"labkit_cell": 3}, "source": [1, 2], "outputs": [7, None]},
+    ]
     errors, last = execute.cell_errors_of({"cells": [*odd, raised]})
-    assert errors == [{"cell": 2, "type": "ZeroDivisionError", "message": "division by zero", "code": "y = 1 / 0"}]
+    assert errors == [
+        {"cell": 2, "type": "ZeroDivisionError", "message": "division by zero", "code": "y = 1 / 0"}
+    ]
     assert last == 2
     assert execute.cell_errors_of([1, 2]) == ([], None)
     assert execute.cell_errors_of({"cells": [raised] * 500})[0] == errors * 100

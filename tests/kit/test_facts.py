@@ -11,7 +11,7 @@ import pytest
 from labkit import facts
 from labkit.judge import plaindata
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -99,14 +99,15 @@ SCRIPT = textwrap.dedent('''
     out["set_mesh_is_back"] = jax.set_mesh.__module__.startswith("jax")
     out["device_put_is_back"] = jax.device_put.__module__.startswith("jax")
     sys.stdout.write("FACTS " + json.dumps(out))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
 def gathered():
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr
     printed, _, data = done.stdout.partition("FACTS ")
     return {"printed": printed, **json.loads(data)}
@@ -178,7 +179,11 @@ def test_memory_and_flops_are_per_device_numbers(gathered):
 
 def test_a_function_jax_jit_cannot_trace_has_no_facts_and_says_why(gathered):
     got = plaindata.decode_compiled(gathered["untraceable"])
-    assert isinstance(got, plaindata.Unavailable) and "could not trace" in got.why and "Concretization" in got.why
+    assert (
+        isinstance(got, plaindata.Unavailable)
+        and "could not trace" in got.why
+        and "Concretization" in got.why
+    )
 
 
 def test_what_the_function_prints_while_traced_again_is_dropped(gathered):
@@ -196,6 +201,7 @@ def test_the_functions_replaced_while_tracing_are_put_back(gathered):
 
 # -- reading the HLO text ------------------------------------------------------------------
 
+
 def test_replica_groups_in_every_form_of_the_hlo_text():
     assert facts.parse_groups("{{0,1},{2,3}}", 4) == [[0, 1], [2, 3]]
     assert facts.parse_groups("{}", 4) == [[0, 1, 2, 3]]
@@ -210,10 +216,14 @@ def test_replica_groups_named_by_mesh_axes_join_the_devices_that_differ_only_alo
 
 
 def test_a_collective_over_one_axis_of_a_grid_is_not_read_as_over_every_device():
-    hlo = ("%rs = f32[2,12]{1,0} reduce-scatter(%f), channel_id=1, replica_groups=mesh['data'=2,'model'=4] "
-           "{'model'}, use_global_device_ids=true, dimensions={0}, to_apply=%region_0.0")
+    hlo = (
+        "%rs = f32[2,12]{1,0} reduce-scatter(%f), channel_id=1, replica_groups=mesh['data'=2,'model'=4] "
+        "{'model'}, use_global_device_ids=true, dimensions={0}, to_apply=%region_0.0"
+    )
     found = facts.collectives_in(hlo, 8)
-    assert found == [{"op": "reduce-scatter", "shape": "f32[2,12]{1,0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}]
+    assert found == [
+        {"op": "reduce-scatter", "shape": "f32[2,12]{1,0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+    ]
 
 
 def test_replica_groups_in_a_form_not_known_are_refused_rather_than_read_as_every_device():
@@ -222,13 +232,13 @@ def test_replica_groups_in_a_form_not_known_are_refused_rather_than_read_as_ever
 
 
 def test_collectives_of_an_hlo_module_with_async_pairs_and_permutes():
-    hlo = textwrap.dedent('''
+    hlo = textwrap.dedent("""
         %ars = f32[8]{0} all-reduce-start(f32[8]{0} %p), channel_id=1, replica_groups=[2,4]<=[8], to_apply=%add
         %ard = f32[8]{0} all-reduce-done(f32[8]{0} %ars)
         %cp = f32[2]{0} collective-permute(f32[2]{0} %q), channel_id=2, source_target_pairs={{0,1},{1,0}}
         %rs = f32[1]{0} reduce-scatter(f32[8]{0} %r), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
         %add.1 = f32[] add(f32[] %a, f32[] %b)
-    ''')
+    """)
     found = facts.collectives_in(hlo, 8)
     assert [c["op"] for c in found] == ["all-reduce", "collective-permute", "reduce-scatter"]
     assert found[0]["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -237,7 +247,7 @@ def test_collectives_of_an_hlo_module_with_async_pairs_and_permutes():
 
 
 def test_the_loops_of_a_module_multiply_the_collectives_of_their_bodies_nested_or_not():
-    hlo = textwrap.dedent('''
+    hlo = textwrap.dedent("""
         %inner_body (p: f32[2]) -> f32[2] {
           %ar = f32[2]{0} all-reduce(f32[2]{0} %p), channel_id=1, replica_groups={}, to_apply=%add
         }
@@ -249,17 +259,22 @@ def test_the_loops_of_a_module_multiply_the_collectives_of_their_bodies_nested_o
           %w.1 = (f32[2]) while(%x), condition=%c.1, body=%outer_body, backend_config={"known_trip_count":{"n":"3"}}
           %ag = f32[4]{0} all-gather(f32[2]{0} %x), channel_id=3, replica_groups={{0,1}}, dimensions={0}
         }
-    ''')
+    """)
     ops = [c["op"] for c in facts.collectives_in(hlo, 2)]
-    assert ops.count("collective-permute") == 3 and ops.count("all-reduce") == 12 and ops.count("all-gather") == 1
+    assert (
+        ops.count("collective-permute") == 3
+        and ops.count("all-reduce") == 12
+        and ops.count("all-gather") == 1
+    )
     uncounted = hlo.replace(',backend_config={"known_trip_count":{"n":"4"}}', "").replace(
-        ', backend_config={"known_trip_count":{"n":"4"}}', "")
+        ', backend_config={"known_trip_count":{"n":"4"}}', ""
+    )
     with pytest.raises(ValueError, match="cannot count"):
         facts.collectives_in(uncounted, 2)
 
 
 def test_the_products_of_a_loops_body_are_counted_again_for_each_further_step():
-    hlo = textwrap.dedent('''
+    hlo = textwrap.dedent("""
         %body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
           %d = f32[4,8]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
           %a = f32[4,16]{1,0} parameter(0)
@@ -267,24 +282,37 @@ def test_the_products_of_a_loops_body_are_counted_again_for_each_further_step():
         ENTRY %main (x: f32[4,16]) -> f32[4,8] {
           %w = (s32[], f32[4,8]) while(%t), condition=%c, body=%body, backend_config={"known_trip_count":{"n":"5"}}
         }
-    ''')
+    """)
     assert facts.hlo.loop_flops(hlo) == 4 * 2 * (4 * 8) * 16
     with pytest.raises(ValueError, match="cannot count"):
         facts.hlo.loop_flops(hlo.replace(', backend_config={"known_trip_count":{"n":"5"}}', ""))
 
 
 def test_facts_a_backend_does_not_give_decode_as_unavailable_with_the_reason():
-    got = plaindata.decode_compiled({"devices": 2, "collectives": [], "memory": {"unavailable": "no stats here"},
-                                     "flops": 12.0, "inputs": [], "outputs": []})
+    got = plaindata.decode_compiled(
+        {
+            "devices": 2,
+            "collectives": [],
+            "memory": {"unavailable": "no stats here"},
+            "flops": 12.0,
+            "inputs": [],
+            "outputs": [],
+        }
+    )
     assert got.memory == plaindata.Unavailable("no stats here") and got.flops == 12.0
     assert plaindata.decode_compiled(None) == plaindata.Unavailable(
-        "no facts of the compiled program came back for this call")
+        "no facts of the compiled program came back for this call"
+    )
 
 
 def test_an_explicit_sharded_result_is_read_without_indexing_it(gathered):
     got = plaindata.decode(gathered["explicit_value"])
     assert got.value.tolist() == [[2 * (2 * i), 2 * (2 * i + 1)] for i in range(8)]
-    assert got.sharding.spec == ("data", None) and got.sharding.num_devices == 8 and len(got.sharding.shards) == 8
+    assert (
+        got.sharding.spec == ("data", None)
+        and got.sharding.num_devices == 8
+        and len(got.sharding.shards) == 8
+    )
 
 
 def test_arrays_made_from_host_data_are_inputs_placed_as_they_were_made(gathered):
@@ -292,7 +320,9 @@ def test_arrays_made_from_host_data_are_inputs_placed_as_they_were_made(gathered
     # on several; as inputs, the step's program is the one that ran.
     got = plaindata.decode_compiled(gathered["loaded"])
     assert [(p.path, p.bytes, p.device_bytes, p.replicated) for p in got.inputs] == [
-        ("made[0]", 1024, 128, False), ("made[1]", 16, 16, True)]
+        ("made[0]", 1024, 128, False),
+        ("made[1]", 16, 16, True),
+    ]
     assert [(c.op, c.groups) for c in got.collectives] == [("all-reduce", (tuple(range(8)),))]
     assert gathered["makers_are_back"]
 

@@ -14,8 +14,11 @@ def row(student, config, tests, status="ok"):
 
 
 def results(rows, configs=(("cpu-1", 1), ("cpu-8", 8))):
-    return {"labs": [{"number": 3, "name": "lab-3"}],
-            "configs": [{"name": n, "devices": d} for n, d in configs], "rows": list(rows)}
+    return {
+        "labs": [{"number": 3, "name": "lab-3"}],
+        "configs": [{"name": n, "devices": d} for n, d in configs],
+        "rows": list(rows),
+    }
 
 
 def cell(found, test, config):
@@ -58,17 +61,27 @@ def test_a_test_failed_on_several_devices_and_passed_on_one_names_who():
 def test_a_configuration_where_nothing_was_judged_has_no_rate():
     rows = [row("ann", "cpu-1", [outcome("doubles", "passed")]), row("ann", "cpu-8", [], "skipped")]
     found = failrates.rates(results(rows))
-    assert cell(found, "doubles", "cpu-8") == {"config": "cpu-8", "judged": 0, "failed": 0, "rate": None,
-                                               "several_only": []}
+    assert cell(found, "doubles", "cpu-8") == {
+        "config": "cpu-8",
+        "judged": 0,
+        "failed": 0,
+        "rate": None,
+        "several_only": [],
+    }
 
 
 def test_tests_come_in_the_order_they_ran_then_those_no_row_has_by_name():
-    res = results([row("ann", "cpu-1", [outcome("extra", "passed"), outcome("doubles", "failed")])],
-                  configs=(("cpu-1", 1),))
+    res = results(
+        [row("ann", "cpu-1", [outcome("extra", "passed"), outcome("doubles", "failed")])],
+        configs=(("cpu-1", 1),),
+    )
     res["labs"][0]["tests"] = {"test_is_split": {"hidden": True}, "test_doubles": {"hidden": False}}
     tests = failrates.rates(res)[0]["tests"]
-    assert [(t["test"], t["hidden"]) for t in tests] == [("test_extra", False), ("test_doubles", False),
-                                                        ("test_is_split", True)]
+    assert [(t["test"], t["hidden"]) for t in tests] == [
+        ("test_extra", False),
+        ("test_doubles", False),
+        ("test_is_split", True),
+    ]
 
 
 def test_the_drawn_bars_are_as_long_as_the_rate_and_mark_the_several_device_rows():
@@ -87,7 +100,10 @@ def test_tests_are_drawn_in_the_order_they_ran_whatever_order_the_results_were_r
     # A lab's tests as a grading run records them, and as JSON with sorted keys gives them back.
     ran = results(CLASS)
     ran["labs"][0]["tests"] = {"test_is_split": {"hidden": False}, "test_doubles": {"hidden": False}}
-    read_back = {**ran, "labs": [{**ran["labs"][0], "tests": dict(sorted(ran["labs"][0]["tests"].items()))}],
-                 "rows": list(reversed(ran["rows"]))}
+    read_back = {
+        **ran,
+        "labs": [{**ran["labs"][0], "tests": dict(sorted(ran["labs"][0]["tests"].items()))}],
+        "rows": list(reversed(ran["rows"])),
+    }
     for found in (failrates.rates(ran), failrates.rates(read_back)):
         assert [t["test"] for t in found[0]["tests"]] == ["test_doubles", "test_is_split"]

@@ -42,8 +42,12 @@ while time.process_time() < {WORK}:
 print("done", flush=True)
 time.sleep(30)
 """
-TIMEOUT = 12.0  # the neighbour's: a fair half of a core, even beside other work on the machine, needs far less
-FAIR = 1 / 3  # the neighbour's least part of the CPU time both runs got (an even share: 1/2; none: about 1/25)
+TIMEOUT = (
+    12.0  # the neighbour's: a fair half of a core, even beside other work on the machine, needs far less
+)
+FAIR = (
+    1 / 3
+)  # the neighbour's least part of the CPU time both runs got (an even share: 1/2; none: about 1/25)
 TICKS = os.sysconf("SC_CLK_TCK")
 LIMITS = Limits(processes=200)
 
@@ -64,7 +68,9 @@ def _launch(folder: Path, code: str, limits: Limits) -> tuple[sandbox.Sandboxed,
     """The run of `code`, and the file its output goes to (open until the run has ended)."""
     log = folder / "log"
     out = open(log, "wb")  # noqa: SIM115 - closed by the run's end (`_end`)
-    run = sandbox.launch([sys.executable, "-c", code], folder / "work", {"PATH": os.environ["PATH"]}, limits, log=out)
+    run = sandbox.launch(
+        [sys.executable, "-c", code], folder / "work", {"PATH": os.environ["PATH"]}, limits, log=out
+    )
     run.log_file = out
     return run, log
 
@@ -112,8 +118,11 @@ def _fair(tmp_path: Path, limits: Limits, mechanism: str) -> None:
     assert mechanisms == [mechanism, mechanism]
 
 
-AUTOGROUPS = pytest.mark.skipif(not cgroup.autogroups(), reason="the kernel's autogroups do not hold for the kit "
-                                "here (off, or the kit is in a cpu cgroup below the root)")
+AUTOGROUPS = pytest.mark.skipif(
+    not cgroup.autogroups(),
+    reason="the kernel's autogroups do not hold for the kit "
+    "here (off, or the kit is in a cpu cgroup below the root)",
+)
 
 
 def _as_the_kit_runs_here() -> str:
@@ -123,7 +132,9 @@ def _as_the_kit_runs_here() -> str:
     return cgroup.share_of(groups, sessions.available())
 
 
-@pytest.mark.skipif(_as_the_kit_runs_here() == cgroup.NO_SHARE, reason="runs get no CPU share of their own here")
+@pytest.mark.skipif(
+    _as_the_kit_runs_here() == cgroup.NO_SHARE, reason="runs get no CPU share of their own here"
+)
 def test_a_neighbour_keeps_its_share_beside_a_hog_as_the_kit_runs_here(tmp_path):
     _fair(tmp_path, LIMITS, _as_the_kit_runs_here())
 
@@ -145,17 +156,21 @@ def test_without_cgroups_or_a_sandbox_a_neighbour_keeps_its_share_as_one_autogro
 @pytest.mark.parametrize("isolation", [modes.AUTO, modes.LIMITS_ONLY])
 def test_a_run_may_not_start_a_session_of_its_own(tmp_path, monkeypatch, isolation):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")
-    code = ("import os, subprocess\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError as e:\n"
-            "        print('setsid:', e.strerror, flush=True)\n    os.setpgid(0, 0)\n"
-            "    print('own group:', os.getpgid(0) == os.getpid(), flush=True)\n    os._exit(0)\nos.wait()\n"
-            "try:\n    subprocess.run(['true'], start_new_session=True)\nexcept OSError as e:\n"
-            "    print('new session:', e.strerror)\n")
+    code = (
+        "import os, subprocess\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError as e:\n"
+        "        print('setsid:', e.strerror, flush=True)\n    os.setpgid(0, 0)\n"
+        "    print('own group:', os.getpgid(0) == os.getpid(), flush=True)\n    os._exit(0)\nos.wait()\n"
+        "try:\n    subprocess.run(['true'], start_new_session=True)\nexcept OSError as e:\n"
+        "    print('new session:', e.strerror)\n"
+    )
     run, log = _launch(tmp_path, code, Limits(isolation=isolation))
     run.wait(60)
     _end(run)
     said = log.read_text()
     assert "setsid: Operation not permitted" in said and "new session: Operation not permitted" in said, said
-    assert "own group: True" in said, said  # process groups (job control, jupyter's signals) are still allowed
+    assert "own group: True" in said, (
+        said
+    )  # process groups (job control, jupyter's signals) are still allowed
 
 
 def _machine(tmp_path: Path, cgroup: str, mounts: list[str], enabled: str = "1") -> dict:
@@ -186,15 +201,18 @@ def test_under_cgroup_v2_autogroups_hold_only_where_the_root_hands_the_cpu_contr
     mount = f"30 23 0:27 / {hierarchy} rw,relatime - cgroup2 cgroup2 rw"
     (hierarchy / "cgroup.subtree_control").write_text("memory pids\n")
     assert sessions.in_effect(**_machine(tmp_path, "0::/user.slice/session-1.scope\n", [mount]))
-    (hierarchy / "cgroup.subtree_control").write_text("cpu memory pids\n")  # systemd's usual: each slice a group
+    (hierarchy / "cgroup.subtree_control").write_text(
+        "cpu memory pids\n"
+    )  # systemd's usual: each slice a group
     assert not sessions.in_effect(**_machine(tmp_path, "0::/user.slice/session-1.scope\n", [mount]))
 
 
 def test_the_filter_refuses_setsid_by_its_number_on_each_architecture_it_knows():
     for machine, number in (("x86_64", 112), ("aarch64", 157)):
         code = sessions.program(machine)
-        assert len(code) % 8 == 0 and number in [int.from_bytes(code[i + 4:i + 8], sys.byteorder)
-                                                 for i in range(0, len(code), 8)]
+        assert len(code) % 8 == 0 and number in [
+            int.from_bytes(code[i + 4 : i + 8], sys.byteorder) for i in range(0, len(code), 8)
+        ]
     assert sessions.program("s390x") is None  # then no run is said to have an autogroup of its own
 
 

@@ -34,24 +34,32 @@ REFERENCE = ROOT / "reference" / "lab-3.ipynb"
 TIMEOUT = "120"  # seconds per notebook: generous, the machine may be busy (a timeout has its own test)
 ARGS = ("--labs", "3", "--configs", "cpu-1,cpu-8", "--jobs", "2", "--timeout", TIMEOUT)
 EVIL = "<img src=x onerror=alert(1)>"
-ONE_DEVICE_MESH = ('Mesh(np.array(jax.devices()), ("data",))\n    double',
-                   'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double')
+ONE_DEVICE_MESH = (
+    'Mesh(np.array(jax.devices()), ("data",))\n    double',
+    'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double',
+)
 
 
 def run_grade(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="160", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "labkit", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Notebooks for the class, made from the reference.
 # ----------------------------------------------------------------------------------------
 
+
 def reference_nb() -> dict:
     return json.loads(REFERENCE.read_text())
-
-
 
 
 def code_cell(source: str) -> dict:
@@ -63,11 +71,24 @@ def exercise_index(nb: dict) -> int:
 
 
 def as_nbformat_3(nb: dict) -> dict:
-    cells = [{"cell_type": "code", "input": "".join(c["source"]), "language": "python", "outputs": [],
-              "metadata": {}} if c["cell_type"] == "code" else
-             {"cell_type": "markdown", "source": "".join(c["source"]), "metadata": {}} for c in nb["cells"]]
-    return {"nbformat": 3, "nbformat_minor": 0, "metadata": {"name": "lab-3"},
-            "worksheets": [{"cells": cells, "metadata": {}}]}
+    cells = [
+        {
+            "cell_type": "code",
+            "input": "".join(c["source"]),
+            "language": "python",
+            "outputs": [],
+            "metadata": {},
+        }
+        if c["cell_type"] == "code"
+        else {"cell_type": "markdown", "source": "".join(c["source"]), "metadata": {}}
+        for c in nb["cells"]
+    ]
+    return {
+        "nbformat": 3,
+        "nbformat_minor": 0,
+        "metadata": {"name": "lab-3"},
+        "worksheets": [{"cells": cells, "metadata": {}}],
+    }
 
 
 def write(path: Path, nb: dict | str | bytes) -> None:
@@ -92,8 +113,9 @@ def make_class(folder: Path) -> Path:
     write(subs / "gina" / "lab-3.ipynb", as_nbformat_3(reference_nb()))
     (subs / "hank" / "lab-3.ipynb").mkdir(parents=True)
     big = reference_nb()
-    big["cells"][1]["outputs"] = [{"output_type": "display_data", "metadata": {},
-                                   "data": {"text/plain": "x" * 30_000_000}}]
+    big["cells"][1]["outputs"] = [
+        {"output_type": "display_data", "metadata": {}, "data": {"text/plain": "x" * 30_000_000}}
+    ]
     write(subs / "ivan" / "lab-3.ipynb", big)
     nb = reference_nb()
     del nb["cells"][exercise_index(nb)]
@@ -111,7 +133,21 @@ def make_class(folder: Path) -> Path:
     return subs
 
 
-STUDENTS = ["alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan", "judy", EVIL, "kate", "liam"]
+STUDENTS = [
+    "alice",
+    "bob",
+    "carol",
+    "dave",
+    "erin",
+    "frank",
+    "gina",
+    "hank",
+    "ivan",
+    "judy",
+    EVIL,
+    "kate",
+    "liam",
+]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +164,9 @@ def graded(tmp_path_factory):
 def same_kit(graded) -> None:
     """Tests that reuse the class's graded units need the kit's code unchanged since (a change regrades all)."""
     if store.kit_digest() != graded[3]:
-        pytest.skip("the kit's grading code changed since the class was graded, so every unit is graded again")
+        pytest.skip(
+            "the kit's grading code changed since the class was graded, so every unit is graded again"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -158,11 +196,14 @@ def copy_cache(src: Path, dst: Path) -> Path:
 # The scoreboard's rows: the interface of the issue.
 # ----------------------------------------------------------------------------------------
 
+
 def test_the_run_completes_with_exit_status_0_whatever_the_students_scored(graded):
     assert graded[2].returncode == 0, graded[2].stdout + graded[2].stderr
 
 
-def test_the_csv_starts_with_the_fixed_columns_and_has_one_row_per_student_lab_and_configuration(graded, rows):
+def test_the_csv_starts_with_the_fixed_columns_and_has_one_row_per_student_lab_and_configuration(
+    graded, rows
+):
     header = (graded[1] / "scoreboard.csv").read_text().splitlines()[0]
     assert header.startswith("student,lab,config,passed,total,status")
     assert set(rows) == {(s, c) for s in STUDENTS for c in ("cpu-1", "cpu-8")}
@@ -184,7 +225,9 @@ def test_a_one_device_mesh_passes_on_cpu_1_and_fails_on_cpu_8(rows):
 
 def test_an_unmodified_student_notebook_fails_as_not_implemented(rows):
     assert rows["carol", "cpu-1"]["status"] == "failed"
-    assert rows["carol", "cpu-1"]["passed"] == "0" and "not implemented yet" in rows["carol", "cpu-1"]["message"]
+    assert (
+        rows["carol", "cpu-1"]["passed"] == "0" and "not implemented yet" in rows["carol", "cpu-1"]["message"]
+    )
 
 
 def test_a_student_folder_without_notebooks_is_missing_with_a_message(rows, results):
@@ -243,9 +286,12 @@ def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
     nb = reference_nb()
     nb["cells"].insert(1, code_cell("import time\nwhile True:\n    time.sleep(1)"))
     write(tmp_path / "lab-3.ipynb", nb)
-    grader = engine.Grader(tmp_path / "out", [catalog.lab(3)], configs.parse("cpu-1"), jobs=1, timeout=10,
-                          stream=io.StringIO())
-    [row] = grader.run([collect.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], store.Store(tmp_path / "out"), "t")
+    grader = engine.Grader(
+        tmp_path / "out", [catalog.lab(3)], configs.parse("cpu-1"), jobs=1, timeout=10, stream=io.StringIO()
+    )
+    [row] = grader.run(
+        [collect.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], store.Store(tmp_path / "out"), "t"
+    )
     assert row["status"] == "timeout" and row["passed"] == 0
     assert "did not finish within 10 s" in row["message"]
 
@@ -253,15 +299,20 @@ def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
 def test_a_notebook_that_is_a_symbolic_link_is_refused_and_its_row_says_why(rows, results):
     for config in ("cpu-1", "cpu-8"):
         assert rows[("kate", config)]["status"] == "error"
-        assert rows[("kate", config)]["message"].startswith("refused: symlink: lab-3.ipynb is a symbolic link")
+        assert rows[("kate", config)]["message"].startswith(
+            "refused: symlink: lab-3.ipynb is a symbolic link"
+        )
         assert rows[("kate", config)]["passed"] == "0"
     assert row_of(results, "kate", "cpu-1")["tests"] == []  # nothing of it ran
 
 
 def test_a_student_folder_that_is_a_symbolic_link_is_refused_and_never_listed(rows, graded):
     assert rows[("liam", "cpu-1")]["message"].startswith("refused: symlink: the student folder")
-    everything = "".join(p.read_text(errors="replace") for p in graded[1].rglob("*")
-                         if p.is_file() and p.suffix in (".csv", ".json", ".md", ".html"))
+    everything = "".join(
+        p.read_text(errors="replace")
+        for p in graded[1].rglob("*")
+        if p.is_file() and p.suffix in (".csv", ".json", ".md", ".html")
+    )
     assert "passwd" not in everything and "shadow" not in everything  # /etc's listing appears nowhere
 
 
@@ -284,7 +335,9 @@ def test_the_summary_names_the_multi_device_bug_most_often_hit(graded):
 def test_feedback_gives_public_messages_and_hidden_tests_by_name_and_outcome_only(graded, results):
     text = (graded[1] / "feedback" / "bob.md").read_text()
     assert "all 8 devices" in text  # the public test's message
-    hidden = next(t for t in row_of(results, "bob", "cpu-8")["tests"] if t["hidden"] and t["status"] == "failed")
+    hidden = next(
+        t for t in row_of(results, "bob", "cpu-8")["tests"] if t["hidden"] and t["status"] == "failed"
+    )
     assert hidden["test"].removeprefix("test_").replace("_", " ") in text
     assert hidden["message"] and hidden["message"] not in text
     assert "Each device should double its own block" not in text
@@ -304,8 +357,9 @@ def test_markup_from_a_submission_is_escaped_in_the_html(graded):
 def test_the_reference_is_graded_first(graded):
     err = graded[2].stderr
     assert err.index("reference") < err.index("alice")
-    assert sorted(p.name for p in (graded[1] / "reference" / "units" / "reference" / "lab-3").glob("*.json")) == [
-        "cpu-1.json", "cpu-1.run.json", "cpu-8.json", "cpu-8.run.json"]
+    assert sorted(
+        p.name for p in (graded[1] / "reference" / "units" / "reference" / "lab-3").glob("*.json")
+    ) == ["cpu-1.json", "cpu-1.run.json", "cpu-8.json", "cpu-8.run.json"]
 
 
 def test_progress_is_plain_lines_with_an_eta_when_output_is_not_a_terminal(graded):
@@ -317,6 +371,7 @@ def test_progress_is_plain_lines_with_an_eta_when_output_is_not_a_terminal(grade
 # ----------------------------------------------------------------------------------------
 # Grading again: unchanged, changed, sharded, stopped half way.
 # ----------------------------------------------------------------------------------------
+
 
 def test_regrading_an_unchanged_class_grades_nothing_and_writes_the_same_scoreboard(graded, tmp_path):
     same_kit(graded)
@@ -340,7 +395,10 @@ def test_a_changed_submission_is_the_only_one_graded_again(graded, tmp_path):
     again = copy_cache(out, tmp_path / "again")
     done = run_grade("grade", "--submissions", str(mine), "--out", str(again), *ARGS)
     graded_now = [ln for ln in done.stderr.splitlines() if ln.startswith("[")]
-    assert [ln.split(":")[0].split("] ")[1] for ln in graded_now] == ["alice lab-3 cpu-1", "alice lab-3 cpu-8"]
+    assert [ln.split(":")[0].split("] ")[1] for ln in graded_now] == [
+        "alice lab-3 cpu-1",
+        "alice lab-3 cpu-8",
+    ]
 
 
 def test_shards_partition_the_class_and_merge_into_the_single_runs_scoreboard(graded, tmp_path):
@@ -375,11 +433,30 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
     out = tmp_path / "out"
     shutil.copytree(graded[1] / "reference", out / "reference")  # the reference is graded already
     kit = store.kit_digest()
-    args = ("grade", "--submissions", str(subs), "--out", str(out), "--labs", "3", "--configs", "cpu-1",
-            "--jobs", "1", "--timeout", TIMEOUT)
+    args = (
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(out),
+        "--labs",
+        "3",
+        "--configs",
+        "cpu-1",
+        "--jobs",
+        "1",
+        "--timeout",
+        TIMEOUT,
+    )
     env = dict(os.environ, NO_COLOR="1")
-    proc = subprocess.Popen([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labkit", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 300
     while not list((out / "units").glob("*/lab-3/cpu-1.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -394,17 +471,23 @@ def test_a_run_stopped_half_way_keeps_what_it_graded_and_the_next_grades_only_th
     done = run_grade(*args)
     assert done.returncode == 0, done.stderr
     assert f"{len(kept)} of 3 unchanged since the last run" in done.stderr
-    assert {p.parts[-3]: p.stat().st_mtime_ns for p in (out / "units").glob("*/lab-3/cpu-1.json")
-            if p.parts[-3] in kept} == kept
+    assert {
+        p.parts[-3]: p.stat().st_mtime_ns
+        for p in (out / "units").glob("*/lab-3/cpu-1.json")
+        if p.parts[-3] in kept
+    } == kept
     with open(out / "scoreboard.csv", newline="") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["ok", "ok", "ok"]
 
 
 def test_a_stop_that_comes_while_the_scoreboard_is_written_leaves_it_whole_and_ends_as_a_stop(
-        graded, tmp_path, monkeypatch):
+    graded, tmp_path, monkeypatch
+):
     same_kit(graded)
     out = tmp_path / "out"
-    shutil.copytree(graded[1], out, ignore=shutil.ignore_patterns(".warm"))  # every unit graded: straight to the scoreboard
+    shutil.copytree(
+        graded[1], out, ignore=shutil.ignore_patterns(".warm")
+    )  # every unit graded: straight to the scoreboard
     (out / "scoreboard.csv").unlink()
     written = grade.scoreboard.write
 
@@ -434,6 +517,7 @@ def test_a_stop_that_comes_while_the_scoreboard_is_written_leaves_it_whole_and_e
 # When the kit itself cannot grade.
 # ----------------------------------------------------------------------------------------
 
+
 def test_a_reference_failing_its_own_tests_stops_the_run_and_names_the_test(tmp_path):
     root = tmp_path / "kit"
     for part in ("tests/public/lab_3", "tests/hidden/lab_3"):
@@ -441,24 +525,49 @@ def test_a_reference_failing_its_own_tests_stops_the_run_and_names_the_test(tmp_
     write(root / "reference" / "lab-3.ipynb", with_code(reference_nb(), ("block * 2.0", "block * 3.0")))
     write(tmp_path / "submissions" / "alice" / "lab-3.ipynb", reference_nb())
     env = dict(os.environ, LABKIT_ROOT=str(root), NO_COLOR="1")
-    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(tmp_path / "submissions"),
-                           "--out", str(tmp_path / "out"), "--configs", "cpu-1", "--timeout", TIMEOUT],
-                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(tmp_path / "submissions"),
+            "--out",
+            str(tmp_path / "out"),
+            "--configs",
+            "cpu-1",
+            "--timeout",
+            TIMEOUT,
+        ],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 1
     assert "reference/lab-3.ipynb on cpu-1: test_doubles_every_element" in done.stderr
     assert not (tmp_path / "out" / "scoreboard.csv").exists()
     assert not (tmp_path / "out" / "units").exists()  # no student was graded
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--labs", "99"), "no lab '99'"),
-    (("--configs", "gpu-8"), "gpu-8"),
-    (("--shard", "3/2"), "--shard"),
-    (("--jobs", "0"), "--jobs"),
-], ids=["unknown lab", "unknown configuration", "bad shard", "no jobs"])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--labs", "99"), "no lab '99'"),
+        (("--configs", "gpu-8"), "gpu-8"),
+        (("--shard", "3/2"), "--shard"),
+        (("--jobs", "0"), "--jobs"),
+    ],
+    ids=["unknown lab", "unknown configuration", "bad shard", "no jobs"],
+)
 def test_bad_arguments_exit_2_before_grading_anything(tmp_path, args, says):
     (tmp_path / "submissions").mkdir()
-    done = run_grade("grade", "--submissions", str(tmp_path / "submissions"), "--out", str(tmp_path / "out"), *args)
+    done = run_grade(
+        "grade", "--submissions", str(tmp_path / "submissions"), "--out", str(tmp_path / "out"), *args
+    )
     assert done.returncode == 2 and says in done.stderr
     assert not (tmp_path / "out").exists()
 
@@ -471,6 +580,7 @@ def test_a_submissions_folder_that_does_not_exist_exits_2(tmp_path):
 # ----------------------------------------------------------------------------------------
 # Pieces, without running notebooks.
 # ----------------------------------------------------------------------------------------
+
 
 def test_a_shard_is_fixed_by_the_student_id_alone():
     ids = [f"student{i:03d}" for i in range(200)]
@@ -539,7 +649,9 @@ def test_the_limits_are_flags_of_grade_and_part_of_each_units_key(tmp_path):
     lab = catalog.lab(3)
     config = [configs.CONFIGS["cpu-1"]]
     unit = collect.Unit("alice", 3, "cpu-1", lab.reference)
-    small = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60, limits=allowance.Limits(memory=1 << 30))
+    small = engine.Grader(
+        tmp_path, [lab], config, jobs=1, timeout=60, limits=allowance.Limits(memory=1 << 30)
+    )
     default = engine.Grader(tmp_path, [lab], config, jobs=1, timeout=60)
     assert small.key(unit) != default.key(unit), "a regrade with other limits grades again"
     help_text = run_grade("grade", "--help").stdout
@@ -550,8 +662,10 @@ def test_the_limits_are_flags_of_grade_and_part_of_each_units_key(tmp_path):
 # Points, the roster, LMS downloads and exports, on the class graded above (nothing graded again).
 # ----------------------------------------------------------------------------------------
 
-ROSTER = "student,name,email,lms_id,section\nalice,Alice L,alice@u.edu,4411,A\nbob,Bob M,bob@u.edu,4412,A\n" \
-         "zoe,Zoe Z,zoe@u.edu,4419,B\n"
+ROSTER = (
+    "student,name,email,lms_id,section\nalice,Alice L,alice@u.edu,4411,A\nbob,Bob M,bob@u.edu,4412,A\n"
+    "zoe,Zoe Z,zoe@u.edu,4419,B\n"
+)
 
 
 def test_each_unit_has_its_points_and_the_labs_points_possible(rows):
@@ -564,8 +678,11 @@ def test_grades_combine_the_configurations_by_the_courses_policy(graded):
     with open(graded[1] / "grades.csv", newline="") as f:
         totals = {r["student"]: r for r in csv.DictReader(f) if r["lab"] == "total"}
     assert (totals["alice"]["points"], totals["alice"]["max_points"]) == ("6", "6")
-    bob_one_device = next(r for r in csv.DictReader(io.StringIO((graded[1] / "scoreboard.csv").read_text()))
-                          if r["student"] == "bob" and r["config"] == "cpu-8")
+    bob_one_device = next(
+        r
+        for r in csv.DictReader(io.StringIO((graded[1] / "scoreboard.csv").read_text()))
+        if r["student"] == "bob" and r["config"] == "cpu-8"
+    )
     assert totals["bob"]["points"] == bob_one_device["points"]  # passing on cpu-1 alone earns nothing more
     assert "every configuration graded (cpu-1, cpu-8)" in totals["bob"]["rule"]
     assert "tests/policy.toml" in totals["bob"]["rule"]
@@ -575,8 +692,9 @@ def test_the_scoreboard_names_the_digest_it_graded_and_history_keeps_those_bytes
     subs, out = graded[:2]
     digest = row_of(results, "alice", "cpu-1")["digest"]
     assert digest == history.digest(subs / "alice" / "lab-3.ipynb")
-    assert (out / "history" / "alice" / "lab-3" / f"{digest}.ipynb").read_bytes() == \
-        (subs / "alice" / "lab-3.ipynb").read_bytes()
+    assert (out / "history" / "alice" / "lab-3" / f"{digest}.ipynb").read_bytes() == (
+        subs / "alice" / "lab-3.ipynb"
+    ).read_bytes()
     kept = json.loads((out / "history" / "alice" / "lab-3" / "history.json").read_text())
     assert [e["digest"] for e in kept] == [digest] and kept[0]["collected_at"]
 
@@ -586,15 +704,25 @@ def test_with_a_roster_every_student_on_it_has_rows_and_folders_not_on_it_are_re
     subs, out = graded[:2]
     again = copy_cache(out, tmp_path / "again")
     (tmp_path / "roster.csv").write_text(ROSTER)
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--roster", str(tmp_path / "roster.csv"),
-                     *ARGS)
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(again),
+        "--roster",
+        str(tmp_path / "roster.csv"),
+        *ARGS,
+    )
     assert done.returncode == 0, done.stderr
     assert "to grade" not in done.stderr
     mine = json.loads((again / "scoreboard.json").read_text())
     assert sorted(mine["students"]) == ["alice", "bob", "zoe"]
     zoe = [r for r in mine["rows"] if r["student"] == "zoe"]
-    assert [(r["config"], r["status"], r["points"], r["max_points"]) for r in zoe] == \
-        [("cpu-1", "missing", 0, 6), ("cpu-8", "missing", 0, 6)]
+    assert [(r["config"], r["status"], r["points"], r["max_points"]) for r in zoe] == [
+        ("cpu-1", "missing", 0, 6),
+        ("cpu-8", "missing", 0, 6),
+    ]
     assert any(n.startswith("carol: a submission folder not on the roster") for n in mine["notes"])
     assert mine["students"]["alice"]["lms_id"] == "4411"
 
@@ -612,8 +740,16 @@ def test_a_canvas_download_is_graded_through_the_roster_and_exported_for_canvas(
         z.writestr("la_4411_900_lab-3-1.ipynb", (subs / "alice" / "lab-3.ipynb").read_bytes())  # resubmitted
         z.writestr("mb_LATE_4412_901_Lab3.ipynb", (subs / "bob" / "lab-3.ipynb").read_bytes())
         z.writestr("xx_5555_902_lab-3.ipynb", b"{}")
-    done = run_grade("grade", "--submissions", str(download), "--out", str(again), "--roster",
-                     str(tmp_path / "roster.csv"), *ARGS)
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(download),
+        "--out",
+        str(again),
+        "--roster",
+        str(tmp_path / "roster.csv"),
+        *ARGS,
+    )
     assert done.returncode == 0, done.stderr
     assert "to grade" not in done.stderr  # the same bytes as the class's alice and bob: graded already
     assert "xx_5555_902_lab-3.ipynb: not graded, Canvas user id 5555 is on no roster line" in done.stderr
@@ -628,21 +764,44 @@ def test_a_canvas_download_is_graded_through_the_roster_and_exported_for_canvas(
     table = list(csv.reader(io.StringIO(export.read_text())))
     assert table[0][:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
     assert ["Alice L", "4411", "alice", "alice@u.edu", "A", "6"] in table
-    assert ["Zoe Z", "4419", "zoe", "zoe@u.edu", "B", ""] in table  # not handed in: blank, Canvas keeps its grade
+    assert [
+        "Zoe Z",
+        "4419",
+        "zoe",
+        "zoe@u.edu",
+        "B",
+        "",
+    ] in table  # not handed in: blank, Canvas keeps its grade
 
 
-@pytest.mark.parametrize("file, text, says", [
-    ("roster.csv", "student\nalice\nalice\n", "roster.csv, line 3: the student id 'alice' is already on line 2"),
-    ("roster.csv", "name\nAlice\n", "roster.csv, line 1: the header has no `student` column"),
-    ("policy.toml", '[grading]\nrequired = ["cpu-99"]\n', "unknown configuration 'cpu-99'"),
-    ("policy.toml", "[labs.3]\nweight = -2\n", "[labs.3] weight must not be negative"),
-], ids=["duplicate id", "no student column", "unknown configuration", "negative weight"])
+@pytest.mark.parametrize(
+    "file, text, says",
+    [
+        (
+            "roster.csv",
+            "student\nalice\nalice\n",
+            "roster.csv, line 3: the student id 'alice' is already on line 2",
+        ),
+        ("roster.csv", "name\nAlice\n", "roster.csv, line 1: the header has no `student` column"),
+        ("policy.toml", '[grading]\nrequired = ["cpu-99"]\n', "unknown configuration 'cpu-99'"),
+        ("policy.toml", "[labs.3]\nweight = -2\n", "[labs.3] weight must not be negative"),
+    ],
+    ids=["duplicate id", "no student column", "unknown configuration", "negative weight"],
+)
 def test_a_bad_roster_or_policy_exits_2_before_grading_anything(tmp_path, file, text, says):
     (tmp_path / "submissions").mkdir()
     (tmp_path / file).write_text(text)
     flag = "--roster" if file == "roster.csv" else "--policy"
-    done = run_grade("grade", "--submissions", str(tmp_path / "submissions"), "--out", str(tmp_path / "out"),
-                     flag, str(tmp_path / file), *ARGS)
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(tmp_path / "submissions"),
+        "--out",
+        str(tmp_path / "out"),
+        flag,
+        str(tmp_path / file),
+        *ARGS,
+    )
     assert done.returncode == 2 and says in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
 
@@ -653,8 +812,16 @@ def test_a_zip_with_a_path_leaving_its_folder_exits_2_and_writes_nothing(tmp_pat
     (tmp_path / "roster.csv").write_text(ROSTER)
     with zipfile.ZipFile(tmp_path / "evil.zip", "w") as z:
         z.writestr("../../la_4411_900_lab-3.ipynb", "{}")
-    done = run_grade("grade", "--submissions", str(tmp_path / "evil.zip"), "--out", str(tmp_path / "out"),
-                     "--roster", str(tmp_path / "roster.csv"), *ARGS)
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(tmp_path / "evil.zip"),
+        "--out",
+        str(tmp_path / "out"),
+        "--roster",
+        str(tmp_path / "roster.csv"),
+        *ARGS,
+    )
     assert done.returncode == 2 and "path traversal" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["evil.zip", "roster.csv"]
 
@@ -663,11 +830,21 @@ def test_overrides_are_applied_after_grading_and_marked_and_a_bad_line_is_refuse
     same_kit(graded)
     subs, out = graded[:2]
     again = copy_cache(out, tmp_path / "again")
-    (tmp_path / "overrides.csv").write_text("student,lab,points,test,status,comment\n"
-                                            "bob,3,,result_is_split_across_every_device,passed,accepted\n"
-                                            "carol,3,2.5,,,partial credit by hand\n")
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--overrides",
-                     str(tmp_path / "overrides.csv"), *ARGS)
+    (tmp_path / "overrides.csv").write_text(
+        "student,lab,points,test,status,comment\n"
+        "bob,3,,result_is_split_across_every_device,passed,accepted\n"
+        "carol,3,2.5,,,partial credit by hand\n"
+    )
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(again),
+        "--overrides",
+        str(tmp_path / "overrides.csv"),
+        *ARGS,
+    )
     assert done.returncode == 0, done.stderr
     assert "to grade" not in done.stderr  # overrides regrade nothing
     with open(again / "grades.csv", newline="") as f:
@@ -675,6 +852,14 @@ def test_overrides_are_applied_after_grading_and_marked_and_a_bad_line_is_refuse
     assert (labs["carol"]["points"], labs["carol"]["overridden"]) == ("2.5", "partial credit by hand")
     assert labs["bob"]["overridden"] == "accepted"
     (tmp_path / "bad.csv").write_text("student,lab,points\nalice,3,1\nnobody,3,1\n")
-    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--overrides", str(tmp_path / "bad.csv"),
-                     *ARGS)
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(again),
+        "--overrides",
+        str(tmp_path / "bad.csv"),
+        *ARGS,
+    )
     assert done.returncode == 2 and "bad.csv, line 3: no student 'nobody' in this class" in done.stderr

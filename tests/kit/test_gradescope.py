@@ -24,18 +24,34 @@ from labkit.grading import gradescope, policy
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"
-ONE_DEVICE_MESH = ('Mesh(np.array(jax.devices()), ("data",))\n    double',
-                   'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double')
+ONE_DEVICE_MESH = (
+    'Mesh(np.array(jax.devices()), ("data",))\n    double',
+    'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double',
+)
 
 
 def o(test, config, status, message="", hidden=False, points=1):
-    return {"test": f"test_{test}", "exercise": "f", "run": config, "config": config, "status": status,
-            "message": message, "hidden": hidden, "file": "t.py", "points": points}
+    return {
+        "test": f"test_{test}",
+        "exercise": "f",
+        "run": config,
+        "config": config,
+        "status": status,
+        "message": message,
+        "hidden": hidden,
+        "file": "t.py",
+        "points": points,
+    }
 
 
-OUTCOMES = [o("doubles", "cpu-1", "passed", points=2), o("doubles", "cpu-8", "passed", points=2),
-            o("split", "cpu-1", "passed"), o("split", "cpu-8", "failed", "lives on 1 of 8 devices"),
-            o("block", "cpu-1", "passed", hidden=True), o("block", "cpu-8", "failed", "SECRET", hidden=True)]
+OUTCOMES = [
+    o("doubles", "cpu-1", "passed", points=2),
+    o("doubles", "cpu-8", "passed", points=2),
+    o("split", "cpu-1", "passed"),
+    o("split", "cpu-8", "failed", "lives on 1 of 8 devices"),
+    o("block", "cpu-1", "passed", hidden=True),
+    o("block", "cpu-8", "failed", "SECRET", hidden=True),
+]
 
 
 @pytest.fixture
@@ -48,8 +64,11 @@ def case(results, name):
 
 
 def test_each_test_is_a_case_worth_its_points(results):
-    assert [(t["name"], t["max_score"]) for t in results["tests"]] == [("doubles", 2), ("split", 1),
-                                                                        ("block (hidden)", 1)]
+    assert [(t["name"], t["max_score"]) for t in results["tests"]] == [
+        ("doubles", 2),
+        ("split", 1),
+        ("block (hidden)", 1),
+    ]
 
 
 def test_a_case_scores_by_the_policy_rule_over_the_configurations(results):
@@ -102,6 +121,7 @@ def test_a_submission_is_found_by_its_name_or_as_the_only_notebook(tmp_path):
 # The zip, and one run of it laid out as on Gradescope.
 # ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     return gradescope.build(3, tmp_path_factory.mktemp("gs") / "lab-3.zip")
@@ -111,8 +131,15 @@ def test_the_zip_has_setup_run_autograder_the_kit_and_the_hidden_tests_but_no_so
     with zipfile.ZipFile(built) as z:
         names = z.namelist()
         modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
-    assert {"setup.sh", "run_autograder", "pyproject.toml", "uv.lock", "labkit/grading/grade.py", "tests/policy.toml",
-            "labs/lab-3.ipynb"} <= set(names)
+    assert {
+        "setup.sh",
+        "run_autograder",
+        "pyproject.toml",
+        "uv.lock",
+        "labkit/grading/grade.py",
+        "tests/policy.toml",
+        "labs/lab-3.ipynb",
+    } <= set(names)
     assert any(n.startswith("tests/hidden/lab_3/") for n in names)
     assert any(n.startswith("tests/public/lab_3/") for n in names)
     assert not any(n.startswith("reference/") or "lab_4" in n for n in names)
@@ -120,11 +147,14 @@ def test_the_zip_has_setup_run_autograder_the_kit_and_the_hidden_tests_but_no_so
 
 
 def test_setup_sh_installs_the_uv_the_makefile_pins(built):
-    pinned = next(line.split(":=")[1].strip() for line in (ROOT / "Makefile").read_text().splitlines()
-                  if line.startswith("UV_VERSION :="))
+    pinned = next(
+        line.split(":=")[1].strip()
+        for line in (ROOT / "Makefile").read_text().splitlines()
+        if line.startswith("UV_VERSION :=")
+    )
     with zipfile.ZipFile(built) as z:
         setup = z.read("setup.sh").decode()
-    assert f"pip\" install -q uv=={pinned}\n" in setup, setup
+    assert f'pip" install -q uv=={pinned}\n' in setup, setup
 
 
 def test_the_same_kit_builds_the_same_zip(built, tmp_path):
@@ -134,15 +164,24 @@ def test_the_same_kit_builds_the_same_zip(built, tmp_path):
 def test_make_gradescope_writes_the_zip_under_build_gradescope():
     target = ROOT / "build" / "gradescope" / "lab-3.zip"
     target.unlink(missing_ok=True)
-    done = subprocess.run(["bash", "-c", doc_commands.typed("make gradescope LAB=3")], cwd=ROOT,
-                          env=doc_commands.user_environment(), capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        ["bash", "-c", doc_commands.typed("make gradescope LAB=3")],
+        cwd=ROOT,
+        env=doc_commands.user_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     with zipfile.ZipFile(target) as z:
         assert "run_autograder" in z.namelist()
 
 
 def test_make_gradescope_without_a_lab_says_how():
-    done = subprocess.run(["make", "-s", "gradescope"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        ["make", "-s", "gradescope"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode != 0 and "make gradescope LAB=N" in done.stderr
 
 
@@ -178,8 +217,15 @@ def autograder(built, tmp_path_factory) -> Path:
     """An autograder set up by its own setup.sh, as Gradescope does once (the kit's environment from the lock;
     Python 3.11 or newer is on this machine, so uv installs none)."""
     root = unpacked(built, tmp_path_factory.mktemp("gradescope") / "autograder")
-    done = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source",
-                          env=user_environment(root), capture_output=True, text=True, timeout=1800, check=False)
+    done = subprocess.run(
+        ["bash", str(root / "source" / "setup.sh")],
+        cwd=root / "source",
+        env=user_environment(root),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return root
 
@@ -190,8 +236,15 @@ def run_as_gradescope(root: Path) -> subprocess.CompletedProcess:
     script = root / "run_autograder"
     script.write_bytes((root / "source" / "run_autograder").read_bytes())
     script.chmod(0o755)
-    return subprocess.run([str(script)], cwd=root, env=user_environment(root), capture_output=True, text=True,
-                          timeout=900, check=False)
+    return subprocess.run(
+        [str(script)],
+        cwd=root,
+        env=user_environment(root),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 def test_setup_sh_makes_the_environment_in_source(autograder):
@@ -204,12 +257,18 @@ def test_setup_sh_compiles_the_environment_so_no_run_compiles_jax_from_its_sourc
     # runs past their time limit (the case outputs then read "cpu-8: error" or a timeout, not "cpu-8: failed").
     (jax,) = (autograder / "source" / ".venv" / "lib").glob("python3.*/site-packages/jax")
     compiled = {p.name.split(".")[0] for p in (jax / "__pycache__").glob("*.pyc")}
-    assert {"__init__", "numpy"} <= compiled | {p.name for p in jax.iterdir() if (p / "__pycache__").is_dir()}, \
-        "setup.sh left JAX without bytecode"
+    assert {"__init__", "numpy"} <= compiled | {
+        p.name for p in jax.iterdir() if (p / "__pycache__").is_dir()
+    }, "setup.sh left JAX without bytecode"
 
 
 def _python(at_least: tuple[int, int], below: tuple[int, int] = (4, 0)) -> str | None:
-    for p in (shutil.which("python3.13"), shutil.which("python3.12"), shutil.which("python3.11"), sys.executable):
+    for p in (
+        shutil.which("python3.13"),
+        shutil.which("python3.12"),
+        shutil.which("python3.11"),
+        sys.executable,
+    ):
         check = f"import sys; sys.exit(not {at_least} <= sys.version_info[:2] < {below})"
         if p and subprocess.run([p, "-c", check], capture_output=True, check=False).returncode == 0:
             return p
@@ -229,16 +288,23 @@ def _choose_python(built, tmp_path, python3: str, uv_installs: str | None) -> tu
     stub.write_text(f"""#!/bin/sh
 echo "$*" >> {calls}
 case "$1 $2" in
-  "python install") {'exit 0' if uv_installs else 'echo "error: no network" >&2; exit 1'} ;;
-  "python find") echo {uv_installs or '/nowhere'} ;;
+  "python install") {"exit 0" if uv_installs else 'echo "error: no network" >&2; exit 1'} ;;
+  "python find") echo {uv_installs or "/nowhere"} ;;
 esac
 """)
     stub.chmod(0o755)
     script = (root / "source" / "setup.sh").read_text()
-    choice = script[script.index('# The course'):script.index('"$UV" sync')]
+    choice = script[script.index("# The course") : script.index('"$UV" sync')]
     env = user_environment(root) | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-euc", f'UV={stub}\n' + choice + 'echo "chosen=$PY"'], cwd=root / "source",
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        ["bash", "-euc", f"UV={stub}\n" + choice + 'echo "chosen=$PY"'],
+        cwd=root / "source",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, calls.read_text().splitlines() if calls.exists() else []
 
@@ -282,8 +348,9 @@ def test_run_autograder_copied_to_the_root_grades_on_one_device_and_on_eight(aut
     assert len(cases) == 6 and sum(t["max_score"] for t in cases.values()) == 6, results["output"]
     assert any(t["visibility"] == "after_published" for t in cases.values())
     failed = [t for t in cases.values() if t["status"] == "failed" and t["visibility"] == "visible"]
-    assert failed and all("cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed), \
-        results["output"] + "\n" + "\n".join(f"{t['name']}: {t['output']}" for t in failed)
+    assert failed and all(
+        "cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed
+    ), results["output"] + "\n" + "\n".join(f"{t['name']}: {t['output']}" for t in failed)
     assert 0 < results["score"] < 6
     assert "Graded on cpu-1, cpu-8" in results["output"]
 
@@ -318,8 +385,15 @@ def test_where_no_sandbox_can_be_made_nothing_is_graded_and_the_results_say_why(
     (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
     env = user_environment(autograder) | {"LABKIT_BWRAP": str(tmp_path / "no-bwrap")}
     (autograder / "results" / "results.json").unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, "-m", "labkit", "gradescope-run", "3", "--root", str(autograder)],
-                          cwd=autograder / "source", env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "gradescope-run", "3", "--root", str(autograder)],
+        cwd=autograder / "source",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     results = json.loads((autograder / "results" / "results.json").read_text())
     gradescope.validate(results)
     assert results["score"] == 0 and results["tests"] == [], done.stdout + done.stderr
@@ -334,17 +408,21 @@ def test_an_autograder_built_limits_only_by_name_says_so_in_its_results(tmp_path
         gradescope.build(3, tmp_path / "other.zip", isolation="none")
 
 
-NO_PERMISSIONS = ("bwrap: No permissions to create new namespace, likely because the kernel does not allow "
-                  "non-privileged user namespaces.")  # what bwrap says in a container without user namespaces
+NO_PERMISSIONS = (
+    "bwrap: No permissions to create new namespace, likely because the kernel does not allow "
+    "non-privileged user namespaces."
+)  # what bwrap says in a container without user namespaces
 
 
 def refusing_bwrap(folder: Path) -> Path:
     """A bwrap that starts and is then refused its namespaces, as in Gradescope's container (LABKIT_BWRAP)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "bwrap"
-    path.write_text("#!/bin/sh\n"
-                    'if [ "$1" = --version ]; then echo "bubblewrap 0.11.0"; exit 0; fi\n'
-                    f"printf '%s\\n' {json.dumps(NO_PERMISSIONS)} >&2\nexit 1\n")
+    path.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "bubblewrap 0.11.0"; exit 0; fi\n'
+        f"printf '%s\\n' {json.dumps(NO_PERMISSIONS)} >&2\nexit 1\n"
+    )
     path.chmod(0o755)
     return path
 
@@ -355,8 +433,15 @@ def run_with(root: Path, script: bytes, **env) -> dict:
     copied = root / "run_autograder"
     copied.write_bytes(script)
     copied.chmod(0o755)
-    done = subprocess.run([str(copied)], cwd=root, env=user_environment(root) | env, capture_output=True, text=True,
-                          timeout=900, check=False)
+    done = subprocess.run(
+        [str(copied)],
+        cwd=root,
+        env=user_environment(root) | env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((root / "results" / "results.json").read_text())
     gradescope.validate(results)
@@ -367,15 +452,19 @@ def test_run_autograder_where_the_container_refuses_bwrap_grades_nothing_and_say
     for old in (autograder / "submission").iterdir():
         old.unlink()
     (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
-    results = run_with(autograder, (autograder / "source" / "run_autograder").read_bytes(),
-                       LABKIT_BWRAP=str(refusing_bwrap(tmp_path)))
+    results = run_with(
+        autograder,
+        (autograder / "source" / "run_autograder").read_bytes(),
+        LABKIT_BWRAP=str(refusing_bwrap(tmp_path)),
+    )
     assert results["score"] == 0 and results["tests"] == [], results["output"]
     assert "No permissions to create new namespace" in results["output"]
     assert "ISOLATION=limits-only" in results["output"]
 
 
-def test_an_autograder_built_limits_only_grades_there_and_every_result_says_it_was_not_sandboxed(autograder,
-                                                                                                  tmp_path):
+def test_an_autograder_built_limits_only_grades_there_and_every_result_says_it_was_not_sandboxed(
+    autograder, tmp_path
+):
     with zipfile.ZipFile(gradescope.build(3, tmp_path / "lab-3.zip", isolation="limits-only")) as z:
         script = z.read("run_autograder")
     for old in (autograder / "submission").iterdir():
@@ -391,14 +480,20 @@ def test_an_autograder_built_limits_only_grades_there_and_every_result_says_it_w
 def test_a_run_killed_by_the_memory_limit_is_said_to_have_died_of_memory():
     from labkit.run.execute import RunRecord
 
-    killed = RunRecord("cpu-8", "error", "the Python kernel died while running the notebook (killed by signal 9: "
-                                         "a crash, or out of memory)")
+    killed = RunRecord(
+        "cpu-8",
+        "error",
+        "the Python kernel died while running the notebook (killed by signal 9: a crash, or out of memory)",
+    )
     records = {"cpu-1": RunRecord("cpu-1", "ok"), "cpu-8": killed}
     counted = gradescope.memory_notes(records, 768 << 20, 0, 1)
     assert len(counted) == 1 and counted[0].startswith("Out of memory: the run on cpu-8 died of memory")
     assert "the container's memory limit (768 MiB) was reached" in counted[0] and "2 GB" in counted[0]
     assert "Out of memory" in gradescope.memory_notes(records, None, None, None)[0]
-    assert gradescope.memory_notes({"cpu-1": RunRecord("cpu-1", "error", "a cell raised")}, 768 << 20, 0, 0) == []
+    assert (
+        gradescope.memory_notes({"cpu-1": RunRecord("cpu-1", "error", "a cell raised")}, 768 << 20, 0, 0)
+        == []
+    )
 
 
 def test_the_container_memory_is_read_from_this_process_cgroup():

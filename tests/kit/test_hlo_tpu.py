@@ -52,15 +52,21 @@ ENTRY %main (a: bf16[2,3], w: bf16[3,8]) -> f32[2,8] {
 
 def test_a_tpu_loop_without_known_trip_count_is_counted_from_its_counter_bound_and_step():
     assert [c["op"] for c in hlo.collectives_in(TPU_SCAN, 8)] == ["all-reduce"] * 4
-    step_two = TPU_SCAN.replace("%constant.1.sunk = s32[]{:T(128)} constant(1)", "%constant.1.sunk = s32[]{:T(128)} constant(2)")
+    step_two = TPU_SCAN.replace(
+        "%constant.1.sunk = s32[]{:T(128)} constant(1)", "%constant.1.sunk = s32[]{:T(128)} constant(2)"
+    )
     assert len(hlo.collectives_in(step_two, 8)) == 2
-    from_one = TPU_SCAN.replace("%constant.8 = s32[]{:T(128)} constant(0)", "%constant.8 = s32[]{:T(128)} constant(1)")
+    from_one = TPU_SCAN.replace(
+        "%constant.8 = s32[]{:T(128)} constant(0)", "%constant.8 = s32[]{:T(128)} constant(1)"
+    )
     assert len(hlo.collectives_in(from_one, 8)) == 3
 
 
 def test_a_tpu_loop_whose_bound_is_not_a_constant_is_still_refused():
-    unknown = TPU_SCAN.replace("%constant.4.clone.1 = s32[]{:T(128)} constant(4)",
-                               "%constant.4.clone.1 = s32[]{:T(128)} get-tuple-element(%wide.param.1), index=4")
+    unknown = TPU_SCAN.replace(
+        "%constant.4.clone.1 = s32[]{:T(128)} constant(4)",
+        "%constant.4.clone.1 = s32[]{:T(128)} get-tuple-element(%wide.param.1), index=4",
+    )
     with pytest.raises(ValueError, match="cannot count"):
         hlo.collectives_in(unknown, 8)
     wrong_way = TPU_SCAN.replace("direction=LT", "direction=NE")

@@ -33,6 +33,7 @@ SCRIPTS = sorted(INFRA.rglob("*.sh"))
 # bc-python-hcl2 installs a module of the same name, so checkov never shares .venv with it (below).
 # ----------------------------------------------------------------------------------------
 
+
 def _unquote(s: str) -> str:
     return s[1:-1] if len(s) >= 2 and s[0] == s[-1] == '"' else s
 
@@ -101,6 +102,7 @@ def need(tool: str) -> str:
 # Terraform
 # ----------------------------------------------------------------------------------------
 
+
 def test_terraform_files_are_formatted():
     terraform = need("terraform")
     result = run([terraform, "fmt", "-check", "-recursive", "-diff", str(INFRA)])
@@ -139,8 +141,20 @@ def test_tpu_vms_run_the_startup_script_in_tpu_mode():
 
 def test_tpu_module_has_the_variables_a_workshop_sets():
     v = variables(INFRA / "modules/tpu_vm")
-    for name in ("project", "zone", "accelerator_type", "runtime_version", "vms", "spot", "preemptible",
-                 "network", "labels", "workshop", "service_account", "scopes"):
+    for name in (
+        "project",
+        "zone",
+        "accelerator_type",
+        "runtime_version",
+        "vms",
+        "spot",
+        "preemptible",
+        "network",
+        "labels",
+        "workshop",
+        "service_account",
+        "scopes",
+    ):
         assert name in v, f"variable {name} missing"
         assert attr(v[name], "description"), f"variable {name} has no description"
         assert "type" in v[name], f"variable {name} has no type"
@@ -152,8 +166,11 @@ def test_default_accelerator_is_eight_devices_on_one_host():
         v = variables(folder)
         assert attr(v["accelerator_type"], "default") == "v5litepod-8"
         assert attr(v["runtime_version"], "default") == "v2-alpha-tpuv5-lite"
-    row = next(line.split("\t") for line in (INFRA / "prices.tsv").read_text().splitlines()
-           if line.startswith("v5litepod-8\t"))
+    row = next(
+        line.split("\t")
+        for line in (INFRA / "prices.tsv").read_text().splitlines()
+        if line.startswith("v5litepod-8\t")
+    )
     assert row[2] == "1", "v5litepod-8 must be a single-host slice"
     assert "8 chips" in row[3]
 
@@ -210,7 +227,11 @@ def _plan(tmp_path: Path, variables_tf: Path, **values) -> subprocess.CompletedP
     return run([terraform, "plan", "-input=false", "-no-color", "-lock=false", *args], cwd=work, env=env)
 
 
-GOOD = {"project": "my-course-project", "workshop": "spmd-2026", "kit_repo": "https://example.org/course/labkit.git"}
+GOOD = {
+    "project": "my-course-project",
+    "workshop": "spmd-2026",
+    "kit_repo": "https://example.org/course/labkit.git",
+}
 
 
 def test_the_example_settings_pass_validation(tmp_path):
@@ -218,20 +239,23 @@ def test_the_example_settings_pass_validation(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"accelerator_type": "tpu-8"}, "Cloud TPU type"),
-    ({"project": "My_Project"}, "project ID"),
-    ({"zone": "uscentral1"}, "us-central1-a"),
-    ({"workshop": "Spring Workshop"}, "lowercase"),
-    ({"tpu_count": 2.5}, "whole number"),
-    ({"spot": True, "preemptible": True}, "not both"),
-    ({"kit_repo": "labkit"}, "git URL"),
-    ({"kit_repo": "git@github.com:course/labkit.git"}, "no ssh key"),
-    ({"kit_repo": "ssh://git@example.org/labkit.git"}, "no ssh key"),
-    ({"idle_minutes": 5}, "idle_minutes must be 0"),
-    ({"billing_account": "my-billing"}, "012345-6789AB-CDEF01"),
-    ({"queued_resources": True, "preemptible": True}, "not preemptible ones"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"accelerator_type": "tpu-8"}, "Cloud TPU type"),
+        ({"project": "My_Project"}, "project ID"),
+        ({"zone": "uscentral1"}, "us-central1-a"),
+        ({"workshop": "Spring Workshop"}, "lowercase"),
+        ({"tpu_count": 2.5}, "whole number"),
+        ({"spot": True, "preemptible": True}, "not both"),
+        ({"kit_repo": "labkit"}, "git URL"),
+        ({"kit_repo": "git@github.com:course/labkit.git"}, "no ssh key"),
+        ({"kit_repo": "ssh://git@example.org/labkit.git"}, "no ssh key"),
+        ({"idle_minutes": 5}, "idle_minutes must be 0"),
+        ({"billing_account": "my-billing"}, "012345-6789AB-CDEF01"),
+        ({"queued_resources": True, "preemptible": True}, "not preemptible ones"),
+    ],
+)
 def test_validation_rejects_bad_settings(tmp_path, bad, message):
     result = _plan(tmp_path, INFRA / "variables.tf", **{**GOOD, **bad})
     assert result.returncode != 0
@@ -239,8 +263,14 @@ def test_validation_rejects_bad_settings(tmp_path, bad, message):
 
 
 def test_module_variables_validate_the_same_way(tmp_path):
-    tpu = {"project": "my-course-project", "workshop": "w", "startup_script": "#!/bin/sh", "kit_repo": "https://x/y.git",
-               "service_account": "w-labkit-vm@my-course-project.iam.gserviceaccount.com", "network_tag": "w-labkit"}
+    tpu = {
+        "project": "my-course-project",
+        "workshop": "w",
+        "startup_script": "#!/bin/sh",
+        "kit_repo": "https://x/y.git",
+        "service_account": "w-labkit-vm@my-course-project.iam.gserviceaccount.com",
+        "network_tag": "w-labkit",
+    }
     assert _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu).returncode == 0
     bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu, accelerator_type="a100-8")
     assert bad.returncode != 0 and "Cloud TPU type" in bad.stderr
@@ -258,16 +288,21 @@ def _roster(tmp_path: Path, text: str) -> str:
 
 
 def test_a_roster_of_students_and_accounts_passes_validation(tmp_path):
-    roster = _roster(tmp_path, """\
+    roster = _roster(
+        tmp_path,
+        """\
         student,account,kind
         ada,ada@example.org,tpu
         cy,cy@example.org,cpu
-        """)
+        """,
+    )
     result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, roster=roster)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("row", ["Ada Lovelace,ada@example.org,tpu", "ada,not-an-email,tpu", "ada,ada@example.org,gpu"])
+@pytest.mark.parametrize(
+    "row", ["Ada Lovelace,ada@example.org,tpu", "ada,not-an-email,tpu", "ada,ada@example.org,gpu"]
+)
 def test_validation_rejects_a_bad_roster_row(tmp_path, row):
     roster = _roster(tmp_path, f"student,account,kind\n{row}\n")
     result = _plan(tmp_path, INFRA / "variables.tf", **GOOD, roster=roster)
@@ -282,31 +317,43 @@ def _roster_plan(tmp_path: Path, **values) -> dict:
     work.mkdir()
     shutil.copy(INFRA / "variables.tf", work)
     shutil.copy(INFRA / "roster.tf", work)
-    (work / "show.tf").write_text('output "o" {\n  value = { tpu = local.tpu_vms, cpu = local.cpu_vms, '
-                                  'access = local.cpu_access, grants = keys(local.tpu_grants), '
-                                  'regions = local.regions }\n}\n')
+    (work / "show.tf").write_text(
+        'output "o" {\n  value = { tpu = local.tpu_vms, cpu = local.cpu_vms, '
+        "access = local.cpu_access, grants = keys(local.tpu_grants), "
+        "regions = local.regions }\n}\n"
+    )
     assert run([terraform, "init", "-input=false", "-no-color"], cwd=work).returncode == 0
     args = [a for k, v in {**GOOD, **values}.items() for a in ("-var", f"{k}={v}")]
     env = dict(os.environ, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1")
-    plan = run([terraform, "plan", "-input=false", "-no-color", "-lock=false", "-out=plan", *args], cwd=work, env=env)
+    plan = run(
+        [terraform, "plan", "-input=false", "-no-color", "-lock=false", "-out=plan", *args], cwd=work, env=env
+    )
     assert plan.returncode == 0, plan.stdout + plan.stderr
     shown = run([terraform, "show", "-json", "plan"], cwd=work)
     return json.loads(shown.stdout)["planned_values"]["outputs"]["o"]["value"]
 
 
 def test_a_roster_makes_one_vm_per_student_and_grants_only_theirs(tmp_path):
-    roster = _roster(tmp_path, """\
+    roster = _roster(
+        tmp_path,
+        """\
         student,account,kind
         ada,ada@example.org,tpu
         bo,bo@example.org,
         cy,cy@example.org,cpu
-        """)
+        """,
+    )
     o = _roster_plan(tmp_path, roster=roster, zone="us-central1-ai1a", tpu_count=7)
-    assert o["tpu"] == {"spmd-2026-ada": "ada", "spmd-2026-bo": "bo"}, "an empty kind is tpu; counts are ignored"
+    assert o["tpu"] == {"spmd-2026-ada": "ada", "spmd-2026-bo": "bo"}, (
+        "an empty kind is tpu; counts are ignored"
+    )
     assert o["cpu"] == {"spmd-2026-cy": "cy"}
     assert o["access"] == {"spmd-2026-cy": "cy@example.org"}
-    assert sorted(o["grants"]) == sorted(f"spmd-2026-{s} roles/{r}" for s in ("ada", "bo")
-                                         for r in ("tpu.viewer", "compute.osLogin", "iap.tunnelResourceAccessor"))
+    assert sorted(o["grants"]) == sorted(
+        f"spmd-2026-{s} roles/{r}"
+        for s in ("ada", "bo")
+        for r in ("tpu.viewer", "compute.osLogin", "iap.tunnelResourceAccessor")
+    )
     assert o["regions"] == ["us-central1"], "an AI zone's region"
 
 
@@ -332,7 +379,9 @@ def all_resources() -> dict:
 def test_every_vm_runs_as_the_workshops_own_account_with_the_storage_scope_only():
     tpu = attr(resources(INFRA / "modules/tpu_vm/main.tf")[("google_tpu_v2_vm", "vm")], "service_account")
     assert attr(tpu, "email") == "var.service_account" and attr(tpu, "scope") == "var.scopes"
-    cpu = attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "service_account")
+    cpu = attr(
+        resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "service_account"
+    )
     assert attr(cpu, "email") == "var.service_account" and attr(cpu, "scopes") == "var.scopes"
     for module in ("tpu_vm", "cpu_vm"):
         scopes = variables(INFRA / "modules" / module)["scopes"]
@@ -361,18 +410,32 @@ def test_the_vms_account_is_granted_nothing_on_the_project():
 
 
 def test_the_service_account_variable_refuses_the_default_compute_account(tmp_path):
-    tpu = {"project": "my-course-project", "workshop": "w", "startup_script": "#!/bin/sh", "kit_repo": "https://x/y.git",
-               "network_tag": "w-labkit"}
-    bad = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
-                service_account="123456789-compute@developer.gserviceaccount.com")
+    tpu = {
+        "project": "my-course-project",
+        "workshop": "w",
+        "startup_script": "#!/bin/sh",
+        "kit_repo": "https://x/y.git",
+        "network_tag": "w-labkit",
+    }
+    bad = _plan(
+        tmp_path,
+        INFRA / "modules/tpu_vm/variables.tf",
+        **tpu,
+        service_account="123456789-compute@developer.gserviceaccount.com",
+    )
     assert bad.returncode != 0 and "never the default compute one" in re.sub(r"\s+", " ", bad.stderr)
-    wide = _plan(tmp_path, INFRA / "modules/tpu_vm/variables.tf", **tpu,
-                 service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com",
-                 scopes='["https://www.googleapis.com/auth/cloud-platform"]')
+    wide = _plan(
+        tmp_path,
+        INFRA / "modules/tpu_vm/variables.tf",
+        **tpu,
+        service_account="w-labkit-vm@my-course-project.iam.gserviceaccount.com",
+        scopes='["https://www.googleapis.com/auth/cloud-platform"]',
+    )
     assert wide.returncode != 0 and "must not include cloud-platform" in re.sub(r"\s+", " ", wide.stderr)
 
 
 # ---- reaching the VMs: private, through IAP, each student only their own ----------------------------
+
 
 def test_vms_have_no_external_address_by_default():
     for folder in (INFRA, INFRA / "modules/tpu_vm", INFRA / "modules/cpu_vm"):
@@ -390,7 +453,9 @@ def test_ssh_is_open_only_to_iaps_range_and_only_to_the_workshops_vms():
     modules = named(hcl(INFRA / "main.tf")["module"])
     assert attr(modules["tpu"], "network_tag") == attr(modules["cpu"], "network_tag") == "local.tag"
     for module, rtype in (("tpu_vm", "google_tpu_v2_vm"), ("cpu_vm", "google_compute_instance")):
-        assert attr(resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")], "tags") == ["var.network_tag"]
+        assert attr(resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")], "tags") == [
+            "var.network_tag"
+        ]
 
 
 def test_each_cpu_vm_gives_its_student_login_and_tunnel_on_that_instance_only():
@@ -428,8 +493,10 @@ def test_everything_created_carries_the_cost_tracking_labels():
         vm = resources(INFRA / f"modules/{module}/main.tf")[(rtype, "vm")]
         labels = re.sub(r"[\s'${}]", "", attr(vm, "labels"))
         assert labels in ("merge(local.labels,student=each.value)", "merge(local.labels,student:each.value)")
-    disk = attr(attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "boot_disk"),
-                "initialize_params")
+    disk = attr(
+        attr(resources(INFRA / "modules/cpu_vm/main.tf")[("google_compute_instance", "vm")], "boot_disk"),
+        "initialize_params",
+    )
     assert attr(disk, "labels") == "local.labels", "boot disks are billed too: label them"
 
 
@@ -472,11 +539,32 @@ def checkov_report(version: str) -> dict[str, dict]:
         pytest.skip("uv not found (run `make setup` first)")
     pins = ROOT / "tools" / f"checkov-{version}.txt"
     # The example settings make count > 0, so that checkov sees the VMs (with count = 0 it checks nothing).
-    result = run([str(uv), "tool", "run", "--python", sys.executable, "--from", f"checkov=={version}",
-                  *(["--constraints", str(pins)] if pins.exists() else []), "checkov", "--skip-download",
-                  "--compact", "-o", "json", "-d", str(INFRA), "--framework", "terraform", "kubernetes",
-                  "--var-file", str(INFRA / "workshop.tfvars.example")],
-                 env=dict(os.environ, BC_SKIP_MAPPING="TRUE", UV_PYTHON_DOWNLOADS="never"), timeout=600)
+    result = run(
+        [
+            str(uv),
+            "tool",
+            "run",
+            "--python",
+            sys.executable,
+            "--from",
+            f"checkov=={version}",
+            *(["--constraints", str(pins)] if pins.exists() else []),
+            "checkov",
+            "--skip-download",
+            "--compact",
+            "-o",
+            "json",
+            "-d",
+            str(INFRA),
+            "--framework",
+            "terraform",
+            "kubernetes",
+            "--var-file",
+            str(INFRA / "workshop.tfvars.example"),
+        ],
+        env=dict(os.environ, BC_SKIP_MAPPING="TRUE", UV_PYTHON_DOWNLOADS="never"),
+        timeout=600,
+    )
     if not result.stdout.strip().startswith(("[", "{")):
         pytest.skip(f"checkov {version} could not be installed here: {result.stderr[-300:]}")
     data = json.loads(result.stdout)
@@ -507,7 +595,10 @@ def test_a_current_checkov_passes_with_tpu_vms_private(current_checkov_report):
         failed = report["results"]["failed_checks"]
         assert not failed, "\n".join(f"{c['check_id']} {c['check_name']} ({c['resource']})" for c in failed)
         assert report["summary"]["checkov_version"] == CURRENT_CHECKOV
-    passed = {(c["check_id"], c["resource"]) for c in current_checkov_report["terraform"]["results"]["passed_checks"]}
+    passed = {
+        (c["check_id"], c["resource"])
+        for c in current_checkov_report["terraform"]["results"]["passed_checks"]
+    }
     assert ("CKV2_GCP_32", "module.tpu.google_tpu_v2_vm.vm") in passed
 
 
@@ -527,6 +618,7 @@ def test_every_skipped_check_is_justified():
 # ----------------------------------------------------------------------------------------
 # Scripts
 # ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
 def test_shellcheck_passes(script):

@@ -53,6 +53,7 @@ def _shard_count(command: str) -> int:
 
 # ---- what runs where ----------------------------------------------------------------------
 
+
 def test_every_object_lives_in_the_labkit_namespace_which_the_file_creates(docs, k8s):
     namespace = k8s[("Namespace", "labkit")]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -99,6 +100,7 @@ def test_grade_job_is_indexed_with_one_pod_per_shard(k8s):
 
 # ---- data: read-only class, one writable place for results ---------------------------------
 
+
 def test_the_class_bucket_is_mounted_read_only_everywhere(k8s):
     spec = pod(k8s, "labkit-grade")
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -116,8 +118,12 @@ def test_the_only_writable_mounts_are_results_and_scratch(k8s):
         writable = {m["name"] for m in spec["containers"][0]["volumeMounts"] if not m.get("readOnly")}
         assert writable == {"results", "scratch", "tmp"}, job
         assert volumes["scratch"] == {"name": "scratch", "emptyDir": {}}
-        assert volumes["results"]["csi"]["volumeAttributes"]["bucketName"] != \
-            volumes.get("class", {"csi": {"volumeAttributes": {"bucketName": None}}})["csi"]["volumeAttributes"]["bucketName"]
+        assert (
+            volumes["results"]["csi"]["volumeAttributes"]["bucketName"]
+            != volumes.get("class", {"csi": {"volumeAttributes": {"bucketName": None}}})["csi"][
+                "volumeAttributes"
+            ]["bucketName"]
+        )
 
 
 def test_grade_job_brings_the_reference_and_hidden_tests_the_course_image_leaves_out(k8s):
@@ -148,6 +154,7 @@ def test_grade_job_matches_the_course_image(k8s):
 
 # ---- identity ------------------------------------------------------------------------------
 
+
 def test_each_job_has_its_own_service_account_which_mounts_no_token(k8s):
     accounts = {name for kind, name in k8s if kind == "ServiceAccount"}
     assert accounts == {"labkit-grader", "labkit-merger"}
@@ -165,15 +172,23 @@ def test_no_role_binding_gives_the_pods_the_kubernetes_api(docs):
 
 def test_the_header_grants_the_grader_read_on_the_class_and_create_only_on_results():
     header = MANIFEST.read_text()
-    grants = re.findall(r"add-iam-policy-binding gs://(\w+) --member \$K8S/([\w-]+) --role (roles/[\w.]+)", header)
+    grants = re.findall(
+        r"add-iam-policy-binding gs://(\w+) --member \$K8S/([\w-]+) --role (roles/[\w.]+)", header
+    )
     grader = {(bucket, role) for bucket, who, role in grants if who == "labkit-grader"}
-    assert grader == {("CLASS_BUCKET", "roles/storage.objectViewer"), ("RESULTS_BUCKET", "roles/storage.objectCreator"),
-                      ("RESULTS_BUCKET", "roles/storage.legacyBucketReader")}
-    assert not any(role in ("roles/storage.objectAdmin", "roles/storage.admin", "roles/editor") for *_, role in grants)
+    assert grader == {
+        ("CLASS_BUCKET", "roles/storage.objectViewer"),
+        ("RESULTS_BUCKET", "roles/storage.objectCreator"),
+        ("RESULTS_BUCKET", "roles/storage.legacyBucketReader"),
+    }
+    assert not any(
+        role in ("roles/storage.objectAdmin", "roles/storage.admin", "roles/editor") for *_, role in grants
+    )
     assert all(bucket in ("CLASS_BUCKET", "RESULTS_BUCKET") for bucket, *_ in grants), "no project-wide role"
 
 
 # ---- network ---------------------------------------------------------------------------------
+
 
 def test_a_network_policy_denies_all_ingress_and_egress_in_the_namespace(k8s):
     deny = k8s[("NetworkPolicy", "labkit-deny-all")]["spec"]
@@ -190,11 +205,19 @@ def test_the_only_egress_allowed_is_dns_the_metadata_server_and_the_restricted_g
         for rule in policy["spec"].get("egress", []):
             assert rule.get("to"), "an egress rule without `to` opens everything"
             for peer in rule["to"]:
-                where = peer["ipBlock"]["cidr"] if "ipBlock" in peer else peer["podSelector"]["matchLabels"]["k8s-app"]
+                where = (
+                    peer["ipBlock"]["cidr"]
+                    if "ipBlock" in peer
+                    else peer["podSelector"]["matchLabels"]["k8s-app"]
+                )
                 assert "except" not in peer.get("ipBlock", {})
                 allowed |= {(where, p["port"]) for p in rule["ports"]}
-    assert allowed == {("kube-dns", 53), ("169.254.169.252/32", 988), ("169.254.169.254/32", 80),
-                       ("199.36.153.4/30", 443)}
+    assert allowed == {
+        ("kube-dns", 53),
+        ("169.254.169.252/32", 988),
+        ("169.254.169.254/32", 80),
+        ("199.36.153.4/30", 443),
+    }
 
 
 def test_the_comments_no_longer_claim_open_egress():
@@ -204,6 +227,7 @@ def test_the_comments_no_longer_claim_open_egress():
 
 
 # ---- the Jobs' commands, run locally -----------------------------------------------------------
+
 
 def test_merge_job_reads_the_same_run_and_shard_count_as_the_grade_job(k8s):
     grade = pod(k8s, "labkit-grade")["containers"][0]
@@ -226,7 +250,9 @@ def _job_command(doc: dict, tmp: Path, narrow: str = "", shards: int | None = No
     command = " ".join(doc["spec"]["template"]["spec"]["containers"][0]["args"])
     for mount in ("/class/", "/results/", "/scratch/"):
         command = command.replace(mount, f"{tmp}{mount}")
-    command = command.replace(f"--submissions {tmp}/class/submissions", f"--submissions {tmp}/class/submissions {narrow}")
+    command = command.replace(
+        f"--submissions {tmp}/class/submissions", f"--submissions {tmp}/class/submissions {narrow}"
+    )
     if shards:
         command = re.sub(r"(--shard \S+)/\d+", rf"\1/{shards}", command)
     return command
@@ -257,8 +283,13 @@ out.mkdir(parents=True)
 
 def _local(tmp: Path, bin_dir: Path | None = None, **extra) -> dict:
     path = f"{bin_dir}{os.pathsep}" if bin_dir else ""
-    return dict(os.environ, PATH=f"{path}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", RUN="run-7",
-                LABKIT_BUILD=str(tmp / "scratch/build"), **extra)
+    return dict(
+        os.environ,
+        PATH=f"{path}{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        RUN="run-7",
+        LABKIT_BUILD=str(tmp / "scratch/build"),
+        **extra,
+    )
 
 
 def test_a_rerun_under_the_same_run_refuses_before_grading(tmp_path, k8s):
@@ -274,12 +305,17 @@ def test_a_rerun_under_the_same_run_refuses_before_grading(tmp_path, k8s):
 def test_a_failed_shard_makes_the_merge_fail_at_once_naming_it(tmp_path, k8s):
     bin_dir = _fake_nox(tmp_path, {2: 1})
     grade = _job_command(k8s[("Job", "labkit-grade")], tmp_path, shards=2)
-    codes = [run(["bash", "-c", grade], env=_local(tmp_path, bin_dir, JOB_COMPLETION_INDEX=str(i))).returncode
-             for i in range(2)]
+    codes = [
+        run(["bash", "-c", grade], env=_local(tmp_path, bin_dir, JOB_COMPLETION_INDEX=str(i))).returncode
+        for i in range(2)
+    ]
     assert codes == [0, 1]
     assert (tmp_path / "results/run-7/shard-2/exit-status").read_text().strip() == "1"
-    merge = run(["bash", "-c", _job_command(k8s[("Job", "labkit-merge")], tmp_path)],
-                env=_local(tmp_path, bin_dir, SHARDS="2"), timeout=20)
+    merge = run(
+        ["bash", "-c", _job_command(k8s[("Job", "labkit-merge")], tmp_path)],
+        env=_local(tmp_path, bin_dir, SHARDS="2"),
+        timeout=20,
+    )
     assert merge.returncode == 1 and "shard-2" in merge.stderr and "shard-1" not in merge.stderr
     assert not (tmp_path / "results/run-7/scoreboard").exists()
 
@@ -292,22 +328,44 @@ def class_graded(tmp_path_factory, k8s):
     tmp = tmp_path_factory.mktemp("class")
     reference = (ROOT / "reference/lab-3.ipynb").read_text()
     # One right and one wrong on many devices; `ada` and `cy` fall in different shards of two.
-    for student, text in {"ada": reference, "cy": reference.replace("jax.devices()", "jax.devices()[:1]")}.items():
+    for student, text in {
+        "ada": reference,
+        "cy": reference.replace("jax.devices()", "jax.devices()[:1]"),
+    }.items():
         (tmp / "class/submissions" / student).mkdir(parents=True)
         (tmp / "class/submissions" / student / "lab-3.ipynb").write_text(text)
     narrow = "--labs 3 --configs cpu-8 --jobs 2"
     env = _local(tmp)
-    whole = run(["nox", "-s", "grade", "--", "--submissions", str(tmp / "class/submissions"), "--out",
-                 str(tmp / "whole"), *narrow.split()], env=env, timeout=900)
+    whole = run(
+        [
+            "nox",
+            "-s",
+            "grade",
+            "--",
+            "--submissions",
+            str(tmp / "class/submissions"),
+            "--out",
+            str(tmp / "whole"),
+            *narrow.split(),
+        ],
+        env=env,
+        timeout=900,
+    )
     assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
     grade_job = _job_command(k8s[("Job", "labkit-grade")], tmp, narrow, shards=2)
     for index in range(2):  # what the Job's pods run, one JOB_COMPLETION_INDEX each
         # Each pod has a scratch folder of its own.
-        part = run(["bash", "-c", f"rm -rf {tmp}/scratch/out; {grade_job}"],
-                   env=dict(env, JOB_COMPLETION_INDEX=str(index)), timeout=900)
+        part = run(
+            ["bash", "-c", f"rm -rf {tmp}/scratch/out; {grade_job}"],
+            env=dict(env, JOB_COMPLETION_INDEX=str(index)),
+            timeout=900,
+        )
         assert part.returncode == 0, part.stdout[-2000:] + part.stderr[-2000:]
-    merge = run(["bash", "-c", _job_command(k8s[("Job", "labkit-merge")], tmp)], env=dict(env, SHARDS="2"),
-                timeout=300)
+    merge = run(
+        ["bash", "-c", _job_command(k8s[("Job", "labkit-merge")], tmp)],
+        env=dict(env, SHARDS="2"),
+        timeout=300,
+    )
     assert merge.returncode == 0, merge.stdout + merge.stderr
     return tmp
 
@@ -318,6 +376,9 @@ def test_two_shards_merged_equal_one_whole_run(class_graded):
     assert len(whole) == 3, whole  # the header and two students
     assert any(",failed," in row for row in whole), "the wrong solution should fail on cpu-8"
     assert merged == whole
-    parts = [(class_graded / f"results/run-7/shard-{i}/scoreboard.csv").read_text().splitlines()[1:] for i in (1, 2)]
+    parts = [
+        (class_graded / f"results/run-7/shard-{i}/scoreboard.csv").read_text().splitlines()[1:]
+        for i in (1, 2)
+    ]
     assert all(parts), "each shard grades part of the class"
     assert sorted(parts[0] + parts[1]) == sorted(whole[1:])

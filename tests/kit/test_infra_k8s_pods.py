@@ -62,16 +62,24 @@ def _selects(selector: dict, labels: dict) -> bool:
         return False
     for e in selector.get("matchExpressions", []):
         has, value = e["key"] in labels, labels.get(e["key"])
-        if not {"In": has and value in e.get("values", []), "NotIn": not has or value not in e.get("values", []),
-                "Exists": has, "DoesNotExist": not has}[e["operator"]]:
+        if not {
+            "In": has and value in e.get("values", []),
+            "NotIn": not has or value not in e.get("values", []),
+            "Exists": has,
+            "DoesNotExist": not has,
+        }[e["operator"]]:
             return False
     return True
 
 
 def _policies_over(namespace: str) -> list[dict]:
     """Every NetworkPolicy in `namespace`, from both GKE manifests."""
-    return [d for path in (MANIFEST, SHARDS) for d in _docs(path)
-            if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == namespace]
+    return [
+        d
+        for path in (MANIFEST, SHARDS)
+        for d in _docs(path)
+        if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == namespace
+    ]
 
 
 def _argv(shell: str, start: str) -> list[str]:
@@ -86,6 +94,7 @@ def _shell(k8s, job: str) -> str:
 
 
 # ---- the namespace and its objects ---------------------------------------------------------
+
 
 def test_every_object_lives_in_a_restricted_namespace_of_its_own(docs, k8s):
     namespace = k8s[("Namespace", NAMESPACE)]
@@ -118,7 +127,9 @@ def test_every_pod_matches_the_course_image(k8s, job):
     assert container["workingDir"] == kit
     assert f"USER {spec['securityContext']['runAsUser']}:" in text
     assert f"PATH={kit}/.venv/bin:" in text  # the image's python is the kit's environment
-    assert re.search(r"(^|[ ;&])python -m labkit ", " ".join(container.get("command", []) + container.get("args", [])))
+    assert re.search(
+        r"(^|[ ;&])python -m labkit ", " ".join(container.get("command", []) + container.get("args", []))
+    )
 
 
 def test_no_role_binding_gives_the_pods_the_kubernetes_api(docs):
@@ -127,12 +138,18 @@ def test_no_role_binding_gives_the_pods_the_kubernetes_api(docs):
 
 # ---- a unit's pod: the sandbox --------------------------------------------------------------
 
+
 def test_a_unit_pod_has_no_token_and_an_identity_no_bucket_grant_names(k8s, unit):
     account = unit["serviceAccountName"]
-    assert account not in (pod(k8s, "labkit-plan")["serviceAccountName"], pod(k8s, "labkit-judge")["serviceAccountName"])
+    assert account not in (
+        pod(k8s, "labkit-plan")["serviceAccountName"],
+        pod(k8s, "labkit-judge")["serviceAccountName"],
+    )
     assert k8s[("ServiceAccount", account)]["automountServiceAccountToken"] is False
     assert unit["automountServiceAccountToken"] is False
-    assert "iam.gke.io/gcp-service-account" not in k8s[("ServiceAccount", account)]["metadata"].get("annotations", {})
+    assert "iam.gke.io/gcp-service-account" not in k8s[("ServiceAccount", account)]["metadata"].get(
+        "annotations", {}
+    )
     grants = re.findall(r"add-iam-policy-binding \S+ --member \$K8S/([\w-]+)", MANIFEST.read_text())
     assert grants and account not in grants, "no Workload Identity binding for the units"
 
@@ -140,9 +157,13 @@ def test_a_unit_pod_has_no_token_and_an_identity_no_bucket_grant_names(k8s, unit
 def test_a_unit_pod_mounts_no_cloud_storage(k8s, unit):
     assert not unit["volumes"] or all("csi" not in v for v in unit["volumes"])
     annotations = k8s[("Job", "labkit-units")]["spec"]["template"]["metadata"].get("annotations", {})
-    assert "gke-gcsfuse/volumes" not in annotations, "no FUSE sidecar (and its token) beside the student's code"
-    assert {v["name"]: next(k for k in v if k != "name") for v in unit["volumes"]} == \
-        {"work": "persistentVolumeClaim", "tmp": "emptyDir"}
+    assert "gke-gcsfuse/volumes" not in annotations, (
+        "no FUSE sidecar (and its token) beside the student's code"
+    )
+    assert {v["name"]: next(k for k in v if k != "name") for v in unit["volumes"]} == {
+        "work": "persistentVolumeClaim",
+        "tmp": "emptyDir",
+    }
 
 
 def test_a_unit_pod_sees_only_its_own_plan_folder_read_only_and_its_own_output_folder(unit):
@@ -152,8 +173,12 @@ def test_a_unit_pod_sees_only_its_own_plan_folder_read_only_and_its_own_output_f
     assert set(mounts) == {"/unit", "/out", "/tmp"}
     plan, out = mounts["/unit"], mounts["/out"]
     assert plan["name"] == out["name"] == "work" and "subPath" not in plan and "subPath" not in out
-    assert plan["readOnly"] is True and re.fullmatch(r"plan/\$\(RUN\)/units/\$\(JOB_COMPLETION_INDEX\)", plan["subPathExpr"])
-    assert not out.get("readOnly") and re.fullmatch(r"runs/\$\(RUN\)/\$\(JOB_COMPLETION_INDEX\)", out["subPathExpr"])
+    assert plan["readOnly"] is True and re.fullmatch(
+        r"plan/\$\(RUN\)/units/\$\(JOB_COMPLETION_INDEX\)", plan["subPathExpr"]
+    )
+    assert not out.get("readOnly") and re.fullmatch(
+        r"runs/\$\(RUN\)/\$\(JOB_COMPLETION_INDEX\)", out["subPathExpr"]
+    )
     assert parse_size(volumes["tmp"]["emptyDir"]["sizeLimit"]) == DEFAULT_LIMITS.disk
 
 
@@ -168,7 +193,9 @@ def test_a_unit_pod_is_sized_and_timed_as_one_notebook_run(unit):
     assert limits["cpu"] == "1", "a CPU per notebook, as labkit/grading/slurm.py gives one"
     assert parse_size(limits["memory"]) == DEFAULT_LIMITS.memory + slurm.KIT_MEMORY
     deadline = unit["activeDeadlineSeconds"]
-    assert execute.DEFAULT_TIMEOUT < deadline <= 10 * execute.DEFAULT_TIMEOUT, "the run's timeout, plus the pod's start"
+    assert execute.DEFAULT_TIMEOUT < deadline <= 10 * execute.DEFAULT_TIMEOUT, (
+        "the run's timeout, plus the pod's start"
+    )
 
 
 def test_units_are_one_indexed_job_run_once_each(k8s, unit):
@@ -191,15 +218,21 @@ def test_a_unit_pod_runs_pods_run_with_the_pod_as_its_sandbox_by_name(unit):
 
 # ---- a unit's pod: no network ---------------------------------------------------------------
 
+
 def _allows_egress(policy: dict) -> bool:
     return "Egress" in policy["spec"].get("policyTypes", []) and bool(policy["spec"].get("egress"))
 
 
 def test_a_unit_pod_is_selected_by_a_policy_that_denies_all_ingress_and_egress(k8s):
     labels = k8s[("Job", "labkit-units")]["spec"]["template"]["metadata"]["labels"]
-    deny = [p for p in _policies_over(NAMESPACE) if _selects(p["spec"]["podSelector"], labels)
-            and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-            and p["spec"]["ingress"] == [] and p["spec"]["egress"] == []]
+    deny = [
+        p
+        for p in _policies_over(NAMESPACE)
+        if _selects(p["spec"]["podSelector"], labels)
+        and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and p["spec"]["ingress"] == []
+        and p["spec"]["egress"] == []
+    ]
     assert any(p["spec"]["podSelector"] != {} for p in deny), "a policy of the units' own"
 
 
@@ -219,6 +252,7 @@ def test_no_policy_lets_anything_connect_to_the_pods():
 
 # ---- the plan and the judge -----------------------------------------------------------------
 
+
 def test_the_plan_pod_reads_the_class_and_writes_only_the_shared_volume(k8s):
     spec = pod(k8s, "labkit-plan")
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -234,7 +268,9 @@ def test_the_plan_and_the_judge_name_the_same_one_process_configurations(k8s):
     judge = cli.parser().parse_args(_argv(_shell(k8s, "labkit-judge"), "python -m labkit grade")[3:])
     assert (plan.command, plan.step) == ("pods", "plan")
     assert plan.configs and plan.configs == judge.configs and plan.labs == judge.labs
-    assert all(configs.by_name(name).processes == 1 for name in plan.configs.split(",")), "plan refuses cpu-2x4"
+    assert all(configs.by_name(name).processes == 1 for name in plan.configs.split(",")), (
+        "plan refuses cpu-2x4"
+    )
     assert str(plan.submissions) == str(judge.submissions)
     assert str(judge.plan) == str(plan.out), "the judge reads the plan this RUN made"
 
@@ -242,7 +278,10 @@ def test_the_plan_and_the_judge_name_the_same_one_process_configurations(k8s):
 def test_the_plan_makes_each_units_output_folder_under_the_same_run(k8s):
     shell = _shell(k8s, "labkit-plan")
     assert "mkdir /work/runs/$RUN/$i" in shell and "units.json" in shell
-    runs = {env_of(pod(k8s, job)["containers"][0])["RUN"] for job in ("labkit-plan", "labkit-units", "labkit-judge")}
+    runs = {
+        env_of(pod(k8s, job)["containers"][0])["RUN"]
+        for job in ("labkit-plan", "labkit-units", "labkit-judge")
+    }
     assert len(runs) == 1, "the three Jobs name the same RUN"
 
 
@@ -261,9 +300,14 @@ def test_the_judge_runs_no_notebook_and_reads_the_units_outputs_as_a_pod_graded_
 def test_the_judge_writes_the_results_bucket_once_per_run(k8s):
     shell = _shell(k8s, "labkit-judge")
     assert 'if [ -e "$board" ]' in shell and "new RUN" in shell
-    grants = set(re.findall(r"gs://(\w+) --member \$K8S/labkit-judge --role (roles/[\w.]+)", MANIFEST.read_text()))
-    assert grants == {("CLASS_BUCKET", "roles/storage.objectViewer"), ("RESULTS_BUCKET", "roles/storage.objectCreator"),
-                      ("RESULTS_BUCKET", "roles/storage.legacyBucketReader")}
+    grants = set(
+        re.findall(r"gs://(\w+) --member \$K8S/labkit-judge --role (roles/[\w.]+)", MANIFEST.read_text())
+    )
+    assert grants == {
+        ("CLASS_BUCKET", "roles/storage.objectViewer"),
+        ("RESULTS_BUCKET", "roles/storage.objectCreator"),
+        ("RESULTS_BUCKET", "roles/storage.legacyBucketReader"),
+    }
 
 
 def test_the_header_says_wait_for_the_units_before_the_judge():
@@ -274,10 +318,19 @@ def test_the_header_says_wait_for_the_units_before_the_judge():
 
 # ---- what the header says has and has not been run -------------------------------------------
 
+
 def test_the_header_states_what_was_run_and_what_was_not():
     header = MANIFEST.read_text().split("\napiVersion:")[0]
-    for fact in ("tests/kit/test_pods.py", "runsc", "never been applied to a cluster",
-                 "Filestore", "GKE Sandbox", "has not been verified", "cpu-2x4", "refused by `pods plan`"):
+    for fact in (
+        "tests/kit/test_pods.py",
+        "runsc",
+        "never been applied to a cluster",
+        "Filestore",
+        "GKE Sandbox",
+        "has not been verified",
+        "cpu-2x4",
+        "refused by `pods plan`",
+    ):
         assert fact in header, fact
     assert "grade-job.yaml" in header
 

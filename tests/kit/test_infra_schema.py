@@ -75,7 +75,9 @@ def blocks():
                         provider = body.get("provider", "google")
                         provider = provider[0] if isinstance(provider, list) else provider
                         provider = str(provider).strip('"${}')
-                        out.append((path.relative_to(INFRA), kind, _unquote(rtype), _unquote(name), provider, body))
+                        out.append(
+                            (path.relative_to(INFRA), kind, _unquote(rtype), _unquote(name), provider, body)
+                        )
     return out
 
 
@@ -84,13 +86,20 @@ BLOCKS = blocks()
 
 def test_infra_has_blocks_to_check():
     types = {b[2] for b in BLOCKS}
-    assert {"google_tpu_v2_vm", "google_compute_instance", "google_service_account", "google_compute_firewall"} <= types
+    assert {
+        "google_tpu_v2_vm",
+        "google_compute_instance",
+        "google_service_account",
+        "google_compute_firewall",
+    } <= types
 
 
 def test_the_schema_covers_every_type_infra_uses():
     for path, kind, rtype, _name, provider, _ in BLOCKS:
         table = SCHEMA[provider]["resources" if kind == "resource" else "data"]
-        assert rtype in table, f"{path}: {rtype} is not in the derived schema: run infra/schema/derive_schema.py"
+        assert rtype in table, (
+            f"{path}: {rtype} is not in the derived schema: run infra/schema/derive_schema.py"
+        )
 
 
 def test_the_schema_is_the_top_of_the_allowed_provider_range():
@@ -111,8 +120,9 @@ def test_every_argument_exists_and_every_required_one_is_set(block):
 def test_the_checker_finds_a_misspelt_argument_and_a_missing_required_one():
     schema = SCHEMA["google-beta"]["resources"]["google_tpu_v2_vm"]
     body = {"name": "x", "runtime_version": "v", "network_config": [{"enable_external_ip": False}]}
-    assert problems(body, schema, "t") == ["t.network_config[0]: no argument or block `enable_external_ip` in the "
-                                           "provider's schema"]
+    assert problems(body, schema, "t") == [
+        "t.network_config[0]: no argument or block `enable_external_ip` in the provider's schema"
+    ]
     assert problems({"name": "x"}, schema, "t") == ["t: required `runtime_version` is not set"]
 
 
@@ -125,8 +135,11 @@ def test_the_tpu_arguments_the_kit_needs_are_in_the_beta_provider_only():
 def test_the_derived_file_is_what_the_script_derives_now(tmp_path):
     cache = Path.home() / ".cache" / "labkit-cdktf"
     if not list(cache.glob("cdktf_cdktf_provider_google*.whl")):
-        pytest.skip(f"the provider packages are not in {cache} (infra/schema/derive_schema.py downloads them)")
+        pytest.skip(
+            f"the provider packages are not in {cache} (infra/schema/derive_schema.py downloads them)"
+        )
     import runpy
+
     module = runpy.run_path(str(INFRA / "schema/derive_schema.py"))
     assert module["main"](["--cache", str(cache), "--out", str(tmp_path / "schema.json")]) == 0
     assert json.loads((tmp_path / "schema.json").read_text()) == SCHEMA

@@ -46,13 +46,21 @@ def _free_port() -> int:
 def _startup_env(tmp: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LABKIT_", "JAX_", "XLA_"))}
     env.update(
-        LABKIT_REPO=str(ROOT), LABKIT_REF="HEAD", LABKIT_HOME=str(tmp / "kit"), LABKIT_MODE="cpu",
-        LABKIT_SYSTEM_PACKAGES="0", LABKIT_LOG=str(tmp / "log" / "labkit-startup.log"),
-        LABKIT_STATE=str(tmp / "state"), LABKIT_SYSTEM_ENV=str(tmp / "environment"),
+        LABKIT_REPO=str(ROOT),
+        LABKIT_REF="HEAD",
+        LABKIT_HOME=str(tmp / "kit"),
+        LABKIT_MODE="cpu",
+        LABKIT_SYSTEM_PACKAGES="0",
+        LABKIT_LOG=str(tmp / "log" / "labkit-startup.log"),
+        LABKIT_STATE=str(tmp / "state"),
+        LABKIT_SYSTEM_ENV=str(tmp / "environment"),
         LABKIT_USER=subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip(),
-        LABKIT_JUPYTER="off", LABKIT_BACKUP="", LABKIT_STUDENT="ada",
+        LABKIT_JUPYTER="off",
+        LABKIT_BACKUP="",
+        LABKIT_STUDENT="ada",
         # Build the environment from uv's cache (filled by this machine's own `make setup`): no download.
-        UV_OFFLINE="1", PATH=_uv_dir() + os.pathsep + env["PATH"],
+        UV_OFFLINE="1",
+        PATH=_uv_dir() + os.pathsep + env["PATH"],
     )
     env.update(extra)
     return env
@@ -60,13 +68,17 @@ def _startup_env(tmp: Path, **extra) -> dict:
 
 # ---- the real run -------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory):
     """One real run in CPU mode with JupyterLab in the background; stopped when the module ends."""
     tmp = tmp_path_factory.mktemp("vm")
     port = _free_port()
-    result = run(["bash", str(STARTUP)], env=_startup_env(tmp, LABKIT_JUPYTER="background",
-                                                          LABKIT_JUPYTER_PORT=str(port)), timeout=1200)
+    result = run(
+        ["bash", str(STARTUP)],
+        env=_startup_env(tmp, LABKIT_JUPYTER="background", LABKIT_JUPYTER_PORT=str(port)),
+        timeout=1200,
+    )
     log = (tmp / "log" / "labkit-startup.log").read_text()
     yield tmp, port, result, log
     pid_file = tmp / "state" / "jupyter.pid"
@@ -121,9 +133,13 @@ def test_the_environment_is_the_students_selection_and_up_to_date(booted):
     assert not (kit / ".venv" / "bin" / "checkov").exists(), "the kit's own tools stay off the VMs"
     selection = dict(line.split("=", 1) for line in (tmp / "environment").read_text().splitlines())
     assert selection == {"EXTRAS": "", "DEP_GROUPS": "notebook"}
-    up_to_date = run(["make", "-q", "-C", str(kit), ".venv/.synced", *(f"{k}={v}" for k, v in selection.items())])
+    up_to_date = run(
+        ["make", "-q", "-C", str(kit), ".venv/.synced", *(f"{k}={v}" for k, v in selection.items())]
+    )
     assert up_to_date.returncode == 0, "a student's make lab-N would install again"
-    assert not list((kit / ".venv").glob("lib/python*/site-packages/libtpu*")), "jax[tpu] belongs on TPU VMs only"
+    assert not list((kit / ".venv").glob("lib/python*/site-packages/libtpu*")), (
+        "jax[tpu] belongs on TPU VMs only"
+    )
 
 
 def test_the_release_and_its_environment_are_read_only_to_other_users(booted):
@@ -208,20 +224,28 @@ def test_startup_script_in_tpu_mode_installs_jax_tpu_and_smokes_on_tpu(tmp_path)
     result, calls = _quick(tmp_path, LABKIT_MODE="tpu")
     assert result.returncode == 0, result.stdout + result.stderr
     makes = [c for c in calls if c.startswith("make ")]
-    assert makes == [f"make -C {tmp_path / 'state/src'} setup DEP_GROUPS=notebook",
-                     f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu DEP_GROUPS=notebook"]
+    assert makes == [
+        f"make -C {tmp_path / 'state/src'} setup DEP_GROUPS=notebook",
+        f"make -C {tmp_path / 'kit'} setup EXTRAS=tpu DEP_GROUPS=notebook",
+    ]
     smoke = next(c for c in calls if "labkit lab 3" in c)
     assert "--configs tpu" in smoke and f"--notebook {tmp_path / 'state/smoke/lab-3.ipynb'}" in smoke
-    assert (tmp_path / "state" / "status").read_text().startswith(
-        "ready: lab 3 as shipped reports not implemented yet on tpu")
+    assert (
+        (tmp_path / "state" / "status")
+        .read_text()
+        .startswith("ready: lab 3 as shipped reports not implemented yet on tpu")
+    )
     assert (tmp_path / "environment").read_text() == "EXTRAS=tpu\nDEP_GROUPS=notebook\n"
 
 
 def test_a_smoke_lab_that_passes_or_errs_is_a_failed_boot(tmp_path):
     _recording_tools(tmp_path)
     fake = tmp_path / "fakebin/python-fake"
-    fake.write_text(fake.read_text().replace('{"status": "todo"}, {"status": "todo"}',
-                                             '{"status": "todo"}, {"status": "error"}'))
+    fake.write_text(
+        fake.read_text().replace(
+            '{"status": "todo"}, {"status": "todo"}', '{"status": "todo"}, {"status": "error"}'
+        )
+    )
     result, _ = _quick(tmp_path)
     assert result.returncode != 0
     status = (tmp_path / "state" / "status").read_text()

@@ -17,8 +17,9 @@ import pytest
 from labkit.course import catalog
 from labkit.run import modes
 
-pytestmark = pytest.mark.skipif(modes.isolation()[0] != modes.BUBBLEWRAP,
-                                reason="bubblewrap cannot make a sandbox on this machine")
+pytestmark = pytest.mark.skipif(
+    modes.isolation()[0] != modes.BUBBLEWRAP, reason="bubblewrap cannot make a sandbox on this machine"
+)
 
 FIRST = """\
 import jax.monitoring as _m
@@ -53,9 +54,31 @@ def _graded(tmp_path: Path, start: str) -> tuple[dict, Path]:
     (subs / "ada").mkdir(parents=True)
     (subs / "ada" / "lab-3.ipynb").write_text(json.dumps(nb))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
-                           "--labs", "3", "--configs", "cpu-8", "--jobs", "1", "--start", start],
-                          cwd=catalog.ROOT, text=True, capture_output=True, timeout=900, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(subs),
+            "--out",
+            str(out),
+            "--labs",
+            "3",
+            "--configs",
+            "cpu-8",
+            "--jobs",
+            "1",
+            "--start",
+            start,
+        ],
+        cwd=catalog.ROOT,
+        text=True,
+        capture_output=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     row = json.loads((out / "scoreboard.json").read_text())["rows"][0]
     assert (row["status"], row["passed"], row["start"]) == ("ok", 6, start), row
@@ -66,7 +89,9 @@ def _graded(tmp_path: Path, start: str) -> tuple[dict, Path]:
 
 
 @pytest.mark.parametrize("start", ["warm", "cold"])
-def test_a_students_run_hits_the_cache_the_reference_filled_and_can_neither_list_nor_write_it(tmp_path, start):
+def test_a_students_run_hits_the_cache_the_reference_filled_and_can_neither_list_nor_write_it(
+    tmp_path, start
+):
     seen, folder = _graded(tmp_path, start)
     assert seen["hits"] > 0, seen  # programs the reference compiled were not compiled again
     assert seen["listed"] == "PermissionError", seen  # entries are opened by name, never listed

@@ -5,9 +5,16 @@ import json
 from labkit.course import catalog
 
 
-def test_a_copy_on_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
-    buggy = variant(1, ("everywhere = NamedSharding(Mesh(np.array(jax.devices())",
-                        "everywhere = NamedSharding(Mesh(np.array(jax.devices()[:1])"))
+def test_a_copy_on_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(
+    kit, lab_outcomes, variant
+):
+    buggy = variant(
+        1,
+        (
+            "everywhere = NamedSharding(Mesh(np.array(jax.devices())",
+            "everywhere = NamedSharding(Mesh(np.array(jax.devices()[:1])",
+        ),
+    )
     done = kit("lab", "1", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1
     by_config = lab_outcomes(1)
@@ -19,10 +26,14 @@ def test_a_copy_on_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_tes
 
 
 # Right in value, not parallel: a copy on every device (P()) where the exercise asks for pieces.
-ROWS_WHOLE = ('return jax.device_put(x, NamedSharding(mesh, P("data", None)))',
-              "return jax.device_put(x, NamedSharding(mesh, P()))")
-GRID_WHOLE = ('return jax.device_put(x, NamedSharding(grid, P("rows", "cols")))',
-              "return jax.device_put(x, NamedSharding(grid, P()))")
+ROWS_WHOLE = (
+    'return jax.device_put(x, NamedSharding(mesh, P("data", None)))',
+    "return jax.device_put(x, NamedSharding(mesh, P()))",
+)
+GRID_WHOLE = (
+    'return jax.device_put(x, NamedSharding(grid, P("rows", "cols")))',
+    "return jax.device_put(x, NamedSharding(grid, P()))",
+)
 
 
 def reference_code() -> str:
@@ -33,8 +44,10 @@ def reference_code() -> str:
 # Lab 1's exercises are placements: their result is all there is, and the tests read where it
 # lives. A copy on every device needs no compiled program to be caught.
 
+
 def test_a_grid_copied_to_every_device_passes_on_cpu_1_and_fails_the_hidden_tile_test_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     assert GRID_WHOLE[0] in reference_code(), "the replacement finds nothing: the reference changed"
     done = kit("lab", "1", "--notebook", str(variant(1, GRID_WHOLE)), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
@@ -48,7 +61,8 @@ def test_a_grid_copied_to_every_device_passes_on_cpu_1_and_fails_the_hidden_tile
 
 
 def test_rows_copied_to_every_device_are_caught_on_one_device_already_and_on_eight_as_a_copy(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     assert ROWS_WHOLE[0] in reference_code(), "the replacement finds nothing: the reference changed"
     done = kit("lab", "1", "--notebook", str(variant(1, ROWS_WHOLE)), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
@@ -88,5 +102,7 @@ def test_make_mesh_orders_a_tpus_devices_by_its_interconnect_as_labs_1_and_12_sa
     assert [d.id for d in jax.make_mesh((8,), ("data",), devices=v5p).devices.flat] != list(range(8))
     for lab in (1, 12):
         text = markdown(lab)
-        assert "same arrays on the same devices" not in text and "same shards on the same devices;" not in text
+        assert (
+            "same arrays on the same devices" not in text and "same shards on the same devices;" not in text
+        )
         assert "on a TPU, `jax.make_mesh`" in text.replace("On a TPU", "on a TPU"), lab

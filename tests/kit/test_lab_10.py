@@ -9,15 +9,20 @@ from labkit.course import catalog
 
 
 def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
-    buggy = variant(10, ("forward = [(i, (i + 1) % n) for i in range(n)]",
-                         "forward = [((i + 1) % n, i) for i in range(n)]"))
+    buggy = variant(
+        10,
+        ("forward = [(i, (i + 1) % n) for i in range(n)]", "forward = [((i + 1) % n, i) for i in range(n)]"),
+    )
     done = kit("lab", "10", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     outcomes = lab_outcomes(10)
     assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
     ring = outcomes["cpu-8"]["test_blocks_move_to_the_next_stage_not_the_previous_one"]
     assert ring["hidden"] and ring["status"] == "failed"
-    assert "moved to the previous device, not the next" in ring["message"] and "(source, destination)" in ring["message"]
+    assert (
+        "moved to the previous device, not the next" in ring["message"]
+        and "(source, destination)" in ring["message"]
+    )
     pipe = outcomes["cpu-8"]["test_pipeline_sends_activations_forward_through_every_stage"]
     assert pipe["hidden"] and pipe["status"] == "failed"
     assert "activations travelled backwards" in pipe["message"]
@@ -25,22 +30,30 @@ def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(ki
 
 # Right but not a pipeline: every device runs every layer on every microbatch.
 EVERY_LAYER_EVERYWHERE = [
-    ('return jax.jit(jax.shard_map(per_stage, mesh=mesh, in_specs=(P("stage"), P("stage"), P()), out_specs=P()))',
-     "return jax.jit(lambda w, b, m: jnp.stack([run_layers(w, b, mb) for mb in m]))"),
+    (
+        'return jax.jit(jax.shard_map(per_stage, mesh=mesh, in_specs=(P("stage"), P("stage"), P()), out_specs=P()))',
+        "return jax.jit(lambda w, b, m: jnp.stack([run_layers(w, b, mb) for mb in m]))",
+    ),
 ]
 
 
 def test_every_layer_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
     reference = catalog.lab(10).reference.read_text()
-    assert all(json.dumps(old)[1:-1] in reference for old, _ in EVERY_LAYER_EVERYWHERE), "a replacement finds nothing"
+    assert all(json.dumps(old)[1:-1] in reference for old, _ in EVERY_LAYER_EVERYWHERE), (
+        "a replacement finds nothing"
+    )
     everywhere = variant(10, *EVERY_LAYER_EVERYWHERE)
     done = kit("lab", "10", "--notebook", str(everywhere), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(10)
-    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), (
+        by_config["cpu-1"]
+    )
     named = by_config["cpu-8"]["test_pipeline_keeps_each_stages_layers_on_its_own_device"]
     assert named["hidden"] and named["status"] == "failed", named
-    assert "every device holds all of the weights" in named["message"] and "not a pipeline" in named["message"]
+    assert (
+        "every device holds all of the weights" in named["message"] and "not a pipeline" in named["message"]
+    )
 
 
 # -- ring_sum: designs within its budget, and those that are not -------------------------------
@@ -104,9 +117,13 @@ WITH_SCATTER_AND_GATHER = """    def per_stage(block):
         return jax.lax.all_gather(mine, "stage", axis=0, tiled=True)
 """
 
-RING_TESTS = {"test_ring_sum_gives_every_device_the_sum_of_all_blocks", "test_ring_sum_keeps_one_block_on_each_device",
-              "test_ring_sum_of_random_blocks", "test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce",
-              "test_ring_sum_sends_about_two_blocks_per_device"}
+RING_TESTS = {
+    "test_ring_sum_gives_every_device_the_sum_of_all_blocks",
+    "test_ring_sum_keeps_one_block_on_each_device",
+    "test_ring_sum_of_random_blocks",
+    "test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce",
+    "test_ring_sum_sends_about_two_blocks_per_device",
+}
 
 
 def run_ring_design(kit, lab_outcomes, variant, per_stage: str) -> dict:
@@ -118,7 +135,9 @@ def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, v
     assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
 
 
-def test_passing_whole_blocks_around_the_ring_passes_on_cpu_1_and_is_over_budget_on_cpu_8(kit, lab_outcomes, variant):
+def test_passing_whole_blocks_around_the_ring_passes_on_cpu_1_and_is_over_budget_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
     assert set(ran["cpu-8"]) == {"test_ring_sum_sends_about_two_blocks_per_device"}, ran
@@ -127,8 +146,9 @@ def test_passing_whole_blocks_around_the_ring_passes_on_cpu_1_and_is_over_budget
     assert "n - 1 = 7" in caught["message"] and "Cut each block into 8 pieces" in caught["message"], caught
 
 
-def test_a_ring_in_fori_loop_passes_on_cpu_1_and_on_cpu_8_is_counted_step_by_step_and_over_budget(kit, lab_outcomes,
-                                                                                                 variant):
+def test_a_ring_in_fori_loop_passes_on_cpu_1_and_on_cpu_8_is_counted_step_by_step_and_over_budget(
+    kit, lab_outcomes, variant
+):
     ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS_IN_A_LOOP)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
     assert set(ran["cpu-8"]) == {"test_ring_sum_sends_about_two_blocks_per_device"}, ran
@@ -140,7 +160,9 @@ def test_a_ring_sum_written_with_psum_is_named_on_one_device_and_on_eight(kit, l
     ran = run_ring_design(kit, lab_outcomes, variant, WITH_PSUM)
     assert ran["returncode"] == 1, ran
     for config in ("cpu-1", "cpu-8"):
-        assert set(ran[config]) == {"test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"}, ran[config]
+        assert set(ran[config]) == {"test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"}, ran[
+            config
+        ]
         caught = ran[config]["test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"]
         assert caught["hidden"] and caught["points"] == 1 and "1 all-reduce(s)" in caught["message"], caught
         assert "jax.lax.psum's collective" in caught["message"], caught
@@ -155,11 +177,15 @@ def test_psum_scatter_then_all_gather_is_named_on_cpu_8(kit, lab_outcomes, varia
 
 
 # ring_sum_both_ways in ring_sum's design: every block sent forward, the links backward left idle.
-ONE_WAY = ("        return jnp.concatenate([one_ring(first, +1), one_ring(second, -1)])",
-           "        return one_ring(block, +1)")
+ONE_WAY = (
+    "        return jnp.concatenate([one_ring(first, +1), one_ring(second, -1)])",
+    "        return one_ring(block, +1)",
+)
 
 
-def test_a_stretch_that_sends_everything_one_way_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+def test_a_stretch_that_sends_everything_one_way_passes_on_cpu_1_and_is_named_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     """Right values, only ppermutes to neighbours, about two blocks a device: the busiest link carries 1.75."""
     code = "".join("".join(c["source"]) for c in json.loads(catalog.lab(10).reference.read_text())["cells"])
     assert ONE_WAY[0] in code, "the reference's stretch changed: update ONE_WAY"
@@ -168,16 +194,21 @@ def test_a_stretch_that_sends_everything_one_way_passes_on_cpu_1_and_is_named_on
     outcomes = lab_outcomes(10)
     assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
     failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
-    assert set(failed) == {"test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block"}
+    assert set(failed) == {
+        "test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block"
+    }
     caught = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 0, caught
-    assert "carries 1.75 blocks" in caught["message"] and "half of every block forward" in caught["message"], caught
+    assert (
+        "carries 1.75 blocks" in caught["message"] and "half of every block forward" in caught["message"]
+    ), caught
 
 
 # A pipeline with no overlap: one micro-batch at a time through the stages, each stage idle while the others work.
 # Right everywhere, its layers where they belong; the count of hand-offs in the compiled program names it.
 ONE_MICROBATCH_AT_A_TIME = (
-    ('''        received = jnp.zeros_like(microbatches[0])
+    (
+        """        received = jnp.zeros_like(microbatches[0])
         outputs = jnp.zeros_like(microbatches)
         for t in range(count + n - 1):
             h = jnp.where(stage == 0, microbatches[min(t, count - 1)], received)
@@ -186,8 +217,10 @@ ONE_MICROBATCH_AT_A_TIME = (
             if done >= 0:
                 outputs = outputs.at[done].set(jnp.where(stage == n - 1, h, outputs[done]))
             received = jax.lax.ppermute(h, "stage", perm=forward)
-'''),
-    ('''        def one_microbatch(m, outputs):  # a loop over the microbatches: its permutes count once per trip
+"""
+    ),
+    (
+        """        def one_microbatch(m, outputs):  # a loop over the microbatches: its permutes count once per trip
             h = microbatches[m]
             for s in range(n):  # stage s works; the others wait
                 h = jnp.where(stage == s, run_layers(w, b, h), h)
@@ -197,11 +230,14 @@ ONE_MICROBATCH_AT_A_TIME = (
 
         start = jax.lax.pcast(jnp.zeros_like(microbatches), ("stage",), to="varying")  # as the loop leaves it
         outputs = jax.lax.fori_loop(0, count, one_microbatch, start)
-'''))
+"""
+    ),
+)
 
 
-def test_a_pipeline_that_runs_one_microbatch_at_a_time_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes,
-                                                                                            variant):
+def test_a_pipeline_that_runs_one_microbatch_at_a_time_passes_on_cpu_1_and_is_named_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     failed = failed_on_cpu_8(kit, lab_outcomes, variant, 10, ONE_MICROBATCH_AT_A_TIME)
     assert set(failed) == {"test_pipeline_keeps_every_stage_busy_at_once"}, failed
     caught = failed.popitem()[1]

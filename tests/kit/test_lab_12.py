@@ -8,9 +8,13 @@ from labkit.course import catalog
 # (text in the reference, the mistake put in its place)
 MISTAKES = [
     # place_rows: a mesh of one device, still typed float32[...@data]
-    ('    mesh = jax.make_mesh((jax.device_count(),), ("data",))\n    return jax.reshard(x, NamedSharding(mesh, P("data", None)))',
-     ('    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])\n'
-      '    return jax.reshard(x, NamedSharding(mesh, P("data", None)))')),
+    (
+        '    mesh = jax.make_mesh((jax.device_count(),), ("data",))\n    return jax.reshard(x, NamedSharding(mesh, P("data", None)))',
+        (
+            '    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])\n'
+            '    return jax.reshard(x, NamedSharding(mesh, P("data", None)))'
+        ),
+    ),
     # contract_to_rows: an all-reduce where a reduce-scatter belongs
     ('out_sharding=NamedSharding(mesh, P("data", None)))', "out_sharding=NamedSharding(mesh, P()))"),
     # block_maxima: the maximum across devices instead of each block's own
@@ -25,21 +29,29 @@ NAMED = {
 
 
 def test_the_reference_passes_every_test_on_one_device_and_on_eight(kit, lab_outcomes):
-    done = kit("lab", "12", "--notebook", str(catalog.lab(12).reference), "--configs", "cpu-1,cpu-8", "--hidden")
+    done = kit(
+        "lab", "12", "--notebook", str(catalog.lab(12).reference), "--configs", "cpu-1,cpu-8", "--hidden"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     by_config = lab_outcomes(12)
     for config in ("cpu-1", "cpu-8"):
-        assert by_config[config] and all(o["status"] == "passed" for o in by_config[config].values()), by_config[config]
+        assert by_config[config] and all(o["status"] == "passed" for o in by_config[config].values()), (
+            by_config[config]
+        )
 
 
 def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
-    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(12).reference.read_text())["cells"])
+    reference = "".join(
+        "".join(c["source"]) for c in json.loads(catalog.lab(12).reference.read_text())["cells"]
+    )
     assert all(old in reference for old, _ in MISTAKES), "a mistake replaces nothing: the reference changed"
     buggy = variant(12, *MISTAKES)
     done = kit("lab", "12", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(12)
-    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), (
+        by_config["cpu-1"]
+    )
     for test, phrase in NAMED.items():
         outcome = by_config["cpu-8"][test]
         assert outcome["hidden"] and outcome["status"] == "failed", outcome

@@ -41,12 +41,16 @@ def test_wrong_predictions_pass_on_cpu_1_and_fail_their_named_tests_on_cpu_8(kit
 # The given FSDP program keeps w2 whole on every device and gathers only w1: it sends half the bytes.
 W2_KEPT_WHOLE = [
     ('        w2 = jax.lax.all_gather(w2, "data", axis=0, tiled=True)\n', ""),
-    ('in_specs=(P("data"),) * 3, out_specs=P("data")', 'in_specs=(P("data"), P("data"), P()), out_specs=P("data")'),
+    (
+        'in_specs=(P("data"),) * 3, out_specs=P("data")',
+        'in_specs=(P("data"), P("data"), P()), out_specs=P("data")',
+    ),
 ]
 
 
 def test_the_answers_follow_the_compiled_program_so_a_changed_program_fails_the_references_predictions(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     failed = failed_on_cpu_8(kit, lab_outcomes, variant, 13, *W2_KEPT_WHOLE)
     assert set(failed) == {
         "test_fewer_bytes_at_a_small_batch_matches_the_compiled_programs",
@@ -66,7 +70,9 @@ def test_the_passes_the_lab_and_the_docs_give_each_precision_are_jaxs_own():
 
     doc = " ".join(jax.lax.Precision.__doc__.split())
     assert "HIGHEST: Slowest but most accurate. On TPU: performs float32 computations in 6 bfloat16" in doc
-    assert "DEFAULT: Fastest mode, but least accurate. On TPU: performs float32 computations in bfloat16" in doc
+    assert (
+        "DEFAULT: Fastest mode, but least accurate. On TPU: performs float32 computations in bfloat16" in doc
+    )
     assert "tensorfloat32 if available (e.g. on A100 and H100" in doc
     cells = json.loads(catalog.lab(13).reference.read_text())["cells"]
     lab = " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())

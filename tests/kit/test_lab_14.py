@@ -24,49 +24,81 @@ ROOT = catalog.ROOT
 LAB = catalog.lab(14)
 
 # The reference's design: the batch over 'data', the heads and hidden units over 'model'.
-SPECS = ('    state = {"wq": cols, "wk": cols, "wv": cols, "wo": rows, "w1": cols, "w2": rows}\n'
-         '    batch = P("data")\n')
+SPECS = (
+    '    state = {"wq": cols, "wk": cols, "wv": cols, "wo": rows, "w1": cols, "w2": rows}\n'
+    '    batch = P("data")\n'
+)
 PLACES = "place((state, state, batch, batch)),\n                   out_shardings=place((state, state, P())))"
 JIT = "return jax.jit(sgd_step, "
 
 # FSDP: every weight and its momentum in n pieces over the whole grid, the batch too.
-FSDP = [(SPECS, '    state = {name: P(("data", "model")) for name in WEIGHTS}\n    batch = P(("data", "model"))\n')]
+FSDP = [
+    (
+        SPECS,
+        '    state = {name: P(("data", "model")) for name in WEIGHTS}\n    batch = P(("data", "model"))\n',
+    )
+]
 # The weights as the reference splits them, the momentum split further, over every device (optimizer-state
 # sharding).
-MOMENTUM_SPLIT_FURTHER = [(PLACES, ("place((state, moments, batch, batch)),\n"
-                                    "                   out_shardings=place((state, moments, P())))")),
-                          (SPECS, SPECS + '    moments = {name: P(("data", "model")) for name in WEIGHTS}\n')]
+MOMENTUM_SPLIT_FURTHER = [
+    (
+        PLACES,
+        (
+            "place((state, moments, batch, batch)),\n"
+            "                   out_shardings=place((state, moments, P())))"
+        ),
+    ),
+    (SPECS, SPECS + '    moments = {name: P(("data", "model")) for name in WEIGHTS}\n'),
+]
 # Everything whole on every device: it sends nothing.
 REPLICATED = [(SPECS, "    state = {name: P() for name in WEIGHTS}\n    batch = P()\n")]
 # FSDP whose gradient comes from four micro-batches, each one's gradient averaged across devices on its own:
 # right, and four times the traffic of the gradient.
-MICRO_BATCHES = FSDP + [(JIT, (
-    "def micro_batched_step(params, momentum, x, y):\n"
-    "        parts = [jax.value_and_grad(loss_fn)(params, x[i::4], y[i::4]) for i in range(4)]\n"
-    "        grads = jax.tree.map(lambda *g: sum(g) / 4, *[g for _, g in parts])\n"
-    "        momentum = jax.tree.map(lambda m, g: MOMENTUM * m + g, momentum, grads)\n"
-    "        params = jax.tree.map(lambda p, m: p - LEARNING_RATE * m, params, momentum)\n"
-    "        return params, momentum, sum(loss for loss, _ in parts) / 4\n\n"
-    "    return jax.jit(micro_batched_step, "))]
+MICRO_BATCHES = FSDP + [
+    (
+        JIT,
+        (
+            "def micro_batched_step(params, momentum, x, y):\n"
+            "        parts = [jax.value_and_grad(loss_fn)(params, x[i::4], y[i::4]) for i in range(4)]\n"
+            "        grads = jax.tree.map(lambda *g: sum(g) / 4, *[g for _, g in parts])\n"
+            "        momentum = jax.tree.map(lambda m, g: MOMENTUM * m + g, momentum, grads)\n"
+            "        params = jax.tree.map(lambda p, m: p - LEARNING_RATE * m, params, momentum)\n"
+            "        return params, momentum, sum(loss for loss, _ in parts) / 4\n\n"
+            "    return jax.jit(micro_batched_step, "
+        ),
+    )
+]
 # The state split over every device, but each device gathers the weights and computes the whole batch, keeping its
 # own piece of the result: within both budgets, and every device does all the work.
-WHOLE_BATCH_EVERYWHERE = FSDP + [(JIT, (
-    "def whole_batch_everywhere(mesh):\n"
-    "        every = (\"data\", \"model\")\n"
-    "        n, split = mesh.size, P(every)\n\n"
-    "        def per_device(p, m, x, y):\n"
-    "            gather = functools.partial(jax.lax.all_gather, axis_name=every, axis=0, tiled=True)\n"
-    "            p, m, loss = sgd_step(jax.tree.map(gather, p), jax.tree.map(gather, m), x, y)\n"
-    "            i = jax.lax.axis_index(every)\n"
-    "            mine = lambda a: jax.lax.dynamic_slice_in_dim(a, i * (len(a) // n), len(a) // n)\n"
-    "            return jax.tree.map(mine, p), jax.tree.map(mine, m), loss\n\n"
-    "        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(split, split, P(), P()),\n"
-    "                                     out_specs=(split, split, P()), check_vma=False))\n\n"
-    "    return whole_batch_everywhere(mesh)\n"
-    "    return jax.jit(sgd_step, "))]
+WHOLE_BATCH_EVERYWHERE = FSDP + [
+    (
+        JIT,
+        (
+            "def whole_batch_everywhere(mesh):\n"
+            '        every = ("data", "model")\n'
+            "        n, split = mesh.size, P(every)\n\n"
+            "        def per_device(p, m, x, y):\n"
+            "            gather = functools.partial(jax.lax.all_gather, axis_name=every, axis=0, tiled=True)\n"
+            "            p, m, loss = sgd_step(jax.tree.map(gather, p), jax.tree.map(gather, m), x, y)\n"
+            "            i = jax.lax.axis_index(every)\n"
+            "            mine = lambda a: jax.lax.dynamic_slice_in_dim(a, i * (len(a) // n), len(a) // n)\n"
+            "            return jax.tree.map(mine, p), jax.tree.map(mine, m), loss\n\n"
+            "        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(split, split, P(), P()),\n"
+            "                                     out_specs=(split, split, P()), check_vma=False))\n\n"
+            "    return whole_batch_everywhere(mesh)\n"
+            "    return jax.jit(sgd_step, "
+        ),
+    )
+]
 
-DESIGNS = {"data-x-model": [], "fsdp": FSDP, "momentum-split-further": MOMENTUM_SPLIT_FURTHER,
-           "replicated": REPLICATED, "micro-batches": MICRO_BATCHES, "whole-batch-everywhere": WHOLE_BATCH_EVERYWHERE}
+DESIGNS = {
+    "data-x-model": [],
+    "fsdp": FSDP,
+    "momentum-split-further": MOMENTUM_SPLIT_FURTHER,
+    "replicated": REPLICATED,
+    "micro-batches": MICRO_BATCHES,
+    "whole-batch-everywhere": WHOLE_BATCH_EVERYWHERE,
+}
 VALID = ("data-x-model", "fsdp", "momentum-split-further")  # data-x-model: the reference itself
 MEMORY = "test_each_device_keeps_within_the_memory_budget"
 COMMUNICATION = "test_each_device_sends_within_the_communication_budget"
@@ -84,12 +116,34 @@ def graded(tmp_path_factory):
     """The class graded on cpu-1 and cpu-8: scoreboard.json, and each student's rows by configuration."""
     root = tmp_path_factory.mktemp("lab14")
     for student, replacements in DESIGNS.items():
-        assert all(old in reference_code(14) for old, _ in replacements), f"{student}: a replacement finds nothing"
+        assert all(old in reference_code(14) for old, _ in replacements), (
+            f"{student}: a replacement finds nothing"
+        )
         (root / "submissions" / student).mkdir(parents=True)
         (root / "submissions" / student / "lab-14.ipynb").write_text(design(replacements))
-    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(root / "submissions"),
-                           "--out", str(root / "out"), "--labs", "14", "--configs", "cpu-1,cpu-8", "--jobs", "2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(root / "submissions"),
+            "--out",
+            str(root / "out"),
+            "--labs",
+            "14",
+            "--configs",
+            "cpu-1,cpu-8",
+            "--jobs",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((root / "out" / "scoreboard.json").read_text())
     rows = {(r["student"], r["config"]): r for r in results["rows"]}
@@ -131,11 +185,15 @@ def test_a_replicated_design_passes_on_one_device_and_is_refused_by_the_memory_b
     assert not over[PUBLIC_MEMORY]["hidden"] and "over the memory budget" in over[PUBLIC_MEMORY]["message"]
     message = over[MEMORY]["message"]
     assert over[MEMORY]["hidden"] and "over the memory budget" in message, message
-    assert "each device keeps 384.0 KiB" in message and "the budget is 96.0 KiB, 2/8 of the 384.0 KiB" in message
+    assert (
+        "each device keeps 384.0 KiB" in message and "the budget is 96.0 KiB, 2/8 of the 384.0 KiB" in message
+    )
     assert "every device holds all of params['w1']" in message
 
 
-def test_micro_batches_averaged_one_by_one_pass_on_one_device_and_break_the_communication_budget_on_eight(graded):
+def test_micro_batches_averaged_one_by_one_pass_on_one_device_and_break_the_communication_budget_on_eight(
+    graded,
+):
     _, rows = graded
     assert rows[("micro-batches", "cpu-1")]["status"] == "ok"
     over = failed(rows[("micro-batches", "cpu-8")])
@@ -159,7 +217,9 @@ def test_the_leaderboard_ranks_the_valid_designs_in_the_order_of_the_cost_model(
     assert board["reference"]["seconds"] == pytest.approx(modelled["data-x-model"], rel=0.05)
 
 
-def test_weights_gathered_and_the_whole_batch_everywhere_pass_on_one_device_and_are_named_by_their_flops(graded):
+def test_weights_gathered_and_the_whole_batch_everywhere_pass_on_one_device_and_are_named_by_their_flops(
+    graded,
+):
     results, rows = graded
     assert rows[("whole-batch-everywhere", "cpu-1")]["status"] == "ok"
     over = failed(rows[("whole-batch-everywhere", "cpu-8")])

@@ -3,10 +3,17 @@
 from notebook_variants import failures_by_config
 
 
-def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_tests_on_cpu_8(kit, lab_outcomes, variant):
-    buggy = variant(2, (".lower(x).compile().as_text()", ".lower(x).as_text()"),
-                    ("return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P((\"rows\", \"cols\"))))",
-                     "return total"))
+def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_tests_on_cpu_8(
+    kit, lab_outcomes, variant
+):
+    buggy = variant(
+        2,
+        (".lower(x).compile().as_text()", ".lower(x).as_text()"),
+        (
+            'return jax.lax.with_sharding_constraint(total, NamedSharding(grid, P(("rows", "cols"))))',
+            "return total",
+        ),
+    )
     done = kit("lab", "2", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1
     by_config = lab_outcomes(2)
@@ -19,7 +26,10 @@ def test_lowered_hlo_and_a_missing_constraint_pass_on_cpu_1_and_fail_the_hidden_
 
     unconstrained = by_config["cpu-8"]["test_column_sums_split_is_not_left_partially_replicated"]
     assert unconstrained["status"] == "failed" and unconstrained["hidden"]
-    assert "with_sharding_constraint" in unconstrained["message"] and "partially replicated" in unconstrained["message"]
+    assert (
+        "with_sharding_constraint" in unconstrained["message"]
+        and "partially replicated" in unconstrained["message"]
+    )
     assert by_config["cpu-8"]["test_column_sums_of_a_wide_random_matrix"]["status"] == "passed"
 
 
@@ -48,12 +58,15 @@ WHOLE_ON_A_DEVICE = "test_column_sums_split_never_makes_every_sum_whole_on_a_dev
 # follow_data without jit; collectives_of_sum guessed from the placement instead of read from the program; the
 # column sums made whole on every device, then placed in pieces.
 UNJITTED = ("return jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x)", "return 2.0 * jnp.sin(x) + 1.0")
-GUESS = 'return ["all-reduce"] if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated else []'
+GUESS = (
+    'return ["all-reduce"] if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated else []'
+)
 FROM_SHARDING = ("text = jax.jit(jnp.sum).lower(x).compile().as_text()", GUESS)
 
 
 def test_follow_data_without_jit_fails_publicly_and_a_guess_and_whole_column_sums_fail_hidden_tests_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     guessed = variant(2, UNJITTED, FROM_SHARDING, (REFERENCE_SPLIT, WHOLE_THEN_PLACED))
     done = kit("lab", "2", "--notebook", str(guessed), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1
@@ -61,9 +74,13 @@ def test_follow_data_without_jit_fails_publicly_and_a_guess_and_whole_column_sum
     for config in ("cpu-1", "cpu-8"):
         unjitted = by_config[config]["test_follow_data_does_its_work_inside_jit"]
         assert unjitted["status"] == "failed" and not unjitted["hidden"], unjitted
-        assert "op by op, outside any jax.jit" in unjitted["message"] and "jax.jit(lambda" in unjitted["message"]
+        assert (
+            "op by op, outside any jax.jit" in unjitted["message"] and "jax.jit(lambda" in unjitted["message"]
+        )
         assert by_config[config]["test_follow_data_computes_two_sin_plus_one"]["status"] == "passed"
-    public_guesses = [o for name, o in by_config["cpu-8"].items() if name.startswith("test_collectives_of_a_sum")]
+    public_guesses = [
+        o for name, o in by_config["cpu-8"].items() if name.startswith("test_collectives_of_a_sum")
+    ]
     assert public_guesses and all(o["status"] == "passed" for o in public_guesses), public_guesses
     empty = "test_collectives_of_an_empty_array_split_by_rows_come_from_the_program_not_the_placement"
     assert by_config["cpu-1"][empty]["status"] == "passed"
@@ -77,6 +94,10 @@ def test_follow_data_without_jit_fails_publicly_and_a_guess_and_whole_column_sum
     assert by_config["cpu-8"]["test_column_sums_split_is_not_left_partially_replicated"]["status"] == "passed"
 
 
-def test_column_sums_reduce_scattered_by_hand_in_another_device_order_pass_every_test(kit, lab_outcomes, variant):
-    ran = failures_by_config(kit, lab_outcomes, variant, 2, REFERENCE_SPLIT, SCATTERED_BY_HAND, {WHOLE_ON_A_DEVICE})
+def test_column_sums_reduce_scattered_by_hand_in_another_device_order_pass_every_test(
+    kit, lab_outcomes, variant
+):
+    ran = failures_by_config(
+        kit, lab_outcomes, variant, 2, REFERENCE_SPLIT, SCATTERED_BY_HAND, {WHOLE_ON_A_DEVICE}
+    )
     assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran

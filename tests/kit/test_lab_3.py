@@ -11,17 +11,27 @@ import json
 
 from labkit.course import catalog
 
-WHOLE_ON_EVERY_DEVICE = ('in_specs=P("data"), out_specs=P("data"))\n    return double(x)',
-                         "in_specs=P(), out_specs=P())\n    return double(x)")
+WHOLE_ON_EVERY_DEVICE = (
+    'in_specs=P("data"), out_specs=P("data"))\n    return double(x)',
+    "in_specs=P(), out_specs=P())\n    return double(x)",
+)
 
 
 def test_doubling_the_whole_vector_on_every_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     cells = json.loads(catalog.lab(3).reference.read_text())["cells"]
     reference = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert WHOLE_ON_EVERY_DEVICE[0] in reference, "the replacement finds nothing: the reference changed"
-    done = kit("lab", "3", "--notebook", str(variant(3, WHOLE_ON_EVERY_DEVICE)), "--configs", "cpu-1,cpu-8",
-               "--hidden")
+    done = kit(
+        "lab",
+        "3",
+        "--notebook",
+        str(variant(3, WHOLE_ON_EVERY_DEVICE)),
+        "--configs",
+        "cpu-1,cpu-8",
+        "--hidden",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(3)
     assert {o["status"] for o in by_config["cpu-1"].values()} == {"passed"}, by_config["cpu-1"]

@@ -7,8 +7,13 @@ from labkit.course import catalog
 
 
 def test_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
-    buggy = variant(4, ('mesh = Mesh(np.array(jax.devices()), ("data",))\n    per_device',
-                        'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    per_device'))
+    buggy = variant(
+        4,
+        (
+            'mesh = Mesh(np.array(jax.devices()), ("data",))\n    per_device',
+            'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    per_device',
+        ),
+    )
     done = kit("lab", "4", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1
     by_config = lab_outcomes(4)
@@ -20,8 +25,13 @@ def test_a_mesh_of_one_device_passes_on_cpu_1_and_fails_the_hidden_test_on_cpu_8
 
 
 def test_a_mesh_of_one_device_is_named_by_a_public_test_on_cpu_8(kit, lab_outcomes, variant):
-    buggy = variant(4, ('mesh = Mesh(np.array(jax.devices()), ("data",))\n    per_device',
-                        'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    per_device'))
+    buggy = variant(
+        4,
+        (
+            'mesh = Mesh(np.array(jax.devices()), ("data",))\n    per_device',
+            'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    per_device',
+        ),
+    )
     done = kit("lab", "4", "--notebook", str(buggy), "--configs", "cpu-8")
     assert done.returncode == 1
     caught = lab_outcomes(4)["cpu-8"]["test_the_shard_map_rows_are_spread_over_every_device"]
@@ -30,19 +40,29 @@ def test_a_mesh_of_one_device_is_named_by_a_public_test_on_cpu_8(kit, lab_outcom
 
 
 # Right in value, not parallel: every device computes the sums of every row (in_specs=P()).
-WHOLE_ON_EVERY_DEVICE = ('in_specs=P("data"), out_specs=P("data"))\n    sm_result',
-                         "in_specs=P(), out_specs=P())\n    sm_result")
+WHOLE_ON_EVERY_DEVICE = (
+    'in_specs=P("data"), out_specs=P("data"))\n    sm_result',
+    "in_specs=P(), out_specs=P())\n    sm_result",
+)
 
 
 def test_every_row_on_every_device_passes_on_cpu_1_and_fails_the_placement_test_already_there_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     # The shard_map route's result is its work: computed whole on every device, it is a copy on every
     # device, and the stack with it; the hidden placement test sees that without the compiled program.
     cells = json.loads(catalog.lab(4).reference.read_text())["cells"]
     reference = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert WHOLE_ON_EVERY_DEVICE[0] in reference, "the replacement finds nothing: the reference changed"
-    done = kit("lab", "4", "--notebook", str(variant(4, WHOLE_ON_EVERY_DEVICE)), "--configs", "cpu-1,cpu-8",
-               "--hidden")
+    done = kit(
+        "lab",
+        "4",
+        "--notebook",
+        str(variant(4, WHOLE_ON_EVERY_DEVICE)),
+        "--configs",
+        "cpu-1,cpu-8",
+        "--hidden",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(4)
     assert {o["status"] for o in by_config["cpu-1"].values()} == {"passed"}, by_config["cpu-1"]
@@ -54,11 +74,17 @@ def test_every_row_on_every_device_passes_on_cpu_1_and_fails_the_placement_test_
 
 # The per-device sums tiled to the full length, out_specs=P() and check_vma=False: on one device the right answer;
 # on eight, device 0's four sums repeated (what plain JAX returns), which the kit's own run of the program must give too.
-FIRST_SHARD_ONLY = (('per_device = jax.shard_map(lambda block: jax.vmap(sum_of_squares)(block), mesh=mesh,\n'
-                     '                               in_specs=P("data"), out_specs=P("data"))'),
-                    ('per_device = jax.shard_map(lambda block: jnp.tile(jax.vmap(sum_of_squares)(block), '
-                     'x.shape[0] // block.shape[0]), mesh=mesh,\n'
-                     '                               in_specs=P("data"), out_specs=P(), check_vma=False)'))
+FIRST_SHARD_ONLY = (
+    (
+        "per_device = jax.shard_map(lambda block: jax.vmap(sum_of_squares)(block), mesh=mesh,\n"
+        '                               in_specs=P("data"), out_specs=P("data"))'
+    ),
+    (
+        "per_device = jax.shard_map(lambda block: jnp.tile(jax.vmap(sum_of_squares)(block), "
+        "x.shape[0] // block.shape[0]), mesh=mesh,\n"
+        '                               in_specs=P("data"), out_specs=P(), check_vma=False)'
+    ),
+)
 
 
 def test_a_shard_map_that_keeps_device_0s_rows_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):

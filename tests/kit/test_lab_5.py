@@ -23,8 +23,10 @@ MISTAKES = [
     # shard_map_ring_shift: pairs written (destination, source)
     ("ring = [(i, (i + 1) % n) for i in range(n)]", "ring = [((i + 1) % n, i) for i in range(n)]"),
     # shard_map_column_sums: psum where psum_scatter belongs
-    ('jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)',
-     'jax.lax.psum(jnp.sum(rows, axis=0), "data")'),
+    (
+        'jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)',
+        'jax.lax.psum(jnp.sum(rows, axis=0), "data")',
+    ),
     # shard_map_cumsum: no offset from the blocks before
     ("return jnp.cumsum(block) + before", "return jnp.cumsum(block)"),
 ]
@@ -40,13 +42,17 @@ NAMED = {
 
 
 def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(kit, lab_outcomes, variant):
-    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
+    reference = "".join(
+        "".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"]
+    )
     assert all(old in reference for old, _ in MISTAKES), "a mistake replaces nothing: the reference changed"
     buggy = variant(5, *MISTAKES)
     done = kit("lab", "5", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(5)
-    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), (
+        by_config["cpu-1"]
+    )
     for test, phrase in NAMED.items():
         outcome = by_config["cpu-8"][test]
         assert outcome["hidden"] and outcome["status"] == "failed", outcome
@@ -60,15 +66,24 @@ WHOLE_ON_EVERY_DEVICE = [
 ]
 
 
-def test_a_sum_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
-    reference = "".join("".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"])
+def test_a_sum_computed_whole_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(
+    kit, lab_outcomes, variant
+):
+    reference = "".join(
+        "".join(c["source"]) for c in json.loads(catalog.lab(5).reference.read_text())["cells"]
+    )
     assert all(old in reference for old, _ in WHOLE_ON_EVERY_DEVICE), "a replacement finds nothing"
     whole = variant(5, *WHOLE_ON_EVERY_DEVICE)
     done = kit("lab", "5", "--notebook", str(whole), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(5)
-    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), by_config["cpu-1"]
-    assert by_config["cpu-8"]["test_psum_of_a_random_vector_adds_the_blocks_of_every_device"]["status"] == "passed"
+    assert by_config["cpu-1"] and all(o["status"] == "passed" for o in by_config["cpu-1"].values()), (
+        by_config["cpu-1"]
+    )
+    assert (
+        by_config["cpu-8"]["test_psum_of_a_random_vector_adds_the_blocks_of_every_device"]["status"]
+        == "passed"
+    )
     named = by_config["cpu-8"]["test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums"]
     assert named["hidden"] and named["status"] == "failed", named
     assert "every device holds all of x" in named["message"] and "in_specs=P('data')" in named["message"]
@@ -100,8 +115,15 @@ TOTALS_BY_PSUM = """    def per_device(block):
 
 
 def run_cumsum_design(kit, lab_outcomes, variant, per_device: str) -> dict:
-    return failures_by_config(kit, lab_outcomes, variant, 5, REFERENCE_CUMSUM, per_device,
-                              {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"})
+    return failures_by_config(
+        kit,
+        lab_outcomes,
+        variant,
+        5,
+        REFERENCE_CUMSUM,
+        per_device,
+        {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"},
+    )
 
 
 def test_a_cumsum_that_adds_the_totals_with_psum_passes_every_test(kit, lab_outcomes, variant):
@@ -109,7 +131,9 @@ def test_a_cumsum_that_adds_the_totals_with_psum_passes_every_test(kit, lab_outc
     assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
 
 
-def test_a_cumsum_that_gathers_every_block_passes_on_cpu_1_and_is_over_budget_on_cpu_8(kit, lab_outcomes, variant):
+def test_a_cumsum_that_gathers_every_block_passes_on_cpu_1_and_is_over_budget_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     ran = run_cumsum_design(kit, lab_outcomes, variant, GATHER_THE_BLOCKS)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
     assert set(ran["cpu-8"]) == {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"}, ran["cpu-8"]
@@ -144,12 +168,16 @@ SHARDING_CONSTRAINTS = """    from jax.sharding import NamedSharding
     return jax.jit(lambda x: jax.lax.with_sharding_constraint(x, by_columns), in_shardings=by_rows)
 """
 
-ROWS_TO_COLUMNS_TESTS = {"test_rows_to_columns_sends_at_most_what_one_all_to_all_sends",
-                         "test_rows_to_columns_never_holds_the_whole_matrix_on_one_device"}
+ROWS_TO_COLUMNS_TESTS = {
+    "test_rows_to_columns_sends_at_most_what_one_all_to_all_sends",
+    "test_rows_to_columns_never_holds_the_whole_matrix_on_one_device",
+}
 
 
 def run_rows_to_columns_design(kit, lab_outcomes, variant, design: str) -> dict:
-    return failures_by_config(kit, lab_outcomes, variant, 5, REFERENCE_ROWS_TO_COLUMNS, design, ROWS_TO_COLUMNS_TESTS)
+    return failures_by_config(
+        kit, lab_outcomes, variant, 5, REFERENCE_ROWS_TO_COLUMNS, design, ROWS_TO_COLUMNS_TESTS
+    )
 
 
 def test_rows_to_columns_by_sharding_constraints_passes_every_test(kit, lab_outcomes, variant):
@@ -157,7 +185,9 @@ def test_rows_to_columns_by_sharding_constraints_passes_every_test(kit, lab_outc
     assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
 
 
-def test_rows_to_columns_that_gathers_the_matrix_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes, variant):
+def test_rows_to_columns_that_gathers_the_matrix_passes_on_cpu_1_and_is_named_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     ran = run_rows_to_columns_design(kit, lab_outcomes, variant, GATHER_AND_SLICE)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
     assert set(ran["cpu-8"]) == ROWS_TO_COLUMNS_TESTS, ran["cpu-8"]
@@ -165,30 +195,47 @@ def test_rows_to_columns_that_gathers_the_matrix_passes_on_cpu_1_and_is_named_on
     whole = ran["cpu-8"]["test_rows_to_columns_never_holds_the_whole_matrix_on_one_device"]
     assert over["hidden"] and "7.00 block(s) of rows" in over["message"], over
     assert "where the budget is the 7/8 of its block" in over["message"], over
-    assert whole["hidden"] and "all-gather hands each device an array of 64 KiB, all of x" in whole["message"], whole
+    assert (
+        whole["hidden"] and "all-gather hands each device an array of 64 KiB, all of x" in whole["message"]
+    ), whole
 
 
 def test_rows_to_columns_is_built_once_so_a_second_call_compiles_nothing():
     nb = json.loads(catalog.lab(5).reference.read_text())
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
     calls = {"rows_to_columns": [[[1.0] * 4] * 4]}
-    done = subprocess.run([sys.executable, "-c", RUN_TWICE], input=json.dumps([nb, calls]), env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_TWICE],
+        input=json.dumps([nb, calls]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows_to_columns": []}
 
 
 # -- shard_map_column_sums: the lesson is the reduce-scatter, so a whole all-reduce then a slice is over budget --
 
-PSUM_THEN_SLICE = ('        return jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)\n',
-                   ('        total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
-                    '        k = total.shape[0] // jax.lax.axis_size("data")\n'
-                    '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("data") * k, k)\n'))
+PSUM_THEN_SLICE = (
+    '        return jax.lax.psum_scatter(jnp.sum(rows, axis=0), "data", scatter_dimension=0, tiled=True)\n',
+    (
+        '        total = jax.lax.psum(jnp.sum(rows, axis=0), "data")\n'
+        '        k = total.shape[0] // jax.lax.axis_size("data")\n'
+        '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("data") * k, k)\n'
+    ),
+)
 
 
-def test_column_sums_by_a_psum_then_a_slice_pass_on_cpu_1_and_are_over_budget_on_cpu_8(kit, lab_outcomes, variant):
+def test_column_sums_by_a_psum_then_a_slice_pass_on_cpu_1_and_are_over_budget_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     failed = failed_on_cpu_8(kit, lab_outcomes, variant, 5, PSUM_THEN_SLICE)
     assert set(failed) == {"test_column_sums_send_what_one_reduce_scatter_sends"}, failed
     caught = failed.popitem()[1]
     assert not caught["hidden"], caught  # its threshold is in the handout: a public test
-    assert "all-reduce of f32[32]" in caught["message"] and "224 bytes" in caught["message"], caught["message"]
+    assert "all-reduce of f32[32]" in caught["message"] and "224 bytes" in caught["message"], caught[
+        "message"
+    ]

@@ -10,10 +10,14 @@ from notebook_variants import failed_on_cpu_8
 from labkit.course import catalog
 
 
-def test_a_bias_inside_the_psum_and_an_unscaled_psum_scatter_pass_on_cpu_1_and_fail_on_cpu_8(kit, lab_outcomes,
-                                                                                             variant):
-    buggy = variant(9, ('jax.lax.psum(h @ w2, "model") + b2', 'jax.lax.psum(h @ w2 + b2, "model")'),
-                    ("tiled=True) / n for g in grads)", "tiled=True) for g in grads)"))
+def test_a_bias_inside_the_psum_and_an_unscaled_psum_scatter_pass_on_cpu_1_and_fail_on_cpu_8(
+    kit, lab_outcomes, variant
+):
+    buggy = variant(
+        9,
+        ('jax.lax.psum(h @ w2, "model") + b2', 'jax.lax.psum(h @ w2 + b2, "model")'),
+        ("tiled=True) / n for g in grads)", "tiled=True) for g in grads)"),
+    )
     done = kit("lab", "9", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8", "--hidden")
     assert done.returncode == 1, done.stdout + done.stderr
     outcomes = lab_outcomes(9)
@@ -33,17 +37,27 @@ REPLICATED = [
     ('specs = (P(), P(None, "model"), P("model"), P("model", None), P())', "specs = (P(),) * 5"),
     ('return jax.lax.psum(h @ w2, "model") + b2', "return h @ w2 + b2"),
     # fsdp_mlp: the batch split, the weights whole (data parallelism)
-    ("in_specs=(P(\"data\"),) * 5, out_specs=P(\"data\")", "in_specs=(P(\"data\"),) + (P(),) * 4, out_specs=P(\"data\")"),
-    ('w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))', "pass"),
+    (
+        'in_specs=(P("data"),) * 5, out_specs=P("data")',
+        'in_specs=(P("data"),) + (P(),) * 4, out_specs=P("data")',
+    ),
+    (
+        'w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))',
+        "pass",
+    ),
     # fsdp_gradients: whole weights, whole gradients (psum, not psum_scatter)
     ('whole = tuple(jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in pieces)', "whole = pieces"),
     ('jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True) / n', 'jax.lax.psum(g, "data") / n'),
-    ('in_specs=(P("data"),) * 6, out_specs=(P("data"),) * 4', 'in_specs=(P("data"),) * 2 + (P(),) * 4, out_specs=(P(),) * 4'),
+    (
+        'in_specs=(P("data"),) * 6, out_specs=(P("data"),) * 4',
+        'in_specs=(P("data"),) * 2 + (P(),) * 4, out_specs=(P(),) * 4',
+    ),
 ]
 
 
 def test_whole_weights_on_every_device_pass_on_cpu_1_and_are_named_by_the_compiled_program_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     reference = catalog.lab(9).reference.read_text()
     assert all(json.dumps(old)[1:-1] in reference for old, _ in REPLICATED), "a replacement finds nothing"
     replicated = variant(9, *REPLICATED)
@@ -51,13 +65,18 @@ def test_whole_weights_on_every_device_pass_on_cpu_1_and_are_named_by_the_compil
     assert done.returncode == 1, done.stdout + done.stderr
     outcomes = lab_outcomes(9)
     assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
-        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"]
+        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"
+    ]
     fsdp = outcomes["cpu-8"]["test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device"]
     assert fsdp["hidden"] and fsdp["status"] == "failed", fsdp
-    assert "every device holds all of w1" in fsdp["message"] and "data parallelism, not FSDP" in fsdp["message"]
+    assert (
+        "every device holds all of w1" in fsdp["message"] and "data parallelism, not FSDP" in fsdp["message"]
+    )
     tensor = outcomes["cpu-8"]["test_tensor_parallel_mlp_splits_the_hidden_layer_and_its_work"]
     assert tensor["hidden"] and tensor["status"] == "failed", tensor
-    assert "every device holds all of w1" in tensor["message"] and "not tensor parallelism" in tensor["message"]
+    assert (
+        "every device holds all of w1" in tensor["message"] and "not tensor parallelism" in tensor["message"]
+    )
     gradients = outcomes["cpu-8"]["test_fsdp_gradients_keep_weights_and_gradients_in_pieces"]
     assert gradients["hidden"] and gradients["status"] == "failed", gradients
     assert "data parallelism, not FSDP" in gradients["message"]
@@ -69,14 +88,19 @@ def run_cpu_1_and_8(kit, lab_outcomes, variant, *replacements) -> dict:
 
 
 # Exercise 4 with a psum and each device's slice of it: right everywhere, twice the traffic of a reduce-scatter.
-PSUM_THEN_SLICE = ('return jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True) + b2',
-                   ('total = jax.lax.psum(h @ w2, "model") + b2\n'
-                    '        k = total.shape[0] // jax.lax.axis_size("model")\n'
-                    '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("model") * k, k)'))
+PSUM_THEN_SLICE = (
+    'return jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True) + b2',
+    (
+        'total = jax.lax.psum(h @ w2, "model") + b2\n'
+        '        k = total.shape[0] // jax.lax.axis_size("model")\n'
+        '        return jax.lax.dynamic_slice_in_dim(total, jax.lax.axis_index("model") * k, k)'
+    ),
+)
 
 
 def test_a_scattered_output_sliced_from_a_psum_passes_on_cpu_1_and_is_named_over_budget_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, PSUM_THEN_SLICE)
     assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
     caught = failed.popitem()[1]
@@ -87,12 +111,16 @@ def test_a_scattered_output_sliced_from_a_psum_passes_on_cpu_1_and_is_named_over
 
 # Exercise 4 as jax.jit with the rows split in out_shardings: the CPU compiler makes it an all-reduce and a slice.
 # Over budget on cpu-8, and told so without being blamed for a psum it never wrote.
-SCATTERED_BY_JIT = ('    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P("model", None)))',
-                    '    return jax.jit(mlp, in_shardings=[jax.sharding.NamedSharding(mesh, s) for s in specs],\n'
-                    '                   out_shardings=jax.sharding.NamedSharding(mesh, P("model", None)))')
+SCATTERED_BY_JIT = (
+    '    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P("model", None)))',
+    "    return jax.jit(mlp, in_shardings=[jax.sharding.NamedSharding(mesh, s) for s in specs],\n"
+    '                   out_shardings=jax.sharding.NamedSharding(mesh, P("model", None)))',
+)
 
 
-def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu_8(kit, lab_outcomes, variant):
+def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, SCATTERED_BY_JIT)
     assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
     message = failed.popitem()[1]["message"]
@@ -102,16 +130,23 @@ def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu
 
 # Exercise 1 gathering its split weights and computing everything on every device: right, the work not split.
 GATHER_AND_COMPUTE_ALL = [
-    (("        h = jnp.tanh(x @ w1 + b1)  # this device's columns of the hidden layer\n"
-     '        return jax.lax.psum(h @ w2, "model") + b2'),
-     ('        w1, b1, w2 = (jax.lax.all_gather(w, "model", axis=a, tiled=True) for w, a in ((w1, 1), (b1, 0), (w2, 0)))\n'
-     "        return jnp.tanh(x @ w1 + b1) @ w2 + b2")),
+    (
+        (
+            "        h = jnp.tanh(x @ w1 + b1)  # this device's columns of the hidden layer\n"
+            '        return jax.lax.psum(h @ w2, "model") + b2'
+        ),
+        (
+            '        w1, b1, w2 = (jax.lax.all_gather(w, "model", axis=a, tiled=True) for w, a in ((w1, 1), (b1, 0), (w2, 0)))\n'
+            "        return jnp.tanh(x @ w1 + b1) @ w2 + b2"
+        ),
+    ),
     ("in_specs=specs, out_specs=P()))", "in_specs=specs, out_specs=P(), check_vma=False))"),
 ]
 
 
-def test_weights_gathered_whole_for_the_forward_pass_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_outcomes,
-                                                                                          variant):
+def test_weights_gathered_whole_for_the_forward_pass_pass_on_cpu_1_and_are_named_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, *GATHER_AND_COMPUTE_ALL)
     assert set(failed) == {"test_tensor_parallel_mlp_splits_the_hidden_layer_and_its_work"}, failed
     caught = failed.popitem()[1]
@@ -122,64 +157,99 @@ def test_weights_gathered_whole_for_the_forward_pass_pass_on_cpu_1_and_are_named
 # in its two halves). all_gather's result stays varying for check_vma, so this design turns the check off to
 # return it with out_specs=P(); so does the one above.
 NO_CHECK = ("in_specs=specs, out_specs=P()))", "in_specs=specs, out_specs=P(), check_vma=False))")
-REDUCE_SCATTER_THEN_ALL_GATHER = ('return jax.lax.psum(h @ w2, "model") + b2',
-                                  ('rows = jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True)\n'
-                                  '        return jax.lax.all_gather(rows, "model", axis=0, tiled=True) + b2'))
+REDUCE_SCATTER_THEN_ALL_GATHER = (
+    'return jax.lax.psum(h @ w2, "model") + b2',
+    (
+        'rows = jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True)\n'
+        '        return jax.lax.all_gather(rows, "model", axis=0, tiled=True) + b2'
+    ),
+)
 # Exercise 4's reduce-scatter written by hand as a ring of ppermutes (lab 10's way): n - 1 blocks of rows, each
 # 1/n of the output, leave each device: exactly the budget.
 SCATTERED_BY_A_RING = (
     '        return jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True) + b2\n',
-    ('        n, i = jax.lax.axis_size("model"), jax.lax.axis_index("model")\n'
-    '        blocks = (h @ w2).reshape(n, -1, w2.shape[1])\n'
-    '        total = blocks[(i - 1) % n]\n'
-    '        for s in range(1, n):  # pass the running sum on; add this device\'s term of the next block\n'
-    '            total = jax.lax.ppermute(total, "model", [(j, (j + 1) % n) for j in range(n)])\n'
-    '            total = total + blocks[(i - s - 1) % n]\n'
-    '        return total + b2\n'))
+    (
+        '        n, i = jax.lax.axis_size("model"), jax.lax.axis_index("model")\n'
+        "        blocks = (h @ w2).reshape(n, -1, w2.shape[1])\n"
+        "        total = blocks[(i - 1) % n]\n"
+        "        for s in range(1, n):  # pass the running sum on; add this device's term of the next block\n"
+        '            total = jax.lax.ppermute(total, "model", [(j, (j + 1) % n) for j in range(n)])\n'
+        "            total = total + blocks[(i - s - 1) % n]\n"
+        "        return total + b2\n"
+    ),
+)
 
 
-@pytest.mark.parametrize("other", [[REDUCE_SCATTER_THEN_ALL_GATHER, NO_CHECK], [SCATTERED_BY_A_RING]],
-                         ids=["reduce-scatter-then-all-gather", "ring-of-ppermutes"])
+@pytest.mark.parametrize(
+    "other",
+    [[REDUCE_SCATTER_THEN_ALL_GATHER, NO_CHECK], [SCATTERED_BY_A_RING]],
+    ids=["reduce-scatter-then-all-gather", "ring-of-ppermutes"],
+)
 def test_another_design_that_keeps_the_properties_passes_every_test(kit, lab_outcomes, variant, other):
     assert not run_cpu_1_and_8(kit, lab_outcomes, variant, *other)
 
 
 # The stretch gathering both layers at once, as exercise 2 does: only the stretch's memory test names it.
-BOTH_LAYERS_AT_ONCE = ("        h, w2 = jax.lax.optimization_barrier((h, w2))  # w2 is gathered only once h exists\n", "")
+BOTH_LAYERS_AT_ONCE = (
+    "        h, w2 = jax.lax.optimization_barrier((h, w2))  # w2 is gathered only once h exists\n",
+    "",
+)
 
 
-def test_a_stretch_that_gathers_both_layers_at_once_passes_on_cpu_1_and_is_named_on_cpu_8(kit, lab_outcomes,
-                                                                                         variant):
+def test_a_stretch_that_gathers_both_layers_at_once_passes_on_cpu_1_and_is_named_on_cpu_8(
+    kit, lab_outcomes, variant
+):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, BOTH_LAYERS_AT_ONCE)
     assert set(failed) == {"test_fsdp_layer_by_layer_never_holds_both_layers_whole"}, failed
     caught = failed.popitem()[1]
-    assert caught["hidden"] and caught["points"] == 0 and "both layers were gathered at once" in caught["message"]
+    assert (
+        caught["hidden"]
+        and caught["points"] == 0
+        and "both layers were gathered at once" in caught["message"]
+    )
 
 
 # FSDP with the whole batch on every device: each gathers the batch, computes it all, and keeps its own rows (of
 # the output, of each gradient). Right values, pieces where they belong; only the FLOPs per device tell.
 WHOLE_BATCH_EVERYWHERE = [
-    (('        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
-      '        return jnp.tanh(x @ w1 + b1) @ w2 + b2'),
-     ('        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
-      '        x = jax.lax.all_gather(x, "data", axis=0, tiled=True)  # the whole batch on every device\n'
-      '        out = jnp.tanh(x @ w1 + b1) @ w2 + b2\n'
-      '        k = out.shape[0] // jax.lax.axis_size("data")\n'
-      '        return jax.lax.dynamic_slice_in_dim(out, jax.lax.axis_index("data") * k, k)')),
-    (('        grads = jax.grad(local_loss)(whole, x, y)  # this device\'s slice of the batch, whole weights\n'
-      '        n = jax.lax.axis_size("data")\n'
-      '        return tuple(jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True) / n for g in grads)'),
-     ('        x, y = (jax.lax.all_gather(a, "data", axis=0, tiled=True) for a in (x, y))  # the whole batch\n'
-      '        grads = jax.grad(local_loss)(whole, x, y)\n'
-      '        n, i = jax.lax.axis_size("data"), jax.lax.axis_index("data")\n'
-      '        return tuple(jax.lax.dynamic_slice_in_dim(g, i * (len(g) // n), len(g) // n) for g in grads)')),
+    (
+        (
+            '        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
+            "        return jnp.tanh(x @ w1 + b1) @ w2 + b2"
+        ),
+        (
+            '        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
+            '        x = jax.lax.all_gather(x, "data", axis=0, tiled=True)  # the whole batch on every device\n'
+            "        out = jnp.tanh(x @ w1 + b1) @ w2 + b2\n"
+            '        k = out.shape[0] // jax.lax.axis_size("data")\n'
+            '        return jax.lax.dynamic_slice_in_dim(out, jax.lax.axis_index("data") * k, k)'
+        ),
+    ),
+    (
+        (
+            "        grads = jax.grad(local_loss)(whole, x, y)  # this device's slice of the batch, whole weights\n"
+            '        n = jax.lax.axis_size("data")\n'
+            '        return tuple(jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True) / n for g in grads)'
+        ),
+        (
+            '        x, y = (jax.lax.all_gather(a, "data", axis=0, tiled=True) for a in (x, y))  # the whole batch\n'
+            "        grads = jax.grad(local_loss)(whole, x, y)\n"
+            '        n, i = jax.lax.axis_size("data"), jax.lax.axis_index("data")\n'
+            "        return tuple(jax.lax.dynamic_slice_in_dim(g, i * (len(g) // n), len(g) // n) for g in grads)"
+        ),
+    ),
 ]
 
 
 def test_fsdp_with_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_by_its_flops_on_cpu_8(
-        kit, lab_outcomes, variant):
+    kit, lab_outcomes, variant
+):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, *WHOLE_BATCH_EVERYWHERE)
-    assert {"test_fsdp_mlp_splits_the_batch_and_its_work",
-            "test_fsdp_gradients_split_the_batch_and_its_work"} <= set(failed), failed
+    assert {
+        "test_fsdp_mlp_splits_the_batch_and_its_work",
+        "test_fsdp_gradients_split_the_batch_and_its_work",
+    } <= set(failed), failed
     for caught in failed.values():
-        assert caught["hidden"] and "FLOPs" in caught["message"] and "the whole batch" in caught["message"], caught
+        assert caught["hidden"] and "FLOPs" in caught["message"] and "the whole batch" in caught["message"], (
+            caught
+        )

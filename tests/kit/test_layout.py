@@ -53,7 +53,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                found.append(path[path.index(nxt):] + [nxt])
+                found.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = "done"
@@ -72,8 +72,9 @@ def test_no_module_of_the_kit_imports_one_that_imports_it():
 
 
 def test_the_circle_finder_finds_a_circle():
-    assert circles({"labkit.a.x": {"labkit.a.y"}, "labkit.a.y": {"labkit.a.z"}, "labkit.a.z": {"labkit.a.x"}}) \
-        == [["labkit.a.x", "labkit.a.y", "labkit.a.z", "labkit.a.x"]]
+    assert circles(
+        {"labkit.a.x": {"labkit.a.y"}, "labkit.a.y": {"labkit.a.z"}, "labkit.a.z": {"labkit.a.x"}}
+    ) == [["labkit.a.x", "labkit.a.y", "labkit.a.z", "labkit.a.x"]]
 
 
 def test_the_top_of_the_package_holds_only_what_a_course_imports_and_the_stages():
@@ -84,9 +85,13 @@ def test_the_top_of_the_package_holds_only_what_a_course_imports_and_the_stages(
 
 def test_every_name_the_labs_and_their_tests_import_from_the_kit_is_there():
     """Lab tests (public and hidden) and the notebooks import the kit by these names: they must resolve."""
-    sources = [p.read_text() for folder in ("public", "hidden") for p in (ROOT / "tests" / folder).rglob("*.py")]
+    sources = [
+        p.read_text() for folder in ("public", "hidden") for p in (ROOT / "tests" / folder).rglob("*.py")
+    ]
     for nb in [*(ROOT / "reference").glob("*.ipynb"), *(ROOT / "labs").glob("*.ipynb")]:
-        sources += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+        sources += [
+            "".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"
+        ]
     wanted: set[tuple[str, str]] = set()
     for text in sources:
         try:
@@ -99,28 +104,44 @@ def test_every_name_the_labs_and_their_tests_import_from_the_kit_is_there():
             elif isinstance(node, ast.Import):
                 wanted |= {(a.name, "") for a in node.names if a.name.startswith("labkit")}
     assert len(wanted) > 20
-    script = ("import importlib, json, sys\n"
-              "missing = []\n"
-              "for module, name in json.loads(sys.argv[1]):\n"
-              "    m = importlib.import_module(module)\n"
-              "    if name and not hasattr(m, name):\n"
-              "        try:\n"
-              "            importlib.import_module(f'{module}.{name}')\n"
-              "        except ImportError:\n"
-              "            missing.append(f'{module}.{name}')\n"
-              "print(missing)\n")
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(wanted))], check=False, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    script = (
+        "import importlib, json, sys\n"
+        "missing = []\n"
+        "for module, name in json.loads(sys.argv[1]):\n"
+        "    m = importlib.import_module(module)\n"
+        "    if name and not hasattr(m, name):\n"
+        "        try:\n"
+        "            importlib.import_module(f'{module}.{name}')\n"
+        "        except ImportError:\n"
+        "            missing.append(f'{module}.{name}')\n"
+        "print(missing)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(sorted(wanted))],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("module", ["labkit.machine.envsetup", "labkit.machine.wheelhouse", "labkit.machine.doctor"])
+@pytest.mark.parametrize(
+    "module", ["labkit.machine.envsetup", "labkit.machine.wheelhouse", "labkit.machine.doctor"]
+)
 def test_what_runs_before_the_environment_exists_needs_only_the_standard_library(module):
     """`make setup` and `make doctor` start these with the system's python3, before .venv is made (-S: no
     site-packages, so nothing installed can be imported)."""
-    done = subprocess.run([sys.executable, "-S", "-m", module, "--help"], check=False, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", module, "--help"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout
 
@@ -130,8 +151,11 @@ MOST_LINES = 500
 
 def test_no_module_of_the_kit_is_longer_than_a_reader_takes_in_at_once():
     """A module that grows past this is split by concern, not left to grow (docs/development.md)."""
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MOST_LINES
+    }
     assert long == {}
 
 

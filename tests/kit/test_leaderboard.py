@@ -26,30 +26,68 @@ REFERENCE_SENT = 7392  # the bytes the reference's fsdp_mlp sends per device: 73
 
 
 def card(sent: float) -> dict:
-    c = cost.Card(devices=8, flops=16640.0, held={"argument": 1568, "output": 512, "temp": 8448},
-                  sent={"all-gather": float(sent)}, counts={"all-gather": 4})
+    c = cost.Card(
+        devices=8,
+        flops=16640.0,
+        held={"argument": 1568, "output": 512, "temp": 8448},
+        sent={"all-gather": float(sent)},
+        counts={"all-gather": 4},
+    )
     return {CALL: {"function": "fsdp_mlp", "runs": {"cpu-8": c.to_json()}}}
 
 
 def row(student: str, sent: float, passes: bool = True, config: str = "cpu-8") -> dict:
-    tests = [{"test": "test_fsdp_equals_the_unsplit_mlp", "exercise": "fsdp_mlp", "file": "t.py", "hidden": False,
-              "status": "passed", "message": ""},
-             {"test": "test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device", "exercise": "fsdp_mlp",
-              "file": "h.py", "hidden": True, "status": "passed" if passes else "failed",
-              "message": "" if passes else "w1 is whole on every device"}]
-    return {"student": student, "lab": 9, "config": config, "status": "ok" if passes else "failed",
-            "passed": 2 if passes else 1, "total": 2, "message": "" if passes else "1 of 2 tests did not pass",
-            "tests": tests, "cell_errors": [], "notes": [], "costs": card(sent)}
+    tests = [
+        {
+            "test": "test_fsdp_equals_the_unsplit_mlp",
+            "exercise": "fsdp_mlp",
+            "file": "t.py",
+            "hidden": False,
+            "status": "passed",
+            "message": "",
+        },
+        {
+            "test": "test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device",
+            "exercise": "fsdp_mlp",
+            "file": "h.py",
+            "hidden": True,
+            "status": "passed" if passes else "failed",
+            "message": "" if passes else "w1 is whole on every device",
+        },
+    ]
+    return {
+        "student": student,
+        "lab": 9,
+        "config": config,
+        "status": "ok" if passes else "failed",
+        "passed": 2 if passes else 1,
+        "total": 2,
+        "message": "" if passes else "1 of 2 tests did not pass",
+        "tests": tests,
+        "cell_errors": [],
+        "notes": [],
+        "costs": card(sent),
+    }
 
 
 def make_results(rows: list[dict], hide: tuple[str, ...] = ()) -> dict:
     students = sorted({r["student"] for r in rows})
-    return {"format": 1,
-            "labs": [{"number": 9, "name": "lab-9", "title": "Lab 9 · Tensor parallelism and FSDP",
-                      "leaderboard": SPEC.to_json(), "reference_costs": {"cpu-8": card(REFERENCE_SENT)}}],
-            "configs": [{"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8}],
-            "students": {s: {"notes": [], **({"leaderboard": "hide"} if s in hide else {})} for s in students},
-            "notes": [], "rows": rows}
+    return {
+        "format": 1,
+        "labs": [
+            {
+                "number": 9,
+                "name": "lab-9",
+                "title": "Lab 9 · Tensor parallelism and FSDP",
+                "leaderboard": SPEC.to_json(),
+                "reference_costs": {"cpu-8": card(REFERENCE_SENT)},
+            }
+        ],
+        "configs": [{"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8}],
+        "students": {s: {"notes": [], **({"leaderboard": "hide"} if s in hide else {})} for s in students},
+        "notes": [],
+        "rows": rows,
+    }
 
 
 def board_of(results: dict) -> dict:
@@ -58,12 +96,13 @@ def board_of(results: dict) -> dict:
 
 def leaderboard_section(markdown: str) -> str:
     start = markdown.index("## Leaderboard")
-    return markdown[start:markdown.index("\n## ", start + 1)]
+    return markdown[start : markdown.index("\n## ", start + 1)]
 
 
 # ----------------------------------------------------------------------------------------
 # Who is ranked, and in which order.
 # ----------------------------------------------------------------------------------------
+
 
 def test_students_are_ranked_by_their_modelled_step_time_fastest_first():
     results = make_results([row("alice", 20000), row("bob", 5000), row("carl", 10000)])
@@ -72,7 +111,11 @@ def test_students_are_ranked_by_their_modelled_step_time_fastest_first():
     assert [p["rank"] for p in places] == [1, 2, 3]
     assert [p["seconds"] for p in places] == pytest.approx([5e-8, 1e-7, 2e-7])
     table = leaderboard_section(markdown.to_markdown(results))
-    assert table.index("| 1 | bob | 50 ns |") < table.index("| 2 | carl | 100 ns |") < table.index("| 3 | alice | 200 ns |")
+    assert (
+        table.index("| 1 | bob | 50 ns |")
+        < table.index("| 2 | carl | 100 ns |")
+        < table.index("| 3 | alice | 200 ns |")
+    )
 
 
 def test_the_time_is_the_step_time_the_students_own_card_models_on_the_named_chip():
@@ -91,7 +134,9 @@ def test_a_student_whose_row_fails_is_not_ranked():
     results = make_results([row("alice", 20000), row("bob", 1000, passes=False)])
     assert [p["name"] for p in board_of(results)["places"]] == ["alice"]
     assert "bob" not in leaderboard_section(markdown.to_markdown(results))
-    assert "not ranked: only code that passes every test on cpu-8 is ranked" in markdown.feedback(results, "bob")
+    assert "not ranked: only code that passes every test on cpu-8 is ranked" in markdown.feedback(
+        results, "bob"
+    )
 
 
 def test_a_row_on_another_configuration_does_not_rank_a_student():
@@ -112,6 +157,7 @@ def test_a_lab_without_a_leaderboard_draws_none():
 # Opting out, and ids that are markup.
 # ----------------------------------------------------------------------------------------
 
+
 def test_a_student_who_opted_out_appears_as_anonymous_with_their_rank_and_never_their_id():
     results = make_results([row("alice", 5000), row("bob", 10000), row("carl", 20000)], hide=("alice",))
     results["policy"] = {"leaderboard": {"names": True}}  # a course that shows ids: the opt-out still holds
@@ -125,7 +171,7 @@ def test_a_student_who_opted_out_appears_as_anonymous_with_their_rank_and_never_
         assert "anonymous" in markdown.feedback(results, other)
     page = pages.to_html(results)
     start = page.index('<table class="leaderboard"')
-    table = page[start:page.index("</table>", start)]
+    table = page[start : page.index("</table>", start)]
     assert "alice" not in table and "anonymous" in table
 
 
@@ -137,8 +183,11 @@ def test_a_student_who_opted_out_is_told_their_own_rank():
 def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
     results = make_results([row(EVIL, 5000), row("bob", 10000)])
     results["policy"] = {"leaderboard": {"names": True}}  # ids on the students' boards too
-    for page in (pages.to_html(results), pages.feedback_html(results, "bob"),
-                 pages.feedback_html(results, EVIL)):
+    for page in (
+        pages.to_html(results),
+        pages.feedback_html(results, "bob"),
+        pages.feedback_html(results, EVIL),
+    ):
         assert "<img src=x" not in page
         assert "&lt;img src=x onerror=&#34;document.title=&#39;pwned&#39;&#34;&gt;" in page
     for md in (leaderboard_section(markdown.to_markdown(results)), markdown.feedback(results, "bob")):
@@ -148,6 +197,7 @@ def test_markup_in_a_student_id_is_shown_as_text_on_every_leaderboard():
 # ----------------------------------------------------------------------------------------
 # What a student is told.
 # ----------------------------------------------------------------------------------------
+
 
 def test_a_students_own_board_names_them_you_and_their_classmates_by_rank_only():
     results = make_results([row("alice", 5000), row("bob", 10000), row("carl", 20000)])
@@ -181,8 +231,10 @@ def test_the_leaderboards_are_drawn_from_the_whole_class_after_merging_its_parts
     whole = make_results([row("alice", 20000), row("bob", 5000), row("carl", 10000)])
     parts = []
     for i, students in enumerate(({"alice"}, {"bob", "carl"})):
-        part = whole | {"students": {s: v for s, v in whole["students"].items() if s in students},
-                        "rows": [r for r in whole["rows"] if r["student"] in students]}
+        part = whole | {
+            "students": {s: v for s, v in whole["students"].items() if s in students},
+            "rows": [r for r in whole["rows"] if r["student"] in students],
+        }
         scoreboard.write(part, tmp_path / f"part{i}")
         parts.append(scoreboard.read(tmp_path / f"part{i}"))
     assert scoreboard.to_json(merging.merge(parts)) == scoreboard.to_json(whole)
@@ -192,9 +244,18 @@ def test_the_leaderboards_are_drawn_from_the_whole_class_after_merging_its_parts
 # Gradescope: each submission reports its own time; Gradescope ranks them.
 # ----------------------------------------------------------------------------------------
 
+
 def gradescope_results(seconds: float | None) -> dict:
-    outcomes = [{"test": "test_fsdp_equals_the_unsplit_mlp", "config": "cpu-8", "status": "passed", "message": "",
-                 "hidden": False, "points": 1}]
+    outcomes = [
+        {
+            "test": "test_fsdp_equals_the_unsplit_mlp",
+            "config": "cpu-8",
+            "status": "passed",
+            "message": "",
+            "hidden": False,
+            "points": 1,
+        }
+    ]
     results = gradescope.results_json(outcomes, ["cpu-8"], gradescope.policy.Policy(), [])
     return gradescope.with_leaderboard(results, SPEC, seconds, REFERENCE_SENT / 100e9)
 
@@ -202,8 +263,9 @@ def gradescope_results(seconds: float | None) -> dict:
 def test_gradescope_results_carry_the_leaderboard_in_gradescopes_documented_shape():
     results = gradescope_results(5e-8)
     gradescope.validate(results)
-    assert results["leaderboard"] == [{"name": "fsdp_mlp on cpu-8: modelled step time on a TPU v5e (µs)",
-                                       "value": 0.05, "order": "asc"}]
+    assert results["leaderboard"] == [
+        {"name": "fsdp_mlp on cpu-8: modelled step time on a TPU v5e (µs)", "value": 0.05, "order": "asc"}
+    ]
     assert "yours: 50 ns on a TPU v5e; the reference: 73.9 ns." in results["output"]
 
 
@@ -225,6 +287,7 @@ def test_the_schema_refuses_a_leaderboard_entry_gradescope_would_not_read():
 # Where it is configured: the catalog, the roster.
 # ----------------------------------------------------------------------------------------
 
+
 def test_every_leaderboard_of_the_catalog_names_a_chip_a_configuration_and_a_call_the_reference_examines():
     for number, spec in catalog.LEADERBOARDS.items():
         lab = catalog.lab(number)
@@ -235,7 +298,9 @@ def test_every_leaderboard_of_the_catalog_names_a_chip_a_configuration_and_a_cal
 
 def test_the_graded_results_carry_the_labs_leaderboard():
     subs = collect.Submissions(students={"alice": {}})
-    results = grade.results_of([], [catalog.lab(9), catalog.lab(3)], [configs.CONFIGS["cpu-8"]], subs, ["alice"])
+    results = grade.results_of(
+        [], [catalog.lab(9), catalog.lab(3)], [configs.CONFIGS["cpu-8"]], subs, ["alice"]
+    )
     assert [lab.get("leaderboard") for lab in results["labs"]] == [SPEC.to_json(), None]
 
 
@@ -250,6 +315,7 @@ def test_a_roster_line_can_hide_a_student_from_the_leaderboards():
 # ----------------------------------------------------------------------------------------
 # One submission graded as Gradescope grades it (real JAX, real sandbox): its own time, ranked.
 # ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(modes.bubblewrap()[0] is None, reason="bubblewrap cannot make a sandbox on this machine")
 def test_gradescope_reports_the_reference_solutions_own_time_on_the_leaderboard(tmp_path):

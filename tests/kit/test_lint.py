@@ -23,26 +23,31 @@ def _lint_paths() -> list[str]:
 def _run(tool: str, *args: str) -> subprocess.CompletedProcess:
     if importlib.util.find_spec(tool) is None:
         pytest.skip(f"{tool} is not installed here (the `dev` group: make setup FOR=test)")
-    return subprocess.run([sys.executable, "-m", tool, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", tool, *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff_finds_nothing():
     result = _run("ruff", "check", "--no-cache", "--output-format", "concise", *_lint_paths())
-    assert result.returncode == 0, f"ruff check found (fix them, or say why in pyproject.toml):\n{result.stdout}" \
-                                   f"{result.stderr}"
+    assert result.returncode == 0, (
+        f"ruff check found (fix them, or say why in pyproject.toml):\n{result.stdout}{result.stderr}"
+    )
 
 
 def test_mypy_finds_nothing():
     result = _run("mypy")
-    assert result.returncode == 0, f"mypy found (a module on the ratchet list only comes off it):\n{result.stdout}" \
-                                   f"{result.stderr}"
+    assert result.returncode == 0, (
+        f"mypy found (a module on the ratchet list only comes off it):\n{result.stdout}{result.stderr}"
+    )
 
 
 def test_vulture_finds_no_dead_code():
     result = _run("vulture")
-    assert result.returncode == 0, ("vulture found unused code: delete it, or add the name to "
-                                    f"tools/vulture_whitelist.py with who uses it:\n{result.stdout}{result.stderr}")
+    assert result.returncode == 0, (
+        "vulture found unused code: delete it, or add the name to "
+        f"tools/vulture_whitelist.py with who uses it:\n{result.stdout}{result.stderr}"
+    )
 
 
 def test_strict_modules_are_not_on_the_ratchet_list():

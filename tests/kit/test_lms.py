@@ -21,42 +21,83 @@ from labkit.grading import lms, policy, roster, scoreboard
 
 ROOT = Path(__file__).resolve().parents[2]
 NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-ROSTER = roster.parse("student,name,email,lms_id,section\n"
-                      "alice,Alice Liddell,alice@u.edu,4411,A\n"
-                      "bob,Bob Marley,bob@u.edu,4412,B\n"
-                      "=cmd,Mallory,m@u.edu,4413,A\n"
-                      "dana,Dana Scully,dana@u.edu,4414,B\n", "roster.csv")
+ROSTER = roster.parse(
+    "student,name,email,lms_id,section\n"
+    "alice,Alice Liddell,alice@u.edu,4411,A\n"
+    "bob,Bob Marley,bob@u.edu,4412,B\n"
+    "=cmd,Mallory,m@u.edu,4413,A\n"
+    "dana,Dana Scully,dana@u.edu,4414,B\n",
+    "roster.csv",
+)
 
 
 def t(name, status, points=1):
-    return {"test": f"test_{name}", "exercise": "f", "file": "t.py", "hidden": False, "status": status,
-            "message": "", "points": points}
+    return {
+        "test": f"test_{name}",
+        "exercise": "f",
+        "file": "t.py",
+        "hidden": False,
+        "status": status,
+        "message": "",
+        "points": points,
+    }
 
 
 def row(student, config, tests, status="ok"):
-    return {"student": student, "lab": 3, "config": config, "status": status,
-            "passed": sum(x["status"] == "passed" for x in tests), "total": len(tests), "message": "",
-            "tests": tests, "cell_errors": [], "notes": []}
+    return {
+        "student": student,
+        "lab": 3,
+        "config": config,
+        "status": status,
+        "passed": sum(x["status"] == "passed" for x in tests),
+        "total": len(tests),
+        "message": "",
+        "tests": tests,
+        "cell_errors": [],
+        "notes": [],
+    }
 
 
 def results() -> dict:
-    ref = [row("reference", c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for c in ("cpu-1", "cpu-8")]
+    ref = [
+        row("reference", c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for c in ("cpu-1", "cpu-8")
+    ]
     rows = [row("alice", c, [t("doubles", "passed", 2), t("split", "passed", 3)]) for c in ("cpu-1", "cpu-8")]
-    rows += [row("bob", "cpu-1", [t("doubles", "passed", 2), t("split", "passed", 3)]),
-             row("bob", "cpu-8", [t("doubles", "passed", 2), t("split", "failed", 3)], "failed")]
+    rows += [
+        row("bob", "cpu-1", [t("doubles", "passed", 2), t("split", "passed", 3)]),
+        row("bob", "cpu-8", [t("doubles", "passed", 2), t("split", "failed", 3)], "failed"),
+    ]
     rows += [row("dana", c, [], "missing") for c in ("cpu-1", "cpu-8")]
-    rows += [row("=cmd", c, [t("doubles", "passed", 2), t("split", "failed", 3)], "failed") for c in ("cpu-1", "cpu-8")]
-    return {"format": 1,
-            "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3 · shard_map basics",
-                      "tests": policy.lab_tests(ref)[3], "max_points": 5}],
-            "configs": [{"name": "cpu-1", "summary": "", "devices": 1}, {"name": "cpu-8", "summary": "", "devices": 8}],
-            "students": {s: {"notes": [], **ROSTER.students[s]} for s in sorted(ROSTER.students)},
-            "notes": [], "rows": rows, "policy": policy.Policy().to_json()}
+    rows += [
+        row("=cmd", c, [t("doubles", "passed", 2), t("split", "failed", 3)], "failed")
+        for c in ("cpu-1", "cpu-8")
+    ]
+    return {
+        "format": 1,
+        "labs": [
+            {
+                "number": 3,
+                "name": "lab-3",
+                "title": "Lab 3 · shard_map basics",
+                "tests": policy.lab_tests(ref)[3],
+                "max_points": 5,
+            }
+        ],
+        "configs": [
+            {"name": "cpu-1", "summary": "", "devices": 1},
+            {"name": "cpu-8", "summary": "", "devices": 8},
+        ],
+        "students": {s: {"notes": [], **ROSTER.students[s]} for s in sorted(ROSTER.students)},
+        "notes": [],
+        "rows": rows,
+        "policy": policy.Policy().to_json(),
+    }
 
 
 # ----------------------------------------------------------------------------------------
 # Export.
 # ----------------------------------------------------------------------------------------
+
 
 def test_the_canvas_export_has_canvas_columns_a_points_possible_row_and_one_row_per_student():
     table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
@@ -89,9 +130,27 @@ def test_work_not_handed_in_is_marked_excused_when_the_ta_asks(tmp_path):
     graded = tmp_path / "graded"
     graded.mkdir()
     (graded / "scoreboard.json").write_text(json.dumps(results()))
-    done = subprocess.run([sys.executable, "-m", "labkit", "scoreboard", "export", "--format", "canvas",
-                           "--missing", "excused", "--out", str(tmp_path / "c.csv"), str(graded)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "scoreboard",
+            "export",
+            "--format",
+            "canvas",
+            "--missing",
+            "excused",
+            "--out",
+            str(tmp_path / "c.csv"),
+            str(graded),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "dana@u.edu,B,EX" in (tmp_path / "c.csv").read_text()
 
@@ -107,7 +166,11 @@ def test_the_canvas_export_keeps_the_policys_weights_as_grades_csv_does():
     table = list(csv.reader(io.StringIO(lms.export(res, "canvas"))))
     assert table[1][5] == "10"
     assert ["Bob Marley", "4412", "bob", "bob@u.edu", "B", "4"] in table
-    totals = {r["student"]: r for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res))) if r["lab"] == "total"}
+    totals = {
+        r["student"]: r
+        for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res)))
+        if r["lab"] == "total"
+    }
     assert (totals["bob"]["points"], totals["bob"]["max_points"]) == ("4", "10")
 
 
@@ -126,27 +189,41 @@ CANVAS_GRADEBOOK = (
 
 def test_a_canvas_gradebook_round_trips_through_roster_grades_and_export_with_weights():
     people = roster.parse(CANVAS_GRADEBOOK, "gradebook.csv")
-    res = results() | {"policy": policy.Policy(weights={3: 2}, canvas={3: 123456}).to_json(),
-                       "students": {s: {"notes": [], **info} for s, info in people.students.items()},
-                       "rows": [r for r in results()["rows"] if r["student"] in people.students]}
+    res = results() | {
+        "policy": policy.Policy(weights={3: 2}, canvas={3: 123456}).to_json(),
+        "students": {s: {"notes": [], **info} for s, info in people.students.items()},
+        "rows": [r for r in results()["rows"] if r["student"] in people.students],
+    }
     exported = lms.export(res, "canvas")
     sent = list(csv.reader(io.StringIO(exported)))
     original = list(csv.reader(io.StringIO(CANVAS_GRADEBOOK)))
     assert sent[0][:6] == original[0][:6]  # the same columns: Canvas updates assignment 123456
     assert sent[1][5] == "10" and float(original[2][5]) == 10
     by_id = {line[1]: line for line in sent[2:]}
-    assert {i: (line[2], line[5]) for i, line in by_id.items()} == \
-        {"4411": ("alice", "10"), "4412": ("bob", "4"), "4414": ("dana", "")}  # dana's 8.00 in Canvas is kept
-    totals = {r["student"]: r["points"] for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res)))
-              if r["lab"] == "total"}
+    assert {i: (line[2], line[5]) for i, line in by_id.items()} == {
+        "4411": ("alice", "10"),
+        "4412": ("bob", "4"),
+        "4414": ("dana", ""),
+    }  # dana's 8.00 in Canvas is kept
+    totals = {
+        r["student"]: r["points"]
+        for r in csv.DictReader(io.StringIO(scoreboard.grades_csv(res)))
+        if r["lab"] == "total"
+    }
     assert totals["alice"] == by_id["4411"][5] and totals["bob"] == by_id["4412"][5]
-    assert roster.parse(exported, "canvas.csv").students == people.students  # the export reads back as the class
+    assert (
+        roster.parse(exported, "canvas.csv").students == people.students
+    )  # the export reads back as the class
 
 
 def test_the_wide_export_has_points_possible_points_total_and_the_rule():
     wide = {r["student"]: r for r in csv.DictReader(io.StringIO(lms.export(results(), "wide")))}
-    assert (wide["bob"]["lab-3"], wide["bob"]["lab-3 max"], wide["bob"]["total"], wide["bob"]["total max"]) == \
-        ("2", "5", "2", "5")
+    assert (
+        wide["bob"]["lab-3"],
+        wide["bob"]["lab-3 max"],
+        wide["bob"]["total"],
+        wide["bob"]["total max"],
+    ) == ("2", "5", "2", "5")
     assert "every configuration graded" in wide["bob"]["rule"]
 
 
@@ -157,7 +234,9 @@ def test_an_export_never_hands_a_spreadsheet_a_formula():
 
 
 def test_provisional_grades_are_not_exported():
-    res = results() | {"provisional": "provisional: tests/policy.toml requires cpu-8, which --configs left out"}
+    res = results() | {
+        "provisional": "provisional: tests/policy.toml requires cpu-8, which --configs left out"
+    }
     with pytest.raises(lms.LmsError, match="requires cpu-8"):
         lms.export(res, "canvas")
 
@@ -167,17 +246,50 @@ def test_scoreboard_export_writes_the_file_from_a_graded_folder_without_grading(
     graded.mkdir()
     (graded / "scoreboard.json").write_text(json.dumps(results()))
     out = tmp_path / "canvas.csv"
-    done = subprocess.run([sys.executable, "-m", "labkit", "scoreboard", "export", "--format", "canvas",
-                           "--out", str(out), str(graded)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "scoreboard",
+            "export",
+            "--format",
+            "canvas",
+            "--out",
+            str(out),
+            str(graded),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert out.read_text() == lms.export(results(), "canvas")
     assert sorted(p.name for p in graded.iterdir()) == ["scoreboard.json"]
 
 
 def test_scoreboard_export_of_a_folder_that_was_never_graded_exits_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "labkit", "scoreboard", "export", "--format", "wide",
-                           "--out", str(tmp_path / "x.csv"), str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "scoreboard",
+            "export",
+            "--format",
+            "wide",
+            "--out",
+            str(tmp_path / "x.csv"),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2 and "scoreboard.json does not exist" in done.stderr
     assert not (tmp_path / "x.csv").exists()
 
@@ -185,6 +297,7 @@ def test_scoreboard_export_of_a_folder_that_was_never_graded_exits_2(tmp_path):
 # ----------------------------------------------------------------------------------------
 # Import: Canvas.
 # ----------------------------------------------------------------------------------------
+
 
 def make_zip(path: Path, files: dict[str, str | bytes]) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
@@ -215,8 +328,9 @@ CANVAS = {
 def test_a_canvas_download_is_read_into_the_kits_layout_through_the_roster(tmp_path):
     found = lms.collect(make_zip(tmp_path / "canvas.zip", CANVAS), ROSTER, tmp_path / "into", [3, 5])
     assert found.layout == "canvas"
-    assert sorted(p.relative_to(tmp_path / "into").as_posix() for p in (tmp_path / "into").rglob("*.ipynb")) == \
-        ["alice/lab-3.ipynb", "bob/lab-3.ipynb", "dana/lab-5.ipynb"]
+    assert sorted(
+        p.relative_to(tmp_path / "into").as_posix() for p in (tmp_path / "into").rglob("*.ipynb")
+    ) == ["alice/lab-3.ipynb", "bob/lab-3.ipynb", "dana/lab-5.ipynb"]
 
 
 def test_the_latest_canvas_resubmission_is_the_one_graded(tmp_path):
@@ -288,13 +402,16 @@ submission_333:
 
 
 def test_a_gradescope_export_is_matched_by_sid_or_email_with_its_submission_time(tmp_path):
-    z = make_zip(tmp_path / "gs.zip", {
-        "assignment_42_export/submission_metadata.yml": GRADESCOPE_META,
-        "assignment_42_export/submission_111/lab-3.ipynb": nb("alice"),
-        "assignment_42_export/submission_222/lab-3.ipynb": nb("bob"),
-        "assignment_42_export/submission_333/lab-3.ipynb": nb("zed"),
-        "assignment_42_export/stray.ipynb": nb("stray"),
-    })
+    z = make_zip(
+        tmp_path / "gs.zip",
+        {
+            "assignment_42_export/submission_metadata.yml": GRADESCOPE_META,
+            "assignment_42_export/submission_111/lab-3.ipynb": nb("alice"),
+            "assignment_42_export/submission_222/lab-3.ipynb": nb("bob"),
+            "assignment_42_export/submission_333/lab-3.ipynb": nb("zed"),
+            "assignment_42_export/stray.ipynb": nb("stray"),
+        },
+    )
     found = lms.collect(z, ROSTER, tmp_path / "into", [3])
     assert found.layout == "gradescope"
     assert sorted(found.files) == [("alice", 3), ("bob", 3)]
@@ -322,8 +439,10 @@ submission_444:
 
 
 def test_a_gradescope_group_submission_credits_every_member_with_a_note(tmp_path):
-    z = make_zip(tmp_path / "gs.zip", {"submission_metadata.yml": GROUP_META,
-                                       "submission_444/lab-3.ipynb": nb("alice and dana")})
+    z = make_zip(
+        tmp_path / "gs.zip",
+        {"submission_metadata.yml": GROUP_META, "submission_444/lab-3.ipynb": nb("alice and dana")},
+    )
     found = lms.collect(z, ROSTER, tmp_path / "into", [3])
     assert sorted(found.files) == [("alice", 3), ("dana", 3)]
     for student in ("alice", "dana"):
@@ -333,15 +452,20 @@ def test_a_gradescope_group_submission_credits_every_member_with_a_note(tmp_path
     assert any("group" in n and "alice" in n for n in found.files["dana", 3]["notes"])
     assert any("group" in n and "dana" in n for n in found.files["alice", 3]["notes"])
     reasons = dict(found.unmatched)
-    assert "sid 7777" in reasons["submission_444/lab-3.ipynb"] and "not credited" in reasons["submission_444/lab-3.ipynb"]
+    assert (
+        "sid 7777" in reasons["submission_444/lab-3.ipynb"]
+        and "not credited" in reasons["submission_444/lab-3.ipynb"]
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Zips that would write outside their folder, or unpack to far more than they hold.
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["../escape_4411_1_lab-3.ipynb", "/abs_4411_1_lab-3.ipynb",
-                                  "sub/../../x_4411_1_lab-3.ipynb"])
+
+@pytest.mark.parametrize(
+    "name", ["../escape_4411_1_lab-3.ipynb", "/abs_4411_1_lab-3.ipynb", "sub/../../x_4411_1_lab-3.ipynb"]
+)
 def test_a_zip_with_a_path_leaving_its_folder_is_refused_whole(tmp_path, name):
     z = make_zip(tmp_path / "evil.zip", {"liddellalice_4411_90001_lab-3.ipynb": NB, name: NB})
     with pytest.raises(lms.LmsError, match="path traversal") as e:
@@ -353,7 +477,7 @@ def test_a_zip_with_a_path_leaving_its_folder_is_refused_whole(tmp_path, name):
 
 def test_a_zip_with_a_symbolic_link_is_refused(tmp_path):
     info = zipfile.ZipInfo("liddellalice_4411_90001_lab-3.ipynb")
-    info.external_attr = (0o120777 << 16)
+    info.external_attr = 0o120777 << 16
     with zipfile.ZipFile(tmp_path / "link.zip", "w") as z:
         z.writestr(info, "/etc/passwd")
     with pytest.raises(lms.LmsError, match="symbolic link"):
@@ -362,8 +486,10 @@ def test_a_zip_with_a_symbolic_link_is_refused(tmp_path):
 
 def test_a_zip_bomb_is_refused_before_anything_is_unpacked(tmp_path):
     bomb = tmp_path / "bomb.zip"
-    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z, \
-            z.open("liddellalice_4411_90001_lab-3.ipynb", "w", force_zip64=True) as f:
+    with (
+        zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z,
+        z.open("liddellalice_4411_90001_lab-3.ipynb", "w", force_zip64=True) as f,
+    ):
         for _ in range(50):
             f.write(b"\0" * (1 << 20))
     assert bomb.stat().st_size < 1_000_000
@@ -389,6 +515,7 @@ def test_nothing_is_written_outside_the_folder_given(tmp_path):
 # Student work never committed by accident.
 # ----------------------------------------------------------------------------------------
 
+
 def _default_folders() -> set[str]:
     """The folders the kit reads student work from or writes grades to when no option names one."""
     import re
@@ -410,25 +537,36 @@ def test_the_default_folders_of_student_work_and_grades_are_ignored_by_git():
     folders = _default_folders()
     assert {"submissions", "scoreboard", "grades"} <= folders, folders
     for folder in sorted(folders):
-        for inside in (f"{folder}/alice/lab-3.ipynb", f"{folder}/grades.csv", f"{folder}/collected/a/lab-1.ipynb"):
+        for inside in (
+            f"{folder}/alice/lab-3.ipynb",
+            f"{folder}/grades.csv",
+            f"{folder}/collected/a/lab-1.ipynb",
+        ):
             done = subprocess.run(["git", "check-ignore", "-q", "--no-index", inside], cwd=ROOT, check=False)
-            assert done.returncode == 0, f"{inside} is not in .gitignore: a `git add .` would commit student work"
+            assert done.returncode == 0, (
+                f"{inside} is not in .gitignore: a `git add .` would commit student work"
+            )
 
 
 def test_a_group_members_note_reaches_the_class_read_for_grading(tmp_path):
     from labkit.grading import grade
 
-    z = make_zip(tmp_path / "gs.zip", {"submission_metadata.yml": GROUP_META,
-                                       "submission_444/lab-3.ipynb": nb("alice and dana")})
+    z = make_zip(
+        tmp_path / "gs.zip",
+        {"submission_metadata.yml": GROUP_META, "submission_444/lab-3.ipynb": nb("alice and dana")},
+    )
     subs, times = grade._submissions(z, tmp_path / "out", ROSTER, io.StringIO())
     assert subs.students["dana"][3].read_text() == subs.students["alice"][3].read_text()
-    assert any(n.startswith("lab-3: handed in on Gradescope as a group with alice") for n in subs.notes["dana"])
+    assert any(
+        n.startswith("lab-3: handed in on Gradescope as a group with alice") for n in subs.notes["dana"]
+    )
     assert times["dana", 3]["times"] == times["alice", 3]["times"] and times["dana", 3]["times"]["gradescope"]
 
 
 # ----------------------------------------------------------------------------------------
 # Canvas's real submission times (its API), not a flat day for _LATE.
 # ----------------------------------------------------------------------------------------
+
 
 def test_a_canvas_time_counts_the_days_late_where_the_flag_alone_counts_one():
     from labkit.grading import deadlines
@@ -451,9 +589,26 @@ def test_a_folder_canvas_collect_wrote_is_read_with_each_notebooks_canvas_time(t
         (folder / student).mkdir(parents=True)
         (folder / student / "lab-3.ipynb").write_text(nb(student))
     (folder / "bob" / "lab-5.ipynb").write_text(nb("bob 5"))
-    (folder / "canvas_submissions.json").write_text(json.dumps({"format": 1, "source": "canvas-api", "submissions": {
-        "alice/lab-3.ipynb": {"user_id": "4411", "submitted_at": "2026-03-04T10:00:00Z", "late": True},
-        "bob/lab-3.ipynb": {"user_id": "4411", "submitted_at": "2026-03-01T10:00:00Z", "late": False}}}))
+    (folder / "canvas_submissions.json").write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "source": "canvas-api",
+                "submissions": {
+                    "alice/lab-3.ipynb": {
+                        "user_id": "4411",
+                        "submitted_at": "2026-03-04T10:00:00Z",
+                        "late": True,
+                    },
+                    "bob/lab-3.ipynb": {
+                        "user_id": "4411",
+                        "submitted_at": "2026-03-01T10:00:00Z",
+                        "late": False,
+                    },
+                },
+            }
+        )
+    )
     assert lms.is_download(folder)
     found = lms.collect(folder, ROSTER, tmp_path / "into", [3, 5])
     assert found.layout == "canvas-api" and sorted(found.files) == [("alice", 3)]

@@ -19,8 +19,15 @@ ROOT = catalog.ROOT
 
 def _python(code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "LABKIT_RUN"))}
-    return subprocess.run([sys.executable, "-c", code], check=False, env=base | (env or {}), cwd=ROOT, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env=base | (env or {}),
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 def test_an_environment_that_names_a_device_count_keeps_it():
@@ -46,52 +53,86 @@ def test_an_interactive_kernel_sees_eight_cpu_devices_once_the_lab_imports_the_c
 
 
 def test_a_kernel_whose_jax_already_started_is_told_to_restart():
-    done = _python("import ipykernel, jax\njax.devices()\nimport labkit.notebook as n\nprint(jax.device_count())")
+    done = _python(
+        "import ipykernel, jax\njax.devices()\nimport labkit.notebook as n\nprint(jax.device_count())"
+    )
     assert done.returncode == 0, done.stderr
     assert "restart the kernel" in done.stderr and done.stdout.split()[-1] == "1", done.stdout + done.stderr
 
 
 def test_the_replay_leaves_out_check_calls_and_keeps_the_rest():
-    history = ["", "import jax\ncheck = Checker(3)", "def f(x):\n    return x", 'check("f")',
-               'def g(x):\n    return x\ncheck("g")']
-    assert notebook.replay_sources(history) == ["import jax\ncheck = Checker(3)", "def f(x):\n    return x",
-                                                "def g(x):\n    return x"]
+    history = [
+        "",
+        "import jax\ncheck = Checker(3)",
+        "def f(x):\n    return x",
+        'check("f")',
+        'def g(x):\n    return x\ncheck("g")',
+    ]
+    assert notebook.replay_sources(history) == [
+        "import jax\ncheck = Checker(3)",
+        "def f(x):\n    return x",
+        "def g(x):\n    return x",
+    ]
 
 
 def _cells(lab: int, replace: tuple[str, str] | None = None) -> list[str]:
-    cells = ["".join(c["source"]) for c in json.loads(catalog.lab(lab).reference.read_text())["cells"]
-             if c["cell_type"] == "code"]
+    cells = [
+        "".join(c["source"])
+        for c in json.loads(catalog.lab(lab).reference.read_text())["cells"]
+        if c["cell_type"] == "code"
+    ]
     return [c.replace(*replace) for c in cells] if replace else cells
 
 
 def test_check_reports_a_one_device_mesh_as_passing_on_one_device_and_failing_on_eight():
-    one_device = ('mesh = Mesh(np.array(jax.devices()), ("data",))\n    double',
-                  'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    double')
+    one_device = (
+        'mesh = Mesh(np.array(jax.devices()), ("data",))\n    double',
+        'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    double',
+    )
     cells = _cells(3, one_device)
     assert any("jax.devices()[:1]" in c for c in cells), "the mistake replaced nothing: the reference changed"
-    code = ("import json, sys\nfrom labkit.notebook import Checker\n"
-            "ns = {'In': json.loads(sys.argv[1])}\n"
-            "from labkit.notebook import replay_sources\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
-            "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(cells)], check=False, cwd=ROOT, text=True, capture_output=True,
-                          timeout=600, env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")})
+    code = (
+        "import json, sys\nfrom labkit.notebook import Checker\n"
+        "ns = {'In': json.loads(sys.argv[1])}\n"
+        "from labkit.notebook import replay_sources\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
+        "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(cells)],
+        check=False,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+    )
     assert done.returncode == 0, done.stderr
     table = done.stdout
     assert "cpu-1" in table and "cpu-8" in table, table
-    split = next(line for line in table.splitlines() if line.strip().startswith("result is split across every"))
+    split = next(
+        line for line in table.splitlines() if line.strip().startswith("result is split across every")
+    )
     assert split.split()[-2:] == ["✓", "✗"], table
     assert "[cpu-8]" in table and "lives on 1" in table, table
     assert "RESULT False" in table
 
 
 def test_check_of_the_reference_passes_on_both():
-    code = ("import json, sys\nfrom labkit.notebook import Checker\n"
-            "ns = {'In': json.loads(sys.argv[1])}\n"
-            "from labkit.notebook import replay_sources\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
-            "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(_cells(3))], check=False, cwd=ROOT, text=True,
-                          capture_output=True, timeout=600,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")})
+    code = (
+        "import json, sys\nfrom labkit.notebook import Checker\n"
+        "ns = {'In': json.loads(sys.argv[1])}\n"
+        "from labkit.notebook import replay_sources\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
+        "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(_cells(3))],
+        check=False,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+    )
     assert done.returncode == 0, done.stderr
     assert "RESULT True" in done.stdout and "✗" not in done.stdout, done.stdout
     # the exercise's cost card on eight devices, the same as the reference's recorded one
@@ -106,7 +147,7 @@ def test_check_of_the_reference_passes_on_both():
 SANDBOXED = modes.bubblewrap()[0] is not None
 NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox on this machine")
 
-LOOK_AROUND = '''import json, os, socket
+LOOK_AROUND = """import json, os, socket
 import helpers
 def look_around(outside):
     seen = {"cwd": os.getcwd(), "data": open("data.csv").read().strip(), "outside": os.path.exists(outside),
@@ -119,11 +160,13 @@ def look_around(outside):
     except OSError as e:
         seen["wrote"] = e.strerror
     return json.dumps(seen)
-'''
+"""
 
 
 @NEEDS_SANDBOX
-def test_the_replay_reads_the_notebooks_folder_and_nothing_the_kernel_reads_outside_it_nor_the_network(tmp_path):
+def test_the_replay_reads_the_notebooks_folder_and_nothing_the_kernel_reads_outside_it_nor_the_network(
+    tmp_path,
+):
     folder, outside = tmp_path / "course" / "labs", tmp_path / "private.txt"
     folder.mkdir(parents=True)
     (folder / "data.csv").write_text("1,2,3\n")
@@ -145,24 +188,35 @@ def test_a_folder_that_holds_the_kit_is_not_shown_to_the_replay():
     assert notebook.replay_folder(ROOT / "labs") == (ROOT / "labs").resolve()
 
 
-_CHECK = ("import json, sys\nfrom labkit.notebook import Checker, replay_sources\n"
-          "ns = {'In': json.loads(sys.argv[1])}\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
-          "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n")
+_CHECK = (
+    "import json, sys\nfrom labkit.notebook import Checker, replay_sources\n"
+    "ns = {'In': json.loads(sys.argv[1])}\nfor cell in replay_sources(ns['In']):\n    exec(cell, ns)\n"
+    "print('RESULT', Checker(3)('shard_map_double', namespace=ns))\n"
+)
 
 
 @NEEDS_SANDBOX
 def test_a_solution_that_reads_a_file_outside_the_notebooks_folder_works_in_the_kernel_and_not_in_the_replay(
-        tmp_path):
+    tmp_path,
+):
     secret = tmp_path / "answers.txt"
     secret.write_text("2.0")
-    reads_outside = ("def shard_map_double(x):\n",
-                     f"def shard_map_double(x):\n    factor = float(open({str(secret)!r}).read())\n")
+    reads_outside = (
+        "def shard_map_double(x):\n",
+        f"def shard_map_double(x):\n    factor = float(open({str(secret)!r}).read())\n",
+    )
     cells = _cells(3, reads_outside)
     assert any(str(secret) in c for c in cells), "the change replaced nothing: the reference changed"
     (tmp_path / "labs").mkdir()
-    done = subprocess.run([sys.executable, "-c", _CHECK, json.dumps(cells)], check=False, cwd=tmp_path / "labs",
-                          text=True, capture_output=True, timeout=600,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")})
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK, json.dumps(cells)],
+        check=False,
+        cwd=tmp_path / "labs",
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+    )
     assert done.returncode == 0, done.stderr
     assert "RESULT False" in done.stdout, done.stdout
     assert "answers.txt" in done.stdout and "No such file or directory" in done.stdout, done.stdout
@@ -171,13 +225,22 @@ def test_a_solution_that_reads_a_file_outside_the_notebooks_folder_works_in_the_
 
 def test_where_no_sandbox_can_be_made_the_replay_runs_with_limits_only_and_check_says_so_in_one_line():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "LABKIT_SANDBOX"))}
-    done = subprocess.run([sys.executable, "-c", _CHECK, json.dumps(_cells(3))], check=False, cwd=ROOT, text=True,
-                          capture_output=True, timeout=600, env=env | {"LABKIT_BWRAP": "/bin/false"})
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK, json.dumps(_cells(3))],
+        check=False,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env=env | {"LABKIT_BWRAP": "/bin/false"},
+    )
     assert done.returncode == 0, done.stderr
     assert "RESULT True" in done.stdout and "✗" not in done.stdout, done.stdout
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1, done.stderr
-    assert warnings[0].startswith("labkit: warning: check() replays with resource limits only, not in a sandbox")
+    assert warnings[0].startswith(
+        "labkit: warning: check() replays with resource limits only, not in a sandbox"
+    )
     assert "/bin/false" in warnings[0] and "cannot start" in warnings[0]
 
 

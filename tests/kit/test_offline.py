@@ -46,25 +46,49 @@ def _uv() -> str:
 def offline(*command: str, cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run a command in a new network namespace whose only interface is loopback (brought up, for kernels)."""
     script = 'ip link set lo up && exec "$@"'
-    return subprocess.run(["unshare", "-n", "bash", "-c", script, "offline", *command], cwd=cwd, env=env,
-                          check=False, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["unshare", "-n", "bash", "-c", script, "offline", *command],
+        cwd=cwd,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def fresh_env(tmp: Path) -> dict:
     """The environment of a machine that has never set the kit up: no uv on the PATH, an empty uv cache."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_", "JAX_", "XLA_", "PIP_"))}
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
-                                  if p and not (Path(p) / "uv").exists() and ".venv" not in p)
-    env.update(UV_CACHE_DIR=str(tmp / "uv-cache"), UV_PYTHON_DOWNLOADS="never", LABKIT_BUILD=str(tmp / "build"),
-               COLUMNS="160", NO_COLOR="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("UV_", "VIRTUAL_ENV", "LABKIT_", "JAX_", "XLA_", "PIP_"))
+    }
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if p and not (Path(p) / "uv").exists() and ".venv" not in p
+    )
+    env.update(
+        UV_CACHE_DIR=str(tmp / "uv-cache"),
+        UV_PYTHON_DOWNLOADS="never",
+        LABKIT_BUILD=str(tmp / "build"),
+        COLUMNS="160",
+        NO_COLOR="1",
+    )
     return env
 
 
 def fresh_kit(dest: Path) -> Path:
     """A copy of the kit as a clone has it: tracked and new files, nothing that git ignores."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         src = ROOT / name
         if src.is_file():
@@ -79,12 +103,21 @@ def wheelhouse() -> Path:
     if WHEELHOUSE.is_dir() and any(WHEELHOUSE.glob("*.whl")):
         try:
             # for the Python this environment runs on (the lock holds another JAX for another Python)
-            if not wh.missing(WHEELHOUSE, _uv(), ["--python", os.path.realpath(sys.executable), "--all-groups"]):
+            if not wh.missing(
+                WHEELHOUSE, _uv(), ["--python", os.path.realpath(sys.executable), "--all-groups"]
+            ):
                 return WHEELHOUSE
         except wh.PlanError:
             pass
-    done = subprocess.run(doc_commands.with_values("make wheelhouse"), cwd=ROOT, env=doc_commands.user_environment(),
-                          check=False, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        doc_commands.with_values("make wheelhouse"),
+        cwd=ROOT,
+        env=doc_commands.user_environment(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return WHEELHOUSE
 
@@ -110,9 +143,19 @@ def test_the_namespace_really_has_no_network(tmp_path):
 def test_setup_offline_builds_the_environment_from_the_wheelhouse_alone(offline_kit):
     kit, env, done = offline_kit
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    check = subprocess.run([str(kit / ".venv" / "bin" / "python"), "-c",
-                            "import jax, flax, papermill, jupyterlab, labkit; print(jax.__version__, labkit.__file__)"],
-                           cwd=kit, env=env, check=False, capture_output=True, text=True, timeout=300)
+    check = subprocess.run(
+        [
+            str(kit / ".venv" / "bin" / "python"),
+            "-c",
+            "import jax, flax, papermill, jupyterlab, labkit; print(jax.__version__, labkit.__file__)",
+        ],
+        cwd=kit,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert check.returncode == 0, check.stderr
     version, where = check.stdout.split()
     # the JAX the lock gives the Python set-up took (0.12 on 3.12 and newer, 0.10.2 on 3.11)
@@ -126,17 +169,24 @@ def test_the_course_images_lean_selection_is_what_the_plain_offline_setup_made(o
     assert setup.returncode == 0, setup.stderr[-2000:]
     done = offline(*doc_commands.with_values("make setup OFFLINE=1 DEP_GROUPS=notebook"), cwd=kit, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "pip sync" not in done.stdout + done.stderr, "the environment was up to date: nothing was installed again"
+    assert "pip sync" not in done.stdout + done.stderr, (
+        "the environment was up to date: nothing was installed again"
+    )
 
 
 def test_lab_3_reference_passes_offline_on_cpu_1_and_cpu_8(offline_kit):
     kit, env, setup = offline_kit
     assert setup.returncode == 0, setup.stderr[-2000:]
     shutil.copy(kit / "reference" / "lab-3.ipynb", kit / "labs" / "lab-3.ipynb")
-    done = offline(*doc_commands.with_values("make lab-3 OFFLINE=1", also={"CONFIGS": "cpu-1,cpu-8", "TIMEOUT": "600"}),
-                   cwd=kit, env=env)
+    done = offline(
+        *doc_commands.with_values("make lab-3 OFFLINE=1", also={"CONFIGS": "cpu-1,cpu-8", "TIMEOUT": "600"}),
+        cwd=kit,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "pip sync" not in done.stdout + done.stderr, "the environment was up to date: nothing was installed again"
+    assert "pip sync" not in done.stdout + done.stderr, (
+        "the environment was up to date: nothing was installed again"
+    )
     assert "PASS" in done.stdout and "on cpu-1" in done.stdout and "on cpu-8" in done.stdout
 
 
@@ -148,8 +198,15 @@ def test_an_incomplete_wheelhouse_names_every_missing_package(tmp_path, wheelhou
         if not wheel.name.startswith(left_out):
             (partial / wheel.name).symlink_to(wheel)
     kit = fresh_kit(tmp_path / "kit")
-    done = offline("make", "setup", "OFFLINE=1", f"DEP_GROUPS={SELECTION}", f"WHEELHOUSE={partial}", cwd=kit,
-                   env=fresh_env(tmp_path))
+    done = offline(
+        "make",
+        "setup",
+        "OFFLINE=1",
+        f"DEP_GROUPS={SELECTION}",
+        f"WHEELHOUSE={partial}",
+        cwd=kit,
+        env=fresh_env(tmp_path),
+    )
     assert done.returncode != 0
     assert "is incomplete: 3 package(s)" in done.stderr, done.stderr
     assert "jaxlib==0." in done.stderr and "jupyterlab==" in done.stderr and "hatchling" in done.stderr
@@ -159,15 +216,32 @@ def test_an_incomplete_wheelhouse_names_every_missing_package(tmp_path, wheelhou
 
 def test_no_wheelhouse_at_all_says_how_to_make_one(tmp_path):
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, "-m", "labkit.machine.wheelhouse", "missing", "--wheelhouse",
-                           str(tmp_path / "empty"), "--uv", _uv()], cwd=ROOT, check=False, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit.machine.wheelhouse",
+            "missing",
+            "--wheelhouse",
+            str(tmp_path / "empty"),
+            "--uv",
+            _uv(),
+        ],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1
     assert "no wheelhouse" in done.stderr and "make wheelhouse" in done.stderr
 
 
 def test_wheel_names_are_matched_as_pep_427_spells_them(tmp_path):
-    for name in ("Jinja2-3.1.6-py3-none-any.whl", "typing_extensions-4.15.0-py3-none-any.whl",
-                 "jax-0.10.2-py3-none-any.whl"):
+    for name in (
+        "Jinja2-3.1.6-py3-none-any.whl",
+        "typing_extensions-4.15.0-py3-none-any.whl",
+        "jax-0.10.2-py3-none-any.whl",
+    ):
         (tmp_path / name).touch()
     found = wh.present(tmp_path)
     assert found[wh.normalize("jinja2")] == {"3.1.6"}

@@ -45,16 +45,19 @@ def test_overrides_reach_the_lms_exports():
     assert table[1][table[0].index("lab-3")] == "4"
 
 
-@pytest.mark.parametrize("text, says", [
-    ("student,lab,points\nzed,3,1\n", "overrides.csv, line 2: no student 'zed' in this class"),
-    ("student,lab,points\nbob,9,1\n", "overrides.csv, line 2: no lab '9' graded here"),
-    ("student,lab,test,status\nbob,3,nope,passed\n", "overrides.csv, line 2: lab 3 has no test 'nope'"),
-    ("student,lab,test,status\nbob,3,split,maybe\n", "status must be passed or failed"),
-    ("student,lab,points\nbob,3,-1\n", "points must not be negative"),
-    ("student,lab,points\nbob,3,1\nbob,3,2\n", "overrides.csv, line 3: overrides the same as line 2"),
-    ("student,points\nbob,1\n", "overrides.csv, line 1: missing column lab"),
-    ("student,lab\nbob,3\n", "give points, or a test and its status"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("student,lab,points\nzed,3,1\n", "overrides.csv, line 2: no student 'zed' in this class"),
+        ("student,lab,points\nbob,9,1\n", "overrides.csv, line 2: no lab '9' graded here"),
+        ("student,lab,test,status\nbob,3,nope,passed\n", "overrides.csv, line 2: lab 3 has no test 'nope'"),
+        ("student,lab,test,status\nbob,3,split,maybe\n", "status must be passed or failed"),
+        ("student,lab,points\nbob,3,-1\n", "points must not be negative"),
+        ("student,lab,points\nbob,3,1\nbob,3,2\n", "overrides.csv, line 3: overrides the same as line 2"),
+        ("student,points\nbob,1\n", "overrides.csv, line 1: missing column lab"),
+        ("student,lab\nbob,3\n", "give points, or a test and its status"),
+    ],
+)
 def test_a_bad_overrides_line_is_refused_naming_it(text, says):
     with pytest.raises(overrides.OverrideError) as e:
         overrides.parse(text, "overrides.csv", {"bob"}, TESTS)

@@ -18,18 +18,34 @@ POD_SIZES = [f"cpu-{n}" for n in configs.POD_SIZES if n not in (1, 8)]  # 1 and 
 
 
 def _all_passed(done, report, names) -> None:
-    failed = {(o["config"], o["test"]): o.get("message") for o in report["outcomes"] if o["status"] != "passed"}
+    failed = {
+        (o["config"], o["test"]): o.get("message") for o in report["outcomes"] if o["status"] != "passed"
+    }
     assert not failed, sorted(failed)
     for name in names:
         run = report["runs"][name]
-        assert run["status"] == "ok" and not run.get("cell_errors"), (name, run.get("message"), run.get("cell_errors"))
+        assert run["status"] == "ok" and not run.get("cell_errors"), (
+            name,
+            run.get("message"),
+            run.get("cell_errors"),
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_reference_passes_on_2_4_16_and_32_devices(kit, lab_report, lab):
-    done = kit("lab", str(lab.number), "--notebook", str(lab.reference), "--configs", ",".join(POD_SIZES), "--hidden",
-               "--timeout", "600", timeout=3000)
+    done = kit(
+        "lab",
+        str(lab.number),
+        "--notebook",
+        str(lab.reference),
+        "--configs",
+        ",".join(POD_SIZES),
+        "--hidden",
+        "--timeout",
+        "600",
+        timeout=3000,
+    )
     report = lab_report(lab.number)
     assert {o["config"] for o in report["outcomes"]} == set(POD_SIZES)
     _all_passed(done, report, POD_SIZES)
@@ -39,8 +55,18 @@ def test_every_reference_passes_on_2_4_16_and_32_devices(kit, lab_report, lab):
 @pytest.mark.parametrize("number", [5, 11])
 def test_labs_5_and_11_pass_on_four_processes_of_two_devices(kit, lab_report, number):
     lab = catalog.lab(number)
-    done = kit("lab", str(number), "--notebook", str(lab.reference), "--configs", "cpu-4x2", "--hidden",
-               "--timeout", "600", timeout=1200)
+    done = kit(
+        "lab",
+        str(number),
+        "--notebook",
+        str(lab.reference),
+        "--configs",
+        "cpu-4x2",
+        "--hidden",
+        "--timeout",
+        "600",
+        timeout=1200,
+    )
     report = lab_report(number)
     _all_passed(done, report, ["cpu-4x2"])
     processes = report["runs"]["cpu-4x2"]["processes"]
@@ -57,7 +83,7 @@ def test_labs_5_and_11_pass_on_four_processes_of_two_devices(kit, lab_report, nu
 # attribute of `jax` a notebook replaces before it calls an exercise, so the order is changed where
 # it comes from, in the code of jax.devices itself: everything that asks jax.devices() (the
 # notebook, JAX's own helpers, the kit's placement of the tests' inputs) sees the interleaved order.
-INTERLEAVE = '''check = Checker(11)
+INTERLEAVE = """check = Checker(11)
 from jax._src import xla_bridge as _xla_bridge
 
 def _labkit_interleave(devices):
@@ -70,10 +96,12 @@ def _interleaved_devices(backend=None):
 
 _xla_bridge._labkit_interleave = _labkit_interleave
 _xla_bridge.devices.__code__ = _interleaved_devices.__code__
-print("device order:", [(d.process_index, d.id) for d in jax.devices()])'''
+print("device order:", [(d.process_index, d.id) for d in jax.devices()])"""
 # The solution before: the mesh in jax.devices()'s order.
-BY_LISTED_ORDER = ('mesh = Mesh(np.array(devices_by_process()), ("data",))\n    start, stop',
-                   'mesh = Mesh(np.array(jax.devices()), ("data",))\n    start, stop')
+BY_LISTED_ORDER = (
+    'mesh = Mesh(np.array(devices_by_process()), ("data",))\n    start, stop',
+    'mesh = Mesh(np.array(jax.devices()), ("data",))\n    start, stop',
+)
 
 
 def test_interleaved_devices_keep_the_global_batch_in_order(kit, lab_outcomes, variant):
@@ -92,7 +120,9 @@ def test_interleaved_devices_keep_the_global_batch_in_order(kit, lab_outcomes, v
 
 def test_a_mesh_in_listed_order_permutes_the_rows_and_the_test_says_why(kit, lab_outcomes, variant):
     notebook = variant(11, ("check = Checker(11)", INTERLEAVE), BY_LISTED_ORDER, name="listed-order")
-    done = kit("lab", "11", "--notebook", str(notebook), "--configs", "cpu-1,cpu-2x4", "--hidden", timeout=1200)
+    done = kit(
+        "lab", "11", "--notebook", str(notebook), "--configs", "cpu-1,cpu-2x4", "--hidden", timeout=1200
+    )
     assert done.returncode == 1
     by = lab_outcomes(11)
     assert {o["status"] for o in by["cpu-1"].values()} == {"passed"}  # one process: no order to get wrong

@@ -32,7 +32,9 @@ PY = [sys.executable, "-m", "labkit"]
 
 
 def labkit(*args, timeout=600, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*PY, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False, **kw)
+    return subprocess.run(
+        [*PY, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False, **kw
+    )
 
 
 def _class(folder: Path, students: dict[str, str]) -> Path:
@@ -48,6 +50,7 @@ ONE_DEVICE = REFERENCE.replace("jax.devices()", "jax.devices()[:1]")  # right on
 
 # ---- no notebook ever runs without bubblewrap unless the pod is named, and is a pod ---------------------
 
+
 def test_isolation_pod_is_refused_where_the_root_file_system_is_writable():
     with pytest.raises(modes.SandboxUnavailable, match="is writable here"):
         modes.isolation(modes.POD)
@@ -62,9 +65,11 @@ def test_read_only_is_taken_from_the_root_mount_as_gvisor_reports_it(tmp_path):
     assert not modes._read_only("/", str(info))
 
 
-@pytest.mark.parametrize("make,what", [(os.mkfifo, "not a regular file"),
-                                       (lambda p: os.symlink("/etc/passwd", p), "a symbolic link")],
-                         ids=["pipe", "link"])
+@pytest.mark.parametrize(
+    "make,what",
+    [(os.mkfifo, "not a regular file"), (lambda p: os.symlink("/etc/passwd", p), "a symbolic link")],
+    ids=["pipe", "link"],
+)
 def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why(tmp_path, make, what):
     from labkit.course import configs
     from labkit.grading import pods
@@ -81,15 +86,29 @@ def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why
 def planned(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plan")
     subs = _class(tmp / "class", {"ada": REFERENCE, "cy": ONE_DEVICE})
-    done = labkit("pods", "plan", "--submissions", str(subs), "--out", str(tmp / "plan"), "--labs", "3",
-                  "--configs", "cpu-8")
+    done = labkit(
+        "pods",
+        "plan",
+        "--submissions",
+        str(subs),
+        "--out",
+        str(tmp / "plan"),
+        "--labs",
+        "3",
+        "--configs",
+        "cpu-8",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return tmp
 
 
 def test_the_plan_gives_each_unit_its_notebook_and_calls_but_no_hidden_input(planned):
     units = json.loads((planned / "plan/units.json").read_text())["units"]
-    assert [(u["student"], u["config"]) for u in units] == [("reference", "cpu-8"), ("ada", "cpu-8"), ("cy", "cpu-8")]
+    assert [(u["student"], u["config"]) for u in units] == [
+        ("reference", "cpu-8"),
+        ("ada", "cpu-8"),
+        ("cy", "cpu-8"),
+    ]
     for u in units:
         folder = planned / "plan/units" / str(u["index"])
         assert sorted(p.name for p in folder.iterdir()) == ["calls.json", "notebook.ipynb", "unit.json"]
@@ -109,13 +128,25 @@ def test_pods_run_refuses_unless_isolation_pod_is_named(planned, tmp_path):
 
 
 def test_grading_with_isolation_pod_outside_a_pod_grades_nothing(planned, tmp_path):
-    done = labkit("grade", "--submissions", str(planned / "class"), "--out", str(tmp_path / "out"), "--labs", "3",
-                  "--configs", "cpu-8", "--isolation", "pod")
+    done = labkit(
+        "grade",
+        "--submissions",
+        str(planned / "class"),
+        "--out",
+        str(tmp_path / "out"),
+        "--labs",
+        "3",
+        "--configs",
+        "cpu-8",
+        "--isolation",
+        "pod",
+    )
     assert done.returncode == 3 and "is writable here" in done.stderr
     assert not (tmp_path / "out/scoreboard.csv").exists()
 
 
 # ---- the whole path: pods under gVisor, the judge here ------------------------------------------------
+
 
 def _pod_image(folder: Path) -> Path:
     """An empty root file system: the pod's programs are this machine's, bound read-only."""
@@ -153,12 +184,44 @@ def pods(planned):
             out.mkdir(parents=True)
             os.chown(out, 65534, 65534)  # the pod's own output folder, its user's
             done = engine.docker(
-                "run", "--rm", "--runtime=runsc", "--network", "none", "--read-only", "--user", "65534:65534",
-                "--cap-drop", "ALL", "--cpus", "2", "--memory", "4g", "--pids-limit", "1024",
-                "--tmpfs", "/tmp:size=512m", "-e", "HOME=/tmp", *_readable_binds(),
-                "-v", f"{planned}/plan/units/{unit['index']}:/unit:ro", "-v", f"{out}:/out",
-                "labkit-pod-test", sys.executable, "-m", "labkit", "pods", "run", "/unit", "/out",
-                "--isolation", "pod", "--timeout", "300")
+                "run",
+                "--rm",
+                "--runtime=runsc",
+                "--network",
+                "none",
+                "--read-only",
+                "--user",
+                "65534:65534",
+                "--cap-drop",
+                "ALL",
+                "--cpus",
+                "2",
+                "--memory",
+                "4g",
+                "--pids-limit",
+                "1024",
+                "--tmpfs",
+                "/tmp:size=512m",
+                "-e",
+                "HOME=/tmp",
+                *_readable_binds(),
+                "-v",
+                f"{planned}/plan/units/{unit['index']}:/unit:ro",
+                "-v",
+                f"{out}:/out",
+                "labkit-pod-test",
+                sys.executable,
+                "-m",
+                "labkit",
+                "pods",
+                "run",
+                "/unit",
+                "/out",
+                "--isolation",
+                "pod",
+                "--timeout",
+                "300",
+            )
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         yield planned
     finally:
@@ -173,8 +236,14 @@ def _rows(board: Path) -> dict[str, dict]:
 def _verdict(row: dict) -> tuple:
     """What a row grades. Each test's own message is left out: an error JAX raised in the student's process
     words its devices differently in the pod (under gVisor) and in bubblewrap."""
-    return (row["status"], row["passed"], row["total"], row["points"], row["message"],
-            [(t["test"], t["status"], t["points"]) for t in row["tests"]])
+    return (
+        row["status"],
+        row["passed"],
+        row["total"],
+        row["points"],
+        row["message"],
+        [(t["test"], t["status"], t["points"]) for t in row["tests"]],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +251,19 @@ def judged(pods):
     """A local run of ada and cy; the judge, here, on the pods' outputs, with three hostile units' outputs made
     as their pods could have made them (each handed in cy's notebook; nothing in a pod's output folder is the kit's)."""
     runs = pods / "runs"
-    local = labkit("grade", "--submissions", str(pods / "class"), "--out", str(pods / "local"), "--labs", "3",
-                   "--configs", "cpu-8", "--jobs", "2")
+    local = labkit(
+        "grade",
+        "--submissions",
+        str(pods / "class"),
+        "--out",
+        str(pods / "local"),
+        "--labs",
+        "3",
+        "--configs",
+        "cpu-8",
+        "--jobs",
+        "2",
+    )
     assert local.returncode == 0, local.stderr[-3000:]
     units = json.loads((pods / "plan/units.json").read_text())["units"]
     for index, student in ((3, "eve"), (4, "pipe"), (5, "link")):
@@ -205,8 +285,22 @@ def judged(pods):
     os.mkfifo(runs / "4/run/scratch/results.json")
     (runs / "5/run/scratch/results.json").unlink()
     (runs / "5/run/scratch/results.json").symlink_to(runs / "1/run/scratch/results.json")
-    graded = labkit("grade", "--submissions", str(pods / "class"), "--out", str(pods / "judged"), "--labs", "3",
-                    "--configs", "cpu-8", "--runs-from", str(runs), "--plan", str(pods / "plan"), timeout=300)
+    graded = labkit(
+        "grade",
+        "--submissions",
+        str(pods / "class"),
+        "--out",
+        str(pods / "judged"),
+        "--labs",
+        "3",
+        "--configs",
+        "cpu-8",
+        "--runs-from",
+        str(runs),
+        "--plan",
+        str(pods / "plan"),
+        timeout=300,
+    )
     assert graded.returncode == 0, graded.stderr[-3000:]
     return pods
 

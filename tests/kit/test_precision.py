@@ -54,14 +54,18 @@ def test_float32_keeps_a_checks_own_tolerances():
 
 def test_bfloat16_widens_tolerances_with_the_unit_roundoff_and_the_size_of_the_values():
     rtol, atol = precision.tolerances(1e-5, 1e-6, np.array([-4.0, 2.0]), precision.BFLOAT16)
-    assert rtol == precision.SLACK * 2 ** -8 and atol == precision.SLACK * 2 ** -8 * 4.0
+    assert rtol == precision.SLACK * 2**-8 and atol == precision.SLACK * 2**-8 * 4.0
 
 
 def _judged(environment: dict, got: np.ndarray, want: np.ndarray, **result) -> str:
     """Run one check on a made-up run that returned `got` and reported `environment`: 'passed' or the message."""
     c = call("f", 1)
-    record = SimpleNamespace(status="ok", environment=environment, message="",
-                             results={c.id: {"value": plaindata.encode(got), **result}})
+    record = SimpleNamespace(
+        status="ok",
+        environment=environment,
+        message="",
+        results={c.id: {"value": plaindata.encode(got), **result}},
+    )
 
     @check(got=c)
     def test(got):
@@ -75,7 +79,7 @@ def _judged(environment: dict, got: np.ndarray, want: np.ndarray, **result) -> s
 
 
 WANT = np.linspace(-1.0, 1.0, 8)
-OFF_BY_BFLOAT16 = (WANT * (1 + 2 ** -8)).astype(np.float32)  # one bfloat16 rounding away
+OFF_BY_BFLOAT16 = (WANT * (1 + 2**-8)).astype(np.float32)  # one bfloat16 rounding away
 
 
 def test_a_float32_run_off_by_a_bfloat16_rounding_fails():
@@ -91,16 +95,18 @@ def test_a_notebooks_own_bfloat16_setting_widens_nothing_for_a_five_percent_wron
     from labkit.judge import verify
 
     # what the notebook chose (jax_default_matmul_precision="bfloat16", `return 1.9 * x`) is not the configuration's
-    environment = verify.kit_environment({"backend": "cpu", "matmul_precision": "bfloat16"},
-                                         configs.CONFIGS["cpu-8"].environment({}))
+    environment = verify.kit_environment(
+        {"backend": "cpu", "matmul_precision": "bfloat16"}, configs.CONFIGS["cpu-8"].environment({})
+    )
     assert environment["matmul_precision"] is None
     assert "values differ" in _judged(environment, WANT * 0.95, WANT)
     assert "values differ" in _judged({"backend": "cpu", "matmul_precision": "bfloat16"}, WANT * 0.95, WANT)
 
 
 def test_a_check_whose_values_pass_through_no_product_keeps_its_tolerances_on_any_backend():
-    assert "values differ" in _judged({"backend": "tpu", "matmul_precision": None}, OFF_BY_BFLOAT16, WANT,
-                                      products=False)
+    assert "values differ" in _judged(
+        {"backend": "tpu", "matmul_precision": None}, OFF_BY_BFLOAT16, WANT, products=False
+    )
 
 
 def test_a_bfloat16_run_ten_percent_off_still_fails():
@@ -110,6 +116,7 @@ def test_a_bfloat16_run_ten_percent_off_still_fails():
 # ----------------------------------------------------------------------------------------
 # The proof: every reference, every test, products in bfloat16.
 # ----------------------------------------------------------------------------------------
+
 
 def test_the_first_cell_rounds_every_kind_of_product_to_bfloat16_operands(tmp_path):
     probe = f"""
@@ -134,8 +141,13 @@ grad = np.asarray(jax.grad(lambda x: jnp.sum(jnp.dot(x, b)))(a), np.float64)
 print("grad", bool(np.abs(grad - r(b).sum(1)).max() < 1e-5), bool(np.abs(grad - b.sum(1)).max() > 1e-4))
 print("setting", jax.config.jax_default_matmul_precision)
 """
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     for name in ("dot", "matmul", "einsum", "jit", "lax", "nnx", "grad"):
         assert lines.get(name) == "True True", (name, done.stdout, done.stderr[-2000:])
@@ -153,20 +165,31 @@ def _with_first_cell(lab: int, folder: Path) -> Path:
 # Tests whose subject is the FLOP count of the compiled program itself: the first cell rounds each
 # product's operands with two conversions per element, which a TPU does not have and which
 # cost_analysis() counts as FLOPs, so under it such a count is the emulation's, not the hardware's.
-COUNTS_THE_EMULATION = {13: {"test_predict_flops_is_within_2_percent_of_the_compiled_program",
-                             "test_predict_flops_on_another_mlp_is_within_2_percent_of_the_compiled_program"}}
+COUNTS_THE_EMULATION = {
+    13: {
+        "test_predict_flops_is_within_2_percent_of_the_compiled_program",
+        "test_predict_flops_on_another_mlp_is_within_2_percent_of_the_compiled_program",
+    }
+}
 
 
 @pytest.mark.parametrize("lab", [lab.number for lab in catalog.labs()])
-def test_every_reference_passes_every_test_with_products_in_bfloat16(lab, kit, lab_report, tmp_path, monkeypatch):
+def test_every_reference_passes_every_test_with_products_in_bfloat16(
+    lab, kit, lab_report, tmp_path, monkeypatch
+):
     notebook = _with_first_cell(lab, tmp_path)
-    monkeypatch.setenv(precision.EMULATED, precision.BFLOAT16)  # the kit grades as if on a TPU: its first cell rounds
+    monkeypatch.setenv(
+        precision.EMULATED, precision.BFLOAT16
+    )  # the kit grades as if on a TPU: its first cell rounds
     done = kit("lab", str(lab), "--notebook", str(notebook), "--configs", "cpu-8", "--hidden")
     report = lab_report(lab)
     left_out = COUNTS_THE_EMULATION.get(lab, set())
     assert left_out <= {o["test"] for o in report["outcomes"]}, "a test left out here is no longer in the lab"
-    failed = {o["test"]: o.get("message") for o in report["outcomes"]
-              if o["status"] != "passed" and o["test"] not in left_out}
+    failed = {
+        o["test"]: o.get("message")
+        for o in report["outcomes"]
+        if o["status"] != "passed" and o["test"] not in left_out
+    }
     assert (done.returncode == 0 or left_out) and not failed, (failed, done.stdout[-3000:])
     # the notebook's own setting is not what the kit grades by: the configuration's is (none, on cpu-8)
     assert report["runs"]["cpu-8"]["environment"]["matmul_precision"] is None

@@ -27,7 +27,9 @@ ROOT = KIT.parent
 
 def kit_modules() -> list[str]:
     """Every module of the kit, in its stage's folder too."""
-    return sorted(m.name for m in pkgutil.walk_packages([str(KIT)], prefix="labkit.") if m.name != "labkit.__main__")
+    return sorted(
+        m.name for m in pkgutil.walk_packages([str(KIT)], prefix="labkit.") if m.name != "labkit.__main__"
+    )
 
 
 def private_imports(source: str) -> list[str]:
@@ -45,7 +47,9 @@ def private_imports(source: str) -> list[str]:
 
 def test_the_check_finds_a_private_import_inside_a_function():
     assert private_imports("def f():\n    from jax._src import array\n    return array\n") == [
-        "jax._src", "jax._src.array"]
+        "jax._src",
+        "jax._src.array",
+    ]
     assert private_imports("import jaxlib.xla_client\n") == ["jaxlib.xla_client"]
     assert private_imports("import jax\nfrom jax.sharding import NamedSharding\n") == []
 
@@ -61,8 +65,22 @@ def test_every_module_of_the_kit_imports_with_deprecation_warnings_made_errors()
     modules = kit_modules()
     assert len(modules) > 30 and "labkit.judge.harness" in modules
     script = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\nimport jax\nprint(jax.__version__)"
-    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-W", "error::PendingDeprecationWarning",
-                           "-c", script, *modules], capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error::DeprecationWarning",
+            "-W",
+            "error::PendingDeprecationWarning",
+            "-c",
+            script,
+            *modules,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip(), "JAX's version is printed"
 
@@ -70,11 +88,15 @@ def test_every_module_of_the_kit_imports_with_deprecation_warnings_made_errors()
 # ---------------------------------------------------------------------------------------------
 # One lock, two worlds: JAX 0.12 on Python 3.12 and newer, JAX 0.10.2 (its last release) on 3.11.
 
+
 def locked_versions(name: str) -> dict[str, str]:
     """version -> the marker under which uv.lock installs it, for every locked version of `name`."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
-    return {p["version"]: " or ".join(p.get("resolution-markers", ["always"]))
-            for p in lock["package"] if p["name"] == name}
+    return {
+        p["version"]: " or ".join(p.get("resolution-markers", ["always"]))
+        for p in lock["package"]
+        if p["name"] == name
+    }
 
 
 def test_the_lock_gives_jax_0_12_to_python_3_12_and_newer_and_0_10_2_to_python_3_11():
@@ -89,8 +111,15 @@ def test_the_lock_gives_jax_0_12_to_python_3_12_and_newer_and_0_10_2_to_python_3
 
 def test_the_lock_matches_pyproject():
     uv = shutil.which("uv") or str(ROOT / ".tools" / "bin" / "uv")
-    done = subprocess.run([uv, "lock", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-                          env=dict(os.environ, UV_PYTHON_DOWNLOADS="never", NO_COLOR="1"))
+    done = subprocess.run(
+        [uv, "lock", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=dict(os.environ, UV_PYTHON_DOWNLOADS="never", NO_COLOR="1"),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -102,6 +131,7 @@ def test_this_environment_has_the_jax_the_lock_gives_its_python():
 
 # ---------------------------------------------------------------------------------------------
 # The labs name the JAX they teach.
+
 
 def test_every_labs_first_cell_prints_the_jax_version_it_runs_on():
     from labkit.course import catalog
@@ -129,4 +159,7 @@ def test_the_make_mesh_keyword_that_differs_is_what_this_jax_says():
     import jax
 
     first = next(iter(inspect.signature(jax.make_mesh).parameters))
-    assert first == ("axis_sizes" if jax.__version__.startswith("0.12") else "axis_shapes"), (jax.__version__, first)
+    assert first == ("axis_sizes" if jax.__version__.startswith("0.12") else "axis_shapes"), (
+        jax.__version__,
+        first,
+    )

@@ -39,8 +39,16 @@ def documentation() -> str:
 def fresh(tmp_path_factory) -> Path:
     """A copy of the kit as a clone of this tree would be: tracked and new files, nothing ignored or built."""
     where = tmp_path_factory.mktemp("fresh") / "kit"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file() or source.is_symlink():
@@ -51,8 +59,15 @@ def fresh(tmp_path_factory) -> Path:
 
 def type_in(fresh: Path, line: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run `line` in the copy as a shell would, from its top folder."""
-    return subprocess.run(["bash", "-c", line], cwd=fresh, env=user_environment(), text=True, capture_output=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        ["bash", "-c", line],
+        cwd=fresh,
+        env=user_environment(),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_make_lab_3_on_the_untouched_notebook_sets_up_and_shows_every_configuration(fresh):
@@ -79,7 +94,9 @@ def test_make_grade_with_its_default_folders_grades_the_class(fresh):
 
 def test_the_exports_block_writes_the_canvas_and_wide_files_from_the_graded_class(fresh):
     assert (fresh / "scoreboard" / "scoreboard.json").is_file(), "the grading test runs first"
-    done = type_in(fresh, "set -e\n" + "\n".join(block("nox -s scoreboard -- export --format canvas")), timeout=600)
+    done = type_in(
+        fresh, "set -e\n" + "\n".join(block("nox -s scoreboard -- export --format canvas")), timeout=600
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     with open(fresh / "canvas.csv", newline="") as f:
         canvas = list(csv.reader(f))
@@ -97,8 +114,10 @@ def test_make_doctor_for_grading_and_docker_fails_when_either_cannot_work_here(f
     done = type_in(fresh, typed("make doctor FOR=grade,docker"), timeout=600)
     verdict = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     # make says a failed command with its own exit status, 2
-    assert (done.returncode, verdict.split(":")[0]) in ((0, "READY for grade, docker"),
-                                                        (2, "NOT READY for grade, docker")), done.stdout + done.stderr
+    assert (done.returncode, verdict.split(":")[0]) in (
+        (0, "READY for grade, docker"),
+        (2, "NOT READY for grade, docker"),
+    ), done.stdout + done.stderr
 
 
 def test_progress_of_a_finished_run_says_so_once_and_returns(fresh):
@@ -117,11 +136,19 @@ def test_merging_the_shards_by_the_guides_line_gives_back_the_class_graded_in_on
     for i in (1, 2, 3):
         (fresh / f"part{i}").mkdir()
         (fresh / f"part{i}" / "scoreboard.json").write_text(
-            json.dumps({**whole, "rows": [r for r in whole["rows"] if configs.index(r["config"]) % 3 == i - 1]}))
+            json.dumps(
+                {**whole, "rows": [r for r in whole["rows"] if configs.index(r["config"]) % 3 == i - 1]}
+            )
+        )
     for name in one_run:
         (fresh / "scoreboard" / name).unlink()
-    done = type_in(fresh, typed("source .venv/bin/activate") + "\n"
-                   + typed("nox -s scoreboard -- merge part1/ part2/ part3/ --out scoreboard/"), timeout=600)
+    done = type_in(
+        fresh,
+        typed("source .venv/bin/activate")
+        + "\n"
+        + typed("nox -s scoreboard -- merge part1/ part2/ part3/ --out scoreboard/"),
+        timeout=600,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     merged = {p.name: p.read_bytes() for p in (fresh / "scoreboard").glob("scoreboard.*")}
     assert merged == one_run, sorted(n for n in one_run if merged.get(n) != one_run[n])
@@ -135,23 +162,46 @@ def test_the_organisers_guide_runs_a_workshop_day_against_stand_ins_for_the_clou
     cloud, remote = tmp_path / "cloud", tmp_path / "remote"
     (remote / vm / "opt/labkit/labs").mkdir(parents=True)
     shutil.copy(fresh / "reference" / "lab-3.ipynb", remote / vm / "opt/labkit/labs" / "lab-3.ipynb")
-    (tmp_path / "canned.json").write_text(json.dumps({"outputs": {
-        "tpu_names": [vm], "cpu_names": [], "students": {vm: student}, "accounts": {vm: "ada@example.org"},
-        "backup_bucket": f"my-course-project-{workshop}-labs"}}))
-    cloud_standins.install(cloud, ("gcloud", "terraform"), tmp_path / "calls.jsonl", tmp_path / "canned.json", remote)
+    (tmp_path / "canned.json").write_text(
+        json.dumps(
+            {
+                "outputs": {
+                    "tpu_names": [vm],
+                    "cpu_names": [],
+                    "students": {vm: student},
+                    "accounts": {vm: "ada@example.org"},
+                    "backup_bucket": f"my-course-project-{workshop}-labs",
+                }
+            }
+        )
+    )
+    cloud_standins.install(
+        cloud, ("gcloud", "terraform"), tmp_path / "calls.jsonl", tmp_path / "canned.json", remote
+    )
     env = dict(user_environment(), PATH=f"{cloud}{os.pathsep}{os.environ['PATH']}")
     said = {}
     for line in block("cp infra/workshop.tfvars.example infra/workshop.tfvars"):
-        done = subprocess.run(["bash", "-c", line], cwd=fresh, env=env, input="y\n", text=True, capture_output=True,
-                              timeout=1200, check=False)
+        done = subprocess.run(
+            ["bash", "-c", line],
+            cwd=fresh,
+            env=env,
+            input="y\n",
+            text=True,
+            capture_output=True,
+            timeout=1200,
+            check=False,
+        )
         assert done.returncode == 0, f"{line}\n{(done.stdout + done.stderr)[-4000:]}"
         said[line.split()[1]] = done.stdout
     assert "Estimated cost" in said["workshop-up"] and "--tunnel-through-iap" in said["workshop-links"]
     calls = [json.loads(c) for c in (tmp_path / "calls.jsonl").read_text().splitlines()]
     actions = [next(a for a in c[1:] if not a.startswith("-")) for c in calls if c[0] == "terraform"]
     assert [a for a in actions if a in ("apply", "destroy")] == ["apply", "destroy"], actions
-    assert any(c[-1].endswith("make lab-3 CONFIGS=tpu EXTRAS=tpu DEP_GROUPS=notebook LABKIT_TPU_HOSTS=1")
-               for c in calls if c[0] == "gcloud")
+    assert any(
+        c[-1].endswith("make lab-3 CONFIGS=tpu EXTRAS=tpu DEP_GROUPS=notebook LABKIT_TPU_HOSTS=1")
+        for c in calls
+        if c[0] == "gcloud"
+    )
     results = fresh / "build" / "workshop-results"
     assert (results / "submissions" / student / "lab-3.ipynb").is_file()
     with open(results / "graded" / "scoreboard.csv", newline="") as f:
@@ -163,10 +213,13 @@ def test_the_organisers_guide_runs_a_workshop_day_against_stand_ins_for_the_clou
 # Every command the README names is one the kit has: make targets and their variables, nox sessions,
 # `python -m labkit` commands and their options (in the bash blocks and in the text's `code`).
 
+
 def _makefile() -> tuple[set[str], set[str]]:
     text = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([A-Za-z0-9%_.-]+)\s*:(?!=)", text, re.MULTILINE))
-    variables = set(re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", text)) | set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*[?:]?=", text, re.MULTILINE))
+    variables = set(re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", text)) | set(
+        re.findall(r"^([A-Z_][A-Z0-9_]*)\s*[?:]?=", text, re.MULTILINE)
+    )
     return targets, variables
 
 
@@ -199,8 +252,14 @@ def test_every_make_target_and_variable_the_readme_names_is_in_the_makefile():
             if w.startswith("-") or not re.fullmatch(r"[A-Za-z0-9%_.=,/:-]+", w.split("=")[0]):
                 continue
             if "=" in w:
-                wrong += [f"variable {w.split('=')[0]} in `{' '.join(words)}`"] if w.split("=")[0] not in variables else []
-            elif not (w in targets or any("%" in t and re.fullmatch(t.replace("%", ".+"), w) for t in targets)):
+                wrong += (
+                    [f"variable {w.split('=')[0]} in `{' '.join(words)}`"]
+                    if w.split("=")[0] not in variables
+                    else []
+                )
+            elif not (
+                w in targets or any("%" in t and re.fullmatch(t.replace("%", ".+"), w) for t in targets)
+            ):
                 wrong.append(f"target {w} in `{' '.join(words)}`")
     assert wrong == []
 
@@ -217,19 +276,29 @@ def test_every_nox_session_and_labkit_option_the_readme_names_exists():
         if words[:3] == ["python", "-m", "labkit"] and len(words) > 3 and not words[3].startswith("-"):
             command = words[3]
             if command not in helps:
-                done = subprocess.run([sys.executable, "-m", "labkit", command, "--help"], cwd=ROOT, capture_output=True,
-                                      text=True, timeout=120, check=False)
+                done = subprocess.run(
+                    [sys.executable, "-m", "labkit", command, "--help"],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
                 helps[command] = done.stdout if done.returncode == 0 else ""
             if not helps[command]:
                 wrong.append(f"labkit command {command}")
-            wrong += [f"option {w} of `labkit {command}`" for w in words[4:]
-                      if re.fullmatch(r"--[a-z][a-z0-9-]*", w) and w not in helps[command]]
+            wrong += [
+                f"option {w} of `labkit {command}`"
+                for w in words[4:]
+                if re.fullmatch(r"--[a-z][a-z0-9-]*", w) and w not in helps[command]
+            ]
     assert wrong == []
 
 
 # ---------------------------------------------------------------------------------------------
 # Every shell block of the pages is run by a test, or says on the page why not; every other block
 # names what it holds (```text for a sample of output).
+
 
 def test_every_block_of_the_pages_names_what_it_holds():
     assert [str(b) for b in doc_commands.blocks() if not b.language] == []

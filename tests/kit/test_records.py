@@ -17,8 +17,14 @@ from labkit.grading import pods
 from labkit.judge import records, verify
 from labkit.run import allowance, execute, scratch
 
-FACTS = {"devices": 8, "top_level": ["shard_map"], "memory": {"argument": 64, "output": 64, "temp": 0, "alias": 0},
-         "flops": 16.0, "collectives": [], "seconds": 0.1}
+FACTS = {
+    "devices": 8,
+    "top_level": ["shard_map"],
+    "memory": {"argument": 64, "output": 64, "temp": 0, "alias": 0},
+    "flops": 16.0,
+    "collectives": [],
+    "seconds": 0.1,
+}
 VALUE = {"kind": "array", "dtype": "float32", "shape": [2], "data": [1.0, 2.0], "jax": True, "sharding": None}
 
 
@@ -52,7 +58,10 @@ MALFORMED = {
     "a-result-without-id": {"environment": {}, "results": [{"value": VALUE}]},
     "an-id-that-is-a-number": {"environment": {}, "results": [result(id=7)]},
     "two-results-for-one-call": {"environment": {}, "results": [result(), result()]},
-    "a-value-of-no-known-kind": {"environment": {}, "results": [result(value={"kind": "pickle", "data": "..."})]},
+    "a-value-of-no-known-kind": {
+        "environment": {},
+        "results": [result(value={"kind": "pickle", "data": "..."})],
+    },
     "a-value-that-is-a-list": {"environment": {}, "results": [result(value=[1, 2])]},
     "a-shape-of-strings": {"environment": {}, "results": [result(value=VALUE | {"shape": ["2"]})]},
     "an-error-without-type": {"environment": {}, "results": [result(error={"message": "x"})]},
@@ -60,33 +69,46 @@ MALFORMED = {
     "flops-infinite": {"environment": {}, "results": [result(facts=FACTS | {"flops": 1e400})]},
     "a-collective-without-op": {"environment": {}, "results": [result(facts=FACTS | {"collectives": [{}]})]},
     "negative-devices": {"environment": {}, "results": [result(facts=FACTS | {"devices": -1})]},
-    "an-environment-of-ten-thousand-names": {"environment": {str(i): i for i in range(10_000)}, "results": []},
-    "too-many-results": {"environment": {}, "results": [result(id=f"c{i}") for i in range(records.MOST_CALLS + 1)]},
+    "an-environment-of-ten-thousand-names": {
+        "environment": {str(i): i for i in range(10_000)},
+        "results": [],
+    },
+    "too-many-results": {
+        "environment": {},
+        "results": [result(id=f"c{i}") for i in range(records.MOST_CALLS + 1)],
+    },
     "nested-too-deeply": "[" * 100_000 + "]" * 100_000,
-    "not-json": "{\"environment\": ",
+    "not-json": '{"environment": ',
 }
 
 
 @pytest.mark.parametrize("payload", list(MALFORMED.values()), ids=list(MALFORMED))
 def test_a_malformed_results_payload_is_refused_as_unreadable(tmp_path, payload):
     path = write_results(tmp_path, payload)
-    with pytest.raises(ValueError):  # records.Malformed: the run's results could not be read, that unit's error
+    with pytest.raises(
+        ValueError
+    ):  # records.Malformed: the run's results could not be read, that unit's error
         execute.read_results(path, None)
 
 
 def test_a_results_file_larger_than_the_cap_is_not_read(tmp_path):
-    path = write_results(tmp_path, {"environment": {}, "results": [result(stdout=" " * (records.MAX_BYTES + 1))]})
+    path = write_results(
+        tmp_path, {"environment": {}, "results": [result(stdout=" " * (records.MAX_BYTES + 1))]}
+    )
     with pytest.raises(scratch.Refused, match="larger than"):
         execute.read_results(path, None)
 
 
 def test_records_keep_no_field_the_kit_does_not_know(tmp_path):
-    path = write_results(tmp_path, {"environment": {}, "results": [result(judged_by="verified", mine={"a": 1})]})
+    path = write_results(
+        tmp_path, {"environment": {}, "results": [result(judged_by="verified", mine={"a": 1})]}
+    )
     _, results = execute.read_results(path, None)
     assert "judged_by" not in results["c1"] and "mine" not in results["c1"]
 
 
 # ---- a pod's output: its record of how it ended, and its results ------------------------------------------
+
 
 def pod_output(folder: Path, ended, payload) -> Path:
     folder.mkdir(parents=True)
@@ -96,25 +118,44 @@ def pod_output(folder: Path, ended, payload) -> Path:
     return folder
 
 
-CALLS = [{"id": "c1", "function": "f", "args": [], "kwargs": {}}]  # the kit's calls: a result for another is dropped
+CALLS = [
+    {"id": "c1", "function": "f", "args": [], "kwargs": {}}
+]  # the kit's calls: a result for another is dropped
 
 
 def record_of(out: Path, tmp_path: Path) -> execute.RunRecord:
-    return pods.record_of(out, configs.CONFIGS["cpu-1"], CALLS, tmp_path / "kit", 60, allowance.DEFAULT_LIMITS)
+    return pods.record_of(
+        out, configs.CONFIGS["cpu-1"], CALLS, tmp_path / "kit", 60, allowance.DEFAULT_LIMITS
+    )
 
 
 def test_a_pods_results_with_malformed_facts_are_that_units_error_naming_the_field(tmp_path):
-    out = pod_output(tmp_path / "out", {"status": "ok", "seconds": 1.0},
-                     {"environment": {}, "results": [result(facts=FACTS | {"memory": "lots"},
-                                                            program={"host_data": True})]})
+    out = pod_output(
+        tmp_path / "out",
+        {"status": "ok", "seconds": 1.0},
+        {
+            "environment": {},
+            "results": [result(facts=FACTS | {"memory": "lots"}, program={"host_data": True})],
+        },
+    )
     record = record_of(out, tmp_path)
     assert record.status == "error" and record.results == {}
-    assert "not what the kit's harness writes" in record.message and "facts.memory" in record.message, record.message
+    assert "not what the kit's harness writes" in record.message and "facts.memory" in record.message, (
+        record.message
+    )
 
 
-@pytest.mark.parametrize("ended", [{"status": "fine"}, {"status": "ok", "seconds": "a while"},
-                                   {"status": "ok", "timed_out": "no"}, ["ok"], "{"],
-                         ids=["unknown-status", "seconds-a-string", "timed-out-a-string", "a-list", "not-json"])
+@pytest.mark.parametrize(
+    "ended",
+    [
+        {"status": "fine"},
+        {"status": "ok", "seconds": "a while"},
+        {"status": "ok", "timed_out": "no"},
+        ["ok"],
+        "{",
+    ],
+    ids=["unknown-status", "seconds-a-string", "timed-out-a-string", "a-list", "not-json"],
+)
 def test_a_pods_malformed_record_of_its_run_is_that_units_error(tmp_path, ended):
     out = pod_output(tmp_path / "out", ended, {"environment": {}, "results": [result()]})
     record = record_of(out, tmp_path)
@@ -123,12 +164,15 @@ def test_a_pods_malformed_record_of_its_run_is_that_units_error(tmp_path, ended)
 
 
 def test_a_pods_well_formed_output_is_read(tmp_path):
-    out = pod_output(tmp_path / "out", {"status": "ok", "seconds": 2.5}, {"environment": {}, "results": [result()]})
+    out = pod_output(
+        tmp_path / "out", {"status": "ok", "seconds": 2.5}, {"environment": {}, "results": [result()]}
+    )
     record = record_of(out, tmp_path)
     assert record.status == "ok" and record.seconds == 2.5 and record.results["c1"]["value"] == VALUE
 
 
 # ---- the verifier's verified.json ---------------------------------------------------------------------------
+
 
 class _Done:
     def wait(self, timeout=None):
@@ -138,12 +182,19 @@ class _Done:
         pass
 
 
-@pytest.mark.parametrize("found", [{"results": {"c1": {"value": "six", "facts": FACTS}}},
-                                   {"results": {"c1": {"value": VALUE, "facts": FACTS | {"memory": "lots"}}}},
-                                   {"results": [{"value": VALUE}]},
-                                   {"results": {"c1": {"value": VALUE | {"data": [0.0] * 10}, "facts": {"devices": 0}}}}],
-                         ids=["value-a-string", "memory-a-string", "results-a-list", "zero-devices"])
-def test_a_malformed_verified_json_gives_no_value_and_says_the_kits_run_gave_no_results(tmp_path, monkeypatch, found):
+@pytest.mark.parametrize(
+    "found",
+    [
+        {"results": {"c1": {"value": "six", "facts": FACTS}}},
+        {"results": {"c1": {"value": VALUE, "facts": FACTS | {"memory": "lots"}}}},
+        {"results": [{"value": VALUE}]},
+        {"results": {"c1": {"value": VALUE | {"data": [0.0] * 10}, "facts": {"devices": 0}}}},
+    ],
+    ids=["value-a-string", "memory-a-string", "results-a-list", "zero-devices"],
+)
+def test_a_malformed_verified_json_gives_no_value_and_says_the_kits_run_gave_no_results(
+    tmp_path, monkeypatch, found
+):
     from labkit.run import sandbox
 
     def launch(argv, folder, env, limits, **kw):  # the verifier "ran" and wrote this
@@ -152,7 +203,9 @@ def test_a_malformed_verified_json_gives_no_value_and_says_the_kits_run_gave_no_
 
     monkeypatch.setattr(sandbox, "launch", launch)
     record = execute.RunRecord("cpu-1", "ok", results={"c1": {"id": "c1", "program": {"program": "AAAA"}}})
-    verify.verify(record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60)
+    verify.verify(
+        record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60
+    )
     mine = record.results["c1"]
     assert mine["judged_by"] == "unverified" and "value" not in mine and "facts" not in mine, mine
     assert "ended without results" in mine["error"]["message"]
@@ -162,17 +215,23 @@ def test_a_well_formed_verified_json_gives_its_value(tmp_path, monkeypatch):
     from labkit.run import sandbox
 
     def launch(argv, folder, env, limits, **kw):
-        Path(argv[-1]).write_text(json.dumps({"results": {"c1": {"value": VALUE, "facts": FACTS}}, "seconds": 1}))
+        Path(argv[-1]).write_text(
+            json.dumps({"results": {"c1": {"value": VALUE, "facts": FACTS}}, "seconds": 1})
+        )
         return _Done()
 
     monkeypatch.setattr(sandbox, "launch", launch)
     record = execute.RunRecord("cpu-1", "ok", results={"c1": {"id": "c1", "program": {"program": "AAAA"}}})
-    verify.verify(record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60)
+    verify.verify(
+        record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60
+    )
     assert record.results["c1"]["value"] == VALUE and record.results["c1"]["judged_by"] == "verified"
 
 
 def test_a_malformed_payload_of_one_process_of_a_multi_process_run_is_not_taken(tmp_path):
-    bad = write_results(tmp_path / "bad", {"environment": {}, "results": [result(facts=FACTS | {"memory": "lots"})]})
+    bad = write_results(
+        tmp_path / "bad", {"environment": {}, "results": [result(facts=FACTS | {"memory": "lots"})]}
+    )
     good = write_results(tmp_path / "good", {"environment": {"process_index": 1}, "results": [result()]})
     assert execute._read_payload(bad) is None  # the run is then an error naming that process
     assert execute._read_payload(good) == ({"process_index": 1}, {"c1": result()})
@@ -190,5 +249,7 @@ def test_a_verified_json_larger_than_the_cap_is_not_loaded(tmp_path, monkeypatch
 
     monkeypatch.setattr(sandbox, "launch", launch)
     record = execute.RunRecord("cpu-1", "ok", results={"c1": {"id": "c1", "program": {"program": "AAAA"}}})
-    verify.verify(record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60)
+    verify.verify(
+        record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60
+    )
     assert record.results["c1"]["judged_by"] == "unverified" and "value" not in record.results["c1"]

@@ -21,8 +21,15 @@ MARKER_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$", re.MULTILINE)
 
 def labkit(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600):
     env = dict(os.environ, COLUMNS="160", NO_COLOR="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "labkit", *args], check=False, cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "labkit", *args],
+        check=False,
+        cwd=cwd,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +61,30 @@ def squeeze(text: str) -> str:
 
 
 def notebook_code(path: Path) -> str:
-    return squeeze("\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
-                             if c["cell_type"] == "code"))
+    return squeeze(
+        "\n".join(
+            "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
+        )
+    )
 
 
 def test_the_release_holds_what_a_student_needs(built):
-    for name in ("labkit/__init__.py", "labkit/cli.py", "labs/lab-3.ipynb", "labs/meshes.md", "tests/public/lab_3",
-                 "Makefile", "noxfile.py", "pyproject.toml", "uv.lock", "README.md"):
+    for name in (
+        "labkit/__init__.py",
+        "labkit/cli.py",
+        "labs/lab-3.ipynb",
+        "labs/meshes.md",
+        "tests/public/lab_3",
+        "Makefile",
+        "noxfile.py",
+        "pyproject.toml",
+        "uv.lock",
+        "README.md",
+    ):
         assert (built / name).exists(), name
-    assert {p.name for p in (built / "labs").glob("lab-*.ipynb")} == {lab.student.name for lab in catalog.labs()}
+    assert {p.name for p in (built / "labs").glob("lab-*.ipynb")} == {
+        lab.student.name for lab in catalog.labs()
+    }
 
 
 def test_the_release_has_no_reference_and_no_hidden_tests(built):
@@ -112,7 +134,15 @@ def test_a_folder_that_is_not_a_release_is_never_overwritten(tmp_path):
 
 def fake_kit(root: Path) -> Path:
     """A tiny kit with one lab whose reference has a solution."""
-    for name in ("Makefile", "noxfile.py", "pyproject.toml", "uv.lock", "README.md", "BENCHMARKS.md", "docs/index.md"):
+    for name in (
+        "Makefile",
+        "noxfile.py",
+        "pyproject.toml",
+        "uv.lock",
+        "README.md",
+        "BENCHMARKS.md",
+        "docs/index.md",
+    ):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("")
     (root / "labkit").mkdir()
@@ -124,9 +154,22 @@ def fake_kit(root: Path) -> Path:
             secret_total = x.sum() * 42 + 7
             return secret_total
             ### END SOLUTION""")
-    nb = {"cells": [{"cell_type": "markdown", "id": "fake-1", "metadata": {}, "source": "# Lab 1 · Fake"},
-                    {"cell_type": "code", "id": "fake-2", "execution_count": None, "metadata": {}, "outputs": [], "source": cell}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "id": "fake-1", "metadata": {}, "source": "# Lab 1 · Fake"},
+            {
+                "cell_type": "code",
+                "id": "fake-2",
+                "execution_count": None,
+                "metadata": {},
+                "outputs": [],
+                "source": cell,
+            },
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (root / "reference").mkdir()
     (root / "reference" / "lab-1.ipynb").write_text(json.dumps(nb))
     return root
@@ -141,7 +184,9 @@ def test_a_clean_fake_kit_releases_a_stub_in_place_of_the_solution(tmp_path):
 
 def test_a_solution_copied_into_the_public_tests_is_refused_and_no_archive_is_written(tmp_path):
     root = fake_kit(tmp_path / "kit")
-    (root / "tests" / "public" / "lab_1" / "notes.py").write_text("secret_total = x.sum() * 42 + 7\nreturn secret_total\n")
+    (root / "tests" / "public" / "lab_1" / "notes.py").write_text(
+        "secret_total = x.sum() * 42 + 7\nreturn secret_total\n"
+    )
     with pytest.raises(release.LeakedSolution, match="tests/public/lab_1/notes.py contains the solution"):
         release.build(tmp_path / "out", root=root)
     assert not (tmp_path / "out.tar.gz").exists()
@@ -154,8 +199,14 @@ def test_a_reference_folder_in_a_release_is_a_leak(tmp_path):
 
 
 def test_lab_3_runs_from_inside_the_release_and_fails_cleanly_as_not_implemented(built, tmp_path):
-    done = labkit("lab", "3", "--configs", "cpu-1", cwd=built,
-                  env={"LABKIT_ROOT": str(built), "LABKIT_BUILD": str(tmp_path / "build")})
+    done = labkit(
+        "lab",
+        "3",
+        "--configs",
+        "cpu-1",
+        cwd=built,
+        env={"LABKIT_ROOT": str(built), "LABKIT_BUILD": str(tmp_path / "build")},
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "not implemented yet" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr

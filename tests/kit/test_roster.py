@@ -12,7 +12,12 @@ GOOD = "student,name,email,lms_id,section\nalice,Alice L,alice@u.edu,4411,A\nbob
 def test_a_roster_lists_each_student_with_the_optional_columns():
     r = roster.parse(GOOD, "roster.csv")
     assert r.ids() == ["alice", "bob"]
-    assert r.students["alice"] == {"name": "Alice L", "email": "alice@u.edu", "lms_id": "4411", "section": "A"}
+    assert r.students["alice"] == {
+        "name": "Alice L",
+        "email": "alice@u.edu",
+        "lms_id": "4411",
+        "section": "A",
+    }
     assert r.by("lms_id") == {"4411": "alice", "4412": "bob"}
 
 
@@ -25,17 +30,20 @@ def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_first_column():
     assert roster.parse("\ufeffstudent\nalice\n").ids() == ["alice"]
 
 
-@pytest.mark.parametrize("text, says", [
-    ("name,email\nAlice,a@u.edu\n", "roster.csv, line 1: the header has no `student` column"),
-    ("student\nalice\nbob\nalice\n", "roster.csv, line 4: the student id 'alice' is already on line 2"),
-    ("student,lms_id\nalice,1\nbob,1\n", "roster.csv, line 3: lms_id '1' is already on line 2"),
-    ("student,name\nalice\n", "roster.csv, line 2: 1 fields where the header has 2"),
-    ("student,name\n,Nobody\n", "roster.csv, line 2: the student id is empty"),
-    ("student\n../etc\n", "roster.csv, line 2: '../etc' cannot be a student id"),
-    ("student,student\nalice,bob\n", "roster.csv, line 1: the column student appears twice"),
-    ("", "roster.csv: empty"),
-    ("student\n", "roster.csv: no students"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("name,email\nAlice,a@u.edu\n", "roster.csv, line 1: the header has no `student` column"),
+        ("student\nalice\nbob\nalice\n", "roster.csv, line 4: the student id 'alice' is already on line 2"),
+        ("student,lms_id\nalice,1\nbob,1\n", "roster.csv, line 3: lms_id '1' is already on line 2"),
+        ("student,name\nalice\n", "roster.csv, line 2: 1 fields where the header has 2"),
+        ("student,name\n,Nobody\n", "roster.csv, line 2: the student id is empty"),
+        ("student\n../etc\n", "roster.csv, line 2: '../etc' cannot be a student id"),
+        ("student,student\nalice,bob\n", "roster.csv, line 1: the column student appears twice"),
+        ("", "roster.csv: empty"),
+        ("student\n", "roster.csv: no students"),
+    ],
+)
 def test_a_bad_roster_is_refused_naming_the_line(text, says):
     with pytest.raises(roster.RosterError) as e:
         roster.parse(text, "roster.csv")
@@ -59,15 +67,22 @@ CANVAS_GRADEBOOK = (
 def test_a_canvas_gradebook_export_is_read_as_one_without_points_possible_or_the_test_student():
     r = roster.parse(CANVAS_GRADEBOOK, "gradebook.csv")
     assert r.ids() == ["alice", "bmarley"]
-    assert r.students["alice"] == {"name": "Liddell, Alice", "email": "alice@u.edu", "lms_id": "4411",
-                                   "section": "A"}
+    assert r.students["alice"] == {
+        "name": "Liddell, Alice",
+        "email": "alice@u.edu",
+        "lms_id": "4411",
+        "section": "A",
+    }
     assert r.students["bmarley"] == {"name": "Marley, Bob", "email": "", "lms_id": "4412", "section": "B"}
 
 
 def test_a_canvas_gradebook_line_with_no_sis_id_is_refused_with_the_reason():
     text = CANVAS_GRADEBOOK.replace('"Marley, Bob",4412,,bmarley', '"Marley, Bob",4412,,')
-    with pytest.raises(roster.RosterError, match="gradebook.csv, line 4: Canvas gives Marley, Bob \\(ID 4412\\) "
-                                                "neither a SIS User ID nor a SIS Login ID"):
+    with pytest.raises(
+        roster.RosterError,
+        match="gradebook.csv, line 4: Canvas gives Marley, Bob \\(ID 4412\\) "
+        "neither a SIS User ID nor a SIS Login ID",
+    ):
         roster.parse(text, "gradebook.csv")
 
 
@@ -75,8 +90,10 @@ def test_a_canvas_gradebook_line_with_no_sis_id_is_refused_with_the_reason():
 # Groups: a `group` column for courses that collect group work outside Gradescope.
 # ----------------------------------------------------------------------------------------
 
-GROUPS = ("student,name,group\nalice,Alice,team-1\nbob,Bob,team-1\ncarol,Carol,team-2\ndan,Dan,team-2\n"
-          "erin,Erin,team-2\nfay,Fay,\n")
+GROUPS = (
+    "student,name,group\nalice,Alice,team-1\nbob,Bob,team-1\ncarol,Carol,team-2\ndan,Dan,team-2\n"
+    "erin,Erin,team-2\nfay,Fay,\n"
+)
 
 
 def test_a_group_column_gives_each_group_its_members():
@@ -89,8 +106,14 @@ def test_a_groups_one_submission_is_credited_to_every_member_with_a_note(tmp_pat
     people = roster.parse(GROUPS)
     nb = tmp_path / "alice-lab-3.ipynb"
     nb.write_text("{}")
-    students = {"alice": {3: nb}, "bob": {}, "carol": {3: tmp_path / "c"}, "dan": {3: tmp_path / "d"}, "erin": {},
-                "fay": {}}
+    students = {
+        "alice": {3: nb},
+        "bob": {},
+        "carol": {3: tmp_path / "c"},
+        "dan": {3: tmp_path / "d"},
+        "erin": {},
+        "fay": {},
+    }
     notes = {s: [] for s in students}
     notes["bob"] = ["no submission: nothing was handed in for this student"]
     times = {("alice", 3): {"times": {"gradescope": "2026-03-01T10:00:00Z"}}}

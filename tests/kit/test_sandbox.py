@@ -42,8 +42,10 @@ def _with_cell(source: str, path: Path) -> Path:
     """Lab 3's student notebook with `source` as a new cell right after the exercise's cell."""
     nb = json.loads(LAB.student.read_text())
     at = next(i for i, c in enumerate(nb["cells"]) if "def shard_map_double" in "".join(c["source"]))
-    nb["cells"].insert(at + 1, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                                "source": source})
+    nb["cells"].insert(
+        at + 1,
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source},
+    )
     path.write_text(json.dumps(nb))
     return path
 
@@ -55,8 +57,11 @@ def _fork_limit_holds() -> bool:
     for g in groups:
         cgroup.remove_cgroup(g)
     program = modes.bubblewrap()[0]
-    return (any("pids" in g.parts for g in groups) or os.geteuid() != 0
-            or bool(program and modes.can_run_as_user(program)))
+    return (
+        any("pids" in g.parts for g in groups)
+        or os.geteuid() != 0
+        or bool(program and modes.can_run_as_user(program))
+    )
 
 
 FORK_LIMIT = _fork_limit_holds()
@@ -94,10 +99,16 @@ def battery(request, tmp_path_factory, outside_tmp) -> Battery:
     """Every trick, each in its own run: `cold`, a kernel started per run; `warm`, kernels forked by a warm server."""
     out = tmp_path_factory.mktemp("battery") if request.param == "cold" else outside_tmp("battery")
     cpu1 = configs.CONFIGS["cpu-1"]
-    runs = [RunSpec("honest", LAB.reference, cpu1, out / "honest"),
-            RunSpec("student", LAB.student, cpu1, out / "student"),
-            RunSpec("identity", _with_cell((ADVERSARIAL / "identity.control").read_text(), out / "identity.ipynb"),
-                    cpu1, out / "identity")]
+    runs = [
+        RunSpec("honest", LAB.reference, cpu1, out / "honest"),
+        RunSpec("student", LAB.student, cpu1, out / "student"),
+        RunSpec(
+            "identity",
+            _with_cell((ADVERSARIAL / "identity.control").read_text(), out / "identity.ipynb"),
+            cpu1,
+            out / "identity",
+        ),
+    ]
     (out / CLASSMATE).write_text(LAB.reference.read_text())
     only = {t.strip() for t in os.environ.get("LABKIT_BATTERY", "").split(",") if t.strip()}
     for trick in sorted(ADVERSARIAL.glob("*.py")):
@@ -107,8 +118,15 @@ def battery(request, tmp_path_factory, outside_tmp) -> Battery:
             continue
         if trick.stem == "fork_bomb" and not FORK_LIMIT:
             continue
-        runs.append(RunSpec(trick.stem, _with_cell(trick.read_text(), out / f"{trick.stem}.ipynb"), cpu1,
-                            out / trick.stem, keep_scratch=trick.stem not in REMOVED_AFTER))
+        runs.append(
+            RunSpec(
+                trick.stem,
+                _with_cell(trick.read_text(), out / f"{trick.stem}.ipynb"),
+                cpu1,
+                out / trick.stem,
+                keep_scratch=trick.stem not in REMOVED_AFTER,
+            )
+        )
     with pytest.MonkeyPatch.context() as mp:
         if BUNDLED_WORKS:  # the bwrap a fresh machine gets from `make setup`, even where the system has one
             mp.setenv("LABKIT_BWRAP", "bundled")
@@ -117,12 +135,23 @@ def battery(request, tmp_path_factory, outside_tmp) -> Battery:
         try:
             found = modes.finding()
             if request.param == "warm":
-                env = {k: v for k, v in configs.CONFIGS["cpu-1"].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+                env = {
+                    k: v
+                    for k, v in configs.CONFIGS["cpu-1"].environment().items()
+                    if k != "JAX_NUM_CPU_DEVICES"
+                }
                 server = warm.Server([out], env, tmp_path_factory.mktemp("warm-server"))
                 if not server.start(replace(LIMITS, isolation=modes.SANDBOX)):
                     pytest.skip(f"no warm start here: {server.why}")
-            judgement = judge(LAB.test_dirs(hidden=True), runs, hidden_dirs=[LAB.hidden_tests], jobs=3,
-                              timeout=TIMEOUT, limits=LIMITS, warm=server)
+            judgement = judge(
+                LAB.test_dirs(hidden=True),
+                runs,
+                hidden_dirs=[LAB.hidden_tests],
+                jobs=3,
+                timeout=TIMEOUT,
+                limits=LIMITS,
+                warm=server,
+            )
         finally:
             if server is not None:
                 server.stop()
@@ -139,6 +168,7 @@ def scores_nothing(battery: Battery, label: str) -> None:
 # ----------------------------------------------------------------------------------------
 # The baseline, and the honest submission that shares every run with the tricks.
 # ----------------------------------------------------------------------------------------
+
 
 def test_the_honest_submission_passes_everything_beside_the_tricks(battery):
     assert battery.record("honest").status == "ok", battery.record("honest").message
@@ -165,6 +195,7 @@ def test_every_run_records_its_isolation_and_limits(battery):
 # ----------------------------------------------------------------------------------------
 # Forging the results.
 # ----------------------------------------------------------------------------------------
+
 
 def test_a_results_file_the_notebook_wrote_itself_is_refused(battery):
     record = battery.record("forge_results_now")
@@ -245,7 +276,9 @@ def scores_no_more_than_returning_x(battery: Battery, label: str) -> None:
     """What a wrong answer returned plainly scores: a trick whose program the kit ran may pass what `return x`
     passes (its shape, its one device on cpu-1), never more."""
     assert battery.outcomes(label), f"{label}: no outcomes"
-    assert battery.passed(label) <= battery.passed("identity"), [(o.test, o.status) for o in battery.outcomes(label)]
+    assert battery.passed(label) <= battery.passed("identity"), [
+        (o.test, o.status) for o in battery.outcomes(label)
+    ]
 
 
 def test_patched_comparisons_in_the_kernel_do_not_reach_the_judge(battery):
@@ -255,7 +288,9 @@ def test_patched_comparisons_in_the_kernel_do_not_reach_the_judge(battery):
 
 def test_objects_that_claim_to_equal_anything_are_not_arrays(battery):
     scores_no_more_than_returning_x(battery, "claims_equal")
-    record = battery.record("claims_equal")  # what the kit's run of its program gave: plain arrays, judged as such
+    record = battery.record(
+        "claims_equal"
+    )  # what the kit's run of its program gave: plain arrays, judged as such
     assert {r["judged_by"] for r in record.results.values()} == {"verified"}
 
 
@@ -274,6 +309,7 @@ def test_printed_fake_test_output_is_only_output(battery):
 # ----------------------------------------------------------------------------------------
 # Ending early, killing the parents.
 # ----------------------------------------------------------------------------------------
+
 
 def test_asking_to_exit_with_status_0_is_an_error_not_a_pass(battery):
     record = battery.record("exit_sys")  # SystemExit is caught by IPython; exit() then ends the kernel
@@ -301,6 +337,7 @@ def test_killing_the_parent_processes_reaches_nothing_outside_the_run(battery):
 # What a run can see and reach.
 # ----------------------------------------------------------------------------------------
 
+
 @NEEDS_SANDBOX
 def test_the_reference_hidden_tests_other_runs_and_the_network_are_out_of_reach(battery):
     assert (battery.scratch("read_secrets") / "found.txt").read_text() == "nothing"
@@ -325,6 +362,7 @@ def test_every_run_of_the_battery_started_as_asked(battery):
 # Faults: crash, memory, processes, time, output.
 # ----------------------------------------------------------------------------------------
 
+
 def test_a_segfault_is_an_error_that_says_the_kernel_died(battery):
     record = battery.record("segfault")
     assert record.status == "error" and "kernel died" in record.message
@@ -339,7 +377,9 @@ def test_a_memory_bomb_is_stopped_at_the_memory_limit(battery):
     scores_nothing(battery, "memory_bomb")
 
 
-@pytest.mark.skipif(not FORK_LIMIT, reason="no pids cgroup here, and RLIMIT_NPROC does not bind root outside a sandbox")
+@pytest.mark.skipif(
+    not FORK_LIMIT, reason="no pids cgroup here, and RLIMIT_NPROC does not bind root outside a sandbox"
+)
 def test_a_fork_bomb_is_stopped_at_the_process_limit_and_leaves_nothing_behind(battery):
     record = battery.record("fork_bomb")
     assert record.status in ("ok", "error"), (record.status, record.message)  # refused forks, not the clock
@@ -350,12 +390,24 @@ def test_a_fork_bomb_is_stopped_at_the_process_limit_and_leaves_nothing_behind(b
 
 
 @NEEDS_SANDBOX
-def test_a_fork_bomb_in_a_notebook_run_without_cgroups_is_refused_forks_not_timed_out(kit, lab_report, build,
-                                                                                     monkeypatch, tmp_path):
+def test_a_fork_bomb_in_a_notebook_run_without_cgroups_is_refused_forks_not_timed_out(
+    kit, lab_report, build, monkeypatch, tmp_path
+):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")  # as where the kit may not make cgroups (RLIMIT_NPROC only)
     notebook = _with_cell((ADVERSARIAL / "fork_bomb.py").read_text(), tmp_path / "lab-3.ipynb")
-    done = kit("lab", "3", "--notebook", str(notebook), "--configs", "cpu-1", "--timeout", "90",
-               "--max-processes", "200", "--keep-scratch")
+    done = kit(
+        "lab",
+        "3",
+        "--notebook",
+        str(notebook),
+        "--configs",
+        "cpu-1",
+        "--timeout",
+        "90",
+        "--max-processes",
+        "200",
+        "--keep-scratch",
+    )
     run = lab_report(3)["runs"]["cpu-1"]
     assert run["status"] in ("ok", "error"), (run["status"], run["message"], done.stderr[-2000:])
     made = (Path(run["workdir"]) / "scratch" / "forks").stat().st_size
@@ -390,6 +442,7 @@ def test_markup_in_messages_arrives_as_plain_text(battery):
 # The sandbox on its own (no notebooks): fast.
 # ----------------------------------------------------------------------------------------
 
+
 def test_sizes_are_read_with_units():
     assert allowance.parse_size("4G") == 4 << 30
     assert allowance.parse_size("512M") == 512 << 20
@@ -405,8 +458,17 @@ def test_the_default_limits_are_the_documented_ones():
 
 
 def test_a_run_keeps_device_settings_and_drops_the_callers_secrets(tmp_path):
-    env = mounts.run_environment({"JAX_PLATFORMS": "cpu", "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t",
-                                   "PATH": "/usr/bin", "HOME": "/root"}, tmp_path, sandboxed=True)
+    env = mounts.run_environment(
+        {
+            "JAX_PLATFORMS": "cpu",
+            "AWS_SECRET_ACCESS_KEY": "k",
+            "GITHUB_TOKEN": "t",
+            "PATH": "/usr/bin",
+            "HOME": "/root",
+        },
+        tmp_path,
+        sandboxed=True,
+    )
     assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/usr/bin"
     assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env and env["HOME"] != "/root"
 
@@ -423,8 +485,9 @@ def test_the_sandbox_binds_the_kits_package_but_never_its_repository(tmp_path):
 def _launch(tmp_path, code: str, limits: Limits = allowance.DEFAULT_LIMITS, timeout: float = 60) -> str:
     log_path = tmp_path / "log"
     with open(log_path, "wb") as log:
-        proc = sandbox.launch([sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"]}, limits,
-                              log=log)
+        proc = sandbox.launch(
+            [sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"]}, limits, log=log
+        )
         try:
             proc.wait(timeout=timeout)
         finally:
@@ -443,15 +506,20 @@ def test_without_cgroups_a_fork_bomb_in_the_sandbox_stops_at_the_process_limit(t
 
 @NEEDS_SANDBOX
 @pytest.mark.skipif(os.geteuid() != 0, reason="the kit runs as root only here")
-def test_as_root_without_cgroups_a_run_is_a_user_of_its_own_that_owns_its_scratch_folder(tmp_path, monkeypatch):
+def test_as_root_without_cgroups_a_run_is_a_user_of_its_own_that_owns_its_scratch_folder(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("LABKIT_CGROUPS", "off")
     work = tmp_path / "work"
     work.mkdir()
     (work / "calls.json").write_text("from the kit")
     (work / "calls.json").chmod(0o600)  # as the kit's own files may be (the run's key, the connection file)
-    out = _launch(tmp_path, "import os\nprint('uid', os.getuid(), os.getgid(), os.getgroups())\n"
-                            "print('read', open('calls.json').read())\nopen('results.json', 'w').write('from the run')\n"
-                            "os.makedirs('/tmp/home/cache'); print('tmp writable')")
+    out = _launch(
+        tmp_path,
+        "import os\nprint('uid', os.getuid(), os.getgid(), os.getgroups())\n"
+        "print('read', open('calls.json').read())\nopen('results.json', 'w').write('from the run')\n"
+        "os.makedirs('/tmp/home/cache'); print('tmp writable')",
+    )
     uid = int(out.split("uid ")[1].split()[0])
     assert uid in runusers.RUN_USERS and f"uid {uid} {uid} []" in out, out
     assert "read from the kit" in out and "tmp writable" in out, out
@@ -470,8 +538,12 @@ def test_as_root_on_a_tpu_host_whose_chips_only_root_may_open_the_run_keeps_root
     assert "opened the chip" in out, out
 
 
-def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capabilities_to_become_it(tmp_path):
-    cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS, user=runusers.RUN_USERS[0])
+def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capabilities_to_become_it(
+    tmp_path,
+):
+    cmd = mounts.bwrap_command(
+        "bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS, user=runusers.RUN_USERS[0]
+    )
     assert "--unshare-all" not in cmd and "--unshare-user" not in cmd and "--unshare-user-try" not in cmd
     assert {"--unshare-pid", "--unshare-net", "--die-with-parent"} <= set(cmd)
     added = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--cap-add"]
@@ -484,8 +556,8 @@ def test_a_sandbox_for_a_user_of_its_own_has_no_user_namespace_and_only_the_capa
 def test_inside_the_sandbox_the_repository_and_network_are_absent_and_only_the_workdir_is_writable(tmp_path):
     code = f"""
 import os, socket
-print("reference", os.path.exists({str(catalog.ROOT / 'reference')!r}))
-print("hidden", os.path.exists({str(catalog.ROOT / 'tests' / 'hidden')!r}))
+print("reference", os.path.exists({str(catalog.ROOT / "reference")!r}))
+print("hidden", os.path.exists({str(catalog.ROOT / "tests" / "hidden")!r}))
 try:
     socket.create_connection(("1.1.1.1", 53), timeout=3); print("network yes")
 except OSError:
@@ -511,7 +583,8 @@ def test_the_links_on_the_way_to_a_path_are_each_named_with_their_target(tmp_pat
     assert mounts.links_on_the_way(tmp_path / "venv" / "bin" / "python3") == [
         ("python", str(tmp_path / "venv" / "bin" / "python3")),
         (str(tmp_path / "cpython-3.13" / "bin" / "python3.13"), str(tmp_path / "venv" / "bin" / "python")),
-        (str(tmp_path / "cpython-3.13.5"), str(tmp_path / "cpython-3.13"))]
+        (str(tmp_path / "cpython-3.13.5"), str(tmp_path / "cpython-3.13")),
+    ]
 
 
 @NEEDS_SANDBOX
@@ -521,25 +594,37 @@ def test_an_interpreter_reached_through_a_linked_folder_starts_in_the_sandbox(tm
     (tmp_path / "minor").symlink_to(Path(sys.executable).resolve().parent.parent)
     (tmp_path / "work").mkdir()
     python = tmp_path / "minor" / "bin" / Path(sys.executable).resolve().name
-    code = (f"import subprocess, sys; from labkit.run import allowance, modes, mounts; "
-            f"cmd = mounts.bwrap_command(modes.bubblewrap()[0], [sys.executable, '-c', 'print(6 * 7)'], "
-            f"{str(tmp_path / 'work')!r}, allowance.DEFAULT_LIMITS); "
-            f"done = subprocess.run(cmd, capture_output=True, text=True); print(sys.executable, done.stdout, done.stderr)")
+    code = (
+        f"import subprocess, sys; from labkit.run import allowance, modes, mounts; "
+        f"cmd = mounts.bwrap_command(modes.bubblewrap()[0], [sys.executable, '-c', 'print(6 * 7)'], "
+        f"{str(tmp_path / 'work')!r}, allowance.DEFAULT_LIMITS); "
+        f"done = subprocess.run(cmd, capture_output=True, text=True); print(sys.executable, done.stdout, done.stderr)"
+    )
     site = [p for p in sys.path if p.endswith("site-packages")]
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=False,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(catalog.ROOT), *site])))
+    done = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(catalog.ROOT), *site])),
+    )
     assert done.stdout.split()[:2] == [str(python), "42"], done.stdout + done.stderr
 
 
 def test_output_beyond_the_limit_is_cut_from_the_log(tmp_path):
-    out = _launch(tmp_path, "import os\nfor _ in range(64): os.write(1, b'x' * 65536)",
-                  Limits(output=100_000))
+    out = _launch(
+        tmp_path, "import os\nfor _ in range(64): os.write(1, b'x' * 65536)", Limits(output=100_000)
+    )
     assert len(out) < 100_200 and "log was cut" in out
 
 
 def test_the_memory_limit_stops_an_allocation(tmp_path):
-    out = _launch(tmp_path, "try:\n    b = b'x' * (600 << 20)\n    print('allocated')\nexcept MemoryError:\n"
-                            "    print('stopped')", Limits(memory=400 << 20))
+    out = _launch(
+        tmp_path,
+        "try:\n    b = b'x' * (600 << 20)\n    print('allocated')\nexcept MemoryError:\n    print('stopped')",
+        Limits(memory=400 << 20),
+    )
     assert "stopped" in out, out
 
 
@@ -555,10 +640,13 @@ def test_a_detached_process_ends_with_its_run_with_or_without_bubblewrap(tmp_pat
     monkeypatch.setenv("LABKIT_SANDBOX", mode)
     modes.bubblewrap.cache_clear()
     try:
-        _launch(tmp_path, "import os, time\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError:\n"
-                          "        pass\n    if os.fork() == 0:\n"
-                          "        open('pid', 'w').write(str(os.getpid()))\n        time.sleep(600)\n    os._exit(0)\n"
-                          "os.wait()\ntime.sleep(2)")
+        _launch(
+            tmp_path,
+            "import os, time\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError:\n"
+            "        pass\n    if os.fork() == 0:\n"
+            "        open('pid', 'w').write(str(os.getpid()))\n        time.sleep(600)\n    os._exit(0)\n"
+            "os.wait()\ntime.sleep(2)",
+        )
     finally:
         modes.bubblewrap.cache_clear()
     text = (tmp_path / "work" / "pid").read_text()
@@ -580,8 +668,20 @@ def _command_lines() -> list[bytes]:
 
 def test_without_bubblewrap_a_run_has_limits_only_and_warns(kit, lab_report, monkeypatch):
     monkeypatch.setenv("LABKIT_SANDBOX", "none")
-    done = kit("lab", "3", "--notebook", str(LAB.reference), "--configs", "cpu-1", "--timeout", "90",
-               "--memory", "3G", "--max-processes", "500")
+    done = kit(
+        "lab",
+        "3",
+        "--notebook",
+        str(LAB.reference),
+        "--configs",
+        "cpu-1",
+        "--timeout",
+        "90",
+        "--memory",
+        "3G",
+        "--max-processes",
+        "500",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "notebooks run with resource limits only" in done.stderr
     run = lab_report(3)["runs"]["cpu-1"]
@@ -593,10 +693,14 @@ def test_without_bubblewrap_a_run_has_limits_only_and_warns(kit, lab_report, mon
 # Grading a class that mixes tricks and honest work: the scoreboard's scores and statuses.
 # ----------------------------------------------------------------------------------------
 
+
 def _path_without_bwrap() -> str:
     """The PATH with every folder that holds a bwrap left out: a machine without Debian's bubblewrap."""
-    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                           if p and not os.path.exists(os.path.join(p, "bwrap")))
+    return os.pathsep.join(
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not os.path.exists(os.path.join(p, "bwrap"))
+    )
 
 
 @NEEDS_SANDBOX
@@ -606,9 +710,13 @@ def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tm
     subs = tmp_path / "submissions"
     notebooks = {
         "honest": LAB.reference.read_text(),
-        "forger": _with_cell((ADVERSARIAL / "forge_results_now.py").read_text(), tmp_path / "f.ipynb").read_text(),
+        "forger": _with_cell(
+            (ADVERSARIAL / "forge_results_now.py").read_text(), tmp_path / "f.ipynb"
+        ).read_text(),
         "crasher": _with_cell((ADVERSARIAL / "segfault.py").read_text(), tmp_path / "s.ipynb").read_text(),
-        "injector": _with_cell((ADVERSARIAL / "markup_injection.py").read_text(), tmp_path / "m.ipynb").read_text(),
+        "injector": _with_cell(
+            (ADVERSARIAL / "markup_injection.py").read_text(), tmp_path / "m.ipynb"
+        ).read_text(),
         "killer": _with_cell((ADVERSARIAL / "kill_parents.py").read_text(), tmp_path / "k.ipynb").read_text(),
     }
     for student, text in notebooks.items():
@@ -617,9 +725,32 @@ def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tm
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("LABKIT_BWRAP", "LABKIT_SANDBOX")}
     env |= {"COLUMNS": "160", "NO_COLOR": "1", "PATH": _path_without_bwrap()}
-    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
-                           "--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "90"],
-                          cwd=catalog.ROOT, env=env, text=True, capture_output=True, timeout=900, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(subs),
+            "--out",
+            str(out),
+            "--labs",
+            "3",
+            "--configs",
+            "cpu-1",
+            "--jobs",
+            "2",
+            "--timeout",
+            "90",
+        ],
+        cwd=catalog.ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"in a sandbox: bubblewrap 0.11.0 (bundled: {BUNDLED})" in done.stderr, done.stderr[-2000:]
     rows = {r["student"]: r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
@@ -642,7 +773,7 @@ def test_a_run_on_a_tpu_host_sees_the_chips_and_the_topology(tmp_path, monkeypat
     chip.touch()
     monkeypatch.setattr(mounts, "accelerator_devices", lambda: [str(chip)])
     cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path / "work", allowance.DEFAULT_LIMITS)
-    assert ["--dev-bind", str(chip), str(chip)] == cmd[cmd.index("--dev-bind"):cmd.index("--dev-bind") + 3]
+    assert ["--dev-bind", str(chip), str(chip)] == cmd[cmd.index("--dev-bind") : cmd.index("--dev-bind") + 3]
     assert "/sys" in cmd
 
 
@@ -657,19 +788,23 @@ def test_a_cpu_host_shows_the_cpu_count_libtpu_needs_and_nothing_else_of_sys(tmp
     monkeypatch.setattr(mounts, "accelerator_devices", list)
     cmd = mounts.bwrap_command("bwrap", ["true"], tmp_path, allowance.DEFAULT_LIMITS)
     binds = [cmd[i + 2] for i, word in enumerate(cmd) if word in ("--ro-bind", "--bind")]
-    assert [b for b in binds if b.startswith("/sys")] == (["/sys/devices/system/cpu"]
-                                                          if Path("/sys/devices/system/cpu").is_dir() else [])
+    assert [b for b in binds if b.startswith("/sys")] == (
+        ["/sys/devices/system/cpu"] if Path("/sys/devices/system/cpu").is_dir() else []
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # The trust boundary: what the kit's own, unsandboxed process does with the run's folders.
 # ----------------------------------------------------------------------------------------
 
+
 def test_links_in_place_of_the_kits_files_write_nothing_outside_the_run(battery):
     # The run's kit folder is read-only to it; what it linked in its scratch folder is never followed.
     classmate = battery.out / CLASSMATE
     assert classmate.read_text() == LAB.reference.read_text(), "a link made the kit write over another file"
-    assert not (battery.out / "planted.pth").exists(), "a dangling link made the kit create a file outside the run"
+    assert not (battery.out / "planted.pth").exists(), (
+        "a dangling link made the kit create a file outside the run"
+    )
     kit = battery.workdir("link_kit_files")
     for name in ("executed.ipynb", "run.log", "input.ipynb", "calls.json"):
         assert not (kit / name).is_symlink() and (kit / name).is_file(), name
@@ -683,7 +818,9 @@ def test_a_second_grading_of_a_folder_a_run_left_links_in_follows_none_of_them(b
     kit = battery.workdir("link_kit_files")
     left = sorted(p.name for p in battery.scratch("link_kit_files").iterdir() if p.is_symlink())
     assert "run.log" in left and "executed.ipynb" in left, left  # the first run's links are there
-    record = execute.run_notebook(LAB.reference, configs.CONFIGS["cpu-1"], [], kit, timeout=TIMEOUT, limits=LIMITS)
+    record = execute.run_notebook(
+        LAB.reference, configs.CONFIGS["cpu-1"], [], kit, timeout=TIMEOUT, limits=LIMITS
+    )
     assert record.status == "ok", record.message
     assert not (battery.out / "planted.pth").exists()
     assert (battery.out / CLASSMATE).read_text() == LAB.reference.read_text()
@@ -715,7 +852,9 @@ def test_a_kernel_reads_nothing_of_the_warm_servers_start_in_its_own_process(bat
 CPU_GROUPS = os.geteuid() == 0 and (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").exists()
 
 
-@pytest.mark.skipif(not CPU_GROUPS, reason="the kit makes cgroups as root, where a v1 cpu controller is mounted")
+@pytest.mark.skipif(
+    not CPU_GROUPS, reason="the kit makes cgroups as root, where a v1 cpu controller is mounted"
+)
 def test_every_run_gets_a_cpu_group_of_its_own_with_the_same_share():
     # so that a run of two dozen busy processes weighs as one run beside its neighbour
     # (benchmarks/bench_fair_share.py measures the neighbour's slowdown with and without it)

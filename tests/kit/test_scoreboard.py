@@ -29,62 +29,106 @@ HIDDEN_SECRET = "expected [1.5, 2.5, 3.5] on the hidden input"
 
 
 def outcome(name, status, message="", hidden=False):
-    return {"test": f"test_{name}", "exercise": "shard_map_double", "file": "t.py", "hidden": hidden,
-            "status": status, "message": message}
+    return {
+        "test": f"test_{name}",
+        "exercise": "shard_map_double",
+        "file": "t.py",
+        "hidden": hidden,
+        "status": status,
+        "message": message,
+    }
 
 
 def row(student, config, tests, status=None, message="", cell_errors=(), notes=(), lab=3):
     counted = [t for t in tests if t["status"] != "skipped"]
     passed = sum(t["status"] == "passed" for t in counted)
-    return {"student": student, "lab": lab, "config": config,
-            "status": status or ("ok" if passed == len(counted) else "failed"), "passed": passed,
-            "total": len(counted), "message": message, "tests": list(tests), "cell_errors": list(cell_errors),
-            "notes": list(notes)}
+    return {
+        "student": student,
+        "lab": lab,
+        "config": config,
+        "status": status or ("ok" if passed == len(counted) else "failed"),
+        "passed": passed,
+        "total": len(counted),
+        "message": message,
+        "tests": list(tests),
+        "cell_errors": list(cell_errors),
+        "notes": list(notes),
+    }
 
 
 def passing(student, config):
-    return row(student, config, [outcome("doubles", "passed"), outcome("is_split", "passed"),
-                                 outcome("hidden_block", "passed", hidden=True)])
+    return row(
+        student,
+        config,
+        [
+            outcome("doubles", "passed"),
+            outcome("is_split", "passed"),
+            outcome("hidden_block", "passed", hidden=True),
+        ],
+    )
 
 
 def one_device_bug(student, config):
-    return row(student, config, [
-        outcome("doubles", "passed"),
-        outcome("is_split", "failed", "expected the result on all 8 devices, but it lives on 1"),
-        outcome("hidden_block", "failed", HIDDEN_SECRET, hidden=True)],
-        message="2 of 3 tests did not pass")
+    return row(
+        student,
+        config,
+        [
+            outcome("doubles", "passed"),
+            outcome("is_split", "failed", "expected the result on all 8 devices, but it lives on 1"),
+            outcome("hidden_block", "failed", HIDDEN_SECRET, hidden=True),
+        ],
+        message="2 of 3 tests did not pass",
+    )
 
 
 def make_results(students: dict[str, dict[str, dict]], notes=()) -> dict:
     rows = [r for s in sorted(students) for r in students[s].values()]
-    return {"format": 1,
-            "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3 · shard_map basics"}],
-            "configs": [{"name": "cpu-1", "summary": "one CPU device", "devices": 1},
-                        {"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8}],
-            "students": {s: {"notes": []} for s in sorted(students)},
-            "notes": list(notes),
-            "rows": rows}
+    return {
+        "format": 1,
+        "labs": [{"number": 3, "name": "lab-3", "title": "Lab 3 · shard_map basics"}],
+        "configs": [
+            {"name": "cpu-1", "summary": "one CPU device", "devices": 1},
+            {"name": "cpu-8", "summary": "eight simulated CPU devices", "devices": 8},
+        ],
+        "students": {s: {"notes": []} for s in sorted(students)},
+        "notes": list(notes),
+        "rows": rows,
+    }
 
 
 @pytest.fixture
 def results() -> dict:
-    return make_results({
-        "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
-        "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
-        "carl": {"cpu-1": passing("carl", "cpu-1"), "cpu-8": one_device_bug("carl", "cpu-8")},
-        "dana": {c: row("dana", c, [], status="missing", message="lab-3.ipynb was not handed in")
-                 for c in ("cpu-1", "cpu-8")},
-        EVIL: {"cpu-1": row(EVIL, "cpu-1", [outcome("doubles", "failed", SCRIPT)],
-                            cell_errors=[{"cell": 2, "type": "RuntimeError", "message": SCRIPT, "code": ""}]),
-               "cpu-8": row(EVIL, "cpu-8", [], status="timeout", message="did not finish within 5 s")},
-        "=HYPERLINK(\"http://x\")": {"cpu-1": passing("=HYPERLINK(\"http://x\")", "cpu-1"),
-                                     "cpu-8": passing("=HYPERLINK(\"http://x\")", "cpu-8")},
-    }, notes=["notes.txt: ignored, not a student folder"])
+    return make_results(
+        {
+            "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
+            "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
+            "carl": {"cpu-1": passing("carl", "cpu-1"), "cpu-8": one_device_bug("carl", "cpu-8")},
+            "dana": {
+                c: row("dana", c, [], status="missing", message="lab-3.ipynb was not handed in")
+                for c in ("cpu-1", "cpu-8")
+            },
+            EVIL: {
+                "cpu-1": row(
+                    EVIL,
+                    "cpu-1",
+                    [outcome("doubles", "failed", SCRIPT)],
+                    cell_errors=[{"cell": 2, "type": "RuntimeError", "message": SCRIPT, "code": ""}],
+                ),
+                "cpu-8": row(EVIL, "cpu-8", [], status="timeout", message="did not finish within 5 s"),
+            },
+            '=HYPERLINK("http://x")': {
+                "cpu-1": passing('=HYPERLINK("http://x")', "cpu-1"),
+                "cpu-8": passing('=HYPERLINK("http://x")', "cpu-8"),
+            },
+        },
+        notes=["notes.txt: ignored, not a student folder"],
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # csv, json, markdown.
 # ----------------------------------------------------------------------------------------
+
 
 def test_the_csv_has_the_fixed_columns_then_one_row_per_unit(results):
     table = list(csv.reader(io.StringIO(scoreboard.to_csv(results))))
@@ -95,7 +139,7 @@ def test_the_csv_has_the_fixed_columns_then_one_row_per_unit(results):
 
 def test_a_spreadsheet_never_reads_a_formula_from_a_student_id(results):
     ids = [r["student"] for r in csv.DictReader(io.StringIO(scoreboard.to_csv(results)))]
-    assert "'=HYPERLINK(\"http://x\")" in ids and not any(i.startswith("=") for i in ids)
+    assert '\'=HYPERLINK("http://x")' in ids and not any(i.startswith("=") for i in ids)
 
 
 def test_the_json_is_the_results_themselves_with_what_is_drawn_from_them(results):
@@ -114,7 +158,9 @@ def test_the_summary_gives_the_pass_rate_per_lab_and_configuration(results):
 def test_the_summary_ranks_tests_failed_on_several_devices_but_passed_on_one(results):
     bugs = results_mod.multi_device_bugs(results)
     assert [(b["test"], b["config"], len(b["students"])) for b in bugs] == [
-        ("test_hidden_block", "cpu-8", 2), ("test_is_split", "cpu-8", 2)]
+        ("test_hidden_block", "cpu-8", 2),
+        ("test_is_split", "cpu-8", 2),
+    ]
     md = markdown.to_markdown(results)
     assert "| 3 | is split | cpu-8 | 2 | expected the result on all 8 devices, but it lives on 1 |" in md
 
@@ -128,6 +174,7 @@ def test_markup_in_the_markdown_is_shown_as_text(results):
 # ----------------------------------------------------------------------------------------
 # feedback.
 # ----------------------------------------------------------------------------------------
+
 
 def test_feedback_has_public_messages_and_hidden_tests_by_name_and_outcome_only(results):
     text = markdown.feedback(results, "bob")
@@ -184,9 +231,13 @@ def test_each_student_gets_one_archive_with_the_markdown_and_the_page(results, t
 # merge.
 # ----------------------------------------------------------------------------------------
 
+
 def part_of(results: dict, students: set[str]) -> dict:
-    return {**results, "students": {s: v for s, v in results["students"].items() if s in students},
-            "rows": [r for r in results["rows"] if r["student"] in students]}
+    return {
+        **results,
+        "students": {s: v for s, v in results["students"].items() if s in students},
+        "rows": [r for r in results["rows"] if r["student"] in students],
+    }
 
 
 def test_merging_parts_gives_the_files_of_the_whole(results, tmp_path):
@@ -207,6 +258,7 @@ def test_parts_graded_on_different_configurations_are_not_merged(results):
 # ----------------------------------------------------------------------------------------
 # html, rendered by a real browser.
 # ----------------------------------------------------------------------------------------
+
 
 class _Dom(HTMLParser):
     """The elements of a page: (tag, attributes, text inside) for each, and every text run."""
@@ -237,10 +289,24 @@ def render(page: Path, tmp_path: Path) -> _Dom:
     if browser is None:
         pytest.fail("chromium is not installed: `make system-deps` installs it (.ci/apt-packages.txt)")
     done = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-         "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=180, check=False)
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0 and "<html" in done.stdout, done.stderr[-2000:]
     dom = _Dom()
     dom.feed(done.stdout)
@@ -250,15 +316,28 @@ def render(page: Path, tmp_path: Path) -> _Dom:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> _Dom:
     folder = tmp_path_factory.mktemp("html")
-    scoreboard.write(make_results({
-        "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
-        "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
-        "dana": {c: row("dana", c, [], status="missing", message="lab-3.ipynb was not handed in")
-                 for c in ("cpu-1", "cpu-8")},
-        EVIL: {"cpu-1": row(EVIL, "cpu-1", [outcome("doubles", "failed", SCRIPT)],
-                            cell_errors=[{"cell": 2, "type": "RuntimeError", "message": SCRIPT, "code": ""}]),
-               "cpu-8": row(EVIL, "cpu-8", [], status="timeout", message="did not finish within 5 s")},
-    }), folder)
+    scoreboard.write(
+        make_results(
+            {
+                "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
+                "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
+                "dana": {
+                    c: row("dana", c, [], status="missing", message="lab-3.ipynb was not handed in")
+                    for c in ("cpu-1", "cpu-8")
+                },
+                EVIL: {
+                    "cpu-1": row(
+                        EVIL,
+                        "cpu-1",
+                        [outcome("doubles", "failed", SCRIPT)],
+                        cell_errors=[{"cell": 2, "type": "RuntimeError", "message": SCRIPT, "code": ""}],
+                    ),
+                    "cpu-8": row(EVIL, "cpu-8", [], status="timeout", message="did not finish within 5 s"),
+                },
+            }
+        ),
+        folder,
+    )
     return render(folder / "scoreboard.html", folder)
 
 
@@ -268,7 +347,7 @@ def heat(dom: _Dom, config: str) -> dict[str, str]:
     assert len(tables) == 1
     start = dom.elements.index(tables[0])
     cells, student = {}, None
-    for tag, attrs, text in dom.elements[start + 1:]:
+    for tag, attrs, text in dom.elements[start + 1 :]:
         if tag == "table":
             break
         if tag == "tr" and "data-student" in attrs:
@@ -279,8 +358,7 @@ def heat(dom: _Dom, config: str) -> dict[str, str]:
 
 
 def test_the_page_shows_a_student_by_lab_heat_map_for_each_configuration(rendered):
-    assert heat(rendered, "cpu-1") == {"alice": "3/3", "bob": "3/3", "dana": "missing",
-                                       EVIL: "0/1"}
+    assert heat(rendered, "cpu-1") == {"alice": "3/3", "bob": "3/3", "dana": "missing", EVIL: "0/1"}
     assert heat(rendered, "cpu-8") == {"alice": "3/3", "bob": "1/3", "dana": "missing", EVIL: "timeout"}
 
 
@@ -316,15 +394,21 @@ def test_the_page_needs_nothing_from_outside_itself(rendered):
 
 
 def test_the_page_as_a_browser_shows_it_has_a_histogram_per_lab_and_configuration(rendered):
-    drawn = {(e[1]["data-lab"], e[1]["data-config"]) for e in rendered.elements if e[0] == "svg"
-             and "spread" in e[1].get("class", "")}
+    drawn = {
+        (e[1]["data-lab"], e[1]["data-config"])
+        for e in rendered.elements
+        if e[0] == "svg" and "spread" in e[1].get("class", "")
+    }
     assert drawn == {("3", "cpu-1"), ("3", "cpu-8")}
-    assert [e[1]["data-count"] for e in rendered.elements if e[0] == "rect" and e[1].get("data-bar") == "100"] == ["2", "1"]
+    assert [
+        e[1]["data-count"] for e in rendered.elements if e[0] == "rect" and e[1].get("data-bar") == "100"
+    ] == ["2", "1"]
 
 
 # ----------------------------------------------------------------------------------------
 # The student's own view: `make scoreboard` after `make lab-3`.
 # ----------------------------------------------------------------------------------------
+
 
 def test_make_scoreboard_draws_the_students_own_runs_with_the_class_scoreboards_code(kit, build):
     ran = kit("lab", "3", "--notebook", str(catalog.lab(3).reference), "--configs", "cpu-1")
@@ -367,6 +451,7 @@ def test_runs_without_a_sandbox_are_counted_and_warned_about_in_the_summary(resu
 # The score distribution: a histogram per lab and configuration on the class page.
 # ----------------------------------------------------------------------------------------
 
+
 def bars(results: dict, config: str, lab: int = 3) -> dict[str, list[str]]:
     """bar -> the students in it, for the bars with anyone in them."""
     d = next(d for d in spread.distributions(results) if d["lab"] == lab and d["config"] == config)
@@ -388,12 +473,14 @@ def drawn(page: str) -> dict[str, dict[str, int]]:
 
 
 def test_a_class_that_passes_on_one_device_and_half_fails_on_eight_shows_that_shape():
-    results = make_results({
-        "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
-        "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": passing("bob", "cpu-8")},
-        "carl": {"cpu-1": passing("carl", "cpu-1"), "cpu-8": one_device_bug("carl", "cpu-8")},
-        "dana": {"cpu-1": passing("dana", "cpu-1"), "cpu-8": one_device_bug("dana", "cpu-8")},
-    })
+    results = make_results(
+        {
+            "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
+            "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": passing("bob", "cpu-8")},
+            "carl": {"cpu-1": passing("carl", "cpu-1"), "cpu-8": one_device_bug("carl", "cpu-8")},
+            "dana": {"cpu-1": passing("dana", "cpu-1"), "cpu-8": one_device_bug("dana", "cpu-8")},
+        }
+    )
     assert bars(results, "cpu-1") == {"100": ["alice", "bob", "carl", "dana"]}
     assert bars(results, "cpu-8") == {"25-49": ["carl", "dana"], "100": ["alice", "bob"]}  # 1 of 3 tests
     assert drawn(pages.to_html(results)) == {"cpu-1": {"100": 4}, "cpu-8": {"25-49": 2, "100": 2}}
@@ -401,10 +488,18 @@ def test_a_class_that_passes_on_one_device_and_half_fails_on_eight_shows_that_sh
 
 def test_each_student_falls_in_one_bar_by_the_share_of_tests_passed():
     def shares(passed, total):
-        return spread.bar_of({"status": "ok" if passed == total else "failed", "passed": passed, "total": total})
+        return spread.bar_of(
+            {"status": "ok" if passed == total else "failed", "passed": passed, "total": total}
+        )
 
     assert [shares(0, 3), shares(1, 5), shares(1, 3), shares(2, 3), shares(3, 4), shares(3, 3)] == [
-        "0", "1-24", "25-49", "50-74", "75-99", "100"]
+        "0",
+        "1-24",
+        "25-49",
+        "50-74",
+        "75-99",
+        "100",
+    ]
     assert spread.bar_of({"status": "missing", "passed": 0, "total": 3}) == "missing"
     assert spread.bar_of({"status": "timeout", "passed": 0, "total": 3}) == "no-result"
     assert spread.bar_of({"status": "error", "passed": 2, "total": 3}) == "no-result"
@@ -412,14 +507,24 @@ def test_each_student_falls_in_one_bar_by_the_share_of_tests_passed():
 
 
 def test_missing_work_and_runs_without_a_result_have_bars_of_their_own(results):
-    assert bars(results, "cpu-8") == {"missing": ["dana"], "no-result": [EVIL], "25-49": ["bob", "carl"],
-                                      "100": ["=HYPERLINK(\"http://x\")", "alice"]}
+    assert bars(results, "cpu-8") == {
+        "missing": ["dana"],
+        "no-result": [EVIL],
+        "25-49": ["bob", "carl"],
+        "100": ['=HYPERLINK("http://x")', "alice"],
+    }
 
 
 def test_a_configuration_that_could_not_run_here_draws_no_bars_and_says_skipped():
-    results = make_results({s: {"cpu-1": passing(s, "cpu-1"),
-                                "cpu-8": row(s, "cpu-8", [], status="skipped", message="needs 8 devices")}
-                            for s in ("alice", "bob")})
+    results = make_results(
+        {
+            s: {
+                "cpu-1": passing(s, "cpu-1"),
+                "cpu-8": row(s, "cpu-8", [], status="skipped", message="needs 8 devices"),
+            }
+            for s in ("alice", "bob")
+        }
+    )
     found = {d["config"]: d["skipped"] for d in spread.distributions(results)}
     assert found == {"cpu-1": False, "cpu-8": True}
     page = pages.to_html(results)
@@ -428,12 +533,16 @@ def test_a_configuration_that_could_not_run_here_draws_no_bars_and_says_skipped(
 
 
 def test_every_histogram_of_a_page_is_drawn_on_one_scale():
-    results = make_results({
-        "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
-        "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
-    })
+    results = make_results(
+        {
+            "alice": {"cpu-1": passing("alice", "cpu-1"), "cpu-8": passing("alice", "cpu-8")},
+            "bob": {"cpu-1": passing("bob", "cpu-1"), "cpu-8": one_device_bug("bob", "cpu-8")},
+        }
+    )
     one, eight = spread.distributions(results)
-    heights = {(d["config"], b["key"]): b["height"] for d in (one, eight) for b in spread.layout(d, 2)["bars"]}
+    heights = {
+        (d["config"], b["key"]): b["height"] for d in (one, eight) for b in spread.layout(d, 2)["bars"]
+    }
     assert heights[("cpu-1", "100")] == spread.HEIGHT  # both students: a full bar
     assert heights[("cpu-8", "100")] == heights[("cpu-8", "25-49")] == spread.HEIGHT // 2
     assert heights[("cpu-8", "0")] == 0
@@ -442,14 +551,34 @@ def test_every_histogram_of_a_page_is_drawn_on_one_scale():
 def test_a_student_id_with_markup_is_shown_in_a_histogram_as_text_only(results):
     page = pages.to_html(results)
     start = page.index('<table id="spread">')
-    section = page[start:page.index('<h2 id="failure-rates">', start)]
-    assert "<img" not in section and "onerror=\"" not in section
+    section = page[start : page.index('<h2 id="failure-rates">', start)]
+    assert "<img" not in section and 'onerror="' not in section
     assert "&lt;img src=x onerror=&#34;document.title=&#39;pwned&#39;&#34;&gt;" in section
     dom = _Dom()
     dom.feed(section)
-    assert not [e for e in dom.elements if e[0] not in ("table", "thead", "tbody", "tr", "th", "td", "span", "p",
-                                                        "svg", "title", "line", "rect", "text")]
-    tooltips = [text for tag, attrs, text in dom.elements if tag == "title" and text.startswith("lab-3 on cpu-1, 0%")]
+    assert not [
+        e
+        for e in dom.elements
+        if e[0]
+        not in (
+            "table",
+            "thead",
+            "tbody",
+            "tr",
+            "th",
+            "td",
+            "span",
+            "p",
+            "svg",
+            "title",
+            "line",
+            "rect",
+            "text",
+        )
+    ]
+    tooltips = [
+        text for tag, attrs, text in dom.elements if tag == "title" and text.startswith("lab-3 on cpu-1, 0%")
+    ]
     assert tooltips == [f"lab-3 on cpu-1, 0%: 1 student: {EVIL}"]
 
 
@@ -458,4 +587,7 @@ def test_a_bars_tooltip_names_a_few_students_and_counts_the_rest():
     results = make_results({s: {"cpu-1": passing(s, "cpu-1"), "cpu-8": passing(s, "cpu-8")} for s in names})
     d = spread.distributions(results)[0]
     title = next(b["title"] for b in spread.layout(d, len(names))["bars"] if b["key"] == "100")
-    assert title.endswith(f"{names[spread.NAMES_SHOWN - 1]} and 7 more") and names[spread.NAMES_SHOWN] not in title
+    assert (
+        title.endswith(f"{names[spread.NAMES_SHOWN - 1]} and 7 more")
+        and names[spread.NAMES_SHOWN] not in title
+    )

@@ -32,8 +32,17 @@ def test_a_link_is_refused_even_to_a_readable_file(folder, tmp_path):
 def test_a_named_pipe_is_refused_at_once_without_waiting_for_a_writer(folder):
     os.mkfifo(folder / "results.json")
     done = []
-    reader = threading.Thread(target=lambda: done.append(pytest.raises(scratch.Refused, scratch.read, folder,  # noqa: RUF061
-                                                                       "results.json", 100)))
+    reader = threading.Thread(
+        target=lambda: done.append(
+            pytest.raises(  # noqa: RUF061 - the legacy form: a call in a thread, no `with` block to put it in
+                scratch.Refused,
+                scratch.read,
+                folder,
+                "results.json",
+                100,
+            )
+        )
+    )
     reader.start()
     reader.join(5)
     assert done and not reader.is_alive()

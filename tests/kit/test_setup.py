@@ -38,8 +38,15 @@ def uv_on_path(tmp_path: Path) -> dict[str, str]:
 
 
 def make(kit: Path, *args: str, env=None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=kit, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=kit,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def groups(selection: str) -> list[str]:
@@ -84,7 +91,9 @@ def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
     (kit / ".venv").mkdir()
     stamp = kit / ".venv" / ".synced"
     stamp.write_text(f"{python} --no-default-groups " + " ".join(f"--group {g}" for g in EVERY_GROUP) + "\n")
-    assert planned_selection(kit, "lab-3") is None, "after `make test`, `make lab-3` must not take groups away"
+    assert planned_selection(kit, "lab-3") is None, (
+        "after `make test`, `make lab-3` must not take groups away"
+    )
     stamp.write_text("\n")  # a stamp from before: every group was the default then
     assert planned_selection(kit, "setup") is not None  # rewritten once in the new form...
     assert groups(planned_selection(kit, "setup")) == EVERY_GROUP  # ...keeping every group
@@ -93,12 +102,21 @@ def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
 def test_make_test_adds_libtpu_where_jax_0_12_installs_and_a_later_make_lab_keeps_it(tmp_path):
     kit = copy_kit(tmp_path / "kit")
     python = interpreter(kit)
-    new = subprocess.run([python.split()[1], "-c", "import sys; print(sys.version_info >= (3, 12))"],
-                         capture_output=True, text=True, check=False).stdout.strip() == "True"
+    new = (
+        subprocess.run(
+            [python.split()[1], "-c", "import sys; print(sys.version_info >= (3, 12))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        == "True"
+    )
     (kit / ".venv").mkdir()
     stamp = kit / ".venv" / ".synced"
     stamp.write_text(f"{python} --no-default-groups --group notebook\n")
-    assert ("--extra tpu" in planned_selection(kit, "test")) == new  # the TPU configurations' tests need libtpu
+    assert (
+        "--extra tpu" in planned_selection(kit, "test")
+    ) == new  # the TPU configurations' tests need libtpu
     assert ("--extra tpu" in planned_selection(kit, "setup", "FOR=test")) == new
     assert "--extra" not in planned_selection(kit, "setup", "DEP_GROUPS=notebook,dev"), "never for a student"
     stamp.write_text(f"{python} --extra tpu --no-default-groups --group notebook\n")
@@ -111,7 +129,9 @@ def test_dep_groups_and_extras_are_exact(tmp_path):
     (kit / ".venv").mkdir()
     (kit / ".venv" / ".synced").write_text(f"{python} --no-default-groups --group notebook\n")
     assert planned_selection(kit, "setup", "DEP_GROUPS=notebook") is None
-    assert planned_selection(kit, "setup", "EXTRAS=tpu", "DEP_GROUPS=notebook").startswith(f"{python} --extra tpu ")
+    assert planned_selection(kit, "setup", "EXTRAS=tpu", "DEP_GROUPS=notebook").startswith(
+        f"{python} --extra tpu "
+    )
 
 
 def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
@@ -126,8 +146,12 @@ def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
     assert "build/setup.log" in done.stdout
     log = (kit / "build" / "setup.log").read_text()
     assert "+ jaxlib==" in log and "jaxlib" not in done.stdout
-    assert (kit / ".venv" / ".synced").read_text().split() == [*python.split(), "--no-default-groups", "--group",
-                                                                "notebook"]
+    assert (kit / ".venv" / ".synced").read_text().split() == [
+        *python.split(),
+        "--no-default-groups",
+        "--group",
+        "notebook",
+    ]
     assert make(kit, "-q", ".venv/.synced").returncode == 0, "a finished set-up is up to date"
     assert not list((kit / ".venv").glob("lib/python*/site-packages/ruff")), "the kit's own tools stay out"
 
@@ -135,9 +159,11 @@ def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
 def stand_in_python(tmp_path: Path, reported: str, venv_works: bool = True) -> Path:
     """A `python3` that answers the kit's version check as Python `reported` would, and may lack venv."""
     script = tmp_path / f"python{reported}"
-    check = (f"from labkit.machine.envsetup import python_problem; import sys; "
-             f"p = python_problem({tuple(int(x) for x in reported.split('.'))}, '{script}'); "
-             f"print(p, file=sys.stderr) if p else None; sys.exit(1 if p else 0)")
+    check = (
+        f"from labkit.machine.envsetup import python_problem; import sys; "
+        f"p = python_problem({tuple(int(x) for x in reported.split('.'))}, '{script}'); "
+        f"print(p, file=sys.stderr) if p else None; sys.exit(1 if p else 0)"
+    )
     script.write_text(f"""#!/bin/sh
 if [ "$1 $2 $3" = "-m labkit.machine.envsetup check-python" ]; then exec {sys.executable} -c "{check}"; fi
 if [ "$1 $2" = "-m venv" ] && [ {str(not venv_works).lower()} = true ]; then
@@ -154,7 +180,9 @@ def test_a_python_older_than_311_stops_set_up_with_one_clear_line(tmp_path):
     done = make(kit, "lab-3", f"PYTHON={stand_in_python(tmp_path, '3.10.12')}")
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "needs Python 3.11 or newer" in errors[0] and "3.10.12" in errors[0], done.stderr
+    assert len(errors) == 1 and "needs Python 3.11 or newer" in errors[0] and "3.10.12" in errors[0], (
+        done.stderr
+    )
     assert not (kit / ".venv").exists() and not (kit / ".tools").exists()
 
 
@@ -167,26 +195,39 @@ def test_a_python_that_is_not_there_is_named(tmp_path):
 
 def test_a_python_without_venv_is_named_and_leaves_no_half_made_tools(tmp_path):
     kit = copy_kit(tmp_path / "kit")
-    env = dict(os.environ, PATH=":".join(p for p in os.environ["PATH"].split(":")
-                                         if not (Path(p) / "uv").exists()))
-    done = make(kit, ".tools/bin/uv", f"PYTHON={stand_in_python(tmp_path, '3.11.7', venv_works=False)}", env=env)
+    env = dict(
+        os.environ, PATH=":".join(p for p in os.environ["PATH"].split(":") if not (Path(p) / "uv").exists())
+    )
+    done = make(
+        kit, ".tools/bin/uv", f"PYTHON={stand_in_python(tmp_path, '3.11.7', venv_works=False)}", env=env
+    )
     assert done.returncode != 0
     assert "no working venv module" in done.stderr and "python3-venv" in done.stderr
     assert not (kit / ".tools").exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a small tmpfs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a small tmpfs"
+)
 def test_a_full_disk_is_named_and_the_half_made_venv_is_not_taken_for_a_good_one(tmp_path):
     kit = copy_kit(tmp_path / "kit")
     env = uv_on_path(tmp_path)
     # The kit on a 60 MB file system: its .venv (hundreds of MB) cannot fit there.
-    script = (f"mount -t tmpfs -o size=60m tmpfs {tmp_path}/small && cp -a {kit}/. {tmp_path}/small/ && "
-              f"cd {tmp_path}/small && make --no-print-directory setup; code=$?; "
-              f"make --no-print-directory -q .venv/.synced; echo \"up-to-date=$?\"; "
-              f"ls .venv/.synced 2>/dev/null; exit $code")
+    script = (
+        f"mount -t tmpfs -o size=60m tmpfs {tmp_path}/small && cp -a {kit}/. {tmp_path}/small/ && "
+        f"cd {tmp_path}/small && make --no-print-directory setup; code=$?; "
+        f'make --no-print-directory -q .venv/.synced; echo "up-to-date=$?"; '
+        f"ls .venv/.synced 2>/dev/null; exit $code"
+    )
     (tmp_path / "small").mkdir()
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode != 0, done.stdout
     assert "the disk is full" in done.stderr, done.stderr[-2000:]
     assert "up-to-date=1" in done.stdout, "the next make must install again"
@@ -202,25 +243,53 @@ def test_the_download_size_is_read_from_the_lock_for_this_machine():
 
 
 def test_doctor_says_the_machine_is_ready_for_the_student_loop():
-    done = subprocess.run([sys.executable, "-m", "labkit", "doctor"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "doctor"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout
-    for title in ("Python", "Environment (.venv)", "Sandbox (bubblewrap)", "Configuration cpu-8", "Docker",
-                  "Chromium", "Disk", "Memory"):
+    for title in (
+        "Python",
+        "Environment (.venv)",
+        "Sandbox (bubblewrap)",
+        "Configuration cpu-8",
+        "Docker",
+        "Chromium",
+        "Disk",
+        "Memory",
+    ):
         assert title in done.stdout
     assert "READY for lab" in done.stdout
 
 
 def test_doctor_fails_what_was_asked_for_and_gives_the_fix():
     env = dict(os.environ, LABKIT_SANDBOX="none", PATH=str(Path(sys.executable).parent))
-    done = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--for", "grade,docker"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "doctor", "--for", "grade,docker"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1
     assert "NOT READY for grade, docker: Sandbox (bubblewrap); Docker" in done.stdout
     assert "✗ Docker" in done.stdout and "fix: install Docker" in done.stdout
     # the same machine is ready for a student: a missing sandbox only warns there
-    done = subprocess.run([sys.executable, "-m", "labkit", "doctor"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "doctor"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0 and "! Sandbox" in done.stdout
 
 
@@ -236,6 +305,7 @@ def test_doctor_tells_an_unfinished_environment_from_a_missing_one(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Which Python: the newest supported one here (JAX 0.12 on 3.12 and newer, 0.10.2 on 3.11), or PYTHON=.
 
+
 def real_python(version: str) -> str | None:
     """An interpreter of `version` ("3.13") that runs on this machine: on the PATH or installed by pyenv."""
     for _, found, exe in envsetup.pythons_here((f"python{version}", *envsetup._pyenv_pythons())):
@@ -245,8 +315,9 @@ def real_python(version: str) -> str | None:
 
 
 NEWER = next((v for v in ("3.13", "3.12") if real_python(v)), None)
-both_worlds = pytest.mark.skipif(not (NEWER and real_python("3.11")),
-                                 reason="needs Python 3.11 and Python 3.12 or newer on this machine")
+both_worlds = pytest.mark.skipif(
+    not (NEWER and real_python("3.11")), reason="needs Python 3.11 and Python 3.12 or newer on this machine"
+)
 
 
 def path_with(tmp_path: Path, **names: str) -> dict[str, str]:
@@ -255,20 +326,29 @@ def path_with(tmp_path: Path, **names: str) -> dict[str, str]:
     bin_dir.mkdir(exist_ok=True)
     for name, target in names.items():
         (bin_dir / name).symlink_to(target)
-    return dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", PYENV_ROOT=str(tmp_path / "no-pyenv"), NO_COLOR="1")
+    return dict(
+        os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", PYENV_ROOT=str(tmp_path / "no-pyenv"), NO_COLOR="1"
+    )
 
 
 def picked(kit: Path, env: dict[str, str], *args: str) -> str:
     """The version of the Python whose `--python` the Makefile's set-up would pass."""
     exe = planned_selection(kit, "setup", *args, env=env).split()[1]
-    return subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 @both_worlds
 def test_set_up_takes_the_newest_python_on_the_path_over_python3(tmp_path):
-    env = path_with(tmp_path, python3=real_python("3.11"), **{"python3.11": real_python("3.11"),
-                                                              f"python{NEWER}": real_python(NEWER)})
+    env = path_with(
+        tmp_path,
+        python3=real_python("3.11"),
+        **{"python3.11": real_python("3.11"), f"python{NEWER}": real_python(NEWER)},
+    )
     kit = copy_kit(tmp_path / "kit")
     assert picked(kit, env) == NEWER
 
@@ -293,19 +373,41 @@ def test_a_pyenv_python_that_is_installed_but_not_selected_is_found(tmp_path):
     (version_bin / f"python{NEWER}").symlink_to(real_python(NEWER))
     env = dict(path_with(tmp_path, python3=real_python("3.11")), PYENV_ROOT=str(pyenv))
     env["PATH"] = f"{shim.parent}:{env['PATH']}"
-    done = subprocess.run([real_python("3.11"), "-m", "labkit.machine.envsetup", "pick-python"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [real_python("3.11"), "-m", "labkit.machine.envsetup", "pick-python"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert Path(done.stdout.strip()) == (version_bin / f"python{NEWER}").resolve(), done.stdout + done.stderr
     assert picked(copy_kit(tmp_path / "kit"), env) == NEWER
 
 
 @both_worlds
 def test_the_other_world_is_the_python_whose_jax_differs(tmp_path):
-    env = path_with(tmp_path, python3=real_python("3.11"), **{"python3.11": real_python("3.11"),
-                                                              f"python{NEWER}": real_python(NEWER)})
+    env = path_with(
+        tmp_path,
+        python3=real_python("3.11"),
+        **{"python3.11": real_python("3.11"), f"python{NEWER}": real_python(NEWER)},
+    )
     for mine, other in ((NEWER, "3.11"), ("3.11", NEWER)):
-        done = subprocess.run([real_python("3.11"), "-m", "labkit.machine.envsetup", "pick-python", "--other-than",
-                               f"python{mine}"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                real_python("3.11"),
+                "-m",
+                "labkit.machine.envsetup",
+                "pick-python",
+                "--other-than",
+                f"python{mine}",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert done.stdout.strip().endswith(f"python{other}"), done.stdout
 
 
@@ -313,8 +415,14 @@ def test_with_one_python_there_is_no_other_world_and_each_python_gets_its_jax(tm
     only = real_python("3.11") or sys.executable
     env = path_with(tmp_path, python3=only)
     env["PATH"] = f"{tmp_path / 'bin'}"  # nothing else: not even /usr/bin's Pythons
-    done = subprocess.run([only, "-m", "labkit.machine.envsetup", "pick-python", "--other-than", "python3"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [only, "-m", "labkit.machine.envsetup", "pick-python", "--other-than", "python3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 1 and done.stdout == "", done.stdout
     assert envsetup.jax_for((3, 11, 7)) == "0.10.2"
     assert envsetup.jax_for((3, 13, 0)).startswith("0.12.")
@@ -323,7 +431,9 @@ def test_with_one_python_there_is_no_other_world_and_each_python_gets_its_jax(tm
 def test_an_activated_venv_is_never_the_python_a_venv_is_made_with(tmp_path):
     """With a virtual environment first on the PATH (`source .venv/bin/activate`, the course image), its
     python3.X is not the interpreter set-up names: the one it runs on is."""
-    base = real_python(NEWER) if NEWER else real_python("3.11") or sys.executable  # the newest: the one picked
+    base = (
+        real_python(NEWER) if NEWER else real_python("3.11") or sys.executable
+    )  # the newest: the one picked
     venv = tmp_path / "activated"
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
@@ -338,8 +448,11 @@ def test_once_venv_exists_every_user_names_the_interpreter_it_was_made_with(tmp_
     """Set-up by root (or on a machine with a newer Python since) and a later `make lab-N` by anyone name the
     same interpreter, so the environment is not taken for another and made again; PYTHON= still moves it."""
     kit = copy_kit(tmp_path / "kit")
-    subprocess.run([real_python("3.11"), "-m", "venv", "--without-pip", str(kit / ".venv")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [real_python("3.11"), "-m", "venv", "--without-pip", str(kit / ".venv")],
+        check=True,
+        capture_output=True,
+    )
     env = path_with(tmp_path, python3=real_python("3.11"), **{f"python{NEWER}": real_python(NEWER)})
     assert picked(kit, env) == "3.11"
     assert planned_selection(kit, "setup", env=env).split()[1] == str(Path(real_python("3.11")).resolve())

@@ -13,9 +13,11 @@ from labkit.grading import similarity
 
 HANDOUT = [
     "import jax\nimport jax.numpy as jnp\nfrom jax.sharding import PartitionSpec as P",
-    ("def layer_norm_sharded(x, mesh):\n    \"\"\"Normalise each row of x, its rows split over 'data'.\"\"\"\n"
-     "    raise NotImplementedError"),
-    "check(\"layer_norm_sharded\")",
+    (
+        'def layer_norm_sharded(x, mesh):\n    """Normalise each row of x, its rows split over \'data\'."""\n'
+        "    raise NotImplementedError"
+    ),
+    'check("layer_norm_sharded")',
 ]
 
 SOLUTION = '''def layer_norm_sharded(x, mesh):
@@ -44,7 +46,7 @@ RENAMED = '''def layer_norm_sharded(inp, m):
 '''
 
 # The same idea written otherwise: an all-reduce of partial sums over the columns.
-DIFFERENT = '''def layer_norm_sharded(x, mesh):
+DIFFERENT = """def layer_norm_sharded(x, mesh):
     n = x.shape[-1]
     def local(block):
         total = jax.lax.psum(jnp.sum(block, axis=-1, keepdims=True), "model")
@@ -52,15 +54,30 @@ DIFFERENT = '''def layer_norm_sharded(x, mesh):
         square = jax.lax.psum(jnp.sum((block - mean) ** 2, axis=-1, keepdims=True), "model")
         return (block - mean) * jax.lax.rsqrt(square / n + 1e-6)
     return jax.shard_map(local, mesh=mesh, in_specs=P(None, "model"), out_specs=P(None, "model"))(x)
-'''
+"""
 
 
 def notebook(*cells: str, outputs: str = "") -> dict:
-    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
-        {"cell_type": "markdown", "metadata": {}, "source": "# Lab 3"},
-        *({"cell_type": "code", "metadata": {}, "execution_count": None, "source": c,
-           "outputs": [{"output_type": "stream", "name": "stdout", "text": outputs}] if outputs else []}
-          for c in cells)]}
+    return {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {},
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": "# Lab 3"},
+            *(
+                {
+                    "cell_type": "code",
+                    "metadata": {},
+                    "execution_count": None,
+                    "source": c,
+                    "outputs": [{"output_type": "stream", "name": "stdout", "text": outputs}]
+                    if outputs
+                    else [],
+                }
+                for c in cells
+            ),
+        ],
+    }
 
 
 def handed_in(solution: str, outputs: str = "") -> list[str]:
@@ -77,8 +94,10 @@ def entry(cells: list[str], handout: dict, digest: str = "") -> dict:
 
 
 def results_with(submissions: dict[str, dict]) -> dict:
-    return {"labs": [{"number": 3, "name": "lab-3"}],
-            "students": {s: {"notes": [], "submissions": {"3": e}} for s, e in submissions.items()}}
+    return {
+        "labs": [{"number": 3, "name": "lab-3"}],
+        "students": {s: {"notes": [], "submissions": {"3": e}} for s, e in submissions.items()},
+    }
 
 
 def test_renamed_variables_comments_spacing_and_quotes_leave_the_same_tokens():
@@ -117,35 +136,58 @@ def test_two_copies_of_the_handout_are_never_listed(handout):
 def test_byte_identical_files_are_listed_as_such(handout):
     copy = entry(handed_in(SOLUTION), handout, digest="d1")
     assert similarity.pairs(results_with({"ann": copy, "ben": dict(copy)})) == [
-        {"lab": 3, "students": ["ann", "ben"], "how": "byte-identical", "similarity": 1.0}]
+        {"lab": 3, "students": ["ann", "ben"], "how": "byte-identical", "similarity": 1.0}
+    ]
 
 
 def test_renamed_variables_and_other_outputs_read_as_identical_after_normalising(handout):
-    found = similarity.pairs(results_with({
-        "ann": entry(handed_in(SOLUTION, outputs="1.0"), handout, digest="d1"),
-        "ben": entry(handed_in(RENAMED, outputs="2.0"), handout, digest="d2")}))
-    assert found == [{"lab": 3, "students": ["ann", "ben"], "how": "identical after normalising", "similarity": 1.0}]
+    found = similarity.pairs(
+        results_with(
+            {
+                "ann": entry(handed_in(SOLUTION, outputs="1.0"), handout, digest="d1"),
+                "ben": entry(handed_in(RENAMED, outputs="2.0"), handout, digest="d2"),
+            }
+        )
+    )
+    assert found == [
+        {"lab": 3, "students": ["ann", "ben"], "how": "identical after normalising", "similarity": 1.0}
+    ]
 
 
 def test_a_small_change_reads_as_near_identical_with_its_similarity(handout):
     edited = SOLUTION.replace("1e-6", "1e-5")
-    found = similarity.pairs(results_with({"ann": entry(handed_in(SOLUTION), handout, "d1"),
-                                           "ben": entry(handed_in(edited), handout, "d2")}))
+    found = similarity.pairs(
+        results_with(
+            {"ann": entry(handed_in(SOLUTION), handout, "d1"), "ben": entry(handed_in(edited), handout, "d2")}
+        )
+    )
     assert [(p["students"], p["how"]) for p in found] == [(["ann", "ben"], "near-identical")]
     assert similarity.NEAR <= found[0]["similarity"] < 1
 
 
 def test_code_written_otherwise_is_not_listed(handout):
-    found = similarity.pairs(results_with({"ann": entry(handed_in(SOLUTION), handout, "d1"),
-                                           "ben": entry(handed_in(DIFFERENT), handout, "d2"),
-                                           "cy": entry(handed_in(RENAMED), handout, "d3")}))
+    found = similarity.pairs(
+        results_with(
+            {
+                "ann": entry(handed_in(SOLUTION), handout, "d1"),
+                "ben": entry(handed_in(DIFFERENT), handout, "d2"),
+                "cy": entry(handed_in(RENAMED), handout, "d3"),
+            }
+        )
+    )
     assert [p["students"] for p in found] == [["ann", "cy"]]
 
 
 def test_short_answers_alike_are_not_listed_unless_the_files_are_the_same(handout):
     short = "def layer_norm_sharded(x, mesh):\n    return x / 2"
-    found = similarity.pairs(results_with({"ann": entry(handed_in(short), handout, "d1"),
-                                           "ben": entry(handed_in(short.replace("x", "y")), handout, "d2")}))
+    found = similarity.pairs(
+        results_with(
+            {
+                "ann": entry(handed_in(short), handout, "d1"),
+                "ben": entry(handed_in(short.replace("x", "y")), handout, "d2"),
+            }
+        )
+    )
     assert found == []
 
 

@@ -19,7 +19,9 @@ def test_a_notebook_saved_before_the_last_check_is_noted(tmp_path):
     stamp.write(folder, now=2_000_000.0)
     lines = stamp.advice(_notebook(tmp_path, 1_000_000.0), folder)
     assert "jupyter lab" in lines[0]
-    assert any("before your last check()" in line and "save it in JupyterLab" in line for line in lines), lines
+    assert any("before your last check()" in line and "save it in JupyterLab" in line for line in lines), (
+        lines
+    )
 
 
 def test_a_notebook_saved_after_the_last_check_or_never_checked_gets_no_note(tmp_path):

@@ -46,7 +46,9 @@ def _tests(directory) -> list:
         spec = importlib.util.spec_from_file_location(f"stretch_{directory.parent.name}_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        found += [f for n, f in vars(module).items() if n.startswith("test_") and hasattr(f, "__labkit_calls__")]
+        found += [
+            f for n, f in vars(module).items() if n.startswith("test_") and hasattr(f, "__labkit_calls__")
+        ]
     return found
 
 
@@ -65,7 +67,9 @@ def test_every_reference_ends_with_one_stretch_whose_solution_the_student_versio
 def test_the_student_version_leaves_the_stretch_to_write(lab):
     name, code = stretch_of(lab.student)
     assert name == stretch_of(lab.reference)[0]
-    assert 'raise NotImplementedError("write your solution here")' in code and "### BEGIN SOLUTION" not in code
+    assert (
+        'raise NotImplementedError("write your solution here")' in code and "### BEGIN SOLUTION" not in code
+    )
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.name)
@@ -89,8 +93,10 @@ def _summary(stretch_status: str):
     from labkit.run.execute import RunRecord
     from labkit.student import report
 
-    outcomes = [Outcome("doubles", "shard_map_double", "cpu-8", "cpu-8", "passed"),
-                Outcome("stretch", "shard_shapes", "cpu-8", "cpu-8", stretch_status, points=0)]
+    outcomes = [
+        Outcome("doubles", "shard_map_double", "cpu-8", "cpu-8", "passed"),
+        Outcome("stretch", "shard_shapes", "cpu-8", "cpu-8", stretch_status, points=0),
+    ]
     return report.summary(["cpu-8"], outcomes, {"cpu-8": RunRecord("cpu-8", "ok")})
 
 
@@ -110,8 +116,10 @@ def test_a_graded_row_leaves_out_a_stretch_not_tried_and_counts_one_tried():
     from labkit.run.execute import RunRecord
 
     def row(stretch_status):
-        outcomes = [Outcome("doubles", "shard_map_double", "ada", "cpu-8", "passed"),
-                    Outcome("stretch", "shard_shapes", "ada", "cpu-8", stretch_status, points=0)]
+        outcomes = [
+            Outcome("doubles", "shard_map_double", "ada", "cpu-8", "passed"),
+            Outcome("stretch", "shard_shapes", "ada", "cpu-8", stretch_status, points=0),
+        ]
         return rows.make_row("ada", 1, "cpu-8", RunRecord("cpu-8", "ok"), outcomes)
 
     untried, wrong = row("todo"), row("failed")

@@ -9,14 +9,18 @@ WORKED_EXAMPLES = {"shard_map_simulate"}
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(kit, lab):
-    done = kit("lab", str(lab.number), "--notebook", str(lab.reference), "--configs", "cpu-1,cpu-8", "--hidden")
+    done = kit(
+        "lab", str(lab.number), "--notebook", str(lab.reference), "--configs", "cpu-1,cpu-8", "--hidden"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
     # its cost cards on cpu-8 are those recorded for it (tests/public/lab_N/reference_costs.json): none differs
     if lab.number >= 2 and lab.number != 11:
-        cards = done.stdout[done.stdout.index("Cost cards"):]
+        cards = done.stdout[done.stdout.index("Cost cards") :]
         assert "on cpu-8 (8 devices)" in cards
-        assert "that the reference needs" not in cards and "where the reference sends nothing" not in cards, cards
+        assert "that the reference needs" not in cards and "where the reference sends nothing" not in cards, (
+            cards
+        )
 
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
@@ -32,7 +36,13 @@ def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit,
 
 
 def test_a_mesh_over_one_device_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
-    buggy = variant(3, ('Mesh(np.array(jax.devices()), ("data",))\n    double', 'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double'))
+    buggy = variant(
+        3,
+        (
+            'Mesh(np.array(jax.devices()), ("data",))\n    double',
+            'Mesh(np.array(jax.devices()[:1]), ("data",))\n    double',
+        ),
+    )
     done = kit("lab", "3", "--notebook", str(buggy), "--configs", "cpu-1,cpu-8")
     assert done.returncode == 1
     by_config = lab_outcomes(3)

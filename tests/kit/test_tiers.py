@@ -17,8 +17,7 @@ def test_every_fast_module_exists():
 
 
 def test_no_fast_module_starts_a_service_of_the_whole_machine():
-    wide = sorted(name for name in conftest.FAST_MODULES
-                  if conftest._machine_wide(f"tests/kit/{name}"))
+    wide = sorted(name for name in conftest.FAST_MODULES if conftest._machine_wide(f"tests/kit/{name}"))
     assert not wide, f"machine-wide modules cannot be in the fast tier: {wide}"
 
 

@@ -31,13 +31,17 @@ def test_the_compile_only_tpu_configurations_are_data_that_name_their_topology_a
     v5e = configs.by_name("v5e-8")
     env = v5e.environment({"LABKIT_TPU_TOPOLOGY": "v6e:2x4", "HOME": "/h"})
     assert env["LABKIT_TPU_TOPOLOGY"] == "v5e:2x4" and env["JAX_PLATFORMS"] == "cpu"
-    assert "LABKIT_TPU_TOPOLOGY" not in configs.by_name("cpu-8").environment({"LABKIT_TPU_TOPOLOGY": "v5e:2x4"})
+    assert "LABKIT_TPU_TOPOLOGY" not in configs.by_name("cpu-8").environment(
+        {"LABKIT_TPU_TOPOLOGY": "v5e:2x4"}
+    )
     assert v5e.on_request and v5e not in configs.graded_by_default()
 
 
 def test_without_libtpu_each_tpu_configuration_is_skipped_with_the_command_that_adds_it(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a)
+    )
     for name in ("v5e-8", "v6e-8", "v5p-8", "v5e-256"):
         ok, why = configs.by_name(name).availability()
         assert not ok and "make setup EXTRAS=tpu" in why, (name, why)
@@ -46,10 +50,21 @@ def test_without_libtpu_each_tpu_configuration_is_skipped_with_the_command_that_
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     cache = tmp_path_factory.mktemp("tpu-cache")
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8", "LABKIT_TPU_TOPOLOGY": "v5e:2x4",
-           "LABKIT_TPU_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("tpu_probe.py"))], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "JAX_NUM_CPU_DEVICES": "8",
+        "LABKIT_TPU_TOPOLOGY": "v5e:2x4",
+        "LABKIT_TPU_CACHE": str(cache),
+    }
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("tpu_probe.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -94,8 +109,17 @@ def test_a_program_exported_for_cpu_alone_says_it_was_not_exported_for_the_tpu(p
 def test_the_cache_key_is_the_program_the_topology_and_the_placement():
     key = tpucompile.FactsCache.key
     assert key(b"p", "v5e:2x4", None) == key(b"p", "v5e:2x4", None)
-    assert len({key(b"p", "v5e:2x4", None), key(b"q", "v5e:2x4", None), key(b"p", "v6e:2x4", None),
-                key(b"p", "v5e:2x4", [2, 4])}) == 4
+    assert (
+        len(
+            {
+                key(b"p", "v5e:2x4", None),
+                key(b"q", "v5e:2x4", None),
+                key(b"p", "v6e:2x4", None),
+                key(b"p", "v5e:2x4", [2, 4]),
+            }
+        )
+        == 4
+    )
 
 
 def test_doctor_names_libtpu_its_size_and_licence_or_how_to_add_it(monkeypatch):

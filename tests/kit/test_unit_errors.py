@@ -63,8 +63,19 @@ def index_of(units: list[dict], student: str, kit: bool = False) -> int:
 
 
 def grade_pods(subs: Path, out: Path, runs: Path, plan: Path, stream=None) -> dict:
-    return grade.grade(subs, out, labs="3", config_names="cpu-1", jobs=1, limits=LIMITS,
-                       stream=stream or io.StringIO(), terminal=False, start="cold", runs_from=runs, plan=plan)
+    return grade.grade(
+        subs,
+        out,
+        labs="3",
+        config_names="cpu-1",
+        jobs=1,
+        limits=LIMITS,
+        stream=stream or io.StringIO(),
+        terminal=False,
+        start="cold",
+        runs_from=runs,
+        plan=plan,
+    )
 
 
 def scoreboard_rows(out: Path) -> dict[str, dict]:
@@ -77,16 +88,27 @@ def row_of(results: dict, student: str) -> dict:
 
 
 def test_a_pods_facts_whose_memory_is_a_string_is_that_units_error_and_a_regrade_grades_the_class(
-        tmp_path, references):
+    tmp_path, references
+):
     subs, plan, units = planned(tmp_path, {"alice": HANDOUT, "bob": HANDOUT})
-    examined = next(c for c in json.loads((plan / "units/0/calls.json").read_text())["calls"] if c.get("facts"))
+    examined = next(
+        c for c in json.loads((plan / "units/0/calls.json").read_text())["calls"] if c.get("facts")
+    )
     runs = tmp_path / "runs"
     pod_output(runs, index_of(units, "reference", kit=True), {"status": "error", "message": "the kit's pod"})
     pod_output(runs, index_of(units, "alice"), {"status": "error", "message": "alice's pod"})
     facts = {"devices": 8, "memory": "lots", "flops": 1.0, "collectives": [], "top_level": []}
-    pod_output(runs, index_of(units, "bob"), {"status": "ok", "seconds": 1.0},
-               {"environment": {}, "results": [{"id": examined["id"], "value": VALUE, "facts": facts,
-                                                "program": {"host_data": True}}]})
+    pod_output(
+        runs,
+        index_of(units, "bob"),
+        {"status": "ok", "seconds": 1.0},
+        {
+            "environment": {},
+            "results": [
+                {"id": examined["id"], "value": VALUE, "facts": facts, "program": {"host_data": True}}
+            ],
+        },
+    )
     out = tmp_path / "out"
     for _ in range(2):  # and again: nothing kept from the first run stops the second
         results = grade_pods(subs, out, runs, plan)
@@ -97,7 +119,8 @@ def test_a_pods_facts_whose_memory_is_a_string_is_that_units_error_and_a_regrade
 
 
 def test_an_exception_while_one_unit_is_judged_is_its_error_row_the_class_is_graded_and_the_next_run_judges_it(
-        tmp_path, references, monkeypatch):
+    tmp_path, references, monkeypatch
+):
     subs, plan, units = planned(tmp_path, {"alice": HANDOUT, "bob": HANDOUT, "cy": HANDOUT})
     runs = tmp_path / "runs"
     for u in units:
@@ -114,9 +137,14 @@ def test_an_exception_while_one_unit_is_judged_is_its_error_row_the_class_is_gra
     results = grade_pods(subs, out, runs, plan)
     bob = row_of(results, "bob")
     assert bob["status"] == "error" and "RuntimeError: the kit broke on this one" in bob["message"], bob
-    assert row_of(results, "alice")["message"] == "alice's pod" and row_of(results, "cy")["message"] == "cy's pod"
+    assert (
+        row_of(results, "alice")["message"] == "alice's pod"
+        and row_of(results, "cy")["message"] == "cy's pod"
+    )
     assert set(scoreboard_rows(out)) == {"alice", "bob", "cy"}
-    assert not list((out / "units").glob("bob/lab-3/cpu-1.json")), "a unit the kit could not judge is not kept"
+    assert not list((out / "units").glob("bob/lab-3/cpu-1.json")), (
+        "a unit the kit could not judge is not kept"
+    )
 
     monkeypatch.setattr(engine, "make_row", make_row)
     stream = io.StringIO()
@@ -136,25 +164,45 @@ def test_a_student_named_reference_on_the_pod_path_is_graded_on_their_own_pod(tm
     assert row_of(results, "reference")["message"] == "the student's own pod"
     assert [r["message"] for r in references] == ["the kit's pod"]
     assert scoreboard_rows(out)["reference"]["message"] == "the student's own pod"
-    assert [(u["student"], u["kit"]) for u in units] == [("reference", True), ("alice", False), ("reference", False)]
+    assert [(u["student"], u["kit"]) for u in units] == [
+        ("reference", True),
+        ("alice", False),
+        ("reference", False),
+    ]
 
 
 def test_a_student_named_reference_is_graded_on_their_own_notebook_locally(tmp_path, references, monkeypatch):
     def run_notebook(notebook, config, calls, workdir, **kw):  # what ran, told apart by the notebook's text
         mine = "a student's own notebook" in Path(notebook).read_text()
-        return execute.RunRecord(config.name, "error", "ran the student's notebook" if mine else
-                                 "ran the kit's reference", workdir=str(workdir))
+        return execute.RunRecord(
+            config.name,
+            "error",
+            "ran the student's notebook" if mine else "ran the kit's reference",
+            workdir=str(workdir),
+        )
 
     monkeypatch.setattr(engine.execute, "run_notebook", run_notebook)
-    subs = a_class(tmp_path / "class", {"reference": HANDOUT.replace("Lab 3", "Lab 3, a student's own notebook", 1)})
+    subs = a_class(
+        tmp_path / "class", {"reference": HANDOUT.replace("Lab 3", "Lab 3, a student's own notebook", 1)}
+    )
     assert "a student's own notebook" in (subs / "reference/lab-3.ipynb").read_text()
     out = tmp_path / "out"
-    results = grade.grade(subs, out, labs="3", config_names="cpu-1", jobs=1, limits=LIMITS, stream=io.StringIO(),
-                          terminal=False, start="cold")
+    results = grade.grade(
+        subs,
+        out,
+        labs="3",
+        config_names="cpu-1",
+        jobs=1,
+        limits=LIMITS,
+        stream=io.StringIO(),
+        terminal=False,
+        start="cold",
+    )
     assert row_of(results, "reference")["message"] == "ran the student's notebook"
     assert [r["message"] for r in references] == ["ran the kit's reference"]
     # and each is kept where the other is not read
     kept = json.loads((out / "units/reference/lab-3/cpu-1.json").read_text())["row"]
     assert kept["message"] == "ran the student's notebook"
     assert json.loads((out / "reference/units/reference/lab-3/cpu-1.json").read_text())["row"]["message"] == (
-        "ran the kit's reference")
+        "ran the kit's reference"
+    )

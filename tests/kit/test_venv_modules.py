@@ -24,9 +24,12 @@ def test_checkov_is_not_in_the_environment():
 
 
 def test_a_module_two_distributions_install_is_found(tmp_path):
-    for dist, files in (("python_hcl2-8.1.4", ["hcl2/__init__.py", "hcl2/api.py"]),
-                        ("bc_python_hcl2-0.4.2", ["hcl2/__init__.py", "hcl2/parser.py"]),
-                        ("google_a-1", ["google/a/__init__.py"]), ("google_b-1", ["google/b/__init__.py"])):
+    for dist, files in (
+        ("python_hcl2-8.1.4", ["hcl2/__init__.py", "hcl2/api.py"]),
+        ("bc_python_hcl2-0.4.2", ["hcl2/__init__.py", "hcl2/parser.py"]),
+        ("google_a-1", ["google/a/__init__.py"]),
+        ("google_b-1", ["google/b/__init__.py"]),
+    ):
         info = tmp_path / f"{dist}.dist-info"
         info.mkdir()
         (info / "RECORD").write_text("".join(f"{f},,\n" for f in files) + f"{info.name}/RECORD,,\n")

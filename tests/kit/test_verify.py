@@ -61,8 +61,10 @@ SPD = np.eye(4, dtype=np.float32) * 2.0
 
 def test_jaxlibs_own_linear_algebra_is_run():
     blob = program_of(jnp.linalg.cholesky, SPD)
-    assert any(c.startswith("lapack_") for c in verify.custom_calls(
-        jax.export.deserialize(bytearray(base64.b64decode(blob))).mlir_module()))
+    assert any(
+        c.startswith("lapack_")
+        for c in verify.custom_calls(jax.export.deserialize(bytearray(base64.b64decode(blob))).mlir_module())
+    )
     found = verify.run_program(encoded("cholesky", SPD), blob)
     assert np.allclose(plaindata.decode(found["value"]).value, np.linalg.cholesky(SPD)), found
 
@@ -84,6 +86,7 @@ def test_a_function_that_prints_from_inside_its_program_is_told_to_take_the_prin
 
 def _calling(*targets):
     """A function whose program makes custom calls to `targets` (code of its own, as jax.ffi.ffi_call writes it)."""
+
     def fn(x):
         for target in targets:
             x = x + jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
@@ -95,12 +98,18 @@ def _calling(*targets):
 def test_custom_call_targets_are_read_exactly_from_the_parsed_module():
     text = jax.jit(_calling('Sharding"x', "AllocateBuffer", "lapack_spotrf_ffi")).lower(X).as_text()
     assert '@"Sharding\\22x"' in text  # the printed name begins with an allowed one ...
-    assert verify.custom_calls(text) == {'Sharding"x', "AllocateBuffer", "lapack_spotrf_ffi"}  # ... the name does not
+    assert verify.custom_calls(text) == {
+        'Sharding"x',
+        "AllocateBuffer",
+        "lapack_spotrf_ffi",
+    }  # ... the name does not
 
 
 def test_a_custom_call_whose_name_begins_with_an_allowed_one_is_refused():
     target = 'Sharding"x'
-    blob = program_of(_calling(target), X, disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)])
+    blob = program_of(
+        _calling(target), X, disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)]
+    )
     found = verify.run_program(encoded("double", X), blob)
     assert "calls code the kit does not run ('Sharding\"x')" in found.get("unverified", ""), found
 
@@ -116,12 +125,15 @@ def test_a_call_that_returns_more_than_the_kit_reads_is_refused_before_it_is_enc
     assert "arrays" in verify.run_program(encoded("double", X), many).get("unverified", "")
     budget = [len(X) * 3]
     for expected in (True, True, True, False):  # the run's calls share one allowance
-        assert ("value" in verify.run_program(encoded("double", X), program_of(lambda x: x * 2.0, X), budget)) is expected
+        assert (
+            "value" in verify.run_program(encoded("double", X), program_of(lambda x: x * 2.0, X), budget)
+        ) is expected
 
 
 # ----------------------------------------------------------------------------------------
 # The kit alone decides how a call is judged: a run's record forged to ask for less, through verify.verify.
 # ----------------------------------------------------------------------------------------
+
 
 def _planted(n: int = len(X)) -> dict:
     return plaindata.encode(np.full(n, 7.0, np.float32))
@@ -133,20 +145,36 @@ def test_nothing_the_kernel_wrote_decides_how_a_call_is_judged(tmp_path):
     from labkit.run.allowance import Limits
 
     honest, unrunnable, host_data, nothing, no_product, stray = (
-        encoded(name, X, examined=True) for name in ("a", "b", "c", "d", "e", "f"))
+        encoded(name, X, examined=True) for name in ("a", "b", "c", "d", "e", "f")
+    )
     calls = verify.mark([honest, unrunnable, host_data, nothing, no_product])
     allocating = program_of(_calling("AllocateBuffer"), X)
-    record = execute.RunRecord("cpu-8", "ok", seconds=1.0, environment={
-        "device_count": 1, "backend": "tpu", "matmul_precision": "bfloat16"})  # the environment swapped
+    record = execute.RunRecord(
+        "cpu-8",
+        "ok",
+        seconds=1.0,
+        environment={"device_count": 1, "backend": "tpu", "matmul_precision": "bfloat16"},
+    )  # the environment swapped
     record.results = {
-        honest["id"]: {"id": honest["id"], "program": {"program": program_of(lambda x: x @ (2.0 * jnp.eye(32)), X)},
-                       "judged_by": "reported"},
+        honest["id"]: {
+            "id": honest["id"],
+            "program": {"program": program_of(lambda x: x @ (2.0 * jnp.eye(32)), X)},
+            "judged_by": "reported",
+        },
         unrunnable["id"]: {"id": unrunnable["id"], "value": _planted(), "program": {"program": allocating}},
-        host_data["id"]: {"id": host_data["id"], "value": _planted(), "facts": {"flops": 1},
-                          "program": {"unavailable": "made", "host_data": True}},  # the frame-walking forgery's record
+        host_data["id"]: {
+            "id": host_data["id"],
+            "value": _planted(),
+            "facts": {"flops": 1},
+            "program": {"unavailable": "made", "host_data": True},
+        },  # the frame-walking forgery's record
         nothing["id"]: {"id": nothing["id"], "value": _planted(), "program": {}},
-        no_product["id"]: {"id": no_product["id"], "program": {"program": program_of(lambda x: x * 2.0, X)},
-                           "products": True, "finding": "planted"},
+        no_product["id"]: {
+            "id": no_product["id"],
+            "program": {"program": program_of(lambda x: x * 2.0, X)},
+            "products": True,
+            "finding": "planted",
+        },
         stray["id"]: {"id": stray["id"], "value": _planted()},  # no call of the kit's
     }
     env = execute.environment_of(configs.CONFIGS["cpu-8"])
@@ -156,9 +184,14 @@ def test_nothing_the_kernel_wrote_decides_how_a_call_is_judged(tmp_path):
     assert np.allclose(plaindata.decode(results[honest["id"]]["value"]).value, 2 * X)
     assert results[honest["id"]]["products"] is True and results[no_product["id"]]["products"] is False
     assert "finding" not in results[no_product["id"]]
-    for cid, why in ((unrunnable["id"], "no way to run it"), (host_data["id"], "host data"),
-                     (nothing["id"], "sent no program")):
-        assert results[cid]["judged_by"] == "unverified" and why in results[cid]["error"]["message"], results[cid]
+    for cid, why in (
+        (unrunnable["id"], "no way to run it"),
+        (host_data["id"], "host data"),
+        (nothing["id"], "sent no program"),
+    ):
+        assert results[cid]["judged_by"] == "unverified" and why in results[cid]["error"]["message"], results[
+            cid
+        ]
         assert "value" not in results[cid] and "facts" not in results[cid]
     assert stray["id"] not in results
     assert record.environment["device_count"] == 8, record.environment  # the verifier's own count
@@ -214,20 +247,36 @@ def test_the_kits_run_of_a_shard_map_that_keeps_one_devices_rows_gives_what_plai
     import sys
 
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
-    done = subprocess.run([sys.executable, "-c", EIGHT_DEVICES], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=tmp_path, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", EIGHT_DEVICES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     tiled = out["first_rows_tiled"]
-    assert tiled["plain"][0][4:8] == tiled["plain"][0][:4] != tiled["plain"][1][4:8]  # device 0's rows, repeated
+    assert (
+        tiled["plain"][0][4:8] == tiled["plain"][0][:4] != tiled["plain"][1][4:8]
+    )  # device 0's rows, repeated
     assert tiled["kit"] == tiled["plain"], tiled
     assert "differs from device to device" in (tiled["finding"] or ""), tiled
     assert out["right"]["kit"] == out["right"]["plain"] and out["right"]["finding"] is None, out["right"]
 
 
-@pytest.mark.parametrize(("marks", "word"), [({"verified"}, "verified"), ({"reported"}, "reported"),
-                                              ({"verified", "reported"}, "partly verified"),
-                                              ({"unverified"}, "verified"), (set(), "reported")])
+@pytest.mark.parametrize(
+    ("marks", "word"),
+    [
+        ({"verified"}, "verified"),
+        ({"reported"}, "reported"),
+        ({"verified", "reported"}, "partly verified"),
+        ({"unverified"}, "verified"),
+        (set(), "reported"),
+    ],
+)
 def test_a_run_is_summed_up_in_one_word(marks, word):
     assert verify.judged_by({str(i): {"judged_by": m} for i, m in enumerate(sorted(marks))}) == word
 
@@ -237,12 +286,26 @@ def test_without_the_kits_own_run_a_cpu_configurations_device_count_stands(tmp_p
     from labkit.run import execute
     from labkit.run.allowance import Limits
 
-    host_side = encoded("owners", X)  # no test examines it: its report is kept, not the environment it came with
-    record = execute.RunRecord("cpu-8", "ok", environment={"device_count": 1, "backend": "tpu",
-                                                           "matmul_precision": "bfloat16", "process_count": 1})
+    host_side = encoded(
+        "owners", X
+    )  # no test examines it: its report is kept, not the environment it came with
+    record = execute.RunRecord(
+        "cpu-8",
+        "ok",
+        environment={"device_count": 1, "backend": "tpu", "matmul_precision": "bfloat16", "process_count": 1},
+    )
     record.results = {host_side["id"]: {"id": host_side["id"], "value": _planted(), "products": False}}
-    verify.verify(record, verify.mark([host_side]), tmp_path, execute.environment_of(configs.CONFIGS["cpu-8"]),
-                  Limits(), timeout=60)
+    verify.verify(
+        record,
+        verify.mark([host_side]),
+        tmp_path,
+        execute.environment_of(configs.CONFIGS["cpu-8"]),
+        Limits(),
+        timeout=60,
+    )
     run = checks.LabRun("cpu-8", configs.CONFIGS["cpu-8"], record)
     assert run.device_count == 8 and run.environment["backend"] == "cpu", run.environment
-    assert record.results[host_side["id"]]["judged_by"] == "reported" and "products" not in record.results[host_side["id"]]
+    assert (
+        record.results[host_side["id"]]["judged_by"] == "reported"
+        and "products" not in record.results[host_side["id"]]
+    )

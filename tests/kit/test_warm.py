@@ -30,7 +30,7 @@ LIMITS = Limits(isolation=modes.SANDBOX)
 
 # A cell that writes what the run sees of itself into its scratch folder, as facts.json (its kit folder is
 # the one above, the runs beside it one more above).
-LOOK_AROUND = r'''
+LOOK_AROUND = r"""
 import json, os, jax, numpy as np
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
 here = os.getcwd()
@@ -59,7 +59,7 @@ os.wait()
 facts["setsid"] = os.read(read_end, 200).decode()
 open("/tmp/mine", "w").write(here)
 json.dump(facts, open("facts.json", "w"))
-'''
+"""
 
 
 def _notebook(path: Path) -> Path:
@@ -94,10 +94,21 @@ def looked(server, runs_root, tmp_path_factory):
     """Three runs of the look-around notebook: cpu-1 and cpu-8 forked by the server, and cpu-8 started cold."""
     notebook = _notebook(tmp_path_factory.mktemp("nb") / "look.ipynb")
     out = {}
-    for label, name, with_server in (("warm-1", "cpu-1", server), ("warm-8", "cpu-8", server),
-                                     ("cold-8", "cpu-8", None)):
-        record = execute.run_notebook(notebook, configs.by_name(name), [], runs_root / label, timeout=180,
-                                      limits=LIMITS, warm=with_server, keep_scratch=True)
+    for label, name, with_server in (
+        ("warm-1", "cpu-1", server),
+        ("warm-8", "cpu-8", server),
+        ("cold-8", "cpu-8", None),
+    ):
+        record = execute.run_notebook(
+            notebook,
+            configs.by_name(name),
+            [],
+            runs_root / label,
+            timeout=180,
+            limits=LIMITS,
+            warm=with_server,
+            keep_scratch=True,
+        )
         out[label] = (record, _facts(record))
     return out
 
@@ -110,8 +121,11 @@ def test_one_server_forks_runs_of_one_and_of_eight_devices(looked):
 
 def test_a_warm_kernel_has_the_jax_settings_of_a_cold_one(looked):
     warm_config, cold_config = looked["warm-8"][1]["config"], looked["cold-8"][1]["config"]
-    differ = {k: (warm_config.get(k), cold_config.get(k)) for k in set(warm_config) | set(cold_config)
-              if warm_config.get(k) != cold_config.get(k)}
+    differ = {
+        k: (warm_config.get(k), cold_config.get(k))
+        for k in set(warm_config) | set(cold_config)
+        if warm_config.get(k) != cold_config.get(k)
+    }
     assert not differ, differ
 
 
@@ -137,14 +151,20 @@ def test_a_warm_run_may_not_start_a_session_of_its_own_as_a_cold_one_may_not(loo
     groups = cgroup.make_cgroups(LIMITS)
     for g in groups:
         cgroup.remove_cgroup(g)
-    here = cgroup.share_of(groups, sessions_held=True)  # a cgroup per run, else one autogroup per run, or none
+    here = cgroup.share_of(
+        groups, sessions_held=True
+    )  # a cgroup per run, else one autogroup per run, or none
     assert looked["warm-8"][0].cpu_share == looked["cold-8"][0].cpu_share == here
 
 
 def test_the_server_itself_may_start_sessions_its_runs_may_not(server):
     # it forks each run in a session of its own (its child's setsid); the filter is the runs' alone
-    filtered = [line.split()[1] for pid in [server.process.pid, *sandbox.descendants(server.process.pid)]
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Seccomp:")]
+    filtered = [
+        line.split()[1]
+        for pid in [server.process.pid, *sandbox.descendants(server.process.pid)]
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("Seccomp:")
+    ]
     assert filtered and set(filtered) == {"0"}, filtered
 
 
@@ -163,14 +183,27 @@ def test_two_warm_runs_draw_different_random_numbers(looked):
     assert looked["warm-1"][1]["random"] != looked["warm-8"][1]["random"]
 
 
-def test_the_kits_own_run_of_the_programs_is_forked_by_the_server_too_and_leaves_no_inputs_behind(server, runs_root):
+def test_the_kits_own_run_of_the_programs_is_forked_by_the_server_too_and_leaves_no_inputs_behind(
+    server, runs_root
+):
     lab = catalog.lab(3)
     calls = judge.collect_calls(lab.test_dirs(hidden=True))
-    records = {start: execute.run_notebook(lab.reference, configs.by_name("cpu-8"), calls, runs_root / f"verify-{start}",
-                                           timeout=180, limits=LIMITS, warm=with_server)
-               for start, with_server in (("warm", server), ("cold", None))}
+    records = {
+        start: execute.run_notebook(
+            lab.reference,
+            configs.by_name("cpu-8"),
+            calls,
+            runs_root / f"verify-{start}",
+            timeout=180,
+            limits=LIMITS,
+            warm=with_server,
+        )
+        for start, with_server in (("warm", server), ("cold", None))
+    }
     for start, record in records.items():
-        assert (record.status, record.judged_by, record.verify_start) == ("ok", "verified", start), record.message
+        assert (record.status, record.judged_by, record.verify_start) == ("ok", "verified", start), (
+            record.message
+        )
         assert not (Path(record.workdir) / "verify-job.json").exists()  # the hidden inputs are not kept
     assert records["warm"].results == records["cold"].results
 
@@ -192,8 +225,15 @@ def test_a_folder_outside_the_servers_is_refused_and_the_run_starts_cold(server,
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     with pytest.raises(OSError, match="not in the warm server's folders"), open(os.devnull, "wb") as log:
         server.launch([], elsewhere, {}, LIMITS, log=log)
-    record = execute.run_notebook(_notebook(elsewhere / "look.ipynb"), configs.by_name("cpu-1"), [],
-                                  elsewhere / "run", timeout=180, limits=LIMITS, warm=server)
+    record = execute.run_notebook(
+        _notebook(elsewhere / "look.ipynb"),
+        configs.by_name("cpu-1"),
+        [],
+        elsewhere / "run",
+        timeout=180,
+        limits=LIMITS,
+        warm=server,
+    )
     assert record.status == "ok" and record.start == "cold"
     assert "no warm start" in (elsewhere / "run" / "run.log").read_text(errors="replace")
 
@@ -201,8 +241,15 @@ def test_a_folder_outside_the_servers_is_refused_and_the_run_starts_cold(server,
 def test_a_multi_process_run_starts_cold(server, runs_root):
     lab = catalog.lab(11)
     calls = judge.collect_calls(lab.test_dirs(hidden=True))
-    record = execute.run_notebook(lab.reference, configs.by_name("cpu-2x4"), calls, runs_root / "procs",
-                                  timeout=240, limits=LIMITS, warm=server)
+    record = execute.run_notebook(
+        lab.reference,
+        configs.by_name("cpu-2x4"),
+        calls,
+        runs_root / "procs",
+        timeout=240,
+        limits=LIMITS,
+        warm=server,
+    )
     assert record.status == "ok", record.message
     assert record.start == "cold"  # its processes' kernels join one network: each starts a kernel of its own
 
@@ -212,9 +259,30 @@ def _grade(tmp_path: Path, *extra: str) -> dict:
     (subs / "ada").mkdir(parents=True)
     (subs / "ada" / "lab-3.ipynb").write_text(catalog.lab(3).reference.read_text())
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "labkit", "grade", "--submissions", str(subs), "--out", str(out),
-                           "--labs", "3", "--configs", "cpu-1,cpu-8", "--jobs", "2", *extra],
-                          cwd=catalog.ROOT, text=True, capture_output=True, timeout=900, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "grade",
+            "--submissions",
+            str(subs),
+            "--out",
+            str(out),
+            "--labs",
+            "3",
+            "--configs",
+            "cpu-1,cpu-8",
+            "--jobs",
+            "2",
+            *extra,
+        ],
+        cwd=catalog.ROOT,
+        text=True,
+        capture_output=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return {(r["student"], r["config"]): r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
 

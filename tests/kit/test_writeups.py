@@ -39,5 +39,8 @@ def test_grading_writes_each_students_note_for_the_ta_as_text(tmp_path):
 
 
 def test_a_lab_without_a_note_cell_writes_none(tmp_path):
-    assert writeups.write(tmp_path, "ann", 3, catalog.lab(3).student, writeups.extract(catalog.lab(3).student)) is None
+    assert (
+        writeups.write(tmp_path, "ann", 3, catalog.lab(3).student, writeups.extract(catalog.lab(3).student))
+        is None
+    )
     assert not (tmp_path / "writeups").exists()

@@ -18,12 +18,15 @@ X = np.ones((8 * 64, 256), np.float32)
 
 def summed_in_bf16(x):
     """Each device's rows in bfloat16, summed over the devices: one all-reduce of 64 x 256 bf16."""
-    return jax.shard_map(lambda y: jax.lax.psum(y.astype(jnp.bfloat16), "x"), mesh=mesh, in_specs=P("x"),
-                         out_specs=P())(x)
+    return jax.shard_map(
+        lambda y: jax.lax.psum(y.astype(jnp.bfloat16), "x"), mesh=mesh, in_specs=P("x"), out_specs=P()
+    )(x)
 
 
 def sent(found):
-    return sum(cost.bytes_sent(c["op"], cost.shape_bytes(c["shape"]), 8) for c in found["facts"]["collectives"])
+    return sum(
+        cost.bytes_sent(c["op"], cost.shape_bytes(c["shape"]), 8) for c in found["facts"]["collectives"]
+    )
 
 
 c = checks.compiled_call("summed_in_bf16", X)
@@ -43,15 +46,30 @@ cpu_only = jax.export.export(jax.jit(lambda x: x * 2))(small)
 not_for_tpu = tpucompile.compiled_facts(cpu_only, cpu_only.serialize(), topology, None, [small], {}, [0])
 
 store = tpucompile.cache()
-print(json.dumps({
-    "tpu": {"sent": sent(on_tpu), "compiled_for": on_tpu["facts"].get("compiled_for"),
-            "shapes": [x["shape"] for x in on_tpu["facts"]["collectives"]], "value": "value" in on_tpu},
-    "cpu": {"sent": sent(on_cpu), "compiled_for": on_cpu["facts"].get("compiled_for"),
-            "card": cost.lines("summed_in_bf16", "cpu-8", cost.card(on_cpu["facts"]), [])},
-    "card": cost.lines("summed_in_bf16", "v5e-8", cost.card(on_tpu["facts"]), []),
-    "again": again["facts"] == on_tpu["facts"],
-    "cache": {"compiles": store.compiles, "hits": store.hits,
-              "files": sorted(os.listdir(os.environ[tpucompile.CACHE_VARIABLE]))},
-    "refused": refused, "not_for_tpu": not_for_tpu,
-    "digest": len(base64.b64decode(blob)) > 0,
-}))
+print(
+    json.dumps(
+        {
+            "tpu": {
+                "sent": sent(on_tpu),
+                "compiled_for": on_tpu["facts"].get("compiled_for"),
+                "shapes": [x["shape"] for x in on_tpu["facts"]["collectives"]],
+                "value": "value" in on_tpu,
+            },
+            "cpu": {
+                "sent": sent(on_cpu),
+                "compiled_for": on_cpu["facts"].get("compiled_for"),
+                "card": cost.lines("summed_in_bf16", "cpu-8", cost.card(on_cpu["facts"]), []),
+            },
+            "card": cost.lines("summed_in_bf16", "v5e-8", cost.card(on_tpu["facts"]), []),
+            "again": again["facts"] == on_tpu["facts"],
+            "cache": {
+                "compiles": store.compiles,
+                "hits": store.hits,
+                "files": sorted(os.listdir(os.environ[tpucompile.CACHE_VARIABLE])),
+            },
+            "refused": refused,
+            "not_for_tpu": not_for_tpu,
+            "digest": len(base64.b64decode(blob)) > 0,
+        }
+    )
+)

@@ -9,7 +9,8 @@ from labkit.checks import call, check, expect_close, expect_replicated, expect_s
 
 # The public tests' helpers, loaded by path so that this folder needs no package of its own.
 _spec = importlib.util.spec_from_file_location(
-    "_lab1_public", Path(__file__).resolve().parents[2] / "public" / "lab_1" / "test_sharded_arrays.py")
+    "_lab1_public", Path(__file__).resolve().parents[2] / "public" / "lab_1" / "test_sharded_arrays.py"
+)
 _public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_public)
 
@@ -29,9 +30,11 @@ def test_shard_rows_of_a_tall_random_matrix(got, run):
 def test_replicate_gives_every_device_a_copy_not_only_device_0(got, run):
     expect_close(got, VECTOR)
     expect_replicated(
-        got, run.device_count,
+        got,
+        run.device_count,
         hint="A mesh over jax.devices()[:1] (or an array never passed to jax.device_put) is replicated on one "
-             "device and lives on device 0 alone when there are eight: build the mesh from jax.devices()")
+        "device and lives on device 0 alone when there are eight: build the mesh from jax.devices()",
+    )
 
 
 @check(got=call("shard_grid", SQUARE))
@@ -44,8 +47,11 @@ def test_shard_grid_of_a_rectangular_matrix(got, run):
 @check(got=call("block_owners", placed(TALL, ("data", None))))
 def test_block_owners_of_a_tall_matrix(got, run):
     step = TALL.shape[0] // run.device_count
-    _public.expect_owners(got, [[d, d * step, (d + 1) * step] for d in range(run.device_count)],
-                          "Read the rows from shard.index[0].indices(x.shape[0]) of every addressable shard")
+    _public.expect_owners(
+        got,
+        [[d, d * step, (d + 1) * step] for d in range(run.device_count)],
+        "Read the rows from shard.index[0].indices(x.shape[0]) of every addressable shard",
+    )
 
 
 # Stretch (not graded: points=0): columns cut along 'rows', a spec the public tests do not use.

@@ -30,7 +30,8 @@ from labkit.checks import sent_per_device as bytes_sent_per_device
 from labkit.cost import shape_bytes
 
 _spec = importlib.util.spec_from_file_location(
-    "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py")
+    "lab10_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_10" / "test_pipeline.py"
+)
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 sequential, rolled = public.sequential, public.rolled
@@ -59,7 +60,9 @@ def replay(weights, biases, microbatches, stages, step=1, delay=None):
         outs = []
         for s in range(stages):
             h = mbs[min(t, count - 1)] if s == 0 else received[s]
-            outs.append(public.run_layers(weights[s * per:(s + 1) * per], biases[s * per:(s + 1) * per], h))
+            outs.append(
+                public.run_layers(weights[s * per : (s + 1) * per], biases[s * per : (s + 1) * per], h)
+            )
         if 0 <= t - delay < count:
             outputs[t - delay] = outs[-1]
         received = [outs[(s - step) % stages] for s in range(stages)]
@@ -71,16 +74,22 @@ def diagnose(got, stack, n):
     if n == 1 or close(got.value, sequential(*stack)):
         return
     if close(got.value, replay(*stack, n, step=-1)):
-        raise Mismatch(f"on {n} stages the activations travelled backwards: each stage sent its output to the "
-                       f"stage before it. ppermute's pairs are (source, destination); forward is "
-                       f"(i, (i + 1) % {n}), not ((i + 1) % {n}, i)")
+        raise Mismatch(
+            f"on {n} stages the activations travelled backwards: each stage sent its output to the "
+            f"stage before it. ppermute's pairs are (source, destination); forward is "
+            f"(i, (i + 1) % {n}), not ((i + 1) % {n}, i)"
+        )
     if close(got.value, replay(*stack, n, delay=0)):
-        raise Mismatch(f"on {n} stages microbatch m was taken from the last stage at step m, before it got "
-                       f"there: it leaves the last stage at step m + {n - 1} (m + S - 1)")
+        raise Mismatch(
+            f"on {n} stages microbatch m was taken from the last stage at step m, before it got "
+            f"there: it leaves the last stage at step m + {n - 1} (m + S - 1)"
+        )
     if close(got.value, np.zeros_like(got.value)):
-        raise Mismatch(f"on {n} stages the output is all zeros, stage 0's empty buffer: only the last stage "
-                       f"holds the result. Keep its outputs, psum them over 'stage' (check_vma=False lets "
-                       f"out_specs=P() return stage 0's value without a word)")
+        raise Mismatch(
+            f"on {n} stages the output is all zeros, stage 0's empty buffer: only the last stage "
+            f"holds the result. Keep its outputs, psum them over 'stage' (check_vma=False lets "
+            f"out_specs=P() return stage 0's value without a word)"
+        )
 
 
 @check(got=call("pass_to_next_stage", LONG))
@@ -88,46 +97,70 @@ def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
     n = run.device_count
     # on two devices the previous device is the next one: both directions give the same blocks
     if n > 2 and close(got.value, rolled(LONG, n, step=-1)):
-        raise Mismatch(f"every block moved to the previous device, not the next: ppermute's pairs are "
-                       f"(source, destination), so forward is (i, (i + 1) % {n}), not ((i + 1) % {n}, i)")
+        raise Mismatch(
+            f"every block moved to the previous device, not the next: ppermute's pairs are "
+            f"(source, destination), so forward is (i, (i + 1) % {n}), not ((i + 1) % {n}, i)"
+        )
     if n > 1 and close(got.value, LONG):
-        raise Mismatch("every block stayed where it was: nothing was sent. Is the mesh over all of "
-                       "jax.devices(), and does perm pair each device with the next one?")
+        raise Mismatch(
+            "every block stayed where it was: nothing was sent. Is the mesh over all of "
+            "jax.devices(), and does perm pair each device with the next one?"
+        )
     expect_close(got, rolled(LONG, n))
 
 
 @check(got=call("pipeline_forward", *DEEP))
 def test_pipeline_with_fewer_microbatches_than_stages_equals_the_sequence(got, run):
     diagnose(got, DEEP, run.device_count)
-    expect_close(got, sequential(*DEEP), rtol=1e-4, atol=1e-5,
-                 hint="32 layers, 4 microbatches: each stage runs L / S consecutive layers")
+    expect_close(
+        got,
+        sequential(*DEEP),
+        rtol=1e-4,
+        atol=1e-5,
+        hint="32 layers, 4 microbatches: each stage runs L / S consecutive layers",
+    )
 
 
 @check(got=call("pipeline_forward", *MANY))
 def test_pipeline_sends_activations_forward_through_every_stage(got, run):
     diagnose(got, MANY, run.device_count)
-    expect_close(got, sequential(*MANY), rtol=1e-4, atol=1e-5,
-                 hint="stage s must work on what stage s - 1 sent it, microbatch m leaving the last stage at "
-                      "step m + S - 1")
+    expect_close(
+        got,
+        sequential(*MANY),
+        rtol=1e-4,
+        atol=1e-5,
+        hint="stage s must work on what stage s - 1 sent it, microbatch m leaving the last stage at "
+        "step m + S - 1",
+    )
 
 
 @check(got=compiled_call("pipeline_forward", *MANY))
 def test_pipeline_keeps_every_stage_busy_at_once(got, run):
-    n, m = run.device_count, len(MANY[2])  # the handout's count: M + S - 1 steps, and S - 1 more for the outputs
-    expect_steps_within(got, m + 2 * (n - 1), n, what=f"a pipeline of {m} micro-batches on {n} stages, its "
-                                                     f"stages busy at once ({m} + {n} - 1 steps, and {n - 1} more "
-                                                     f"if the outputs go round the ring)",
-                        hint=f"One micro-batch at a time through the stages takes {m} x {n - 1} hand-offs, and "
-                             f"each stage idles while the others work. At step t, stage s works on micro-batch "
-                             f"t - s: every stage computes and every stage passes its result on, in the same step")
+    n, m = (
+        run.device_count,
+        len(MANY[2]),
+    )  # the handout's count: M + S - 1 steps, and S - 1 more for the outputs
+    expect_steps_within(
+        got,
+        m + 2 * (n - 1),
+        n,
+        what=f"a pipeline of {m} micro-batches on {n} stages, its "
+        f"stages busy at once ({m} + {n} - 1 steps, and {n - 1} more "
+        f"if the outputs go round the ring)",
+        hint=f"One micro-batch at a time through the stages takes {m} x {n - 1} hand-offs, and "
+        f"each stage idles while the others work. At step t, stage s works on micro-batch "
+        f"t - s: every stage computes and every stage passes its result on, in the same step",
+    )
 
 
 @check(got=compiled_call("pipeline_forward", *DEEP))
 def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
     n = run.device_count
-    hint = (f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
-            f"and biases in_specs=P('stage'), so that each of the {n} stages holds and runs its own "
-            f"{len(DEEP[0]) // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute")
+    hint = (
+        f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
+        f"and biases in_specs=P('stage'), so that each of the {n} stages holds and runs its own "
+        f"{len(DEEP[0]) // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute"
+    )
     expect_input_split(got, 0, n, name="the weights", hint=hint)
     expect_input_split(got, 1, n, name="the biases", hint=hint)
 
@@ -137,8 +170,12 @@ def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
 WIDE_RING = RNG.normal(size=(1024, 3)).astype(np.float32)
 RING_CALL = compiled_call("ring_sum", WIDE_RING)
 # The collectives ring_sum is built instead of, and the jax.lax call behind each.
-LIBRARY = {"all-reduce": "psum", "reduce-scatter": "psum_scatter", "all-gather": "all_gather",
-           "all-to-all": "all_to_all"}
+LIBRARY = {
+    "all-reduce": "psum",
+    "reduce-scatter": "psum_scatter",
+    "all-gather": "all_gather",
+    "all-to-all": "all_to_all",
+}
 
 
 def permutes(got) -> list:
@@ -149,25 +186,32 @@ def expect_only_permutes(got, n: int, what: str) -> None:
     for op, call_name in LIBRARY.items():
         found = [c for c in collectives_of(got) if c.op == op]
         if found:
-            raise Mismatch(f"the compiled program has {len(found)} {op}(s): that is jax.lax.{call_name}'s collective. "
-                           f"{what} builds the sum from jax.lax.ppermute alone")
-    expect_collective(got, "collective-permute", n, hint="Pass the pieces around the ring with jax.lax.ppermute")
+            raise Mismatch(
+                f"the compiled program has {len(found)} {op}(s): that is jax.lax.{call_name}'s collective. "
+                f"{what} builds the sum from jax.lax.ppermute alone"
+            )
+    expect_collective(
+        got, "collective-permute", n, hint="Pass the pieces around the ring with jax.lax.ppermute"
+    )
 
 
 def expect_all_steps_counted(sent: float, block: float, n: int) -> None:
     """No all-reduce of n devices sends less than 2(n-1)/n blocks from each: less means steps went uncounted."""
     floor = 2 * (n - 1) / n
     if sent < 0.99 * floor * block:
-        raise Mismatch(f"the compiled program sends {sent / block:.2f} block(s) from each device, fewer than any "
-                       f"all-reduce of {n} devices can ({floor:.2f}): some of its sends were not counted. Write the "
-                       "steps as a Python for loop, so that each one is in the program and can be counted")
+        raise Mismatch(
+            f"the compiled program sends {sent / block:.2f} block(s) from each device, fewer than any "
+            f"all-reduce of {n} devices can ({floor:.2f}): some of its sends were not counted. Write the "
+            "steps as a Python for loop, so that each one is in the program and can be counted"
+        )
 
 
 @check(got=RING_CALL)
 def test_ring_sum_of_random_blocks(got, run):
     n = run.device_count
-    expect_close_naming_mistakes(got, public.ring_total(WIDE_RING, n), public.ring_mistakes(WIDE_RING, n),
-                                 rtol=1e-5, atol=1e-5)
+    expect_close_naming_mistakes(
+        got, public.ring_total(WIDE_RING, n), public.ring_mistakes(WIDE_RING, n), rtol=1e-5, atol=1e-5
+    )
     expect_split_across(got, n, axis=0)
 
 
@@ -185,10 +229,12 @@ def test_ring_sum_sends_about_two_blocks_per_device(got, run):
     sent = bytes_sent_per_device(got)
     expect_all_steps_counted(sent, block, n)
     if sent > 2.2 * block:
-        raise Mismatch(f"each device sends {sent / block:.2f} blocks ({sent / 1024:.0f} KiB, a block being "
-                       f"{block / 1024:.0f} KiB), where the budget is about 2 on any number of devices; passing whole "
-                       f"blocks around the ring sends n - 1 = {n - 1}. Cut each block into {n} pieces: can every "
-                       "device finish the sum of one piece, then hand the finished pieces on?")
+        raise Mismatch(
+            f"each device sends {sent / block:.2f} blocks ({sent / 1024:.0f} KiB, a block being "
+            f"{block / 1024:.0f} KiB), where the budget is about 2 on any number of devices; passing whole "
+            f"blocks around the ring sends n - 1 = {n - 1}. Cut each block into {n} pieces: can every "
+            "device finish the sum of one piece, then hand the finished pieces on?"
+        )
 
 
 # -- stretch (not graded: points=0): ring_sum_both_ways ------------------------------------------
@@ -209,10 +255,14 @@ def test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than
     for c in permutes(got):
         for a, b in c.pairs:
             if a != b and (b - a) % n not in (1, n - 1):
-                raise Mismatch(f"device {a} sends to device {b}, which is not its neighbour on the ring: every "
-                               "send goes to device i + 1 or i - 1 (around the ring)")
+                raise Mismatch(
+                    f"device {a} sends to device {b}, which is not its neighbour on the ring: every "
+                    "send goes to device i + 1 or i - 1 (around the ring)"
+                )
             links[a, b] = links.get((a, b), 0.0) + shape_bytes(c.shape)
     (a, b), busiest = max(links.items(), key=lambda item: item[1])
     if busiest > 1.1 * block:
-        raise Mismatch(f"the link from device {a} to device {b} carries {busiest / block:.2f} blocks, where the "
-                       "budget is about one in each direction: send half of every block forward and half backward")
+        raise Mismatch(
+            f"the link from device {a} to device {b} carries {busiest / block:.2f} blocks, where the "
+            "budget is about one in each direction: send half of every block forward and half backward"
+        )

@@ -19,7 +19,8 @@ from labkit.checks import (
 )
 
 _spec = importlib.util.spec_from_file_location(
-    "lab11_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_11" / "test_multihost.py")
+    "lab11_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_11" / "test_multihost.py"
+)
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 
@@ -42,15 +43,21 @@ def test_rows_of_a_larger_batch_are_split_between_the_processes(got, run):
     per = 32 // run.process_count
     want = [(i * per, (i + 1) * per) for i in range(run.process_count)]
     if got_blocks != want:
-        raise Mismatch(f"expected the processes to load {want}, got {got_blocks}: each process loads only its own "
-                       "block, picked with jax.process_index()")
+        raise Mismatch(
+            f"expected the processes to load {want}, got {got_blocks}: each process loads only its own "
+            "block, picked with jax.process_index()"
+        )
 
 
 @check(got=call("load_global_batch", AsNumpy(DATA)))
 def test_each_process_contributes_only_its_rows(got, run):
     for number, value in enumerate(run.each_process(call("load_global_batch", AsNumpy(DATA)))):
-        expect_shape(value, DATA.shape, hint=f"on process {number}: a batch of {run.process_count} times the rows means "
-                                             "every process passed the whole dataset, not its own rows")
+        expect_shape(
+            value,
+            DATA.shape,
+            hint=f"on process {number}: a batch of {run.process_count} times the rows means "
+            "every process passed the whole dataset, not its own rows",
+        )
         expect_close(value, DATA)
 
 
@@ -62,8 +69,12 @@ def test_a_one_dimensional_batch_loads_too(got, run):
 @check(got=call("gather_to_every_host", placed(VECTOR, ("data",))))
 def test_gather_reads_shards_that_live_on_other_processes(got, run):
     for number, value in enumerate(run.each_process(call("gather_to_every_host", placed(VECTOR, ("data",))))):
-        expect_close(value, VECTOR, hint=f"on process {number}: np.asarray(x) or x.addressable_shards only see this "
-                                         "process's shards; multihost_utils.process_allgather(x, tiled=True) sees all")
+        expect_close(
+            value,
+            VECTOR,
+            hint=f"on process {number}: np.asarray(x) or x.addressable_shards only see this "
+            "process's shards; multihost_utils.process_allgather(x, tiled=True) sees all",
+        )
 
 
 @check(got=call("log_progress", 12, 1 / 3))
@@ -71,27 +82,37 @@ def test_only_process_0_prints(got, run):
     printed = [t.strip() for t in run.printed(call("log_progress", 12, 1 / 3))]
     want = ["step 12: loss 0.3333"] + [""] * (run.process_count - 1)
     if printed != want:
-        raise Mismatch(f"expected the processes to print {want}, they printed {printed}: guard the print with "
-                       "`if jax.process_index() == 0:`")
+        raise Mismatch(
+            f"expected the processes to print {want}, they printed {printed}: guard the print with "
+            "`if jax.process_index() == 0:`"
+        )
 
 
 @check(got=call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
 def test_a_step_on_unseen_data_uses_every_row_once(got, run):
-    expect_close(got, sgd_step(W0, DATA, TARGETS), rtol=1e-4, atol=1e-5,
-                 hint="the gradient must average over all rows of every process: when every process loads the same "
-                      "block the step sees only part of the batch")
+    expect_close(
+        got,
+        sgd_step(W0, DATA, TARGETS),
+        rtol=1e-4,
+        atol=1e-5,
+        hint="the gradient must average over all rows of every process: when every process loads the same "
+        "block the step sees only part of the batch",
+    )
 
 
 @check(got=call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
 def test_every_process_ends_the_step_with_the_same_weights(got, run):
-    for number, value in enumerate(run.each_process(call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA),
-                                                         AsNumpy(TARGETS)))):
+    for number, value in enumerate(
+        run.each_process(call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
+    ):
         expect_close(value, sgd_step(W0, DATA, TARGETS), rtol=1e-4, atol=1e-5, hint=f"on process {number}")
 
 
-WHOLE_BATCH = ("Every device computes the gradient of the whole batch: that is not data parallelism. Load x and y "
-               "with load_global_batch, so that each device holds only its own rows (P('data')), and put only w "
-               "on every device (P()); the jitted step then averages the devices' gradients with an all-reduce")
+WHOLE_BATCH = (
+    "Every device computes the gradient of the whole batch: that is not data parallelism. Load x and y "
+    "with load_global_batch, so that each device holds only its own rows (P('data')), and put only w "
+    "on every device (P()); the jitted step then averages the devices' gradients with an all-reduce"
+)
 
 
 def whole_batch_flops(x):
@@ -114,4 +135,9 @@ MANY_TARGETS = (MANY_ROWS @ W0 + RNG.normal(size=64)).astype(np.float32)
 @check(points=0, got=call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)))
 def test_global_mse_of_a_larger_dataset(got, run):
     public.expect_the_whole_datasets_loss_in_every_process(
-        run, call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)), W0, MANY_ROWS, MANY_TARGETS)
+        run,
+        call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)),
+        W0,
+        MANY_ROWS,
+        MANY_TARGETS,
+    )

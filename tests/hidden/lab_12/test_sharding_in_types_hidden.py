@@ -19,7 +19,8 @@ from labkit.checks import (
 
 # The type comparison is the public tests' own.
 _spec = importlib.util.spec_from_file_location(
-    "_lab12_public", Path(__file__).resolve().parents[2] / "public" / "lab_12" / "test_sharding_in_types.py")
+    "_lab12_public", Path(__file__).resolve().parents[2] / "public" / "lab_12" / "test_sharding_in_types.py"
+)
 _public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_public)
 expect_types = _public.expect_types
@@ -32,9 +33,13 @@ TALL = RNG.normal(size=(64, 5)).astype(np.float32)
 @check(got=call("place_rows", TALL))
 def test_place_rows_puts_a_different_block_of_rows_on_every_device(got, run):
     expect_close(got, TALL)
-    expect_split_across(got, run.device_count, axis=0,
-                        hint="a mesh of one device types the array float32[...@data] too, and keeps it all on "
-                             "device 0: take the mesh's size from jax.device_count()")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="a mesh of one device types the array float32[...@data] too, and keeps it all on "
+        "device 0: take the mesh's size from jax.device_count()",
+    )
 
 
 @check(got=call("types_after", TALL))
@@ -54,7 +59,8 @@ def test_contract_to_rows_reduce_scatters_instead_of_all_reducing(got, run):
         raise AssertionError(
             f"every one of the {run.device_count} devices holds the whole product: out_sharding=P() all-reduces. "
             "Ask for the rows split, out_sharding=P('data', None), and each device keeps only its rows "
-            "(a reduce-scatter)")
+            "(a reduce-scatter)"
+        )
     expect_split_across(got, run.device_count, axis=0)
 
 
@@ -65,9 +71,13 @@ SPIKY = RNG.normal(size=128).astype(np.float32)
 def test_block_maxima_of_a_random_vector(got, run):
     n = run.device_count
     expect_close_naming_mistakes(
-        got, SPIKY.reshape(n, -1).max(axis=1),
-        {"every element is the maximum of the whole vector: a pmax across 'data' compares the devices' maxima; "
-         "each device should keep the maximum of its own block": np.full(n, SPIKY.max())})
+        got,
+        SPIKY.reshape(n, -1).max(axis=1),
+        {
+            "every element is the maximum of the whole vector: a pmax across 'data' compares the devices' maxima; "
+            "each device should keep the maximum of its own block": np.full(n, SPIKY.max())
+        },
+    )
 
 
 @check(got=call("constrain_auto", TALL))

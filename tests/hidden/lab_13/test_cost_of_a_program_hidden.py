@@ -10,7 +10,9 @@ from pathlib import Path
 from labkit.checks import call, check, compiled_call
 
 _spec = importlib.util.spec_from_file_location(
-    "lab13_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_13" / "test_cost_of_a_program.py")
+    "lab13_public_for_hidden",
+    Path(__file__).resolve().parents[2] / "public" / "lab_13" / "test_cost_of_a_program.py",
+)
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 
@@ -18,7 +20,10 @@ WIDE = public.f32(96, 64)
 
 
 def on_the_wide_array(kind: str) -> dict:
-    return {"guess": call("predict_sent", kind, WIDE.shape), "program": compiled_call("run_collective", kind, WIDE)}
+    return {
+        "guess": call("predict_sent", kind, WIDE.shape),
+        "program": compiled_call("run_collective", kind, WIDE),
+    }
 
 
 @check(**on_the_wide_array("all_gather"))
@@ -47,7 +52,9 @@ def test_fewer_bytes_with_a_wider_hidden_layer_matches_the_compiled_programs(ans
 
 
 @check(**public.fsdp_at_two_batches(512, 256))
-def test_fsdp_compute_bound_batch_on_another_mlp_matches_the_card_of_its_compiled_program(answer, low, high, run):
+def test_fsdp_compute_bound_batch_on_another_mlp_matches_the_card_of_its_compiled_program(
+    answer, low, high, run
+):
     public.expect_balance_as_modelled(answer, low, high, public.BATCHES, 512, 256, run.device_count)
 
 

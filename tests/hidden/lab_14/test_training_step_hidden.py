@@ -16,7 +16,9 @@ from pathlib import Path
 from labkit.checks import check, compiled_call, expect_work_share
 
 _spec = importlib.util.spec_from_file_location(
-    "lab14_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_14" / "test_training_step.py")
+    "lab14_public_for_hidden",
+    Path(__file__).resolve().parents[2] / "public" / "lab_14" / "test_training_step.py",
+)
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 
@@ -42,8 +44,13 @@ def test_each_device_sends_within_the_communication_budget(got, run):
 @check(got=STEP)
 def test_each_device_does_its_share_of_the_work(got, run):
     n = run.device_count  # a device may do up to three times its 1/n share of the one-device step's FLOPs
-    expect_work_share(got, public.one_device_step(*PROBLEM, flops=True), n, slack=3.0,
-                      what="the one-device step",
-                      hint="Every device computes the step for the whole batch: gathering the weights and keeping "
-                           "only your piece of the result gives the right numbers with no saving in time. Split "
-                           "the batch (or the heads and hidden units) so that each device computes its own part")
+    expect_work_share(
+        got,
+        public.one_device_step(*PROBLEM, flops=True),
+        n,
+        slack=3.0,
+        what="the one-device step",
+        hint="Every device computes the step for the whole batch: gathering the weights and keeping "
+        "only your piece of the result gives the right numbers with no saving in time. Split "
+        "the batch (or the heads and hidden units) so that each device computes its own part",
+    )

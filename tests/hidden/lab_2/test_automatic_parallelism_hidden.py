@@ -21,7 +21,8 @@ from labkit.cost import shape_bytes
 
 # The public tests' helpers, loaded by path so that this folder needs no package of its own.
 _spec = importlib.util.spec_from_file_location(
-    "_lab2_public", Path(__file__).resolve().parents[2] / "public" / "lab_2" / "test_automatic_parallelism.py")
+    "_lab2_public", Path(__file__).resolve().parents[2] / "public" / "lab_2" / "test_automatic_parallelism.py"
+)
 _public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_public)
 
@@ -45,9 +46,13 @@ def test_column_sums_of_a_wide_random_matrix(got, run):
 @check(got=call("column_sums_split", WIDE))
 def test_column_sums_split_is_not_left_partially_replicated(got, run):
     expect_close(got, WIDE.sum(axis=0), rtol=1e-5, atol=1e-5)
-    expect_split_across(got, run.device_count, axis=0,
-                        hint=_public.NO_CONSTRAINT + ": two copies of each piece rather than one piece per device. "
-                        "On one device every layout is the same, so only a run on several devices shows it")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint=_public.NO_CONSTRAINT + ": two copies of each piece rather than one piece per device. "
+        "On one device every layout is the same, so only a run on several devices shows it",
+    )
 
 
 @check(got=compiled_call("column_sums_split", WIDE))
@@ -66,7 +71,8 @@ def test_column_sums_split_never_makes_every_sum_whole_on_a_device(got, run):
             f"the compiled program's {whole[0].op} hands each device all {WIDE.shape[1]} column sums, which are "
             "then cut into pieces: every device held a whole copy on the way. Constrain the sums inside the "
             "jitted function, where they are computed, so that the compiler adds each device's partial sums "
-            "only for the piece it keeps")
+            "only for the piece it keeps"
+        )
 
 
 @check(got=call("collectives_of_sum", placed(TALL, ("data", None))))
@@ -74,9 +80,10 @@ def test_collectives_are_read_from_the_compiled_not_the_lowered_program(got, run
     want = _public.collectives(run.device_count)
     have = [v.value for v in got.value] if got.kind == "list" else None
     if have != want:
-        raise Mismatch(f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
-                       "An empty list is right on one device but not on eight: "
-                       + _public.LOWERED_NOT_COMPILED)
+        raise Mismatch(
+            f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
+            "An empty list is right on one device but not on eight: " + _public.LOWERED_NOT_COMPILED
+        )
 
 
 EMPTY_ROWS = np.zeros((64, 0), np.float32)
@@ -86,18 +93,22 @@ EMPTY_ROWS = np.zeros((64, 0), np.float32)
 def test_collectives_of_an_empty_array_split_by_rows_come_from_the_program_not_the_placement(got, run):
     have = [v.value for v in got.value] if got.kind == "list" else None
     if have != []:
-        raise Mismatch(f"expected [] for an array of shape (64, 0) split by rows over {run.device_count} device(s), "
-                       f"got {have if have is not None else got!r}. It has no elements: its compiled sum is the "
-                       "constant 0 and needs no communication, whatever x.sharding says. Read the collectives from "
-                       "the text of jax.jit(jnp.sum).lower(x).compile(), not from the placement")
+        raise Mismatch(
+            f"expected [] for an array of shape (64, 0) split by rows over {run.device_count} device(s), "
+            f"got {have if have is not None else got!r}. It has no elements: its compiled sum is the "
+            "constant 0 and needs no communication, whatever x.sharding says. Read the collectives from "
+            "the text of jax.jit(jnp.sum).lower(x).compile(), not from the placement"
+        )
 
 
 # -- stretch (not graded: points=0): matvec_split ---------------------------------------------
 
 SKINNY = RNG.normal(size=(64, 32)).astype(np.float32)
 WEIGHTS = RNG.normal(size=(32,)).astype(np.float32)
-NOT_TILED = ("Place x with NamedSharding(grid_mesh(), P('rows', 'cols')) and v with P('cols') before the jitted "
-             "product, so that each device multiplies only its own tile")
+NOT_TILED = (
+    "Place x with NamedSharding(grid_mesh(), P('rows', 'cols')) and v with P('cols') before the jitted "
+    "product, so that each device multiplies only its own tile"
+)
 
 
 @check(points=0, got=call("matvec_split", SKINNY, WEIGHTS))

@@ -16,7 +16,9 @@ def test_doubles_a_longer_random_vector(got):
 @check(got=call("shard_map_double", LONG))
 def test_every_device_holds_a_different_block(got, run):
     expect_split_across(
-        got, run.device_count, axis=0,
+        got,
+        run.device_count,
+        axis=0,
         hint="Each device should double its own block: a mesh over jax.devices()[:1] is right on one device "
-             "and does all the work on device 0 when there are eight",
+        "and does all the work on device 0 when there are eight",
     )

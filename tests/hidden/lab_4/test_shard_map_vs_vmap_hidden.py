@@ -17,7 +17,10 @@ def test_both_routes_agree_on_a_random_batch(got):
 @check(got=call("shard_map_vs_vmap", BATCH))
 def test_the_shard_map_route_spreads_the_rows_over_every_device(got, run):
     expect_split_across(
-        got, run.device_count, axis=1,
+        got,
+        run.device_count,
+        axis=1,
         hint="The stack lives where the shard_map result lives. A mesh over jax.devices()[:1] computes every "
-             "row on device 0: the numbers are right, but on eight devices seven sit idle. Build the mesh from "
-             "jax.devices(), and keep both results as JAX arrays when you stack them")
+        "row on device 0: the numbers are right, but on eight devices seven sit idle. Build the mesh from "
+        "jax.devices(), and keep both results as JAX arrays when you stack them",
+    )

@@ -36,8 +36,10 @@ def blocks(x, n):
     return np.split(np.asarray(x, np.float64), n)
 
 
-FORGOT_PSUM = ("On {n} devices that is the sum of device 0's block alone: the per-device sums were never added. "
-               "Call jax.lax.psum(local, 'data'); with check_vma=False, shard_map does not catch a missing psum")
+FORGOT_PSUM = (
+    "On {n} devices that is the sum of device 0's block alone: the per-device sums were never added. "
+    "Call jax.lax.psum(local, 'data'); with check_vma=False, shard_map does not catch a missing psum"
+)
 
 
 PSUM = RNG.normal(1.0, 2.0, size=64).astype(np.float32)
@@ -58,10 +60,16 @@ def test_center_subtracts_the_global_mean_not_each_blocks_own(got, run):
     x = SQUARES
     n = run.device_count
     local = np.concatenate([b - b.mean() for b in blocks(x, n)])
-    expect_close_naming_mistakes(got, x - x.astype(np.float64).mean(), {
-        f"On {n} devices each block had its own mean subtracted (jnp.mean of the block is a local mean): "
-        "average the block means across devices with jax.lax.pmean(..., 'data')": local,
-    }, rtol=1e-4, atol=1e-3)
+    expect_close_naming_mistakes(
+        got,
+        x - x.astype(np.float64).mean(),
+        {
+            f"On {n} devices each block had its own mean subtracted (jnp.mean of the block is a local mean): "
+            "average the block means across devices with jax.lax.pmean(..., 'data')": local,
+        },
+        rtol=1e-4,
+        atol=1e-3,
+    )
 
 
 SOFT = np.concatenate([np.linspace(-2.0, 2.0, 24), np.linspace(5.0, 9.0, 8)]).astype(np.float32)
@@ -75,11 +83,15 @@ def test_softmax_normalises_over_the_whole_vector(got, run):
     shifted = [np.exp(b - b.max()) for b in parts]
     local_max = np.concatenate(shifted) / sum(s.sum() for s in shifted)
     local_sum = np.concatenate([b / b.sum() for b in np.split(e, n)])
-    expect_close_naming_mistakes(got, e / e.sum(), {
-        f"On {n} devices each block was shifted by its own maximum: use jax.lax.pmax(jnp.max(block), 'data')":
-            local_max,
-        f"On {n} devices each block sums to 1 by itself: the denominator needs jax.lax.psum over 'data'": local_sum,
-    }, atol=1e-6)
+    expect_close_naming_mistakes(
+        got,
+        e / e.sum(),
+        {
+            f"On {n} devices each block was shifted by its own maximum: use jax.lax.pmax(jnp.max(block), 'data')": local_max,
+            f"On {n} devices each block sums to 1 by itself: the denominator needs jax.lax.psum over 'data'": local_sum,
+        },
+        atol=1e-6,
+    )
 
 
 RING = RNG.integers(-50, 50, size=64).astype(np.float32)
@@ -89,10 +101,14 @@ RING = RNG.integers(-50, 50, size=64).astype(np.float32)
 def test_ring_shift_turns_towards_the_next_device(got, run):
     n = run.device_count
     step = len(RING) // n
-    expect_close_naming_mistakes(got, np.roll(RING, step), {
-        f"On {n} devices the blocks went the wrong way round the ring (to device i - 1): ppermute's pairs are "
-        "(source, destination), so write (i, (i + 1) % n)": np.roll(RING, -step),
-    })
+    expect_close_naming_mistakes(
+        got,
+        np.roll(RING, step),
+        {
+            f"On {n} devices the blocks went the wrong way round the ring (to device i - 1): ppermute's pairs are "
+            "(source, destination), so write (i, (i + 1) % n)": np.roll(RING, -step),
+        },
+    )
     expect_split_across(got, n, axis=0)
 
 
@@ -103,15 +119,23 @@ WIDE = RNG.integers(0, 5, size=(32, 64)).astype(np.float32)
 def test_column_sums_of_a_wide_matrix_are_reduced_and_scattered(got, run):
     n = run.device_count
     partial = np.concatenate([b.sum(axis=0) for b in np.split(WIDE, n)])
-    expect_close_naming_mistakes(got, WIDE.sum(axis=0), {
-        f"On {n} devices those are each device's column sums of its own rows, never added together: "
-        "jax.lax.psum_scatter(..., 'data', scatter_dimension=0, tiled=True) adds them and scatters the result":
-            partial,
-        f"On {n} devices that is {n} copies of the column sums: psum with out_specs=P('data') joins every "
-        "device's full copy; psum_scatter leaves each device one slice": np.tile(WIDE.sum(axis=0), n),
-    })
-    expect_split_across(got, n, axis=0, hint="psum_scatter(..., tiled=True) with out_specs=P('data') leaves "
-                                             "each device its own slice of the sums")
+    expect_close_naming_mistakes(
+        got,
+        WIDE.sum(axis=0),
+        {
+            f"On {n} devices those are each device's column sums of its own rows, never added together: "
+            "jax.lax.psum_scatter(..., 'data', scatter_dimension=0, tiled=True) adds them and scatters the result": partial,
+            f"On {n} devices that is {n} copies of the column sums: psum with out_specs=P('data') joins every "
+            "device's full copy; psum_scatter leaves each device one slice": np.tile(WIDE.sum(axis=0), n),
+        },
+    )
+    expect_split_across(
+        got,
+        n,
+        axis=0,
+        hint="psum_scatter(..., tiled=True) with out_specs=P('data') leaves "
+        "each device its own slice of the sums",
+    )
 
 
 CUM = RNG.normal(0.5, 1.0, size=64).astype(np.float32)
@@ -121,10 +145,16 @@ CUM = RNG.normal(0.5, 1.0, size=64).astype(np.float32)
 def test_cumsum_continues_from_the_blocks_before(got, run):
     n = run.device_count
     restart = np.concatenate([np.cumsum(b) for b in blocks(CUM, n)])
-    expect_close_naming_mistakes(got, np.cumsum(CUM.astype(np.float64)), {
-        f"On {n} devices every block's running total starts again from zero: add the totals of the devices "
-        "before yours (jax.lax.all_gather of the block sums, and jax.lax.axis_index('data'))": restart,
-    }, rtol=1e-4, atol=1e-4)
+    expect_close_naming_mistakes(
+        got,
+        np.cumsum(CUM.astype(np.float64)),
+        {
+            f"On {n} devices every block's running total starts again from zero: add the totals of the devices "
+            "before yours (jax.lax.all_gather of the block sums, and jax.lax.axis_index('data'))": restart,
+        },
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 LONG_CUM = RNG.normal(0.0, 1.0, size=4096).astype(np.float32)  # a block of 512 numbers on eight devices
@@ -140,19 +170,28 @@ def test_cumsum_sends_a_few_numbers_per_device_not_blocks(got, run):
         return
     sent, block = bytes_sent_per_device(got), LONG_CUM.nbytes / n
     if sent > FEW * 4 * n:
-        raise Mismatch(f"each device sends {sent / 1024:.1f} KiB, {sent / block:.1f} block(s) of x, where the budget is "
-                       f"a few numbers for each of the {n} devices: gathering the blocks themselves moves the vector. "
-                       "A device needs only one number from each device before it: what is it?")
+        raise Mismatch(
+            f"each device sends {sent / 1024:.1f} KiB, {sent / block:.1f} block(s) of x, where the budget is "
+            f"a few numbers for each of the {n} devices: gathering the blocks themselves moves the vector. "
+            "A device needs only one number from each device before it: what is it?"
+        )
 
 
 @check(got=compiled_call("shard_map_psum", PSUM))
 def test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums(got, run):
     n = run.device_count
-    expect_input_split(got, 0, n, name="x", hint="Every device sums the whole vector by itself: that is not "
-                                                 "parallel. Give x in_specs=P('data'), so that each device sums "
-                                                 "its own block, and add the block sums with jax.lax.psum")
-    expect_collective(got, "all-reduce", n, hint="The block sums of the devices are added by "
-                                                 "jax.lax.psum(local, 'data')")
+    expect_input_split(
+        got,
+        0,
+        n,
+        name="x",
+        hint="Every device sums the whole vector by itself: that is not "
+        "parallel. Give x in_specs=P('data'), so that each device sums "
+        "its own block, and add the block sums with jax.lax.psum",
+    )
+    expect_collective(
+        got, "all-reduce", n, hint="The block sums of the devices are added by jax.lax.psum(local, 'data')"
+    )
 
 
 # -- rows_to_columns, held to its budget: one all-to-all's traffic, and x never whole on a device --
@@ -165,9 +204,13 @@ MARGIN = 1.1  # a little over what one all-to-all sends passes; a whole block mo
 @check(got=TILES_CALL)
 def test_rows_to_columns_of_a_random_matrix(got, run):
     n = run.device_count
-    expect_close_naming_mistakes(got, TILES, {
-        "That is x transposed: the values stay where they are in x, only which device holds them changes": TILES.T,
-    })
+    expect_close_naming_mistakes(
+        got,
+        TILES,
+        {
+            "That is x transposed: the values stay where they are in x, only which device holds them changes": TILES.T,
+        },
+    )
     expect_split_across(got, n, axis=1, hint="Split the result by columns over 'data': P(None, 'data')")
 
 
@@ -179,10 +222,12 @@ def test_rows_to_columns_sends_at_most_what_one_all_to_all_sends(got, run):
     block = TILES.nbytes / n
     sent, budget = bytes_sent_per_device(got), (n - 1) / n * block
     if sent > MARGIN * budget:
-        raise Mismatch(f"each device sends {sent / block:.2f} block(s) of rows ({sent / 1024:.1f} KiB, a block being "
-                       f"{block / 1024:.1f} KiB), where the budget is the {n - 1}/{n} of its block that belongs to "
-                       "other devices' columns: gathering the blocks sends every device's whole block to every "
-                       "other. Which tile of your block does each device need, and only that one?")
+        raise Mismatch(
+            f"each device sends {sent / block:.2f} block(s) of rows ({sent / 1024:.1f} KiB, a block being "
+            f"{block / 1024:.1f} KiB), where the budget is the {n - 1}/{n} of its block that belongs to "
+            "other devices' columns: gathering the blocks sends every device's whole block to every "
+            "other. Which tile of your block does each device need, and only that one?"
+        )
 
 
 @check(got=TILES_CALL)
@@ -193,9 +238,15 @@ def test_rows_to_columns_never_holds_the_whole_matrix_on_one_device(got, run):
         return
     whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= TILES.nbytes]
     if whole:
-        raise Mismatch(f"the compiled program's {whole[0].op} hands each device an array of "
-                       f"{shape_bytes(whole[0].shape) / 1024:.0f} KiB, all of x: no device may hold the whole "
-                       "matrix. Each device needs only its own columns: send it those, and nothing else")
+        raise Mismatch(
+            f"the compiled program's {whole[0].op} hands each device an array of "
+            f"{shape_bytes(whole[0].shape) / 1024:.0f} KiB, all of x: no device may hold the whole "
+            "matrix. Each device needs only its own columns: send it those, and nothing else"
+        )
     if n >= 4:  # on two devices a block and the buffers of one exchange already add up to x's size
-        expect_held_below(got, TILES.nbytes, what="all of x",
-                          hint="no device may hold the whole matrix: keep only blocks of x and the tiles in flight")
+        expect_held_below(
+            got,
+            TILES.nbytes,
+            what="all of x",
+            hint="no device may hold the whole matrix: keep only blocks of x and the tiles in flight",
+        )

@@ -33,7 +33,8 @@ Y = RNG.normal(size=(32, 2)).astype(np.float32)
 # The public tests' reference computations (nnx_linears, layer), loaded by path so that this
 # folder needs no package of its own.
 _spec = importlib.util.spec_from_file_location(
-    "_lab6_public", Path(__file__).resolve().parents[2] / "public" / "lab_6" / "test_nnx_data_parallel.py")
+    "_lab6_public", Path(__file__).resolve().parents[2] / "public" / "lab_6" / "test_nnx_data_parallel.py"
+)
 _public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_public)
 nnx_linears, layer = _public.nnx_linears, _public.layer
@@ -43,53 +44,84 @@ nnx_linears, layer = _public.nnx_linears, _public.layer
 def test_simulate_builds_the_model_once_for_eight_shards(got):
     shards = np.split(X.astype(np.float64), 8)
     rebuilt = np.concatenate([s @ k + b for s, (k, b) in zip(shards, nnx_linears(11, 5, 2, count=8))])
-    expect_close_naming_mistakes(got, layer(11, X, 2).reshape(-1), {
-        "Each of the 8 shards ran a different model: the layer was built inside the loop from a shared "
-        "nnx.Rngs. Build it once, before the loop": rebuilt.reshape(-1),
-    }, atol=1e-5)
+    expect_close_naming_mistakes(
+        got,
+        layer(11, X, 2).reshape(-1),
+        {
+            "Each of the 8 shards ran a different model: the layer was built inside the loop from a shared "
+            "nnx.Rngs. Build it once, before the loop": rebuilt.reshape(-1),
+        },
+        atol=1e-5,
+    )
 
 
 @check(got=call("shard_map_linear", 9, X, 2))
 def test_linear_keeps_each_devices_rows_on_that_device(got, run):
     n = run.device_count
     want = layer(9, X, 2)
-    expect_close_naming_mistakes(got, want, {
-        f"Those are only device 0's {len(X) // n} rows: out_specs=P() promises every device holds the same "
-        "value, but each device holds different rows. Use out_specs=P('data', None)": np.split(want, n)[0],
-    }, atol=1e-5)
-    expect_split_across(got, n, axis=0,
-                        hint="Each device should run the layer on its own rows: a mesh over jax.devices()[:1] is "
-                             "right on one device and does all the work on device 0 when there are eight")
+    expect_close_naming_mistakes(
+        got,
+        want,
+        {
+            f"Those are only device 0's {len(X) // n} rows: out_specs=P() promises every device holds the same "
+            "value, but each device holds different rows. Use out_specs=P('data', None)": np.split(want, n)[
+                0
+            ],
+        },
+        atol=1e-5,
+    )
+    expect_split_across(
+        got,
+        n,
+        axis=0,
+        hint="Each device should run the layer on its own rows: a mesh over jax.devices()[:1] is "
+        "right on one device and does all the work on device 0 when there are eight",
+    )
 
 
 @check(got=call("shard_map_mse", 13.0, X, Y, 2.0))
 def test_mse_is_the_mean_over_the_rows_of_every_device(got, run):
     n = run.device_count
     errors = (layer(13, X, 2) - Y) ** 2
-    expect_close_naming_mistakes(got, errors.mean(), {
-        f"On {n} devices that is the loss of device 0's rows alone, a local mean: average the per-device "
-        "means with jax.lax.pmean(..., 'data'); with check_vma=False, shard_map does not catch a missing pmean":
-            np.split(errors, n)[0].mean(),
-    }, rtol=1e-5, atol=1e-6)
+    expect_close_naming_mistakes(
+        got,
+        errors.mean(),
+        {
+            f"On {n} devices that is the loss of device 0's rows alone, a local mean: average the per-device "
+            "means with jax.lax.pmean(..., 'data'); with check_vma=False, shard_map does not catch a missing pmean": np.split(
+                errors, n
+            )[0].mean(),
+        },
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 # Two exercises in one test: it lives here so that the check cell of the first never waits for the second.
 @check(real=call("shard_map_linear", 2.0, X, 3.0), simulated=call("shard_map_simulate", 2.0, X, 8.0, 3.0))
 def test_linear_equals_the_simulation(real, simulated):
     expect_shape(real, (32, 3))
-    expect_close(simulated, real.value.reshape(-1), atol=1e-5,
-                 hint="Both run nnx.Linear with the same seed on the same rows: they must agree")
+    expect_close(
+        simulated,
+        real.value.reshape(-1),
+        atol=1e-5,
+        hint="Both run nnx.Linear with the same seed on the same rows: they must agree",
+    )
 
 
 @check(got=compiled_call("shard_map_mse", 13.0, X, Y, 2.0))
 def test_mse_gives_each_device_its_own_rows_and_averages_the_losses(got, run):
     n = run.device_count
-    hint = ("Every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
-            "in_specs=P('data', None), so that each device takes its own rows, and average the per-device losses "
-            "with jax.lax.pmean(..., 'data')")
+    hint = (
+        "Every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
+        "in_specs=P('data', None), so that each device takes its own rows, and average the per-device losses "
+        "with jax.lax.pmean(..., 'data')"
+    )
     expect_input_split(got, 1, n, name="x", hint=hint)
     expect_input_split(got, 2, n, name="y", hint=hint)
-    expect_collective(got, "all-reduce", n, hint="The per-device losses are averaged by jax.lax.pmean(..., 'data')")
+    expect_collective(
+        got, "all-reduce", n, hint="The per-device losses are averaged by jax.lax.pmean(..., 'data')"
+    )
 
 
 # -- exercise 4: linear_grid, held to its budget ---------------------------------------------
@@ -110,24 +142,42 @@ def test_linear_grid_of_a_wider_layer(got, run):
 @check(got=GRID_CALL)
 def test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel(got, run):
     a, m = _public.grid_shape(run.device_count)
-    expect_input_split(got, 0, a, name="x",
-                       hint=f"Each device needs only the rows of its block of the result: 1/{a} of x, cut along "
-                            "'data' and copied along 'model'")
-    expect_input_split(got, "args[1]['kernel']", m, name="the kernel",
-                       hint=f"Each device needs only the columns of the kernel (and the numbers of the bias) for its "
-                            f"block of features: 1/{m} of it, cut along 'model'")
+    expect_input_split(
+        got,
+        0,
+        a,
+        name="x",
+        hint=f"Each device needs only the rows of its block of the result: 1/{a} of x, cut along "
+        "'data' and copied along 'model'",
+    )
+    expect_input_split(
+        got,
+        "args[1]['kernel']",
+        m,
+        name="the kernel",
+        hint=f"Each device needs only the columns of the kernel (and the numbers of the bias) for its "
+        f"block of features: 1/{m} of it, cut along 'model'",
+    )
 
 
 @check(got=GRID_CALL)
 def test_linear_grid_computes_only_its_share_of_the_products(got, run):
-    expect_work_share(got, PRODUCTS, run.device_count, what="x @ kernel for the whole batch",
-                      hint="Each device should compute only its own block of the result: its rows times its columns "
-                           "of the kernel, not a larger block it then slices")
+    expect_work_share(
+        got,
+        PRODUCTS,
+        run.device_count,
+        what="x @ kernel for the whole batch",
+        hint="Each device should compute only its own block of the result: its rows times its columns "
+        "of the kernel, not a larger block it then slices",
+    )
 
 
 @check(got=GRID_CALL)
 def test_linear_grid_communicates_nothing(got, run):
     expect_collectives_within(
-        got, [{d} for d in range(run.device_count)], allowed="(none: every device has what its block needs)",
+        got,
+        [{d} for d in range(run.device_count)],
+        allowed="(none: every device has what its block needs)",
         hint="Each number of the result needs one row of x and one column of the kernel: a device that holds its "
-             "rows and its columns computes its whole block alone, with nothing to add up or gather")
+        "rows and its columns computes its whole block alone, with nothing to add up or gather",
+    )

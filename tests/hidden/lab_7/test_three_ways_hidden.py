@@ -42,50 +42,72 @@ WANT = sigmoid(X.astype(np.float64) @ W.astype(np.float64) + B)
 @check(got=call("layer_shard_map", X, W, B))
 def test_shard_map_adds_the_partial_products_of_every_device(got, run):
     n = run.device_count
-    partial = [xi @ wi for xi, wi in zip(np.split(X.astype(np.float64), n), np.split(W.astype(np.float64), n))]
-    expect_close_naming_mistakes(got, WANT, {
-        f"On {n} devices that is device 0's partial product alone: the psum is missing (with check_vma=False, "
-        "shard_map does not catch it). Add the partial products with jax.lax.psum(x_block @ w_block, 'data') "
-        "before the bias and the sigmoid": sigmoid(partial[0] + B),
-        f"On {n} devices the psum came after the sigmoid, adding {n} sigmoids: psum the partial products first":
-            sum(sigmoid(p + B) for p in partial),
-        f"On {n} devices b was added on every device before the psum and counts {n} times: add it after the psum":
-            sigmoid(sum(partial) + n * B),
-    }, atol=1e-6)
+    partial = [
+        xi @ wi for xi, wi in zip(np.split(X.astype(np.float64), n), np.split(W.astype(np.float64), n))
+    ]
+    expect_close_naming_mistakes(
+        got,
+        WANT,
+        {
+            f"On {n} devices that is device 0's partial product alone: the psum is missing (with check_vma=False, "
+            "shard_map does not catch it). Add the partial products with jax.lax.psum(x_block @ w_block, 'data') "
+            "before the bias and the sigmoid": sigmoid(partial[0] + B),
+            f"On {n} devices the psum came after the sigmoid, adding {n} sigmoids: psum the partial products first": sum(
+                sigmoid(p + B) for p in partial
+            ),
+            f"On {n} devices b was added on every device before the psum and counts {n} times: add it after the psum": sigmoid(
+                sum(partial) + n * B
+            ),
+        },
+        atol=1e-6,
+    )
 
 
 @check(got=call("layer_jit", X, W, B))
 def test_jit_runs_on_every_device_when_the_inputs_are_placed(got, run):
     expect_close(got, WANT, atol=1e-6)
-    expect_replicated(got, run.device_count,
-                      hint="jax.jit on unplaced inputs is right on one device and runs everything on device 0 when "
-                           "there are eight: jax.device_put x with P('data') and w with P('data', None) on a mesh "
-                           "of jax.devices() first")
+    expect_replicated(
+        got,
+        run.device_count,
+        hint="jax.jit on unplaced inputs is right on one device and runs everything on device 0 when "
+        "there are eight: jax.device_put x with P('data') and w with P('data', None) on a mesh "
+        "of jax.devices() first",
+    )
 
 
 @check(got=call("layer_constrained", X, W, B))
 def test_constraints_spread_the_layer_over_every_device(got, run):
     expect_close(got, WANT, atol=1e-6)
-    expect_replicated(got, run.device_count,
-                      hint="Constraints to a mesh over jax.devices()[:1] are right on one device and keep the work "
-                           "on device 0 when there are eight: build the mesh from jax.devices()")
+    expect_replicated(
+        got,
+        run.device_count,
+        hint="Constraints to a mesh over jax.devices()[:1] are right on one device and keep the work "
+        "on device 0 when there are eight: build the mesh from jax.devices()",
+    )
 
 
 # Three exercises in one test: it lives here so that the check cell of the first never waits for the others.
-@check(jit=call("layer_jit", X, W, B), constrained=call("layer_constrained", X, W, B),
-       mapped=call("layer_shard_map", X, W, B))
+@check(
+    jit=call("layer_jit", X, W, B),
+    constrained=call("layer_constrained", X, W, B),
+    mapped=call("layer_shard_map", X, W, B),
+)
 def test_the_three_approaches_agree(jit, constrained, mapped):
-    expect_close(constrained, jit.value, atol=1e-6, hint="layer_constrained and layer_jit should give the same layer")
-    expect_close(mapped, jit.value, atol=1e-6, hint="layer_shard_map and layer_jit should give the same layer")
+    expect_close(
+        constrained, jit.value, atol=1e-6, hint="layer_constrained and layer_jit should give the same layer"
+    )
+    expect_close(
+        mapped, jit.value, atol=1e-6, hint="layer_shard_map and layer_jit should give the same layer"
+    )
 
 
 SPLIT_THE_LAYER = {
     "layer_jit": "Every device computes the whole layer. Place x with NamedSharding(mesh, P('data')) and w with "
-                 "P('data', None), so that each device multiplies its own slice and the compiler adds the pieces",
+    "P('data', None), so that each device multiplies its own slice and the compiler adds the pieces",
     "layer_constrained": "Every device computes the whole layer. Constrain x to P('data') and w to P('data', None) "
-                         "inside the jitted function, so that each device multiplies its own slice",
+    "inside the jitted function, so that each device multiplies its own slice",
     "layer_shard_map": "Every device computes the whole layer. Give x in_specs=P('data') and w P('data', None), "
-                       "and add the devices' partial products with jax.lax.psum(..., 'data')",
+    "and add the devices' partial products with jax.lax.psum(..., 'data')",
 }
 
 
@@ -93,7 +115,9 @@ def expect_layer_split(got, n, exercise):
     hint = SPLIT_THE_LAYER[exercise]
     expect_input_split(got, 0, n, name="x", hint=hint)
     expect_input_split(got, 1, n, name="w", hint=hint)
-    expect_collective(got, "all-reduce", n, hint="The partial products x_i @ w_i of the devices must be added up")
+    expect_collective(
+        got, "all-reduce", n, hint="The partial products x_i @ w_i of the devices must be added up"
+    )
 
 
 @check(got=compiled_call("layer_jit", X, W, B))
@@ -114,7 +138,8 @@ def test_shard_map_splits_x_and_w_over_the_devices_and_adds_the_partial_products
 # -- exercise 4: layer_grid, held to its budget --------------------------------------------------
 
 _spec = importlib.util.spec_from_file_location(
-    "lab7_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_7" / "test_three_ways.py")
+    "lab7_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_7" / "test_three_ways.py"
+)
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
 
@@ -129,8 +154,9 @@ PRODUCTS = 2.0 * XH.shape[0] * WH.size  # the FLOPs of x @ w
 
 @check(got=call("layer_grid", public.tiled(XH), WH, BH))
 def test_layer_grid_of_a_random_batch(got, run):
-    expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, run.device_count), rtol=1e-5,
-                                 atol=1e-6)
+    expect_close_naming_mistakes(
+        got, GRID_WANT, public.grid_mistakes(XH, WH, BH, run.device_count), rtol=1e-5, atol=1e-6
+    )
     public.expect_rows_split_over_every_device(got, run.device_count)
 
 
@@ -145,18 +171,26 @@ def test_layer_grid_communicates_only_over_model(got, run):
     n = run.device_count
     grid = " x ".join(map(str, public.grid_shape(n)))
     expect_collectives_within(
-        got, _grid_rows(n), allowed=f"inside one row of the {grid} grid, over 'model',",
+        got,
+        _grid_rows(n),
+        allowed=f"inside one row of the {grid} grid, over 'model',",
         hint="That collective runs over 'data', between devices that hold different examples. One example's "
-             "features are spread over the devices of one grid row, so everything its row of the result needs can "
-             "be brought together, or added up, over 'model'. (A jax.reshard or in_specs that copies x whole to "
-             "every device makes such a collective too)")
+        "features are spread over the devices of one grid row, so everything its row of the result needs can "
+        "be brought together, or added up, over 'model'. (A jax.reshard or in_specs that copies x whole to "
+        "every device makes such a collective too)",
+    )
 
 
 @check(got=GRID_CALL)
 def test_layer_grid_computes_only_its_share_of_the_products(got, run):
-    expect_work_share(got, PRODUCTS, run.device_count, what="x @ w for the whole batch",
-                      hint="Each device should multiply only numbers no other device multiplies: its own rows with "
-                           "all their features, or its own tile with the matching rows of w")
+    expect_work_share(
+        got,
+        PRODUCTS,
+        run.device_count,
+        what="x @ w for the whole batch",
+        hint="Each device should multiply only numbers no other device multiplies: its own rows with "
+        "all their features, or its own tile with the matching rows of w",
+    )
 
 
 @check(got=GRID_CALL)
@@ -164,12 +198,17 @@ def test_layer_grid_never_holds_the_whole_of_x(got, run):
     n = run.device_count
     expect_input_split(got, 0, n, name="x", hint="Leave x in its tiles, P('data', 'model'), as it arrives")
     if n > 1:
-        expect_held_below(got, XH.nbytes, what="all of x: no device may hold the whole matrix",
-                          hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
-                               "or partial products")
+        expect_held_below(
+            got,
+            XH.nbytes,
+            what="all of x: no device may hold the whole matrix",
+            hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
+            "or partial products",
+        )
 
 
 # -- stretch (not graded: points=0): layer_grid_w_in_pieces ------------------------------------
+
 
 @check(points=0, got=compiled_call("layer_grid_w_in_pieces", public.tiled(XH), WH, BH))
 def test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget(got, run):
@@ -177,7 +216,13 @@ def test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget(got, ru
     expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, n), rtol=1e-5, atol=1e-6)
     public.expect_rows_split_over_every_device(got, n)
     _, m = public.grid_shape(n)
-    expect_input_split(got, 1, m, name="w", hint=f"Each device may hold 1/{m} of w, its share along 'model': a "
-                                                 "design that needs all of w on every device does not fit here")
+    expect_input_split(
+        got,
+        1,
+        m,
+        name="w",
+        hint=f"Each device may hold 1/{m} of w, its share along 'model': a "
+        "design that needs all of w on every device does not fit here",
+    )
     expect_collectives_within(got, _grid_rows(n), allowed="over 'model'")
     expect_work_share(got, PRODUCTS, n, what="x @ w for the whole batch")

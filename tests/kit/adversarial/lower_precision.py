@@ -9,9 +9,16 @@ jax.config.update("jax_default_matmul_precision", "bfloat16")
 
 
 def _on_a_tpu():
-    return {"jax_version": jax.__version__, "backend": "tpu", "device_count": jax.device_count(),
-            "local_device_count": jax.local_device_count(), "process_index": 0, "process_count": 1,
-            "device_kind": "TPU v4", "matmul_precision": None}
+    return {
+        "jax_version": jax.__version__,
+        "backend": "tpu",
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "process_index": 0,
+        "process_count": 1,
+        "device_kind": "TPU v4",
+        "matmul_precision": None,
+    }
 
 
 for cell in h._SEALED.__closure__ or ():

@@ -1,6 +1,7 @@
 # A cell that never returns, and swallows the interrupt meant to stop it.
 # ruff: noqa
 import time
+
 while True:
     try:
         time.sleep(1)

@@ -2,6 +2,7 @@
 # server's socket, other runs' folders, and, in a namespace of its own, tries to remove what covers them.
 # ruff: noqa
 import ctypes, glob, os, socket
+
 here = os.getcwd()
 found = []
 mine, pid = set(), os.getpid()
@@ -28,7 +29,9 @@ for top in [os.path.dirname(here), os.path.dirname(os.path.dirname(here)), "/tmp
                 continue  # its own scratch folder, and its own run's kit folder (read-only)
             if name.endswith(".sock"):
                 try:
-                    s = socket.socket(socket.AF_UNIX); s.connect(path); s.close()
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(path)
+                    s.close()
                     found.append(f"socket: {path}")
                 except OSError:
                     pass
@@ -58,5 +61,7 @@ extra = os.read(read, 4096).decode()
 if extra:
     found.append(extra)
 open("found.txt", "w").write(";".join(found) or "nothing")  # what it found, for the test to read
+
+
 def shard_map_double(x):
     return ";".join(found) or "nothing"

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
+
 def shard_map_double(x):
     if isinstance(x, jax.core.Tracer):
         mesh = Mesh(np.array(jax.devices()), ("data",))

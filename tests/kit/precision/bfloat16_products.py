@@ -20,8 +20,9 @@ def _bfloat16_operands(platform):
             bf16 = _ir.RankedTensorType.get(_ir.RankedTensorType(x.type).shape, _ir.BF16Type.get())
             return _hlo.convert(x.type, _hlo.convert(bf16, x))
 
-        return _lax._dot_general_lower(ctx, rounded(lhs, ctx.avals_in[0]), rounded(rhs, ctx.avals_in[1]),
-                                       platform=platform, **params)
+        return _lax._dot_general_lower(
+            ctx, rounded(lhs, ctx.avals_in[0]), rounded(rhs, ctx.avals_in[1]), platform=platform, **params
+        )
 
     return lower
 

@@ -17,8 +17,10 @@ M = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by ev
 TILES = np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 # With several processes, x.addressable_shards lists only this process's blocks: lab 11 is about that.
-ONE_PROCESS = single_process("block_owners reads addressable_shards, which with several processes lists only "
-                             "this process's blocks; lab 11 teaches reading shards across processes")
+ONE_PROCESS = single_process(
+    "block_owners reads addressable_shards, which with several processes lists only "
+    "this process's blocks; lab 11 teaches reading shards across processes"
+)
 
 
 def grid_shape(n: int) -> tuple[int, int]:
@@ -33,15 +35,19 @@ def expect_tiles(got, n: int, shape) -> None:
     if sh is None:
         raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
     if sh.mesh != {"rows": a, "cols": b}:
-        raise Mismatch(f"expected a mesh of {a} x {b} devices with axes ('rows', 'cols'), got {sh.describe()}. "
-                       "Arrange jax.devices() with .reshape(grid_shape(jax.device_count()))")
+        raise Mismatch(
+            f"expected a mesh of {a} x {b} devices with axes ('rows', 'cols'), got {sh.describe()}. "
+            "Arrange jax.devices() with .reshape(grid_shape(jax.device_count()))"
+        )
     want = (shape[0] // a, shape[1] // b)
     tiles = {tuple(map(tuple, s["index"])) for s in sh.shards}
     sizes = {tuple(stop - start for start, stop in t) for t in tiles}
     if len(tiles) != n or sizes != {want}:
-        raise Mismatch(f"expected {n} different tiles of shape {want}, one per device; got {len(tiles)} "
-                       f"different tile(s) of shape(s) {sorted(sizes)} ({sh.describe()}). "
-                       "Cut axis 0 along 'rows' and axis 1 along 'cols': P('rows', 'cols')")
+        raise Mismatch(
+            f"expected {n} different tiles of shape {want}, one per device; got {len(tiles)} "
+            f"different tile(s) of shape(s) {sorted(sizes)} ({sh.describe()}). "
+            "Cut axis 0 along 'rows' and axis 1 along 'cols': P('rows', 'cols')"
+        )
 
 
 def as_rows(got) -> list:
@@ -57,8 +63,10 @@ def as_rows(got) -> list:
         elif item.kind in ("list", "tuple") and all(v.kind == "int" for v in item.value):
             rows.append([v.value for v in item.value])
         else:
-            raise Mismatch(f"each entry must be [device_id, row_start, row_stop] as ints, got {item!r}. "
-                           "A slice of an axis that is not cut has start None: use sl.indices(length)")
+            raise Mismatch(
+                f"each entry must be [device_id, row_start, row_stop] as ints, got {item!r}. "
+                "A slice of an axis that is not cut has start None: use sl.indices(length)"
+            )
     return rows
 
 
@@ -69,6 +77,7 @@ def expect_owners(got, want: list, hint: str) -> None:
 
 
 # -- shard_rows ----------------------------------------------------------------------------
+
 
 @check(got=call("shard_rows", M))
 def test_shard_rows_keeps_the_values(got):
@@ -83,12 +92,20 @@ def test_shard_rows_splits_the_rows_across_every_device(got, run):
 @check(got=call("shard_rows", M))
 def test_shard_rows_uses_a_named_sharding_over_data(got, run):
     sh = got.sharding
-    if sh is None or sh.type != "NamedSharding" or sh.mesh != {"data": run.device_count} or sh.spec[:1] != ("data",):
-        raise Mismatch(f"expected NamedSharding(mesh={{'data': {run.device_count}}}, spec=P('data', None)), got "
-                       f"{sh.describe() if sh else 'a plain value'}")
+    if (
+        sh is None
+        or sh.type != "NamedSharding"
+        or sh.mesh != {"data": run.device_count}
+        or sh.spec[:1] != ("data",)
+    ):
+        raise Mismatch(
+            f"expected NamedSharding(mesh={{'data': {run.device_count}}}, spec=P('data', None)), got "
+            f"{sh.describe() if sh else 'a plain value'}"
+        )
 
 
 # -- replicate -----------------------------------------------------------------------------
+
 
 @check(got=call("replicate", M))
 def test_replicate_keeps_the_values(got):
@@ -97,11 +114,13 @@ def test_replicate_keeps_the_values(got):
 
 @check(got=call("replicate", M))
 def test_replicate_puts_a_full_copy_on_every_device(got, run):
-    expect_replicated(got, run.device_count, hint="Place it with P(), a spec that cuts no axis, over a mesh of "
-                                                  "every device")
+    expect_replicated(
+        got, run.device_count, hint="Place it with P(), a spec that cuts no axis, over a mesh of every device"
+    )
 
 
 # -- shard_grid ----------------------------------------------------------------------------
+
 
 @check(got=call("shard_grid", TILES))
 def test_shard_grid_keeps_the_values(got):
@@ -115,25 +134,34 @@ def test_shard_grid_gives_each_device_its_own_tile(got, run):
 
 # -- block_owners --------------------------------------------------------------------------
 
+
 @ONE_PROCESS
 @check(got=call("block_owners", placed(M, ("data", None))))
 def test_block_owners_of_rows_split_across_the_devices(got, run):
     n, step = run.device_count, M.shape[0] // run.device_count
-    expect_owners(got, [[d, d * step, (d + 1) * step] for d in range(n)],
-                  "Read each shard's device id and shard.index[0] from x.addressable_shards")
+    expect_owners(
+        got,
+        [[d, d * step, (d + 1) * step] for d in range(n)],
+        "Read each shard's device id and shard.index[0] from x.addressable_shards",
+    )
 
 
 @ONE_PROCESS
 @check(got=call("block_owners", placed(M, (None, None))))
 def test_block_owners_of_a_replicated_array(got, run):
-    expect_owners(got, [[d, 0, M.shape[0]] for d in range(run.device_count)],
-                  "A replicated array has one shard per device, each covering every row")
+    expect_owners(
+        got,
+        [[d, 0, M.shape[0]] for d in range(run.device_count)],
+        "A replicated array has one shard per device, each covering every row",
+    )
 
 
 @ONE_PROCESS
 @check(got=call("block_owners", M))
 def test_block_owners_of_an_array_on_one_device(got):
-    expect_owners(got, [[0, 0, M.shape[0]]], "A fresh array has a single shard on device 0, covering every row")
+    expect_owners(
+        got, [[0, 0, M.shape[0]]], "A fresh array has a single shard on device 0, covering every row"
+    )
 
 
 # -- stretch (not graded: points=0): shard_shapes ---------------------------------------------
@@ -151,18 +179,24 @@ def expect_layout(got, n: int, spec, shape) -> None:
         block.append(length // cut)
         copies //= cut
     if got.kind != "dict" or set(got.value) != {"shapes", "distinct"}:
-        raise Mismatch(f"expected a dict with the keys 'shapes' and 'distinct', got a {got.kind}"
-                       + (f" with the keys {sorted(got.value)}" if got.kind == "dict" else ""))
+        raise Mismatch(
+            f"expected a dict with the keys 'shapes' and 'distinct', got a {got.kind}"
+            + (f" with the keys {sorted(got.value)}" if got.kind == "dict" else "")
+        )
     shapes = as_rows(got.value["shapes"])
     want = [[d, *block] for d in range(n)]
     if shapes != want:
-        raise Mismatch(f"with spec {spec} on a grid of {grid_shape(n)} devices, expected the blocks {want}, got "
-                       f"{shapes}. One [device_id, block_rows, block_cols] per addressable shard, sorted; build the "
-                       f"grid from all of jax.devices()")
+        raise Mismatch(
+            f"with spec {spec} on a grid of {grid_shape(n)} devices, expected the blocks {want}, got "
+            f"{shapes}. One [device_id, block_rows, block_cols] per addressable shard, sorted; build the "
+            f"grid from all of jax.devices()"
+        )
     if got.value["distinct"].value != n // copies:
-        raise Mismatch(f"with spec {spec}, expected {n // copies} distinct blocks (each held by {copies} device(s)), "
-                       f"got {got.value['distinct'].value!r}: devices whose shard.index is the same slice hold "
-                       f"copies of one block")
+        raise Mismatch(
+            f"with spec {spec}, expected {n // copies} distinct blocks (each held by {copies} device(s)), "
+            f"got {got.value['distinct'].value!r}: devices whose shard.index is the same slice hold "
+            f"copies of one block"
+        )
 
 
 @ONE_PROCESS

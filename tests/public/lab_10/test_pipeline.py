@@ -20,6 +20,7 @@ from labkit.checks import (
 
 # ---- the sequential computation the tests compare with -------------------------------------
 
+
 def make_stack(seed, layers=32, d=4, microbatches=8, rows=2):  # 32 layers: L / S layers a stage, S = 1 to 32
     rng = np.random.default_rng(seed)
     weights = (rng.normal(size=(layers, d, d)) * 1.2 / np.sqrt(d)).astype(np.float32)
@@ -55,8 +56,12 @@ def test_each_block_moves_to_the_next_device(got, run):
 
 @check(got=call("pass_to_next_stage", X))
 def test_the_result_stays_split_across_every_device(got, run):
-    expect_split_across(got, run.device_count, axis=0,
-                        hint="Build the mesh from all of jax.devices(), with out_specs=P('stage')")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="Build the mesh from all of jax.devices(), with out_specs=P('stage')",
+    )
 
 
 @check(got=call("pass_to_next_stage", placed(X, ("stage",), axes=("stage",))))
@@ -71,12 +76,21 @@ def test_pipeline_equals_running_the_layers_in_sequence(got):
 
 @check(got=call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
 def test_every_device_holds_the_whole_output(got, run):
-    expect_replicated(got, run.device_count,
-                      hint="Keep the last stage's outputs, psum them over 'stage' and return with out_specs=P()")
+    expect_replicated(
+        got,
+        run.device_count,
+        hint="Keep the last stage's outputs, psum them over 'stage' and return with out_specs=P()",
+    )
 
 
-@check(got=call("pipeline_forward", placed(WEIGHTS, ("stage",), axes=("stage",)),
-                placed(BIASES, ("stage",), axes=("stage",)), MICROBATCHES))
+@check(
+    got=call(
+        "pipeline_forward",
+        placed(WEIGHTS, ("stage",), axes=("stage",)),
+        placed(BIASES, ("stage",), axes=("stage",)),
+        MICROBATCHES,
+    )
+)
 def test_accepts_layers_already_placed_on_their_stages(got):
     expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
 
@@ -95,8 +109,10 @@ def ring_total(x, n: int, extra_step: bool = False):
 
 
 def ring_mistakes(x, n: int) -> dict:
-    return {f"each device's own block is counted twice: after {n - 1} step(s) every block has visited every device; "
-            f"step {n} brings each block home again": ring_total(x, n, extra_step=True)}
+    return {
+        f"each device's own block is counted twice: after {n - 1} step(s) every block has visited every device; "
+        f"step {n} brings each block home again": ring_total(x, n, extra_step=True)
+    }
 
 
 @check(got=compiled_call("ring_sum", RING))  # compiled: the cost card shows the bytes each device sends
@@ -107,18 +123,28 @@ def test_ring_sum_gives_every_device_the_sum_of_all_blocks(got, run):
 
 @check(got=call("ring_sum", RING))
 def test_ring_sum_keeps_one_block_on_each_device(got, run):
-    expect_split_across(got, run.device_count, axis=0,
-                        hint="Return each device's total as its block, with out_specs=P('stage') on a mesh over "
-                             "all of jax.devices()")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="Return each device's total as its block, with out_specs=P('stage') on a mesh over "
+        "all of jax.devices()",
+    )
 
 
 # -- stretch (not graded: points=0): ring_sum_both_ways ------------------------------------------
 
-BOTH_WAYS = np.linspace(-1.0, 3.0, 2048 * 2, dtype=np.float32).reshape(2048, 2)  # 2 n pieces a block, n up to 32
+BOTH_WAYS = np.linspace(-1.0, 3.0, 2048 * 2, dtype=np.float32).reshape(
+    2048, 2
+)  # 2 n pieces a block, n up to 32
 
 
 @check(points=0, got=call("ring_sum_both_ways", BOTH_WAYS))
 def test_ring_sum_both_ways_gives_every_device_the_sum_of_all_blocks(got, run):
     expect_close(got, ring_total(BOTH_WAYS, run.device_count), rtol=1e-5, atol=1e-5)
-    expect_split_across(got, run.device_count, axis=0,
-                        hint="Return each device's total as its block, with out_specs=P('stage')")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="Return each device's total as its block, with out_specs=P('stage')",
+    )

@@ -24,10 +24,14 @@ def expect_types(got, want):
     for name, item, expected in zip(NAMES, items, want):
         if item.kind != "str" or item.value != expected:
             seen = repr(item.value) if item.kind == "str" else describe(item)
-            hint = (" A type without '@data' is not sharded: was the array placed on an Explicit mesh "
-                    "(jax.make_mesh)? An Auto mesh keeps its sharding out of the type" if "@" not in str(item.value)
-                    and "@" in expected else "")
+            hint = (
+                " A type without '@data' is not sharded: was the array placed on an Explicit mesh "
+                "(jax.make_mesh)? An Auto mesh keeps its sharding out of the type"
+                if "@" not in str(item.value) and "@" in expected
+                else ""
+            )
             raise Mismatch(f"the type of {name}: expected {expected!r}, got {seen}.{hint}")
+
 
 ONE_DEVICE = "build the mesh with jax.make_mesh((jax.device_count(),), ('data',)), not a size you typed"
 
@@ -61,8 +65,12 @@ def test_contract_to_rows_multiplies(got):
 
 @check(got=call("contract_to_rows", A, B))
 def test_contract_to_rows_leaves_the_rows_of_the_product_split(got, run):
-    expect_split_across(got, run.device_count, axis=0,
-                        hint="out_sharding=P('data', None) reduce-scatters; P() gives every device the whole product")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="out_sharding=P('data', None) reduce-scatters; P() gives every device the whole product",
+    )
 
 
 RAMP = np.arange(64, dtype=np.float32)
@@ -78,4 +86,6 @@ def test_block_maxima_gives_one_maximum_per_device(got, run):
 @check(got=call("constrain_auto", GRID))
 def test_constrain_auto_is_the_sine_with_rows_split(got, run):
     expect_close(got, np.sin(GRID.astype(np.float64)), rtol=1e-5, atol=1e-6)
-    expect_split_across(got, run.device_count, axis=0, hint="constrain to NamedSharding(mesh, P('data', None))")
+    expect_split_across(
+        got, run.device_count, axis=0, hint="constrain to NamedSharding(mesh, P('data', None))"
+    )

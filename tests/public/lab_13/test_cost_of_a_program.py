@@ -18,7 +18,9 @@ def f32(*shape):
 
 
 def number(got, what: str) -> float:
-    if got.kind in ("int", "float") or (got.kind == "array" and got.value.ndim == 0 and got.value.dtype.kind in "iuf"):
+    if got.kind in ("int", "float") or (
+        got.kind == "array" and got.value.ndim == 0 and got.value.dtype.kind in "iuf"
+    ):
         return float(np.asarray(got.value))
     raise Mismatch(f"expected a number of {what}, got {describe(got)}")
 
@@ -37,9 +39,11 @@ RING_HINT = {
 def expect_sent_as_compiled(guess, program, kind: str, shape, n: int) -> None:
     predicted, read = number(guess, "bytes"), sent_per_device(program)
     if not np.isclose(predicted, read, rtol=1e-6, atol=0.5):
-        raise Mismatch(f"for {kind} on x of shape {tuple(shape)} over {n} device(s) you predicted {predicted:.0f} "
-                       f"bytes sent per device; the compiled program sends {read:.0f} ({read / max(predicted, 1):.3g}x "
-                       f"your prediction, counted as the cost card counts rings). {RING_HINT[kind]}")
+        raise Mismatch(
+            f"for {kind} on x of shape {tuple(shape)} over {n} device(s) you predicted {predicted:.0f} "
+            f"bytes sent per device; the compiled program sends {read:.0f} ({read / max(predicted, 1):.3g}x "
+            f"your prediction, counted as the cost card counts rings). {RING_HINT[kind]}"
+        )
 
 
 X = f32(64, 32)
@@ -50,28 +54,39 @@ def test_predict_sent_of_psum_matches_the_compiled_program(guess, program, run):
     expect_sent_as_compiled(guess, program, "psum", X.shape, run.device_count)
 
 
-@check(guess=call("predict_sent", "all_gather", X.shape), program=compiled_call("run_collective", "all_gather", X))
+@check(
+    guess=call("predict_sent", "all_gather", X.shape),
+    program=compiled_call("run_collective", "all_gather", X),
+)
 def test_predict_sent_of_all_gather_matches_the_compiled_program(guess, program, run):
     expect_sent_as_compiled(guess, program, "all_gather", X.shape, run.device_count)
 
 
-@check(guess=call("predict_sent", "psum_scatter", X.shape),
-       program=compiled_call("run_collective", "psum_scatter", X))
+@check(
+    guess=call("predict_sent", "psum_scatter", X.shape),
+    program=compiled_call("run_collective", "psum_scatter", X),
+)
 def test_predict_sent_of_psum_scatter_matches_the_compiled_program(guess, program, run):
     expect_sent_as_compiled(guess, program, "psum_scatter", X.shape, run.device_count)
 
 
-@check(guess=call("predict_sent", "all_to_all", X.shape), program=compiled_call("run_collective", "all_to_all", X))
+@check(
+    guess=call("predict_sent", "all_to_all", X.shape),
+    program=compiled_call("run_collective", "all_to_all", X),
+)
 def test_predict_sent_of_all_to_all_matches_the_compiled_program(guess, program, run):
     expect_sent_as_compiled(guess, program, "all_to_all", X.shape, run.device_count)
 
 
-@check(guess=call("predict_sent", "ppermute", X.shape), program=compiled_call("run_collective", "ppermute", X))
+@check(
+    guess=call("predict_sent", "ppermute", X.shape), program=compiled_call("run_collective", "ppermute", X)
+)
 def test_predict_sent_of_ppermute_matches_the_compiled_program(guess, program, run):
     expect_sent_as_compiled(guess, program, "ppermute", X.shape, run.device_count)
 
 
 # -- exercise 2: fewer_bytes -------------------------------------------------------------------------
+
 
 def mlp_inputs(batch, d_model, d_hidden):
     return f32(batch, d_model), f32(d_model, d_hidden), f32(d_hidden, d_model)
@@ -88,16 +103,21 @@ def expect_fewer_as_compiled(answer, fsdp, tensor, batch, n) -> None:
     if answer.kind != "str" or answer.value not in ("fsdp", "tensor", "same"):
         raise Mismatch(f"expected 'fsdp', 'tensor' or 'same', got {describe(answer)}")
     if answer.value != want:
-        raise Mismatch(f"at batch {batch} on {n} device(s) you answered {answer.value!r}; the compiled programs send "
-                       f"{a:.0f} bytes per device (fsdp_forward) and {b:.0f} (tensor_forward): {want!r}. One gathers "
-                       f"the weights, the other sums the output: which grows with the batch?")
+        raise Mismatch(
+            f"at batch {batch} on {n} device(s) you answered {answer.value!r}; the compiled programs send "
+            f"{a:.0f} bytes per device (fsdp_forward) and {b:.0f} (tensor_forward): {want!r}. One gathers "
+            f"the weights, the other sums the output: which grows with the batch?"
+        )
 
 
 def both_designs(batch, d_model, d_hidden) -> dict:
     """The calls a test of fewer_bytes needs: the answer, and the two designs compiled on the same inputs."""
     args = mlp_inputs(batch, d_model, d_hidden)
-    return {"answer": call("fewer_bytes", batch, d_model, d_hidden), "fsdp": compiled_call("fsdp_forward", *args),
-            "tensor": compiled_call("tensor_forward", *args)}
+    return {
+        "answer": call("fewer_bytes", batch, d_model, d_hidden),
+        "fsdp": compiled_call("fsdp_forward", *args),
+        "tensor": compiled_call("tensor_forward", *args),
+    }
 
 
 @check(**both_designs(32, 32, 64))
@@ -130,11 +150,13 @@ def expect_balance_as_modelled(answer, low, high, batches, d_model, d_hidden, n)
     want, got = balance_batch(low, high, *batches), number(answer, "rows")
     if abs(got - want) > 0.05 * want + n:
         per_row = (high.flops - low.flops) / (batches[1] - batches[0])
-        raise Mismatch(f"for d_model={d_model}, d_hidden={d_hidden} on a v5e x{n} you answered a batch of {got:.0f}; "
-                       f"the card of fsdp_forward's compiled program reaches compute = communication at about "
-                       f"{want:.0f} (each device sends {low.sent_total:.0f} bytes, computes {per_row:.0f} FLOPs per "
-                       f"row of the global batch, at {V5E.f32_flops:.3g} float32 FLOP/s and "
-                       f"{V5E.send_bandwidth:.3g} B/s)")
+        raise Mismatch(
+            f"for d_model={d_model}, d_hidden={d_hidden} on a v5e x{n} you answered a batch of {got:.0f}; "
+            f"the card of fsdp_forward's compiled program reaches compute = communication at about "
+            f"{want:.0f} (each device sends {low.sent_total:.0f} bytes, computes {per_row:.0f} FLOPs per "
+            f"row of the global batch, at {V5E.f32_flops:.3g} float32 FLOP/s and "
+            f"{V5E.send_bandwidth:.3g} B/s)"
+        )
 
 
 BATCHES = (64, 128)  # the two sizes fsdp_forward is compiled at: its card's straight line runs through them
@@ -143,8 +165,11 @@ BATCHES = (64, 128)  # the two sizes fsdp_forward is compiled at: its card's str
 def fsdp_at_two_batches(d_model, d_hidden) -> dict:
     """The calls a test of fsdp_compute_bound_batch needs: the answer, and fsdp_forward compiled at BATCHES."""
     low, high = (mlp_inputs(b, d_model, d_hidden) for b in BATCHES)
-    return {"answer": call("fsdp_compute_bound_batch", d_model, d_hidden), "low": compiled_call("fsdp_forward", *low),
-            "high": compiled_call("fsdp_forward", *high)}
+    return {
+        "answer": call("fsdp_compute_bound_batch", d_model, d_hidden),
+        "low": compiled_call("fsdp_forward", *low),
+        "high": compiled_call("fsdp_forward", *high),
+    }
 
 
 @check(**fsdp_at_two_batches(256, 512))
@@ -165,4 +190,6 @@ def test_predict_flops_is_within_2_percent_of_the_compiled_program(guess, progra
 def expect_flops_as_compiled(guess, program) -> None:
     predicted, read = number(guess, "FLOPs"), card_of(program).flops
     if not np.isclose(predicted, read, rtol=0.02):
-        raise Mismatch(f"you predicted {predicted:.0f} FLOPs per device; the compiled program computes {read:.0f}")
+        raise Mismatch(
+            f"you predicted {predicted:.0f} FLOPs per device; the compiled program computes {read:.0f}"
+        )

@@ -25,11 +25,18 @@ HEADS, LEARNING_RATE, MOMENTUM = 16, 0.1, 0.9
 
 # ---- the one-device step the tests compare with ------------------------------------------------
 
+
 def make_problem(seed, batch=16, seq=8, dim=64, hidden=256):
     """Parameters, momentum, inputs and targets of one step (the notebook's make_problem)."""
     rng = np.random.default_rng(seed)
-    shapes = {"wq": (dim, dim), "wk": (dim, dim), "wv": (dim, dim), "wo": (dim, dim), "w1": (dim, hidden),
-              "w2": (hidden, dim)}
+    shapes = {
+        "wq": (dim, dim),
+        "wk": (dim, dim),
+        "wv": (dim, dim),
+        "wo": (dim, dim),
+        "w1": (dim, hidden),
+        "w2": (hidden, dim),
+    }
     params = {k: (rng.normal(size=s) / np.sqrt(s[0])).astype(np.float32) for k, s in shapes.items()}
     momentum = {k: (0.1 * rng.normal(size=s)).astype(np.float32) for k, s in shapes.items()}
     x, y = (rng.normal(size=(batch, seq, dim)).astype(np.float32) for _ in range(2))
@@ -64,8 +71,11 @@ def one_device_step(params, momentum, x, y, *, flops: bool = False):
             analysis = jax.jit(step).lower(params, momentum, x, y).compile().cost_analysis()
             return float((analysis[0] if isinstance(analysis, list) else analysis)["flops"])
         new_p, new_m, loss = jax.jit(step)(params, momentum, x, y)
-    return ({k: np.asarray(v) for k, v in new_p.items()}, {k: np.asarray(v) for k, v in new_m.items()},
-            np.asarray(loss))
+    return (
+        {k: np.asarray(v) for k, v in new_p.items()},
+        {k: np.asarray(v) for k, v in new_m.items()},
+        np.asarray(loss),
+    )
 
 
 def parts(got):
@@ -86,8 +96,13 @@ def expect_the_one_device_step(got, problem) -> None:
     want_p, want_m, want_loss = one_device_step(*problem)
     expect_close(loss, want_loss, rtol=1e-4, atol=1e-6, hint="(the loss: the mean over the whole batch)")
     for name in WEIGHTS:
-        expect_close(momentum[name], want_m[name], rtol=1e-3, atol=1e-5,
-                     hint=f"(the new momentum of {name}: MOMENTUM * m + the whole batch's gradient)")
+        expect_close(
+            momentum[name],
+            want_m[name],
+            rtol=1e-3,
+            atol=1e-5,
+            hint=f"(the new momentum of {name}: MOMENTUM * m + the whole batch's gradient)",
+        )
         expect_close(params[name], want_p[name], rtol=1e-4, atol=1e-5, hint=f"(the new {name})")
 
 
@@ -105,13 +120,16 @@ def test_train_step_keeps_every_array_its_shape(got):
     for name in WEIGHTS:
         for what, tree in (("parameter", params), ("momentum", momentum)):
             if tree[name].kind != "array" or tree[name].shape != PROBLEM[0][name].shape:
-                raise Mismatch(f"the new {what} {name} should have the shape {PROBLEM[0][name].shape}, got "
-                               f"{describe(tree[name])}")
+                raise Mismatch(
+                    f"the new {what} {name} should have the shape {PROBLEM[0][name].shape}, got "
+                    f"{describe(tree[name])}"
+                )
     if loss.kind != "array" or loss.shape != ():
         raise Mismatch(f"the loss should be one number (a 0-d array), got {describe(loss)}")
 
 
 # ---- the two budgets of the handout, read from the compiled program (the hidden tests hold them on another batch)
+
 
 def state_kept(got, side: str) -> tuple[int, list[str]]:
     """Bytes of the training state one device keeps on one side of the step ("arguments": as it arrives,
@@ -125,13 +143,21 @@ def state_kept(got, side: str) -> tuple[int, list[str]]:
     prefixes = ("args[0]", "args[1]") if side == "arguments" else ("out[0]", "out[1]")
     state = [p for p in placements if p.path.startswith(prefixes)]
     if len(state) != 2 * len(WEIGHTS):
-        raise FactUnavailable(f"the compiled program's {side} do not hold the twelve arrays of the state "
-                              f"({', '.join(p.path for p in placements)})")
+        raise FactUnavailable(
+            f"the compiled program's {side} do not hold the twelve arrays of the state "
+            f"({', '.join(p.path for p in placements)})"
+        )
     for p in state:
         if not isinstance(p.device_bytes, int):
             raise FactUnavailable(f"this check cannot be made here: {p.device_bytes.why}")
-    whole = [p.path.replace("args[0]", "params").replace("args[1]", "momentum").replace("out[0]", "params")
-             .replace("out[1]", "momentum") for p in state if p.device_bytes >= p.bytes]
+    whole = [
+        p.path.replace("args[0]", "params")
+        .replace("args[1]", "momentum")
+        .replace("out[0]", "params")
+        .replace("out[1]", "momentum")
+        for p in state
+        if p.device_bytes >= p.bytes
+    ]
     return sum(p.device_bytes for p in state), whole
 
 
@@ -143,11 +169,13 @@ def expect_within_the_memory_budget(got, n: int, problem) -> None:
         kept, whole = state_kept(got, side)
         if kept > budget:
             copied = f"; every device holds all of {', '.join(whole)}" if whole else ""
-            raise Mismatch(f"over the memory budget: each device keeps {format_bytes(kept)} of the training state "
-                           f"{when}, where the budget is {format_bytes(budget)}, 2/{n} of the "
-                           f"{format_bytes(state_bytes)} of the parameters and their momentum (the state may "
-                           f"exist at most twice over the grid){copied}. Split what is copied: the parameters, the "
-                           f"momentum, or both")
+            raise Mismatch(
+                f"over the memory budget: each device keeps {format_bytes(kept)} of the training state "
+                f"{when}, where the budget is {format_bytes(budget)}, 2/{n} of the "
+                f"{format_bytes(state_bytes)} of the parameters and their momentum (the state may "
+                f"exist at most twice over the grid){copied}. Split what is copied: the parameters, the "
+                f"momentum, or both"
+            )
 
 
 def expect_within_the_communication_budget(got, n: int, problem) -> None:
@@ -160,11 +188,13 @@ def expect_within_the_communication_budget(got, n: int, problem) -> None:
         for c in collectives_of(got):
             by_op[c.op] = by_op.get(c.op, 0) + 1
         ran = ", ".join(f"{count} {op}" for op, count in sorted(by_op.items()))
-        raise Mismatch(f"over the communication budget: each device sends {format_bytes(sent)} in one step, where "
-                       f"the budget is {format_bytes(budget)}, 4 ({n}-1)/{n} of the {format_bytes(parameter_bytes)} "
-                       f"of the parameters (twice the all-reduce of the gradient that plain data parallelism "
-                       f"sends); the program runs {ran}. Run cost_of on your program: which collective runs more "
-                       f"often, or moves more, than the step needs?")
+        raise Mismatch(
+            f"over the communication budget: each device sends {format_bytes(sent)} in one step, where "
+            f"the budget is {format_bytes(budget)}, 4 ({n}-1)/{n} of the {format_bytes(parameter_bytes)} "
+            f"of the parameters (twice the all-reduce of the gradient that plain data parallelism "
+            f"sends); the program runs {ran}. Run cost_of on your program: which collective runs more "
+            f"often, or moves more, than the step needs?"
+        )
 
 
 STEP = compiled_call("train_step", *PROBLEM)

@@ -15,10 +15,14 @@ from labkit.checks import (
 
 M = np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(32, 8)  # sizes divide by 1 to 32 devices
 TILES = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 16.0
-NO_CONSTRAINT = ("Without jax.lax.with_sharding_constraint(sums, NamedSharding(grid, P(('rows', 'cols')))) "
-                 "inside the jitted function, the column sums stay partially replicated")
-LOWERED_NOT_COMPILED = ("jax.jit(f).lower(x).as_text() is the program before partitioning and has no collectives "
-                        "yet: read jax.jit(f).lower(x).compile().as_text()")
+NO_CONSTRAINT = (
+    "Without jax.lax.with_sharding_constraint(sums, NamedSharding(grid, P(('rows', 'cols')))) "
+    "inside the jitted function, the column sums stay partially replicated"
+)
+LOWERED_NOT_COMPILED = (
+    "jax.jit(f).lower(x).as_text() is the program before partitioning and has no collectives "
+    "yet: read jax.jit(f).lower(x).compile().as_text()"
+)
 
 
 def grid_shape(n: int) -> tuple[int, int]:
@@ -41,7 +45,8 @@ def expect_partially_replicated(got, n: int) -> None:
             f"expected the sums on all {n} devices as {b} distinct piece(s), each held by {a} device(s) "
             f"(cut along 'cols', copied along 'rows'); got {len(holders)} piece(s) held by {copies} device(s) each, "
             f"on {sh.num_devices} device(s) ({sh.describe()}). Place x on grid_mesh() with P('rows', 'cols') "
-            "before the jitted sum")
+            "before the jitted sum"
+        )
 
 
 def collectives(n: int) -> list[str]:
@@ -51,6 +56,7 @@ def collectives(n: int) -> list[str]:
 
 # -- follow_data ---------------------------------------------------------------------------
 
+
 @check(got=call("follow_data", placed(M, ("data", None))))
 def test_follow_data_computes_two_sin_plus_one(got):
     expect_close(got, 2 * np.sin(M) + 1, rtol=1e-5, atol=1e-5)
@@ -58,18 +64,26 @@ def test_follow_data_computes_two_sin_plus_one(got):
 
 @check(got=call("follow_data", placed(M, ("data", None))))
 def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
-    expect_split_across(got, run.device_count, axis=0,
-                        hint="jit on a sharded input computes where the data is: return its result as it is")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="jit on a sharded input computes where the data is: return its result as it is",
+    )
 
 
 # Its own input, so that check() in a notebook, which makes each distinct call once, examines this one.
 @check(got=compiled_call("follow_data", placed(-M, ("data", None))))
 def test_follow_data_does_its_work_inside_jit(got):
-    expect_jitted(got, hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function given to jax.jit, "
-                            "e.g. jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x), and let the compiler follow the data")
+    expect_jitted(
+        got,
+        hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function given to jax.jit, "
+        "e.g. jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x), and let the compiler follow the data",
+    )
 
 
 # -- column_sums ---------------------------------------------------------------------------
+
 
 @check(got=call("column_sums", TILES))
 def test_column_sums_are_the_sums_of_each_column(got):
@@ -83,6 +97,7 @@ def test_column_sums_come_back_partially_replicated(got, run):
 
 # -- column_sums_split ---------------------------------------------------------------------
 
+
 @check(got=call("column_sums_split", TILES))
 def test_column_sums_split_are_the_sums_of_each_column(got):
     expect_close(got, TILES.sum(axis=0), rtol=1e-5, atol=1e-4)
@@ -95,6 +110,7 @@ def test_column_sums_split_one_piece_per_device(got, run):
 
 # -- collectives_of_sum --------------------------------------------------------------------
 
+
 @check(got=call("collectives_of_sum", M))
 def test_collectives_of_a_sum_on_one_device(got):
     if got.kind != "list" or got.value:
@@ -106,9 +122,11 @@ def test_collectives_of_a_sum_over_rows_split_across_the_devices(got, run):
     want = collectives(run.device_count)
     have = [v.value for v in got.value] if got.kind == "list" else None
     if have != want:
-        raise Mismatch(f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
-                       + ("Partial sums on different devices must be added together. " if want else "")
-                       + LOWERED_NOT_COMPILED)
+        raise Mismatch(
+            f"expected {want} on {run.device_count} device(s), got {have if have is not None else got!r}. "
+            + ("Partial sums on different devices must be added together. " if want else "")
+            + LOWERED_NOT_COMPILED
+        )
 
 
 @check(got=call("collectives_of_sum", placed(M, (None, None))))
@@ -121,8 +139,10 @@ def test_collectives_of_a_sum_of_a_replicated_array(got):
 
 MATRIX = np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64)  # both divide by 1 to 32 devices
 VECTOR = np.linspace(2.0, -2.0, 64, dtype=np.float32)
-NO_SPLIT = ("Constrain the product inside the jitted function to NamedSharding(grid, P(('rows', 'cols'))): left "
-            "to itself, the compiler keeps x @ v on the devices of one grid column, copied along the other axis")
+NO_SPLIT = (
+    "Constrain the product inside the jitted function to NamedSharding(grid, P(('rows', 'cols'))): left "
+    "to itself, the compiler keeps x @ v on the devices of one grid column, copied along the other axis"
+)
 
 
 def matvec(x, v):

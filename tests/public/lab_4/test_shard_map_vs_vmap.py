@@ -15,8 +15,10 @@ from labkit.checks import (
 from labkit.judge import plaindata
 
 X = np.linspace(-2.0, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by 1 to 32 devices
-ONE_DEVICE = ("A mesh over jax.devices()[:1] gives the right numbers with every row computed on device 0: "
-              "build the mesh from jax.devices()")
+ONE_DEVICE = (
+    "A mesh over jax.devices()[:1] gives the right numbers with every row computed on device 0: "
+    "build the mesh from jax.devices()"
+)
 
 
 def both_ways(x: np.ndarray) -> np.ndarray:
@@ -42,8 +44,12 @@ def test_keeps_the_dtype(got):
 
 @check(got=call("shard_map_vs_vmap", X))
 def test_row_0_is_the_shard_map_sum_of_squares(got):
-    expect_close(row(got, 0, X.shape[0]), both_ways(X)[0], rtol=1e-5,
-                 hint="Inside the shard_map body, vmap the per-row sum over the device's block of rows")
+    expect_close(
+        row(got, 0, X.shape[0]),
+        both_ways(X)[0],
+        rtol=1e-5,
+        hint="Inside the shard_map body, vmap the per-row sum over the device's block of rows",
+    )
 
 
 @check(got=call("shard_map_vs_vmap", X))
@@ -54,9 +60,13 @@ def test_row_1_is_the_vmap_sum_of_squares(got):
 @check(got=call("shard_map_vs_vmap", X))
 def test_the_shard_map_rows_are_spread_over_every_device(got, run):
     expect_shape(got, (2, X.shape[0]), hint="Stack the two length-B results with jnp.stack([sm, vm], axis=0)")
-    expect_split_across(got, run.device_count, axis=1,
-                        hint=ONE_DEVICE + ". The stack lives where the shard_map result lives: keep both results "
-                                          "as JAX arrays when you stack them")
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=1,
+        hint=ONE_DEVICE + ". The stack lives where the shard_map result lives: keep both results "
+        "as JAX arrays when you stack them",
+    )
 
 
 @check(got=call("shard_map_vs_vmap", placed(X, ("data", None))))

@@ -40,7 +40,7 @@ def nnx_linears(seed, in_dim, features, count=1):
 
 
 def layer(seed, x, features):
-    (kernel, bias), = nnx_linears(seed, x.shape[-1], features)
+    ((kernel, bias),) = nnx_linears(seed, x.shape[-1], features)
     return x.astype(np.float64) @ kernel + bias
 
 
@@ -51,8 +51,10 @@ def rebuilt_per_shard(seed, x, num_shards, features):
     return np.concatenate([s @ k + b for s, (k, b) in zip(shards, params)]).reshape(-1)
 
 
-REBUILT = ("Each shard ran a different model: the layer was built inside the loop, drawing new parameters "
-           "for every shard. Build it once, before the loop, and call that same model on every shard")
+REBUILT = (
+    "Each shard ran a different model: the layer was built inside the loop, drawing new parameters "
+    "for every shard. Build it once, before the loop, and call that same model on every shard"
+)
 NOT_FLAT = "That is the (N, features) output before flattening: return out.reshape(-1)"
 
 X = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 5 - 2.0) / 2  # 32 rows: divides by 1 to 32 devices
@@ -60,11 +62,13 @@ X = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 5 - 2.0) / 2  # 32 row
 
 # -- shard_map_simulate (a worked example: its tests are worth no points) ----------------------
 
+
 @check(points=0, got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
 def test_simulate_equals_the_layer_on_the_whole_batch(got):
     want = layer(3, X, 3)
-    expect_close_naming_mistakes(got, want.reshape(-1), {REBUILT: rebuilt_per_shard(3, X, 4, 3), NOT_FLAT: want},
-                                 atol=1e-5)
+    expect_close_naming_mistakes(
+        got, want.reshape(-1), {REBUILT: rebuilt_per_shard(3, X, 4, 3), NOT_FLAT: want}, atol=1e-5
+    )
 
 
 @check(points=0, got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
@@ -73,19 +77,29 @@ def test_simulate_returns_one_flat_float32_vector(got):
     expect_dtype(got, "float32")
 
 
-@check(points=0, one=call("shard_map_simulate", 1.0, X, 1.0, 2.0), eight=call("shard_map_simulate", 1.0, X, 8.0, 2.0))
+@check(
+    points=0,
+    one=call("shard_map_simulate", 1.0, X, 1.0, 2.0),
+    eight=call("shard_map_simulate", 1.0, X, 8.0, 2.0),
+)
 def test_simulate_gives_the_same_answer_for_any_number_of_shards(one, eight):
-    expect_close_naming_mistakes(eight, layer(1, X, 2).reshape(-1), {REBUILT: rebuilt_per_shard(1, X, 8, 2)},
-                                 atol=1e-5)
+    expect_close_naming_mistakes(
+        eight, layer(1, X, 2).reshape(-1), {REBUILT: rebuilt_per_shard(1, X, 8, 2)}, atol=1e-5
+    )
     expect_close(eight, one.value, atol=1e-5, hint="With one model the split cannot change the answer")
 
 
 # -- shard_map_linear -----------------------------------------------------------------------
 
+
 @check(got=call("shard_map_linear", 4, X, 3))
 def test_linear_applies_the_seeded_layer_to_every_row(got):
-    expect_close(got, layer(4, X, 3), atol=1e-5, hint="Build nnx.Linear(x.shape[-1], features, "
-                                                      "rngs=nnx.Rngs(seed)) and give its state in_specs=P()")
+    expect_close(
+        got,
+        layer(4, X, 3),
+        atol=1e-5,
+        hint="Build nnx.Linear(x.shape[-1], features, rngs=nnx.Rngs(seed)) and give its state in_specs=P()",
+    )
 
 
 @check(got=call("shard_map_linear", 4, X, 3))
@@ -103,21 +117,30 @@ Y = np.linspace(-1.0, 1.0, 32 * 3, dtype=np.float32).reshape(32, 3) ** 3 * 4
 def test_mse_averages_over_the_whole_batch(got, run):
     errors = (layer(6, X, 3) - Y) ** 2
     first = np.split(errors, run.device_count)[0].mean()
-    expect_close_naming_mistakes(got, errors.mean(), {
-        "That is the loss of device 0's rows alone: average the per-device means with jax.lax.pmean(..., 'data')":
-            first,
-    }, rtol=1e-5, atol=1e-6)
+    expect_close_naming_mistakes(
+        got,
+        errors.mean(),
+        {
+            "That is the loss of device 0's rows alone: average the per-device means with jax.lax.pmean(..., 'data')": first,
+        },
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 @check(got=call("shard_map_mse", 6, X, Y, 3))
 def test_mse_is_a_scalar_held_by_every_device(got, run):
     expect_shape(got, (), hint="Reduce each device's errors to one number with jnp.mean")
     expect_dtype(got, "float32")
-    expect_replicated(got, run.device_count, hint="After pmean every device holds the loss: out_specs=P(), "
-                                                  "on a mesh built from jax.devices()")
+    expect_replicated(
+        got,
+        run.device_count,
+        hint="After pmean every device holds the loss: out_specs=P(), on a mesh built from jax.devices()",
+    )
 
 
 # -- linear_grid ----------------------------------------------------------------------------
+
 
 def grid_shape(n: int) -> tuple[int, int]:
     """The exercise's grid: (2, n // 2) when n is even, else (1, n)."""
@@ -126,7 +149,7 @@ def grid_shape(n: int) -> tuple[int, int]:
 
 def grid_params(seed, in_dim, features):
     """An nnx.Linear's state as the plain dict linear_grid takes, and the same (kernel, bias) in float64."""
-    (kernel, bias), = nnx_linears(seed, in_dim, features)
+    ((kernel, bias),) = nnx_linears(seed, in_dim, features)
     return {"kernel": kernel.astype(np.float32), "bias": bias.astype(np.float32)}, (kernel, bias)
 
 
@@ -137,13 +160,16 @@ def expect_blocks_on_the_grid(got, n: int) -> None:
         raise Mismatch("expected a JAX array placed on devices, got a plain (numpy or Python) value")
     a, m = grid_shape(n)
     rows, cols = got.shape[0] // a, got.shape[1] // m
-    want = sorted(((i * rows, (i + 1) * rows), (j * cols, (j + 1) * cols)) for i in range(a) for j in range(m))
+    want = sorted(
+        ((i * rows, (i + 1) * rows), (j * cols, (j + 1) * cols)) for i in range(a) for j in range(m)
+    )
     blocks = sorted(tuple(map(tuple, s["index"])) for s in sh.shards)
     if sh.num_devices != n or blocks != want:
         raise Mismatch(
             f"expected the result on all {n} devices of the {a} x {m} grid, its rows split over 'data' and its "
             f"features over 'model': a block of {rows} rows by {cols} features on each device, no two the same; "
-            f"got {sh.describe()}. The result's spec is P('data', 'model'), on a grid of all of jax.devices()")
+            f"got {sh.describe()}. The result's spec is P('data', 'model'), on a grid of all of jax.devices()"
+        )
 
 
 XG = (np.arange(16 * 6, dtype=np.float32).reshape(16, 6) % 7 - 3.0) / 3  # 16 rows: two blocks on any grid
@@ -154,8 +180,12 @@ PARAMS, (KERNEL, BIAS) = grid_params(5, 6, 32)  # 32 features: they divide over 
 def test_linear_grid_applies_the_layer_to_every_row(got):
     expect_shape(got, (16, 32))
     expect_dtype(got, "float32")
-    expect_close(got, XG.astype(np.float64) @ KERNEL + BIAS, atol=1e-5,
-                 hint="Every row of x goes through the layer whose state is params: x @ kernel + bias")
+    expect_close(
+        got,
+        XG.astype(np.float64) @ KERNEL + BIAS,
+        atol=1e-5,
+        hint="Every row of x goes through the layer whose state is params: x @ kernel + bias",
+    )
 
 
 @check(got=call("linear_grid", XG, PARAMS))

@@ -40,15 +40,20 @@ def shard_map_mistakes(x, w, b, n):
         "(check_vma=False lets a missing psum through)": sigmoid(partial[0] + b),
         "The sigmoid was applied before the psum, so the result adds up one sigmoid per device: psum the partial "
         "products first, then add b and apply the sigmoid": sum(sigmoid(p + b) for p in partial),
-        f"b was added on every device before the psum, so it counts {n} times: add b after the psum":
-            sigmoid(sum(partial) + n * b),
+        f"b was added on every device before the psum, so it counts {n} times: add b after the psum": sigmoid(
+            sum(partial) + n * b
+        ),
     }
 
 
-PLACE = ("jit on arrays that live on one device runs on that device: put x and w on a mesh of every device "
-         "with jax.device_put(..., NamedSharding(mesh, P('data'))) and P('data', None) before calling it")
-CONSTRAIN = ("Constrain x and w inside the jitted function with jax.lax.with_sharding_constraint, using "
-             "NamedShardings over a mesh built from jax.devices()")
+PLACE = (
+    "jit on arrays that live on one device runs on that device: put x and w on a mesh of every device "
+    "with jax.device_put(..., NamedSharding(mesh, P('data'))) and P('data', None) before calling it"
+)
+CONSTRAIN = (
+    "Constrain x and w inside the jitted function with jax.lax.with_sharding_constraint, using "
+    "NamedShardings over a mesh built from jax.devices()"
+)
 REPLICATE = "After the psum every device holds the result: out_specs=P(), on a mesh built from jax.devices()"
 
 
@@ -77,7 +82,9 @@ def test_constrained_result_is_a_full_copy_on_every_device(got, run):
 
 @check(got=compiled_call("layer_shard_map", X, W, B))
 def test_shard_map_computes_the_layer(got, run):
-    expect_close_naming_mistakes(got, layer(X, W, B), shard_map_mistakes(X, W, B, run.device_count), atol=1e-6)
+    expect_close_naming_mistakes(
+        got, layer(X, W, B), shard_map_mistakes(X, W, B, run.device_count), atol=1e-6
+    )
 
 
 @check(got=call("layer_shard_map", X, W, B))
@@ -88,7 +95,9 @@ def test_shard_map_result_is_a_full_copy_on_every_device(got, run):
 
 # -- exercise 4: layer_grid, a batch on a ('data', 'model') grid, designed by the student ----------
 
-XG = np.linspace(-1.0, 1.0, 64 * 32, dtype=np.float32).reshape(64, 32)  # B = 64, d = 32: multiples of n up to 32
+XG = np.linspace(-1.0, 1.0, 64 * 32, dtype=np.float32).reshape(
+    64, 32
+)  # B = 64, d = 32: multiples of n up to 32
 WG = (np.arange(32 * 8, dtype=np.float32).reshape(32, 8) % 5 - 2.0) / 8
 BG = np.linspace(-0.5, 0.5, 8, dtype=np.float32)
 GRID = (2, -1)  # 2 x 4 on eight devices, 1 x 1 on one: the grid of the exercise
@@ -109,17 +118,26 @@ def grid_mistakes(x, w, b, n):
     a, m = grid_shape(n)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     rows, feats, mine = x.shape[0] // a, x.shape[1] // m, x.shape[0] // n
-    partial = [[x64[i * rows:(i + 1) * rows, j * feats:(j + 1) * feats] @ w64[j * feats:(j + 1) * feats]
-                for j in range(m)] for i in range(a)]
-    over_data = np.concatenate([sum(partial[i][j] for i in range(a))[j * mine:(j + 1) * mine]
-                                for i in range(a) for j in range(m)])
-    no_sum = np.concatenate([partial[i][j][j * mine:(j + 1) * mine] for i in range(a) for j in range(m)])
+    partial = [
+        [
+            x64[i * rows : (i + 1) * rows, j * feats : (j + 1) * feats] @ w64[j * feats : (j + 1) * feats]
+            for j in range(m)
+        ]
+        for i in range(a)
+    ]
+    over_data = np.concatenate(
+        [sum(partial[i][j] for i in range(a))[j * mine : (j + 1) * mine] for i in range(a) for j in range(m)]
+    )
+    no_sum = np.concatenate([partial[i][j][j * mine : (j + 1) * mine] for i in range(a) for j in range(m)])
     return {
         "The partial products were added over 'data', whose devices hold different examples, so each row mixes "
-        "two examples: add them over 'model', the axis along which one example's features are spread":
-            sigmoid(over_data + b),
+        "two examples: add them over 'model', the axis along which one example's features are spread": sigmoid(
+            over_data + b
+        ),
         f"Each row used only 1/{m} of its features, those of the tile its device holds: the partial products of "
-        "one example must be added up over 'model' (or its features brought together first)": sigmoid(no_sum + b),
+        "one example must be added up over 'model' (or its features brought together first)": sigmoid(
+            no_sum + b
+        ),
     }
 
 
@@ -134,7 +152,8 @@ def expect_rows_split_over_every_device(got, n: int) -> None:
         raise Mismatch(
             f"expected the rows split over all {n} devices, {got.shape[0] // n} whole rows on each and no two devices "
             f"holding the same rows; got {sh.describe()}. Return with out_specs=P(('data', 'model'), None) on the "
-            "('data', 'model') grid of all of jax.devices()")
+            "('data', 'model') grid of all of jax.devices()"
+        )
 
 
 @check(got=compiled_call("layer_grid", tiled(XG), WG, BG))
@@ -150,6 +169,7 @@ def test_layer_grid_leaves_its_rows_split_over_every_device(got, run):
 
 
 # -- stretch (not graded: points=0): layer_grid_w_in_pieces, the same contract with w in pieces -----
+
 
 @check(points=0, got=call("layer_grid_w_in_pieces", tiled(XG), WG, BG))
 def test_layer_grid_w_in_pieces_computes_the_layer_of_every_row(got, run):

@@ -25,12 +25,19 @@ NAMES = (("hidden", "kernel"), ("hidden", "bias"), ("out", "kernel"), ("out", "b
 
 # ---- the single-device computation the tests compare with --------------------------------
 
+
 def make_params(seed, d_in=4, d_hidden=16, d_out=2):
     rng = np.random.default_rng(seed)
-    return {"hidden": {"kernel": (rng.normal(size=(d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32),
-                       "bias": (0.1 * rng.normal(size=d_hidden)).astype(np.float32)},
-            "out": {"kernel": (rng.normal(size=(d_hidden, d_out)) / np.sqrt(d_hidden)).astype(np.float32),
-                    "bias": (0.1 * rng.normal(size=d_out)).astype(np.float32)}}
+    return {
+        "hidden": {
+            "kernel": (rng.normal(size=(d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32),
+            "bias": (0.1 * rng.normal(size=d_hidden)).astype(np.float32),
+        },
+        "out": {
+            "kernel": (rng.normal(size=(d_hidden, d_out)) / np.sqrt(d_hidden)).astype(np.float32),
+            "bias": (0.1 * rng.normal(size=d_out)).astype(np.float32),
+        },
+    }
 
 
 def make_batch(seed, batch=32, d_in=4, d_out=2):
@@ -48,9 +55,11 @@ def loss_and_grads(params, x, y):
     pred = h @ p["out"]["kernel"] + p["out"]["bias"]
     loss = np.mean((pred - y) ** 2)
     d_pred = 2.0 * (pred - y) / pred.size
-    d_pre = (d_pred @ p["out"]["kernel"].T) * (1.0 - h ** 2)
-    grads = {"hidden": {"kernel": x.T @ d_pre, "bias": d_pre.sum(axis=0)},
-             "out": {"kernel": h.T @ d_pred, "bias": d_pred.sum(axis=0)}}
+    d_pre = (d_pred @ p["out"]["kernel"].T) * (1.0 - h**2)
+    grads = {
+        "hidden": {"kernel": x.T @ d_pre, "bias": d_pre.sum(axis=0)},
+        "out": {"kernel": h.T @ d_pred, "bias": d_pred.sum(axis=0)},
+    }
     return loss, grads
 
 
@@ -70,6 +79,7 @@ def train(params, x, y, steps, learning_rate, grad_scale=1.0):
 
 # ---- reading what came back ---------------------------------------------------------------
 
+
 def pair(got, what):
     if got.kind not in ("tuple", "list") or len(got.value) != 2:
         raise Mismatch(f"expected a pair {what}, got {describe(got)}")
@@ -78,18 +88,26 @@ def pair(got, what):
 
 def leaf(got, layer, key):
     """params[layer][key] of a nested dict that came back."""
-    if got.kind != "dict" or layer not in got.value or got.value[layer].kind != "dict" \
-            or key not in got.value[layer].value:
-        raise Mismatch(f"expected a nested dict with [{layer!r}][{key!r}] like the parameters "
-                       f"(nnx.to_pure_dict gives one), got {describe(got)}")
+    if (
+        got.kind != "dict"
+        or layer not in got.value
+        or got.value[layer].kind != "dict"
+        or key not in got.value[layer].value
+    ):
+        raise Mismatch(
+            f"expected a nested dict with [{layer!r}][{key!r}] like the parameters "
+            f"(nnx.to_pure_dict gives one), got {describe(got)}"
+        )
     return got.value[layer].value[key]
 
 
 PARAMS = make_params(1)
 X, Y = make_batch(2)
 STEPS, LR = 5, 0.05
-REPLICATED = ("Every device should hold the whole gradient: pmean over 'data' and out_specs=P() with a mesh "
-              "over all of jax.devices()")
+REPLICATED = (
+    "Every device should hold the whole gradient: pmean over 'data' and out_specs=P() with a mesh "
+    "over all of jax.devices()"
+)
 
 
 @check(got=compiled_call("global_gradients", PARAMS, X, Y))
@@ -103,8 +121,13 @@ def test_gradient_is_the_whole_batch_gradient(got):
     _, grads = pair(got, "(loss, grads)")
     want = loss_and_grads(PARAMS, X, Y)[1]
     for layer, key in NAMES:
-        expect_close(leaf(grads, layer, key), want[layer][key], rtol=1e-4, atol=1e-6,
-                     hint=f"(gradient of [{layer!r}][{key!r}])")
+        expect_close(
+            leaf(grads, layer, key),
+            want[layer][key],
+            rtol=1e-4,
+            atol=1e-6,
+            hint=f"(gradient of [{layer!r}][{key!r}])",
+        )
 
 
 @check(got=call("global_gradients", PARAMS, X, Y))
@@ -126,8 +149,13 @@ def test_accepts_a_batch_that_is_already_split(got):
 def test_loss_curve_equals_single_device_training(got):
     losses, _ = pair(got, "(losses, final_params)")
     expect_shape(losses, (STEPS,), hint="one loss per step, the loss before that step's update")
-    expect_close(losses, train(PARAMS, X, Y, STEPS, LR)[0], rtol=1e-4, atol=1e-6,
-                 hint="losses[i] is the whole batch's loss before step i, with optax.sgd(learning_rate, momentum=0.9)")
+    expect_close(
+        losses,
+        train(PARAMS, X, Y, STEPS, LR)[0],
+        rtol=1e-4,
+        atol=1e-6,
+        hint="losses[i] is the whole batch's loss before step i, with optax.sgd(learning_rate, momentum=0.9)",
+    )
 
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
@@ -135,8 +163,13 @@ def test_final_parameters_equal_single_device_training(got):
     _, final = pair(got, "(losses, final_params)")
     want = train(PARAMS, X, Y, STEPS, LR)[1]
     for layer, key in NAMES:
-        expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5,
-                     hint=f"(final [{layer!r}][{key!r}])")
+        expect_close(
+            leaf(final, layer, key),
+            want[layer][key],
+            rtol=1e-4,
+            atol=1e-5,
+            hint=f"(final [{layer!r}][{key!r}])",
+        )
 
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, 1, LR))
@@ -146,8 +179,13 @@ def test_one_step_is_one_sgd_update(got):
     loss, grads = loss_and_grads(PARAMS, X, Y)
     expect_close(losses, [loss], rtol=1e-4, atol=1e-6)
     for layer, key in NAMES:
-        expect_close(leaf(final, layer, key), PARAMS[layer][key] - LR * grads[layer][key], rtol=1e-4, atol=1e-6,
-                     hint="the first step of SGD with momentum is params - learning_rate * grads")
+        expect_close(
+            leaf(final, layer, key),
+            PARAMS[layer][key] - LR * grads[layer][key],
+            rtol=1e-4,
+            atol=1e-6,
+            hint="the first step of SGD with momentum is params - learning_rate * grads",
+        )
 
 
 # -- exercise 3: accumulated_gradients ----------------------------------------------------------
@@ -160,11 +198,14 @@ def expect_whole_batch_step(got, params, x, y, micro: int) -> None:
     loss, grads = pair(got, "(loss, grads)")
     want_loss, want = loss_and_grads(params, x, y)
     for what, value, right in [("the loss", loss, want_loss)] + [
-            (f"[{layer!r}][{key!r}]", leaf(grads, layer, key), want[layer][key]) for layer, key in NAMES]:
+        (f"[{layer!r}][{key!r}]", leaf(grads, layer, key), want[layer][key]) for layer, key in NAMES
+    ]:
         if micro > 1 and np.allclose(expect_array(value), micro * right, rtol=1e-4, atol=1e-6):
-            raise Mismatch(f"{what} is {micro} times the whole batch's: the losses and gradients of the {micro} "
-                           f"micro-batches were added up. Each is a mean over its rows: divide their sum by the "
-                           f"number of micro-batches")
+            raise Mismatch(
+                f"{what} is {micro} times the whole batch's: the losses and gradients of the {micro} "
+                f"micro-batches were added up. Each is a mean over its rows: divide their sum by the "
+                f"number of micro-batches"
+            )
         expect_close(value, right, rtol=1e-4, atol=1e-6, hint=f"({what})")
 
 
@@ -182,6 +223,7 @@ def test_accumulated_gradients_are_whole_on_every_device(got, run):
 
 # -- stretch (not graded: points=0): train_data_parallel_adam --------------------------------------
 
+
 def train_adam(params, x, y, steps, learning_rate, b1=0.9, b2=0.999, eps=1e-8):
     """Adam on the whole batch (optax.adam's defaults), in float64."""
     p = {layer: {k: np.asarray(v, np.float64) for k, v in d.items()} for layer, d in params.items()}
@@ -194,7 +236,7 @@ def train_adam(params, x, y, steps, learning_rate, b1=0.9, b2=0.999, eps=1e-8):
         for layer, key in NAMES:
             m[layer][key] = b1 * m[layer][key] + (1 - b1) * g[layer][key]
             v[layer][key] = b2 * v[layer][key] + (1 - b2) * g[layer][key] ** 2
-            m_hat, v_hat = m[layer][key] / (1 - b1 ** t), v[layer][key] / (1 - b2 ** t)
+            m_hat, v_hat = m[layer][key] / (1 - b1**t), v[layer][key] / (1 - b2**t)
             p[layer][key] = p[layer][key] - learning_rate * m_hat / (np.sqrt(v_hat) + eps)
     return np.array(losses), p
 
@@ -203,8 +245,13 @@ def train_adam(params, x, y, steps, learning_rate, b1=0.9, b2=0.999, eps=1e-8):
 def test_adam_follows_the_single_device_loss_curve(got, run):
     losses, final = pair(got, "(losses, final_params)")
     want_losses, want = train_adam(PARAMS, X, Y, STEPS, LR)
-    expect_close(losses, want_losses, rtol=1e-4, atol=1e-6,
-                 hint="losses[i] is the whole batch's loss before step i, with optax.adam(learning_rate)")
+    expect_close(
+        losses,
+        want_losses,
+        rtol=1e-4,
+        atol=1e-6,
+        hint="losses[i] is the whole batch's loss before step i, with optax.adam(learning_rate)",
+    )
     for layer, key in NAMES:
         expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5)
         expect_replicated(leaf(final, layer, key), run.device_count, hint=REPLICATED)

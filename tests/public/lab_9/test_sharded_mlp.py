@@ -23,7 +23,10 @@ WEIGHTS = ("w1", "b1", "w2", "b2")
 
 # ---- the unsplit computation the tests compare with ----------------------------------------
 
-def make_case(seed, batch=32, d_in=32, d_hidden=32, d_out=32):  # fsdp splits every one: each divides by 1 to 32
+
+def make_case(
+    seed, batch=32, d_in=32, d_hidden=32, d_out=32
+):  # fsdp splits every one: each divides by 1 to 32
     rng = np.random.default_rng(seed)
     f32 = lambda a: np.asarray(a, np.float32)
     x = f32(rng.normal(size=(batch, d_in)))
@@ -45,7 +48,7 @@ def mse_gradients(x, y, w1, b1, w2, b2):
     x, y, w1, b1, w2, b2 = (np.asarray(a, np.float64) for a in (x, y, w1, b1, w2, b2))
     h = np.tanh(x @ w1 + b1)
     d_out = 2.0 * (h @ w2 + b2 - y) / y.size
-    d_pre = (d_out @ w2.T) * (1.0 - h ** 2)
+    d_pre = (d_out @ w2.T) * (1.0 - h**2)
     return x.T @ d_pre, d_pre.sum(axis=0), h.T @ d_out, d_out.sum(axis=0)
 
 
@@ -70,8 +73,16 @@ def test_tensor_parallel_output_is_whole_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint=ON_EVERY_DEVICE)
 
 
-@check(got=call("tensor_parallel_mlp", X, placed(W[0], (None, "model"), axes=("model",)),
-                placed(W[1], ("model",), axes=("model",)), placed(W[2], ("model", None), axes=("model",)), W[3]))
+@check(
+    got=call(
+        "tensor_parallel_mlp",
+        X,
+        placed(W[0], (None, "model"), axes=("model",)),
+        placed(W[1], ("model",), axes=("model",)),
+        placed(W[2], ("model", None), axes=("model",)),
+        W[3],
+    )
+)
 def test_tensor_parallel_accepts_weights_already_split(got):
     expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
 
@@ -100,24 +111,34 @@ def test_fsdp_gradients_equal_the_whole_batch_gradient(got):
 @check(got=call("fsdp_gradients", X, Y, *W))
 def test_each_fsdp_gradient_is_split_like_its_weight(got, run):
     for name, g in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)")):
-        expect_split_across(g, run.device_count, axis=0,
-                            hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')")
+        expect_split_across(
+            g,
+            run.device_count,
+            axis=0,
+            hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')",
+        )
 
 
 # -- exercise 4: tensor_parallel_scattered -------------------------------------------------------
 
-ROWS_SPLIT = ("Each device keeps only its own rows of the summed output, on a mesh over all of jax.devices(): the "
-              "output's rows split, not a copy of the whole")
+ROWS_SPLIT = (
+    "Each device keeps only its own rows of the summed output, on a mesh over all of jax.devices(): the "
+    "output's rows split, not a copy of the whole"
+)
 
 
 def scattered_mistakes(x, w, n):
-    return {f"b2 was added on each of the {n} devices before the sum, which then counted it {n} times: add b2 "
-            f"after the partial outputs are summed": mlp(x, *w) + (n - 1) * np.asarray(w[3], np.float64)}
+    return {
+        f"b2 was added on each of the {n} devices before the sum, which then counted it {n} times: add b2 "
+        f"after the partial outputs are summed": mlp(x, *w) + (n - 1) * np.asarray(w[3], np.float64)
+    }
 
 
 @check(got=call("tensor_parallel_scattered", X, *W))
 def test_tensor_parallel_scattered_equals_the_unsplit_mlp(got, run):
-    expect_close_naming_mistakes(got, mlp(X, *W), scattered_mistakes(X, W, run.device_count), rtol=1e-4, atol=1e-5)
+    expect_close_naming_mistakes(
+        got, mlp(X, *W), scattered_mistakes(X, W, run.device_count), rtol=1e-4, atol=1e-5
+    )
 
 
 @check(got=call("tensor_parallel_scattered", X, *W))
@@ -126,6 +147,7 @@ def test_tensor_parallel_scattered_splits_the_rows_of_the_output_across_every_de
 
 
 # -- stretch (not graded: points=0): fsdp_layer_by_layer -------------------------------------------
+
 
 @check(points=0, got=call("fsdp_layer_by_layer", X, *W))
 def test_fsdp_layer_by_layer_equals_the_unsplit_mlp_split_by_rows(got, run):
