@@ -37,7 +37,7 @@ comma := ,
 STUDENT_GROUPS := notebook
 ALL_GROUPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['dependency-groups'])" 2>/dev/null)
 GOALS := $(MAKECMDGOALS) $(FOR)
-NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test test-fast,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint lint-format,$(GOALS)),dev lint) \
+NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test test-fast,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),dev lint) \
   $(if $(filter docs,$(GOALS)),docs)
 RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 # What .venv has now: a stamp without --no-default-groups was written when every group was the default.
@@ -57,7 +57,7 @@ SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(SETUP_EXT
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
 .PHONY: help setup system-deps test test-fast test-other-jax docs lab-% labs list configs student-notebooks check-student-notebooks bench clean
-.PHONY: wheelhouse lint lint-format docker-base docker-build docker-lab docker-grade .selection-changed doctor
+.PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed doctor
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 28
@@ -219,14 +219,12 @@ docs: setup ## the course and manual site, offline, into build/site (a broken li
 
 # What ruff checks (tests/kit/test_lint.py reads this line); mypy and vulture take theirs from pyproject.toml.
 LINT_PATHS := labkit tests benchmarks tools noxfile.py
-lint: setup ## ruff, mypy (labkit/), vulture (dead code), and hadolint on the Dockerfile
+lint: setup ## ruff (check and format), mypy (labkit/), vulture (dead code), and hadolint on the Dockerfile
 	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vulture
 	$(VENV)/bin/hadolint Dockerfile
-# Off until the code is reformatted once, in its own commit; then `lint` runs it too.
-lint-format: setup ## whether `ruff format` would change any file (not yet part of `make lint`)
-	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 # The course image (see the Dockerfile and docker/): EXTRAS=tpu builds the TPU variant, labkit:tpu.
 # Every docker target goes through docker/client.sh: a client that builds with BuildKit, the engine

@@ -146,7 +146,10 @@ def test_what_runs_before_the_environment_exists_needs_only_the_standard_library
     assert "usage" in done.stdout
 
 
-MOST_LINES = 500
+# 500 lines in the hand-aligned style the kit had; `ruff format` puts a long call's arguments one to a
+# line, which made the same code about a sixth longer (eleven modules went from under 500 to 508-593).
+# The limit follows the layout, not the content: a module past it is still split by concern.
+MOST_LINES = 600
 
 
 def test_no_module_of_the_kit_is_longer_than_a_reader_takes_in_at_once():

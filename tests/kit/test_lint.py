@@ -35,6 +35,13 @@ def test_ruff_finds_nothing():
     )
 
 
+def test_ruff_format_would_change_nothing():
+    result = _run("ruff", "format", "--check", "--no-cache", *_lint_paths())
+    assert result.returncode == 0, (
+        f"ruff format would change these files (run it):\n{result.stdout}{result.stderr}"
+    )
+
+
 def test_mypy_finds_nothing():
     result = _run("mypy")
     assert result.returncode == 0, (
