@@ -1,4 +1,4 @@
-"""Every lab's reference passes its public and hidden tests on the compile-only TPU configuration v5e-8:
+"""A lab's reference passes its public and hidden tests on the compile-only TPU configuration v5e-8:
 the checks read the TPU compiler's program (its loops, its async collectives, its own choice of
 collective) and must accept a correct design there. One `labkit lab` run per lab; skipped where
 libtpu is absent. Slow (about a minute and a half a lab): run it where libtpu is installed."""
@@ -7,17 +7,13 @@ import importlib.util
 
 import pytest
 
-# Lab 13's answers are XLA:CPU's: on v5e-8 the TPU compiler sums its small all_gather and psum_scatter
-# with an all-reduce (twice the ring prediction) and its FLOPs differ by 2.3% (BENCHMARKS.md).
-LAB_13 = pytest.param(
-    13,
-    marks=pytest.mark.xfail(
-        strict=True,
-        reason="lab 13's answers are read off XLA:CPU's "
-        "programs; the TPU compiler's small-message choice differs",
-    ),
-)
-LABS = [*range(1, 13), LAB_13, 14]
+# The labs whose checks read what the TPU compiler writes differently from XLA:CPU (a loop with no trip
+# count and a matmul as a convolution: lab 8; its own choice of collective for a small psum_scatter:
+# lab 9; async collective-permutes: lab 10), at about a minute and a half each. Every other reference
+# was run on v5e-8 by hand (`labkit lab N --notebook reference/lab-N.ipynb --configs v5e-8 --hidden`;
+# BENCHMARKS.md): labs 2-7, 11, 12 and 14 pass; lab 13 does not (its answers are read off XLA:CPU's
+# programs, and the TPU compiler sums its small all_gather and psum_scatter with an all-reduce).
+LABS = [8, 9, 10]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 pytestmark = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
