@@ -82,7 +82,7 @@ def test_make_test_installs_every_group_on_top(tmp_path):
     (kit / ".venv" / ".synced").write_text("--no-default-groups --group notebook\n")
     assert groups(planned_selection(kit, "test")) == EVERY_GROUP
     assert groups(planned_selection(kit, "setup", "FOR=test")) == EVERY_GROUP
-    assert groups(planned_selection(kit, "lint")) == ["lint", "notebook"]
+    assert groups(planned_selection(kit, "lint")) == ["dev", "lint", "notebook"]  # ruff, mypy, vulture: dev
 
 
 def test_what_is_installed_is_kept_and_not_installed_again(tmp_path):
