@@ -112,9 +112,11 @@ def test_names(lab: catalog.Lab) -> set[str]:
     from labkit.judge import judge
 
     plugin = _Names()
-    pytest.main(judge._args(lab.test_dirs(hidden=True)) + ["--collect-only", "-q"], plugins=[plugin])
-    if plugin.errors:
-        raise InputError(f"the tests of {lab.name} could not be collected ({', '.join(plugin.errors)})")
+    status = pytest.main(judge._args(lab.test_dirs(hidden=True)) + ["--collect-only"], plugins=[plugin])
+    if plugin.errors or status not in (0, 5):  # 5: none collected, which the names then say
+        raise InputError(
+            f"the tests of {lab.name} could not be collected ({', '.join(plugin.errors) or f'pytest exit {status}'})"
+        )
     return plugin.names
 
 

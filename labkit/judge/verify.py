@@ -75,14 +75,15 @@ class Unverified(Exception):
 # ----------------------------------------------------------------------------------------
 
 
-def _placed(exported, arrays: list, shape: tuple | None):
+def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
     """(the inputs, the mesh to run in, the outputs' shardings) on the devices the program was exported for.
 
     A program exported for n devices runs only in a context of n devices. An input the student's
     function placed itself (or took already placed) has a sharding in the program and is placed so;
     one it did not (the test's plain array, on the default device) is left to the compiler, in a mesh
     of the first n devices of `shape` (a program that tiles its outputs over a 2-D mesh of its own
-    needs a 2-D one), as jit placed it in the student's call; with `shape` None, it is copied to each.
+    needs a 2-D one), as jit placed it in the student's call; with `shape` None, or `copies`, it is
+    copied to each (in the mesh of `shape`, whose axes the program's outputs may name).
     """
     import contextlib
 
@@ -112,21 +113,20 @@ def _placed(exported, arrays: list, shape: tuple | None):
             )
         return NamedSharding(meshes[key], sharding.spec)
 
+    names = tuple(f"devices{i or ''}" for i in range(len(shape or (n,))))
+    kits = Mesh(np.array(devices).reshape(shape or (n,)), names)
     out = []
-    everywhere = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
-    for x, sharding in zip(arrays, exported.in_shardings_jax(None)):
+    everywhere = NamedSharding(kits, PartitionSpec())
+    for x, sharding in zip(arrays, exported.in_shardings_jax(None), strict=True):
         placed = concrete(sharding) or (
-            everywhere if shape is None and len(x.sharding.device_set) != n else None
+            everywhere if (shape is None or copies) and len(x.sharding.device_set) != n else None
         )
         out.append(x if placed is None else jax.device_put(x, placed))
     outputs = [concrete(s) for s in exported.out_shardings_jax(None)]
     if n == 1 or shape is None:
         context = contextlib.nullcontext()
     else:
-        names = tuple(f"devices{i or ''}" for i in range(len(shape)))
-        context = jax.set_mesh(
-            next(iter(meshes.values()), None) or Mesh(np.array(devices).reshape(shape), names)
-        )
+        context = jax.set_mesh(next(iter(meshes.values()), None) or kits)
     return out, context, outputs
 
 
@@ -195,8 +195,8 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
 
     tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
 
-    def attempt(shape: tuple | None, examine: bool = False):
-        placed, context, outputs = _placed(exported, [leaves[i] for i in positions], shape)
+    def attempt(shape: tuple | None, examine: bool = False, copies: bool = False):
+        placed, context, outputs = _placed(exported, [leaves[i] for i in positions], shape, copies)
         now = list(leaves)
         for i, leaf in zip(positions, placed):
             now[i] = leaf
@@ -234,7 +234,8 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
             value, found = attempt(last, examine)  # ... or, in none, a copy on each device
         finding = differing(value)
         if exported.nr_devices > 1 and module["manual"] and used is not None:
-            copied = attempt(None)[0]  # every input a copy on each device, as plain JAX runs the function
+            # every input a copy on each device, as plain JAX runs the function (in the mesh that fitted)
+            copied = attempt(used, copies=True)[0]
             where = differing(copied) or (
                 None if same_values(value, copied) else "the value changes with where its inputs are placed"
             )

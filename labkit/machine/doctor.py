@@ -157,8 +157,10 @@ def check_configurations() -> list[Check]:
     out = []
     for config in configs.CONFIGS.values():
         ok, reason = config.availability()
-        key = "cpu" if config.platform == "cpu" else config.platform
-        status = OK if ok else (FAIL if config.platform == "cpu" else WARN)
+        # A compile-only TPU configuration needs libtpu, which its own line judges (`check_libtpu`);
+        # a simulated CPU configuration that cannot run here is a failure of this machine.
+        key = "libtpu" if config.compile_for else config.platform
+        status = OK if ok else (FAIL if key == "cpu" else WARN)
         out.append(
             Check(
                 key,
