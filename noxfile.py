@@ -31,7 +31,9 @@ def _kit(session: nox.Session, *args: str) -> None:
 
 @nox.session
 def lab(session: nox.Session) -> None:
-    """Run one lab on each device configuration: nox -s lab -- 3 [--configs cpu-8]."""
+    """Run one lab on each device configuration: nox -s lab -- 3 [--configs cpu-8] [--notebook PATH]
+    [--timeout S] [--hidden] [--keep-scratch] [--record-costs] [--isolation sandbox|limits-only|auto|pod]
+    [--memory SIZE] [--disk SIZE] [--max-processes N] [--max-output SIZE]."""
     _kit(session, "lab", *(session.posargs or ["3"]))
 
 
@@ -39,7 +41,9 @@ def lab(session: nox.Session) -> None:
 def grade(session: nox.Session) -> None:
     """Grade a class: nox -s grade -- [--submissions DIR|ZIP] [--out DIR] [--roster CSV] [--policy TOML]
     [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--forget NAME] [--change-policy] [--students ID,ID] [--retry]
-    [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N] [--isolation sandbox|limits-only].
+    [--course DIR] [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N] [--start warm|cold]
+    [--runs-from DIR] [--plan FILE] [--isolation sandbox|limits-only|auto|pod] [--memory SIZE] [--disk SIZE]
+    [--max-processes N] [--max-output SIZE].
     The TA's inputs are kept in OUT/course: one left out is the one kept (docs/grading.md)."""
     _kit(session, "grade", *session.posargs)
 
@@ -47,27 +51,29 @@ def grade(session: nox.Session) -> None:
 @nox.session
 def slurm_grade(session: nox.Session) -> None:
     """Grade a class on a Slurm cluster: nox -s slurm_grade -- --shards N [--submissions DIR] [--out DIR]
-    [--roster CSV] [--policy TOML] [--overrides CSV] [--extensions CSV] [--students ID,ID] [--retry]
-    [--labs ..] [--configs ..] [--partition P] [--account A] [--no-wait] [-- more grade arguments]."""
+    [--roster CSV] [--policy TOML] [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--forget NAME]
+    [--change-policy] [--course DIR] [--students ID,ID] [--retry] [--labs ..] [--configs ..] [--jobs N]
+    [--timeout S] [--partition P] [--account A] [--no-wait] [--every S] [-- more grade arguments]."""
     _kit(session, "slurm-grade", *session.posargs)
 
 
 @nox.session
 def progress(session: nox.Session) -> None:
-    """How far a grading run, or its shards on any engine, has got: nox -s progress -- OUT [--watch]."""
+    """How far a grading run, or its shards on any engine, has got: nox -s progress -- OUT [--watch] [--every S]."""
     _kit(session, "progress", *session.posargs)
 
 
 @nox.session
 def scoreboard(session: nox.Session) -> None:
-    """Your own results across labs (no arguments), or: nox -s scoreboard -- merge DIR... --out DIR,
-    or: nox -s scoreboard -- export --format canvas|wide --out FILE SCOREBOARD_DIR."""
+    """Your own results across labs (no arguments, or [--build DIR] [--out DIR]), or:
+    nox -s scoreboard -- merge DIR... --out DIR, or:
+    nox -s scoreboard -- export --format canvas|wide [--missing blank|excused] --out FILE SCOREBOARD_DIR."""
     _kit(session, "scoreboard", *session.posargs)
 
 
 @nox.session
 def student_notebooks(session: nox.Session) -> None:
-    """Generate labs/ from reference/: nox -s student_notebooks [-- --check]."""
+    """Generate labs/ from reference/: nox -s student_notebooks [-- --check] [-- --force]."""
     _kit(session, "student-notebooks", *session.posargs)
 
 

@@ -147,6 +147,7 @@ FAST_MODULES = frozenset(
         "test_feedback.py",
         "test_lint.py",
         "test_envnames.py",
+        "test_noxfile.py",
     }
 )
 
