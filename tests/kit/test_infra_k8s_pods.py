@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def _argv(shell: str, start: str) -> list[str]:
     """The words of the one command in a Job's shell line that begins with `start`, up to its `;` or `&&`."""
     found = re.search(re.escape(start) + r"[^;&]*", shell)
     assert found, f"no `{start}` in {shell!r}"
-    return shlex.split(found.group(0))
+    return [word for word in shlex.split(found.group(0)) if word != "$@"]  # "$@": the inputs found
 
 
 def _shell(k8s, job: str) -> str:
@@ -308,6 +309,39 @@ def test_the_judge_writes_the_results_bucket_once_per_run(k8s):
         ("RESULTS_BUCKET", "roles/storage.objectCreator"),
         ("RESULTS_BUCKET", "roles/storage.legacyBucketReader"),
     }
+
+
+def test_the_judge_gives_grade_every_course_input_the_class_bucket_holds_on_every_run(k8s, tmp_path):
+    # The judge's own shell line, run with a stand-in `python` that records its arguments, the class
+    # bucket's course/ folder holding three of the five inputs.
+    spec = pod(k8s, "labkit-judge")
+    mounted = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounted["/class/course"]["subPath"] == "course" and mounted["/class/course"]["readOnly"] is True
+    course, bin_ = tmp_path / "course", tmp_path / "bin"
+    course.mkdir(), bin_.mkdir()
+    for name in ("roster.csv", "policy.toml", "overrides.csv", ".keep", "notes.txt"):
+        (course / name).write_text("x\n")
+    (bin_ / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGV"\n')
+    (bin_ / "python").chmod(0o755)
+    line = (
+        _shell(k8s, "labkit-judge")
+        .replace("/class/course", str(course))
+        .replace("/results", str(tmp_path / "results"))
+        .replace("/scratch/out", str(tmp_path / "out"))
+    )
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "RUN": "run-1", "ARGV": str(tmp_path / "argv")}
+    done = subprocess.run(
+        ["bash", "-c", line], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[:3] == ["-m", "labkit", "grade"]
+    args = cli.parser().parse_args(argv[2:])
+    assert (args.roster, args.policy, args.overrides) == tuple(
+        course / n for n in ("roster.csv", "policy.toml", "overrides.csv")
+    )
+    assert args.extensions is None and args.adjustments is None and args.isolation == "pod"
+    assert (tmp_path / "results" / "run-1" / "scoreboard" / "exit-status").read_text().strip() == "0"
 
 
 def test_the_header_says_wait_for_the_units_before_the_judge():
