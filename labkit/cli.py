@@ -9,27 +9,24 @@ from pathlib import Path
 from rich.console import Console
 
 from labkit.course import authoring, catalog, configs
+from labkit.exitcodes import ExitCode, Stop
 from labkit.run import allowance, cgroup, execute, modes, mounts
 
 
 def _lab(args) -> int:
     from labkit.student.loop import run_lab
 
-    try:
-        ok = run_lab(
-            args.lab,
-            notebook=args.notebook,
-            config_names=args.configs,
-            timeout=args.timeout,
-            hidden=args.hidden,
-            limits=allowance.limits_from_args(args),
-            record_costs=args.record_costs,
-            keep_scratch=args.keep_scratch,
-        )
-    except (catalog.UnknownLab, configs.UnknownConfig) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0 if ok else 1
+    ok = run_lab(
+        args.lab,
+        notebook=args.notebook,
+        config_names=args.configs,
+        timeout=args.timeout,
+        hidden=args.hidden,
+        limits=allowance.limits_from_args(args),
+        record_costs=args.record_costs,
+        keep_scratch=args.keep_scratch,
+    )
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 def _list(args) -> int:
@@ -37,14 +34,14 @@ def _list(args) -> int:
     for lab in catalog.reading_order():
         after = catalog.READ_AFTER.get(lab.number)
         console.print(f"{lab.number:>3}  {lab.title}" + (f"  (read it after lab {after})" if after else ""))
-    return 0
+    return ExitCode.OK
 
 
 def _configs(args) -> int:
     for c in configs.CONFIGS.values():
         ok, reason = c.availability()
         print(f"{c.name:<8} {c.summary}" + ("" if ok else f"  [unavailable here: {reason}]"))
-    return 0
+    return ExitCode.OK
 
 
 def _isolation(args) -> int:
@@ -56,9 +53,9 @@ def _isolation(args) -> int:
             print("\n".join(["not used:", *("  " + line for line in problem.lines())]))
         print(f"/tmp and /dev/shm: {mounts.tmpfs_sizes()}")
         print(f"CPU share: {cgroup.cpu_share()}")
-        return 0
+        return ExitCode.OK
     print(f"no sandbox can be made here:\n  {found.report().replace(chr(10), chr(10) + '  ')}")
-    return 1
+    return ExitCode.FAILED
 
 
 def _doctor(args) -> int:
@@ -77,24 +74,19 @@ def _student_notebooks(args) -> int:
             if authoring.stale(lab.reference, lab.student):
                 stale.append(lab.student)
             continue
-        try:
-            if authoring.generate(lab.reference, lab.student, force=args.force):
-                print(f"wrote {lab.student.relative_to(catalog.ROOT)}")
-        except authoring.EditedNotebook as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        if authoring.generate(lab.reference, lab.student, force=args.force):
+            print(f"wrote {lab.student.relative_to(catalog.ROOT)}")
     if stale:
-        print(
+        raise Stop(
+            ExitCode.FAILED,
             "out of date with reference/ (run `make student-notebooks`): "
             + ", ".join(str(p.relative_to(catalog.ROOT)) for p in stale),
-            file=sys.stderr,
         )
-        return 1
-    return 0
+    return ExitCode.OK
 
 
 def _grade(args) -> int:
-    from labkit.grading import collect, grade, scoreboard
+    from labkit.grading import grade, scoreboard
 
     try:
         results = grade.grade(
@@ -113,24 +105,14 @@ def _grade(args) -> int:
             retry=args.retry,
             **_grading_inputs(args),
         )
-    except modes.SandboxUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    except collect.GradeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2 if not isinstance(e, collect.ReferenceBroken) else 1
-    except grade.judge.KitError as e:
-        print(f"error: the kit could not grade: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
-        print(
+        raise Stop(
+            ExitCode.INTERRUPTED,
             f"stopped: what was graded is kept in {args.out}; the same command grades the rest",
-            file=sys.stderr,
-        )
-        return 130
+        ) from None
     Console().print(scoreboard.terminal(results))
     print(f"scoreboard: {args.out / 'scoreboard.csv'} (and .json, .md, .html; feedback/ for each student)")
-    return 0
+    return ExitCode.OK
 
 
 def _grading_inputs(args) -> dict:
@@ -161,18 +143,13 @@ def _add_regrade_arguments(parser) -> None:
 def _export(args) -> int:
     """`scoreboard export`: an LMS gradebook file from a graded --out folder, with no regrade."""
     from labkit.grading import lms, scoreboard
-
-    try:
-        results = scoreboard.read(args.folder)
-        text = lms.export(results, args.format, args.missing)
-    except (scoreboard.MergeError, lms.LmsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     from labkit.grading.files import write_atomic
 
+    results = scoreboard.read(args.folder)
+    text = lms.export(results, args.format, args.missing)
     write_atomic(args.export_out, text)
     print(f"wrote {args.export_out} ({args.format}: {len(results.get('students', {}))} students)")
-    return 0
+    return ExitCode.OK
 
 
 def _scoreboard(args) -> int:
@@ -184,24 +161,19 @@ def _scoreboard(args) -> int:
     if args.action == "merge":
         from labkit.grading import merge
 
-        try:
-            results = merge.merge_folders(args.parts, args.out)
-        except scoreboard.MergeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        results = merge.merge_folders(args.parts, args.out)
         Console().print(scoreboard.terminal(results))
         print(f"merged {len(args.parts)} parts into {args.out / 'scoreboard.csv'}")
-        return 0
+        return ExitCode.OK
     build = args.build or BUILD
     results = grade.student_results(build)
     if not results["rows"]:
-        print(f"no results yet in {build}: run `make lab-N` first", file=sys.stderr)
-        return 1
+        raise Stop(ExitCode.FAILED, f"no results yet in {build}: run `make lab-N` first")
     out = args.out or Path(build) / "scoreboard"
     page = write_own(results, out, scoreboard.students_of(results)[0])
     Console().print(scoreboard.terminal(results))
     print(f"details: {page}")
-    return 0
+    return ExitCode.OK
 
 
 def write_own(results: dict, out: Path, student: str = "you") -> Path:
@@ -224,26 +196,18 @@ def _release(args) -> int:
     from labkit.student.loop import BUILD
 
     out = args.out or BUILD / "student-release"
-    try:
-        archive = release.build(out)
-    except release.ReleaseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    archive = release.build(out)
     print(f"wrote {out}/ and {archive}")
-    return 0
+    return ExitCode.OK
 
 
 def _gradescope(args) -> int:
     """Build the Gradescope autograder zip of one lab."""
     from labkit.grading import gradescope
 
-    try:
-        path = gradescope.build(args.lab, args.out, isolation=args.isolation or "")
-    except (gradescope.GradescopeError, catalog.UnknownLab) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    path = gradescope.build(args.lab, args.out, isolation=args.isolation or "")
     print(f"wrote {path}")
-    return 0
+    return ExitCode.OK
 
 
 def _gradescope_run(args) -> int:
@@ -279,8 +243,8 @@ def _add_gradescope(sub) -> None:
 
 def _slurm_grade(args) -> int:
     """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
-    from labkit.grading import collect, grade, slurm
     from labkit.grading import course as course_mod
+    from labkit.grading import grade, slurm
 
     kept = {f"--{n}" for n in course_mod.INPUTS} | {
         "--course",
@@ -291,12 +255,11 @@ def _slurm_grade(args) -> int:
     }
     passed = sorted({a.split("=")[0] for a in args.grade_args} & kept)
     if passed:
-        print(
-            f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any job "
-            "is submitted and keeps them in the course's state that every shard reads",
-            file=sys.stderr,
+        raise Stop(
+            ExitCode.REFUSED,
+            f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any "
+            "job is submitted and keeps them in the course's state that every shard reads",
         )
-        return 2
     course = (args.course or args.out / "course").absolute()
     extra = (
         ["--course", str(course)]
@@ -328,9 +291,8 @@ def _slurm_grade(args) -> int:
             **inputs,
         )
         array, merge = slurm.submit(request)
-    except (slurm.SlurmError, collect.GradeError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except KeyError as e:  # a configuration or lab the course does not have, named by the key
+        raise Stop(ExitCode.REFUSED, f"error: {e}") from e
     print(
         f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
         f"logs in {request.out / 'slurm'}",
@@ -341,12 +303,13 @@ def _slurm_grade(args) -> int:
             f"follow it with: python -m labkit progress {request.out} --watch    "
             f"(cancel: scancel {array} {merge})"
         )
-        return 0
+        return ExitCode.OK
     try:
         return slurm.follow(request.out, array, merge, args.shards, every=args.every)
     except KeyboardInterrupt:
-        print(f"stopped following; the jobs go on (scancel {array} {merge} ends them)", file=sys.stderr)
-        return 130
+        raise Stop(
+            ExitCode.INTERRUPTED, f"stopped following; the jobs go on (scancel {array} {merge} ends them)"
+        ) from None
 
 
 def _slurm_merge(args) -> int:
@@ -354,14 +317,13 @@ def _slurm_merge(args) -> int:
 
     try:
         _, failed = slurm.merge(args.out, args.shards)
-    except (slurm.SlurmError, scoreboard.MergeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except (slurm.SlurmError, scoreboard.MergeError) as e:  # the merge job: a shard's results are missing
+        raise Stop(ExitCode.FAILED, f"error: {e}") from e
     print(
         f"merged {args.shards - len(failed)} of {args.shards} shards into {args.out / 'scoreboard.csv'}"
         + (f"; not finished: shard {', '.join(map(str, failed))}" if failed else "")
     )
-    return 1 if failed else 0
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def _progress(args) -> int:
@@ -371,7 +333,7 @@ def _progress(args) -> int:
         progress.watch(args.out, args.every, sys.stdout)
     else:
         print(progress.summary(progress.parts(args.out)))
-    return 0
+    return ExitCode.OK
 
 
 def _add_cluster(sub) -> None:
@@ -560,6 +522,73 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
+    """The kit's exceptions that end a command, the first match first: (types, status, the message's start).
+
+    Imported only when a command ends with an exception, so that a quick command loads no grading module.
+    """
+    from labkit.course import release
+    from labkit.grading import (
+        adjustments,
+        canvas,
+        collect,
+        course,
+        deadlines,
+        gradescope,
+        lms,
+        overrides,
+        pods,
+        policy,
+        roster,
+        scoreboard,
+        slurm,
+    )
+    from labkit.judge import judge
+
+    return [
+        ((modes.SandboxUnavailable,), ExitCode.NO_SANDBOX, "error: "),
+        (
+            (collect.ReferenceBroken,),
+            ExitCode.FAILED,
+            "error: ",
+        ),  # the kit's own reference fails: not an input
+        ((judge.KitError,), ExitCode.FAILED, "error: the kit could not grade: "),
+        ((authoring.EditedNotebook, release.ReleaseError), ExitCode.FAILED, "error: "),
+        (
+            (
+                catalog.UnknownLab,
+                configs.UnknownConfig,
+                collect.GradeError,
+                course.InputError,
+                scoreboard.MergeError,
+                lms.LmsError,
+                gradescope.GradescopeError,
+                slurm.SlurmError,
+                pods.PodError,
+                canvas.CanvasError,
+                roster.RosterError,
+                policy.PolicyError,
+                overrides.OverrideError,
+                deadlines.DeadlineError,
+                adjustments.AdjustmentError,
+            ),
+            ExitCode.REFUSED,
+            "error: ",
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the one place its exceptions become a message and an exit status (`ExitCode`)."""
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return int(args.func(args))
+    except Stop as e:
+        print(e.message, file=sys.stderr)
+        return int(e.status)
+    except Exception as e:
+        for types, status, start in _endings():
+            if isinstance(e, types):
+                print(f"{start}{e}", file=sys.stderr)
+                return int(status)
+        raise

@@ -29,6 +29,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from labkit.exitcodes import ExitCode
 from labkit.grading import policy
 from labkit.grading.files import write_atomic
 
@@ -412,64 +413,50 @@ def add_parser(sub) -> None:
     p.set_defaults(func=_push)
 
 
-def _fail(e: Exception) -> int:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-
-
 def _roster(args) -> int:
-    try:
-        text, notes = roster_csv(connect(args.url, args.course))
-    except CanvasError as e:
-        return _fail(e)
+    text, notes = roster_csv(connect(args.url, args.course))
     write_atomic(args.out, text)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"{text.count(chr(10)) - 1} students written to {args.out}")
-    return 0
+    return ExitCode.OK
 
 
 def _collect(args) -> int:
-    from labkit.course import catalog
     from labkit.grading import roster
 
+    people = roster.load(args.roster)
+    grading = policy.load(args.policy)
     try:
-        people = roster.load(args.roster)
-        grading = policy.load(args.policy)
         labs = [int(x) for x in args.labs.split(",")] if args.labs else None
-        notes = collect(connect(args.url, args.course), people, grading, args.out, labs)
-    except (CanvasError, roster.RosterError, policy.PolicyError, catalog.UnknownLab) as e:
-        return _fail(e)
     except ValueError:
-        return _fail(CanvasError(f"--labs {args.labs}: expected lab numbers such as 3,5"))
+        raise CanvasError(f"--labs {args.labs}: expected lab numbers such as 3,5") from None
+    notes = collect(connect(args.url, args.course), people, grading, args.out, labs)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"collected into {args.out}; grade it with: make grade SUBMISSIONS={args.out} ROSTER={args.roster}")
-    return 0
+    return ExitCode.OK
 
 
 def _push(args) -> int:
     from labkit.grading import markdown, scoreboard
 
-    try:
-        results = scoreboard.read(args.folder)
-        if results.get("provisional"):
-            raise CanvasError(
-                f"these grades are {results['provisional']}: grade again with every required "
-                "configuration before sending them to Canvas"
-            )
-        course = connect(args.url, args.course)
-        changes = differences(course, results, excused=args.missing == "excused")
-        show(changes)
-        if not args.apply:
-            if changes:
-                print("A dry run: nothing was sent. Send these with --apply.")
-            return 0
-        apply(changes)
-        print(f"sent {len(changes)} grade{'s' if len(changes) != 1 else ''} to Canvas")
-        if args.comments:
-            sent, kept = comment(course, results, lambda s: markdown.feedback(results, s))
-            print(f"feedback: {sent} comment{'s' if sent != 1 else ''} sent, {kept} already on Canvas")
-    except (CanvasError, scoreboard.MergeError) as e:
-        return _fail(e)
-    return 0
+    results = scoreboard.read(args.folder)
+    if results.get("provisional"):
+        raise CanvasError(
+            f"these grades are {results['provisional']}: grade again with every required "
+            "configuration before sending them to Canvas"
+        )
+    course = connect(args.url, args.course)
+    changes = differences(course, results, excused=args.missing == "excused")
+    show(changes)
+    if not args.apply:
+        if changes:
+            print("A dry run: nothing was sent. Send these with --apply.")
+        return ExitCode.OK
+    apply(changes)
+    print(f"sent {len(changes)} grade{'s' if len(changes) != 1 else ''} to Canvas")
+    if args.comments:
+        sent, kept = comment(course, results, lambda s: markdown.feedback(results, s))
+        print(f"feedback: {sent} comment{'s' if sent != 1 else ''} sent, {kept} already on Canvas")
+    return ExitCode.OK

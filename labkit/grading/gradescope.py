@@ -35,6 +35,7 @@ import zipfile
 from pathlib import Path
 
 from labkit.course import catalog, configs
+from labkit.exitcodes import ExitCode
 from labkit.grading import leaderboard, policy
 from labkit.grading.files import write_atomic
 from labkit.run.modes import LIMITS_ONLY
@@ -503,9 +504,9 @@ def main_run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         results = _nothing_graded(f"The autograder could not grade this submission: {e}")
         write_atomic(Path(args.root) / "results" / "results.json", json.dumps(results, indent=1) + "\n")
-        return 2
+        return ExitCode.REFUSED
     print(
         f"score {results['score']} of {sum(t['max_score'] for t in results['tests'])}; "
         f"{Path(args.root) / 'results' / 'results.json'}"
     )
-    return 0
+    return ExitCode.OK

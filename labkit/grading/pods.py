@@ -29,10 +29,10 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from labkit.course import configs
+from labkit.exitcodes import ExitCode
 from labkit.grading import collect
 from labkit.judge import records, verify
 from labkit.run import allowance, execute, kernel, modes, scratch
@@ -299,18 +299,13 @@ def add_parser(sub) -> None:
 
 
 def _plan(args) -> int:
-    try:
-        units = plan(args.submissions, args.out, labs=args.labs, config_names=args.configs)
-    except (PodError, collect.GradeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """`pods plan`; a refused input (PodError, GradeError) ends it in `cli.main`."""
+    units = plan(args.submissions, args.out, labs=args.labs, config_names=args.configs)
     print(f"{len(units)} units planned in {args.out}/units (one pod each: indexes 0 to {len(units) - 1})")
-    return 0
+    return ExitCode.OK
 
 
 def _run(args) -> int:
-    try:
-        return run_unit(args.unit, args.out, timeout=args.timeout, limits=allowance.limits_from_args(args))
-    except (modes.SandboxUnavailable, PodError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
+    """`pods run`; no pod to be the sandbox (SandboxUnavailable) or a unit the plan did not make (PodError)
+    ends it in `cli.main`."""
+    return run_unit(args.unit, args.out, timeout=args.timeout, limits=allowance.limits_from_args(args))

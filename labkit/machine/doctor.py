@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.exitcodes import ExitCode
 from labkit.machine import envsetup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"error: unknown purpose {', '.join(unknown)}; choose from {', '.join(PURPOSES)}", file=sys.stderr
         )
-        return 2
+        return ExitCode.REFUSED
     required = set().union(*(PURPOSES[x] for x in purposes))
     checks = run_checks()
     print(f"What this machine can do for the kit (checked for: {', '.join(purposes)})\n")
@@ -371,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if failing:
         print(f"NOT READY for {', '.join(purposes)}: " + "; ".join(c.title for c in failing))
-        return 1
+        return ExitCode.FAILED
     print(f"READY for {', '.join(purposes)}")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

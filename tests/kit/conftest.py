@@ -148,6 +148,7 @@ FAST_MODULES = frozenset(
         "test_lint.py",
         "test_envnames.py",
         "test_noxfile.py",
+        "test_exitcodes.py",
     }
 )
 

@@ -20,7 +20,7 @@ PACKAGE = ROOT / "labkit"
 STAGES = {"run", "judge", "course", "grading", "machine", "student"}
 # What notebooks, lab tests and the CLI name at the top of the package; and envnames, the environment
 # variables' names every stage reads (it imports nothing).
-TOP = {"__init__", "__main__", "cli", "notebook", "checks", "cost", "facts", "envnames"}
+TOP = {"__init__", "__main__", "cli", "notebook", "checks", "cost", "facts", "envnames", "exitcodes"}
 
 
 def module_name(path: Path) -> str:
