@@ -20,10 +20,12 @@ The ring costs, for a collective over a group of n devices (B: the bytes named b
 | all-to-all | the array exchanged | (n-1)/n B |
 | collective-permute | the array sent | B (once, to its one target) |
 
-Time on a chip: compute = FLOPs / peak (bfloat16 or float32 by the outputs' dtype); memory = bytes
-held / HBM bandwidth (each byte read or written once: a lower bound); communication = bytes sent /
-the chip's send bandwidth along one mesh axis (a ring's two ports), a collective-permute's over the
-one link (port) it sends on. The parts are not added: the slowest bounds the step
+Time on a chip: compute = FLOPs / peak (bfloat16, or float32 by the outputs' dtype: at JAX's default
+precision, one bfloat16 pass on a TPU and TensorFloat-32 on an H100, unless "highest" is asked for);
+memory = bytes held / HBM bandwidth (each byte read or written once: a lower bound); communication =
+bytes sent / the chip's send bandwidth along one mesh axis (a ring's two ports), half that for a ring
+of fewer chips than the torus wraps around (`wraparound_from`: a line, whose end chips receive through
+one link), a collective-permute's over the one link (port) it sends on. The parts are not added: the slowest bounds the step
 (with perfect overlap), and the card names it. A model, not a measurement: the course's "Reading
 the cost card" says what it leaves out.
 """
@@ -73,6 +75,19 @@ class Chip:
     link_bandwidth: float  # one port, one way: what a collective-permute to one device sends over
     topology: str
     source: str
+    f32_default_flops: float = 0.0  # a float32 product at JAX's default precision (0: as `f32_flops`)
+    wraparound_from: int = 0  # the smallest ring with a wraparound link (0: every chip reaches every other)
+
+    def f32_peak(self, precision: str = "default") -> float:
+        """FLOP/s of float32 products at JAX's `precision`: "highest" (float32 throughout) or its default."""
+        return (
+            self.f32_flops if precision == "highest" or not self.f32_default_flops else self.f32_default_flops
+        )
+
+    def ring_bandwidth(self, width: int) -> float:
+        """Bytes per second one chip sends into a ring collective over `width` chips: a smaller ring than the
+        torus wraps around is a line, whose end chips receive through one link only."""
+        return self.send_bandwidth / 2 if 1 < width < self.wraparound_from else self.send_bandwidth
 
 
 def chips(path: Path = CHIPS_FILE) -> dict[str, Chip]:
@@ -151,6 +166,11 @@ class Card:
     dtype: str = "f32"
     # The TPU compiler's own estimate on a compile-only TPU configuration: {"on", "seconds", "flops", "bytes"}.
     compiler: dict | None = None
+    # collective kind -> {group width (as text): bytes each device sends over groups of that width}; the
+    # sum over widths is `sent`. Empty in a card an older kit wrote: each ring is then timed as one of
+    # `devices` chips, which no group is wider than (exact under 16 devices, where every ring is a line).
+    widths: dict[str, dict[str, float]] = field(default_factory=dict)
+    precision: str = "default"  # JAX's matmul precision the card times float32 products at
 
     @property
     def held_total(self) -> int:
@@ -160,12 +180,17 @@ class Card:
     def sent_total(self) -> float:
         return sum(self.sent.values())
 
-    def timing(self, chip: Chip) -> Timing:
-        peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_flops
-        wire = sum(
-            b / (chip.link_bandwidth if op == "collective-permute" else chip.send_bandwidth)
-            for op, b in self.sent.items()
-        )
+    def timing(self, chip: Chip, precision: str | None = None) -> Timing:
+        """The card on `chip`; `precision`: JAX's matmul precision for float32 products (default: the card's)."""
+        peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_peak(precision or self.precision)
+        wire = 0.0
+        for op, b in self.sent.items():
+            if op == "collective-permute":
+                wire += b / chip.link_bandwidth
+            elif self.widths.get(op):
+                wire += sum(part / chip.ring_bandwidth(int(w)) for w, part in self.widths[op].items())
+            else:  # a card with no widths (an older kit's): no group is wider than the program's devices
+                wire += b / chip.ring_bandwidth(self.devices)
         return Timing(
             chip.key,
             self.flops / peak,
@@ -183,6 +208,8 @@ class Card:
             "counts": self.counts,
             "dtype": self.dtype,
             **({"compiler": self.compiler} if self.compiler else {}),
+            **({"widths": self.widths} if self.widths else {}),
+            **({"precision": self.precision} if self.precision != "default" else {}),
         }
 
     @classmethod
@@ -205,12 +232,15 @@ def card(facts: dict) -> Card:
     held = {k: int(memory.get(k, 0)) for k in ("argument", "output", "temp")}
     sent: dict[str, float] = {}
     counts: dict[str, int] = {}
+    widths: dict[str, dict[str, float]] = {}
     for c in collectives:
         n = group_width(c.get("pairs"), c.get("groups"), int(facts["devices"]))
         moved = bytes_sent(c["op"], shape_bytes(c["shape"]), n)
         if moved:
             sent[c["op"]] = sent.get(c["op"], 0.0) + moved
             counts[c["op"]] = counts.get(c["op"], 0) + 1
+            by_width = widths.setdefault(c["op"], {})
+            by_width[str(n)] = by_width.get(str(n), 0.0) + moved
     outputs = facts.get("outputs") if isinstance(facts.get("outputs"), list) else []
     dtype = "bf16" if outputs and all(o.get("dtype") == "bfloat16" for o in outputs) else "f32"
     estimate = facts.get("compiler")
@@ -222,7 +252,7 @@ def card(facts: dict) -> Card:
         if isinstance(estimate, dict) and "seconds" in estimate
         else None
     )
-    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype, compiler)
+    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype, compiler, widths)
 
 
 # ----------------------------------------------------------------------------------------

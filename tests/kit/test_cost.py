@@ -74,13 +74,49 @@ def test_a_card_by_hand_on_a_v5e():
     assert c.flops == 1e9 and c.held_total == 2 << 20
     assert c.sent == {"all-reduce": pytest.approx(2 * 7 / 8 * (1 << 20))}
     t = c.timing(CHIPS["v5e"])
-    assert t.compute == pytest.approx(1e9 / 32.8e12)  # float32 at six bf16 passes
+    assert t.compute == pytest.approx(1e9 / 197e12)  # float32 at JAX's default precision: one bf16 pass
     assert t.memory == pytest.approx((2 << 20) / 819e9)
-    assert t.communication == pytest.approx(2 * 7 / 8 * (1 << 20) / 100e9)
-    # 30.5 µs of float32 arithmetic against 18.4 µs on the wire and 2.6 µs of HBM: compute bounds it
-    assert t.bound == "compute" and t.fits
-    # on a v6e the arithmetic is 4.7x faster and the links only 2x: 6.5 µs against 9.2 µs on the wire
-    assert c.timing(CHIPS["v6e"]).bound == "communication"
+    # eight v5e chips are a slice with no wraparound link: the ring is a line, at half of 100 GB/s
+    assert t.communication == pytest.approx(2 * 7 / 8 * (1 << 20) / 50e9)
+    # 5.1 µs of arithmetic against 36.7 µs on the wire and 2.6 µs of HBM: communication bounds it
+    assert t.bound == "communication" and t.fits
+    # at precision "highest" float32 takes six bf16 passes: 30.5 µs, still under the wire's 36.7 µs
+    assert c.timing(CHIPS["v5e"], precision="highest").compute == pytest.approx(1e9 / 32.8e12)
+
+
+def test_float32_products_at_jaxs_default_precision_are_one_bf16_pass_on_a_tpu_and_tf32_on_an_h100():
+    c = cost.card(_facts(collectives=[]))
+    assert c.precision == "default"
+    assert c.timing(CHIPS["v5e"]).compute == pytest.approx(1e9 / CHIPS["v5e"].bf16_flops)
+    assert c.timing(CHIPS["h100"]).compute == pytest.approx(1e9 / 494.7e12)
+    for chip in CHIPS.values():
+        assert c.timing(chip, precision="highest").compute == pytest.approx(1e9 / chip.f32_flops)
+        assert chip.f32_flops < chip.f32_default_flops <= chip.bf16_flops
+
+
+def test_a_ring_of_fewer_chips_than_the_torus_wraps_around_is_a_line_at_half_the_bandwidth():
+    def over(width: int) -> cost.Card:
+        groups = [list(range(i, i + width)) for i in range(0, 256, width)]
+        return cost.card(
+            _facts(
+                devices=256, collectives=[{"op": "all-gather", "shape": "f32[262144]{0}", "groups": groups}]
+            )
+        )
+
+    v5e, h100 = CHIPS["v5e"], CHIPS["h100"]
+    line, ring = over(8), over(16)
+    assert line.widths == {"all-gather": {"8": pytest.approx(line.sent_total)}}
+    assert line.timing(v5e).communication == pytest.approx(line.sent_total / (v5e.send_bandwidth / 2))
+    assert ring.timing(v5e).communication == pytest.approx(ring.sent_total / v5e.send_bandwidth)
+    assert line.timing(h100).communication == pytest.approx(line.sent_total / h100.send_bandwidth)  # NVSwitch
+    # a card an older kit wrote has no widths: its rings are timed as rings of all its devices, a line
+    # under 16 of them (no group can be wider), else as wrapped
+    old = cost.Card.from_json({k: v for k, v in line.to_json().items() if k != "widths"})
+    assert old.timing(v5e).communication == pytest.approx(line.sent_total / v5e.send_bandwidth)
+    eight = cost.card(_facts())
+    eight.widths = {}
+    assert eight.timing(v5e).communication == pytest.approx(eight.sent_total / (v5e.send_bandwidth / 2))
+    assert cost.Card.from_json(line.to_json()) == line
 
 
 def test_bfloat16_outputs_use_the_bfloat16_peak_and_a_big_matmul_is_compute_bound():
@@ -278,8 +314,10 @@ def test_a_collective_permute_is_timed_on_the_one_link_it_sends_over_not_a_rings
     assert shift.timing(CHIPS["v5e"]).communication == pytest.approx((1 << 20) / 50e9)  # one ICI port one way
     assert shift.timing(CHIPS["v6e"]).communication == pytest.approx((1 << 20) / 100e9)
     gathered = cost.card(
-        _facts(collectives=[{"op": "all-gather", "shape": "f32[262144]{0}", "groups": [list(range(8))]}])
+        _facts(
+            devices=16,
+            collectives=[{"op": "all-gather", "shape": "f32[262144]{0}", "groups": [list(range(16))]}],
+        )
     )
-    assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(
-        7 / 8 * (1 << 20) / 100e9
-    )  # a ring: two
+    # a ring of 16 (one that wraps around) sends over two ports: 100 GB/s on a v5e
+    assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(15 / 16 * (1 << 20) / 100e9)

@@ -1,8 +1,9 @@
 """The class leaderboard: students whose code passes, ranked by their own card's modelled step time.
 
 Drawn from synthetic results (what `grade` writes) with cost cards made here, so that each
-student's time is known: on a TPU v5e (100 GB/s of send bandwidth) an fsdp_mlp card that sends
-N bytes per device and computes little is communication-bound at N / 100e9 seconds.
+student's time is known: on eight TPU v5e chips (a ring with no wraparound link: half of 100 GB/s of
+send bandwidth) an fsdp_mlp card that sends N bytes per device and computes little is
+communication-bound at N / 50e9 seconds.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from labkit.run import modes
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
 SPEC = catalog.LEADERBOARDS[9]
 CALL = "fsdp_mlp-0aa9a0024277"
-REFERENCE_SENT = 7392  # the bytes the reference's fsdp_mlp sends per device: 73.9 ns on a v5e
+REFERENCE_SENT = 7392  # the bytes the reference's fsdp_mlp sends per device: 148 ns on a v5e x8
+RING = 50e9  # what one of eight v5e chips sends into a ring: no wraparound, half of 100 GB/s
 
 
 def card(sent: float) -> dict:
@@ -109,12 +111,12 @@ def test_students_are_ranked_by_their_modelled_step_time_fastest_first():
     places = board_of(results)["places"]
     assert [p["name"] for p in places] == ["bob", "carl", "alice"]
     assert [p["rank"] for p in places] == [1, 2, 3]
-    assert [p["seconds"] for p in places] == pytest.approx([5e-8, 1e-7, 2e-7])
+    assert [p["seconds"] for p in places] == pytest.approx([5000 / RING, 10000 / RING, 20000 / RING])
     table = leaderboard_section(markdown.to_markdown(results))
     assert (
-        table.index("| 1 | bob | 50 ns |")
-        < table.index("| 2 | carl | 100 ns |")
-        < table.index("| 3 | alice | 200 ns |")
+        table.index("| 1 | bob | 100 ns |")
+        < table.index("| 2 | carl | 200 ns |")
+        < table.index("| 3 | alice | 400 ns |")
     )
 
 
@@ -122,7 +124,7 @@ def test_the_time_is_the_step_time_the_students_own_card_models_on_the_named_chi
     results = make_results([row("alice", 12345)])
     want = cost.Card.from_json(card(12345)[CALL]["runs"]["cpu-8"]).timing(cost.chips()[SPEC.chip]).step
     assert board_of(results)["places"][0]["seconds"] == want
-    assert board_of(results)["reference"]["time"] == "73.9 ns"
+    assert board_of(results)["reference"]["time"] == "148 ns"
 
 
 def test_equal_times_are_ranked_in_the_order_of_the_student_ids():
@@ -222,7 +224,7 @@ def test_a_course_whose_policy_says_names_shows_classmates_by_id():
 
 def test_the_students_feedback_names_their_time_and_the_references():
     results = make_results([row("alice", 5000), row("bob", 10000)])
-    said = "Leaderboard (fsdp_mlp on cpu-8): yours: 100 ns on a TPU v5e; the reference: 73.9 ns; rank 2 of 2."
+    said = "Leaderboard (fsdp_mlp on cpu-8): yours: 200 ns on a TPU v5e; the reference: 148 ns; rank 2 of 2."
     assert said in markdown.feedback(results, "bob")
     assert said in pages.feedback_html(results, "bob")
 
@@ -257,7 +259,7 @@ def gradescope_results(seconds: float | None) -> dict:
         }
     ]
     results = gradescope.results_json(outcomes, ["cpu-8"], gradescope.policy.Policy(), [])
-    return gradescope.with_leaderboard(results, SPEC, seconds, REFERENCE_SENT / 100e9)
+    return gradescope.with_leaderboard(results, SPEC, seconds, REFERENCE_SENT / RING)
 
 
 def test_gradescope_results_carry_the_leaderboard_in_gradescopes_documented_shape():
@@ -266,14 +268,14 @@ def test_gradescope_results_carry_the_leaderboard_in_gradescopes_documented_shap
     assert results["leaderboard"] == [
         {"name": "fsdp_mlp on cpu-8: modelled step time on a TPU v5e (µs)", "value": 0.05, "order": "asc"}
     ]
-    assert "yours: 50 ns on a TPU v5e; the reference: 73.9 ns." in results["output"]
+    assert "yours: 50 ns on a TPU v5e; the reference: 148 ns." in results["output"]
 
 
 def test_gradescope_ranks_no_submission_whose_run_does_not_pass():
     results = gradescope_results(None)
     gradescope.validate(results)
     assert results["leaderboard"] == []
-    assert "not ranked" in results["output"] and "the reference: 73.9 ns" in results["output"]
+    assert "not ranked" in results["output"] and "the reference: 148 ns" in results["output"]
 
 
 def test_the_schema_refuses_a_leaderboard_entry_gradescope_would_not_read():
@@ -325,6 +327,6 @@ def test_gradescope_reports_the_reference_solutions_own_time_on_the_leaderboard(
     results = gradescope.run(root, 9)
     assert results["score"] == sum(t["max_score"] for t in results["tests"]), results["output"]
     [entry] = results["leaderboard"]
-    assert entry["order"] == "asc" and entry["value"] == pytest.approx(REFERENCE_SENT / 100e9 * 1e6, rel=0.01)
+    assert entry["order"] == "asc" and entry["value"] == pytest.approx(REFERENCE_SENT / RING * 1e6, rel=0.01)
     assert json.loads((root / "results" / "results.json").read_text())["leaderboard"] == [entry]
-    assert "yours: 73.9 ns on a TPU v5e; the reference: 73.9 ns." in results["output"]
+    assert "yours: 148 ns on a TPU v5e; the reference: 148 ns." in results["output"]

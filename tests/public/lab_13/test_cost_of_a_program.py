@@ -139,7 +139,7 @@ def balance_batch(low, high, b_low: int, b_high: int) -> float:
     """The global batch at which the card's compute time reaches its communication time on a v5e, from the
     cards of the program compiled at two batch sizes: FLOPs grow in a straight line with the batch, the
     bytes a device sends stay as they are."""
-    t_low, t_high = low.timing(V5E), high.timing(V5E)
+    t_low, t_high = low.timing(V5E, precision="highest"), high.timing(V5E, precision="highest")
     slope = (t_high.compute - t_low.compute) / (b_high - b_low)
     gap = t_low.communication - t_low.compute  # what the compute time still has to catch up at b_low
     return max(0.0, b_low + gap / slope)
@@ -155,7 +155,8 @@ def expect_balance_as_modelled(answer, low, high, batches, d_model, d_hidden, n)
             f"the card of fsdp_forward's compiled program reaches compute = communication at about "
             f"{want:.0f} (each device sends {low.sent_total:.0f} bytes, computes {per_row:.0f} FLOPs per "
             f"row of the global batch, at {V5E.f32_flops:.3g} float32 FLOP/s and "
-            f"{V5E.send_bandwidth:.3g} B/s)"
+            f"{V5E.ring_bandwidth(n):.3g} B/s into a ring of {n}: a v5e slice smaller than the pod's 16 x 16 has "
+            "no wraparound link, so its ring is a line at half of `send_bandwidth`)"
         )
 
 
