@@ -218,9 +218,26 @@ def _calls(
         return [(m.group("name"), times) for m in _CALLED.finditer(line)]
     called = [(m.group("name"), 1) for m in _CALLED.finditer(line)]
     branches = _BRANCHES.search(line)
-    if branches:  # a conditional runs one of its branches: each is counted, an upper bound
-        called += [(n.strip().lstrip("%"), 1) for n in branches.group("names").split(",") if n.strip()]
+    if branches:  # a conditional runs one of its branches
+        names = [n.strip().lstrip("%") for n in branches.group("names").split(",") if n.strip()]
+        taken = _taken(line, caller or [], len(names))
+        # the one its constant index picks, the others never (a program exported for several platforms
+        # keeps one branch per platform, the index fixed when compiled for one); else each is counted,
+        # an upper bound
+        called += [(n, 1 if taken is None or i == taken else 0) for i, n in enumerate(names)]
     return called
+
+
+def _taken(line: str, caller: list[str], branches: int) -> int | None:
+    """The branch a conditional runs when its index is a constant of the computation it is in, else None.
+    An index out of range runs the last branch, as XLA's conditional does."""
+    d = _DEF.match(line)
+    if d is None or d.group("op") != "conditional" or not d.group("args").strip():
+        return None
+    index = _constant(d.group("args").split(",")[0].split()[-1].lstrip("%"), _defs(caller)[0])
+    if index is None:
+        return None
+    return index if 0 <= index < branches else branches - 1
 
 
 def runs(found: dict[str, list[str]], entry: str | None) -> dict[str, int | None]:

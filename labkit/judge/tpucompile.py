@@ -19,6 +19,7 @@ gives one, LABKIT_TPU_CACHE).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -75,7 +76,9 @@ class FactsCache:
     @staticmethod
     def key(blob: bytes, topology_name: str, shape) -> str:
         digest = hashlib.sha256(blob).hexdigest()
-        return hashlib.sha256(json.dumps([FORMAT, digest, topology_name, shape]).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps([FORMAT, _reader(), digest, topology_name, shape]).encode()
+        ).hexdigest()
 
     def get(self, key: str) -> dict | None:
         if key in self.memory:
@@ -103,6 +106,23 @@ class FactsCache:
             part.replace(self.folder / f"{key}.json")
         except OSError:
             pass  # a read-only cache: this verifier keeps what it computed in memory only
+
+
+@functools.cache
+def _reader() -> str:
+    """What a program's facts are read with: the code that reads them (this module, `labkit/facts.py`,
+    `judge/hlo.py`) and libtpu's version. Facts another reading wrote are never read: a fix to the
+    reading (a branch counted twice) takes effect at once, not after the cache is emptied by hand."""
+    from importlib import metadata
+
+    here = Path(__file__).resolve()
+    sources = [here, here.parents[1] / "facts.py", here.with_name("hlo.py")]
+    try:
+        compiler = metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        compiler = "none"
+    text = b"".join(p.read_bytes() for p in sources) + compiler.encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 _CACHE: FactsCache | None = None

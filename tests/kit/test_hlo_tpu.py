@@ -91,3 +91,44 @@ ENTRY %main (p: f32[16,3]) -> f32[16,3] {
 """
     found = hlo.collectives_in(text, 2)
     assert [(c["op"], c["shape"]) for c in found] == [("collective-permute", "f32[16,3]{0,1:T(4,128)S(1)}")]
+
+
+# The shape of what libtpu 0.0.50 writes for a program exported for CPU and TPU (`jax.export` with
+# platforms=["cpu", "tpu"], as the kit's harness exports) and compiled for v5e:2x4: one branch per
+# platform, the index a constant. Only the branch taken sends anything.
+TWO_PLATFORMS = """\
+HloModule jit_run, entry_computation_layout={(f32[64,32])->f32[64,32]}
+
+%region_2.0_spmd (param.2: (f32[64,32], (), (), u32[])) -> (f32[64,32]) {
+  %param.2 = (f32[64,32], (), (), u32[]) parameter(0)
+  %get-tuple-element.1 = f32[64,32] get-tuple-element(%param.2), index=0
+  %all-gather.8 = f32[64,32]{1,0:T(8,128)S(1)} all-gather(%get-tuple-element.1), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %tuple.1 = (f32[64,32]) tuple(%all-gather.8)
+}
+
+%region_3.0_spmd (param.3: (f32[64,32], (), (), u32[])) -> (f32[64,32]) {
+  %param.3 = (f32[64,32], (), (), u32[]) parameter(0)
+  %get-tuple-element.2 = f32[64,32] get-tuple-element(%param.3), index=0
+  %all-gather.9 = f32[64,32]{1,0:T(8,128)S(1)} all-gather(%get-tuple-element.2), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %tuple.2 = (f32[64,32]) tuple(%all-gather.9)
+}
+
+ENTRY %main.0_spmd (param.6: f32[64,32]) -> f32[64,32] {
+  %param.6 = f32[64,32] parameter(0)
+  %constant.18 = s32[] constant(INDEX)
+  %tuple.18 = (f32[64,32], (), (), u32[]) tuple(%param.6)
+  %conditional.3 = (f32[64,32]{0,1:T(8,128)S(1)}) conditional(%constant.18, %tuple.18, %tuple.18), branch_computations={%region_2.0_spmd, %region_3.0_spmd}
+  ROOT %get-tuple-element.38 = f32[64,32]{0,1:T(8,128)S(1)} get-tuple-element(%conditional.3), index=0
+}
+"""
+
+
+@pytest.mark.parametrize("index", [0, 1, 7])
+def test_a_conditional_on_a_constant_sends_only_what_its_taken_branch_sends(index):
+    found = hlo.collectives_in(TWO_PLATFORMS.replace("INDEX", str(index)), 8)
+    assert [c["op"] for c in found] == ["all-gather"]  # 7: out of range, the last branch, as XLA runs it
+
+
+def test_a_conditional_whose_index_is_computed_counts_every_branch_an_upper_bound():
+    text = TWO_PLATFORMS.replace("%constant.18 = s32[] constant(INDEX)", "%constant.18 = s32[] parameter(1)")
+    assert [c["op"] for c in hlo.collectives_in(text, 8)] == ["all-gather", "all-gather"]
