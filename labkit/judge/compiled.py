@@ -275,13 +275,38 @@ def expect_sent_within(
     if devices <= 1 or sent <= margin * budget:
         return
     listed = "; ".join(f"{d}: {_size(round(b))}" for b, d in parts if b > 0)
+    whose, replaced = _whose(got)
     raise Mismatch(
         with_hint(
             f"each device sends {_size(round(sent))}, where the budget is {_size(round(budget))} ({what}; up to "
-            f"{margin:g} times that passes). What it sends: {listed}",
-            hint,
+            f"{margin:g} times that passes). What it sends: {listed}" + whose,
+            None
+            if replaced
+            else hint,  # a hint on what to write, where the compiler replaced what was written
         )
     )
+
+
+def _whose(got: plaindata.Value) -> tuple[str, bool]:
+    """(words, replaced): which of the compiled program's collectives the program did not ask for itself, the
+    compiler's choice said as such (jit's partitioner adds them for the shardings given; a TPU compiler may
+    turn a small reduce-scatter into an all-reduce and a slice); `replaced`: none of those it asked for is
+    left. Nothing where the kit did not read what the program asks for (a student's own `check`)."""
+    facts, found = _compiled(got, "collectives")
+    if facts.written is None:
+        return "", False
+    compiled = {c.op for c in found}
+    added = sorted(compiled - set(facts.written))
+    if not added:
+        return "", False
+    compiler = f"the TPU compiler (for {facts.compiled_for})" if facts.compiled_for else "the compiler"
+    asked = ", ".join(facts.written) or "no collective"
+    words = (
+        f". Your program asks for {asked} itself; the {', '.join(added)} {'is' if len(added) == 1 else 'are'} "
+        f"a choice of {compiler} for what it was given (the shardings jit was given, or an array this small), "
+        "and this row reports what the program does on this configuration, not what you wrote"
+    )
+    return words, bool(facts.written) and not compiled & set(facts.written)
 
 
 def expect_steps_within(

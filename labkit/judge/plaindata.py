@@ -373,6 +373,10 @@ class Compiled:
     inputs: tuple[Placement, ...] | Unavailable
     outputs: tuple[Placement, ...] | Unavailable
     top_level: tuple[str, ...] = ()
+    # The collectives the program asks for itself (None: not read, as in a student's own `check`), and the
+    # chip it was compiled for (None: the configuration's own backend).
+    written: tuple[str, ...] | None = None
+    compiled_for: str | None = None
 
 
 def _maybe(data, build):
@@ -420,4 +424,6 @@ def decode_compiled(data) -> Compiled | Unavailable:
         inputs=_maybe(data.get("inputs"), lambda v: tuple(_placement(p) for p in v)),
         outputs=_maybe(data.get("outputs"), lambda v: tuple(_placement(p) for p in v)),
         top_level=tuple(str(p) for p in data.get("top_level", [])),
+        written=tuple(str(w) for w in data["written"]) if isinstance(data.get("written"), list) else None,
+        compiled_for=str(data["compiled_for"]) if data.get("compiled_for") else None,
     )

@@ -37,10 +37,22 @@ _MANUAL = frozenset({"sdy.manual_computation"})
 _MANUAL_TARGETS = frozenset({"SPMDFullToShardShape", "SPMDShardToFullShape"})
 
 
+# The collectives a StableHLO module can ask for, by the names the compiled program gives them.
+_COLLECTIVES = {
+    "stablehlo.all_reduce": "all-reduce",
+    "stablehlo.reduce_scatter": "reduce-scatter",
+    "stablehlo.all_gather": "all-gather",
+    "stablehlo.all_to_all": "all-to-all",
+    "stablehlo.collective_permute": "collective-permute",
+}
+
+
 def read_module(module_text: str) -> dict[str, Any]:
     """What the kit needs to know of a StableHLO module, read from the parsed module op by op, never from its text:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
-    part each device runs on its own block}. Raises when the text is not a module."""
+    part each device runs on its own block, "written": the collectives it asks for itself, by their HLO
+    names (those jit's partitioner adds come later, in the compiled program)}. Raises when the text is
+    not a module."""
     from jax.interpreters import (
         mlir,  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
     )
@@ -48,10 +60,13 @@ def read_module(module_text: str) -> dict[str, Any]:
     ir = mlir.ir
 
     targets: set[str] = set()
+    written: set[str] = set()
     found = {"products": False, "manual": False}
 
     def visit(op: Any) -> Any:
         name = op.name
+        if name in _COLLECTIVES:
+            written.add(_COLLECTIVES[name])
         if name == "stablehlo.custom_call":
             target = str(ir.StringAttr(op.attributes["call_target_name"]).value)
             targets.add(target)
@@ -62,7 +77,7 @@ def read_module(module_text: str) -> dict[str, Any]:
 
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
-    return {"targets": targets, **found}
+    return {"targets": targets, "written": sorted(written), **found}
 
 
 def custom_calls(module_text: str) -> set[str]:

@@ -91,6 +91,14 @@ class Placement(_Record):
 Placements = Annotated[list[Placement], Meta(max_length=10_000)]
 
 
+class Estimate(_Record):
+    """The compiler's own figures for one device (the TPU compiler's `optimal_seconds` and cost analysis)."""
+
+    seconds: Number
+    flops: Number = 0.0
+    bytes: Number = 0.0
+
+
 class Facts(_Record):
     """`labkit.facts.gather`'s record of a compiled program (each part may be `{"unavailable": why}`)."""
 
@@ -105,6 +113,12 @@ class Facts(_Record):
     outputs: Placements | Unavailable | UnsetType = UNSET
     seconds: Number | UnsetType = UNSET
     unavailable: Line | UnsetType = UNSET
+    # Added by the kit's verifier, never the student's process: what the program was compiled for (a
+    # compile-only TPU configuration), the compiler's estimate there, and the collectives the program
+    # itself asks for (its exported StableHLO), as against those the compiler put in.
+    compiled_for: Line | UnsetType = UNSET
+    compiler: Estimate | UnsetType = UNSET
+    written: Annotated[list[Name], Meta(max_length=16)] | UnsetType = UNSET
 
 
 class Value(_Record):

@@ -246,6 +246,8 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         if finding is not None:
             record["finding"] = inconsistent(exported.nr_devices, finding)
         if found is not None:
+            if "unavailable" not in found:
+                found["written"] = module["written"]  # the kit's own reading of the program, never the run's
             record["facts"] = found
         return record
     except Unverified as e:

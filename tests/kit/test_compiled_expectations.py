@@ -45,3 +45,33 @@ def test_a_budget_failure_names_the_figure_the_limit_and_each_collective():
         "times that passes)"
     ), text
     assert "all-reduce of f32[32] over 8 devices: 224 bytes" in text
+
+
+def test_a_collective_the_program_did_not_ask_for_is_named_the_compilers_choice_not_the_students():
+    reduce = {"op": "all-reduce", "shape": "f32[32]{0}", "groups": [list(range(8))]}
+    hint = "A psum sends every device the whole vector: write psum_scatter"
+    # the TPU compiler turned the reduce-scatter the program asks for into an all-reduce: no hint on what to write
+    replaced = compiled(collectives=[reduce], written=["reduce-scatter"], compiled_for="TPU v5e 2x4")
+    text = message(expect_sent_within, replaced, 112, 8, what="one reduce-scatter", hint=hint)
+    assert (
+        "Your program asks for reduce-scatter itself; the all-reduce is a choice of the TPU compiler" in text
+    )
+    assert "psum_scatter" not in text
+    # jit's partitioner put the all-reduce in a program that asks for none: said so, and the hint stays
+    text = message(
+        expect_sent_within, compiled(collectives=[reduce], written=[]), 112, 8, what="x", hint=hint
+    )
+    assert "Your program asks for no collective itself; the all-reduce is a choice of the compiler" in text
+    assert hint in text
+    # a psum the program wrote is the student's: the hint, and no word of the compiler
+    text = message(
+        expect_sent_within,
+        compiled(collectives=[reduce], written=["all-reduce"]),
+        112,
+        8,
+        what="x",
+        hint=hint,
+    )
+    assert hint in text and "choice" not in text
+    # where the kit did not read what the program asks for (a student's own check), nothing is said of it
+    assert "choice" not in message(expect_sent_within, compiled(collectives=[reduce]), 112, 8, what="x")

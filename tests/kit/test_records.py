@@ -253,3 +253,15 @@ def test_a_verified_json_larger_than_the_cap_is_not_loaded(tmp_path, monkeypatch
         record, [{"id": "c1", "function": "f", "verify": True}], tmp_path, {}, allowance.DEFAULT_LIMITS, 60
     )
     assert record.results["c1"]["judged_by"] == "unverified" and "value" not in record.results["c1"]
+
+
+def test_the_verifiers_own_facts_survive_the_schema_the_compiler_estimate_and_what_the_program_asks_for():
+    from labkit.judge import records
+
+    facts = {
+        "devices": 8,
+        "compiled_for": "TPU v5e 2x4",
+        "compiler": {"seconds": 6.2e-08, "flops": 131.0, "bytes": 45568.0},
+        "written": ["reduce-scatter"],
+    }
+    assert records.facts(facts) == facts
