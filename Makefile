@@ -194,8 +194,9 @@ TEST_WORKERS ?= auto
 test-fast: setup ## the fast tier: unit and contract tests, a few minutes; what a change runs first
 	$(PY) -m pytest -m fast $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=10
 
+# SWEEP=full: every sweep whole (every reference on each of cpu-2, 4, 16 and 32, not a small and a large one).
 test: setup system-deps check-student-notebooks ## the kit's own test suite, then the student loop on the other JAX
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25
+	$(if $(SWEEP),LABKIT_TEST_SWEEP=$(SWEEP) )$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25
 	@$(MAKE) --no-print-directory test-other-jax
 
 # The lock's other world: where .venv has Python 3.12 or newer (JAX 0.12), a Python 3.11 (JAX 0.10.2),
@@ -207,8 +208,8 @@ test-other-jax: ## every reference and the student loop on the lock's other JAX 
 	  echo "test-other-jax: no Python here gives the lock's other JAX (3.11 against 3.12 or newer): tested on one JAX only."; \
 	  exit 0; }; \
 	echo "test-other-jax: the student loop on $$other ($(OTHER_VENV)/)"; \
-	$(MAKE) --no-print-directory setup VENV=$(OTHER_VENV) PYTHON=$$other DEP_GROUPS=notebook && \
-	$(OTHER_VENV)/bin/python -m pytest --durations=5 tests/kit/test_student_loop.py
+	$(MAKE) --no-print-directory setup VENV=$(OTHER_VENV) PYTHON=$$other DEP_GROUPS=notebook,dev && \
+	$(OTHER_VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist load) --durations=5 tests/kit/test_student_loop.py
 
 bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_lab.py

@@ -37,3 +37,7 @@ TPU_HOSTS = "LABKIT_TPU_HOSTS"
 TPU_TOPOLOGY = "LABKIT_TPU_TOPOLOGY"
 TPU_CACHE = "LABKIT_TPU_CACHE"
 EMULATED_PRODUCTS = "LABKIT_EMULATED_PRODUCTS"
+
+# The kit's own test suite: "full" runs every sweep whole (every reference on every pod size, ...);
+# unset, `make test` runs each lab on a share of it that still covers every size (docs/development.md).
+TEST_SWEEP = "LABKIT_TEST_SWEEP"

@@ -181,8 +181,12 @@ def _machine_wide(path: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only where it is installed
 def pytest_xdist_make_scheduler(config, log):
-    """Whole modules to workers (xdist's loadfile), the machine-wide ones as one unit."""
+    """Whole modules to workers (xdist's loadfile), the machine-wide ones as one unit; with `--dist load`
+    (one module's tests spread over the workers, as `make test-other-jax` runs its one module), xdist's own."""
     from xdist.scheduler import LoadFileScheduling
+
+    if config.getoption("dist") != "loadfile":
+        return None
 
     class ModulesAndMachineWide(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -1,8 +1,10 @@
 """Every lab is right on every pod size the kit supports: 1, 2, 4, 8, 16 and 32 devices, and several hosts.
 
 test_student_loop.py runs every reference on cpu-1 and cpu-8; here the same references run on
-cpu-2, cpu-4, cpu-16 and cpu-32 (one `python -m labkit lab` call per lab runs the four), and
-labs 5 and 11 on cpu-4x2, four processes of two devices. Every input of every lab divides by
+cpu-2, cpu-4, cpu-16 and cpu-32 (one `python -m labkit lab` call per lab), and labs 5 and 11 on
+cpu-4x2, four processes of two devices. `make test` runs each reference on one small size (2 or 4)
+and one large (16 or 32), in turn by lab number, so that every size is run by a quarter to a half of
+the labs; `make test SWEEP=full` runs every lab on all four. Every input of every lab divides by
 each count: no test fails, and no cell of the notebook (the worked examples, the "try it" cells)
 raises. Lab 11 also runs with its devices listed in an order that interleaves the processes, as a
 TPU pod's `jax.devices()` may list them: its global batch must keep its rows in order.
@@ -10,11 +12,25 @@ TPU pod's `jax.devices()` may list them: its global batch must keep its rows in 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from labkit import envnames
 from labkit.course import catalog, configs
 
 POD_SIZES = [f"cpu-{n}" for n in configs.POD_SIZES if n not in (1, 8)]  # 1 and 8: test_student_loop.py
+FULL = os.environ.get(envnames.TEST_SWEEP) == "full"
+
+
+def sizes_for(number: int) -> list[str]:
+    """The pod sizes lab `number` runs on: all four in the full sweep, else a small one and a large one."""
+    small, large = ["cpu-2", "cpu-4"], ["cpu-16", "cpu-32"]
+    return POD_SIZES if FULL else [small[number % 2], large[(number // 2) % 2]]
+
+
+def test_the_sweep_runs_every_pod_size_on_some_lab():
+    assert {size for lab in catalog.labs() for size in sizes_for(lab.number)} == set(POD_SIZES)
 
 
 def _all_passed(done, report, names) -> None:
@@ -34,22 +50,25 @@ def _all_passed(done, report, names) -> None:
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_reference_passes_on_2_4_16_and_32_devices(kit, lab_report, lab):
+    sizes = sizes_for(lab.number)
     done = kit(
         "lab",
         str(lab.number),
         "--notebook",
         str(lab.reference),
         "--configs",
-        ",".join(POD_SIZES),
+        ",".join(sizes),
         "--hidden",
         "--timeout",
         "600",
         timeout=3000,
     )
     report = lab_report(lab.number)
-    assert {o["config"] for o in report["outcomes"]} == set(POD_SIZES)
-    _all_passed(done, report, POD_SIZES)
-    assert {report["runs"][n]["environment"]["device_count"] for n in POD_SIZES} == {2, 4, 16, 32}
+    assert {o["config"] for o in report["outcomes"]} == set(sizes)
+    _all_passed(done, report, sizes)
+    assert {report["runs"][n]["environment"]["device_count"] for n in sizes} == {
+        int(n.removeprefix("cpu-")) for n in sizes
+    }
 
 
 @pytest.mark.parametrize("number", [5, 11])
