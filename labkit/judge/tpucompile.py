@@ -182,9 +182,10 @@ def compiled_facts(
 def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     import jax
     import numpy as np
-    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from labkit import facts as facts_module
+    from labkit.judge.placing import Placer
 
     where = described(topology_name)
     if "tpu" not in tuple(exported.platforms):
@@ -200,16 +201,7 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     if n > len(devices):
         return {"unavailable": f"its program was made for {n} devices and {where} has {len(devices)}"}
     devices = devices[:n]
-    meshes: dict = {}
-
-    def concrete(sharding):
-        if not (isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, AbstractMesh)):
-            return None
-        a = sharding.mesh
-        k = (a.axis_sizes, a.axis_names, a.axis_types)
-        if k not in meshes:
-            meshes[k] = Mesh(np.array(devices).reshape(a.axis_sizes), a.axis_names, axis_types=a.axis_types)
-        return NamedSharding(meshes[k], sharding.spec)
+    concrete = Placer(devices)
 
     everywhere = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
     leaves, tree = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
@@ -219,10 +211,10 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
         now[i] = jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype, sharding=placed)
     a, kw = jax.tree_util.tree_unflatten(tree, now)
     if n == 1 or shape is None:
-        mesh = next(iter(meshes.values()), None) or everywhere.mesh
+        mesh = concrete.first_mesh() or everywhere.mesh
     else:
         names = tuple(f"devices{i or ''}" for i in range(len(shape)))
-        mesh = next(iter(meshes.values()), None) or Mesh(np.array(devices).reshape(shape), names)
+        mesh = concrete.first_mesh() or Mesh(np.array(devices).reshape(shape), names)
 
     def program(*p, **k):
         got = jax.tree_util.tree_leaves((tuple(p), dict(k)))

@@ -89,7 +89,9 @@ def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
 
     import jax
     import numpy as np
-    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from labkit.judge.placing import Placer
 
     n = exported.nr_devices
     if n > jax.device_count():
@@ -97,21 +99,7 @@ def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
             f"its program was made for {n} devices and this configuration has {jax.device_count()}"
         )
     devices = jax.devices()[:n]
-    meshes: dict = {}
-
-    def concrete(sharding):
-        """The program's own sharding on this process's devices, or None where it names none."""
-        if not (isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, AbstractMesh)):
-            return None
-        abstract = sharding.mesh
-        key = (abstract.axis_sizes, abstract.axis_names, abstract.axis_types)
-        if key not in meshes:
-            meshes[key] = Mesh(
-                np.array(devices).reshape(abstract.axis_sizes),
-                abstract.axis_names,
-                axis_types=abstract.axis_types,
-            )
-        return NamedSharding(meshes[key], sharding.spec)
+    concrete = Placer(devices)  # the program's own sharding on this process's devices, or None
 
     names = tuple(f"devices{i or ''}" for i in range(len(shape or (n,))))
     kits = Mesh(np.array(devices).reshape(shape or (n,)), names)
@@ -126,7 +114,7 @@ def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
     if n == 1 or shape is None:
         context = contextlib.nullcontext()
     else:
-        context = jax.set_mesh(next(iter(meshes.values()), None) or kits)
+        context = jax.set_mesh(concrete.first_mesh() or kits)
     return out, context, outputs
 
 
