@@ -12,21 +12,18 @@ TPU pod's `jax.devices()` may list them: its global batch must keep its rows in 
 
 from __future__ import annotations
 
-import os
-
 import pytest
+import sweep
 
-from labkit import envnames
 from labkit.course import catalog, configs
 
 POD_SIZES = [f"cpu-{n}" for n in configs.POD_SIZES if n not in (1, 8)]  # 1 and 8: test_student_loop.py
-FULL = os.environ.get(envnames.TEST_SWEEP) == "full"
 
 
 def sizes_for(number: int) -> list[str]:
     """The pod sizes lab `number` runs on: all four in the full sweep, else a small one and a large one."""
     small, large = ["cpu-2", "cpu-4"], ["cpu-16", "cpu-32"]
-    return POD_SIZES if FULL else [small[number % 2], large[(number // 2) % 2]]
+    return POD_SIZES if sweep.FULL else [small[number % 2], large[(number // 2) % 2]]
 
 
 def test_the_sweep_runs_every_pod_size_on_some_lab():
