@@ -25,8 +25,10 @@ import json
 import os
 from pathlib import Path
 
-TOPOLOGY_VARIABLE = "LABKIT_TPU_TOPOLOGY"  # e.g. "v5e:2x4": set by a compile-only TPU configuration
-CACHE_VARIABLE = "LABKIT_TPU_CACHE"  # a folder the verifier may write the TPU facts it computed to
+from labkit import envnames
+
+TOPOLOGY_VARIABLE = envnames.TPU_TOPOLOGY  # e.g. "v5e:2x4": set by a compile-only TPU configuration
+CACHE_VARIABLE = envnames.TPU_CACHE  # a folder the verifier may write the TPU facts it computed to
 FORMAT = 1  # bumped when the facts recorded change shape: older entries are then never read
 
 
