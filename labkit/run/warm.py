@@ -367,6 +367,8 @@ class Server:
             self.process.kill()
             self.process.wait()
             self.process = None
+            # its socket goes with it: a copy of the grading output (`cp -r OUT`) cannot copy a socket
+            self.socket_path.unlink(missing_ok=True)
         if self._log is not None:
             self._log.close()
             self._log = None

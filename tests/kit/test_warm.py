@@ -290,6 +290,8 @@ def _grade(tmp_path: Path, *extra: str) -> dict:
 def test_grading_forks_every_kernel_from_a_warm_server_by_default(tmp_path):
     rows = _grade(tmp_path)
     assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", 6, "warm")}
+    # the servers are gone when grading ends, and their sockets with them: `cp -r OUT` copies the output
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_socket()]
 
 
 def test_grading_with_cold_starts_asked_for_starts_every_kernel_cold(tmp_path):
