@@ -1,7 +1,7 @@
 """How `python -m labkit` ends: its exit statuses, and the exception a command raises to end with one.
 
 A command returns an `ExitCode`, or raises: `cli.main` alone turns the kit's exceptions into a message
-on stderr and a status (`cli.ENDINGS` says which exception gives which), so that no command prints
+on stderr and a status (`cli._endings` says which exception gives which), so that no command prints
 and returns an error of its own. `Stop` is for a command whose status for an error depends on what it
 was doing (a merge that finds a shard missing failed; a submission that finds no Slurm was refused).
 This module imports nothing of the kit.

@@ -234,9 +234,9 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         if finding is not None:
             record["finding"] = inconsistent(exported.nr_devices, finding)
         if found is not None:
-            if "unavailable" not in found:
-                found["written"] = module["written"]  # the kit's own reading of the program, never the run's
-            record["facts"] = found
+            # the kit's own reading of what the program asks for, never the run's; a copy, as `found` may be
+            # the TPU facts cache's own entry
+            record["facts"] = found if "unavailable" in found else found | {"written": module["written"]}
         return record
     except Unverified as e:
         return {"unverified": str(e)}
