@@ -383,19 +383,25 @@ def gather(fn, args, kwargs, settle=None) -> dict:
     `settle`, when given, runs after the student's code has been traced and before anything is
     read from the compiled program (the sealed harness puts back whatever the trace patched).
     """
+    return examine(fn, args, kwargs, settle)[0]
+
+
+def examine(fn, args, kwargs, settle=None) -> tuple[dict, object]:
+    """`gather`'s facts, and the compiled program they were read from (None where it did not compile),
+    which the verifier runs rather than compiling the same program a second time."""
     try:
         traced, names, structs = _trace(fn, args, kwargs)
         top_level = _top_level(traced.jaxpr.jaxpr)
         lowered = traced.lower()
     except Exception as e:  # noqa: BLE001 - the student's code may raise anything when traced
-        return _unavailable("jax.jit could not trace the function to examine its compiled program", e)
+        return _unavailable("jax.jit could not trace the function to examine its compiled program", e), None
     finally:
         if settle is not None:
             settle()
     try:
         compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001
-        return _unavailable("the traced program did not compile", e)
+        return _unavailable("the traced program did not compile", e), None
     import jax
 
     # the first input the program keeps gives its devices: one it does not use is pruned, its sharding None
@@ -435,7 +441,7 @@ def gather(fn, args, kwargs, settle=None) -> dict:
         )
     except Exception as e:  # noqa: BLE001
         facts["outputs"] = _unavailable("the compiled program's output shardings could not be read", e)
-    return facts
+    return facts, compiled
 
 
 def _exported(jax, jitted, specs):
