@@ -11,12 +11,14 @@ ROOT = "LABKIT_ROOT"
 BUILD = "LABKIT_BUILD"
 
 # How a notebook runs: the sandbox (auto, a bwrap path, off), the bwrap binary, cgroups (auto, off),
-# warm kernels (on, off), JAX's compilation cache (on, off).
+# warm kernels (on, off), JAX's compilation cache (on, off), and where the student loop keeps that
+# cache (a folder; unset, the build folder's .jax-cache).
 SANDBOX = "LABKIT_SANDBOX"
 BWRAP = "LABKIT_BWRAP"
 CGROUPS = "LABKIT_CGROUPS"
 WARM = "LABKIT_WARM"
 COMPILE_CACHE = "LABKIT_COMPILE_CACHE"
+COMPILE_CACHE_DIR = "LABKIT_COMPILE_CACHE_DIR"
 
 # Set by the kit in the notebook's process: the configuration it runs on, a replay of a check, the
 # token that finds the run's processes again.

@@ -6,8 +6,8 @@ run of a lab. When grading, the reference solutions run first and fill a cache f
 read-only into the run's sandbox, so no run can leave an entry another run would load. What a
 student's run can take from it is an entry named by the hash of a program it compiles itself
 (the folder may be passed through, never listed), so it learns nothing it did not already have.
-In the student loop (`make lab-N`) the cache is the student's own (`build/.jax-cache`), written
-by their own runs.
+In the student loop (`make lab-N`) the cache is the student's own (`build/.jax-cache`, or the
+folder `LABKIT_COMPILE_CACHE_DIR` names), written by their own runs.
 
 A cache entry is XLA's executable for exactly that program, those options and that device count;
 a run that misses compiles as before.
@@ -79,6 +79,12 @@ def release(cache: CompileCache | None) -> None:
             os.chmod(cache.folder, 0o755)
         except OSError:
             pass
+
+
+def students_own(build: Path) -> Path:
+    """The student loop's cache folder: `LABKIT_COMPILE_CACHE_DIR` where set (a folder kept between
+    containers, or shared by the runs of one machine), else the build folder's `.jax-cache`."""
+    return Path(os.environ.get(envnames.COMPILE_CACHE_DIR) or Path(build) / ".jax-cache")
 
 
 def wanted() -> bool:

@@ -51,7 +51,7 @@ def run_lab(
     from labkit.run import jaxcache
 
     # the student's own runs fill and read their own cache (programs compiled once, not at every make lab-N)
-    cache = jaxcache.prepare(Path(build or BUILD) / ".jax-cache") if jaxcache.wanted() else None
+    cache = jaxcache.prepare(jaxcache.students_own(Path(build or BUILD))) if jaxcache.wanted() else None
     server = _warm_server(out, chosen, limits, cache)
     try:
         return _run(

@@ -153,6 +153,18 @@ FAST_MODULES = frozenset(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_compile_cache(tmp_path_factory):
+    """The student loop's runs of the whole session (every worker's) compile through one JAX cache folder,
+    so the many runs of each reference and of its variants compile each program once. A test of the cache
+    itself grades (its cache is the grading run's own) or sets LABKIT_COMPILE_CACHE_DIR."""
+    from labkit import envnames
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-cache"
+    os.environ.setdefault(envnames.COMPILE_CACHE_DIR, str(shared))
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",

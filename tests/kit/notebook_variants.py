@@ -49,12 +49,33 @@ def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements) -> dict
         "--hidden",
     )
     outcomes = lab_outcomes(lab)
-    assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), [
-        o for o in outcomes["cpu-1"].values() if o["status"] != "passed"
-    ]
+    assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), not_passed(
+        outcomes["cpu-1"]
+    )
     failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
     assert (done.returncode == 0) == (not failed), done.stdout + done.stderr
     return failed
+
+
+def not_passed(outcomes: dict) -> dict[str, str]:
+    """One configuration's outcomes that did not pass, as `{test: "status: the message's start"}`: what an
+    assertion shows when a test that should pass did not."""
+    return {
+        t: f"{o['status']}: {str(o.get('message') or '')[:240]}"
+        for t, o in outcomes.items()
+        if o["status"] != "passed"
+    }
+
+
+class Ran(dict):
+    """`failures_by_config`'s result; shown in a failed assertion as its exit status and each configuration's
+    tests that did not pass, with the start of their messages (not the whole outcome records)."""
+
+    def __repr__(self) -> str:
+        configs = {k: not_passed(v) for k, v in self.items() if isinstance(v, dict)}
+        return f"exit status {self.get('returncode')}; not passed: {configs}; output ends: {self.get('output', '')[-600:]}"
+
+    __str__ = __repr__
 
 
 def failures_by_config(kit, lab_outcomes, variant, lab: int, old: str, new: str, expected: set[str]) -> dict:
@@ -68,11 +89,11 @@ def failures_by_config(kit, lab_outcomes, variant, lab: int, old: str, new: str,
     )
     outcomes = lab_outcomes(lab)
     assert expected <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])
-    return {
-        "returncode": done.returncode,
-        "output": done.stdout + done.stderr,
+    return Ran(
+        returncode=done.returncode,
+        output=done.stdout + done.stderr,
         **{
             config: {t: o for t, o in outcomes[config].items() if o["status"] != "passed"}
             for config in outcomes
         },
-    }
+    )
