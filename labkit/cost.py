@@ -170,7 +170,6 @@ class Card:
     # sum over widths is `sent`. Empty in a card an older kit wrote: each ring is then timed as one of
     # `devices` chips, which no group is wider than (exact under 16 devices, where every ring is a line).
     widths: dict[str, dict[str, float]] = field(default_factory=dict)
-    precision: str = "default"  # JAX's matmul precision the card times float32 products at
 
     @property
     def held_total(self) -> int:
@@ -180,9 +179,9 @@ class Card:
     def sent_total(self) -> float:
         return sum(self.sent.values())
 
-    def timing(self, chip: Chip, precision: str | None = None) -> Timing:
-        """The card on `chip`; `precision`: JAX's matmul precision for float32 products (default: the card's)."""
-        peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_peak(precision or self.precision)
+    def timing(self, chip: Chip, precision: str = "default") -> Timing:
+        """The card on `chip`; `precision`: JAX's matmul precision for float32 products ("default" or "highest")."""
+        peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_peak(precision)
         wire = 0.0
         for op, b in self.sent.items():
             if op == "collective-permute":
@@ -209,7 +208,6 @@ class Card:
             "dtype": self.dtype,
             **({"compiler": self.compiler} if self.compiler else {}),
             **({"widths": self.widths} if self.widths else {}),
-            **({"precision": self.precision} if self.precision != "default" else {}),
         }
 
     @classmethod

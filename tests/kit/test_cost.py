@@ -86,7 +86,6 @@ def test_a_card_by_hand_on_a_v5e():
 
 def test_float32_products_at_jaxs_default_precision_are_one_bf16_pass_on_a_tpu_and_tf32_on_an_h100():
     c = cost.card(_facts(collectives=[]))
-    assert c.precision == "default"
     assert c.timing(CHIPS["v5e"]).compute == pytest.approx(1e9 / CHIPS["v5e"].bf16_flops)
     assert c.timing(CHIPS["h100"]).compute == pytest.approx(1e9 / 494.7e12)
     for chip in CHIPS.values():
