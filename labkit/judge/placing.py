@@ -3,6 +3,7 @@
 `jax.export` keeps each input's and output's sharding on an abstract mesh (its axis names, sizes and
 types, no devices). The verifier (CPU devices) and the TPU compile (a topology's devices) both give
 them devices the same way: one mesh per distinct abstract mesh, the first devices of the list in order.
+Where the program names no mesh, both run or compile it in the kit's own (`kits_mesh`).
 """
 
 from __future__ import annotations
@@ -37,3 +38,14 @@ class Placer:
     def first_mesh(self) -> Any:
         """The mesh of the first of the program's shardings made concrete, or None."""
         return next(iter(self.meshes.values()), None)
+
+    def kits_mesh(self, shape: tuple | None = None) -> Any:
+        """The kit's own mesh over the devices, for a program that names none: axes `devices`, `devices1`, ...
+        of `shape` (None: one axis of every device)."""
+        import numpy as np
+        from jax.sharding import Mesh
+
+        shape = shape or (len(self.devices),)
+        return Mesh(
+            np.array(self.devices).reshape(shape), tuple(f"devices{i or ''}" for i in range(len(shape)))
+        )

@@ -183,8 +183,7 @@ def compiled_facts(
 
 def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from labkit import facts as facts_module
     from labkit.judge.placing import Placer
@@ -205,7 +204,7 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     devices = devices[:n]
     concrete = Placer(devices)
 
-    everywhere = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
+    everywhere = NamedSharding(concrete.kits_mesh(), PartitionSpec())
     leaves, tree = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
     now = list(leaves)
     for i, sharding in zip(positions, exported.in_shardings_jax(None)):
@@ -215,8 +214,7 @@ def _compile(exported, topology_name, shape, args, kwargs, positions) -> dict:
     if n == 1 or shape is None:
         mesh = concrete.first_mesh() or everywhere.mesh
     else:
-        names = tuple(f"devices{i or ''}" for i in range(len(shape)))
-        mesh = concrete.first_mesh() or Mesh(np.array(devices).reshape(shape), names)
+        mesh = concrete.first_mesh() or concrete.kits_mesh(shape)
 
     def program(*p, **k):
         got = jax.tree_util.tree_leaves((tuple(p), dict(k)))

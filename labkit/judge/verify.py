@@ -85,8 +85,7 @@ def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
     import contextlib
 
     import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from labkit.judge.placing import Placer
 
@@ -98,8 +97,7 @@ def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
     devices = jax.devices()[:n]
     concrete = Placer(devices)  # the program's own sharding on this process's devices, or None
 
-    names = tuple(f"devices{i or ''}" for i in range(len(shape or (n,))))
-    kits = Mesh(np.array(devices).reshape(shape or (n,)), names)
+    kits = concrete.kits_mesh(shape)
     out = []
     everywhere = NamedSharding(kits, PartitionSpec())
     for x, sharding in zip(arrays, exported.in_shardings_jax(None), strict=True):
