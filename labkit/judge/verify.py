@@ -355,26 +355,38 @@ def verify(
     unless the run fills it (a reference solution's), so a student's program the reference compiled
     is not compiled again. `warm` (a started `warm.Server`): the verifier is forked by it, JAX already
     imported, in a sandbox of its own as a warm kernel is; else, or where it cannot, it starts cold.
+    The three steps: which calls the kit runs (`_to_run`), its run of them (`_launch`), and their
+    values and facts put in the record (`_merge`).
     """
-    from labkit.run import sandbox
-
     by_id = {c["id"]: c for c in calls}
     for cid in [cid for cid in record.results if cid not in by_id]:  # no call of the kit's: nothing to judge
         del record.results[cid]
     sent = _sent(record.results)
     record.environment = kit_environment(record.environment, env)
+    wanted = _to_run(record.results, by_id, sent)
+    if not wanted:
+        return
+    began = time.monotonic()
+    try:
+        found = _launch(record, by_id, wanted, sent, Path(kit_folder), env, limits, timeout, cache, warm)
+    finally:
+        record.verify_seconds = round(time.monotonic() - began, 2)
+    _merge(record.results, wanted, found, sent)
+
+
+def _to_run(results: dict, by_id: dict, sent: dict) -> dict[str, str]:
+    """The programs the kit must run itself, by call id; every other call judged here (reported, verified by
+    the error it raised in the student's process, or unverified with the reason)."""
     wanted = {}
-    for cid, result in record.results.items():
+    for cid, result in results.items():
         mine, call = sent[cid], by_id[cid]
         for kept_by_the_kit in ("judged_by", "products", "finding", "unrunnable"):  # the kit's words alone
             result.pop(kept_by_the_kit, None)
         if not required(call):
             result.pop("facts", None)  # no test reads them (`mark`): none are kept from the kernel
             result["judged_by"] = "reported"
-        elif "error" in result:
-            result["judged_by"] = (
-                "verified"  # the call raised in the student's own process: that is the verdict
-            )
+        elif "error" in result:  # the call raised in the student's own process: that is the verdict
+            result["judged_by"] = "verified"
         elif isinstance(mine.get("program"), str):
             wanted[cid] = mine["program"]
         elif mine.get("host_data") is True and takes_host_data(call) and "value" in result:
@@ -390,13 +402,19 @@ def verify(
             )
         else:
             _unverified(result, str(mine.get("unavailable") or "the run sent no program for it"))
-    if not wanted:
-        return
-    began = time.monotonic()
-    # the verifier has the run's time limit as its own: how long the notebook took is not what decides whether
-    # an honest program is verified on a busy machine (and a pod's `seconds` is only its own word)
-    left = float(timeout)
-    folder = scratch.empty(Path(kit_folder) / FOLDER)
+    return wanted
+
+
+def _launch(
+    record, by_id: dict, wanted: dict, sent: dict, kit_folder: Path, env: dict, limits, timeout, cache, warm
+) -> dict[str, dict]:
+    """The verifier's findings by call id, each `run_program`'s result or `{"unverified": why}`.
+
+    The verifier has the run's time limit as its own: how long the notebook took does not decide whether an
+    honest program is verified on a busy machine (and a pod's `seconds` is only its own word)."""
+    from labkit.run import sandbox
+
+    folder = scratch.empty(kit_folder / FOLDER)
     refused = {cid: str(sent[cid]["tpu_refused"])[:300] for cid in wanted if sent[cid].get("tpu_refused")}
     job = json.dumps(
         {
@@ -406,9 +424,9 @@ def verify(
             "programs": wanted,
         }
     ).encode()
-    job_file = Path(kit_folder) / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
+    job_file = kit_folder / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
     out = str(folder.resolve() / VERIFIED_FILE)
-    with open(Path(kit_folder) / "verify.log", "wb") as log:
+    with open(kit_folder / "verify.log", "wb") as log:
         proc = None
         if warm is not None:
             job_file.write_bytes(job)
@@ -420,7 +438,7 @@ def verify(
                     limits,
                     log,
                     cache=cache,
-                    readable=(Path(kit_folder),),
+                    readable=(kit_folder,),
                     module="labkit.judge.verify",
                 )
                 record.verify_start = "warm"
@@ -440,7 +458,7 @@ def verify(
                 extra_rw=cache_rw,
             )
         try:
-            code = proc.wait(timeout=left)
+            code = proc.wait(timeout=float(timeout))
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
             proc.kill()
             code = None
@@ -451,25 +469,25 @@ def verify(
     try:
         payload = records.verified_file(scratch.read(folder, VERIFIED_FILE, MAX_BYTES))  # bounded, typed
         found = payload["results"]
-        if payload.get("environment") and "error" not in payload["environment"]:
-            record.environment = kit_environment(
-                payload["environment"], env, counted=True
-            )  # the verifier's own
+        if payload.get("environment") and "error" not in payload["environment"]:  # the verifier's own
+            record.environment = kit_environment(payload["environment"], env, counted=True)
+        return found
     except (OSError, ValueError, KeyError, TypeError):
         why = (
             "the kit's own run of the programs did not finish within the time limit"
             if code is None
             else f"the kit's own run of the programs ended without results (exit status {code}; see verify.log)"
         )
-        found = {cid: {"unverified": why} for cid in wanted}
+        return {cid: {"unverified": why} for cid in wanted}
     finally:
         scratch.remove(folder)
-        record.verify_seconds = round(time.monotonic() - began, 2)
+
+
+def _merge(results: dict, wanted: dict, found: dict, sent: dict) -> None:
+    """Each run call's result from the kit's run alone: its value, products and facts, and a finding where the
+    notebook's own value differs; a call the kit could not run becomes an error that says why."""
     for cid in wanted:
-        result, mine = (
-            record.results[cid],
-            found.get(cid) or {"unverified": "the kit's run gave nothing for it"},
-        )
+        result, mine = results[cid], found.get(cid) or {"unverified": "the kit's run gave nothing for it"}
         if "unverified" in mine:
             _unverified(result, mine["unverified"])
             continue

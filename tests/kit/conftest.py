@@ -21,12 +21,18 @@ def build(tmp_path) -> Path:
 
 
 @pytest.fixture
-def kit(build):
+def kit_runs() -> list:
+    """The CompletedProcess of each `kit` call of this test, in order."""
+    return []
+
+
+@pytest.fixture
+def kit(build, kit_runs):
     """Run `python -m labkit ...` as a user would; returns the CompletedProcess (text)."""
 
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         env = dict(os.environ, COLUMNS="160", NO_COLOR="1", LABKIT_BUILD=str(build))
-        return subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "labkit", *args],
             cwd=ROOT,
             env=env,
@@ -34,16 +40,25 @@ def kit(build):
             capture_output=True,
             timeout=timeout,
         )
+        kit_runs.append(done)
+        return done
 
     return run
 
 
 @pytest.fixture
-def lab_report(build):
-    """The report.json of the last `lab` run of lab N in this test."""
+def lab_report(build, kit_runs):
+    """The report.json of the last `lab` run of lab N in this test (where there is none: what the kit said)."""
 
     def read(lab: int) -> dict:
-        return json.loads((build / f"lab-{lab}" / "report.json").read_text())
+        report = build / f"lab-{lab}" / "report.json"
+        if not report.exists() and kit_runs:
+            last = kit_runs[-1]
+            pytest.fail(
+                f"no {report.name}: the kit's last command ended with exit status {last.returncode} and said\n"
+                f"{(last.stdout + last.stderr)[-3000:]}"
+            )
+        return json.loads(report.read_text())
 
     return read
 
@@ -155,14 +170,13 @@ FAST_MODULES = frozenset(
 
 @pytest.fixture(scope="session", autouse=True)
 def one_compile_cache(tmp_path_factory):
-    """The student loop's runs of the whole session (every worker's) compile through one JAX cache folder,
-    so the many runs of each reference and of its variants compile each program once. A test of the cache
-    itself grades (its cache is the grading run's own) or sets LABKIT_COMPILE_CACHE_DIR."""
+    """The student loop's runs of the session compile through one JAX cache folder per worker, so the many
+    runs of each reference and of its variants compile each program once. One per worker: a worker's tests
+    run one after another, as one student's `make lab-N` do (as root, each run's warm server hands the
+    folder to a user of its own). A test of the cache itself grades (its cache is the grading run's own)."""
     from labkit import envnames
 
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-cache"
-    os.environ.setdefault(envnames.COMPILE_CACHE_DIR, str(shared))
+    os.environ.setdefault(envnames.COMPILE_CACHE_DIR, str(tmp_path_factory.getbasetemp() / "jax-cache"))
 
 
 def pytest_configure(config):
