@@ -37,6 +37,7 @@ from labkit.grading import collect
 from labkit.judge import records, verify
 from labkit.run import allowance, execute, kernel, modes, scratch
 from labkit.run.allowance import Limits
+from labkit.statuses import Run
 
 UNITS = "units"
 UNIT_FILE = "unit.json"
@@ -265,7 +266,7 @@ def record_of(
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         record.message = f"the run's results could not be read ({type(e).__name__})"
         return record
-    record.status = "ok"
+    record.status = Run.OK
     env = execute.environment_of(config)
     Path(kit_folder).mkdir(parents=True, exist_ok=True)
     verify.verify(record, calls, Path(kit_folder), env, limits, timeout)

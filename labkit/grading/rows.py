@@ -10,8 +10,9 @@ from pathlib import Path
 from labkit.grading.collect import LARGE_BYTES, MAX_BYTES, Unit
 from labkit.judge import judge
 from labkit.run import execute
+from labkit.statuses import Row, Run, Verdict
 
-ROW_STATUSES = ("ok", "failed", "error", "timeout", "missing", "skipped")
+ROW_STATUSES = tuple(Row)
 
 
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
@@ -85,26 +86,28 @@ def make_row(
     ]
     # A test worth no points whose exercise is not written (a stretch not tried) is left out, as make lab-N does.
     counted = [
-        t for t in tests if t["status"] != "skipped" and not (t["status"] == "todo" and not t["points"])
+        t
+        for t in tests
+        if t["status"] != Verdict.SKIPPED and not (t["status"] == Verdict.TODO and not t["points"])
     ]
-    passed = sum(t["status"] == "passed" for t in counted)
+    passed = sum(t["status"] == Verdict.PASSED for t in counted)
     row = {
         "student": student,
         "lab": lab,
         "config": config,
-        "status": "ok",
+        "status": Row.OK,
         "passed": passed,
         "total": len(counted),
         "message": "",
         "tests": tests,
         "cell_errors": [],
         "notes": list(notes),
-        "points": _number(sum(t["points"] for t in counted if t["status"] == "passed")),
+        "points": _number(sum(t["points"] for t in counted if t["status"] == Verdict.PASSED)),
         "max_points": _number(sum(t["points"] for t in counted)),
     }
     if record is None:
         row.update(
-            status="missing",
+            status=Row.MISSING,
             total=expected_total,
             tests=[],
             points=0,
@@ -115,29 +118,29 @@ def make_row(
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
     row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
     row["start"] = record.start  # "warm" (forked by the warm server) or "cold" (a kernel of its own)
-    row["judged_by"] = (
-        record.judged_by
-    )  # "verified" (the kit ran the programs itself) or "reported" (see verify)
-    if record.status == "skipped":
-        row.update(status="skipped", total=0, passed=0, points=0, max_points=0, message=record.message)
-    elif record.status in ("timeout", "error"):
+    row["judged_by"] = record.judged_by  # a statuses.JudgedBy (see judge.verify)
+    if record.status == Run.SKIPPED:
+        row.update(status=Row.SKIPPED, total=0, passed=0, points=0, max_points=0, message=record.message)
+    elif record.status in (Run.TIMEOUT, Run.ERROR):
         row.update(
-            status=record.status,
+            status=Row(record.status),
             passed=0,
             points=0,
             message=record.message or f"the run ended with {record.status}",
         )
     elif not counted:
-        row.update(status="error", message="no test ran on this configuration")
-    elif any(t["status"] in ("error", "timeout") for t in counted):
-        bad = next(t for t in counted if t["status"] in ("error", "timeout"))
-        row.update(status="timeout" if bad["status"] == "timeout" else "error", message=bad["message"])
-    elif passed < len(counted):
-        failing = [t for t in counted if t["status"] != "passed"]
-        first = next((t for t in failing if not t["hidden"]), failing[0])
-        what = "not implemented yet" if first["status"] == "todo" else first["message"]
+        row.update(status=Row.ERROR, message="no test ran on this configuration")
+    elif any(t["status"] in (Verdict.ERROR, Verdict.TIMEOUT) for t in counted):
+        bad = next(t for t in counted if t["status"] in (Verdict.ERROR, Verdict.TIMEOUT))
         row.update(
-            status="failed",
+            status=Row.TIMEOUT if bad["status"] == Verdict.TIMEOUT else Row.ERROR, message=bad["message"]
+        )
+    elif passed < len(counted):
+        failing = [t for t in counted if t["status"] != Verdict.PASSED]
+        first = next((t for t in failing if not t["hidden"]), failing[0])
+        what = "not implemented yet" if first["status"] == Verdict.TODO else first["message"]
+        row.update(
+            status=Row.FAILED,
             message=f"{len(failing)} of {len(counted)} tests did not pass; "
             f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}",
         )
@@ -151,7 +154,7 @@ def unjudged_row(
     what made its judging raise cannot make this raise too)."""
     row = make_row(student, lab, config, None, [], [], expected_total, expected_points)
     row.update(
-        status="error",
+        status=Row.ERROR,
         message=f"the kit could not judge this run ({why}); tell your course staff: it is "
         "judged again at the next grading run",
     )

@@ -19,8 +19,9 @@ from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, Not
 from labkit.course.configs import DeviceConfig
 from labkit.judge import verify
 from labkit.run import execute
+from labkit.statuses import Run, Verdict
 
-STATUSES = ("passed", "failed", "todo", "error", "timeout", "skipped")
+STATUSES = tuple(Verdict)
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Outcome:
     exercise: str
     run: str
     config: str
-    status: str  # one of STATUSES
+    status: str  # a statuses.Verdict
     message: str = ""
     hidden: bool = False
     file: str = ""
@@ -62,23 +63,26 @@ class KitError(RuntimeError):
     """The kit itself could not judge (a lab's tests do not import, say): not the student's fault."""
 
 
-def classify(excinfo) -> tuple[str, str]:
+def classify(excinfo) -> tuple[Verdict, str]:
     exc = excinfo.value if excinfo else None
     if isinstance(exc, Mismatch):
-        return "failed", str(exc)
+        return Verdict.FAILED, str(exc)
     if isinstance(exc, NotDone):
-        return "todo", str(exc)
+        return Verdict.TODO, str(exc)
     if isinstance(exc, CallFailed):
-        return "failed", str(exc)
+        return Verdict.FAILED, str(exc)
     if isinstance(exc, RunProblem):
-        return exc.status if exc.status in STATUSES else "error", str(exc)
+        return exc.status if exc.status in STATUSES else Verdict.ERROR, str(exc)
     if isinstance(exc, AssertionError):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "assertion failed"
-        return "failed", first
+        return Verdict.FAILED, first
     if exc is None:
-        return "failed", "failed"
+        return Verdict.FAILED, "failed"
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return "failed", f"the result could not be checked ({type(exc).__name__}{': ' + first if first else ''})"
+    return (
+        Verdict.FAILED,
+        f"the result could not be checked ({type(exc).__name__}{': ' + first if first else ''})",
+    )
 
 
 class _Plugin:
@@ -118,7 +122,7 @@ class _Plugin:
     def lab_run(self, request) -> LabRun:
         spec = self.runs[request.param]
         record = self.judgement.records[spec.label]
-        if record.status == "skipped":
+        if record.status == Run.SKIPPED:
             pytest.skip(record.message)
         single = request.node.get_closest_marker(SINGLE_PROCESS_MARK)
         if single and spec.config.processes > 1:
@@ -151,7 +155,7 @@ class _Plugin:
         def run(spec: RunSpec) -> execute.RunRecord:
             if self.single_process and spec.config.processes > 1:
                 return execute.RunRecord(
-                    spec.config.name, "skipped", self.single_process, workdir=str(spec.workdir)
+                    spec.config.name, Run.SKIPPED, self.single_process, workdir=str(spec.workdir)
                 )
             if spec.record is not None:
                 return spec.record
@@ -180,9 +184,9 @@ class _Plugin:
             return
         if report.when == "call" or (report.when == "setup" and not report.passed):
             if report.passed:
-                status, message = "passed", ""
+                status, message = Verdict.PASSED, ""
             elif report.skipped:
-                status = "skipped"
+                status = Verdict.SKIPPED
                 message = (
                     report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
                 )

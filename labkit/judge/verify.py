@@ -55,6 +55,7 @@ from labkit.judge.program import (
     same_values,
 )
 from labkit.run import scratch
+from labkit.statuses import JudgedBy, Start
 
 VERIFIED_FILE = "verified.json"
 FOLDER = "verify"  # in the run's kit folder: the verifier's only writable folder
@@ -384,15 +385,14 @@ def _to_run(results: dict, by_id: dict, sent: dict) -> dict[str, str]:
             result.pop(kept_by_the_kit, None)
         if not required(call):
             result.pop("facts", None)  # no test reads them (`mark`): none are kept from the kernel
-            result["judged_by"] = "reported"
+            result["judged_by"] = JudgedBy.REPORTED
         elif "error" in result:  # the call raised in the student's own process: that is the verdict
-            result["judged_by"] = "verified"
+            result["judged_by"] = JudgedBy.VERIFIED
         elif isinstance(mine.get("program"), str):
             wanted[cid] = mine["program"]
         elif mine.get("host_data") is True and takes_host_data(call) and "value" in result:
-            result["judged_by"] = (
-                "reported"  # the tests give it host data: its program's inputs are not the call's
-            )
+            # the tests give it host data: its program's inputs are not the call's
+            result["judged_by"] = JudgedBy.REPORTED
         elif mine.get("host_data") is True:
             _unverified(
                 result,
@@ -441,11 +441,11 @@ def _launch(
                     readable=(kit_folder,),
                     module="labkit.judge.verify",
                 )
-                record.verify_start = "warm"
+                record.verify_start = Start.WARM
             except OSError as e:
                 log.write(f"labkit: no warm start for the verifier ({e}); it starts cold\n".encode())
         if proc is None:
-            record.verify_start = "cold"
+            record.verify_start = Start.COLD
             cache_ro, cache_rw = cache.binds() if cache is not None else ((), ())
             proc = sandbox.launch(
                 [sys.executable, "-m", "labkit.judge.verify", out],
@@ -516,7 +516,7 @@ def _merge(results: dict, wanted: dict, found: dict, sent: dict) -> None:
             )
         else:
             result.pop("facts", None)
-        result["judged_by"] = "verified"
+        result["judged_by"] = JudgedBy.VERIFIED
 
 
 def _differs_from(reported, kits) -> str | None:
@@ -550,7 +550,7 @@ def _unverified(result: dict, why: str) -> None:
         "message": f"the kit could not run this call's program itself: {why}",
         "where": None,
     }
-    result["judged_by"] = "unverified"
+    result["judged_by"] = JudgedBy.UNVERIFIED
 
 
 def takes_host_data(call: dict) -> bool:
@@ -587,12 +587,13 @@ def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:
     return out
 
 
-def judged_by(results: dict) -> str:
+def judged_by(results: dict) -> JudgedBy:
     """A run's results in one word: "verified", "reported", or "partly verified"."""
     marks = {
-        "reported" if r.get("judged_by", "reported") == "reported" else "verified" for r in results.values()
+        JudgedBy.REPORTED if r.get("judged_by", JudgedBy.REPORTED) == JudgedBy.REPORTED else JudgedBy.VERIFIED
+        for r in results.values()
     }
-    return "partly verified" if len(marks) > 1 else marks.pop() if marks else "reported"
+    return JudgedBy.PARTLY if len(marks) > 1 else marks.pop() if marks else JudgedBy.REPORTED
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from labkit.course.configs import DeviceConfig
 from labkit.judge import records, verify
 from labkit.run import kernel, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
+from labkit.statuses import Run, Start
 
 DEFAULT_TIMEOUT = 120.0  # seconds for one notebook on one configuration
 HARNESS_TAG = "labkit-harness"
@@ -48,7 +49,7 @@ class BadNotebook(Exception):
 @dataclass
 class RunRecord:
     config: str
-    status: str  # "ok" (the notebook ran to its end), "error", "timeout" or "skipped"
+    status: str  # a statuses.Run: "ok" (the notebook ran to its end), "error", "timeout" or "skipped"
     message: str = ""
     seconds: float = 0.0
     environment: dict = field(default_factory=dict)
@@ -293,11 +294,11 @@ def run_notebook(
     limits = limits or DEFAULT_LIMITS
     available, reason = config.availability()
     if not available:
-        return RunRecord(config.name, "skipped", reason, workdir=str(workdir))
+        return RunRecord(config.name, Run.SKIPPED, reason, workdir=str(workdir))
     try:
         nb = read_notebook(notebook)
     except BadNotebook as e:
-        return RunRecord(config.name, "error", str(e), workdir=str(workdir))
+        return RunRecord(config.name, Run.ERROR, str(e), workdir=str(workdir))
     fresh_workdir(workdir)
     try:
         if config.processes > 1:
@@ -336,7 +337,7 @@ def _run_one(
     cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
     record = RunRecord(
         config.name,
-        "ok",
+        Run.OK,
         seconds=round(ran.seconds, 2),
         cell_errors=cell_errors,
         workdir=str(workdir),
@@ -346,19 +347,19 @@ def _run_one(
         cpu_share=ran.cpu_share,
     )
     if ran.disk:
-        record.status = "error"
+        record.status = Run.ERROR
         where = f" (while running cell {last_started})" if last_started is not None else ""
         record.message = f"{ran.disk}{where}: nothing from this run is graded"
         return record
     if ran.timed_out:
-        record.status = "timeout"
+        record.status = Run.TIMEOUT
         where = f" (still running cell {last_started})" if last_started is not None else ""
         record.message = f"the notebook did not finish within {timeout:g} s{where}"
         return record
     results_path = scratch.RunFolders(workdir).scratch / "results.json"
     found = scratch.kind(results_path.parent, results_path.name)
     if found != "file":
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = (
             _why_no_results(workdir / "run.log", ran)
             if found == "missing"
@@ -369,18 +370,18 @@ def _run_one(
     try:
         record.environment, record.results = read_results(results_path, key)
     except ForgedResults:
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = FORGED
     except scratch.Refused as e:
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = f"the run's results could not be read: {e}"
     except records.Malformed as e:
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = (
             f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = f"the run's results could not be read ({type(e).__name__})"
     else:
         verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
@@ -494,13 +495,13 @@ def _run_processes(
     cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(
         config.name,
-        "ok",
+        Run.OK,
         seconds=round(seconds, 2),
         cell_errors=cell_errors,
         workdir=str(workdir),
         isolation=next((r.isolation for r in runs if r), ""),
         limits=limits.to_json(),
-        start="cold",
+        start=Start.COLD,
         cpu_share=next((r.cpu_share for r in runs if r), ""),
     )
     refused = []
@@ -520,12 +521,12 @@ def _run_processes(
         )
     of = f"of {config.processes}"
     if failed is not None:
-        record.status = "error"
+        record.status = Run.ERROR
         why = _why_no_results(dirs[failed] / "run.log", runs[failed])
         record.message = f"process {failed} {of} stopped early, so the others were ended too: {why}"
         return record
     if any(r is None or r.timed_out for r in runs):
-        record.status = "timeout"
+        record.status = Run.TIMEOUT
         where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
         record.message = (
             f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
@@ -537,14 +538,14 @@ def _run_processes(
         if not p["results"] and not scratch.is_file(scratch.RunFolders(dirs[i]).scratch, "results.json")
     ]
     if missing:
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = (
             f"process {missing[0]} {of} stopped before its functions could be called: "
             + _why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]])
         )
         return record
     if refused:
-        record.status = "error"
+        record.status = Run.ERROR
         record.message = f"process {refused[0]} {of}: {FORGED}"
         return record
     # process 0's word for its devices (a multi-process run is reported: see labkit.judge.verify), the configuration's

@@ -26,6 +26,7 @@ import nbformat
 from labkit.judge import harness
 from labkit.run import allowance, modes, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
+from labkit.statuses import Start
 
 
 def kill_tree(pid: int) -> None:
@@ -203,7 +204,7 @@ def _kernel_manager_class():
                             cache=self.cache,
                             readable=self.readable,
                         )
-                        self.start_kind = "warm"
+                        self.start_kind = Start.WARM
                     except OSError as e:  # the run starts cold, as it would without a warm server
                         self.run_log.write(f"labkit: no warm start ({e}); the kernel starts cold\n".encode())
                 if self.sandboxed is None:
@@ -218,7 +219,7 @@ def _kernel_manager_class():
                         extra_ro=(*self.readable, *cache_ro),
                         extra_rw=cache_rw,
                     )
-                    self.start_kind = "cold"
+                    self.start_kind = Start.COLD
             finally:
                 self.started.set()
             self.provisioner.process = _KernelProcess(self.sandboxed)

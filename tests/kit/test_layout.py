@@ -18,9 +18,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labkit"
 STAGES = {"run", "judge", "course", "grading", "machine", "student"}
-# What notebooks, lab tests and the CLI name at the top of the package; and envnames, the environment
-# variables' names every stage reads (it imports nothing).
-TOP = {"__init__", "__main__", "cli", "notebook", "checks", "cost", "facts", "envnames", "exitcodes"}
+# What notebooks, lab tests and the CLI name at the top of the package; and envnames, exitcodes and statuses,
+# the fixed words every stage uses (they import nothing of the kit).
+TOP = {
+    "__init__",
+    "__main__",
+    "cli",
+    "notebook",
+    "checks",
+    "cost",
+    "facts",
+    "envnames",
+    "exitcodes",
+    "statuses",
+}
 
 
 def module_name(path: Path) -> str:
