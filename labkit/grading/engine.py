@@ -25,6 +25,7 @@ from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, s
 from labkit.judge import judge
 from labkit.run import execute, jaxcache, kernel, warm
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
+from labkit.statuses import Run
 
 # ----------------------------------------------------------------------------------------
 # The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.
@@ -302,12 +303,18 @@ class Grader:
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
         running: dict[Future, tuple[Unit, str, float]] = {}
         stop = self.stop or StopRequest()
+        # key -> the units whose notebook, lab, configuration and limits are those of a unit already running:
+        # one run is theirs too (a class's untouched handouts, a group's copies), judged for each of them
+        twins: dict[str, list[Unit]] = {}
         try:
             for unit, key in todo:
                 record = store.record(unit, key) if unit not in again else None
                 if record is not None:
                     queue.append((unit, key, record, record.seconds))  # ran before the last stop: judge only
+                elif key in twins and not self.pods:  # a pod's output is its student's own: never shared
+                    twins[key].append(unit)
                 else:
+                    twins[key] = []
                     running[pool.submit(start, unit, key)] = (unit, key, time.monotonic())
             last_judged = time.monotonic()
             while running or queue:
@@ -316,13 +323,14 @@ class Grader:
                     done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in done:
                         unit, key, began = running.pop(fut)
+                        waiting = twins.pop(key, [])
                         try:
                             record, seconds = fut.result()
                             store.save_record(unit, key, record)
                         except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
                             record = execute.RunRecord(
                                 unit.config,
-                                "error",
+                                Run.ERROR,
                                 f"the kit could not run this notebook "
                                 f"({type(e).__name__}: {e}); grade again to retry",
                             )
@@ -331,6 +339,11 @@ class Grader:
                                 round(time.monotonic() - began, 2),
                             )  # key "": graded again next time
                         queue.append((unit, key, record, seconds))
+                        for twin in waiting:
+                            copy = _shared_run(record, unit, twin, store)
+                            if key:
+                                store.save_record(twin, key, copy)
+                            queue.append((twin, key, copy, seconds))
                 stop.check()
                 progress.tick()
                 due = time.monotonic() - last_judged >= self.batch_seconds or len(queue) >= 4 * self.jobs
@@ -348,6 +361,28 @@ class Grader:
             progress.close()
         pool.shutdown(wait=True)
         return [rows[u] for u in units]
+
+
+def _shared_run(record: execute.RunRecord, first: Unit, twin: Unit, store: Store) -> execute.RunRecord:
+    """`first`'s run as `twin`'s (the same notebook's bytes, lab, configuration and limits): a copy of its record
+    in which every mention of first's files (its notebook, its work folder) names twin's, so that nothing in
+    twin's row or feedback names another student."""
+    pairs = [(str(store.workdir(first)), str(store.workdir(twin)))]
+    if first.path is not None and twin.path is not None:
+        pairs.append((str(first.path), str(twin.path)))
+
+    def swap(value):
+        if isinstance(value, str):
+            for theirs, mine in pairs:
+                value = value.replace(theirs, mine)
+            return value
+        if isinstance(value, list):
+            return [swap(v) for v in value]
+        if isinstance(value, dict):
+            return {swap(k): swap(v) for k, v in value.items()}
+        return value
+
+    return execute.RunRecord.from_json(swap(record.to_json()))
 
 
 class StopRequest:

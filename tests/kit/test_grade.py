@@ -101,6 +101,11 @@ def write(path: Path, nb: dict | str | bytes) -> None:
         path.write_text(nb)
 
 
+WHERE_AM_I = (
+    "import os\nraise RuntimeError('ran in ' + os.getcwd() + ' from ' + os.path.abspath('lab-3.ipynb'))"
+)
+
+
 def make_class(folder: Path) -> Path:
     subs = folder / "submissions"
     write(subs / "alice" / "lab-3.ipynb", reference_nb())
@@ -125,6 +130,11 @@ def make_class(folder: Path) -> Path:
     nb["cells"].insert(at + 1, code_cell("raise RuntimeError(\"<script>document.title='pwned'</script>\")"))
     nb["cells"].insert(at, code_cell("raise KeyError('left over before the exercise')"))
     write(subs / EVIL / "lab-3.ipynb", nb)
+    # the same bytes from two students: one run, judged for each, each row naming its own files only
+    nb = reference_nb()
+    nb["cells"].insert(exercise_index(nb) + 1, code_cell(WHERE_AM_I))
+    write(subs / "olga" / "lab-3.ipynb", nb)
+    write(subs / "pete" / "lab-3.ipynb", nb)
     write(subs / "notes.txt", "a stray file at the top of the folder")
     # links, as `git clone`, `tar` or `cp -a` keep them: a notebook linked to the reference, a folder linked to /etc
     (subs / "kate").mkdir()
@@ -147,6 +157,8 @@ STUDENTS = [
     EVIL,
     "kate",
     "liam",
+    "olga",
+    "pete",
 ]
 
 
@@ -278,6 +290,42 @@ def test_stray_cells_that_raise_before_and_after_the_exercise_do_not_stop_its_gr
     assert rows[EVIL, "cpu-8"]["status"] == "ok"
     raised = {e["type"] for e in row_of(results, EVIL, "cpu-8")["cell_errors"]}
     assert raised == {"KeyError", "RuntimeError"}
+
+
+def test_two_students_with_the_same_notebook_share_one_run_and_each_row_names_only_its_own_files(
+    rows, results, graded
+):
+    out = graded[1]
+    ran = {s for s in ("olga", "pete") if (out / "work" / s / "lab-3").exists()}
+    assert len(ran) == 1, ran  # one run of those bytes on each configuration, not one per student
+    for config in ("cpu-1", "cpu-8"):
+        olga, pete = row_of(results, "olga", config), row_of(results, "pete", config)
+        assert olga["status"] == pete["status"] == "ok" and olga["passed"] == pete["passed"] == 6
+        assert olga["cell_errors"] and pete["cell_errors"], (olga, pete)
+        for mine, other in ((olga, "pete"), (pete, "olga")):
+            said = json.dumps(mine)
+            assert other not in said, f"{mine['student']}'s row names {other}: {said[:600]}"
+        assert [e["message"].replace("olga", "pete") for e in olga["cell_errors"]] == [
+            e["message"] for e in pete["cell_errors"]
+        ]
+
+
+def test_a_shared_run_is_copied_with_every_mention_of_the_first_students_files_made_the_others(tmp_path):
+    kept = store.Store(tmp_path / "out")
+    first = collect.Unit("olga", 3, "cpu-8", tmp_path / "subs" / "olga" / "lab-3.ipynb")
+    twin = collect.Unit("pete", 3, "cpu-8", tmp_path / "subs" / "pete" / "lab-3.ipynb")
+    record = execute.RunRecord(
+        "cpu-8",
+        "ok",
+        f"see {kept.workdir(first)}/executed.ipynb",
+        cell_errors=[{"type": "RuntimeError", "message": f"in {first.path}"}],
+        results={"c1": {"value": {"kind": "str", "value": str(kept.workdir(first))}}},
+        workdir=str(kept.workdir(first)),
+    )
+    copy = engine._shared_run(record, first, twin, kept)
+    assert "olga" not in json.dumps(copy.to_json())
+    assert copy.workdir == str(kept.workdir(twin)) and copy.cell_errors[0]["message"] == f"in {twin.path}"
+    assert "olga" in json.dumps(record.to_json())  # the first student's own record is left as it was
 
 
 def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
