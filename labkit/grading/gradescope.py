@@ -359,15 +359,13 @@ def _nothing_graded(why: str) -> dict:
 
 def _cgroup_file(controller: str, v1: str, v2: str) -> Path | None:
     """This process's memory cgroup file (`v1` under cgroup v1, `v2` under v2), or None where there is none."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
+    from labkit.run import proccgroup
+
+    for joined in proccgroup.memberships():
+        path = joined.path
+        if controller in joined.controllers:
             base, name = Path("/sys/fs/cgroup") / controller, v1
-        elif controllers == "" and line.startswith("0::"):
+        elif joined.unified:
             base, name = Path("/sys/fs/cgroup"), v2
         else:
             continue

@@ -13,19 +13,12 @@ import uuid
 from pathlib import Path
 
 from labkit import envnames
-from labkit.run import cgroup2, sessions
+from labkit.run import cgroup2, proccgroup, sessions
 from labkit.run.allowance import Limits
 
 
 def _own_cgroup(controller: str) -> str | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if controller in controllers.split(","):
-                return path
-    except OSError:
-        pass
-    return None
+    return proccgroup.v1_path(controller)
 
 
 def _may_make_cgroups() -> bool:

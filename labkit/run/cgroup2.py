@@ -22,22 +22,17 @@ import os
 import uuid
 from pathlib import Path
 
+from labkit.run import proccgroup
+
 ROOT = Path("/sys/fs/cgroup")
 CPU_WEIGHT = 100  # every run's weight against the others (v2's default for a group)
 LEAF = "labkit-kit"  # where the kit's own processes live once it manages its cgroup
 
 
-def own(root: Path = ROOT, proc: Path = Path("/proc/self/cgroup")) -> Path | None:
+def own(root: Path = ROOT, proc: Path = proccgroup.PROC) -> Path | None:
     """This process's v2 cgroup folder, when the unified hierarchy is mounted at `root`; else None."""
-    try:
-        lines = proc.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        hierarchy, _, path = line.split(":", 2)
-        if hierarchy == "0" and (root / "cgroup.controllers").exists():
-            return root / path.lstrip("/")
-    return None
+    path = proccgroup.v2_path(proc)
+    return root / path.lstrip("/") if path is not None and (root / "cgroup.controllers").exists() else None
 
 
 def _controllers(group: Path, name: str = "cgroup.controllers") -> set[str]:

@@ -29,6 +29,8 @@ import platform
 import struct
 from pathlib import Path
 
+from labkit.run import proccgroup
+
 # (the audit architecture of the kernel's native system calls, the number of setsid there)
 _NATIVE = {"x86_64": (0xC000003E, 112), "aarch64": (0xC00000B7, 157)}
 _X32_BIT = 0x40000000  # x86-64's x32 calls are the native table's numbers with this bit set
@@ -99,24 +101,26 @@ def install() -> None:
 def _cpu_group(proc: Path, mounts: Path) -> tuple[str, str] | None:
     """(this process's cgroup for the cpu controller, the root of that hierarchy's mount), v1 or v2."""
     try:
-        lines = proc.read_text().splitlines()
         info = mounts.read_text().splitlines()
     except OSError:
         return None
-    v1 = [ln.split(":", 2)[2] for ln in lines if "cpu" in ln.split(":", 2)[1].split(",")]
+    joined = proccgroup.memberships(proc)
+    if not joined:
+        return None
+    v1 = next((m.path for m in joined if "cpu" in m.controllers), None)
     for fields in (m.split() for m in info):
         dash = fields.index("-")
         kind, options = fields[dash + 1], fields[-1].split(",")
-        if v1 and kind == "cgroup" and "cpu" in options:
-            return v1[0], fields[3]
-        if not v1 and kind == "cgroup2":
-            path = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
+        if v1 is not None and kind == "cgroup" and "cpu" in options:
+            return v1, fields[3]
+        if v1 is None and kind == "cgroup2":
+            path = next((m.path for m in joined if m.unified), None)
             return (path, fields[3] + "|" + fields[4]) if path is not None else None
     return None
 
 
 def in_effect(
-    proc: Path = Path("/proc/self/cgroup"),
+    proc: Path = proccgroup.PROC,
     mounts: Path = Path("/proc/self/mountinfo"),
     enabled: Path = Path("/proc/sys/kernel/sched_autogroup_enabled"),
 ) -> bool:
