@@ -23,7 +23,7 @@ from labkit.grading.progress import Progress
 from labkit.grading.rows import clean_message, make_row, submission_notes, unjudged_row
 from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key
 from labkit.judge import judge
-from labkit.run import execute, jaxcache, kernel, warm
+from labkit.run import execute, jaxcache, processes, warm
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 from labkit.statuses import Run
 
@@ -425,7 +425,7 @@ def _stop_children() -> None:
         return
     for child in children:
         try:
-            kernel.kill_tree(child.pid)
+            processes.kill_tree(child.pid)
         except (OSError, ValueError):
             continue
 

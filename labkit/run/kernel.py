@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -24,22 +23,9 @@ from pathlib import Path
 import nbformat
 
 from labkit.judge import harness
-from labkit.run import allowance, modes, sandbox, scratch
+from labkit.run import allowance, modes, processes, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 from labkit.statuses import Start
-
-
-def kill_tree(pid: int) -> None:
-    """End a process and everything it started, including kernels in sessions of their own."""
-    for p in [pid, *sandbox.descendants(pid)]:
-        for kill in (
-            lambda q: os.killpg(os.getpgid(q), signal.SIGKILL),
-            lambda q: os.kill(q, signal.SIGKILL),
-        ):
-            try:
-                kill(p)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
 
 
 def launch(
@@ -231,7 +217,7 @@ def _kernel_manager_class():
             """End the kernel and everything it started, at once (from any thread): papermill then returns."""
             if self.sandboxed is not None:
                 self.sandboxed.kill()
-                kill_tree(self.sandboxed.pid)
+                processes.kill_tree(self.sandboxed.pid)
 
         def end(self) -> None:
             """Stop the kernel, wait for it, and remove what the run's sockets left (papermill's thread, once done)."""

@@ -23,6 +23,17 @@ def kill(pids) -> None:
             pass
 
 
+def kill_tree(pid: int) -> None:
+    """End `pid` and every process it started, each one's process group too (a kernel in a session of its own
+    leads one); one that has ended, or that this user may not signal, is passed over."""
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.killpg(os.getpgid(p), signal.SIGKILL)
+        except OSError:
+            pass
+        kill([p])
+
+
 def descendants(pid: int) -> list[int]:
     """Every process started by `pid`, its children's children included."""
     try:

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from labkit.machine import accelerators
-from labkit.run import allowance, kernel, modes, mounts, sandbox
+from labkit.run import allowance, modes, mounts, processes, sandbox
 
 SANDBOXED = modes.isolation()[0] == modes.BUBBLEWRAP
 
@@ -77,7 +77,7 @@ def _limits_of_a_run(tmp_path, env: dict) -> str:
         try:
             proc.wait(timeout=60)
         finally:
-            kernel.kill_tree(proc.pid)
+            processes.kill_tree(proc.pid)
             proc.wait()
     return log_path.read_text()
 
@@ -128,7 +128,7 @@ def test_a_sandboxed_gpu_run_sees_the_driver_folder_on_its_library_path(gpu_host
         try:
             proc.wait(timeout=60)
         finally:
-            kernel.kill_tree(proc.pid)
+            processes.kill_tree(proc.pid)
             proc.wait()
     out = log_path.read_text()
     assert f"LD {driver}" in out and "READ driver" in out, out

@@ -23,7 +23,18 @@ import pytest
 
 from labkit.course import catalog, configs
 from labkit.judge.judge import RunSpec, judge
-from labkit.run import allowance, bwrap, cgroup, execute, kernel, modes, mounts, runusers, sandbox, warm
+from labkit.run import (
+    allowance,
+    bwrap,
+    cgroup,
+    execute,
+    modes,
+    mounts,
+    processes,
+    runusers,
+    sandbox,
+    warm,
+)
 from labkit.run.allowance import Limits, MiB
 
 ADVERSARIAL = Path(__file__).parent / "adversarial"
@@ -491,7 +502,7 @@ def _launch(tmp_path, code: str, limits: Limits = allowance.DEFAULT_LIMITS, time
         try:
             proc.wait(timeout=timeout)
         finally:
-            kernel.kill_tree(proc.pid)
+            processes.kill_tree(proc.pid)
             proc.wait()
     return log_path.read_text()
 
