@@ -106,6 +106,12 @@ class Grader:
         self._warm = None
         jaxcache.release(self.cache)
 
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def calls(self, lab: int) -> list[dict]:
         if lab not in self._calls:
             self._calls[lab] = judge.collect_calls(self.labs[lab].test_dirs(hidden=True))

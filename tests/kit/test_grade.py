@@ -334,12 +334,12 @@ def test_a_notebook_that_never_ends_is_a_timeout(tmp_path):
     nb = reference_nb()
     nb["cells"].insert(1, code_cell("import time\nwhile True:\n    time.sleep(1)"))
     write(tmp_path / "lab-3.ipynb", nb)
-    grader = engine.Grader(
+    with engine.Grader(
         tmp_path / "out", [catalog.lab(3)], configs.parse("cpu-1"), jobs=1, timeout=10, stream=io.StringIO()
-    )
-    [row] = grader.run(
-        [collect.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], store.Store(tmp_path / "out"), "t"
-    )
+    ) as grader:  # its warm server is stopped when it is done, as `grade` stops its own
+        [row] = grader.run(
+            [collect.Unit("lena", 3, "cpu-1", tmp_path / "lab-3.ipynb")], store.Store(tmp_path / "out"), "t"
+        )
     assert row["status"] == "timeout" and row["passed"] == 0
     assert "did not finish within 10 s" in row["message"]
 

@@ -2,9 +2,9 @@
 
 test_student_loop.py runs every reference on cpu-1 and cpu-8; here the same references run on
 cpu-2, cpu-4, cpu-16 and cpu-32 (one `python -m labkit lab` call per lab), and labs 5 and 11 on
-cpu-4x2, four processes of two devices. `make test` runs each reference on one small size (2 or 4)
-and one large (16 or 32), in turn by lab number, so that every size is run by a quarter to a half of
-the labs; `make test SWEEP=full` runs every lab on all four. Every input of every lab divides by
+cpu-4x2, four processes of two devices. `make test` runs each reference on one of the four sizes, in
+turn by lab number, so that every size is run by three or four labs; `make test SWEEP=full` runs every
+lab on all four. Every input of every lab divides by
 each count: no test fails, and no cell of the notebook (the worked examples, the "try it" cells)
 raises. Lab 11 also runs with its devices listed in an order that interleaves the processes, as a
 TPU pod's `jax.devices()` may list them: its global batch must keep its rows in order.
@@ -21,9 +21,9 @@ POD_SIZES = [f"cpu-{n}" for n in configs.POD_SIZES if n not in (1, 8)]  # 1 and 
 
 
 def sizes_for(number: int) -> list[str]:
-    """The pod sizes lab `number` runs on: all four in the full sweep, else a small one and a large one."""
-    small, large = ["cpu-2", "cpu-4"], ["cpu-16", "cpu-32"]
-    return POD_SIZES if sweep.FULL else [small[number % 2], large[(number // 2) % 2]]
+    """The pod sizes lab `number` runs on: all four in the full sweep, else one, in turn by lab number (so
+    each size is run by three or four labs, a small and a large one for every two labs)."""
+    return POD_SIZES if sweep.FULL else [["cpu-2", "cpu-16", "cpu-4", "cpu-32"][number % 4]]
 
 
 def test_the_sweep_runs_every_pod_size_on_some_lab():
