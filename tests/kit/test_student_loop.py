@@ -26,7 +26,7 @@ def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(k
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit, lab_report, lab):
     done = kit("lab", str(lab.number), "--configs", "cpu-1,cpu-8")
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-6000:]
     assert "not implemented yet" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     report = lab_report(lab.number)
