@@ -72,7 +72,7 @@ def classify(excinfo) -> tuple[Verdict, str]:
     if isinstance(exc, CallFailed):
         return Verdict.FAILED, str(exc)
     if isinstance(exc, RunProblem):
-        return exc.status if exc.status in STATUSES else Verdict.ERROR, str(exc)
+        return Verdict(exc.status) if exc.status in STATUSES else Verdict.ERROR, str(exc)
     if isinstance(exc, AssertionError):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "assertion failed"
         return Verdict.FAILED, first

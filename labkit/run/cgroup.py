@@ -17,10 +17,6 @@ from labkit.run import cgroup2, proccgroup, sessions
 from labkit.run.allowance import Limits
 
 
-def _own_cgroup(controller: str) -> str | None:
-    return proccgroup.v1_path(controller)
-
-
 def _may_make_cgroups() -> bool:
     """Whether this process may make cgroups for its runs: as root, unless LABKIT_CGROUPS=off."""
     return os.geteuid() == 0 and os.environ.get(envnames.CGROUPS, "auto") != "off"
@@ -77,7 +73,7 @@ def cpu_share() -> str:
         return "none: cgroups are turned off (LABKIT_CGROUPS=off); runs compete process by process"
     if (
         _may_make_cgroups()
-        and _own_cgroup("cpu") is not None
+        and proccgroup.v1_path("cpu") is not None
         and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists()
     ):
         return f"a v1 cpu cgroup per run (cpu.shares {CPU_SHARES}), made as root"
@@ -117,7 +113,7 @@ def _v1_cgroups(limits: Limits) -> list[Path]:
         ("memory", {"memory.limit_in_bytes": limits.memory}),
         ("cpu", {"cpu.shares": CPU_SHARES}),
     ):
-        own = _own_cgroup(controller)
+        own = proccgroup.v1_path(controller)
         base = Path("/sys/fs/cgroup") / controller
         if own is None or not (base / "cgroup.procs").exists():
             continue
@@ -157,5 +153,5 @@ def pids_cgroups_available() -> bool:
     """Whether `make_cgroups` can give each run a pids cgroup here (root, with the pids controller mounted)."""
     if not _may_make_cgroups():
         return False
-    own = _own_cgroup("pids")
+    own = proccgroup.v1_path("pids")
     return own is not None and (Path("/sys/fs/cgroup/pids") / own.lstrip("/")).is_dir()
