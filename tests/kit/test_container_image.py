@@ -644,6 +644,50 @@ def test_docker_grade_with_its_default_configurations_grades_every_one_and_start
     assert rows["cpu-1"]["start"] == rows["cpu-8"]["start"] == "warm"
 
 
+def test_the_terms_class_in_the_container_keeps_the_tas_inputs_and_gets_the_rules_grades(
+    engine, image, tmp_path
+):
+    """The class of tests/kit/test_term.py through `make docker-grade`: week 1 with every TA input the guide
+    lists, week 2 with nothing but the new export. Each run's grades.csv is the one the rules give (computed
+    there from the rows alone), so the roster, policy, overrides, extensions and adjustments of week 1 were
+    kept in GRADES/course and used again inside a fresh container."""
+    import test_term as term
+
+    inputs = {
+        "roster.csv": term.roster_csv(),
+        "policy.toml": term.policy_toml(),
+        "overrides.csv": term.OVERRIDES.format(points=4),
+        "extensions.csv": term.EXTENSIONS,
+        "adjustments.csv": term.ADJUSTMENTS,
+    }
+    for name, text in inputs.items():
+        (tmp_path / name).write_text(text)
+    grades = tmp_path / "grades"
+    week1, week2 = term.export(tmp_path / "week1.zip", week=1), term.export(tmp_path / "week2.zip", week=2)
+
+    def docker_grade(export: Path, given: dict[str, str]):
+        return make_line(
+            engine,
+            doc_commands.with_values(
+                "make docker-grade SUBMISSIONS=submissions GRADES=grades LABS=3",
+                SUBMISSIONS=str(export),
+                GRADES=str(grades),
+                also={"CONFIGS": "cpu-1,cpu-8", **given},
+            ),
+            timeout=1800,
+        )
+
+    first = docker_grade(week1, {name.split(".")[0].upper(): str(tmp_path / name) for name in inputs})
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    term.check_grades(grades, week=1, overrides={("s17", term.LAB): 4.0})
+    assert sorted(p.name for p in (grades / "course").iterdir()) == sorted([*inputs, "manifest.json"])
+
+    second = docker_grade(week2, {})
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    term.check_grades(grades, week=2, overrides={("s17", term.LAB): 4.0})
+    assert owned_by(grades, os.getuid()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Other builds: the TPU variant, and bases that lack what the image needs.
 
