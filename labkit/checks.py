@@ -86,6 +86,7 @@ __all__ = [
     "expect_work_split",
     "placed",
     "sent_per_device",
+    "shaped",
     "single_process",
 ]
 
@@ -116,6 +117,12 @@ class Call:
         }
         return {**what, "facts": True} if self.facts else what
 
+    @property
+    def compile_only(self) -> bool:
+        """Are some of its inputs shapes only (`shaped`)? Then nothing computes a value: the TPU compiler
+        judges its program, on the compile-only TPU configurations alone."""
+        return _has_shapes_only((self.args, self.kwargs))
+
     @functools.cached_property
     def id(self) -> str:
         """Equal calls share one id, so a call used by several tests runs once (examined if any asks)."""
@@ -136,6 +143,31 @@ class Placed:
 
 
 @dataclass(frozen=True)
+class Shaped:
+    """An input given by its shape and dtype alone, never made: a call at a production size, whose program only
+    the TPU compiler looks at (`shaped`)."""
+
+    shape: tuple
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        import ml_dtypes  # noqa: F401 - numpy then knows bfloat16
+
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def _has_shapes_only(value) -> bool:
+    if isinstance(value, Shaped):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_shapes_only(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_shapes_only(v) for v in value.values())
+    return False
+
+
+@dataclass(frozen=True)
 class AsNumpy:
     """An input that arrives as a numpy array rather than a JAX array."""
 
@@ -144,7 +176,25 @@ class AsNumpy:
 
 def call(function: str, *args, **kwargs) -> Call:
     """A call of the student's `function` on these inputs. Arrays arrive as JAX arrays on the default device."""
-    return Call(function, tuple(args), dict(kwargs))
+    made = Call(function, tuple(args), dict(kwargs))
+    if made.compile_only:
+        raise TypeError(
+            f"call({function!r}, ...) has an input given by its shape only (shaped), which has no value to "
+            "compute: examine its program with compiled_call"
+        )
+    return made
+
+
+def shaped(shape, dtype="float32") -> Shaped:
+    """An input of this shape and dtype that is never made: `compiled_call("train_step", shaped((8192, 32768)))`.
+
+    The student's function is traced on it (as `jax.ShapeDtypeStruct`) and its program compiled for a TPU
+    topology, never run: a production size no CPU could hold. Such a test runs on the compile-only TPU
+    configurations (`v5e-8`, `v5e-256`, ...) and is skipped on every other, saying so.
+    """
+    import ml_dtypes  # noqa: F401 - JAX's own: numpy then knows bfloat16 by name
+
+    return Shaped(tuple(int(n) for n in shape), str(np.dtype(dtype)))
 
 
 def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
@@ -157,6 +207,8 @@ def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
 
 
 def _encode_input(value) -> dict:
+    if isinstance(value, Shaped):
+        return {"kind": "abstract", "shape": list(value.shape), "dtype": value.dtype}
     if isinstance(value, Placed):
         enc = plaindata.encode(np.asarray(value.value))
         enc["place"] = {
@@ -326,12 +378,20 @@ def check(*, points: float = 1, **calls: Call):
 
     def decorate(body):
         wants = set(inspect.signature(body).parameters)
+        compile_only = any(c.compile_only for c in calls.values())
         unknown = wants - set(calls) - {"run"}
         if unknown:
             raise TypeError(f"{body.__name__} asks for {sorted(unknown)}, which no call provides")
 
         @functools.wraps(body)
         def test(lab_run: LabRun):
+            if compile_only and not lab_run.config.compile_for:
+                import pytest
+
+                pytest.skip(
+                    f"a production size, judged by the TPU compiler alone: it runs on the compile-only TPU "
+                    f"configurations (CONFIGS=v5e-8, v5e-256, ...), not on {lab_run.config.name}"
+                )
             values = {name: lab_run.value(c) for name, c in calls.items()}
             if "run" in wants:
                 values["run"] = lab_run

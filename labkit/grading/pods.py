@@ -6,7 +6,7 @@ network, a read-only root, its inputs read-only, one output folder of its own, t
 CPU and memory as its limits and a deadline. Three steps, each a command of `python -m labkit pods`:
 
 * `plan` (trusted: it reads the hidden tests): one input folder per unit, `PLAN/units/<i>/`, with the
-  notebook, the calls as the student's process may see them (`verify.for_the_student`: a call whose
+  notebook, the calls as the student's process may see them (`callplan.for_the_student`: a call whose
   program the kit runs itself gets shapes only) and which unit it is; and `PLAN/units.json`, the list.
   The reference solutions are units too (student `reference`, marked `"kit": true`), as in `grade`: the kit's
   own units are a namespace of their own, and a student folder named `reference` is a unit of that student.
@@ -34,7 +34,7 @@ from pathlib import Path
 from labkit.course import configs
 from labkit.exitcodes import ExitCode
 from labkit.grading import collect
-from labkit.judge import records, verify
+from labkit.judge import callplan, records, verify
 from labkit.run import allowance, execute, kernel, modes, scratch
 from labkit.run.allowance import Limits
 from labkit.statuses import Run
@@ -75,7 +75,7 @@ def plan(
     subs = collect.discover(Path(submissions), [lab.number for lab in chosen_labs])
     units = []
     for lab in chosen_labs:
-        calls = verify.for_the_student(verify.mark(judge.collect_calls(lab.test_dirs(hidden=True))))
+        calls = callplan.mark(judge.collect_calls(lab.test_dirs(hidden=True)))
         handed = [(collect.REFERENCE, lab.reference, True)] + [
             (s, found[lab.number], False) for s, found in sorted(subs.students.items()) if lab.number in found
         ]
@@ -85,7 +85,8 @@ def plan(
                 folder = out / UNITS / str(index)
                 folder.mkdir(parents=True)
                 shutil.copyfile(notebook, folder / NOTEBOOK, follow_symlinks=False)
-                (folder / CALLS).write_text(json.dumps({"calls": calls}))
+                made = callplan.for_configuration(calls, bool(config.compile_for))  # the kit's own list
+                (folder / CALLS).write_text(json.dumps({"calls": callplan.for_the_student(made)}))
                 unit = {
                     "index": index,
                     "student": student,

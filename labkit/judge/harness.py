@@ -57,7 +57,7 @@ def fit_mesh_shape(shape, devices: int) -> tuple[int, ...]:
 
 def _materialise(enc: dict):
     """An input, decoded in the student's process: arrays become JAX arrays unless asked otherwise; an
-    abstract one (`verify.for_the_student`) becomes a jax.ShapeDtypeStruct, placed as asked."""
+    abstract one (`callplan.for_the_student`) becomes a jax.ShapeDtypeStruct, placed as asked."""
     kind = enc.get("kind")
     if kind == "abstract":
         import jax
@@ -289,7 +289,7 @@ _NEEDS_VALUES = {
 
 
 def _abstract(args, kwargs) -> bool:
-    """Does the call carry inputs as shapes only (`verify.for_the_student`)?"""
+    """Does the call carry inputs as shapes only (`callplan.for_the_student`)?"""
     stack = [*args, *kwargs.values()]
     while stack:
         v = stack.pop()

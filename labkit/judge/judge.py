@@ -17,7 +17,7 @@ import pytest
 
 from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, NotDone, RunProblem
 from labkit.course.configs import DeviceConfig
-from labkit.judge import verify
+from labkit.judge import callplan
 from labkit.run import execute
 from labkit.statuses import Run, Verdict
 
@@ -149,7 +149,7 @@ class _Plugin:
             {"id": cid, **c.encoded(), **({"facts": True} if cid in examined else {})}
             for cid, c in calls.items()
         ]
-        self.calls = verify.mark(encoded)
+        self.calls = callplan.mark(encoded)
         self.single_process = single_process_reason(session.items)
 
         def run(spec: RunSpec) -> execute.RunRecord:

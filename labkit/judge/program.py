@@ -47,12 +47,15 @@ _COLLECTIVES = {
 }
 
 
+_MESH_AXIS = re.compile(r'"[^"]*"\s*=\s*(\d+)')  # an axis of an sdy mesh attribute: "name"=size
+
+
 def read_module(module_text: str) -> dict[str, Any]:
     """What the kit needs to know of a StableHLO module, read from the parsed module op by op, never from its text:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
     part each device runs on its own block, "written": the collectives it asks for itself, by their HLO
-    names (those jit's partitioner adds come later, in the compiled program)}. Raises when the text is
-    not a module."""
+    names (those jit's partitioner adds come later, in the compiled program)}. "meshes": the axis sizes of each mesh
+    the module declares (`sdy.mesh`), in order}. Raises when the text is not a module."""
     from jax.interpreters import (
         mlir,  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
     )
@@ -61,6 +64,7 @@ def read_module(module_text: str) -> dict[str, Any]:
 
     targets: set[str] = set()
     written: set[str] = set()
+    meshes: list[tuple[int, ...]] = []
     found = {"products": False, "manual": False}
 
     def visit(op: Any) -> Any:
@@ -73,11 +77,13 @@ def read_module(module_text: str) -> dict[str, Any]:
             found["manual"] |= target in _MANUAL_TARGETS
         found["products"] |= name in _PRODUCTS
         found["manual"] |= name in _MANUAL
+        if name == "sdy.mesh" and "mesh" in op.attributes:  # #sdy.mesh<["data"=2, "model"=4]>
+            meshes.append(tuple(int(n) for n in _MESH_AXIS.findall(str(op.attributes["mesh"]))))
         return ir.WalkResult.ADVANCE
 
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
-    return {"targets": targets, "written": sorted(written), **found}
+    return {"targets": targets, "written": sorted(written), "meshes": meshes, **found}
 
 
 def custom_calls(module_text: str) -> set[str]:

@@ -5,7 +5,7 @@ harness's key and sign any values, a function can show the examiner one program 
 value from another, and a program can hold as constants the answers to inputs it was shown.
 
 So for a call the kit runs itself, the student's process is given only the shapes, dtypes and
-placements of the call's arrays (`for_the_student`): the sealed harness traces the function on them
+placements of the call's arrays (`callplan.for_the_student`): the sealed harness traces the function on them
 and exports its program with `jax.export` (`facts.export`); it never runs it and never sees a value.
 After the run, the kit starts a fresh sandboxed Python, in which no student code has run, under the
 run's configuration and limits (`python -m labkit.judge.verify`). It deserializes each program, refuses one
@@ -17,7 +17,7 @@ and the same, no key is worth stealing, and hidden inputs stay hidden.
 The kit alone decides how a call is judged, from its own call list, the configuration and the verifier's own
 process; nothing the student's process wrote decides it. Which calls: every call of a function whose compiled
 program any test reads (`checks.compiled_call`): a test that looks at the program must see the one whose value
-it grades, and jax.jit must be able to trace such a function anyway (`mark`). Each must be verified, or it is
+it grades, and jax.jit must be able to trace such a function anyway (`callplan.mark`). Each must be verified, or it is
 an error that says why (export refused, a program that makes arrays from host data, one the kit cannot run,
 a custom call outside the allow-list, outputs past the caps), and no value from the kernel is kept for it.
 One exception keeps the report: a call the lab's tests give host data (`checks.as_numpy`, lab 11's) whose
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ from pathlib import Path
 from labkit import envnames
 from labkit.judge import program as program
 from labkit.judge import records
+from labkit.judge.callplan import compile_only, required, takes_host_data
 from labkit.judge.program import (
     ALLOWED_CUSTOM_CALLS,
     ALLOWED_PATTERN,
@@ -184,6 +186,9 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
     if given != takes:
         return {"unverified": "its exported program takes other inputs than the call gives"}
 
+    if compile_only(call):  # a production size: the TPU program's facts alone, nothing is run
+        return _compiled_only(call, exported, blob, module, args, kwargs, positions)
+
     def program(*a, **kw):
         now = jax.tree_util.tree_leaves((tuple(a), dict(kw)))
         return exported.call(*[now[i] for i in positions])
@@ -256,6 +261,47 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         return {"unrunnable": f"{type(e).__name__}: {harness._first_line(e)[:300]}"}
 
 
+def _compiled_only(call: dict, exported, blob: str, module: dict, args, kwargs, positions) -> dict:
+    """A call at a production size (`compile_only`): its program compiled for this configuration's TPU topology,
+    never run. As a run tries its context meshes in turn, so does this, the meshes the program itself declares
+    first: the first in which JAX can name the compiled program's shardings gives the facts; the compiler's own
+    refusal (out of HBM) is the program's."""
+    from labkit.judge import plaindata, tpucompile
+
+    topology = tpucompile.topology()
+    if not topology:
+        return {
+            "unverified": "a call at a production size is judged only on a compile-only TPU configuration"
+        }
+    n = exported.nr_devices
+    own = [m for m in module["meshes"] if math.prod(m) == n and n > 1]  # the meshes the program names first
+    for shape in dict.fromkeys([*own, *_mesh_shapes(n)]):
+        found = tpucompile.compiled_facts(
+            exported,
+            base64.b64decode(blob),
+            topology,
+            shape,
+            args,
+            kwargs,
+            positions,
+            call.get("tpu_refused"),
+        )
+        if not _other_mesh_needed(found):
+            break
+    return {
+        "value": plaindata.encode(None),
+        "products": module["products"],
+        "facts": found if "unavailable" in found else found | {"written": module["written"]},
+    }
+
+
+def _other_mesh_needed(found: dict) -> bool:
+    """Did the compile fail only because JAX could not name the program's output shardings in the context mesh
+    tried (an assertion or a value error of JAX's, not the compiler's refusal)?"""
+    why = str(found.get("unavailable") or "")
+    return bool(why) and ("AssertionError" in why or "ValueError" in why) and "RESOURCE_EXHAUSTED" not in why
+
+
 JOB_FILE = "verify-job.json"  # in the run's kit folder, while the verifier runs: read-only to it, never the student's
 
 
@@ -288,51 +334,6 @@ def main(argv: list[str]) -> int:
 # ----------------------------------------------------------------------------------------
 # The kit's side: start the verifier after a run, and put its findings in the run's record.
 # ----------------------------------------------------------------------------------------
-
-
-def mark(calls: list[dict]) -> list[dict]:
-    """The judge's calls, those the kit must run itself marked `verify`: every call of a function whose
-    compiled program any test reads (a function the tests examine is one jax.jit can trace)."""
-    examined = {c["function"] for c in calls if c.get("facts")}
-    return [c | {"verify": True} if c["function"] in examined else c for c in calls]
-
-
-def for_the_student(calls: list[dict]) -> list[dict]:
-    """The calls as the student's process gets them: a call the kit runs itself gets its JAX arrays as
-    shapes, dtypes and placements only, so the tests' inputs (hidden ones too) never enter that process
-    and no program can hold their answers. Inputs given as numpy arrays (host data the function reads
-    on the host, as lab 11's do) and Python values still arrive whole."""
-    return [_abstracted(c) if required(c) else c for c in calls]
-
-
-def _abstracted(call: dict) -> dict:
-    def strip(enc):
-        if not isinstance(enc, dict):
-            return enc
-        kind = enc.get("kind")
-        if kind in ("list", "tuple"):
-            return {**enc, "items": [strip(v) for v in enc["items"]]}
-        if kind == "dict":
-            return {**enc, "items": [[k, strip(v)] for k, v in enc["items"]]}
-        if kind == "array" and enc.get("as") != "numpy":
-            return {
-                "kind": "abstract",
-                "dtype": enc["dtype"],
-                "shape": enc["shape"],
-                **({"place": enc["place"]} if enc.get("place") else {}),
-            }
-        return enc
-
-    return {
-        **call,
-        "args": [strip(a) for a in call.get("args", [])],
-        "kwargs": {k: strip(v) for k, v in call.get("kwargs", {}).items()},
-    }
-
-
-def required(call: dict) -> bool:
-    """Must this call's value come from the kit's own run of its program? (See `mark`.)"""
-    return bool(call.get("verify"))
 
 
 def _sent(results: dict) -> dict[str, dict]:
@@ -551,21 +552,6 @@ def _unverified(result: dict, why: str) -> None:
         "where": None,
     }
     result["judged_by"] = JudgedBy.UNVERIFIED
-
-
-def takes_host_data(call: dict) -> bool:
-    """Do the lab's tests give this call host data (an input as a numpy array, `checks.as_numpy`)? Only such a
-    call's function may make arrays from host data inside; the kit decides, from its own call list."""
-    stack = [*call.get("args", []), *call.get("kwargs", {}).values()]
-    while stack:
-        enc = stack.pop()
-        if not isinstance(enc, dict):
-            continue
-        if enc.get("kind") == "array" and enc.get("as") == "numpy":
-            return True
-        items = enc.get("items") if enc.get("kind") in ("list", "tuple", "dict") else None
-        stack.extend((v[1] if enc["kind"] == "dict" else v) for v in (items or []))
-    return False
 
 
 def kit_environment(reported: dict, env: dict, counted: bool = False) -> dict:

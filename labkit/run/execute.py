@@ -28,7 +28,7 @@ import nbformat
 
 from labkit import envnames
 from labkit.course.configs import DeviceConfig
-from labkit.judge import records, verify
+from labkit.judge import callplan, records, verify
 from labkit.run import kernel, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 from labkit.statuses import Run, Start
@@ -295,6 +295,7 @@ def run_notebook(
     available, reason = config.availability()
     if not available:
         return RunRecord(config.name, Run.SKIPPED, reason, workdir=str(workdir))
+    calls = callplan.for_configuration(calls, bool(config.compile_for))
     try:
         nb = read_notebook(notebook)
     except BadNotebook as e:
@@ -319,7 +320,7 @@ def environment_of(config: DeviceConfig) -> dict[str, str]:
 def _run_one(
     nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm, cache
 ) -> RunRecord:
-    input_path = prepare(nb, workdir, verify.for_the_student(calls))
+    input_path = prepare(nb, workdir, callplan.for_the_student(calls))
     key = new_key()
     env = environment_of(config) | (cache.environment() if cache else {})
     warm = warm if warm is not None and config.platform == "cpu" else None

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from labkit.course import configs
@@ -104,6 +105,56 @@ def test_a_program_over_the_tpus_memory_is_refused_with_the_compilers_figures(pr
 @needs_libtpu
 def test_a_program_exported_for_cpu_alone_says_it_was_not_exported_for_the_tpu(probe):
     assert "exported for cpu only" in probe["not_for_tpu"]["unavailable"]
+
+
+@needs_libtpu
+def test_a_call_at_a_production_size_is_compiled_for_the_topology_and_never_run(probe):
+    # 16 GiB of output split over a 2 x 4 grid: each chip holds its eighth; the program's own grid is the first
+    # mesh tried (the kit's one axis of eight cannot name its outputs' shardings: a second compile)
+    split = probe["production"]["split"]
+    assert split["value"] == {"kind": "none"} and split["facts"]["compiled_for"] == "TPU v5e 2x4"
+    assert split["facts"]["memory"]["output"] == (1 << 16) ** 2 * 4 // 8
+    assert split["compiles"] == 1
+
+
+@needs_libtpu
+def test_a_design_that_does_not_fit_a_chip_at_a_production_size_is_refused_with_the_compilers_figures(probe):
+    why = probe["production"]["whole"]["facts"]["unavailable"]
+    assert "CompileTimeHbmOom" in why and "15.75G" in why, why
+    assert "value" in probe["production"]["whole"]  # the test reads the refusal: no value was ever computed
+
+
+@needs_libtpu
+def test_a_call_at_a_production_size_is_not_judged_without_a_tpu_topology(probe):
+    assert "compile-only TPU configuration" in probe["production"]["on_cpu"]["unverified"]
+
+
+def test_a_production_size_call_is_made_only_on_configurations_that_compile_for_a_tpu():
+    from labkit import checks
+    from labkit.judge import callplan
+
+    at_size = checks.compiled_call("train_step", {"w": checks.shaped((8192, 32768), "bfloat16")})
+    small = checks.compiled_call("train_step", {"w": np.ones((4, 4), np.float32)})
+    calls = [{"id": c.id, **c.encoded()} for c in (at_size, small)]
+    assert at_size.compile_only and not small.compile_only
+    assert at_size.args[0]["w"].nbytes == 8192 * 32768 * 2
+    assert callplan.for_configuration(calls, compiles_for_tpu=False) == calls[1:]
+    assert callplan.for_configuration(calls, compiles_for_tpu=True) == calls
+    assert callplan.for_the_student(callplan.mark(calls))[0]["args"] == calls[0]["args"]  # shapes, as given
+    with pytest.raises(TypeError, match="compiled_call"):
+        checks.call("train_step", checks.shaped((2, 2)))
+
+
+def test_a_production_size_test_is_skipped_on_a_cpu_configuration_saying_where_it_runs():
+    from labkit import checks
+
+    @checks.check(got=checks.compiled_call("f", checks.shaped((1 << 20,))))
+    def test_fits(got):
+        raise AssertionError("never reached on cpu-8")
+
+    run = checks.LabRun("cpu-8", configs.by_name("cpu-8"), record=None)
+    with pytest.raises(pytest.skip.Exception, match="compile-only TPU configurations .*not on cpu-8"):
+        test_fits(run)
 
 
 def test_the_cache_key_is_the_program_the_topology_and_the_placement():

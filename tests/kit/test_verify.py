@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from labkit import checks, facts
-from labkit.judge import plaindata, verify
+from labkit.judge import callplan, plaindata, verify
 
 X = np.linspace(-4.0, 4.0, 32, dtype=np.float32)
 
@@ -31,7 +31,9 @@ def program_of(fn, *args, **export_options) -> str:
 
 
 def test_every_call_of_a_function_some_test_examines_is_marked_and_no_other():
-    calls = verify.mark([encoded("double", X, examined=True), encoded("double", X[:8]), encoded("owners", X)])
+    calls = callplan.mark(
+        [encoded("double", X, examined=True), encoded("double", X[:8]), encoded("owners", X)]
+    )
     assert [bool(c.get("verify")) for c in calls] == [True, True, False]
 
 
@@ -147,7 +149,7 @@ def test_nothing_the_kernel_wrote_decides_how_a_call_is_judged(tmp_path):
     honest, unrunnable, host_data, nothing, no_product, stray = (
         encoded(name, X, examined=True) for name in ("a", "b", "c", "d", "e", "f")
     )
-    calls = verify.mark([honest, unrunnable, host_data, nothing, no_product])
+    calls = callplan.mark([honest, unrunnable, host_data, nothing, no_product])
     allocating = program_of(_calling("AllocateBuffer"), X)
     record = execute.RunRecord(
         "cpu-8",
@@ -200,7 +202,7 @@ def test_nothing_the_kernel_wrote_decides_how_a_call_is_judged(tmp_path):
 
 def test_only_a_call_the_tests_give_host_data_may_keep_its_report():
     given = {"id": "1", **checks.call("f", checks.AsNumpy(X)).encoded()}
-    assert verify.takes_host_data(given) and not verify.takes_host_data(encoded("f", X))
+    assert callplan.takes_host_data(given) and not callplan.takes_host_data(encoded("f", X))
 
 
 # ----------------------------------------------------------------------------------------
@@ -297,7 +299,7 @@ def test_without_the_kits_own_run_a_cpu_configurations_device_count_stands(tmp_p
     record.results = {host_side["id"]: {"id": host_side["id"], "value": _planted(), "products": False}}
     verify.verify(
         record,
-        verify.mark([host_side]),
+        callplan.mark([host_side]),
         tmp_path,
         execute.environment_of(configs.CONFIGS["cpu-8"]),
         Limits(),

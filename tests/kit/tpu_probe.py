@@ -7,6 +7,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from labkit import checks, cost, facts
@@ -46,6 +47,48 @@ cpu_only = jax.export.export(jax.jit(lambda x: x * 2))(small)
 not_for_tpu = tpucompile.compiled_facts(cpu_only, cpu_only.serialize(), topology, None, [small], {}, [0])
 
 store = tpucompile.cache()
+cached = {
+    "compiles": store.compiles,
+    "hits": store.hits,
+    "files": sorted(os.listdir(os.environ[tpucompile.CACHE_VARIABLE])),
+}
+
+# A call at a production size: its inputs given by their shapes alone (checks.shaped), never made; the
+# verifier compiles its program for the topology and runs nothing. 2 GiB in each input, 16 GiB out.
+grid = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def product_on_the_grid(x, w):
+    rows, cols, tiles = (
+        NamedSharding(grid, s) for s in (P("data", None), P(None, "model"), P("data", "model"))
+    )
+    return jax.jit(lambda x, w: jnp.tanh(x @ w), in_shardings=(rows, cols), out_shardings=tiles)(x, w)
+
+
+def product_on_every_chip(x, w):
+    whole = NamedSharding(grid, P())
+    return jax.jit(lambda x, w: jnp.tanh(x @ w), in_shardings=(whole, whole), out_shardings=whole)(x, w)
+
+
+def at_production_size(function):
+    c = checks.compiled_call(
+        function.__name__, checks.shaped((1 << 16, 8192)), checks.shaped((8192, 1 << 16))
+    )
+    call = {"id": c.id, **c.encoded()}
+    shapes = tuple(jax.ShapeDtypeStruct(tuple(a["shape"]), np.dtype(a["dtype"])) for a in call["args"])
+    before = tpucompile.cache().compiles
+    found = verify.run_program(call, facts.export(function, shapes, {})["program"])
+    return {**found, "compiles": tpucompile.cache().compiles - before}
+
+
+split_at_size, whole_at_size = (
+    at_production_size(product_on_the_grid),
+    at_production_size(product_on_every_chip),
+)
+os.environ.pop(tpucompile.TOPOLOGY_VARIABLE)
+split_on_cpu = at_production_size(product_on_the_grid)
+os.environ[tpucompile.TOPOLOGY_VARIABLE] = topology
+
 print(
     json.dumps(
         {
@@ -62,14 +105,15 @@ print(
             },
             "card": cost.lines("summed_in_bf16", "v5e-8", cost.card(on_tpu["facts"]), []),
             "again": again["facts"] == on_tpu["facts"],
-            "cache": {
-                "compiles": store.compiles,
-                "hits": store.hits,
-                "files": sorted(os.listdir(os.environ[tpucompile.CACHE_VARIABLE])),
-            },
+            "cache": cached,
             "refused": refused,
             "not_for_tpu": not_for_tpu,
             "digest": len(base64.b64decode(blob)) > 0,
+            "production": {
+                "split": split_at_size,
+                "whole": whole_at_size,
+                "on_cpu": split_on_cpu,
+            },
         }
     )
 )

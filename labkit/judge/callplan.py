@@ -1,0 +1,87 @@
+"""Which calls a run makes and the kit runs itself, and what the student's process sees of each.
+
+The lab's tests declare calls (`labkit.checks`); the judge collects them as plain data. Before a run, the kit
+decides from that list alone, never from anything a run reports: which calls it must run itself (`mark`,
+`required`), what the student's process is given of them (`for_the_student`: shapes only where the kit runs
+the program), which calls a configuration makes at all (`for_configuration`: a production size only where a
+TPU topology is compiled for), and which may take host data (`takes_host_data`). `labkit.judge.verify` runs
+them after the notebook.
+"""
+
+from __future__ import annotations
+
+
+def mark(calls: list[dict]) -> list[dict]:
+    """The judge's calls, those the kit must run itself marked `verify`: every call of a function whose
+    compiled program any test reads (a function the tests examine is one jax.jit can trace)."""
+    examined = {c["function"] for c in calls if c.get("facts")}
+    return [c | {"verify": True} if c["function"] in examined else c for c in calls]
+
+
+def for_the_student(calls: list[dict]) -> list[dict]:
+    """The calls as the student's process gets them: a call the kit runs itself gets its JAX arrays as
+    shapes, dtypes and placements only, so the tests' inputs (hidden ones too) never enter that process
+    and no program can hold their answers. Inputs given as numpy arrays (host data the function reads
+    on the host, as lab 11's do) and Python values still arrive whole."""
+    return [_abstracted(c) if required(c) else c for c in calls]
+
+
+def _abstracted(call: dict) -> dict:
+    def strip(enc):
+        if not isinstance(enc, dict):
+            return enc
+        kind = enc.get("kind")
+        if kind in ("list", "tuple"):
+            return {**enc, "items": [strip(v) for v in enc["items"]]}
+        if kind == "dict":
+            return {**enc, "items": [[k, strip(v)] for k, v in enc["items"]]}
+        if kind == "array" and enc.get("as") != "numpy":
+            return {
+                "kind": "abstract",
+                "dtype": enc["dtype"],
+                "shape": enc["shape"],
+                **({"place": enc["place"]} if enc.get("place") else {}),
+            }
+        return enc
+
+    return {
+        **call,
+        "args": [strip(a) for a in call.get("args", [])],
+        "kwargs": {k: strip(v) for k, v in call.get("kwargs", {}).items()},
+    }
+
+
+def required(call: dict) -> bool:
+    """Must this call's value come from the kit's own run of its program? (See `mark`.)"""
+    return bool(call.get("verify"))
+
+
+def _inputs(call: dict):
+    """Every encoded input of the kit's call, nested ones included."""
+    stack = [*call.get("args", []), *call.get("kwargs", {}).values()]
+    while stack:
+        enc = stack.pop()
+        if not isinstance(enc, dict):
+            continue
+        yield enc
+        items = enc.get("items") if enc.get("kind") in ("list", "tuple", "dict") else None
+        stack.extend((v[1] if enc["kind"] == "dict" else v) for v in (items or []))
+
+
+def takes_host_data(call: dict) -> bool:
+    """Do the lab's tests give this call host data (an input as a numpy array, `checks.as_numpy`)? Only such a
+    call's function may make arrays from host data inside; the kit decides, from its own call list."""
+    return any(enc.get("kind") == "array" and enc.get("as") == "numpy" for enc in _inputs(call))
+
+
+def compile_only(call: dict) -> bool:
+    """Does the lab's test give this call inputs by their shapes alone (`checks.shaped`, a production size)? Its
+    program is then only compiled, for a TPU topology, never run. Asked of the kit's own call list, never of
+    `for_the_student`'s (where every call the kit runs carries its arrays as shapes)."""
+    return any(enc.get("kind") == "abstract" for enc in _inputs(call))
+
+
+def for_configuration(calls: list[dict], compiles_for_tpu: bool) -> list[dict]:
+    """The calls a run makes: those at a production size only where the run's configuration compiles for a TPU
+    topology (their tests are skipped everywhere else)."""
+    return calls if compiles_for_tpu else [c for c in calls if not compile_only(c)]
