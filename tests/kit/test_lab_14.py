@@ -150,15 +150,21 @@ def graded(tmp_path_factory):
     return results, rows
 
 
+PRODUCTION = "test_at_a_production_size_the_step_fits_each_chip_and_keeps_the_memory_budget"
+
+
 def failed(row: dict) -> dict[str, dict]:
-    return {t["test"]: t for t in row["tests"] if t["status"] != "passed"}
+    """The tests that did not pass, but the one at a production size, which runs only on a TPU topology."""
+    at_size = next(t for t in row["tests"] if t["test"] == PRODUCTION)
+    assert at_size["status"] == "skipped" and "compile-only TPU configurations" in at_size["message"], at_size
+    return {t["test"]: t for t in row["tests"] if t["status"] != "passed" and t["test"] != PRODUCTION}
 
 
 def test_the_reference_passes_every_test_on_one_device_and_on_eight(graded):
     _, rows = graded
     for config in ("cpu-1", "cpu-8"):
         row = rows[("data-x-model", config)]
-        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 8, (config, failed(row))
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 9, (config, failed(row))
 
 
 @pytest.mark.parametrize("student", VALID[1:])
@@ -166,7 +172,7 @@ def test_another_valid_design_passes_every_test_on_one_device_and_on_eight(grade
     _, rows = graded
     for config in ("cpu-1", "cpu-8"):
         row = rows[(student, config)]
-        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 8, (config, failed(row))
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 9, (config, failed(row))
 
 
 def test_the_valid_designs_differ_in_what_they_send(graded):

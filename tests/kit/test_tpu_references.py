@@ -1,10 +1,11 @@
 """A lab's reference passes its public and hidden tests on the compile-only TPU configuration v5e-8:
 the checks read the TPU compiler's program (its loops, its async collectives, its own choice of
-collective) and must accept a correct design there. One `labkit lab` run per lab; skipped where
-libtpu is absent. Slow (about a minute and a half a lab): run it where libtpu is installed."""
+collective) and must accept a correct design there; a capstone design right at the course's size is refused
+at the production size its test names. One `labkit lab` run per lab; skipped where libtpu is absent. Slow (about a minute and a half a lab): run it where libtpu is installed."""
 
 import importlib.util
 
+import notebook_variants
 import pytest
 
 # The labs whose checks read what the TPU compiler writes differently from XLA:CPU (a loop with no trip
@@ -42,3 +43,35 @@ def test_the_reference_passes_every_test_on_v5e_8(kit, lab_outcomes, lab):
     assert not failed, failed
     assert any(o["hidden"] for o in outcomes.values()), "no hidden test ran"
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_capstone_design_right_at_course_size_is_refused_at_a_production_size_with_the_compilers_figures(
+    kit, lab_outcomes, variant
+):
+    # The reference's heads and hidden units split over 'model', but the whole batch on every device: at the
+    # course's size every test passes (each device does twice its share of the work, within the slack);
+    # at the production size lab 14's test names, v5e's 16 GiB cannot hold its activations.
+    heads_only = variant(14, ('batch = P("data")', "batch = P()"), name="heads-only")
+    kit(
+        "lab",
+        "14",
+        "--notebook",
+        str(heads_only),
+        "--configs",
+        "v5e-8",
+        "--hidden",
+        "--timeout",
+        "600",
+        timeout=1200,
+    )
+    outcomes = lab_outcomes(14)["v5e-8"]
+    production = "test_at_a_production_size_the_step_fits_each_chip_and_keeps_the_memory_budget"
+    assert {n: o["status"] for n, o in outcomes.items() if n != production} == dict.fromkeys(
+        set(outcomes) - {production}, "passed"
+    ), notebook_variants.not_passed(outcomes)
+    refused = outcomes[production]
+    assert refused["status"] == "failed", refused
+    assert "the TPU compiler refuses your step" in refused["message"], refused["message"]
+    assert (
+        "CompileTimeHbmOom" in refused["message"] and "exceeds available HBM (15.75G)" in refused["message"]
+    )

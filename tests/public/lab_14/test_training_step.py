@@ -16,6 +16,7 @@ from labkit.checks import (
     describe,
     expect_close,
     sent_per_device,
+    shaped,
 )
 from labkit.cost import bytes_sent, format_bytes
 
@@ -26,10 +27,8 @@ HEADS, LEARNING_RATE, MOMENTUM = 16, 0.1, 0.9
 # ---- the one-device step the tests compare with ------------------------------------------------
 
 
-def make_problem(seed, batch=16, seq=8, dim=64, hidden=256):
-    """Parameters, momentum, inputs and targets of one step (the notebook's make_problem)."""
-    rng = np.random.default_rng(seed)
-    shapes = {
+def weight_shapes(dim, hidden):
+    return {
         "wq": (dim, dim),
         "wk": (dim, dim),
         "wv": (dim, dim),
@@ -37,6 +36,12 @@ def make_problem(seed, batch=16, seq=8, dim=64, hidden=256):
         "w1": (dim, hidden),
         "w2": (hidden, dim),
     }
+
+
+def make_problem(seed, batch=16, seq=8, dim=64, hidden=256):
+    """Parameters, momentum, inputs and targets of one step (the notebook's make_problem)."""
+    rng = np.random.default_rng(seed)
+    shapes = weight_shapes(dim, hidden)
     params = {k: (rng.normal(size=s) / np.sqrt(s[0])).astype(np.float32) for k, s in shapes.items()}
     momentum = {k: (0.1 * rng.normal(size=s)).astype(np.float32) for k, s in shapes.items()}
     x, y = (rng.normal(size=(batch, seq, dim)).astype(np.float32) for _ in range(2))
@@ -208,3 +213,40 @@ def test_train_step_keeps_within_the_memory_budget(got, run):
 @check(got=STEP)
 def test_train_step_sends_within_the_communication_budget(got, run):
     expect_within_the_communication_budget(got, run.device_count, PROBLEM)
+
+
+# ---- at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
+
+
+PRODUCTION = {"batch": 384, "seq": 512, "dim": 4096, "hidden": 16384}  # a block of a real model, float32
+
+
+def production_problem(batch, seq, dim, hidden):
+    """The step's inputs by their shapes alone, never made: 768 MiB of parameters, 3 GiB in each of x and y."""
+    params = {k: shaped(s) for k, s in weight_shapes(dim, hidden).items()}
+    return params, dict(params), shaped((batch, seq, dim)), shaped((batch, seq, dim))
+
+
+AT_PRODUCTION_SIZE = production_problem(**PRODUCTION)
+
+
+def refusal(why: str) -> str:
+    """The compiler's own words and figures: 'CompileTimeHbmOom: Ran out of memory on HBM, ... (15.75G)'."""
+    words = why.split("RESOURCE_EXHAUSTED: ", 1)[-1].split(" HLO module", 1)[0].rstrip(". ")
+    return words.split(": ", 1)[-1] if words.startswith("E1") else words
+
+
+@check(got=compiled_call("train_step", *AT_PRODUCTION_SIZE))
+def test_at_a_production_size_the_step_fits_each_chip_and_keeps_the_memory_budget(got, run):
+    n = run.device_count
+    facts = got.compiled
+    why = str(getattr(facts, "why", ""))
+    if "RESOURCE_EXHAUSTED" in why or "HbmOom" in why:
+        raise Mismatch(
+            f"at a production size (d_model {PRODUCTION['dim']}, hidden {PRODUCTION['hidden']}, a batch of "
+            f"{PRODUCTION['batch']} sequences of {PRODUCTION['seq']} tokens, on {n} chips) the TPU compiler "
+            f"refuses your step: {refusal(why)}. A design that works on the "
+            f"small problem can still ask each chip for more than it has: split the batch and the weights so "
+            f"that no chip computes or keeps the whole"
+        )
+    expect_within_the_memory_budget(got, n, AT_PRODUCTION_SIZE)
