@@ -358,11 +358,13 @@ def _flops(compiled):
 
 
 def _compiler_estimate(compiled) -> dict | None:
-    """The compiler's own step time and per-device work, where it gives them (`optimal_seconds`: TPU)."""
+    """The compiler's own step time and per-device work, where it gives them (`optimal_seconds`: TPU). A time
+    that is not above zero is no estimate: libtpu gives a negative one for a program whose loops it does not
+    model (a collective matmul's windowed loop: -3.8 s for lab 14's reference at a production size)."""
     try:
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        if cost and cost.get("optimal_seconds") is not None:
+        if cost and cost.get("optimal_seconds") is not None and float(cost["optimal_seconds"]) > 0:
             return {
                 "seconds": float(cost["optimal_seconds"]),
                 "flops": float(cost.get("flops", 0.0)),

@@ -109,7 +109,7 @@ def computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
 
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)")
 _INDEX = re.compile(r"\bindex=(?P<i>\d+)")
-_VALUE = re.compile(r"\bs(?:32|64)\[\][^=]*?constant\((?P<v>-?\d+)\)")
+_VALUE = re.compile(r"\b[su](?:32|64)\[\][^=]*?constant\((?P<v>-?\d+)\)")
 
 
 def _defs(lines: list[str]) -> tuple[dict[str, tuple[str, list[str], str]], str | None]:
@@ -316,12 +316,15 @@ def _dims(shape: str) -> list[int]:
 
 
 _LABELS = re.compile(r"dim_labels=(?P<lhs>[a-z0-9]+)_[a-z0-9]+->[a-z0-9]+")
+_WINDOW = re.compile(r"window=\{size=(?P<size>\d+(?:x\d+)*)")
 
 
 def _summed(line: str, op: str, lhs: str) -> int | None:
     """How many products each output element of a product sums: a `dot`'s contracting dimensions, or the
     input feature dimension (`f`) of a `convolution` that is a matrix product (the TPU compiler writes
-    `x @ w` so: `dim_labels=bf_io->bf`, no window). None for a real convolution (a window, groups)."""
+    `x @ w` so: `dim_labels=bf_io->bf`), times its window's size where it has one (the TPU compiler's
+    windowed products inside a collective matmul's loop). None with groups or dilation, which this reader
+    does not count."""
     dims = _dims(lhs)
     if op == "dot":
         contracting = _CONTRACTING.search(line)
@@ -329,9 +332,17 @@ def _summed(line: str, op: str, lhs: str) -> int | None:
             return None
         return math.prod(dims[int(i)] for i in contracting.group("d").split(",") if i)
     labels = _LABELS.search(line)
-    if not labels or "window=" in line or "_group_count=" in line or len(labels.group("lhs")) != len(dims):
+    if not labels or "_group_count=" in line or "_dilate=" in line or len(labels.group("lhs")) != len(dims):
         return None
-    return dims[labels.group("lhs").index("f")] if "f" in labels.group("lhs") else None
+    if "f" not in labels.group("lhs"):
+        return None
+    window = _WINDOW.search(
+        line
+    )  # a matrix product the TPU compiler split into windows: each sums f x window
+    sizes = [int(v) for v in window.group("size").split("x")] if window else []
+    if len(sizes) != sum(c.isdigit() for c in labels.group("lhs")):  # one size per spatial dimension
+        return None
+    return dims[labels.group("lhs").index("f")] * math.prod(sizes)
 
 
 def loop_flops(hlo: str) -> float:

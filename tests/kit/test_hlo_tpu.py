@@ -1,5 +1,6 @@
 """Reading the TPU compiler's program (pure Python, no JAX): its loops carry no
-`known_trip_count`, it writes `x @ w` as a `convolution` and its async sends as tuples; all must be read."""
+`known_trip_count`, it writes `x @ w` as a `convolution` and its async sends as tuples; all must be read.
+A step time it gives as zero or less is no estimate."""
 
 import pytest
 
@@ -76,9 +77,28 @@ def test_a_tpu_loop_whose_bound_is_not_a_constant_is_still_refused():
 
 def test_a_matrix_product_the_tpu_writes_as_a_convolution_is_counted_for_each_further_step():
     assert hlo.loop_flops(TPU_SCAN) == 3 * 2 * (2 * 8) * 3
-    windowed = TPU_SCAN.replace("dim_labels=bf_io->bf", "window={size=3}, dim_labels=bf_io->bf")
+    no_spatial_dimension = TPU_SCAN.replace("dim_labels=bf_io->bf", "window={size=3}, dim_labels=bf_io->bf")
     with pytest.raises(ValueError, match="convolution inside a loop"):
-        hlo.loop_flops(windowed)
+        hlo.loop_flops(no_spatial_dimension)
+    dilated = TPU_SCAN.replace("dim_labels=bf_io->bf", "lhs_dilate=2, dim_labels=bf_io->bf")
+    with pytest.raises(ValueError, match="convolution inside a loop"):
+        hlo.loop_flops(dilated)
+
+
+def test_a_collective_matmuls_windowed_product_in_a_loop_with_an_unsigned_counter_is_counted():
+    # What libtpu writes for FSDP's gathered weights (a windowed dot_general): the loop's counter is u32, and each
+    # step's product is a convolution whose window spans a dimension it also sums over: f x window per output.
+    windowed = (
+        TPU_SCAN.replace("s32[]", "u32[]")
+        .replace("%p1 = bf16[2,3]{1,0:T(2,128)(2,1)} parameter(1)", "%p1 = bf16[2,2,3] parameter(1)")
+        .replace("%p0 = bf16[3,8]{1,0:T(4,128)(2,1)} parameter(0)", "%p0 = bf16[2,3,8] parameter(0)")
+        .replace(
+            "ROOT %convolution.7 = f32[2,8]{1,0:T(2,128)} convolution(%p1, %p0), dim_labels=bf_io->bf",
+            "ROOT %convolution.7 = f32[2,1,8] convolution(%p1, %p0), window={size=2}, dim_labels=b0f_0io->b0f",
+        )
+    )
+    assert [c["op"] for c in hlo.collectives_in(windowed, 8)] == ["all-reduce"] * 4
+    assert hlo.loop_flops(windowed) == 3 * 2 * (2 * 1 * 8) * (3 * 2)
 
 
 def test_an_async_permute_sends_the_buffer_its_done_gives_not_the_whole_start_tuple():
@@ -132,3 +152,18 @@ def test_a_conditional_on_a_constant_sends_only_what_its_taken_branch_sends(inde
 def test_a_conditional_whose_index_is_computed_counts_every_branch_an_upper_bound():
     text = TWO_PLATFORMS.replace("%constant.18 = s32[] constant(INDEX)", "%constant.18 = s32[] parameter(1)")
     assert [c["op"] for c in hlo.collectives_in(text, 8)] == ["all-gather", "all-gather"]
+
+
+def test_a_step_time_the_tpu_compiler_gives_as_zero_or_less_is_no_estimate():
+    from labkit import facts
+
+    class Compiled:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def cost_analysis(self):
+            return {"optimal_seconds": self.seconds, "flops": 8.0, "bytes accessed": 4.0}
+
+    assert facts._compiler_estimate(Compiled(2e-3)) == {"seconds": 2e-3, "flops": 8.0, "bytes": 4.0}
+    assert facts._compiler_estimate(Compiled(-3.8)) is None  # libtpu's figure for loops it does not model
+    assert facts._compiler_estimate(Compiled(0.0)) is None
