@@ -653,13 +653,7 @@ def test_the_terms_class_in_the_container_keeps_the_tas_inputs_and_gets_the_rule
     kept in GRADES/course and used again inside a fresh container."""
     import test_term as term
 
-    inputs = {
-        "roster.csv": term.roster_csv(),
-        "policy.toml": term.policy_toml(),
-        "overrides.csv": term.OVERRIDES.format(points=4),
-        "extensions.csv": term.EXTENSIONS,
-        "adjustments.csv": term.ADJUSTMENTS,
-    }
+    inputs = term.ta_inputs()
     for name, text in inputs.items():
         (tmp_path / name).write_text(text)
     grades = tmp_path / "grades"

@@ -307,13 +307,7 @@ def test_the_terms_class_graded_on_slurm_gets_the_rules_grades(cluster, tmp_path
     with them, and the merged grades.csv is the one the rules give (computed there from the rows alone)."""
     import test_term as term
 
-    inputs = {
-        "roster": term.roster_csv(),
-        "policy": term.policy_toml(),
-        "overrides": term.OVERRIDES.format(points=4),
-        "extensions": term.EXTENSIONS,
-        "adjustments": term.ADJUSTMENTS,
-    }
+    inputs = term.ta_inputs()
     for name, text in inputs.items():
         (tmp_path / name).write_text(text)
     week2 = term.export(tmp_path / "week2.zip", week=2)
@@ -330,7 +324,7 @@ def test_the_terms_class_graded_on_slurm_gets_the_rules_grades(cluster, tmp_path
             f"LABS={term.LAB}",
             "CONFIGS=cpu-1,cpu-8",
             "JOBS=1",
-            *(f"{name.upper()}={tmp_path / name}" for name in inputs),
+            *(f"{name.split('.')[0].upper()}={tmp_path / name}" for name in inputs),
         ],
         cwd=ROOT,
         env=doc_commands.user_environment(cluster.env),
@@ -341,6 +335,4 @@ def test_the_terms_class_graded_on_slurm_gets_the_rules_grades(cluster, tmp_path
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     term.check_grades(out, week=2, overrides={("s17", term.LAB): 4.0})
-    assert sorted(p.name for p in (out / "course").iterdir()) == sorted(
-        [*(f"{n}.{'toml' if n == 'policy' else 'csv'}" for n in inputs), "manifest.json"]
-    )
+    assert sorted(p.name for p in (out / "course").iterdir()) == sorted([*inputs, "manifest.json"])

@@ -157,6 +157,17 @@ ADJUSTMENTS = (
 )
 
 
+def ta_inputs() -> dict[str, str]:
+    """Every input the TA gives in week 1, by the file name it is handed in: what a run keeps in OUT/course."""
+    return {
+        "roster.csv": roster_csv(),
+        "policy.toml": policy_toml(),
+        "overrides.csv": OVERRIDES.format(points=4),
+        "extensions.csv": EXTENSIONS,
+        "adjustments.csv": ADJUSTMENTS,
+    }
+
+
 def export(path: Path, *, week: int) -> Path:
     """A Gradescope export of lab 3: one submission folder per hand-in, with its submitters and time."""
     meta, files = [], {}

@@ -20,20 +20,25 @@ HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 pytestmark = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
 
 
-@pytest.mark.parametrize("lab", LABS)
-def test_the_reference_passes_every_test_on_v5e_8(kit, lab_outcomes, lab):
-    done = kit(
+def on_v5e_8(kit, lab: int, notebook: str):
+    """`labkit lab N` on v5e-8 with the hidden tests; generous limits, as the TPU compiles add to the run."""
+    return kit(
         "lab",
         str(lab),
         "--notebook",
-        f"reference/lab-{lab}.ipynb",
+        notebook,
         "--configs",
         "v5e-8",
         "--hidden",
         "--timeout",
         "600",
         timeout=1200,
-    )  # a shared machine: the TPU compiles add to the notebook run
+    )
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_reference_passes_every_test_on_v5e_8(kit, lab_outcomes, lab):
+    done = on_v5e_8(kit, lab, f"reference/lab-{lab}.ipynb")
     outcomes = lab_outcomes(lab)["v5e-8"]
     failed = {
         name: o["message"][:300]
@@ -52,18 +57,7 @@ def test_a_capstone_design_right_at_course_size_is_refused_at_a_production_size_
     # course's size every test passes (each device does twice its share of the work, within the slack);
     # at the production size lab 14's test names, v5e's 16 GiB cannot hold its activations.
     heads_only = variant(14, ('batch = P("data")', "batch = P()"), name="heads-only")
-    kit(
-        "lab",
-        "14",
-        "--notebook",
-        str(heads_only),
-        "--configs",
-        "v5e-8",
-        "--hidden",
-        "--timeout",
-        "600",
-        timeout=1200,
-    )
+    on_v5e_8(kit, 14, str(heads_only))
     outcomes = lab_outcomes(14)["v5e-8"]
     production = "test_at_a_production_size_the_step_fits_each_chip_and_keeps_the_memory_budget"
     assert {n: o["status"] for n, o in outcomes.items() if n != production} == dict.fromkeys(
