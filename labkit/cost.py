@@ -39,6 +39,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.judge import callplan
+
 CHIPS_FILE = Path(__file__).with_name("chips.toml")
 
 _ITEM_BYTES = {
@@ -344,22 +346,30 @@ SHOWN = ("v5e", "v6e", "h100")
 
 @dataclass
 class Examined:
-    """One examined call: its function, and its card in each run (of several devices) that examined it."""
+    """One examined call: its function, and its card in each run (of several devices) that examined it.
+    `at_size`: the call at a production size (`checks.shaped`), compiled for a TPU topology, never run."""
 
     function: str
     runs: dict[str, Card] = field(default_factory=dict)
+    at_size: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.function} at a production size" if self.at_size else self.function
 
 
 def cards(calls: list[dict], results: dict[str, dict]) -> dict[str, Examined]:
-    """call id -> its cards, for the first examined call of each function (runs on one device left out).
+    """call id -> its cards, for the first examined call of each function (runs on one device left out), and the
+    first at a production size apart (`Examined.at_size`).
 
     `results`: run label -> that run's results by call id (`RunRecord.results`)."""
     found: dict[str, Examined] = {}
-    shown: set[str] = set()
+    shown: set[tuple[str, bool]] = set()
     for call in calls:
-        if not call.get("facts") or call["function"] in shown:
+        kind = (call.get("function"), callplan.compile_only(call))
+        if not call.get("facts") or kind in shown:
             continue
-        entry = Examined(call["function"])
+        entry = Examined(call["function"], at_size=kind[1])
         for label, by_id in results.items():
             result = (by_id or {}).get(call["id"], {})
             try:
@@ -370,7 +380,7 @@ def cards(calls: list[dict], results: dict[str, dict]) -> dict[str, Examined]:
                 entry.runs[label] = c
         if entry.runs:
             found[call["id"]] = entry
-            shown.add(call["function"])
+            shown.add(kind)
     return found
 
 
@@ -400,13 +410,18 @@ def why_none(calls: list[dict], results: dict[str, dict]) -> str:
 def to_json(found: dict[str, Examined]) -> dict:
     return {
         cid: {"function": e.function, "runs": {label: c.to_json() for label, c in sorted(e.runs.items())}}
+        | ({"at_size": True} if e.at_size else {})
         for cid, e in sorted(found.items())
     }
 
 
 def from_json(data: dict) -> dict[str, Examined]:
     return {
-        cid: Examined(e["function"], {label: Card.from_json(c) for label, c in e["runs"].items()})
+        cid: Examined(
+            e["function"],
+            {label: Card.from_json(c) for label, c in e["runs"].items()},
+            e.get("at_size") is True,
+        )
         for cid, e in data.items()
     }
 
@@ -437,5 +452,5 @@ def text(found: dict[str, Examined], reference: dict[str, Examined] | None = Non
     for cid, entry in found.items():
         for label, c in entry.runs.items():
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
-            out += lines(entry.function, label, c, chip_list, ref)
+            out += lines(entry.name, label, c, chip_list, ref)
     return out

@@ -330,12 +330,12 @@ def with_leaderboard(
     return results
 
 
-def leaderboard_time(lab: catalog.Lab, judgement) -> float | None:
-    """The modelled step time of a judged submission for its lab's leaderboard; None where its run there fails."""
+def leaderboard_time(lab: catalog.Lab, spec, judgement) -> float | None:
+    """The modelled step time of a judged submission for its lab's leaderboard as ranked here (`spec`, as
+    `leaderboard.ranked_on` gives it); None where its run there fails."""
     from labkit import cost
     from labkit.grading.rows import make_row
 
-    spec = lab.leaderboard
     record = judgement.records.get(spec.config)
     mine = [o for o in judgement.outcomes if o.run == spec.config]
     if record is None or make_row("", lab.number, spec.config, record, mine)["status"] != "ok":
@@ -479,13 +479,15 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
             grading,
             [unsandboxed, *notes] if unsandboxed else notes,
         )
-        spec = lab.leaderboard
+        spec = lab.leaderboard and leaderboard.ranked_on(
+            lab.leaderboard, {"configs": [{"name": n} for n in names]}
+        )
         if spec is not None and spec.config in names:
             from labkit import cost
 
             reference = cost.to_json(cost.read_reference(lab.public_tests))
             with_leaderboard(
-                results, spec, leaderboard_time(lab, judgement), leaderboard.step_time(reference, spec)
+                results, spec, leaderboard_time(lab, spec, judgement), leaderboard.step_time(reference, spec)
             )
     for case in results["tests"] if unsandboxed else ():
         case["output"] = f"{unsandboxed}\n{case['output']}"

@@ -44,13 +44,27 @@ class Place:
         }
 
 
+def ranked_on(spec: Leaderboard, results: dict | None = None) -> Leaderboard:
+    """The board as it ranks this class: on its compile-only TPU configuration at a production size where the
+    class was graded there (`Leaderboard.at_size`), else on its own configuration (`spec` itself)."""
+    graded = {c["name"] for c in (results or {}).get("configs", [])}
+    if spec.at_size and spec.at_size in graded:
+        return Leaderboard(spec.function, spec.at_size, spec.chip, spec.at_size)
+    return Leaderboard(spec.function, spec.config, spec.chip)
+
+
 def step_time(costs: dict | None, spec: Leaderboard) -> float | None:
-    """The modelled step time (seconds) of `spec`'s call on its chip, from cards as `cost.to_json` writes them."""
+    """The modelled step time (seconds) of `spec`'s call on its chip, from cards as `cost.to_json` writes them
+    (`spec` as `ranked_on` gives it: with `at_size`, the card of the call at a production size)."""
     chip = cost.chips()[spec.chip]
     try:  # a row's cards that cannot be read, or give no finite time, rank nobody (that row is not ranked)
         found = cost.from_json(costs or {})
         for entry in found.values():
-            if entry.function == spec.function and spec.config in entry.runs:
+            if (
+                entry.function == spec.function
+                and entry.at_size == bool(spec.at_size)
+                and spec.config in entry.runs
+            ):
                 step = float(entry.runs[spec.config].timing(chip).step)
                 return step if math.isfinite(step) else None
     except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):
@@ -73,6 +87,7 @@ def places(results: dict, lab: dict) -> list[Place]:
     spec = spec_of(lab)
     if spec is None:
         return []
+    spec = ranked_on(spec, results)
     timed = []
     for row in results.get("rows", []):
         if row["lab"] != lab["number"] or row["config"] != spec.config or row["status"] != "ok":
@@ -86,8 +101,12 @@ def places(results: dict, lab: dict) -> list[Place]:
     ]
 
 
+def _what(spec: Leaderboard) -> str:
+    return f"{spec.function}{' at a production size' if spec.at_size else ''} on {spec.config}"
+
+
 def title(spec: Leaderboard) -> str:
-    return f"{spec.function} on {spec.config}, modelled step time on a {cost.chips()[spec.chip].name}"
+    return f"{_what(spec)}, modelled step time on a {cost.chips()[spec.chip].name}"
 
 
 def names_shown(results: dict) -> bool:
@@ -113,7 +132,10 @@ def board(results: dict, lab: dict, viewer: str | None = None) -> dict | None:
     """One lab's leaderboard as plain data (no student id but those shown by name), or None; with `viewer`,
     as that student reads it in their feedback (their line "you", classmates as the policy says)."""
     spec = spec_of(lab)
-    if spec is None or spec.config not in {c["name"] for c in results.get("configs", [])}:
+    if spec is None:
+        return None
+    spec = ranked_on(spec, results)
+    if spec.config not in {c["name"] for c in results.get("configs", [])}:
         return None  # not graded on the configuration that ranks it
     reference = step_time(lab.get("reference_costs", {}).get(spec.config), spec)
     return {
@@ -143,7 +165,7 @@ def words(
 ) -> str:
     """One line for a student: their time (or why they are not ranked), the reference's, and their rank."""
     chip = cost.chips()[spec.chip].name
-    head = f"Leaderboard ({spec.function} on {spec.config})"
+    head = f"Leaderboard ({_what(spec)})"
     ref = f"the reference: {cost.format_seconds(reference)}" if reference is not None else "no reference time"
     if seconds is None:
         why = why or f"only code that passes every test on {spec.config} is ranked"
@@ -159,7 +181,10 @@ def words(
 def yours(results: dict, lab: dict, student: str) -> str | None:
     """What one student is told about the leaderboard of `lab`: their time and rank, and the reference's time."""
     spec = spec_of(lab)
-    if spec is None or spec.config not in {c["name"] for c in results.get("configs", [])}:
+    if spec is None:
+        return None
+    spec = ranked_on(spec, results)
+    if spec.config not in {c["name"] for c in results.get("configs", [])}:
         return None
     ranked = places(results, lab)
     mine = next((p for p in ranked if p.student == student), None)

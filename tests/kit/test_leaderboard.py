@@ -294,8 +294,94 @@ def test_every_leaderboard_of_the_catalog_names_a_chip_a_configuration_and_a_cal
     for number, spec in catalog.LEADERBOARDS.items():
         lab = catalog.lab(number)
         assert spec.chip in cost.chips() and spec.config in configs.CONFIGS
+        assert spec.at_size is None or configs.CONFIGS[spec.at_size].compile_for, spec
         reference = cost.to_json(cost.read_reference(lab.public_tests))
-        assert leaderboard.step_time(reference, spec) is not None, f"{lab.name}: no reference card for {spec}"
+        ranked = leaderboard.ranked_on(spec)  # graded without the TPU slice: its own configuration
+        assert leaderboard.step_time(reference, ranked) is not None, (
+            f"{lab.name}: no reference card for {spec}"
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# At a production size: where the class was graded on the board's TPU slice, its program there ranks.
+# ----------------------------------------------------------------------------------------
+
+AT_SIZE = catalog.Leaderboard("train_step", "cpu-8", "v5e", at_size="v5e-8")
+
+
+def step_card(flops: float, sent: float) -> dict:
+    return cost.Card(
+        devices=8,
+        flops=flops,
+        held={"argument": 1, "output": 1, "temp": 1},
+        sent={"all-reduce": sent},
+        counts={"all-reduce": 2},
+    ).to_json()
+
+
+def step_rows(student: str, small: dict, at_size: dict | None) -> list[dict]:
+    """The student's rows of lab 14 on cpu-8 (the course's size) and, with `at_size`, on v5e-8 (both sizes)."""
+    costs = {"cpu-8": {"train_step-small": {"function": "train_step", "runs": {"cpu-8": small}}}}
+    if at_size is not None:
+        costs["v5e-8"] = {
+            "train_step-small": {"function": "train_step", "runs": {"v5e-8": small}},
+            "train_step-big": {"function": "train_step", "runs": {"v5e-8": at_size}, "at_size": True},
+        }
+    return [
+        {
+            "student": student,
+            "lab": 14,
+            "config": config,
+            "status": "ok",
+            "passed": 1,
+            "total": 1,
+            "message": "",
+            "tests": [],
+            "cell_errors": [],
+            "notes": [],
+            "costs": card,
+        }
+        for config, card in costs.items()
+    ]
+
+
+def step_results(configs_graded: list[str], rows: list[dict]) -> dict:
+    return {
+        "format": 1,
+        "labs": [{"number": 14, "name": "lab-14", "title": "Lab 14", "leaderboard": AT_SIZE.to_json()}],
+        "configs": [{"name": c, "summary": c, "devices": 8} for c in configs_graded],
+        "students": {r["student"]: {"notes": []} for r in rows},
+        "notes": [],
+        "rows": [r for r in rows if r["config"] in configs_graded],
+    }
+
+
+def test_graded_on_the_tpu_slice_the_board_ranks_the_programs_at_a_production_size():
+    # At the course's size the design that computes the whole batch on every device sends less and looks
+    # faster; at a production size on v5e-8 its eightfold work per chip puts it behind the split design.
+    whole_batch = step_rows("wanda", step_card(8e6, 1e3), step_card(8 * 2.8e13, 1e9))
+    split = step_rows("sam", step_card(1e6, 1e5), step_card(2.8e13, 7e9))
+    on_cpu = step_results(["cpu-8"], whole_batch + split)
+    assert [p["name"] for p in board_of(on_cpu)["places"]] == ["wanda", "sam"]
+    on_tpu = step_results(["cpu-8", "v5e-8"], whole_batch + split)
+    board = board_of(on_tpu)
+    assert [p["name"] for p in board["places"]] == ["sam", "wanda"]
+    assert board["title"].startswith(
+        "train_step at a production size on v5e-8, modelled step time on a TPU v5e"
+    )
+    assert board["config"] == "v5e-8" and board["at_size"] == "v5e-8"
+    assert "Leaderboard (train_step at a production size on v5e-8): yours:" in markdown.feedback(
+        on_tpu, "sam"
+    )
+
+
+def test_the_production_size_card_is_its_own_entry_shown_as_such():
+    found = cost.from_json(step_rows("sam", step_card(1e6, 1e5), step_card(2.8e13, 7e9))[1]["costs"])
+    assert sorted((e.name, e.at_size) for e in found.values()) == [
+        ("train_step", False),
+        ("train_step at a production size", True),
+    ]
+    assert any("train_step at a production size on v5e-8" in line for line in cost.text(found))
 
 
 def test_the_graded_results_carry_the_labs_leaderboard():
@@ -330,3 +416,16 @@ def test_gradescope_reports_the_reference_solutions_own_time_on_the_leaderboard(
     assert entry["order"] == "asc" and entry["value"] == pytest.approx(REFERENCE_SENT / RING * 1e6, rel=0.01)
     assert json.loads((root / "results" / "results.json").read_text())["leaderboard"] == [entry]
     assert "yours: 148 ns on a TPU v5e; the reference: 148 ns." in results["output"]
+
+
+def test_the_cards_of_a_run_keep_the_call_at_a_production_size_apart_from_the_courses():
+    import numpy as np
+
+    from labkit import checks
+
+    small = checks.compiled_call("train_step", np.ones((2, 2), np.float32))
+    big = checks.compiled_call("train_step", checks.shaped((8192, 8192)))
+    calls = [{"id": c.id, **c.encoded()} for c in (small, big)]
+    facts = {"devices": 8, "flops": 1.0, "memory": {"argument": 1, "output": 1, "temp": 1}, "collectives": []}
+    found = cost.cards(calls, {"v5e-8": {c.id: {"facts": facts} for c in (small, big)}})
+    assert {cid: e.at_size for cid, e in found.items()} == {small.id: False, big.id: True}
