@@ -35,7 +35,7 @@ from labkit.course import configs
 from labkit.exitcodes import ExitCode
 from labkit.grading import collect
 from labkit.judge import callplan, records, verify
-from labkit.run import allowance, execute, kernel, modes, scratch
+from labkit.run import allowance, execute, kernel, modes, runreport, scratch
 from labkit.run.allowance import Limits
 from labkit.statuses import Run
 
@@ -233,7 +233,7 @@ def record_of(
     run = Path(output) / RUN
     try:
         executed = records.parse(scratch.read(run, "executed.ipynb", NOTEBOOK_MAX_BYTES))
-        record.cell_errors = execute.cell_errors_of(executed)[0]
+        record.cell_errors = runreport.cell_errors_of(executed)[0]
     except (OSError, ValueError):
         record.cell_errors = []
     if ended.get("disk"):

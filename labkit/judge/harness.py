@@ -156,6 +156,28 @@ def join_distributed() -> None:
         os._exit(3)
 
 
+def leave_distributed() -> None:
+    """Leave the other processes of a multi-process run together (the kit's last cell, after the harness).
+
+    Process 0 holds JAX's coordination service; were its kernel to end while a peer still ran a cell (a
+    slower process on a loaded machine), the peer's JAX client would abort that process. `jax.distributed.
+    shutdown` waits for every process at a barrier first. A failure here is said, never raised: the run's
+    results are written by then."""
+    if not os.environ.get(envnames.COORDINATOR):
+        return
+    import jax
+
+    try:
+        jax.distributed.shutdown()
+    except Exception as e:  # noqa: BLE001 - the results are written: say why the processes did not leave together
+        print(
+            f"labkit: process {os.environ.get(envnames.PROCESS_ID)} could not leave the others together: "
+            f"{type(e).__name__}: {_first_line(e)}",
+            file=sys.__stderr__,
+            flush=True,
+        )
+
+
 def tpu_hosts(env) -> int:
     """How many hosts a `tpu` run spans: LABKIT_TPU_HOSTS, which the workshop script sets on a slice."""
     if env.get("JAX_PLATFORMS") != "tpu":

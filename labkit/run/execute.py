@@ -29,7 +29,7 @@ import nbformat
 from labkit import envnames
 from labkit.course.configs import DeviceConfig
 from labkit.judge import callplan, records, verify
-from labkit.run import kernel, sandbox, scratch
+from labkit.run import kernel, runreport, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 from labkit.statuses import Run, Start
 
@@ -38,6 +38,7 @@ HARNESS_TAG = "labkit-harness"
 SETUP_TAG = "labkit-setup"
 # The first cell of each process of a multi-process run: join the others before the student's cells.
 JOIN_CELL = "import labkit.judge.harness as _labkit_harness\n_labkit_harness.join_distributed()"
+LEAVE_CELL = "import labkit.judge.harness as _labkit_harness\n_labkit_harness.leave_distributed()"
 PEER_GRACE = 5.0  # seconds the other processes get to finish once one process of a run has failed
 RESULTS_MAX_BYTES = records.MAX_BYTES  # a results file larger than this is not read
 
@@ -110,11 +111,18 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: str | None = None) -> Path:
+def prepare(
+    nb: nbformat.NotebookNode,
+    workdir: Path,
+    calls: list[dict],
+    first: str | None = None,
+    last: str | None = None,
+) -> Path:
     """Write the copy to run into the run's kit folder `workdir`: the student's cells, outputs cleared, the harness last.
 
     `first`, when given, is a cell of the kit's that runs before the student's (a multi-process
-    run joins the other processes there). The harness reads the calls from the kit folder (which
+    run joins the other processes there); `last`, one that runs after the harness (where they leave
+    together). The harness reads the calls from the kit folder (which
     the run sees read-only) and writes its results into the run's scratch folder."""
     folders = start_folders(workdir)
     calls_path = folders.kit / "calls.json"
@@ -138,6 +146,8 @@ def prepare(nb: nbformat.NotebookNode, workdir: Path, calls: list[dict], first: 
     )
     harness.metadata["tags"] = [HARNESS_TAG]
     copy.cells.append(harness)
+    if last:
+        copy.cells.append(nbformat.v4.new_code_cell(last, metadata={"tags": [SETUP_TAG]}))
     path = folders.kit / "input.ipynb"
     nbformat.write(copy, path)
     return path
@@ -187,51 +197,6 @@ FORGED = (
     "the run's results were not written by the kit's harness (a cell or a process it started wrote or "
     "replaced them): nothing from this run is graded"
 )
-
-
-def _cell_errors(executed: Path) -> tuple[list[dict], int | None]:
-    """Errors raised by the student's cells, and the index of the last cell that started (papermill's copy)."""
-    try:
-        return cell_errors_of(json.loads(executed.read_text()))
-    except (OSError, ValueError):
-        return [], None
-
-
-def cell_errors_of(nb) -> tuple[list[dict], int | None]:
-    """From an executed notebook's JSON: the errors the student's cells raised (at most 100) and the index of
-    the last cell that started. Every value is taken as data that may be anything (a pod's notebook is)."""
-    cells = nb.get("cells") if isinstance(nb, dict) else None
-    errors, last_started = [], None
-    for cell in cells if isinstance(cells, list) else []:
-        meta = cell.get("metadata") if isinstance(cell, dict) else None
-        number = meta.get("labkit_cell") if isinstance(meta, dict) else None
-        if not isinstance(number, int) or isinstance(number, bool) or cell.get("cell_type") != "code":
-            continue  # markdown, papermill's own marker cells, the harness
-        pm = meta.get("papermill")
-        if isinstance(pm, dict) and pm.get("start_time"):
-            last_started = number
-        source = cell.get("source", "")
-        source = (
-            "".join(s for s in source if isinstance(s, str))
-            if isinstance(source, list)
-            else _text(source, 10000)
-        )
-        for out in cell.get("outputs") if isinstance(cell.get("outputs"), list) else []:
-            if isinstance(out, dict) and out.get("output_type") == "error":
-                evalue = _text(out.get("evalue", ""), 2000)
-                errors.append(
-                    {
-                        "cell": number,
-                        "type": _text(out.get("ename", ""), 100),
-                        "message": evalue.splitlines()[0][:300] if evalue else "",
-                        "code": source.strip().splitlines()[0][:120] if source.strip() else "",
-                    }
-                )
-    return errors[:100], last_started
-
-
-def _text(value, limit: int) -> str:
-    return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
 
 
 RUN_MARK = ".labkit-run"  # in a kit folder: the kit made it, and may empty it
@@ -335,7 +300,7 @@ def _run_one(
         warm=warm,
         cache=cache,
     )
-    cell_errors, last_started = _cell_errors(workdir / "executed.ipynb")
+    cell_errors, last_started = runreport.cell_errors(workdir / "executed.ipynb")
     record = RunRecord(
         config.name,
         Run.OK,
@@ -362,7 +327,7 @@ def _run_one(
     if found != "file":
         record.status = Run.ERROR
         record.message = (
-            _why_no_results(workdir / "run.log", ran)
+            runreport.why_no_results(workdir / "run.log", ran)
             if found == "missing"
             else f"the run's results file was replaced by a {NOT_A_FILE.get(found, 'special file')}, which "
             "the kit never opens: nothing from this run is graded"
@@ -447,7 +412,7 @@ def _run_processes(
         return sandbox.network_of(first[0].sandboxed)
 
     def one(i: int) -> None:
-        input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL)
+        input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL, last=LEAVE_CELL)
         env = (
             environment_of(config)
             | {envnames.JOIN_TIMEOUT: str(int(min(60, timeout)))}
@@ -493,7 +458,7 @@ def _run_processes(
             (i for i, r in enumerate(runs) if r is not None and r.disk), failed
         )  # stop for the disk is why
     seconds = time.monotonic() - start
-    cell_errors, last_started = _cell_errors(dirs[0] / "executed.ipynb")
+    cell_errors, last_started = runreport.cell_errors(dirs[0] / "executed.ipynb")
     record = RunRecord(
         config.name,
         Run.OK,
@@ -523,7 +488,7 @@ def _run_processes(
     of = f"of {config.processes}"
     if failed is not None:
         record.status = Run.ERROR
-        why = _why_no_results(dirs[failed] / "run.log", runs[failed])
+        why = runreport.why_no_results(dirs[failed] / "run.log", runs[failed])
         record.message = f"process {failed} {of} stopped early, so the others were ended too: {why}"
         return record
     if any(r is None or r.timed_out for r in runs):
@@ -542,7 +507,7 @@ def _run_processes(
         record.status = Run.ERROR
         record.message = (
             f"process {missing[0]} {of} stopped before its functions could be called: "
-            + _why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]])
+            + runreport.why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]])
         )
         return record
     if refused:
@@ -557,39 +522,3 @@ def _run_processes(
     record.results = record.processes[0]["results"]
     record.judged_by = "reported"  # each process's own report: see labkit.judge.verify
     return record
-
-
-def _why_no_results(log_path: Path, ran: kernel.KernelRun) -> str:
-    text = _tail(log_path)
-    joined = [ln for ln in text.splitlines() if ln.startswith("labkit: process ")]
-    if joined:
-        return joined[-1].removeprefix("labkit: ")
-    returncode = ran.returncode
-    if ran.disk:
-        return ran.disk
-    if ran.died and ran.failure:
-        return f"the Python kernel died while running the notebook: {ran.failure}"
-    if ran.died:
-        if returncode is not None and (returncode < 0 or returncode > 128):
-            signum = -returncode if returncode < 0 else returncode - 128
-            return f"the Python kernel died while running the notebook (killed by signal {signum}: a crash, or out of memory)"
-        return "the Python kernel died while running the notebook (a crash, or out of memory)"
-    if ran.failure:
-        return f"the notebook stopped before its functions could be called: {ran.failure}"
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    tail = lines[-1][:300] if lines else f"exit status {returncode}"
-    return f"the notebook stopped before its functions could be called: {tail}"
-
-
-LOG_TAIL_BYTES = (
-    1 << 16
-)  # of a run's log, only the end is read: the kernel's output makes it as long as it likes
-
-
-def _tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            return f.read(limit).decode(errors="replace")
-    except OSError:
-        return ""

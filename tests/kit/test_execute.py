@@ -16,7 +16,7 @@ from notebook_variants import with_cell
 from labkit.course import catalog
 from labkit.course.configs import CONFIGS
 from labkit.judge import judge
-from labkit.run import allowance, execute, kernel, modes
+from labkit.run import allowance, execute, kernel, modes, runreport
 
 LAB = catalog.Lab(3)
 SMALL = allowance.Limits(output=2 * allowance.MiB)
@@ -134,10 +134,10 @@ def test_the_errors_of_an_executed_notebook_are_read_as_data_that_may_be_anythin
         {"cell_type": "code"},
         {"cell_type": "code", "metadata": {"labkit_cell": 3}, "source": [1, 2], "outputs": [7, None]},
     ]
-    errors, last = execute.cell_errors_of({"cells": [*odd, raised]})
+    errors, last = runreport.cell_errors_of({"cells": [*odd, raised]})
     assert errors == [
         {"cell": 2, "type": "ZeroDivisionError", "message": "division by zero", "code": "y = 1 / 0"}
     ]
     assert last == 2
-    assert execute.cell_errors_of([1, 2]) == ([], None)
-    assert execute.cell_errors_of({"cells": [raised] * 500})[0] == errors * 100
+    assert runreport.cell_errors_of([1, 2]) == ([], None)
+    assert runreport.cell_errors_of({"cells": [raised] * 500})[0] == errors * 100
