@@ -189,7 +189,7 @@ def test_every_reference_passes_every_test_with_products_in_bfloat16(
     failed = {
         o["test"]: o.get("message")
         for o in report["outcomes"]
-        if o["status"] != "passed" and o["test"] not in left_out
+        if o["status"] not in ("passed", "skipped") and o["test"] not in left_out
     }
     assert (done.returncode == 0 or left_out) and not failed, (failed, done.stdout[-3000:])
     # the notebook's own setting is not what the kit grades by: the configuration's is (none, on cpu-8)

@@ -32,7 +32,7 @@ def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit,
     report = lab_report(lab.number)
     # A worked example (its code given, its tests worth no points, as lab 6's shard_map_simulate) may pass.
     graded = [o for o in report["outcomes"] if o["exercise"] not in WORKED_EXAMPLES]
-    assert graded and {o["status"] for o in graded} == {"todo"}
+    assert graded and {o["status"] for o in graded} - {"skipped"} == {"todo"}
 
 
 def test_a_mesh_over_one_device_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
