@@ -128,15 +128,22 @@ def shown_as(results: dict, place: Place, viewer: str | None) -> str:
     return place.name if names_shown(results) else f"classmate {place.rank}"
 
 
-def board(results: dict, lab: dict, viewer: str | None = None) -> dict | None:
-    """One lab's leaderboard as plain data (no student id but those shown by name), or None; with `viewer`,
-    as that student reads it in their feedback (their line "you", classmates as the policy says)."""
+def _ranking(results: dict, lab: dict) -> Leaderboard | None:
+    """The board of `lab` as this class is ranked on it (`ranked_on`), or None: the lab has no board, or the
+    class was not graded on the configuration that ranks it."""
     spec = spec_of(lab)
     if spec is None:
         return None
     spec = ranked_on(spec, results)
-    if spec.config not in {c["name"] for c in results.get("configs", [])}:
-        return None  # not graded on the configuration that ranks it
+    return spec if spec.config in {c["name"] for c in results.get("configs", [])} else None
+
+
+def board(results: dict, lab: dict, viewer: str | None = None) -> dict | None:
+    """One lab's leaderboard as plain data (no student id but those shown by name), or None; with `viewer`,
+    as that student reads it in their feedback (their line "you", classmates as the policy says)."""
+    spec = _ranking(results, lab)
+    if spec is None:
+        return None
     reference = step_time(lab.get("reference_costs", {}).get(spec.config), spec)
     return {
         "lab": lab["number"],
@@ -180,11 +187,8 @@ def words(
 
 def yours(results: dict, lab: dict, student: str) -> str | None:
     """What one student is told about the leaderboard of `lab`: their time and rank, and the reference's time."""
-    spec = spec_of(lab)
+    spec = _ranking(results, lab)
     if spec is None:
-        return None
-    spec = ranked_on(spec, results)
-    if spec.config not in {c["name"] for c in results.get("configs", [])}:
         return None
     ranked = places(results, lab)
     mine = next((p for p in ranked if p.student == student), None)
