@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from notebook_variants import LAB_3_TESTS
 from test_grade import ROOT, reference_nb, run_grade, write
 
 from labkit.grading import collect, course, merge, progress, slurm, store
@@ -93,7 +94,9 @@ def copy_run(out: Path, to: Path, *, state: bool = True) -> Path:
 
 def test_the_first_run_applies_every_input(graded):
     mine = grades(graded[1])
-    assert mine["alice", "3"]["points"] == "6" and not mine["alice", "3"]["late_penalty"]  # the extension
+    assert (
+        mine["alice", "3"]["points"] == str(LAB_3_TESTS) and not mine["alice", "3"]["late_penalty"]
+    )  # the extension
     assert (mine["dora", "3"]["points"], mine["dora", "3"]["overridden"]) == ("4", "partial credit by hand")
     assert mine["zoe", "3"]["status"] == "missing"  # on the roster, nothing handed in
 
@@ -282,7 +285,7 @@ def test_retry_grades_a_kept_timeout_again_and_without_it_the_timeout_stays(grad
     done = run_grade("grade", "--submissions", str(subs), "--out", str(again), "--retry", *ARGS)
     assert done.returncode == 0, done.stderr
     assert "grading 3 students: 1 to grade" in done.stderr and "alice lab-3 cpu-1: ok" in done.stderr
-    assert grades(again)["alice", "3"]["points"] == "6"
+    assert grades(again)["alice", "3"]["points"] == str(LAB_3_TESTS)
 
 
 def test_students_grades_only_the_named_students_again(graded, tmp_path):

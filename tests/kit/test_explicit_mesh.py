@@ -52,7 +52,10 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
             'return jnp.matmul(a, b, out_sharding=NamedSharding(grid, P(("rows", "cols"))))',
         ),
     ],
-    3: [("    return double(x)", f"    return double({placed('x', DATA)})")],
+    3: [
+        ("    return double(x)", f"    return double({placed('x', DATA)})"),
+        ("    return softmax_program(mesh)(x)", f"    return softmax_program(mesh)({placed('x', ROWS)})"),
+    ],
     # x may arrive placed on another (Auto) mesh: move it onto this one once, for both routes
     4: [("    sm_result = per_device(x)", f"    x = {placed('x', DATA)}\n    sm_result = per_device(x)")],
     5: [

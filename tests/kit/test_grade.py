@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_variants import with_code
+from notebook_variants import LAB_3_TESTS, with_code
 
 from labkit.course import catalog, configs
 from labkit.grading import collect, engine, grade, history, store
@@ -224,9 +224,9 @@ def test_the_csv_starts_with_the_fixed_columns_and_has_one_row_per_student_lab_a
 
 def test_passed_and_total_count_public_and_hidden_tests(rows, results):
     assert rows["alice", "cpu-1"]["status"] == "ok"
-    assert rows["alice", "cpu-1"]["passed"] == rows["alice", "cpu-1"]["total"] == "6"
+    assert rows["alice", "cpu-1"]["passed"] == rows["alice", "cpu-1"]["total"] == str(LAB_3_TESTS)
     tests = row_of(results, "alice", "cpu-8")["tests"]
-    assert {t["hidden"] for t in tests} == {True, False} and len(tests) == 6
+    assert {t["hidden"] for t in tests} == {True, False} and len(tests) == LAB_3_TESTS
 
 
 def test_a_one_device_mesh_passes_on_cpu_1_and_fails_on_cpu_8(rows):
@@ -244,7 +244,7 @@ def test_an_unmodified_student_notebook_fails_as_not_implemented(rows):
 
 def test_a_student_folder_without_notebooks_is_missing_with_a_message(rows, results):
     assert rows["dave", "cpu-1"]["status"] == "missing"
-    assert rows["dave", "cpu-1"]["total"] == "6"  # the tests the lab has, none passed
+    assert rows["dave", "cpu-1"]["total"] == str(LAB_3_TESTS)  # the tests the lab has, none passed
     assert "not handed in" in rows["dave", "cpu-1"]["message"]
     assert any("no notebook" in n for n in results["students"]["dave"]["notes"])
 
@@ -300,7 +300,7 @@ def test_two_students_with_the_same_notebook_share_one_run_and_each_row_names_on
     assert len(ran) == 1, ran  # one run of those bytes on each configuration, not one per student
     for config in ("cpu-1", "cpu-8"):
         olga, pete = row_of(results, "olga", config), row_of(results, "pete", config)
-        assert olga["status"] == pete["status"] == "ok" and olga["passed"] == pete["passed"] == 6
+        assert olga["status"] == pete["status"] == "ok" and olga["passed"] == pete["passed"] == LAB_3_TESTS
         assert olga["cell_errors"] and pete["cell_errors"], (olga, pete)
         for mine, other in ((olga, "pete"), (pete, "olga")):
             said = json.dumps(mine)
@@ -682,7 +682,7 @@ def test_the_calls_grading_makes_are_the_ones_the_labs_tests_declare():
     from labkit.course import catalog
 
     calls = judge.collect_calls(catalog.lab(3).test_dirs(hidden=True))
-    assert calls and all(c["function"] == "shard_map_double" for c in calls)
+    assert calls and {c["function"] for c in calls} == {"shard_map_double", "row_softmax"}
     assert len({c["id"] for c in calls}) == len(calls)
 
 
@@ -717,15 +717,17 @@ ROSTER = (
 
 
 def test_each_unit_has_its_points_and_the_labs_points_possible(rows):
-    assert (rows["alice", "cpu-8"]["points"], rows["alice", "cpu-8"]["max_points"]) == ("6", "6")
-    assert int(rows["bob", "cpu-8"]["points"]) < 6 and rows["bob", "cpu-8"]["max_points"] == "6"
-    assert (rows["dave", "cpu-1"]["points"], rows["dave", "cpu-1"]["max_points"]) == ("0", "6")
+    assert (rows["alice", "cpu-8"]["points"], rows["alice", "cpu-8"]["max_points"]) == (str(LAB_3_TESTS),) * 2
+    assert int(rows["bob", "cpu-8"]["points"]) < LAB_3_TESTS and rows["bob", "cpu-8"]["max_points"] == str(
+        LAB_3_TESTS
+    )
+    assert (rows["dave", "cpu-1"]["points"], rows["dave", "cpu-1"]["max_points"]) == ("0", str(LAB_3_TESTS))
 
 
 def test_grades_combine_the_configurations_by_the_courses_policy(graded):
     with open(graded[1] / "grades.csv", newline="") as f:
         totals = {r["student"]: r for r in csv.DictReader(f) if r["lab"] == "total"}
-    assert (totals["alice"]["points"], totals["alice"]["max_points"]) == ("6", "6")
+    assert (totals["alice"]["points"], totals["alice"]["max_points"]) == (str(LAB_3_TESTS),) * 2
     bob_one_device = next(
         r
         for r in csv.DictReader(io.StringIO((graded[1] / "scoreboard.csv").read_text()))
@@ -768,8 +770,8 @@ def test_with_a_roster_every_student_on_it_has_rows_and_folders_not_on_it_are_re
     assert sorted(mine["students"]) == ["alice", "bob", "zoe"]
     zoe = [r for r in mine["rows"] if r["student"] == "zoe"]
     assert [(r["config"], r["status"], r["points"], r["max_points"]) for r in zoe] == [
-        ("cpu-1", "missing", 0, 6),
-        ("cpu-8", "missing", 0, 6),
+        ("cpu-1", "missing", 0, LAB_3_TESTS),
+        ("cpu-8", "missing", 0, LAB_3_TESTS),
     ]
     assert any(n.startswith("carol: a submission folder not on the roster") for n in mine["notes"])
     assert mine["students"]["alice"]["lms_id"] == "4411"
@@ -811,7 +813,7 @@ def test_a_canvas_download_is_graded_through_the_roster_and_exported_for_canvas(
     assert done.returncode == 0, done.stderr
     table = list(csv.reader(io.StringIO(export.read_text())))
     assert table[0][:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-    assert ["Alice L", "4411", "alice", "alice@u.edu", "A", "6"] in table
+    assert ["Alice L", "4411", "alice", "alice@u.edu", "A", str(LAB_3_TESTS)] in table
     assert [
         "Zoe Z",
         "4419",

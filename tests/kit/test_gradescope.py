@@ -19,6 +19,7 @@ from pathlib import Path
 import doc_commands
 import jsonschema
 import pytest
+from notebook_variants import LAB_3_TESTS
 
 from labkit.grading import gradescope, policy
 
@@ -345,13 +346,22 @@ def test_run_autograder_copied_to_the_root_grades_on_one_device_and_on_eight(aut
     results = json.loads((autograder / "results" / "results.json").read_text())
     gradescope.validate(results)
     cases = {t["name"]: t for t in results["tests"]}
-    assert len(cases) == 6 and sum(t["max_score"] for t in cases.values()) == 6, results["output"]
+    assert len(cases) == LAB_3_TESTS and sum(t["max_score"] for t in cases.values()) == LAB_3_TESTS, results[
+        "output"
+    ]
     assert any(t["visibility"] == "after_published" for t in cases.values())
     failed = [t for t in cases.values() if t["status"] == "failed" and t["visibility"] == "visible"]
-    assert failed and all(
-        "cpu-1: passed" in t["output"] and "cpu-8: failed" in t["output"] for t in failed
-    ), results["output"] + "\n" + "\n".join(f"{t['name']}: {t['output']}" for t in failed)
-    assert 0 < results["score"] < 6
+    said = results["output"] + "\n" + "\n".join(f"{t['name']}: {t['output']}" for t in failed)
+    assert failed and all("cpu-1: passed" in t["output"] for t in failed), said
+    assert any("cpu-8: failed" in t["output"] and "jax.devices()[:1]" in t["output"] for t in failed), said
+    # JAX 0.10 (the autograder's environment where its Python is 3.11) ends process 1 of cpu-2x4 by a
+    # segfault when it calls a jitted program over a mesh that holds none of its devices; JAX 0.12 raises.
+    # The run is then an error row for every test, and the kit says the kernel died: no test passes there.
+    crashed = all("cpu-2x4: error" in t["output"] and "killed by signal 11" in t["output"] for t in failed)
+    if not crashed:
+        assert all("cpu-8: failed" in t["output"] for t in failed), said
+        assert results["score"] > 0
+    assert results["score"] < LAB_3_TESTS
     assert "Graded on cpu-1, cpu-8" in results["output"]
 
 
@@ -471,7 +481,7 @@ def test_an_autograder_built_limits_only_grades_there_and_every_result_says_it_w
         old.unlink()
     (autograder / "submission" / "lab-3.ipynb").write_text(_one_device_notebook())
     results = run_with(autograder, script, LABKIT_BWRAP=str(refusing_bwrap(tmp_path)))
-    assert len(results["tests"]) == 6, results["output"]
+    assert len(results["tests"]) == LAB_3_TESTS, results["output"]
     assert any("cpu-1: passed" in t["output"] for t in results["tests"]), results["output"]
     assert gradescope.NOT_SANDBOXED in results["output"]
     assert all(t["output"].startswith(gradescope.NOT_SANDBOXED) for t in results["tests"])

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import doc_commands
 import pytest
+from notebook_variants import LAB_3_TESTS
 
 from labkit.grading import gradescope
 
@@ -45,7 +46,7 @@ BASE = "labkit-base:bullseye"
 SET_UP = "labkit-test-gradescope:lab-3"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
 ADVERSARIAL = Path(__file__).parent / "adversarial"
-LAB_3_POINTS = 6
+LAB_3_POINTS = LAB_3_TESTS  # a point a test
 
 
 def _load(name: str):

@@ -1,8 +1,25 @@
 """Lab 3, hidden tests: inputs the student has not seen, and the one-device mesh bug."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
-from labkit.checks import call, check, expect_close, expect_split_across
+from labkit.checks import (
+    Mismatch,
+    call,
+    check,
+    expect_close,
+    expect_close_naming_mistakes,
+    expect_split_across,
+)
+
+_spec = importlib.util.spec_from_file_location(
+    "lab3_public_for_hidden",
+    Path(__file__).resolve().parents[2] / "public" / "lab_3" / "test_shard_map_double.py",
+)
+public = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(public)
 
 RNG = np.random.default_rng(3)
 LONG = RNG.normal(size=64).astype(np.float32)
@@ -22,3 +39,21 @@ def test_every_device_holds_a_different_block(got, run):
         hint="Each device should double its own block: a mesh over jax.devices()[:1] is right on one device "
         "and does all the work on device 0 when there are eight",
     )
+
+
+# row_softmax on rows it has not seen: wider, random, with large values that overflow exp unless shifted
+WIDE = (RNG.normal(size=(64, 32)) * 30).astype(np.float32)
+
+
+@check(got=call("row_softmax", WIDE))
+def test_row_softmax_on_a_wider_random_matrix_with_large_values(got, run):
+    want = public.softmax_of_rows(WIDE)
+    if not np.isfinite(np.asarray(got.value, np.float64)).all():
+        raise Mismatch(
+            "some values are inf or nan: exp of a large element overflows float32. Subtract each row's "
+            "largest element before exp, as jax.nn.softmax does; the softmax is unchanged"
+        )
+    expect_close_naming_mistakes(
+        got, want, public.softmax_mistakes(WIDE, run.device_count), rtol=1e-5, atol=1e-7
+    )
+    expect_split_across(got, run.device_count, axis=0)
