@@ -1,4 +1,5 @@
-"""Lab 4, hidden tests: a batch the student has not seen, and a shard_map route that only used device 0."""
+"""Lab 4, hidden tests: a batch the student has not seen, and a shard_map route that only used device 0;
+distances_to_anchors on a batch and anchors of other shapes, its result still split by rows."""
 
 import numpy as np
 
@@ -23,4 +24,36 @@ def test_the_shard_map_route_spreads_the_rows_over_every_device(got, run):
         hint="The stack lives where the shard_map result lives. A mesh over jax.devices()[:1] computes every "
         "row on device 0: the numbers are right, but on eight devices seven sit idle. Build the mesh from "
         "jax.devices(), and keep both results as JAX arrays when you stack them",
+    )
+
+
+# -- distances_to_anchors: a batch and anchors of other shapes ---------------------------------
+
+CASE = np.random.default_rng(44)
+POINTS = (3 * CASE.normal(size=(96, 5))).astype(np.float32)  # 96 rows: divides by 1 to 32 devices
+ANCHORS = CASE.normal(size=(3, 5)).astype(np.float32)  # 3 anchors: no device count above 3 divides them
+
+
+@check(got=call("distances_to_anchors", POINTS, ANCHORS))
+def test_distances_to_anchors_of_a_new_batch(got):
+    want = ((POINTS.astype(np.float64)[:, None, :] - ANCHORS.astype(np.float64)[None, :, :]) ** 2).sum(axis=2)
+    expect_close(
+        got,
+        want,
+        rtol=1e-5,
+        atol=1e-4,
+        hint="Every row of x against every anchor, whatever B, K and d are: nothing may assume the shapes of "
+        "the public tests (K anchors need not divide over the devices)",
+    )
+
+
+@check(got=call("distances_to_anchors", POINTS, ANCHORS))
+def test_distances_to_anchors_of_a_new_batch_stay_split_by_rows(got, run):
+    expect_split_across(
+        got,
+        run.device_count,
+        axis=0,
+        hint="Each device should hold its own B / n rows of the result, over a mesh of all of jax.devices(): "
+        "jax.vmap alone leaves them on one device, and a copy on every device means that every row was computed "
+        "or gathered on every device",
     )
