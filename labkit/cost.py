@@ -28,6 +28,15 @@ of fewer chips than the torus wraps around (`wraparound_from`: a line, whose end
 one link), a collective-permute's over the one link (port) it sends on. The parts are not added: the slowest bounds the step
 (with perfect overlap), and the card names it. A model, not a measurement: the course's "Reading
 the cost card" says what it leaves out.
+
+Latency: each hop between neighbouring chips takes a fixed time whatever it carries (`hop_latency`, the
+book "How to Scale Your Model", part 3: about a microsecond over an ICI link), so a collective takes at
+least its hops' time (`Chip.hops`: width - 1 on a line, width // 2 round a ring, twice for an all-reduce,
+one for a collective-permute). `timing(chip, latency=True)` times each kind and group width of collective
+at the larger of that and its bytes over the bandwidth; the default leaves latency out of the step (the
+labs' exercises and the leaderboard read the bandwidth model) and gives it beside, in `Timing.latency`,
+which the card names where it would bound the step. BENCHMARKS.md ("Calibrating the cost card") sets the
+model beside the TPU compiler's own estimate and the book's figures.
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ class Chip:
     source: str
     f32_default_flops: float = 0.0  # a float32 product at JAX's default precision (0: as `f32_flops`)
     wraparound_from: int = 0  # the smallest ring with a wraparound link (0: every chip reaches every other)
+    hop_latency: float = 0.0  # seconds a hop between neighbouring chips takes, whatever it carries (0: none)
 
     def f32_peak(self, precision: str = "default") -> float:
         """FLOP/s of float32 products at JAX's `precision`: "highest" (float32 throughout) or its default."""
@@ -90,6 +100,18 @@ class Chip:
         """Bytes per second one chip sends into a ring collective over `width` chips: a smaller ring than the
         torus wraps around is a line, whose end chips receive through one link only."""
         return self.send_bandwidth / 2 if 1 < width < self.wraparound_from else self.send_bandwidth
+
+    def hops(self, op: str, width: int) -> int:
+        """The hops one collective `op` over `width` chips makes one after another, each at `hop_latency` at the
+        least: a ring's shards travel halfway round it (width // 2), a line's from one end to the other
+        (width - 1); an all-reduce is a reduce-scatter then an all-gather (twice that); a collective-permute
+        crosses the one link it sends on."""
+        if width <= 1:
+            return 0
+        if op == "collective-permute":
+            return 1
+        one_way = width - 1 if width < self.wraparound_from else width // 2
+        return 2 * one_way if op == "all-reduce" else one_way
 
 
 def chips(path: Path = CHIPS_FILE) -> dict[str, Chip]:
@@ -147,6 +169,10 @@ class Timing:
     memory: float
     communication: float
     fits: bool  # the bytes held fit the chip's HBM
+    # The least time the program's collectives take on the chip's hops whatever their size (`Chip.hops`), each
+    # hop at `hop_latency`: 0 where the chip gives no latency or the card does not record its collectives by
+    # group width (an older kit's). In `communication` only where `timing(..., latency=True)` was asked.
+    latency: float = 0.0
 
     @property
     def bound(self) -> str:
@@ -172,6 +198,9 @@ class Card:
     # sum over widths is `sent`. Empty in a card an older kit wrote: each ring is then timed as one of
     # `devices` chips, which no group is wider than (exact under 16 devices, where every ring is a line).
     widths: dict[str, dict[str, float]] = field(default_factory=dict)
+    # collective kind -> {group width (as text): how many collectives of that kind run over groups of that
+    # width}: what a collective's latency is counted from. Empty in a card an older kit wrote: no latency then.
+    collectives: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def held_total(self) -> int:
@@ -181,23 +210,28 @@ class Card:
     def sent_total(self) -> float:
         return sum(self.sent.values())
 
-    def timing(self, chip: Chip, precision: str = "default") -> Timing:
-        """The card on `chip`; `precision`: JAX's matmul precision for float32 products ("default" or "highest")."""
+    def timing(self, chip: Chip, precision: str = "default", latency: bool = False) -> Timing:
+        """The card on `chip`; `precision`: JAX's matmul precision for float32 products ("default" or "highest").
+
+        `latency`: the communication part is, for the collectives of each kind and group width, the larger of
+        their bytes over the bandwidth and their hops at the chip's `hop_latency` (the book "How to Scale Your
+        Model", part 3: a small collective is latency-bound); without it (the default, which the labs' exercises
+        and the leaderboard read), the bytes over the bandwidth alone, and `Timing.latency` says the rest."""
         peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_peak(precision)
-        wire = 0.0
+        wire = floor = network = 0.0
         for op, b in self.sent.items():
-            if op == "collective-permute":
-                wire += b / chip.link_bandwidth
-            elif self.widths.get(op):
-                wire += sum(part / chip.ring_bandwidth(int(w)) for w, part in self.widths[op].items())
-            else:  # a card with no widths (an older kit's): no group is wider than the program's devices
-                wire += b / chip.ring_bandwidth(self.devices)
+            groups = self.widths.get(op) or {str(self.devices): b}  # an older kit's card: no group is wider
+            for w, part in groups.items():
+                rate = chip.link_bandwidth if op == "collective-permute" else chip.ring_bandwidth(int(w))
+                hops = self.collectives.get(op, {}).get(w, 0) * chip.hops(op, int(w)) * chip.hop_latency
+                wire, floor, network = wire + part / rate, floor + hops, network + max(part / rate, hops)
         return Timing(
             chip.key,
             self.flops / peak,
             self.held_total / chip.hbm_bandwidth,
-            wire,
+            network if latency else wire,
             self.held_total <= chip.hbm_bytes,
+            floor,
         )
 
     def to_json(self) -> dict:
@@ -210,6 +244,7 @@ class Card:
             "dtype": self.dtype,
             **({"compiler": self.compiler} if self.compiler else {}),
             **({"widths": self.widths} if self.widths else {}),
+            **({"collectives": self.collectives} if self.collectives else {}),
         }
 
     @classmethod
@@ -233,6 +268,7 @@ def card(facts: dict) -> Card:
     sent: dict[str, float] = {}
     counts: dict[str, int] = {}
     widths: dict[str, dict[str, float]] = {}
+    per_width: dict[str, dict[str, int]] = {}
     for c in collectives:
         n = group_width(c.get("pairs"), c.get("groups"), int(facts["devices"]))
         moved = bytes_sent(c["op"], shape_bytes(c["shape"]), n)
@@ -241,6 +277,8 @@ def card(facts: dict) -> Card:
             counts[c["op"]] = counts.get(c["op"], 0) + 1
             by_width = widths.setdefault(c["op"], {})
             by_width[str(n)] = by_width.get(str(n), 0.0) + moved
+            how_many = per_width.setdefault(c["op"], {})
+            how_many[str(n)] = how_many.get(str(n), 0) + 1
     outputs = facts.get("outputs") if isinstance(facts.get("outputs"), list) else []
     dtype = "bf16" if outputs and all(o.get("dtype") == "bfloat16" for o in outputs) else "f32"
     estimate = facts.get("compiler")
@@ -252,7 +290,7 @@ def card(facts: dict) -> Card:
         if isinstance(estimate, dict) and "seconds" in estimate
         else None
     )
-    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype, compiler, widths)
+    return Card(int(facts["devices"]), float(flops), held, sent, counts, dtype, compiler, widths, per_width)
 
 
 # ----------------------------------------------------------------------------------------
@@ -320,9 +358,15 @@ def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Car
     for chip in chip_list:
         t = c.timing(chip)
         fits = "" if t.fits else f"; does not fit its {format_bytes(chip.hbm_bytes)} of HBM"
+        hops = (
+            f", and at this size latency-bound: its collectives' hops take at least {format_seconds(t.latency)} "
+            f"({format_seconds(chip.hop_latency)} a hop)"
+            if c.timing(chip, latency=True).step > t.step
+            else ""
+        )
         out.append(
             f"  {chip.name} x{c.devices}: compute {format_seconds(t.compute)}, HBM {format_seconds(t.memory)}, "
-            f"network {format_seconds(t.communication)}: {BOUND_WORDS[t.bound]}{fits}"
+            f"network {format_seconds(t.communication)}: {BOUND_WORDS[t.bound]}{hops}{fits}"
         )
     if c.compiler:  # the compiler's own figures, beside the hand model's above
         out.append(

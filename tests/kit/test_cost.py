@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -320,3 +323,111 @@ def test_a_collective_permute_is_timed_on_the_one_link_it_sends_over_not_a_rings
     )
     # a ring of 16 (one that wraps around) sends over two ports: 100 GB/s on a v5e
     assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(15 / 16 * (1 << 20) / 100e9)
+
+
+# ----------------------------------------------------------------------------------------
+# Latency: a collective takes at least its hops' time, whatever it carries (the book "How to Scale Your
+# Model", part 3: about a microsecond a hop over an ICI link; chips.toml's `hop_latency`).
+# ----------------------------------------------------------------------------------------
+
+
+SMALL = [{"op": "all-reduce", "shape": "f32[1024]{0}", "groups": [list(range(8))]}]  # 4 KiB over 8
+
+
+def test_a_collective_makes_its_hops_one_after_another_on_a_line_round_a_ring_or_across_one_link():
+    v5e = CHIPS["v5e"]
+    assert v5e.hop_latency == pytest.approx(1e-6) and CHIPS["v6e"].hop_latency == pytest.approx(1e-6)
+    assert CHIPS["h100"].hop_latency == 0  # no figure with a source: no latency on an H100
+    assert v5e.hops("all-gather", 8) == 7  # a line of 8 (no wraparound under 16): end to end
+    assert v5e.hops("reduce-scatter", 4) == 3 and v5e.hops("all-to-all", 8) == 7
+    assert v5e.hops("all-gather", 16) == 8  # a ring of 16: halfway round, both ways at once
+    assert v5e.hops("all-reduce", 8) == 14  # a reduce-scatter, then an all-gather
+    assert v5e.hops("collective-permute", 8) == 1 and v5e.hops("all-reduce", 1) == 0
+
+
+def test_a_small_all_reduce_is_latency_bound_and_a_large_one_is_not():
+    small = cost.card(_facts(collectives=SMALL))
+    assert small.collectives == {"all-reduce": {"8": 1}}
+    v5e = CHIPS["v5e"]
+    plain, floored = small.timing(v5e), small.timing(v5e, latency=True)
+    # 7 KiB over 50 GB/s is 143 ns; its 14 hops take 14 µs
+    assert plain.communication == pytest.approx(2 * 7 / 8 * 4096 / 50e9)
+    assert plain.latency == floored.latency == pytest.approx(14e-6)
+    assert floored.communication == pytest.approx(14e-6) and floored.step == pytest.approx(14e-6)
+    assert (
+        small.timing(CHIPS["h100"], latency=True).communication == small.timing(CHIPS["h100"]).communication
+    )
+    text = "\n".join(cost.lines("f", "cpu-8", small, [v5e, CHIPS["h100"]]))
+    assert "latency-bound: its collectives' hops take at least 14 µs (1 µs a hop)" in text
+    assert "NVIDIA H100 SXM x8: compute" in text and text.count("latency-bound") == 1
+    # 1 MiB: 36.7 µs on the wire, more than the 14 µs of its hops: latency changes nothing
+    large = cost.card(_facts())
+    assert large.timing(v5e, latency=True).communication == pytest.approx(large.timing(v5e).communication)
+    assert "latency-bound" not in "\n".join(cost.lines("f", "cpu-8", large, [v5e]))
+    # two all-reduces count twice the hops; a card an older kit wrote (no record by width) counts none
+    twice = cost.card(_facts(collectives=SMALL * 2))
+    assert twice.timing(v5e).latency == pytest.approx(28e-6)
+    old = cost.Card.from_json({k: v for k, v in small.to_json().items() if k != "collectives"})
+    assert old.timing(v5e, latency=True).communication == pytest.approx(plain.communication)
+    assert cost.Card.from_json(small.to_json()) == small
+
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_the_calibration_benchmark_sets_the_card_beside_the_tpu_compilers_estimate():
+    """benchmarks/bench_calibration.py on one small all-reduce, compiled for v5e 2x4 and v6e 2x4 (a few seconds)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_calibration.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--only",
+            "all-reduce",
+            "--sizes",
+            "4096",
+            "--dtypes",
+            "float32",
+            "--no-book",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    for chip in ("v5e", "v6e"):
+        for column in ("compiler (optimal_seconds)", "card", "card with latency", "card / compiler"):
+            assert f"{chip}: {column}" in header, header
+    [row] = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in table[2:]]
+    assert row["program"] == "all-reduce" and row["the TPU program's collectives"] == "all-reduce 4.0 KiB"
+    for chip in ("v5e", "v6e"):
+        compiler = row[f"{chip}: compiler (optimal_seconds)"]
+        if compiler == "none" or "not above zero" in compiler:  # no estimate: no ratio, said so
+            assert row[f"{chip}: card / compiler"] == ""
+            continue
+        ratio = float(row[f"{chip}: card / compiler"].rstrip("x"))
+        assert math.isfinite(ratio) and ratio > 0
+        assert row[f"{chip}: card with latency"] == "14 µs"  # 14 hops of a line of 8, a microsecond each
+    # a time libtpu gives that is not above zero (-3.8 s for lab 14's step at a production size) is shown as
+    # it is, with no ratio
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import bench_calibration as b; "
+            "row = b.Row('step', 'float32', 1 << 20, {'v5e': b.OnChip('no collective', -3.8, None, 1e-3, 1e-3)}); "
+            "print(b.compiler_table([row])[-1])",
+        ],
+        cwd=bench.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    cells = [c.strip() for c in shown.stdout.strip().strip("|").split("|")]
+    assert cells[4] == "-3.8 s, not above zero: no ratio" and cells[-1] == "", cells
