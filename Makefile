@@ -202,7 +202,8 @@ test: setup system-deps check-student-notebooks ## the kit's own test suite, the
 
 # The lock's other world: where .venv has Python 3.12 or newer (JAX 0.12), a Python 3.11 (JAX 0.10.2),
 # and the other way round. There, in $(OTHER_VENV), every lab's reference and the student loop run
-# again (tests/kit/test_student_loop.py, but the untouched handouts, which make test runs on the first JAX).
+# again (tests/kit/test_student_loop.py, but the untouched handouts, which make test runs on the first JAX),
+# on cpu-1 and cpu-8 (no pod size: LABKIT_TEST_SWEEP=none).
 # Skipped, with a line saying so, where no such Python is here.
 OTHER_VENV ?= .venv-other
 test-other-jax: ## every reference and the student loop on the lock's other JAX (Python 3.11 against 3.12+)
@@ -211,7 +212,7 @@ test-other-jax: ## every reference and the student loop on the lock's other JAX 
 	  exit 0; }; \
 	echo "test-other-jax: the student loop on $$other ($(OTHER_VENV)/)"; \
 	$(MAKE) --no-print-directory setup VENV=$(OTHER_VENV) PYTHON=$$other DEP_GROUPS=notebook,dev && \
-	$(OTHER_VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist load) --durations=5 tests/kit/test_student_loop.py -k "not unmodified_student_notebook"
+	LABKIT_TEST_SWEEP=none $(OTHER_VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist load) --durations=5 tests/kit/test_student_loop.py -k "not unmodified_student_notebook"
 
 bench: setup ## benchmarks: the student loop and grading, against plain python
 	$(PY) benchmarks/bench_lab.py

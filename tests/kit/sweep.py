@@ -3,6 +3,7 @@
 A sweep repeats one check over every lab (every reference with its products in bfloat16, rewritten
 with explicit meshes, on every pod size). `make test` runs every other lab of each, the sweeps offset
 so that most labs are in one of them; the whole sweeps run before a release (docs/development.md).
+`none` (what `make test-other-jax` sets): the student loop runs the references on cpu-1 and cpu-8 only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from labkit import envnames
 
 FULL = os.environ.get(envnames.TEST_SWEEP) == "full"
+NONE = os.environ.get(envnames.TEST_SWEEP) == "none"
 
 
 def share(items: list, offset: int) -> list:

@@ -1,6 +1,12 @@
-"""`make lab-N` end to end: real papermill, real kernels, real JAX on one and on eight CPU devices."""
+"""`make lab-N` end to end: real papermill, real kernels, real JAX on one and on eight CPU devices.
+
+Each reference runs here on cpu-1, cpu-8 and one more pod size in the same `labkit lab` call (the sizes
+are test_pod_sizes.py's: each lab one of cpu-2, cpu-4, cpu-16 and cpu-32 in turn, every size by three or
+four labs), so that one start of the kit, of its test collection and of its warm server serves all three.
+"""
 
 import pytest
+from test_pod_sizes import all_passed, sizes_for
 
 from labkit.course import catalog
 
@@ -8,12 +14,30 @@ WORKED_EXAMPLES = {"shard_map_simulate"}
 
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
-def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(kit, lab):
+def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_cpu_8_and_a_pod_size(
+    kit, lab_report, lab
+):
+    sizes = sizes_for(lab.number)
+    configs = ["cpu-1", "cpu-8", *sizes]
     done = kit(
-        "lab", str(lab.number), "--notebook", str(lab.reference), "--configs", "cpu-1,cpu-8", "--hidden"
+        "lab",
+        str(lab.number),
+        "--notebook",
+        str(lab.reference),
+        "--configs",
+        ",".join(configs),
+        "--hidden",
+        "--timeout",
+        "600",
+        timeout=3000,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    report = lab_report(lab.number)
+    assert {o["config"] for o in report["outcomes"]} == set(configs)
+    all_passed(done, report, configs)
     assert "PASS" in done.stdout
+    assert {report["runs"][n]["environment"]["device_count"] for n in configs} == {
+        int(n.removeprefix("cpu-")) for n in configs
+    }
     # its cost cards on cpu-8 are those recorded for it (tests/public/lab_N/reference_costs.json): none differs
     if lab.number >= 2 and lab.number != 11:
         cards = done.stdout[done.stdout.index("Cost cards") :]
@@ -25,7 +49,7 @@ def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_and_cpu_8(k
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
 def test_every_unmodified_student_notebook_fails_cleanly_as_not_implemented(kit, lab_report, lab):
-    done = kit("lab", str(lab.number), "--configs", "cpu-1,cpu-8")
+    done = kit("lab", str(lab.number), "--configs", "cpu-8")  # the kit's path is the same on cpu-1
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-6000:]
     assert "not implemented yet" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
