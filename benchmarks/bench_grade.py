@@ -18,12 +18,16 @@ It measures, on `cpu-1` and `cpu-8`, with `--jobs` (default: the cores) at a tim
     run calls them (the heavier baseline);
   - "each exercise once": each exercise called once, on its first test's inputs (the lighter one,
     closer to what a student's own script would do);
-* regrade: the same `grade` command again at once, on the unchanged class.
+* regrade: the same `grade` command again at once, on the unchanged class;
+* with `--tpu v5e-8` (where libtpu is installed): the class graded again into a fresh folder with that
+  compile-only TPU configuration added to cpu-1 and cpu-8, against the first warm run (target: at most
+  2x: the TPU compiles must not double a class's grading). `--no-baselines` leaves the plain python out.
 
 It prints seconds per graded unit, the ratio of the first run to each baseline (targets, with warm
 starts: at most 0.7x the heavier, at most 0.3x the lighter), and regrade / first (target: under 5%).
 
 Usage: python benchmarks/bench_grade.py [--students 20] [--labs 3,4,5,6] [--jobs N] [--starts warm,cold] [--keep DIR]
+       [--tpu v5e-8] [--no-baselines]
 """
 
 from __future__ import annotations
@@ -141,7 +145,13 @@ def baseline(
 
 
 def timed_grade(
-    subs: Path, out: Path, labs: list[catalog.Lab], jobs: int, timeout: float, start: str
+    subs: Path,
+    out: Path,
+    labs: list[catalog.Lab],
+    jobs: int,
+    timeout: float,
+    start: str,
+    graded_on: tuple[str, ...] = CONFIGS,
 ) -> float:
     cmd = [
         sys.executable,
@@ -157,7 +167,7 @@ def timed_grade(
         "--labs",
         ",".join(str(lab.number) for lab in labs),
         "--configs",
-        ",".join(CONFIGS),
+        ",".join(graded_on),
         "--jobs",
         str(jobs),
         "--start",
@@ -189,6 +199,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per notebook (default %(default)s)")
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--starts", default="warm", help="comma-separated: warm, cold (default %(default)s)")
+    ap.add_argument(
+        "--tpu", default=None, help="a compile-only TPU configuration to grade with too, e.g. v5e-8"
+    )
+    ap.add_argument("--no-baselines", action="store_true", help="leave out the plain python baselines")
     args = ap.parse_args()
     labs = labs_to_grade(args.labs)
     if not labs:
@@ -218,25 +232,43 @@ def main() -> int:
             # At once: a change to the kit's grading code in between would, rightly, regrade everything.
             agains[start] = timed_grade(subs, out, labs, args.jobs, args.timeout, start)
             print(f"  regrade: {agains[start]:.1f} s; load average: {load()}", flush=True)
-        plain = baseline(units, args.jobs, work / "plain")
-        print(f"  plain python, every call: {plain:.1f} s; load average: {load()}", flush=True)
-        light = baseline(units, args.jobs, work / "plain-once", once=True)
-        print(f"  plain python, each exercise once: {light:.1f} s; load average: {load()}", flush=True)
+        with_tpu = None
+        if args.tpu:
+            with_tpu = timed_grade(
+                subs, work / "scoreboard-tpu", labs, args.jobs, args.timeout, "warm", (*CONFIGS, args.tpu)
+            )
+            print(
+                f"  grade with {args.tpu} too, first run: {with_tpu:.1f} s; load average: {load()}",
+                flush=True,
+            )
+        plain = light = None
+        if not args.no_baselines:
+            plain = baseline(units, args.jobs, work / "plain")
+            print(f"  plain python, every call: {plain:.1f} s; load average: {load()}", flush=True)
+            light = baseline(units, args.jobs, work / "plain-once", once=True)
+            print(f"  plain python, each exercise once: {light:.1f} s; load average: {load()}", flush=True)
     print(
         f"class: {args.students} students x labs {', '.join(str(lab.number) for lab in labs)} x "
         f"{', '.join(CONFIGS)} = {n - len(labs) * len(CONFIGS)} units, plus {len(labs) * len(CONFIGS)} for the "
         f"reference solutions; {args.jobs} jobs on {os.cpu_count()} cores"
     )
-    print(f"  plain python, every call:         {plain:8.1f} s  ({plain / n:.2f} s per unit)")
-    print(f"  plain python, each exercise once: {light:8.1f} s  ({light / n:.2f} s per unit)")
+    if plain is not None and light is not None:
+        print(f"  plain python, every call:         {plain:8.1f} s  ({plain / n:.2f} s per unit)")
+        print(f"  plain python, each exercise once: {light:8.1f} s  ({light / n:.2f} s per unit)")
     for start, first in firsts.items():
         again = agains[start]
         targets = ("   (target: at most 0.7x)", "   (target: at most 0.3x)") if start == "warm" else ("", "")
         print(f"  grade, {start} starts, first run: {first:8.1f} s  ({first / n:.2f} s per unit)")
-        print(f"    / plain python, every call:         {first / plain:.2f}x{targets[0]}")
-        print(f"    / plain python, each exercise once: {first / light:.2f}x{targets[1]}")
+        if plain is not None and light is not None:
+            print(f"    / plain python, every call:         {first / plain:.2f}x{targets[0]}")
+            print(f"    / plain python, each exercise once: {first / light:.2f}x{targets[1]}")
         print(
             f"    regrade, unchanged: {again:8.1f} s  = {100 * again / first:.1f}% of the first run   (target: under 5%)"
+        )
+    if with_tpu is not None and "warm" in firsts:
+        print(
+            f"  grade with {args.tpu} too: {with_tpu:8.1f} s  = {with_tpu / firsts['warm']:.2f}x the warm first run "
+            "without it   (target: at most 2x)"
         )
     return 0
 
