@@ -1,10 +1,13 @@
-"""The references of labs 7, 8, 9, 10 and 14 build each jitted program once: a second call compiles nothing.
+"""The references of labs 2 to 12 and 14 build each jitted program once: a second
+call compiles nothing.
 
 A jax.jit (or a shard_map) of a function defined inside the exercise wraps a new function at every
-call, and JAX traces and compiles it again each time. These labs build their programs in a function
-of the mesh cached with functools.cache, and say why. Read from a run of the reference's code cells
-on one CPU device, with JAX logging every compilation: the second call of each exercise, on new
-values of the same shapes, must log none.
+call, and JAX traces and compiles it again each time. These labs define each jitted function once: at
+the top level where it needs no mesh, else in a function of the mesh cached with functools.cache (lab 7
+says why). Read from a run of the reference's code cells on one CPU device, with JAX logging every
+compilation: the second call of each exercise, on new values of the same shapes, must log none. Lab
+11's exercises run in one process here, as on its cpu-1 configuration; lab 12's stretch, mlp_in_types,
+is left out: its grid is 2 x n/2, which needs an even device count.
 """
 
 from __future__ import annotations
@@ -61,7 +64,42 @@ STATE = {
     name: [[0.125] * 16] * 16 for name in ("wq", "wk", "wv", "wo", "w1", "w2")
 }  # dim 16: one of 16 heads each
 TOKENS = [[[1.0] * 16] * 2] * 2  # (batch, seq, dim)
+XY = [[[1.0] * 3] * 8, [[0.5] * 2] * 8]  # x (8, 3) and y (8, 2) of a layer of 2 features
 CALLS = {
+    2: {
+        "follow_data": [GRID],
+        "column_sums": [GRID],
+        "column_sums_split": [GRID],
+        "collectives_of_sum": [GRID],
+        "matvec_split": [GRID, X],
+    },
+    3: {
+        "shard_map_double": [X],
+        "row_softmax": [GRID],
+        "block_owner": [X],
+    },
+    4: {
+        "shard_map_vs_vmap": [ROWS],
+        "distances_to_anchors": [ROWS, [[0.5] * 4] * 3],
+        "similarity_to_first": [ROWS],
+    },
+    5: {
+        "shard_map_psum": [X],
+        "shard_map_center": [X],
+        "shard_map_softmax": [X],
+        "shard_map_ring_shift": [X],
+        "shard_map_column_sums": [GRID],
+        "shard_map_cumsum": [X],
+        "rows_to_columns": [GRID],
+        "shard_map_variance": [X],
+    },
+    6: {
+        "shard_map_simulate": [0, XY[0], 2, 2],
+        "shard_map_linear": [0, XY[0], 2],
+        "shard_map_mse": [0, *XY, 2],
+        "linear_grid": [XY[0], PARAMS["hidden"]],
+        "shard_map_local_losses": [0, *XY, 2],
+    },
     7: {
         "layer_jit": [X, W, B],
         "layer_constrained": [X, W, B],
@@ -87,6 +125,22 @@ CALLS = {
         "pipeline_forward": [[[[0.5]]] * 2, [[0.1]] * 2, [[[1.0]]] * 3],
         "ring_sum": [[[1.0, 2.0]]],
         "ring_sum_both_ways": [[[1.0], [2.0]]],
+    },
+    11: {
+        "device_summary": [],
+        "process_rows": [8],
+        "load_global_batch": [GRID],
+        "gather_to_every_host": [GRID],
+        "log_progress": [1, 0.5],
+        "data_parallel_step": [[0.0] * 3, XY[0], [1.0] * 8],
+        "global_mse": [[0.0] * 3, XY[0], [1.0] * 8],
+    },
+    12: {
+        "place_rows": [GRID],
+        "types_after": [GRID],
+        "contract_to_rows": [GRID, W],
+        "block_maxima": [X],
+        "constrain_auto": [GRID],
     },
     14: {
         "train_step": [STATE, STATE, TOKENS, TOKENS],

@@ -59,19 +59,17 @@ REWRITES: dict[int, list[tuple[str, str]]] = {
     # x may arrive placed on another (Auto) mesh: move it onto this one once, for both routes
     4: [("    sm_result = per_device(x)", f"    x = {placed('x', DATA)}\n    sm_result = per_device(x)")],
     5: [
-        ('in_specs=P("data"), out_specs=P())(x)', f'in_specs=P("data"), out_specs=P())({placed("x", DATA)})'),
+        # each exercise's program, built once per mesh, takes x placed as its in_specs say
         (
-            'in_specs=P("data"), out_specs=P("data"))(x)',
-            f'in_specs=P("data"), out_specs=P("data"))({placed("x", DATA)})',
-        ),
-        (
-            'in_specs=P("data", None), out_specs=P("data"))(x)',
-            f'in_specs=P("data", None), out_specs=P("data"))({placed("x", ROWS)})',
+            "    return column_sums_program(mesh)(x)",
+            f"    return column_sums_program(mesh)({placed('x', ROWS)})",
         ),
         (
             "    return rows_to_columns_program(mesh)(x)",
             f"    return rows_to_columns_program(mesh)({placed('x', ROWS)})",
         ),
+        # the other five and the stretch take x split along 'data'
+        ("_program(mesh)(x)", f"_program(mesh)({placed('x', DATA)})"),
     ],
     6: [
         ("    return mapped(state, x)\n", f"    return mapped(state, {placed('x', ROWS)})\n"),

@@ -15,7 +15,7 @@ from labkit.course import catalog
 MISTAKES = [
     # shard_map_psum: no psum, its check silenced
     ('return jax.lax.psum(jnp.sum(block), "data")', "return jnp.sum(block)"),
-    ('in_specs=P("data"), out_specs=P())(x)', 'in_specs=P("data"), out_specs=P(), check_vma=False)(x)'),
+    ('in_specs=P("data"), out_specs=P()))', 'in_specs=P("data"), out_specs=P(), check_vma=False))'),
     # shard_map_center: the block's own mean
     ('block - jax.lax.pmean(jnp.mean(block), "data")', "block - jnp.mean(block)"),
     # shard_map_softmax: the block's own maximum
@@ -62,7 +62,7 @@ def test_every_mistake_passes_on_cpu_1_and_is_named_by_a_hidden_test_on_cpu_8(ki
 # shard_map_psum, right but not parallel: every device sums the whole vector, no psum.
 WHOLE_ON_EVERY_DEVICE = [
     ('return jax.lax.psum(jnp.sum(block), "data")', "return jnp.sum(block)"),
-    ('in_specs=P("data"), out_specs=P())(x)', "in_specs=P(), out_specs=P())(x)"),
+    ('in_specs=P("data"), out_specs=P()))', "in_specs=P(), out_specs=P()))"),
 ]
 
 

@@ -9,13 +9,13 @@ from labkit.course import catalog
 # shard_map_linear on a mesh of one device; shard_map_mse with a local mean, its check silenced.
 ONE_DEVICE_ONLY = [
     (
-        'mesh = Mesh(np.array(jax.devices()), ("data",))\n\n    def forward(state, block):',
-        'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n\n    def forward(state, block):',
+        'mesh = Mesh(np.array(jax.devices()), ("data",))\n    mapped = linear_program(mesh, graphdef)',
+        'mesh = Mesh(np.array(jax.devices()[:1]), ("data",))\n    mapped = linear_program(mesh, graphdef)',
     ),
     ('return jax.lax.pmean(jnp.mean(error ** 2), "data")', "return jnp.mean(error ** 2)"),
     (
-        "out_specs=P())\n    return mapped(state, x, y)",
-        "out_specs=P(), check_vma=False)\n    return mapped(state, x, y)",
+        'in_specs=(P(), P("data", None), P("data", None)), out_specs=P()))',
+        'in_specs=(P(), P("data", None), P("data", None)), out_specs=P(), check_vma=False))',
     ),
 ]
 

@@ -77,8 +77,8 @@ def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
 def test_follow_data_does_its_work_inside_jit(got):
     expect_jitted(
         got,
-        hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function given to jax.jit, "
-        "e.g. jax.jit(lambda a: 2.0 * jnp.sin(a) + 1.0)(x), and let the compiler follow the data",
+        hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function decorated with @jax.jit, "
+        "defined once outside follow_data, call it on x, and let the compiler follow the data",
     )
 
 
