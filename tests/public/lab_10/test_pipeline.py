@@ -8,6 +8,8 @@ every microbatch run through every layer in sequence, and the sum of the blocks.
 import numpy as np
 
 from labkit.checks import (
+    FactUnavailable,
+    Mismatch,
     call,
     check,
     compiled_call,
@@ -16,7 +18,9 @@ from labkit.checks import (
     expect_replicated,
     expect_split_across,
     placed,
+    shaped,
 )
+from labkit.cost import format_bytes
 
 # ---- the sequential computation the tests compare with -------------------------------------
 
@@ -93,6 +97,69 @@ def test_every_device_holds_the_whole_output(got, run):
 )
 def test_accepts_layers_already_placed_on_their_stages(got):
     expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
+
+
+# ---- at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
+
+# 8 layers of 32768 x 32768 float32: 4 GiB a layer, 32 GiB in all, twice what one v5e chip has (15.75 GB
+# usable); on 8 chips a stage holds one layer. 8 microbatches of 16 rows, 16 MiB.
+PRODUCTION = {"layers": 8, "d": 32768, "microbatches": 8, "rows": 16}
+
+
+def production_stack(layers, d, microbatches, rows):
+    """The pipeline's inputs by their shapes alone, never made: the weights, the biases, the microbatches."""
+    return shaped((layers, d, d)), shaped((layers, d)), shaped((microbatches, rows, d))
+
+
+AT_PRODUCTION_SIZE = production_stack(**PRODUCTION)
+
+
+def refusal(why: str) -> str:
+    """The compiler's own words and figures: 'CompileTimeHbmOom: Ran out of memory on HBM, ... (15.75G)'."""
+    words = why.split("RESOURCE_EXHAUSTED: ", 1)[-1].split(" HLO module", 1)[0].rstrip(". ")
+    return words.split(": ", 1)[-1] if words.startswith("E1") else words
+
+
+def expect_each_chip_holds_its_stage(got, n: int, stack) -> None:
+    """One chip's arguments, outputs and temporaries stay within twice its stage's share of the layers (the
+    layers, and room for one copy of them as the stage runs: a stage run by lax.scan keeps one), and the
+    microbatches and the outputs, twice over."""
+    facts = got.compiled
+    if facts is None or not hasattr(facts, "memory"):
+        raise FactUnavailable(f"the compiled program could not be examined ({getattr(facts, 'why', facts)})")
+    if not isinstance(facts.memory, dict):
+        raise FactUnavailable(f"this check cannot be made here: {facts.memory.why}")
+    weights, biases, microbatches = stack
+    layers = weights.nbytes + biases.nbytes
+    share, activations = layers / n, 4 * microbatches.nbytes
+    limit = 2 * share + activations
+    memory = facts.memory
+    held = memory["argument"] + memory["output"] + memory["temp"] - memory.get("alias", 0)
+    if held > limit:
+        raise Mismatch(
+            f"over the memory budget: one chip holds {format_bytes(held)} of arguments, outputs and "
+            f"temporaries, where the limit is {format_bytes(limit)}: twice its stage's "
+            f"{format_bytes(share)} of layers (1/{n} of the {format_bytes(layers)} stack, and room for one "
+            f"copy as the stage runs) and {format_bytes(activations)} for the microbatches and the outputs. "
+            f"A pipeline's chip holds its own stage's layers and no others: give the stacked weights and "
+            f"biases in_specs=P('stage')"
+        )
+
+
+@check(got=compiled_call("pipeline_forward", *AT_PRODUCTION_SIZE))
+def test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_its_stages_layers(got, run):
+    n = run.device_count
+    why = str(getattr(got.compiled, "why", ""))
+    if "RESOURCE_EXHAUSTED" in why or "HbmOom" in why:
+        layers, d = PRODUCTION["layers"], PRODUCTION["d"]
+        raise Mismatch(
+            f"at a production size ({layers} layers of {d} x {d} float32, "
+            f"{format_bytes(AT_PRODUCTION_SIZE[0].nbytes)} of weights; {PRODUCTION['microbatches']} "
+            f"microbatches of {PRODUCTION['rows']} rows; on {n} chips) the TPU compiler refuses your "
+            f"pipeline: {refusal(why)}. No chip can hold the whole stack: each stage's chip must hold only "
+            f"its own {layers // n if n else ''} layer(s), with in_specs=P('stage') for the weights and biases"
+        )
+    expect_each_chip_holds_its_stage(got, n, AT_PRODUCTION_SIZE)
 
 
 # -- exercise 3: ring_sum, an all-reduce made of ppermutes ----------------------------------------
