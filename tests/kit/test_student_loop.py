@@ -6,7 +6,7 @@ four labs), so that one start of the kit, of its test collection and of its warm
 """
 
 import pytest
-from test_pod_sizes import all_passed, sizes_for
+from test_pod_sizes import passes_everywhere, sizes_for
 
 from labkit.course import catalog
 
@@ -17,27 +17,8 @@ WORKED_EXAMPLES = {"shard_map_simulate"}
 def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_cpu_8_and_a_pod_size(
     kit, lab_report, lab
 ):
-    sizes = sizes_for(lab.number)
-    configs = ["cpu-1", "cpu-8", *sizes]
-    done = kit(
-        "lab",
-        str(lab.number),
-        "--notebook",
-        str(lab.reference),
-        "--configs",
-        ",".join(configs),
-        "--hidden",
-        "--timeout",
-        "600",
-        timeout=3000,
-    )
-    report = lab_report(lab.number)
-    assert {o["config"] for o in report["outcomes"]} == set(configs)
-    all_passed(done, report, configs)
+    done = passes_everywhere(kit, lab_report, lab, ["cpu-1", "cpu-8", *sizes_for(lab.number)])
     assert "PASS" in done.stdout
-    assert {report["runs"][n]["environment"]["device_count"] for n in configs} == {
-        int(n.removeprefix("cpu-")) for n in configs
-    }
     # its cost cards on cpu-8 are those recorded for it (tests/public/lab_N/reference_costs.json): none differs
     if lab.number >= 2 and lab.number != 11:
         cards = done.stdout[done.stdout.index("Cost cards") :]
