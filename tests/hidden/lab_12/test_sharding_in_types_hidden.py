@@ -4,9 +4,6 @@ On one device, a mesh of size one, a product with a whole copy on every device, 
 across devices all look right. On eight, each gives a layout or a value of its own, and the message names it.
 """
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from labkit.checks import (
@@ -15,14 +12,10 @@ from labkit.checks import (
     expect_close,
     expect_close_naming_mistakes,
     expect_split_across,
+    public_tests,
 )
 
-# The type comparison is the public tests' own.
-_spec = importlib.util.spec_from_file_location(
-    "_lab12_public", Path(__file__).resolve().parents[2] / "public" / "lab_12" / "test_sharding_in_types.py"
-)
-_public = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_public)
+_public = public_tests(__file__)  # the public tests' inputs and helpers
 expect_types = _public.expect_types
 
 RNG = np.random.default_rng(12)

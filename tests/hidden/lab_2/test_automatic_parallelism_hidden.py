@@ -1,8 +1,5 @@
 """Lab 2, hidden tests: inputs the student has not seen, and answers that are only right on one device."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from labkit.checks import (
@@ -16,15 +13,11 @@ from labkit.checks import (
     expect_split_across,
     expect_work_split,
     placed,
+    public_tests,
 )
 from labkit.cost import shape_bytes
 
-# The public tests' helpers, loaded by path so that this folder needs no package of its own.
-_spec = importlib.util.spec_from_file_location(
-    "_lab2_public", Path(__file__).resolve().parents[2] / "public" / "lab_2" / "test_automatic_parallelism.py"
-)
-_public = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_public)
+_public = public_tests(__file__)  # the public tests' inputs and helpers
 
 RNG = np.random.default_rng(2)
 WIDE = RNG.normal(size=(8, 32)).astype(np.float32)

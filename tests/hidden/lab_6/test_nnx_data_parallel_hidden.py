@@ -6,9 +6,6 @@ grid exercise (linear_grid) is held to its budget the same way: what each device
 the kernel, its share of the products, and no collective at all.
 """
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from labkit.checks import (
@@ -23,6 +20,7 @@ from labkit.checks import (
     expect_shape,
     expect_split_across,
     expect_work_share,
+    public_tests,
 )
 
 RNG = np.random.default_rng(6)
@@ -30,13 +28,7 @@ X = RNG.normal(size=(32, 5)).astype(np.float32)
 Y = RNG.normal(size=(32, 2)).astype(np.float32)
 
 
-# The public tests' reference computations (nnx_linears, layer), loaded by path so that this
-# folder needs no package of its own.
-_spec = importlib.util.spec_from_file_location(
-    "_lab6_public", Path(__file__).resolve().parents[2] / "public" / "lab_6" / "test_nnx_data_parallel.py"
-)
-_public = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_public)
+_public = public_tests(__file__)  # the public tests' inputs and helpers
 nnx_linears, layer = _public.nnx_linears, _public.layer
 
 
