@@ -21,12 +21,9 @@ import contextvars
 import dataclasses
 import functools
 import hashlib
-import importlib.util
 import inspect
 import json
-import types
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +47,7 @@ from labkit.judge.compiled import (
     sent_per_device,
 )
 from labkit.judge.outcomes import CallFailed, Mismatch, NotDone, RunProblem, fmt, with_hint
+from labkit.judge.publictests import public_tests
 
 # What a lab's tests import: the expectations on compiled programs are written in labkit/judge/compiled.py.
 __all__ = [
@@ -88,6 +86,7 @@ __all__ = [
     "expect_work_share",
     "expect_work_split",
     "placed",
+    "public_tests",
     "sent_per_device",
     "shaped",
     "single_process",
@@ -175,20 +174,6 @@ class AsNumpy:
     """An input that arrives as a numpy array rather than a JAX array."""
 
     value: Any
-
-
-def public_tests(hidden_file: str) -> types.ModuleType:
-    """The public tests of the lab whose hidden test file is `hidden_file` (`tests/hidden/lab_N/...`, beside
-    `tests/public/lab_N/`), loaded by path so that neither folder needs a package: a hidden test reuses their
-    inputs, reference functions and messages as `public = public_tests(__file__)`."""
-    here = Path(hidden_file).resolve()
-    (path,) = sorted((here.parents[2] / "public" / here.parent.name).glob("test_*.py"))
-    spec = importlib.util.spec_from_file_location(f"_public_tests_of_{here.parent.name}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the public tests {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def call(function: str, *args, **kwargs) -> Call:
