@@ -77,6 +77,7 @@ def _fork_limit_holds() -> bool:
 
 
 FORK_LIMIT = _fork_limit_holds()
+TRICKED = "shard_map_double"  # the exercise every trick's cell replaces or games
 REMOVED_AFTER = {"fill_disk"}  # tricks whose scratch folder is removed after the run, as in grading
 CLASSMATE = "classmate.ipynb"  # a file of the test's, next to the runs' folders: tricks aim links at it
 
@@ -92,7 +93,9 @@ class Battery:
         return [o for o in self.judgement.outcomes if o.run == label]
 
     def passed(self, label: str) -> int:
-        return sum(o.status == "passed" for o in self.outcomes(label))
+        """The tests of shard_map_double the run passed: what every trick aims at (each notebook of the battery
+        is the reference with a trick's cell added, so its row_softmax is the reference's and passes)."""
+        return sum(o.status == "passed" for o in self.outcomes(label) if o.exercise == TRICKED)
 
     def record(self, label: str) -> execute.RunRecord:
         return self.judgement.records[label]
@@ -226,8 +229,9 @@ def test_results_signed_with_the_stolen_key_count_for_nothing(battery):
 
 def test_a_planted_value_and_a_claim_of_host_data_made_while_traced_are_refused(battery):
     record = battery.record("forge_host_data")
-    assert {r["judged_by"] for r in record.results.values()} == {"unverified"}, record.results
-    assert all("host data" in r["error"]["message"] and "value" not in r for r in record.results.values())
+    tricked = [r for r in record.results.values() if r["id"].startswith(TRICKED)]
+    assert tricked and {r["judged_by"] for r in tricked} == {"unverified"}, record.results
+    assert all("host data" in r["error"]["message"] and "value" not in r for r in tricked)
     scores_nothing(battery, "forge_host_data")
 
 
@@ -767,7 +771,11 @@ def test_grading_a_class_of_tricks_and_honest_work_scores_each_as_it_deserves(tm
     assert f"in a sandbox: bubblewrap 0.11.0 (bundled: {BUNDLED})" in done.stderr, done.stderr[-2000:]
     rows = {r["student"]: r for r in json.loads((out / "scoreboard.json").read_text())["rows"]}
     assert {r["isolation"] for r in rows.values()} == {modes.BUBBLEWRAP}
-    assert (rows["honest"]["status"], rows["honest"]["passed"], rows["honest"]["total"]) == ("ok", 6, 6)
+    assert (rows["honest"]["status"], rows["honest"]["passed"], rows["honest"]["total"]) == (
+        "ok",
+        LAB_3_TESTS,
+        LAB_3_TESTS,
+    )
     for cheat in ("forger", "crasher"):
         assert rows[cheat]["status"] == "error" and rows[cheat]["passed"] == 0, rows[cheat]
     assert "not written by the kit's harness" in rows["forger"]["message"]

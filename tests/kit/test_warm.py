@@ -18,6 +18,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from notebook_variants import LAB_3_TESTS
 
 from labkit.course import catalog, configs
 from labkit.judge import judge
@@ -289,11 +290,11 @@ def _grade(tmp_path: Path, *extra: str) -> dict:
 
 def test_grading_forks_every_kernel_from_a_warm_server_by_default(tmp_path):
     rows = _grade(tmp_path)
-    assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", 6, "warm")}
+    assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", LAB_3_TESTS, "warm")}
     # the servers are gone when grading ends, and their sockets with them: `cp -r OUT` copies the output
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_socket()]
 
 
 def test_grading_with_cold_starts_asked_for_starts_every_kernel_cold(tmp_path):
     rows = _grade(tmp_path, "--start", "cold")
-    assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", 6, "cold")}
+    assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", LAB_3_TESTS, "cold")}
