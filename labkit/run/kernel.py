@@ -313,17 +313,24 @@ def _engine() -> str:
             **kwargs,
         ):
             kwargs.pop("input_path", None)
-            return CappedClient(
-                nb_man,
-                kernel_name=kernel_name,
-                timeout=execution_timeout,
-                startup_timeout=start_timeout,
-                log=logger,
-                log_output=log_output,
-                stdout_file=stdout_file,
-                stderr_file=stderr_file,
-                **kwargs,
-            ).execute()
+            # papermill writes the whole notebook before and after every cell (two thirds of the trusted side's
+            # time in a grading run); the kit reads it only when the run is over, so it is written once, by
+            # papermill's own `notebook_complete`, which runs however the execution ends
+            path, nb_man.output_path = nb_man.output_path, None
+            try:
+                return CappedClient(
+                    nb_man,
+                    kernel_name=kernel_name,
+                    timeout=execution_timeout,
+                    startup_timeout=start_timeout,
+                    log=logger,
+                    log_output=log_output,
+                    stdout_file=stdout_file,
+                    stderr_file=stderr_file,
+                    **kwargs,
+                ).execute()
+            finally:
+                nb_man.output_path = path
 
     papermill_engines.register(ENGINE, Engine)
     _ENGINE_READY = True
