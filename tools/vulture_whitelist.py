@@ -59,3 +59,4 @@ bench
 shard_map_double  # the examined function of each adversarial notebook (tests/kit/adversarial)
 leave_distributed  # the kit's last cell of a multi-process run calls it, a string (labkit/run/execute.py LEAVE_CELL)
 CHECK_REPLAY  # labkit/envnames.py: notebook.py's variable, which it still spells as a literal (test_envnames.NOT_YET)
+tbstyle  # pytest reads config.option.tbstyle when it formats a failure (labkit/judge/judge.py sets it)
