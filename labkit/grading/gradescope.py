@@ -13,8 +13,9 @@
 `run(root, lab)` is what run_autograder does: it takes the notebook in ROOT/submission/, runs
 it on cpu-1 and cpu-8 (and cpu-2x4 where it can run), judges it with the public and hidden
 tests, and writes ROOT/results/results.json: one case per test with its `max_score` (its
-points), scored by the course policy's rule over the configurations; public tests `visible`,
-hidden ones `after_published`; each case's `output` says how it did on each configuration, with
+points; none for a test that runs on none of those, such as one at a production size), scored by
+the course policy's rule over the configurations; public tests `visible`, hidden ones
+`after_published`; each case's `output` says how it did on each configuration, with
 the multi-device messages. For a lab with a class leaderboard (labkit/grading/leaderboard.py), a
 submission that passes every test on the leaderboard's configuration reports its modelled step
 time in results.json's `leaderboard` (Gradescope ranks the submissions, lower first), and the
@@ -288,7 +289,9 @@ def results_json(
         ran = {c: o for c, o in entry["by"].items() if o["status"] != "skipped"}
         tests = {name: {"points": entry["points"], "hidden": entry["hidden"], "configs": list(ran)}}
         rows = {c: {"tests": [o]} for c, o in ran.items()}
-        earned = policy.lab_points(grading, tests, rows)[0] if ran else 0
+        # a test that ran on none of the configurations (one at a production size, which only the compile-only
+        # TPU configurations run) is worth nothing here, as in the kit's own scoreboard
+        earned, possible = policy.lab_points(grading, tests, rows)
         lines = []
         for c in config_names:
             o = entry["by"].get(c)
@@ -303,8 +306,8 @@ def results_json(
                 "name": name.removeprefix("test_").replace("_", " ")
                 + (" (hidden)" if entry["hidden"] else ""),
                 "score": earned,
-                "max_score": entry["points"],
-                "status": "passed" if ran and earned == entry["points"] else "failed",
+                "max_score": possible,
+                "status": "passed" if earned == possible else "failed",
                 "visibility": "after_published" if entry["hidden"] else "visible",
                 "output": "\n".join(lines),
             }

@@ -79,6 +79,22 @@ def test_a_case_scores_by_the_policy_rule_over_the_configurations(results):
     assert anyone["score"] == 4
 
 
+def test_a_test_that_runs_on_no_configuration_graded_is_worth_nothing_and_says_why():
+    # a test at a production size runs on the compile-only TPU configurations alone: Gradescope grades on CPU
+    why = "at a production size, judged by the TPU compiler alone: it runs on the compile-only TPU configurations"
+    at_size = [o("fits", c, "skipped", why, points=3) for c in ("cpu-1", "cpu-8")]
+    results = gradescope.results_json(OUTCOMES[:2] + at_size, ["cpu-1", "cpu-8"], policy.Policy(), [])
+    assert case(results, "fits") | {"output": ""} == case(results, "fits") | {
+        "score": 0,
+        "max_score": 0,
+        "status": "passed",
+        "output": "",
+    }
+    assert case(results, "fits")["output"] == f"cpu-1: skipped: {why}\ncpu-8: skipped: {why}"
+    assert results["score"] == sum(t["max_score"] for t in results["tests"]) == 2
+    gradescope.validate(results)
+
+
 def test_public_cases_are_visible_and_hidden_ones_after_published(results):
     assert case(results, "split")["visibility"] == "visible"
     assert case(results, "block (hidden)")["visibility"] == "after_published"
