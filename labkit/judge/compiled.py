@@ -231,6 +231,17 @@ def expect_collectives_within(got: plaindata.Value, blocks, *, allowed: str, hin
                 )
 
 
+def expect_fits_each_chip(got: plaindata.Value, *, where: str, what: str, hint: str) -> None:
+    """The TPU compiler took the program; where it ran out of a chip's memory, fail with its own words and figures
+    ('CompileTimeHbmOom: Ran out of memory on HBM, ... (15.75G)'): "{where} the TPU compiler refuses your {what}"."""
+    why = str(getattr(got.compiled, "why", ""))
+    if "RESOURCE_EXHAUSTED" not in why and "HbmOom" not in why:
+        return
+    words = why.split("RESOURCE_EXHAUSTED: ", 1)[-1].split(" HLO module", 1)[0].rstrip(". ")
+    words = words.split(": ", 1)[-1] if words.startswith("E1") else words
+    raise Mismatch(f"{where} the TPU compiler refuses your {what}: {words}. {hint}")
+
+
 def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str | None = None) -> None:
     """One device's arguments and temporaries (the compiled program's memory analysis) stay below `limit` bytes."""
     _, memory = _compiled(got, "memory")

@@ -13,23 +13,6 @@ from labkit.course import catalog
 PRODUCTION = "test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_its_stages_layers"
 
 
-@pytest.fixture
-def lab_outcomes(lab_outcomes):
-    """The kit's `lab_outcomes`, less the test at a production size where it was skipped, as it is on every
-    configuration but the compile-only TPU ones, saying so (lab 14's kit tests leave it out the same way)."""
-
-    def read(lab: int) -> dict[str, dict[str, dict]]:
-        by_config = lab_outcomes(lab)
-        for outcomes in by_config.values():
-            at_size = outcomes.get(PRODUCTION)
-            if at_size is not None and at_size["status"] == "skipped":
-                assert "compile-only TPU configurations" in at_size["message"], at_size
-                del outcomes[PRODUCTION]
-        return by_config
-
-    return read
-
-
 def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
     buggy = variant(
         10,

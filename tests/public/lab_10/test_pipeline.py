@@ -15,6 +15,7 @@ from labkit.checks import (
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
+    expect_fits_each_chip,
     expect_replicated,
     expect_split_across,
     placed,
@@ -114,12 +115,6 @@ def production_stack(layers, d, microbatches, rows):
 AT_PRODUCTION_SIZE = production_stack(**PRODUCTION)
 
 
-def refusal(why: str) -> str:
-    """The compiler's own words and figures: 'CompileTimeHbmOom: Ran out of memory on HBM, ... (15.75G)'."""
-    words = why.split("RESOURCE_EXHAUSTED: ", 1)[-1].split(" HLO module", 1)[0].rstrip(". ")
-    return words.split(": ", 1)[-1] if words.startswith("E1") else words
-
-
 def expect_each_chip_holds_its_stage(got, n: int, stack) -> None:
     """One chip's arguments, outputs and temporaries stay within twice its stage's share of the layers (the
     layers, and room for one copy of them as the stage runs: a stage run by lax.scan keeps one), and the
@@ -149,16 +144,16 @@ def expect_each_chip_holds_its_stage(got, n: int, stack) -> None:
 @check(got=compiled_call("pipeline_forward", *AT_PRODUCTION_SIZE))
 def test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_its_stages_layers(got, run):
     n = run.device_count
-    why = str(getattr(got.compiled, "why", ""))
-    if "RESOURCE_EXHAUSTED" in why or "HbmOom" in why:
-        layers, d = PRODUCTION["layers"], PRODUCTION["d"]
-        raise Mismatch(
-            f"at a production size ({layers} layers of {d} x {d} float32, "
-            f"{format_bytes(AT_PRODUCTION_SIZE[0].nbytes)} of weights; {PRODUCTION['microbatches']} "
-            f"microbatches of {PRODUCTION['rows']} rows; on {n} chips) the TPU compiler refuses your "
-            f"pipeline: {refusal(why)}. No chip can hold the whole stack: each stage's chip must hold only "
-            f"its own {layers // n if n else ''} layer(s), with in_specs=P('stage') for the weights and biases"
-        )
+    layers, d = PRODUCTION["layers"], PRODUCTION["d"]
+    expect_fits_each_chip(
+        got,
+        where=f"at a production size ({layers} layers of {d} x {d} float32, "
+        f"{format_bytes(AT_PRODUCTION_SIZE[0].nbytes)} of weights; {PRODUCTION['microbatches']} "
+        f"microbatches of {PRODUCTION['rows']} rows; on {n} chips)",
+        what="pipeline",
+        hint=f"No chip can hold the whole stack: each stage's chip must hold only its own "
+        f"{layers // n if n else ''} layer(s), with in_specs=P('stage') for the weights and biases",
+    )
     expect_each_chip_holds_its_stage(got, n, AT_PRODUCTION_SIZE)
 
 
