@@ -6,6 +6,7 @@ import json
 
 import pytest
 from notebook_variants import failed_on_cpu_8
+from test_tpu_references import HAS_LIBTPU, on_v5e_8
 
 from labkit.course import catalog
 
@@ -253,3 +254,15 @@ def test_fsdp_with_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_
         assert caught["hidden"] and "FLOPs" in caught["message"] and "the whole batch" in caught["message"], (
             caught
         )
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_fsdp_with_the_whole_batch_is_named_at_a_production_size_by_the_tpu_compilers_flops(
+    kit, lab_outcomes, variant
+):
+    # the design the board must never rank above a split one: on v5e-8 its program at d_model 8192 does
+    # eight times a chip's share of the products, which the public test names with the compiler's count
+    on_v5e_8(kit, 9, str(variant(9, WHOLE_BATCH_EVERYWHERE[0])))
+    at_size = lab_outcomes(9)["v5e-8"]["test_at_a_production_size_fsdp_fits_each_chip_and_splits_the_work"]
+    assert at_size["status"] == "failed" and not at_size["hidden"], at_size
+    assert "FLOPs" in at_size["message"] and "the whole batch" in at_size["message"], at_size

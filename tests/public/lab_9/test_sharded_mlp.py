@@ -13,9 +13,12 @@ from labkit.checks import (
     describe,
     expect_close,
     expect_close_naming_mistakes,
+    expect_fits_each_chip,
     expect_replicated,
     expect_split_across,
+    expect_work_share,
     placed,
+    shaped,
 )
 
 WEIGHTS = ("w1", "b1", "w2", "b2")
@@ -117,6 +120,48 @@ def test_each_fsdp_gradient_is_split_like_its_weight(got, run):
             axis=0,
             hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')",
         )
+
+
+# ---- fsdp_mlp at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
+
+PRODUCTION = {"batch": 8192, "d_in": 8192, "d_hidden": 32768, "d_out": 8192}  # a large model's MLP, float32
+
+
+def production_problem(batch, d_in, d_hidden, d_out):
+    """fsdp_mlp's inputs by their shapes alone, never made: 2 GiB of weights, 256 MiB of x."""
+    return (
+        shaped((batch, d_in)),
+        shaped((d_in, d_hidden)),
+        shaped((d_hidden,)),
+        shaped((d_hidden, d_out)),
+        shaped((d_out,)),
+    )
+
+
+AT_PRODUCTION_SIZE = production_problem(**PRODUCTION)
+PRODUCTION_PRODUCTS = (
+    2.0 * PRODUCTION["batch"] * PRODUCTION["d_hidden"] * (PRODUCTION["d_in"] + PRODUCTION["d_out"])
+)
+
+
+@check(got=compiled_call("fsdp_mlp", *AT_PRODUCTION_SIZE))
+def test_at_a_production_size_fsdp_fits_each_chip_and_splits_the_work(got, run):
+    n = run.device_count
+    expect_fits_each_chip(
+        got,
+        where=f"at a production size (d_model {PRODUCTION['d_in']}, {PRODUCTION['d_hidden']} hidden units, a "
+        f"batch of {PRODUCTION['batch']} rows, on {n} chips)",
+        what="forward pass",
+        hint="Keep every weight in pieces, in_specs=P('data'), and gather each inside, where it is used",
+    )
+    expect_work_share(
+        got,
+        PRODUCTION_PRODUCTS,
+        n,
+        slack=1.5,
+        what="the whole batch's forward pass",
+        hint="Each device computes only its own slice of the batch: gather the weights, not the batch",
+    )
 
 
 # -- exercise 4: tensor_parallel_scattered -------------------------------------------------------
