@@ -39,7 +39,7 @@ from labkit.run import allowance, modes, sandbox
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = "LABKIT_RUN"
-MARKS = {"passed": "✓", "failed": "✗", "todo": "…", "error": "!", "timeout": "!"}
+MARKS = {"passed": "✓", "failed": "✗", "todo": "…", "error": "!", "timeout": "!", "skipped": "skip"}
 # How many CPU devices an interactive kernel gets when nothing else says.
 INTERACTIVE_DEVICES = 8
 CHECK_CONFIGS = ("cpu-1", "cpu-8")
@@ -200,9 +200,17 @@ def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tu
             test(run)
             status, message = "passed", ""
         except BaseException as e:  # noqa: BLE001 - report whatever the check raised
-            status, message = classify(type("Info", (), {"value": e})())
+            why = _skipped(e)
+            status, message = ("skipped", why) if why else classify(type("Info", (), {"value": e})())
         out.append((test.__name__, status, message))
     return out
+
+
+def _skipped(e: BaseException) -> str | None:
+    """Why a test skipped itself (`pytest.skip`: a test at a production size, off the compile-only TPU
+    configurations), or None. Only a test that imported pytest can have raised its skip."""
+    pytest = sys.modules.get("pytest")
+    return str(e.msg) if pytest is not None and isinstance(e, pytest.skip.Exception) else None
 
 
 class Checker:
@@ -275,7 +283,7 @@ class Checker:
             marks = []
             for n in names:
                 _, status, message = columns[n][i]
-                passed &= status == "passed"
+                passed &= status in ("passed", "skipped")
                 marks.append(f"{MARKS.get(status, '?'):^7}")
                 if message and (status, message) not in [(s, m) for _, s, m in notes]:
                     notes.append((f"{label} [{n}]", status, message))
