@@ -402,7 +402,7 @@ class Examined:
         return f"{self.function} at a production size" if self.at_size else self.function
 
 
-def cards(calls: list[dict], results: dict[str, dict]) -> dict[str, Examined]:
+def cards(calls: list[callplan.CallSpec], results: dict[str, dict]) -> dict[str, Examined]:
     """call id -> its cards, for the first examined call of each function (runs on one device left out), and the
     first at a production size apart (`Examined.at_size`).
 
@@ -428,7 +428,7 @@ def cards(calls: list[dict], results: dict[str, dict]) -> dict[str, Examined]:
     return found
 
 
-def why_none(calls: list[dict], results: dict[str, dict]) -> str:
+def why_none(calls: list[callplan.CallSpec], results: dict[str, dict]) -> str:
     """One line saying why `cards` found no card although a test examines a compiled program ("" otherwise):
     every run was on one device (nothing is split or sent there), or no run's program could be examined."""
     examined = [c for c in calls if c.get("facts")]

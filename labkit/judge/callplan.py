@@ -10,15 +10,34 @@ them after the notebook.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any, NotRequired, TypedDict
 
-def mark(calls: list[dict]) -> list[dict]:
+
+class CallSpec(TypedDict):
+    """One call the lab's tests declare, as every layer passes it on (`checks.Call.encoded` and its id; the JSON
+    of calls.json and of the verifier's job, unchanged). Each input is encoded by `labkit.judge.plaindata`:
+    an array, its shape alone ("abstract"), or a Python value."""
+
+    id: str
+    function: str  # the exercise's name in the notebook
+    args: list[Any]
+    kwargs: dict[str, Any]
+    facts: NotRequired[bool]  # a test reads its compiled program
+    verify: NotRequired[bool]  # the kit runs its program itself (`mark`)
+    tpu_refused: NotRequired[
+        str
+    ]  # in the verifier's job: why the student's trace at a production size failed
+
+
+def mark(calls: list[CallSpec]) -> list[CallSpec]:
     """The judge's calls, those the kit must run itself marked `verify`: every call of a function whose
     compiled program any test reads (a function the tests examine is one jax.jit can trace)."""
     examined = {c["function"] for c in calls if c.get("facts")}
     return [c | {"verify": True} if c["function"] in examined else c for c in calls]
 
 
-def for_the_student(calls: list[dict]) -> list[dict]:
+def for_the_student(calls: list[CallSpec]) -> list[CallSpec]:
     """The calls as the student's process gets them: a call the kit runs itself gets its JAX arrays as
     shapes, dtypes and placements only, so the tests' inputs (hidden ones too) never enter that process
     and no program can hold their answers. Inputs given as numpy arrays (host data the function reads
@@ -26,8 +45,8 @@ def for_the_student(calls: list[dict]) -> list[dict]:
     return [_abstracted(c) if required(c) else c for c in calls]
 
 
-def _abstracted(call: dict) -> dict:
-    def strip(enc):
+def _abstracted(call: CallSpec) -> CallSpec:
+    def strip(enc: Any) -> Any:
         if not isinstance(enc, dict):
             return enc
         kind = enc.get("kind")
@@ -51,12 +70,12 @@ def _abstracted(call: dict) -> dict:
     }
 
 
-def required(call: dict) -> bool:
+def required(call: CallSpec) -> bool:
     """Must this call's value come from the kit's own run of its program? (See `mark`.)"""
     return bool(call.get("verify"))
 
 
-def _inputs(call: dict):
+def _inputs(call: CallSpec) -> Iterator[dict[str, Any]]:
     """Every encoded input of the kit's call, nested ones included."""
     stack = [*call.get("args", []), *call.get("kwargs", {}).values()]
     while stack:
@@ -68,20 +87,20 @@ def _inputs(call: dict):
         stack.extend((v[1] if enc["kind"] == "dict" else v) for v in (items or []))
 
 
-def takes_host_data(call: dict) -> bool:
+def takes_host_data(call: CallSpec) -> bool:
     """Do the lab's tests give this call host data (an input as a numpy array, `checks.as_numpy`)? Only such a
     call's function may make arrays from host data inside; the kit decides, from its own call list."""
     return any(enc.get("kind") == "array" and enc.get("as") == "numpy" for enc in _inputs(call))
 
 
-def compile_only(call: dict) -> bool:
+def compile_only(call: CallSpec) -> bool:
     """Does the lab's test give this call inputs by their shapes alone (`checks.shaped`, a production size)? Its
     program is then only compiled, for a TPU topology, never run. Asked of the kit's own call list, never of
     `for_the_student`'s (where every call the kit runs carries its arrays as shapes)."""
     return any(enc.get("kind") == "abstract" for enc in _inputs(call))
 
 
-def for_configuration(calls: list[dict], compiles_for_tpu: bool) -> list[dict]:
+def for_configuration(calls: list[CallSpec], compiles_for_tpu: bool) -> list[CallSpec]:
     """The calls a run makes: those at a production size only where the run's configuration compiles for a TPU
     topology (their tests are skipped everywhere else)."""
     return calls if compiles_for_tpu else [c for c in calls if not compile_only(c)]

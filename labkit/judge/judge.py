@@ -18,6 +18,7 @@ import pytest
 from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, NotDone, RunProblem
 from labkit.course.configs import DeviceConfig
 from labkit.judge import callplan
+from labkit.judge.callplan import CallSpec
 from labkit.run import execute
 from labkit.statuses import Run, Verdict
 
@@ -56,7 +57,7 @@ class Outcome:
 class Judgement:
     outcomes: list[Outcome] = field(default_factory=list)
     records: dict[str, execute.RunRecord] = field(default_factory=dict)
-    calls: list[dict] = field(default_factory=list)  # the calls the runs made, as the harness got them
+    calls: list[CallSpec] = field(default_factory=list)  # the calls the runs made, as the harness got them
 
 
 class KitError(RuntimeError):

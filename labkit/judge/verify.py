@@ -43,7 +43,7 @@ from pathlib import Path
 from labkit import envnames
 from labkit.judge import program as program
 from labkit.judge import records
-from labkit.judge.callplan import compile_only, required, takes_host_data
+from labkit.judge.callplan import CallSpec, compile_only, required, takes_host_data
 from labkit.judge.program import (
     ALLOWED_CUSTOM_CALLS,
     ALLOWED_PATTERN,
@@ -148,7 +148,7 @@ def _run(compiled, program, args: tuple, kwargs: dict):
     return program(*args, **kwargs)
 
 
-def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
+def run_program(call: CallSpec, blob: str, budget: list | None = None) -> dict:
     """One call: its program run on the call's own inputs; {"value", "products", "facts"?, "finding"?} or
     {"unverified": why}. `budget`: the elements the run's calls may still return (`MAX_RUN_ELEMENTS`).
 
@@ -261,7 +261,7 @@ def run_program(call: dict, blob: str, budget: list | None = None) -> dict:
         return {"unrunnable": f"{type(e).__name__}: {harness._first_line(e)[:300]}"}
 
 
-def _compiled_only(call: dict, exported, blob: str, module: dict, args, kwargs, positions) -> dict:
+def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwargs, positions) -> dict:
     """A call at a production size (`compile_only`): its program compiled for this configuration's TPU topology,
     never run. As a run tries its context meshes in turn, so does this, the meshes the program itself declares
     first: the first in which JAX can name the compiled program's shardings gives the facts; the compiler's own
@@ -346,7 +346,7 @@ def _sent(results: dict) -> dict[str, dict]:
 
 
 def verify(
-    record, calls: list[dict], kit_folder: Path, env: dict, limits, timeout: float, cache=None, warm=None
+    record, calls: list[CallSpec], kit_folder: Path, env: dict, limits, timeout: float, cache=None, warm=None
 ) -> None:
     """Run the programs of `record`'s calls in a fresh sandbox and put the values and facts found in `record`.
 

@@ -29,6 +29,7 @@ import nbformat
 from labkit import envnames
 from labkit.course.configs import DeviceConfig
 from labkit.judge import callplan, records, verify
+from labkit.judge.callplan import CallSpec
 from labkit.run import kernel, runreport, sandbox, scratch
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 from labkit.statuses import Run, Start
@@ -114,7 +115,7 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
 def prepare(
     nb: nbformat.NotebookNode,
     workdir: Path,
-    calls: list[dict],
+    calls: list[CallSpec],
     first: str | None = None,
     last: str | None = None,
 ) -> Path:
@@ -235,7 +236,7 @@ def start_folders(workdir: Path) -> scratch.RunFolders:
 def run_notebook(
     notebook: Path,
     config: DeviceConfig,
-    calls: list[dict],
+    calls: list[CallSpec],
     workdir: Path,
     timeout: float = DEFAULT_TIMEOUT,
     *,
@@ -283,7 +284,14 @@ def environment_of(config: DeviceConfig) -> dict[str, str]:
 
 
 def _run_one(
-    nb, config: DeviceConfig, calls: list[dict], workdir: Path, timeout: float, limits: Limits, warm, cache
+    nb,
+    config: DeviceConfig,
+    calls: list[CallSpec],
+    workdir: Path,
+    timeout: float,
+    limits: Limits,
+    warm,
+    cache,
 ) -> RunRecord:
     input_path = prepare(nb, workdir, callplan.for_the_student(calls))
     key = new_key()
@@ -378,7 +386,7 @@ def _read_payload(path: Path, key: str | None = None) -> tuple[dict, dict] | Non
 def _run_processes(
     nb: nbformat.NotebookNode,
     config: DeviceConfig,
-    calls: list[dict],
+    calls: list[CallSpec],
     workdir: Path,
     timeout: float,
     limits: Limits | None = None,
