@@ -60,3 +60,5 @@ shard_map_double  # the examined function of each adversarial notebook (tests/ki
 leave_distributed  # the kit's last cell of a multi-process run calls it, a string (labkit/run/execute.py LEAVE_CELL)
 CHECK_REPLAY  # labkit/envnames.py: notebook.py's variable, which it still spells as a literal (test_envnames.NOT_YET)
 tbstyle  # pytest reads config.option.tbstyle when it formats a failure (labkit/judge/judge.py sets it)
+max_points  # a field of rows.ScoreRow, a TypedDict: read and written by key
+tpu_refused  # a field of callplan.CallSpec, a TypedDict: written by key in judge.verify._launch

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 from labkit.grading.collect import LARGE_BYTES, MAX_BYTES, Unit
 from labkit.judge import judge
@@ -13,6 +15,41 @@ from labkit.run import execute
 from labkit.statuses import Row, Run, Verdict
 
 ROW_STATUSES = tuple(Row)
+
+
+class TestResult(TypedDict):
+    """One test's outcome in a row, as the judge gave it (`judge.Outcome`)."""
+
+    test: str
+    exercise: str
+    file: str
+    hidden: bool
+    status: str  # a statuses.Verdict
+    message: str
+    points: float
+
+
+class ScoreRow(TypedDict):
+    """One row of the scoreboard: a student's lab on one configuration (the JSON of OUT/scoreboard.json's rows
+    and of each unit's record, unchanged)."""
+
+    student: str
+    lab: int
+    config: str
+    status: str  # a statuses.Row
+    passed: int
+    total: int
+    message: str
+    tests: list[TestResult]
+    cell_errors: list[dict[str, Any]]
+    notes: list[str]
+    points: float
+    max_points: float
+    isolation: NotRequired[str]  # "bubblewrap", or "limits-only" where no sandbox could be made
+    start: NotRequired[str]  # a statuses.Start
+    judged_by: NotRequired[str]  # a statuses.JudgedBy (see judge.verify)
+    digest: NotRequired[str]  # the graded notebook's, as the engine keeps it
+    costs: NotRequired[dict[str, Any]]  # the cost cards of its examined calls (labkit.cost)
 
 
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
@@ -27,7 +64,7 @@ def submission_notes(path: Path | None) -> list[str]:
     """What is worth saying about a file that can still be graded: its size, an old nbformat."""
     if path is None or not path.is_file():
         return []
-    notes = []
+    notes: list[str] = []
     size = path.stat().st_size
     if size > MAX_BYTES:
         return notes
@@ -63,16 +100,16 @@ def make_row(
     config: str,
     record: execute.RunRecord | None,
     outcomes: list[judge.Outcome],
-    notes: list[str] = (),
+    notes: Sequence[str] = (),
     expected_total: int = 0,
     expected_points: float = 0,
-) -> dict:
+) -> ScoreRow:
     """One row: the run's status and the judge's per-test outcomes folded into one of ROW_STATUSES.
 
     `points` are those of the tests passed on this configuration alone, `max_points` those of the
     tests that ran here; how configurations combine into a lab's points is the policy's (labkit/grading/policy.py).
     """
-    tests = [
+    tests: list[TestResult] = [
         {
             "test": o.test,
             "exercise": o.exercise,
@@ -91,7 +128,7 @@ def make_row(
         if t["status"] != Verdict.SKIPPED and not (t["status"] == Verdict.TODO and not t["points"])
     ]
     passed = sum(t["status"] == Verdict.PASSED for t in counted)
-    row = {
+    row: ScoreRow = {
         "student": student,
         "lab": lab,
         "config": config,
@@ -107,12 +144,14 @@ def make_row(
     }
     if record is None:
         row.update(
-            status=Row.MISSING,
-            total=expected_total,
-            tests=[],
-            points=0,
-            max_points=_number(expected_points),
-            message=f"lab-{lab}.ipynb was not handed in",
+            {
+                "status": Row.MISSING,
+                "total": expected_total,
+                "tests": [],
+                "points": 0,
+                "max_points": _number(expected_points),
+                "message": f"lab-{lab}.ipynb was not handed in",
+            }
         )
         return row
     row["cell_errors"] = [dict(e) for e in record.cell_errors if e.get("type") != "NotImplementedError"]
@@ -120,43 +159,61 @@ def make_row(
     row["start"] = record.start  # "warm" (forked by the warm server) or "cold" (a kernel of its own)
     row["judged_by"] = record.judged_by  # a statuses.JudgedBy (see judge.verify)
     if record.status == Run.SKIPPED:
-        row.update(status=Row.SKIPPED, total=0, passed=0, points=0, max_points=0, message=record.message)
+        row.update(
+            {
+                "status": Row.SKIPPED,
+                "total": 0,
+                "passed": 0,
+                "points": 0,
+                "max_points": 0,
+                "message": record.message,
+            }
+        )
     elif record.status in (Run.TIMEOUT, Run.ERROR):
         row.update(
-            status=Row(record.status),
-            passed=0,
-            points=0,
-            message=record.message or f"the run ended with {record.status}",
+            {
+                "status": Row(record.status),
+                "passed": 0,
+                "points": 0,
+                "message": record.message or f"the run ended with {record.status}",
+            }
         )
     elif not counted:
-        row.update(status=Row.ERROR, message="no test ran on this configuration")
+        row.update({"status": Row.ERROR, "message": "no test ran on this configuration"})
     elif any(t["status"] in (Verdict.ERROR, Verdict.TIMEOUT) for t in counted):
         bad = next(t for t in counted if t["status"] in (Verdict.ERROR, Verdict.TIMEOUT))
         row.update(
-            status=Row.TIMEOUT if bad["status"] == Verdict.TIMEOUT else Row.ERROR, message=bad["message"]
+            {
+                "status": Row.TIMEOUT if bad["status"] == Verdict.TIMEOUT else Row.ERROR,
+                "message": bad["message"],
+            }
         )
     elif passed < len(counted):
         failing = [t for t in counted if t["status"] != Verdict.PASSED]
         first = next((t for t in failing if not t["hidden"]), failing[0])
         what = "not implemented yet" if first["status"] == Verdict.TODO else first["message"]
         row.update(
-            status=Row.FAILED,
-            message=f"{len(failing)} of {len(counted)} tests did not pass; "
-            f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}",
+            {
+                "status": Row.FAILED,
+                "message": f"{len(failing)} of {len(counted)} tests did not pass; "
+                f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}",
+            }
         )
     return row
 
 
 def unjudged_row(
     student: str, lab: int, config: str, why: str, expected_total: int = 0, expected_points: float = 0
-) -> dict:
+) -> ScoreRow:
     """The `error` row of a unit the kit could not judge, made from nothing of the unit's run (so that
     what made its judging raise cannot make this raise too)."""
     row = make_row(student, lab, config, None, [], [], expected_total, expected_points)
     row.update(
-        status=Row.ERROR,
-        message=f"the kit could not judge this run ({why}); tell your course staff: it is "
-        "judged again at the next grading run",
+        {
+            "status": Row.ERROR,
+            "message": f"the kit could not judge this run ({why}); tell your course staff: it is "
+            "judged again at the next grading run",
+        }
     )
     return row
 
