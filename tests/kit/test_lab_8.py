@@ -3,7 +3,9 @@ averaged across devices one by one break exercise 3's budget; designs that keep 
 
 import json
 
+import pytest
 from notebook_variants import failed_on_cpu_8
+from test_tpu_references import HAS_LIBTPU, on_v5e_8
 
 from labkit.course import catalog
 
@@ -57,6 +59,19 @@ def test_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(k
         assert named["hidden"] and named["status"] == "failed", named
         assert "every device holds all of x" in named["message"], named
         assert "gradient of the whole batch: that is not data parallelism" in named["message"], named
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_the_whole_batch_on_every_device_is_named_at_a_production_size_by_the_tpu_compilers_flops(
+    kit, lab_outcomes, variant
+):
+    # a public test a student sees: at d_model 8192 on v5e-8, eight times a chip's share of the products
+    on_v5e_8(kit, 8, str(variant(8, *WHOLE_BATCH)))
+    at_size = lab_outcomes(8)["v5e-8"][
+        "test_at_a_production_size_each_chip_fits_works_on_its_rows_and_sends_one_mean_of_the_gradient"
+    ]
+    assert at_size["status"] == "failed" and not at_size["hidden"], at_size
+    assert "FLOPs" in at_size["message"] and "the gradient of the whole batch" in at_size["message"], at_size
 
 
 def run_cpu_1_and_8(kit, lab_outcomes, variant, *replacements) -> dict:

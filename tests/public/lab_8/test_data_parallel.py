@@ -14,9 +14,13 @@ from labkit.checks import (
     describe,
     expect_array,
     expect_close,
+    expect_fits_each_chip,
     expect_replicated,
+    expect_sent_within,
     expect_shape,
+    expect_work_share,
     placed,
+    shaped,
 )
 
 MOMENTUM = 0.9
@@ -186,6 +190,57 @@ def test_one_step_is_one_sgd_update(got):
             atol=1e-6,
             hint="the first step of SGD with momentum is params - learning_rate * grads",
         )
+
+
+# ---- global_gradients at a production size: the TPU compiler's program, on the compile-only TPU configurations
+
+PRODUCTION = {"batch": 8192, "d_in": 8192, "d_hidden": 32768, "d_out": 8192}  # a large model's MLP, float32
+
+
+def production_problem(batch, d_in, d_hidden, d_out):
+    """global_gradients' inputs by their shapes alone, never made: 2 GiB of parameters, 256 MiB of x."""
+    params = {
+        "hidden": {"kernel": shaped((d_in, d_hidden)), "bias": shaped((d_hidden,))},
+        "out": {"kernel": shaped((d_hidden, d_out)), "bias": shaped((d_out,))},
+    }
+    return params, shaped((batch, d_in)), shaped((batch, d_out))
+
+
+AT_PRODUCTION_SIZE = production_problem(**PRODUCTION)
+# the forward pass's two products and the weights' gradients, for the whole batch
+PRODUCTION_FLOPS = (
+    2 * 2 * PRODUCTION["batch"] * PRODUCTION["d_hidden"] * (PRODUCTION["d_in"] + PRODUCTION["d_out"])
+)
+PARAMETER_BYTES = 4 * (
+    PRODUCTION["d_hidden"] * (PRODUCTION["d_in"] + PRODUCTION["d_out"] + 1) + PRODUCTION["d_out"]
+)
+
+
+@check(got=compiled_call("global_gradients", *AT_PRODUCTION_SIZE))
+def test_at_a_production_size_each_chip_fits_works_on_its_rows_and_sends_one_mean_of_the_gradient(got, run):
+    n = run.device_count
+    expect_fits_each_chip(
+        got,
+        where=f"at a production size (d_model {PRODUCTION['d_in']}, {PRODUCTION['d_hidden']} hidden units, a "
+        f"batch of {PRODUCTION['batch']} rows, on {n} chips)",
+        what="gradient step",
+        hint="Data parallelism keeps one copy of the parameters on each chip and gives each chip 1/n of the rows",
+    )
+    expect_work_share(
+        got,
+        PRODUCTION_FLOPS,
+        n,
+        slack=1.5,
+        what="the gradient of the whole batch",
+        hint="Give x and y in_specs=P('data'): each chip computes the gradient of its own rows only",
+    )
+    expect_sent_within(
+        got,
+        2 * (n - 1) / n * PARAMETER_BYTES,
+        n,
+        what="one all-reduce of the gradient, as jax.lax.pmean sends it",
+        hint="Average the gradients once, with jax.lax.pmean(grads, 'data'); send nothing else",
+    )
 
 
 # -- exercise 3: accumulated_gradients ----------------------------------------------------------
