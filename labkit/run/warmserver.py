@@ -54,6 +54,10 @@ PRELOAD = (
     "labkit.facts",
     # what a run's first export or lowering imports (the MHLO dialect), and a traceback's formatting: 0.4 s each
     "jaxlib.mlir.dialects.mhlo",
+    # what JAX imports to find the CPU's LAPACK routines at the first call of an exported program: 0.5 s in
+    # every verifier (the lookup itself, of function pointers in it, is quick)
+    "scipy.linalg",
+    "scipy.linalg.cython_lapack",
     "jax.experimental.multihost_utils",
     "stack_data",
 )
@@ -217,17 +221,6 @@ def probe(folder: Path) -> str:
     return said or "the probe said nothing"
 
 
-def _load_lapack() -> None:
-    """Find the CPU's LAPACK routines once (jax does it, importing scipy.linalg, at the first call of an exported
-    program on CPU: half a second in every verifier). It registers function pointers and starts no backend."""
-    try:
-        from jax._src.lax import linalg
-
-        linalg.initialize_lapack()
-    except (ImportError, AttributeError):  # another JAX: its first call finds them, as before
-        pass
-
-
 def serve(spec: dict) -> int:
     roots = [Path(r) for r in spec["roots"]]
     status = Path(spec["socket"]).with_name("server.status")
@@ -238,7 +231,6 @@ def serve(spec: dict) -> int:
             importlib.import_module(name)
         except ImportError:
             pass
-    _load_lapack()
     said = probe(Path.cwd())
     if said != READY:
         status.write_text(f"{UNAVAILABLE}: {said}\n")
