@@ -200,17 +200,9 @@ def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tu
             test(run)
             status, message = "passed", ""
         except BaseException as e:  # noqa: BLE001 - report whatever the check raised
-            why = _skipped(e)
-            status, message = ("skipped", why) if why else classify(type("Info", (), {"value": e})())
+            status, message = classify(type("Info", (), {"value": e})())
         out.append((test.__name__, status, message))
     return out
-
-
-def _skipped(e: BaseException) -> str | None:
-    """Why a test skipped itself (`pytest.skip`: a test at a production size, off the compile-only TPU
-    configurations), or None. Only a test that imported pytest can have raised its skip."""
-    pytest = sys.modules.get("pytest")
-    return str(e.msg) if pytest is not None and isinstance(e, pytest.skip.Exception) else None
 
 
 class Checker:
