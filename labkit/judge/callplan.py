@@ -25,9 +25,8 @@ class CallSpec(TypedDict):
     kwargs: dict[str, Any]
     facts: NotRequired[bool]  # a test reads its compiled program
     verify: NotRequired[bool]  # the kit runs its program itself (`mark`)
-    tpu_refused: NotRequired[
-        str
-    ]  # in the verifier's job: why the student's trace at a production size failed
+    # in the verifier's job: why the student's trace at a production size failed
+    tpu_refused: NotRequired[str]
 
 
 def mark(calls: list[CallSpec]) -> list[CallSpec]:

@@ -54,12 +54,12 @@ PRELOAD = (
     "labkit.facts",
     # what a run's first export or lowering imports (the MHLO dialect), and a traceback's formatting: 0.4 s each
     "jaxlib.mlir.dialects.mhlo",
+    "jax.experimental.multihost_utils",
+    "stack_data",
     # what JAX imports to find the CPU's LAPACK routines at the first call of an exported program: 0.5 s in
     # every verifier (the lookup itself, of function pointers in it, is quick)
     "scipy.linalg",
     "scipy.linalg.cython_lapack",
-    "jax.experimental.multihost_utils",
-    "stack_data",
 )
 READY, UNAVAILABLE = "ready", "unavailable"
 MODULES = (
