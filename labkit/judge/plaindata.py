@@ -10,6 +10,7 @@ the student's process can run code in the judge or claim to equal anything.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,8 @@ def encode(value, depth: int = 0) -> dict:
         return {"kind": type(value).__name__, "items": [encode(v, depth + 1) for v in value]}
     if isinstance(value, dict) and type(value) is dict:
         return {"kind": "dict", "items": [[str(k), encode(v, depth + 1)] for k, v in value.items()]}
+    if type(value) is np.ndarray:
+        return _array_payload(value)
     if _is_jax_array(value):
         try:
             payload = _array_payload(_host_value(value))
@@ -146,8 +149,6 @@ def encode(value, depth: int = 0) -> dict:
         payload["jax"] = True
         payload["sharding"] = sharding_of(value)
         return payload
-    if type(value) is np.ndarray:
-        return _array_payload(value)
     return {"kind": "object", "type": type(value).__name__, "repr": _safe_repr(value)}
 
 
@@ -190,9 +191,18 @@ def array_type() -> type:
 
 
 def _is_jax_array(value) -> bool:
-    """Only JAX's own array type: an object that subclasses or registers as `jax.Array` is not one."""
+    """Only JAX's own array type: an object that subclasses or registers as `jax.Array` is not one.
+
+    A process that never imported JAX holds no JAX array, and a value that is no `jax.Array` at all is
+    not one either: neither starts a backend to find out. The judge encodes the tests' inputs with this
+    function, and a backend started there (libtpu on a TPU VM) would hold the chips the kernel needs."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
     try:
         kind = type(value)
+        if not issubclass(kind, jax.Array):
+            return False
         return kind is array_type() and (not _SEALED_ARRAY_CLASSES or kind in _SEALED_ARRAY_CLASSES)
     except Exception:  # noqa: BLE001 - a hostile value's type() may raise anything: not an array
         return False

@@ -55,3 +55,28 @@ def test_jax_arrays_carry_their_sharding():
 def test_huge_arrays_are_not_carried():
     got = roundtrip(np.zeros(plaindata.MAX_ELEMENTS + 1, dtype=np.int8))
     assert got.kind == "too-large"
+
+
+def test_encoding_the_tests_inputs_starts_no_jax_backend():
+    # The judge encodes each test's inputs in the trusted process. A backend started there would load
+    # libtpu where it is installed (on a TPU VM, taking the chips the student's kernel needs), so neither
+    # a numpy array, nor an abstract input, nor any other object may start one.
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import numpy as np
+from labkit.judge import plaindata
+plaindata.encode([np.ones(3, np.float32), {"n": 2}])
+assert "jax" not in sys.modules, "encoding plain inputs imported jax"
+import jax
+started = []
+jax.device_put = lambda *a, **k: started.append(a)
+for v in (np.ones(3), jax.ShapeDtypeStruct((8192, 8192), np.float32), object()):
+    plaindata.encode(v)
+assert not started, "a backend was started"
+print("no backend")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "no backend" in done.stdout, done.stderr[-2000:]
