@@ -141,6 +141,10 @@ def _devices(topology_name: str):
     # Compiling only, no chip to guard: libtpu's lock on /tmp/libtpu_lockfile would refuse a second process
     # compiling at the same time (another run of the kit, outside a sandbox's private /tmp).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Nor a TPU VM to describe: libtpu would otherwise ask the cloud's metadata server what it runs on, and
+    # with no server to answer (no network in a sandbox, or no cloud) it retries for minutes. JAX sets this
+    # itself only when it starts its TPU backend, which a run on JAX_PLATFORMS=cpu never does.
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     from jax.experimental import topologies
 
     return topologies.get_topology_desc(platform="tpu", topology_name=topology_name).devices

@@ -189,3 +189,25 @@ def test_doctor_names_libtpu_its_size_and_licence_or_how_to_add_it(monkeypatch):
     absent = doctor.check_libtpu()
     assert absent.status == doctor.WARN and "make setup EXTRAS=tpu" in absent.fix
     assert "Google Cloud Platform Terms of Service" in absent.fix and "v5e-8" in absent.detail
+
+
+@needs_libtpu
+def test_a_run_forked_warm_with_its_own_environment_still_reaches_the_tpu_compiler_at_once():
+    # `import jax` tells libtpu there is no TPU VM to ask about (TPU_SKIP_MDS_QUERY) through os.environ; a
+    # warm kernel imported JAX in the warm server and then took its run's environment, without it. Unless the
+    # kit says so itself, libtpu asks the cloud's metadata server, and with none to answer, retries for minutes.
+    script = """
+import os
+import jax
+os.environ.pop("TPU_SKIP_MDS_QUERY", None)
+from labkit.judge import tpucompile
+print(len(tpucompile._devices("v5e:2x4")))
+"""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("libtpu was still asking for a metadata server after 90 s")
+    assert done.returncode == 0 and done.stdout.split()[-1] == "8", done.stderr[-2000:]
