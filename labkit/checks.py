@@ -161,6 +161,11 @@ class Shaped:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
+# How a test at a production size says it was skipped on a configuration with no TPU compiler: the
+# tests of the kit and the reports tell such a skip from any other by it.
+PRODUCTION_SIZE_SKIP = "a production size, judged by the TPU compiler alone"
+
+
 def _has_shapes_only(value) -> bool:
     if isinstance(value, Shaped):
         return True
@@ -393,8 +398,8 @@ def check(*, points: float = 1, **calls: Call):
                 import pytest
 
                 pytest.skip(
-                    f"a production size, judged by the TPU compiler alone: it runs on the compile-only TPU "
-                    f"configurations (CONFIGS=v5e-8, v5e-256, ...), not on {lab_run.config.name}"
+                    f"{PRODUCTION_SIZE_SKIP}: it runs on the compile-only TPU configurations "
+                    f"(CONFIGS=v5e-8, v5e-256, ...), not on {lab_run.config.name}"
                 )
             values = {name: lab_run.value(c) for name, c in calls.items()}
             if "run" in wants:

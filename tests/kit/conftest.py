@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit import checks
 from labkit.course import configs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def tpu_only_skip(outcome: dict) -> bool:
     config = configs.CONFIGS.get(outcome["config"])
     return (
         outcome["status"] == "skipped"
-        and "compile-only TPU configurations" in str(outcome.get("message"))
+        and checks.PRODUCTION_SIZE_SKIP in str(outcome.get("message"))
         and not (config and config.compile_for)
     )
 
