@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,20 @@ from labkit.statuses import Run
 # ----------------------------------------------------------------------------------------
 # The engine: run notebooks `jobs` at a time, judge finished runs in batches, keep everything.
 # ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _RunState:
+    """What one `Grader.run` holds while it goes: the rows so far, the runs going, those ended and waiting
+    to be judged, and the units waiting for a twin's run (same notebook, lab, configuration and limits)."""
+
+    store: Store
+    expected: dict
+    rows: dict[Unit, dict]
+    progress: Progress
+    queue: list[tuple[Unit, str, execute.RunRecord, float]] = field(default_factory=list)
+    running: dict[Future, tuple[Unit, str, float]] = field(default_factory=dict)
+    twins: dict[str, list[Unit]] = field(default_factory=dict)
 
 
 class Grader:
@@ -219,6 +234,34 @@ class Grader:
         `fills_cache`: these runs (the reference solutions') write JAX's compilation cache; others only read it.
         """
         expected = expected or {}
+        rows, todo, again = self._sorted(units, store, expected, title)
+        state = _RunState(
+            store, expected, rows, Progress(len(todo), title, self.stream, self.terminal, out=self.out)
+        )
+        self._prepare(todo)
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
+        stop = self.stop or StopRequest()
+        try:
+            self._submit(pool, todo, again, state, fills_cache)
+            self._drain(state, stop)
+        except BaseException:
+            _stop_children()  # the runs still going would otherwise go on writing into OUT
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if stop is not self.stop:
+                stop.restore()
+            state.progress.close()
+        pool.shutdown(wait=True)
+        return [rows[u] for u in units]
+
+    # -- the steps of a run ------------------------------------------------------------------
+
+    def _sorted(
+        self, units: list[Unit], store: Store, expected: dict, title: str
+    ) -> tuple[dict[Unit, dict], list[tuple[Unit, str]], set[Unit]]:
+        """The rows of the units that need no run (no notebook, or graded before under the same key), the
+        units to grade with their keys, and those of them whose kept row (and run) is not to be used again."""
         rows: dict[Unit, dict] = {}
         todo: list[tuple[Unit, str]] = []
         unchanged, again = 0, set()
@@ -251,122 +294,125 @@ class Grader:
                 file=self.stream,
                 flush=True,
             )
-        progress = Progress(len(todo), title, self.stream, self.terminal, out=self.out)
-        queue: list[tuple[Unit, str, execute.RunRecord, float]] = []
+        return rows, todo, again
 
-        def finish(done_rows):
-            for unit, key, row, seconds in done_rows:
-                if key:
-                    store.save_row(unit, key, row, seconds)
-                rows[unit] = row
-                self.graded += 1
-                progress.advance(unit, row)
-
-        def start(unit: Unit, key: str) -> tuple[execute.RunRecord, float]:
-            began = time.monotonic()
-            record = _run(unit)
-            return record, round(time.monotonic() - began, 2)
-
-        def _run(unit: Unit) -> execute.RunRecord:
-            if unit.path.is_file() and unit.path.stat().st_size > MAX_BYTES:
-                return execute.RunRecord(
-                    unit.config,
-                    "error",
-                    f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
-                    f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
-                    workdir=str(store.workdir(unit)),
-                )
-            workdir = store.workdir(unit)
-            if self.pods:
-                runs, plan = self.pods
-                output = pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config, kit=unit.kit)
-                return pods_mod.record_of(
-                    output,
-                    self.configs[unit.config],
-                    self.calls(unit.lab),
-                    workdir,
-                    self.timeout,
-                    self.limits,
-                )
-            cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
-            return execute.run_notebook(
-                unit.path,
-                self.configs[unit.config],
-                self.calls(unit.lab),
-                workdir,
-                timeout=self.timeout,
-                limits=self.limits,
-                warm=self.warm_server(),
-                cache=cache,
-            )
-
+    def _prepare(self, todo: list[tuple[Unit, str]]) -> None:
+        """Before any run starts: each lab's calls collected (in this thread), the compilation cache and the
+        warm server made where runs will use them."""
         for unit, _ in todo:
-            self.calls(unit.lab)  # collect in this thread, before any run starts
+            self.calls(unit.lab)
         if todo and not self.pods:
             if self.cache is None and jaxcache.wanted():
                 self.cache = jaxcache.prepare(self.out / ".jax-cache", unlisted=True)
             self.warm_server()
-        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="grade")
-        running: dict[Future, tuple[Unit, str, float]] = {}
-        stop = self.stop or StopRequest()
-        # key -> the units whose notebook, lab, configuration and limits are those of a unit already running:
-        # one run is theirs too (a class's untouched handouts, a group's copies), judged for each of them
-        twins: dict[str, list[Unit]] = {}
+
+    def _submit(
+        self,
+        pool: ThreadPoolExecutor,
+        todo: list[tuple[Unit, str]],
+        again: set[Unit],
+        state: _RunState,
+        fills_cache: bool,
+    ) -> None:
+        """Start each unit's run, or queue for judging the run a stopped grading left, or wait for a twin's."""
+        for unit, key in todo:
+            record = state.store.record(unit, key) if unit not in again else None
+            if record is not None:
+                state.queue.append(
+                    (unit, key, record, record.seconds)
+                )  # ran before the last stop: judge only
+            elif key in state.twins and not self.pods:  # a pod's output is its student's own: never shared
+                state.twins[key].append(unit)
+            else:
+                state.twins[key] = []
+                future = pool.submit(self._timed_run, unit, state.store, fills_cache)
+                state.running[future] = (unit, key, time.monotonic())
+
+    def _drain(self, state: _RunState, stop: StopRequest) -> None:
+        """Until every run has ended and been judged: collect ended runs, judge them in batches."""
+        last_judged = time.monotonic()
+        while state.running or state.queue:
+            stop.check()
+            if state.running:
+                done, _ = wait(list(state.running), timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._ended(future, state)
+            stop.check()
+            state.progress.tick()
+            due = time.monotonic() - last_judged >= self.batch_seconds or len(state.queue) >= 4 * self.jobs
+            if state.queue and (not state.running or due):
+                batch, state.queue = state.queue, []
+                self._keep(state, self._judge(state.store, batch, state.expected))
+                last_judged = time.monotonic()
+
+    def _ended(self, future: Future, state: _RunState) -> None:
+        """A run has ended: its record kept and queued for judging, with a copy for each of its twins."""
+        unit, key, began = state.running.pop(future)
+        waiting = state.twins.pop(key, [])
         try:
-            for unit, key in todo:
-                record = store.record(unit, key) if unit not in again else None
-                if record is not None:
-                    queue.append((unit, key, record, record.seconds))  # ran before the last stop: judge only
-                elif key in twins and not self.pods:  # a pod's output is its student's own: never shared
-                    twins[key].append(unit)
-                else:
-                    twins[key] = []
-                    running[pool.submit(start, unit, key)] = (unit, key, time.monotonic())
-            last_judged = time.monotonic()
-            while running or queue:
-                stop.check()
-                if running:
-                    done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        unit, key, began = running.pop(fut)
-                        waiting = twins.pop(key, [])
-                        try:
-                            record, seconds = fut.result()
-                            store.save_record(unit, key, record)
-                        except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
-                            record = execute.RunRecord(
-                                unit.config,
-                                Run.ERROR,
-                                f"the kit could not run this notebook "
-                                f"({type(e).__name__}: {e}); grade again to retry",
-                            )
-                            key, seconds = (
-                                "",
-                                round(time.monotonic() - began, 2),
-                            )  # key "": graded again next time
-                        queue.append((unit, key, record, seconds))
-                        for twin in waiting:
-                            copy = _shared_run(record, unit, twin, store)
-                            if key:
-                                store.save_record(twin, key, copy)
-                            queue.append((twin, key, copy, seconds))
-                stop.check()
-                progress.tick()
-                due = time.monotonic() - last_judged >= self.batch_seconds or len(queue) >= 4 * self.jobs
-                if queue and (not running or due):
-                    batch, queue = queue, []
-                    finish(self._judge(store, batch, expected))
-                    last_judged = time.monotonic()
-        except BaseException:
-            _stop_children()  # the runs still going would otherwise go on writing into OUT
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            if stop is not self.stop:
-                stop.restore()
-            progress.close()
-        pool.shutdown(wait=True)
-        return [rows[u] for u in units]
+            record, seconds = future.result()
+            state.store.save_record(unit, key, record)
+        except Exception as e:  # noqa: BLE001 - the kit's fault, not the student's: not kept
+            record = execute.RunRecord(
+                unit.config,
+                Run.ERROR,
+                f"the kit could not run this notebook ({type(e).__name__}: {e}); grade again to retry",
+            )
+            key, seconds = "", round(time.monotonic() - began, 2)  # key "": graded again next time
+        state.queue.append((unit, key, record, seconds))
+        for twin in waiting:
+            copy = _shared_run(record, unit, twin, state.store)
+            if key:
+                state.store.save_record(twin, key, copy)
+            state.queue.append((twin, key, copy, seconds))
+
+    def _keep(self, state: _RunState, judged: list[tuple[Unit, str, dict, float]]) -> None:
+        """Judged rows: each kept (unless its key is "") and shown in the progress."""
+        for unit, key, row, seconds in judged:
+            if key:
+                state.store.save_row(unit, key, row, seconds)
+            state.rows[unit] = row
+            self.graded += 1
+            state.progress.advance(unit, row)
+
+    def _timed_run(self, unit: Unit, store: Store, fills_cache: bool) -> tuple[execute.RunRecord, float]:
+        began = time.monotonic()
+        record = self._run_unit(unit, store, fills_cache)
+        return record, round(time.monotonic() - began, 2)
+
+    def _run_unit(self, unit: Unit, store: Store, fills_cache: bool) -> execute.RunRecord:
+        """One unit's run (in a worker thread): its notebook in a sandbox, or its pod's output read."""
+        if unit.path.is_file() and unit.path.stat().st_size > MAX_BYTES:
+            return execute.RunRecord(
+                unit.config,
+                "error",
+                f"{unit.path} is {unit.path.stat().st_size / 1e6:.0f}"
+                f" MB, more than the {MAX_BYTES / 1e6:.0f} MB a notebook may be",
+                workdir=str(store.workdir(unit)),
+            )
+        workdir = store.workdir(unit)
+        if self.pods:
+            runs, plan = self.pods
+            output = pods_mod.output_of(runs, plan, unit.student, unit.lab, unit.config, kit=unit.kit)
+            return pods_mod.record_of(
+                output,
+                self.configs[unit.config],
+                self.calls(unit.lab),
+                workdir,
+                self.timeout,
+                self.limits,
+            )
+        cache = None if self.cache is None else self.cache if fills_cache else self.cache.read_only()
+        return execute.run_notebook(
+            unit.path,
+            self.configs[unit.config],
+            self.calls(unit.lab),
+            workdir,
+            timeout=self.timeout,
+            limits=self.limits,
+            warm=self.warm_server(),
+            cache=cache,
+        )
 
 
 def _shared_run(record: execute.RunRecord, first: Unit, twin: Unit, store: Store) -> execute.RunRecord:
