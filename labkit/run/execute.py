@@ -398,135 +398,169 @@ def _run_processes(
     the run: its peers would wait for it in a collective until the timeout, so they get
     PEER_GRACE seconds to finish, then are ended. However it ends, no process outlives the run.
     """
-    coordinator = f"127.0.0.1:{free_port()}"
-    dirs = [workdir / f"process-{i}" for i in range(config.processes)]
-    limits, key = limits or DEFAULT_LIMITS, new_key()
-    runs: list[kernel.KernelRun | None] = [None] * config.processes
-    stop = threading.Event()
     start = time.monotonic()
+    run = _ProcessRun(nb, config, calls, workdir, timeout, limits or DEFAULT_LIMITS)
+    failed = run.run_all()
+    return run.record(failed, time.monotonic() - start)
 
-    first: list = []  # process 0's kernel manager: the others join its private network
 
-    def network() -> dict[str, str] | None:
-        deadline = time.monotonic() + timeout
-        while not first and time.monotonic() < deadline and not stop.is_set():
+class _ProcessRun:
+    """The processes of one multi-process run, a kernel each in a thread of this process, while they go."""
+
+    def __init__(
+        self,
+        nb: nbformat.NotebookNode,
+        config: DeviceConfig,
+        calls: list[CallSpec],
+        workdir: Path,
+        timeout: float,
+        limits: Limits,
+    ):
+        self.nb, self.config, self.calls, self.workdir = nb, config, calls, workdir
+        self.timeout, self.limits, self.key = timeout, limits, new_key()
+        self.coordinator = f"127.0.0.1:{free_port()}"
+        self.dirs = [workdir / f"process-{i}" for i in range(config.processes)]
+        self.runs: list[kernel.KernelRun | None] = [None] * config.processes
+        self.stop = threading.Event()  # set when a process has died or failed: the others are ended
+        self.first: list = []  # process 0's kernel manager, once made: the others join its private network
+
+    def network(self) -> dict[str, str] | None:
+        """The namespaces of process 0's sandbox, for process i > 0 to join (None: it never started)."""
+        deadline = time.monotonic() + self.timeout
+        while not self.first and time.monotonic() < deadline and not self.stop.is_set():
             time.sleep(0.02)
         if (
-            not first
-            or not first[0].started.wait(max(0.0, deadline - time.monotonic()))
-            or not first[0].sandboxed
+            not self.first
+            or not self.first[0].started.wait(max(0.0, deadline - time.monotonic()))
+            or not self.first[0].sandboxed
         ):
             return None
-        return sandbox.network_of(first[0].sandboxed)
+        return sandbox.network_of(self.first[0].sandboxed)
 
-    def one(i: int) -> None:
-        input_path = prepare(nb, dirs[i], calls, first=JOIN_CELL, last=LEAVE_CELL)
+    def run_process(self, i: int) -> None:
+        """Process i's kernel runs the notebook between the cells that join and leave the distributed run."""
+        input_path = prepare(self.nb, self.dirs[i], self.calls, first=JOIN_CELL, last=LEAVE_CELL)
         env = (
-            environment_of(config)
-            | {envnames.JOIN_TIMEOUT: str(int(min(60, timeout)))}
-            | config.process_env(i, coordinator)
+            environment_of(self.config)
+            | {envnames.JOIN_TIMEOUT: str(int(min(60, self.timeout)))}
+            | self.config.process_env(i, self.coordinator)
         )
-        runs[i] = kernel.papermill_run(
+        ran = kernel.papermill_run(
             input_path,
-            dirs[i] / "executed.ipynb",
-            scratch.RunFolders(dirs[i]),
+            self.dirs[i] / "executed.ipynb",
+            scratch.RunFolders(self.dirs[i]),
             env,
-            limits,
-            key,
-            timeout,
-            network=network if i else None,
-            kernels=first if i == 0 else None,
+            self.limits,
+            self.key,
+            self.timeout,
+            network=self.network if i else None,
+            kernels=self.first if i == 0 else None,
         )
-        if runs[i].died or runs[i].failure:
-            stop.set()
+        self.runs[i] = ran
+        if ran.died or ran.failure:
+            self.stop.set()
 
-    threads = [
-        threading.Thread(target=one, args=(i,), name=f"labkit-process-{i}", daemon=True)
-        for i in range(config.processes)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout + PEER_GRACE
-    while any(t.is_alive() for t in threads) and time.monotonic() < deadline and not stop.is_set():
-        time.sleep(0.05)
-    failed = next((i for i, r in enumerate(runs) if r is not None and (r.died or r.failure)), None)
-    if failed is not None:  # the others get a grace period, then their timeout is cut short
-        grace = time.monotonic() + PEER_GRACE
-        while any(t.is_alive() for t in threads) and time.monotonic() < grace:
+    def run_all(self) -> int | None:
+        """Every process run to its end; the one that failed first, if any (the others then ended after a grace)."""
+        threads = [
+            threading.Thread(target=self.run_process, args=(i,), name=f"labkit-process-{i}", daemon=True)
+            for i in range(self.config.processes)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + self.timeout + PEER_GRACE
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline and not self.stop.is_set():
             time.sleep(0.05)
-        for i, thread in enumerate(threads):
-            if thread.is_alive():
-                kernel.end_kernels_in(dirs[i])
-    for thread in threads:
-        thread.join()
-    if (
-        failed is not None
-    ):  # a peer may be seen to end first (its collectives abort once a process is gone): a
-        failed = next(
-            (i for i, r in enumerate(runs) if r is not None and r.disk), failed
-        )  # stop for the disk is why
-    seconds = time.monotonic() - start
-    cell_errors, last_started = runreport.cell_errors(dirs[0] / "executed.ipynb")
-    record = RunRecord(
-        config.name,
-        Run.OK,
-        seconds=round(seconds, 2),
-        cell_errors=cell_errors,
-        workdir=str(workdir),
-        isolation=next((r.isolation for r in runs if r), ""),
-        limits=limits.to_json(),
-        start=Start.COLD,
-        cpu_share=next((r.cpu_share for r in runs if r), ""),
-    )
-    refused = []
-    for i, (run, pdir) in enumerate(zip(runs, dirs)):
-        results = scratch.RunFolders(pdir).scratch
-        payload = _read_payload(results / "results.json", key)
-        if payload is None and scratch.is_file(results, "results.json"):
-            refused.append(i)
-        record.processes.append(
-            {
-                "process": i,
-                "exit": run.returncode if run else None,
-                "coordinator": coordinator,
-                "environment": payload[0] if payload else {},
-                "results": payload[1] if payload else {},
-            }
+        failed = next((i for i, r in enumerate(self.runs) if r is not None and (r.died or r.failure)), None)
+        if failed is not None:  # the others get a grace period, then their timeout is cut short
+            grace = time.monotonic() + PEER_GRACE
+            while any(t.is_alive() for t in threads) and time.monotonic() < grace:
+                time.sleep(0.05)
+            for i, thread in enumerate(threads):
+                if thread.is_alive():
+                    kernel.end_kernels_in(self.dirs[i])
+        for thread in threads:
+            thread.join()
+        if failed is not None:
+            # a peer may be seen to end first (its collectives abort once a process is gone): a stop for the
+            # disk is why
+            failed = next((i for i, r in enumerate(self.runs) if r is not None and r.disk), failed)
+        return failed
+
+    def record(self, failed: int | None, seconds: float) -> RunRecord:
+        """The run's record: every process's results kept, process 0's graded, or why there are none."""
+        cell_errors, last_started = runreport.cell_errors(self.dirs[0] / "executed.ipynb")
+        record = RunRecord(
+            self.config.name,
+            Run.OK,
+            seconds=round(seconds, 2),
+            cell_errors=cell_errors,
+            workdir=str(self.workdir),
+            isolation=next((r.isolation for r in self.runs if r), ""),
+            limits=self.limits.to_json(),
+            start=Start.COLD,
+            cpu_share=next((r.cpu_share for r in self.runs if r), ""),
         )
-    of = f"of {config.processes}"
-    if failed is not None:
-        record.status = Run.ERROR
-        why = runreport.why_no_results(dirs[failed] / "run.log", runs[failed])
-        record.message = f"process {failed} {of} stopped early, so the others were ended too: {why}"
-        return record
-    if any(r is None or r.timed_out for r in runs):
-        record.status = Run.TIMEOUT
-        where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
-        record.message = (
-            f"the notebook did not finish within {timeout:g} s on all {config.processes} processes{where}"
+        refused = self._read_results(record)
+        why = self._why_no_results(record, failed, refused, last_started)
+        if why is not None:
+            record.status, record.message = why
+            return record
+        # process 0's word for its devices (a multi-process run is reported: see labkit.judge.verify), the
+        # configuration's for its backend and the precision of its products
+        record.environment = verify.kit_environment(
+            record.processes[0]["environment"], environment_of(self.config), counted=True
         )
+        record.results = record.processes[0]["results"]
+        record.judged_by = "reported"  # each process's own report: see labkit.judge.verify
         return record
-    missing = [
-        i
-        for i, p in enumerate(record.processes)
-        if not p["results"] and not scratch.is_file(scratch.RunFolders(dirs[i]).scratch, "results.json")
-    ]
-    if missing:
-        record.status = Run.ERROR
-        record.message = (
-            f"process {missing[0]} {of} stopped before its functions could be called: "
-            + runreport.why_no_results(dirs[missing[0]] / "run.log", runs[missing[0]])
-        )
-        return record
-    if refused:
-        record.status = Run.ERROR
-        record.message = f"process {refused[0]} {of}: {FORGED}"
-        return record
-    # process 0's word for its devices (a multi-process run is reported: see labkit.judge.verify), the configuration's
-    # for its backend and the precision of its products
-    record.environment = verify.kit_environment(
-        record.processes[0]["environment"], environment_of(config), counted=True
-    )
-    record.results = record.processes[0]["results"]
-    record.judged_by = "reported"  # each process's own report: see labkit.judge.verify
-    return record
+
+    def _read_results(self, record: RunRecord) -> list[int]:
+        """Each process's results, as signed, into `record.processes`; the processes whose file was forged."""
+        refused = []
+        for i, (run, pdir) in enumerate(zip(self.runs, self.dirs)):
+            results = scratch.RunFolders(pdir).scratch
+            payload = _read_payload(results / "results.json", self.key)
+            if payload is None and scratch.is_file(results, "results.json"):
+                refused.append(i)
+            record.processes.append(
+                {
+                    "process": i,
+                    "exit": run.returncode if run else None,
+                    "coordinator": self.coordinator,
+                    "environment": payload[0] if payload else {},
+                    "results": payload[1] if payload else {},
+                }
+            )
+        return refused
+
+    def _why_no_results(
+        self, record: RunRecord, failed: int | None, refused: list[int], last_started
+    ) -> tuple[str, str] | None:
+        """(status, message) where the run gave no results to grade: a process failed, the run timed out, a
+        process stopped before the calls, or its results were forged; None where every process reported."""
+        of = f"of {self.config.processes}"
+        if failed is not None:
+            why = runreport.why_no_results(self.dirs[failed] / "run.log", self.runs[failed])
+            return Run.ERROR, f"process {failed} {of} stopped early, so the others were ended too: {why}"
+        if any(r is None or r.timed_out for r in self.runs):
+            where = f" (process 0 still running cell {last_started})" if last_started is not None else ""
+            return (
+                Run.TIMEOUT,
+                f"the notebook did not finish within {self.timeout:g} s on all {self.config.processes} processes"
+                f"{where}",
+            )
+        missing = [
+            i
+            for i, p in enumerate(record.processes)
+            if not p["results"]
+            and not scratch.is_file(scratch.RunFolders(self.dirs[i]).scratch, "results.json")
+        ]
+        if missing:
+            return Run.ERROR, (
+                f"process {missing[0]} {of} stopped before its functions could be called: "
+                + runreport.why_no_results(self.dirs[missing[0]] / "run.log", self.runs[missing[0]])
+            )
+        if refused:
+            return Run.ERROR, f"process {refused[0]} {of}: {FORGED}"
+        return None
