@@ -277,14 +277,46 @@ def launch(
     seccomp = sessions.pipe() if held and kind == modes.BUBBLEWRAP else None
     rlimits = run_rlimits(env, limits)
     counted = cgroup.counts_processes(cgroups)
-    user = None
     if as_user is not None:
         counted = True  # the server's own processes: its runs are counted in their cgroups
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
-    elif (
-        kind == modes.BUBBLEWRAP
+    inner = _inner_command(
+        kind, program, cmd, workdir, limits, extra_ro, extra_rw, hostname, seccomp, rlimits, run_env, counted
+    )
+    spec = json.dumps(
+        {"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
+        | ({"join": join} if join and kind == modes.BUBBLEWRAP else {})
+        | ({"sessions": "hold"} if held and kind != modes.BUBBLEWRAP else {})
+        | (_server_reach(as_user, workdir, extra_ro, extra_rw) if as_user is not None else {})
+    )
+    # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
+    full = [sys.executable, "-P", "-m", "labkit.run.firststep", spec, *inner]
+    popen, drain = _start(full, workdir, run_env, stdin, seccomp, log, limits.output)
+    return Sandboxed(popen, kind, reason, cgroups, drain, limits, token, cgroup.share_of(cgroups, held))
+
+
+def _inner_command(
+    kind: str,
+    program,
+    cmd: list[str],
+    workdir: Path,
+    limits: Limits,
+    extra_ro: tuple,
+    extra_rw: tuple,
+    hostname: str | None,
+    seccomp: int | None,
+    rlimits: dict,
+    run_env: dict,
+    counted: bool,
+) -> list[str]:
+    """What the first step starts: `cmd` in bubblewrap (as a user of its own where the kit is root and no cgroup
+    counts the run's processes), or `cmd` itself where there is no sandbox. Sets the run's user in `run_env`, and
+    where no cgroup counts processes, the process limit in `rlimits`."""
+    user = None
+    if (
+        not counted
+        and kind == modes.BUBBLEWRAP
         and os.geteuid() == 0
-        and not counted
         and modes.can_run_as_user(program)
         and runusers.open_to_others(mounts.accelerator_devices())
     ):
@@ -295,7 +327,7 @@ def launch(
         # sandbox, once bwrap (as root) has made it; that user owns the scratch folder.
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
         first = json.dumps({"rlimits": {"NPROC": limits.processes}, "user": user})
-        inner = mounts.bwrap_command(
+        return mounts.bwrap_command(
             program,
             [sys.executable, "-P", "-m", "labkit.run.firststep", first, *cmd],
             workdir,
@@ -305,37 +337,33 @@ def launch(
             hostname=hostname,
             seccomp=seccomp,
         )
-    else:
-        inner = (
-            mounts.bwrap_command(
-                program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname, seccomp=seccomp
-            )
-            if kind == modes.BUBBLEWRAP
-            else cmd
-        )
-        if not counted and os.geteuid() != 0:
-            from labkit.run import processes
+    if not counted and os.geteuid() != 0:
+        from labkit.run import processes
 
-            rlimits["NPROC"] = processes.user_tasks() + limits.processes
-    spec = json.dumps(
-        {"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
-        | ({"join": join} if join and kind == modes.BUBBLEWRAP else {})
-        | ({"sessions": "hold"} if held and kind != modes.BUBBLEWRAP else {})
-        | (
-            {
-                "user": as_user,
-                "reach": [
-                    *mounts.visible(extra_ro),
-                    str(workdir.resolve()),
-                    *(str(Path(p).resolve()) for p in extra_rw),
-                ],
-            }
-            if as_user is not None
-            else {}
-        )
+        rlimits["NPROC"] = processes.user_tasks() + limits.processes
+    if kind != modes.BUBBLEWRAP:
+        return cmd
+    return mounts.bwrap_command(
+        program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname, seccomp=seccomp
     )
-    # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
-    full = [sys.executable, "-P", "-m", "labkit.run.firststep", spec, *inner]
+
+
+def _server_reach(as_user: int, workdir: Path, extra_ro: tuple, extra_rw: tuple) -> dict:
+    """A warm server's first step: the user it becomes, and the folders that user must be able to reach."""
+    return {
+        "user": as_user,
+        "reach": [
+            *mounts.visible(extra_ro),
+            str(workdir.resolve()),
+            *(str(Path(p).resolve()) for p in extra_rw),
+        ],
+    }
+
+
+def _start(
+    full: list[str], workdir: Path, run_env: dict, stdin: bytes | None, seccomp: int | None, log, output: int
+):
+    """The first step started, its output drained into `log` (cut at `output` bytes), `stdin` written and closed."""
     try:
         popen = subprocess.Popen(
             full,
@@ -350,7 +378,7 @@ def launch(
     finally:
         if seccomp is not None:
             os.close(seccomp)
-    drain = Drain(popen.stdout, log, limits.output)
+    drain = Drain(popen.stdout, log, output)
     drain.start()
     if stdin is not None:
         try:
@@ -358,4 +386,4 @@ def launch(
             popen.stdin.close()
         except OSError:
             pass
-    return Sandboxed(popen, kind, reason, cgroups, drain, limits, token, cgroup.share_of(cgroups, held))
+    return popen, drain
