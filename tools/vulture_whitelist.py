@@ -11,7 +11,7 @@ _.execution_count  # nbformat's cell field (labkit/course/authoring.py)
 _.gname  # tarfile.TarInfo (labkit/course/release.py)
 _.mtime  # tarfile.TarInfo (labkit/course/release.py)
 _.compress_type  # zipfile.ZipInfo (gradescope.py, scoreboard.py)
-_.ip  # jupyter_client's KernelManager (labkit/run/kernel.py)
+_.ip  # jupyter_client's KernelManager (labkit/run/kernelmanager.py)
 _.transport  # jupyter_client's KernelManager
 _.connection_file  # jupyter_client's KernelManager
 _.pgid  # jupyter_client's provisioner

@@ -95,3 +95,8 @@ def format_size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:g} {unit}"
     return f"{n} bytes"
+
+
+def largest_message(limits: Limits) -> int:
+    """The largest message from a kernel this process accepts: a larger one ends the run's output (memory safety)."""
+    return max(4 * limits.output, 64 << 20)

@@ -16,7 +16,7 @@ from notebook_variants import with_cell
 from labkit.course import catalog
 from labkit.course.configs import CONFIGS
 from labkit.judge import judge
-from labkit.run import allowance, execute, kernel, modes, runreport
+from labkit.run import allowance, execute, modes, runreport
 
 LAB = catalog.Lab(3)
 SMALL = allowance.Limits(output=2 * allowance.MiB)
@@ -72,7 +72,7 @@ def test_a_flood_of_prints_keeps_the_start_and_marks_the_cut(tmp_path, calls):
 
 
 def test_one_output_larger_than_the_kit_accepts_ends_the_run_with_a_clear_message(tmp_path, calls):
-    size = kernel.largest_message(SMALL) + (8 << 20)
+    size = allowance.largest_message(SMALL) + (8 << 20)
     huge = with_cell(
         f"from IPython.display import display\ndisplay({{'text/plain': 'y' * {size}}}, raw=True)",
         tmp_path / "huge.ipynb",
