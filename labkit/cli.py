@@ -153,7 +153,7 @@ def _export(args) -> int:
 
 
 def _scoreboard(args) -> int:
-    from labkit.grading import grade, scoreboard
+    from labkit.grading import ownresults, scoreboard
     from labkit.student.loop import BUILD
 
     if args.action == "export":
@@ -166,7 +166,7 @@ def _scoreboard(args) -> int:
         print(f"merged {len(args.parts)} parts into {args.out / 'scoreboard.csv'}")
         return ExitCode.OK
     build = args.build or BUILD
-    results = grade.student_results(build)
+    results = ownresults.student_results(build)
     if not results["rows"]:
         raise Stop(ExitCode.FAILED, f"no results yet in {build}: run `make lab-N` first")
     out = args.out or Path(build) / "scoreboard"

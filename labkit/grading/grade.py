@@ -27,7 +27,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from labkit.course import catalog, configs
+from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading import course as course_mod
 from labkit.grading import history, lms, scoreboard, similarity, writeups
@@ -46,9 +46,7 @@ from labkit.grading.collect import (
     shard_of,
 )
 from labkit.grading.engine import Grader, StopRequest, default_jobs
-from labkit.grading.rows import make_row
 from labkit.grading.store import FORMAT, Store, kit_digest
-from labkit.judge import judge
 from labkit.run import execute, modes
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
@@ -219,15 +217,7 @@ def grade(
     # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
     # are all named by path, and a relative one (`make grade`'s default OUT=scoreboard) means nothing there.
     submissions, out = Path(submissions).absolute(), Path(out).absolute()
-    if not submissions.exists():
-        raise GradeError(
-            f"the submissions folder {submissions} does not exist "
-            "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)"
-        )
-    if timeout <= 0:
-        raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
-    if jobs is not None and jobs < 1:
-        raise GradeError(f"--jobs must be at least 1, got {jobs}")
+    _check_request(submissions, timeout, jobs)
     part = parse_shard(shard)
     chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
     given = {
@@ -243,11 +233,6 @@ def grade(
     provisional = _provisional(grading, [c.name for c in chosen])
     limits = limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
     check_isolation(limits, stream)
-    if (runs_from is None) != (plan is None):
-        raise GradeError(
-            "--runs-from and --plan go together: the pods' outputs and the plan that made their inputs"
-        )
-    pods = (Path(runs_from).absolute(), Path(plan).absolute()) if runs_from is not None else None
     grader = Grader(
         out,
         chosen_labs,
@@ -258,10 +243,9 @@ def grade(
         stream=stream,
         terminal=terminal,
         warm=start != "cold",
-        pods=pods,
+        pods=_pods(runs_from, plan),
     )
     grader.stop = stop = StopRequest()
-
     try:
         subs, times = _submissions(
             submissions, out, people, stream
@@ -270,35 +254,13 @@ def grade(
         grader.again = _again(named, retry)
         if people is not None:
             roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
-
-        # The reference solutions first: they must pass everything, or nothing else is worth grading.
-        ref_units = [
-            Unit(REFERENCE, lab.number, c.name, lab.reference, kit=True)
-            for lab in chosen_labs
-            for c in chosen
-        ]
-        ref_rows = grader.run(ref_units, Store(out / "reference"), "reference solutions", fills_cache=True)
-        check_reference(ref_rows, grader.labs)
+        ref_rows = _grade_references(grader, out, chosen_labs, chosen)
         stop.check()
-        expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
-
-        students = sorted(subs.students)
-        if part:
-            students = [s for s in students if shard_of(s, part[1]) == part[0]]
-        units = [
-            Unit(
-                s, lab.number, c.name, subs.students[s].get(lab.number), subs.refused.get((s, lab.number), "")
-            )
-            for s in students
-            for lab in chosen_labs
-            for c in chosen
-        ]
-        handed = _keep_history(out, subs, students, chosen_labs, times, grading)
-        rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
-        for row in rows:
-            row["digest"] = handed.get((row["student"], row["lab"]), {}).get("digest", "")
+        graded = _students_of_shard(subs, part)
+        handed = _keep_history(out, subs, graded, chosen_labs, times, grading)
+        rows = _grade_students(grader, out, subs, graded, chosen_labs, chosen, ref_rows, handed)
         results = results_of(
-            rows, chosen_labs, chosen, subs, students, ref_rows=ref_rows, grading=grading, people=people
+            rows, chosen_labs, chosen, subs, graded, ref_rows=ref_rows, grading=grading, people=people
         )
         for (student, lab), info in sorted(handed.items()):
             results["students"][student].setdefault("submissions", {})[str(lab)] = info
@@ -314,6 +276,75 @@ def grade(
     finally:
         stop.restore()
         grader.close()  # the warm server, if one was started
+
+
+def _check_request(submissions: Path, timeout: float, jobs: int | None) -> None:
+    """Refuse, before anything is read or graded, a folder that is not there and limits that mean nothing."""
+    if not submissions.exists():
+        raise GradeError(
+            f"the submissions folder {submissions} does not exist "
+            "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)"
+        )
+    if timeout <= 0:
+        raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if jobs is not None and jobs < 1:
+        raise GradeError(f"--jobs must be at least 1, got {jobs}")
+
+
+def _pods(runs_from: Path | None, plan: Path | None) -> tuple[Path, Path] | None:
+    """(RUNS, PLAN) where the notebooks ran in pods of their own (labkit.grading.pods), else None."""
+    if (runs_from is None) != (plan is None):
+        raise GradeError(
+            "--runs-from and --plan go together: the pods' outputs and the plan that made their inputs"
+        )
+    return (
+        (Path(runs_from).absolute(), Path(plan).absolute())
+        if runs_from is not None and plan is not None
+        else None
+    )
+
+
+def _grade_references(
+    grader: Grader, out: Path, labs: list[catalog.Lab], chosen: list[DeviceConfig]
+) -> list[dict]:
+    """The reference solutions graded first: they must pass everything, or nothing else is worth grading."""
+    units = [Unit(REFERENCE, lab.number, c.name, lab.reference, kit=True) for lab in labs for c in chosen]
+    rows = grader.run(units, Store(out / "reference"), "reference solutions", fills_cache=True)
+    check_reference(rows, grader.labs)
+    return rows
+
+
+def _students_of_shard(subs: Submissions, part: tuple[int, int] | None) -> list[str]:
+    """The class's students, sorted; with `--shard K/N`, those of shard K alone."""
+    students = sorted(subs.students)
+    if part:
+        students = [s for s in students if shard_of(s, part[1]) == part[0]]
+    return students
+
+
+def _grade_students(
+    grader: Grader,
+    out: Path,
+    subs: Submissions,
+    students: list[str],
+    labs: list[catalog.Lab],
+    chosen: list[DeviceConfig],
+    ref_rows: list[dict],
+    handed: dict[tuple[str, int], dict],
+) -> list[dict]:
+    """Every (student, lab, configuration) graded, each row scored against what the reference scored there
+    and naming the digest of the notebook graded."""
+    expected = {(r["lab"], r["config"]): (r["total"], r["max_points"]) for r in ref_rows}
+    units = [
+        Unit(s, lab.number, c.name, subs.students[s].get(lab.number), subs.refused.get((s, lab.number), ""))
+        for s in students
+        for lab in labs
+        for c in chosen
+    ]
+    rows = grader.run(units, Store(out), f"grading {len(students)} students", expected)
+    for row in rows:
+        row["digest"] = handed.get((row["student"], row["lab"]), {}).get("digest", "")
+    return rows
 
 
 def _submissions(
@@ -526,58 +557,3 @@ def _again(named: set[str], retry: bool):
         return unit.student in named or (retry and row.get("status") in RETRIED)
 
     return again
-
-
-# ----------------------------------------------------------------------------------------
-# The student's own view: their last `make lab-N` runs, as results.
-# ----------------------------------------------------------------------------------------
-
-
-def student_results(build: Path, student: str = "you") -> dict:
-    """Results (as the class scoreboard takes them) from build/lab-N/report.json of `make lab-N`."""
-    build = Path(build)
-    rows, labs, seen = [], [], {}
-    for lab in catalog.labs():
-        path = build / lab.name / "report.json"
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        labs.append(lab)
-        outcomes = [
-            judge.Outcome(**{k: o[k] for k in judge.Outcome.__dataclass_fields__ if k in o})
-            for o in report.get("outcomes", [])
-        ]
-        for label, rec in report.get("runs", {}).items():
-            record = execute.RunRecord.from_json(rec | {"results": {}})
-            config = configs.by_name(record.config or label)
-            seen.setdefault(label, config)
-            mine = [o for o in outcomes if o.run == label]
-            rows.append(make_row(student, lab.number, label, record, mine))
-    order = list(configs.CONFIGS)
-    rows.sort(key=lambda r: (r["lab"], order.index(r["config"]) if r["config"] in order else len(order)))
-    names = sorted(seen, key=lambda n: order.index(n) if n in order else len(order))
-    return {
-        "format": FORMAT,
-        "labs": [{"number": lab.number, "name": lab.name, "title": lab.title} for lab in labs],
-        "configs": [
-            {
-                "name": n,
-                "summary": seen[n].summary if seen[n] else "",
-                "devices": seen[n].devices if seen[n] else None,
-            }
-            for n in names
-        ],
-        "students": {student: {"notes": []}} if rows else {},
-        "notes": [],
-        "rows": rows,
-        "policy": _course_policy().to_json(),
-    }
-
-
-def _course_policy() -> policy_mod.Policy:
-    """The course's policy for a student's own scoreboard; the default where the file cannot be used."""
-    try:
-        return policy_mod.load()
-    except policy_mod.PolicyError:
-        return policy_mod.Policy()

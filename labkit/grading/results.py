@@ -1,4 +1,4 @@
-"""Reading graded results (the plain data `grade` writes, or `grade.student_results` makes from a
+"""Reading graded results (the plain data `grade` writes, or `ownresults.student_results` makes from a
 student's own runs): the questions every drawing of them asks, answered once.
 """
 

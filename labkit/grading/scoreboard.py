@@ -4,7 +4,7 @@ A lab the catalog gives a leaderboard (labkit/grading/leaderboard.py) has it dra
 students by id or, where the roster says `hide`, as "anonymous".
 
 Everything here is a pure function of the results (the plain data `grade` produces, or
-`grade.student_results` makes from a student's own `make lab-N` runs): the same results
+`ownresults.student_results` makes from a student's own `make lab-N` runs): the same results
 always give the same files, byte for byte, which is what lets `merge` put the shards of a
 class back together into exactly the scoreboard a single run would have written.
 

@@ -20,7 +20,7 @@ import pytest
 from notebook_variants import LAB_3_PUBLIC_TESTS
 
 from labkit.course import catalog
-from labkit.grading import failrates, grade, markdown, pages, scoreboard, spread
+from labkit.grading import failrates, markdown, ownresults, pages, scoreboard, spread
 from labkit.grading import merge as merging
 from labkit.grading import results as results_mod
 
@@ -418,7 +418,7 @@ def test_make_scoreboard_draws_the_students_own_runs_with_the_class_scoreboards_
     assert done.returncode == 0, done.stdout + done.stderr
     n = LAB_3_PUBLIC_TESTS
     assert f"{n}/{n}" in done.stdout and "cpu-1" in done.stdout
-    mine = grade.student_results(build)
+    mine = ownresults.student_results(build)
     assert (build / "scoreboard" / "you.html").read_text() == pages.feedback_html(mine, "you")
     assert not (build / "scoreboard" / "scoreboard.html").exists()  # the class page is the TA's
     assert scoreboard.to_csv(mine).splitlines()[1] == f"you,3,cpu-1,{n},{n},ok,{n},{n},,bubblewrap"
@@ -429,7 +429,7 @@ def test_make_scoreboard_writes_the_students_own_page_not_the_class_page(results
 
     student = scoreboard.students_of(results)[0]
     mine = results | {"rows": [r for r in results["rows"] if r["student"] == student]}
-    monkeypatch.setattr(grade, "student_results", lambda build: mine)
+    monkeypatch.setattr(ownresults, "student_results", lambda build: mine)
     assert cli.main(["scoreboard", "--build", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert not (tmp_path / "out" / "scoreboard.html").exists()  # the class page, with its similarity list
     assert (tmp_path / "out" / "you.html").read_text() == pages.feedback_html(mine, student)
