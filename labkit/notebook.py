@@ -34,11 +34,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from labkit import envnames
 from labkit.course import catalog
 from labkit.run import allowance, modes, sandbox
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
-RUN_MARKER = "LABKIT_RUN"
+RUN_MARKER = envnames.RUN
 MARKS = {"passed": "✓", "failed": "✗", "todo": "…", "error": "!", "timeout": "!", "skipped": "skip"}
 # How many CPU devices an interactive kernel gets when nothing else says.
 INTERACTIVE_DEVICES = 8
@@ -152,7 +153,7 @@ def run_elsewhere(
     from labkit.course import configs
 
     config = configs.CONFIGS[config_name]
-    env = config.environment() | {"LABKIT_CHECK_REPLAY": config.name}
+    env = config.environment() | {envnames.CHECK_REPLAY: config.name}
     limits = limits or allowance.Limits(isolation=modes.AUTO)
     start = replay_folder(folder)
     scratch = Path(tempfile.mkdtemp(prefix="labkit-check-"))
@@ -211,7 +212,7 @@ class Checker:
 
     def __call__(self, exercise: str, namespace: dict | None = None, configs=CHECK_CONFIGS):
         """Run `exercise`'s public tests on each of `configs` (None: in this kernel, on its devices)."""
-        if os.environ.get(RUN_MARKER) or os.environ.get("LABKIT_CHECK_REPLAY"):
+        if os.environ.get(RUN_MARKER) or os.environ.get(envnames.CHECK_REPLAY):
             print(f"(`make {self.lab.name}` checks {exercise} on every device configuration)")
             return None
         from labkit.course.configs import DeviceConfig
