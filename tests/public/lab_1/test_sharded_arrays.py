@@ -1,4 +1,6 @@
-"""Lab 1, public tests: placing arrays with a Mesh, a PartitionSpec and a NamedSharding, and reading shards."""
+"""Lab 1, public tests: placing arrays with a Mesh, a PartitionSpec and a NamedSharding, and reading shards.
+
+shard_rows is a goal (whole rows, one block a device), not a recipe: any mesh and spec that reach it pass."""
 
 import numpy as np
 
@@ -86,22 +88,8 @@ def test_shard_rows_keeps_the_values(got):
 
 @check(got=call("shard_rows", M))
 def test_shard_rows_splits_the_rows_across_every_device(got, run):
+    # the goal, whatever mesh and spec reach it: n blocks of whole rows, one on each device
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
-
-
-@check(got=call("shard_rows", M))
-def test_shard_rows_uses_a_named_sharding_over_data(got, run):
-    sh = got.sharding
-    if (
-        sh is None
-        or sh.type != "NamedSharding"
-        or sh.mesh != {"data": run.device_count}
-        or sh.spec[:1] != ("data",)
-    ):
-        raise Mismatch(
-            f"expected NamedSharding(mesh={{'data': {run.device_count}}}, spec=P('data', None)), got "
-            f"{sh.describe() if sh else 'a plain value'}"
-        )
 
 
 # -- replicate -----------------------------------------------------------------------------
