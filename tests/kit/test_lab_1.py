@@ -83,13 +83,19 @@ ROWS_OVER_A_GRID = (
 )
 
 
-def test_rows_cut_over_both_axes_of_a_grid_pass_on_one_device_and_on_eight(kit, lab_outcomes, variant):
+def test_rows_cut_over_both_axes_of_a_grid_pass_on_1_8_and_32_devices(kit, lab_outcomes, variant):
     assert ROWS_OVER_A_GRID[0] in reference_code(), "the replacement finds nothing: the reference changed"
     done = kit(
-        "lab", "1", "--notebook", str(variant(1, ROWS_OVER_A_GRID)), "--configs", "cpu-1,cpu-8", "--hidden"
+        "lab",
+        "1",
+        "--notebook",
+        str(variant(1, ROWS_OVER_A_GRID)),
+        "--configs",
+        "cpu-1,cpu-8,cpu-32",
+        "--hidden",
     )
     by_config = lab_outcomes(1)
-    for config in ("cpu-1", "cpu-8"):
+    for config in ("cpu-1", "cpu-8", "cpu-32"):
         assert {o["status"] for o in by_config[config].values()} == {"passed"}, by_config[config]
     assert done.returncode == 0, done.stdout + done.stderr
 
