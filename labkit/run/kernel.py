@@ -188,8 +188,8 @@ def papermill_run(
             watchdog.cancel()
             done.set()
             disk.join()
+            _LIVE_KERNELS.discard(km)  # before it ends: a peer's stop never signals a process that is gone
             km.end()
-            _LIVE_KERNELS.discard(km)
     if not ran.disk:  # once more, now that nothing of the run is left: what it wrote after the last measure
         _measure_disk(workdir, limits.disk, ran)
     if ran.disk:
