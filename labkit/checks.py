@@ -99,6 +99,7 @@ __all__ = [
     "expect_steps_within",
     "expect_work_share",
     "expect_work_split",
+    "judged_on_tpu_only",
     "placed",
     "public_tests",
     "sent_per_device",
@@ -169,9 +170,25 @@ class Shaped:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
-# How a test at a production size says it was skipped on a configuration with no TPU compiler: the
-# tests of the kit and the reports tell such a skip from any other by it.
-PRODUCTION_SIZE_SKIP = "a production size, judged by the TPU compiler alone"
+# How a test that only the TPU compiler's program can judge says it was skipped on a configuration that
+# compiles for no TPU (a production size, or a design XLA:CPU compiles the same as another): the tests of the
+# kit and the reports tell such a skip from any other by it.
+TPU_ONLY_SKIP = "judged by the TPU compiler alone"
+PRODUCTION_SIZE_SKIP = f"a production size, {TPU_ONLY_SKIP}"
+
+
+def judged_on_tpu_only(run: LabRun, why: str) -> None:
+    """Skip the test on a configuration that compiles for no TPU, saying `why` its CPU program cannot tell.
+
+    For a check on the compiled program where XLA:CPU writes two designs alike (a reduce-scatter as an
+    all-reduce and a slice); the compile-only TPU configurations (v5e-8, ...) judge the TPU program."""
+    if not run.config.compile_for:
+        import pytest
+
+        pytest.skip(
+            f"{TPU_ONLY_SKIP}, as {why}: it runs on the compile-only TPU configurations "
+            f"(CONFIGS=v5e-8, v5e-256, ...), not on {run.config.name}"
+        )
 
 
 def _has_shapes_only(value) -> bool:

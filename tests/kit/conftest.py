@@ -67,12 +67,13 @@ def lab_report(build, kit_runs):
 
 
 def tpu_only_skip(outcome: dict) -> bool:
-    """A test at a production size, skipped on a configuration that is not a compile-only TPU one (where alone
-    the TPU compiler judges it): left out of `lab_outcomes`, as a test that does not run there."""
+    """A test only the TPU compiler judges (a production size, a design XLA:CPU writes like another), skipped on
+    a configuration that is not a compile-only TPU one: left out of `lab_outcomes`, as a test that does not run
+    there."""
     config = configs.CONFIGS.get(outcome["config"])
     return (
         outcome["status"] == "skipped"
-        and checks.PRODUCTION_SIZE_SKIP in str(outcome.get("message"))
+        and checks.TPU_ONLY_SKIP in str(outcome.get("message"))
         and not (config and config.compile_for)
     )
 

@@ -1,7 +1,10 @@
 """Lab 12 through the real pipeline: mistakes of sharding in types that are right on one device, and
 on eight the hidden tests name each one."""
 
+import importlib.util
 import json
+
+import pytest
 
 from labkit.course import catalog
 
@@ -63,3 +66,31 @@ def test_the_reference_passes_on_two_processes_of_four_devices(kit, lab_outcomes
     assert done.returncode == 0, done.stdout + done.stderr
     outcomes = lab_outcomes(12)["cpu-2x4"]
     assert outcomes and all(o["status"] == "passed" for o in outcomes.values()), outcomes
+
+
+# The product made whole on every device and then cut to rows: its layout is right, and XLA:CPU compiles it as
+# it compiles the reference (one all-reduce), so only the TPU program names it.
+WHOLE_THEN_ROWS = (
+    'return jnp.matmul(a, b, out_sharding=NamedSharding(mesh, P("data", None)))',
+    'return jax.reshard(jnp.matmul(a, b, out_sharding=NamedSharding(mesh, P())), NamedSharding(mesh, P("data", None)))',
+)
+SENDS_LESS = "test_contract_to_rows_sends_less_than_an_all_reduce_of_the_product"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed: make setup EXTRAS=tpu"
+)
+def test_the_product_made_whole_then_cut_passes_on_cpu_8_and_is_named_on_v5e_8(kit, lab_outcomes, variant):
+    done = kit(
+        "lab", "12", "--notebook", str(variant(12, WHOLE_THEN_ROWS)), "--configs", "cpu-8,v5e-8", "--hidden"
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_config = lab_outcomes(12)
+    assert SENDS_LESS not in by_config["cpu-8"]  # skipped there: XLA:CPU writes both designs alike
+    assert all(o["status"] == "passed" for o in by_config["cpu-8"].values()), by_config["cpu-8"]
+    failed = {t: o for t, o in by_config["v5e-8"].items() if o["status"] != "passed"}
+    assert list(failed) == [SENDS_LESS], failed
+    message = failed[SENDS_LESS]["message"]
+    assert "an all-reduce of the whole product" in message and "out_sharding=P('data', None)" in message, (
+        message
+    )
