@@ -183,12 +183,16 @@ def judged_on_tpu_only(run: LabRun, why: str) -> None:
     For a check on the compiled program where XLA:CPU writes two designs alike (a reduce-scatter as an
     all-reduce and a slice); the compile-only TPU configurations (v5e-8, ...) judge the TPU program."""
     if not run.config.compile_for:
-        import pytest
+        _skip_off_tpu(f"{TPU_ONLY_SKIP}, as {why}", run.config)
 
-        pytest.skip(
-            f"{TPU_ONLY_SKIP}, as {why}: it runs on the compile-only TPU configurations "
-            f"(CONFIGS=v5e-8, v5e-256, ...), not on {run.config.name}"
-        )
+
+def _skip_off_tpu(what: str, config: DeviceConfig) -> None:
+    """Skip a test only the TPU compiler judges, on `config` (which compiles for no TPU), saying where it runs."""
+    import pytest
+
+    pytest.skip(
+        f"{what}: it runs on the compile-only TPU configurations (CONFIGS=v5e-8, v5e-256, ...), not on {config.name}"
+    )
 
 
 def _has_shapes_only(value) -> bool:
@@ -420,12 +424,7 @@ def check(*, points: float = 1, **calls: Call):
         @functools.wraps(body)
         def test(lab_run: LabRun):
             if compile_only and not lab_run.config.compile_for:
-                import pytest
-
-                pytest.skip(
-                    f"{PRODUCTION_SIZE_SKIP}: it runs on the compile-only TPU configurations "
-                    f"(CONFIGS=v5e-8, v5e-256, ...), not on {lab_run.config.name}"
-                )
+                _skip_off_tpu(PRODUCTION_SIZE_SKIP, lab_run.config)
             values = {name: lab_run.value(c) for name, c in calls.items()}
             if "run" in wants:
                 values["run"] = lab_run
