@@ -8,8 +8,10 @@ from labkit.checks import (
     check,
     compiled_call,
     expect_close,
+    expect_input_split,
     expect_jitted,
     expect_split_across,
+    expect_work_split,
     placed,
 )
 
@@ -77,8 +79,9 @@ def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
 def test_follow_data_does_its_work_inside_jit(got):
     expect_jitted(
         got,
-        hint="The exercise is about jit: compute 2 * sin(x) + 1 in a function decorated with @jax.jit, "
-        "defined once outside follow_data, call it on x, and let the compiler follow the data",
+        hint="The exercise is about compiled programs: compute 2 * sin(x) + 1 in a function decorated with "
+        "@jax.jit (or a jitted shard_map), defined once outside follow_data, call it on x, and let the "
+        "compiler follow the data",
     )
 
 
@@ -93,6 +96,22 @@ def test_column_sums_are_the_sums_of_each_column(got):
 @check(got=call("column_sums", TILES))
 def test_column_sums_come_back_partially_replicated(got, run):
     expect_partially_replicated(got, run.device_count)
+
+
+SUM_ON_ONE_DEVICE = (
+    "Tile x over grid_mesh() (P('rows', 'cols')) before the sum, so that each device adds up only the "
+    "numbers of its own tile and the compiler adds the partial sums down each grid column. A sum of the "
+    "whole matrix placed in pieces afterwards has the right layout, but the work was not split"
+)
+
+
+@check(got=compiled_call("column_sums", TILES))
+def test_column_sums_are_added_up_where_the_tiles_are(got, run):
+    """The layout alone does not show where the sum ran: one device adding up everything, its result then
+    placed partially replicated, passes the value and layout tests. The compiled program's work does."""
+    n = run.device_count
+    expect_work_split(got, TILES.size, n, what="the sum of the whole matrix", hint=SUM_ON_ONE_DEVICE)
+    expect_input_split(got, 0, n, name="x", hint=SUM_ON_ONE_DEVICE)
 
 
 # -- column_sums_split ---------------------------------------------------------------------
