@@ -163,11 +163,9 @@ def run_elsewhere(
         with open(scratch / "replay.log", "wb") as log:
             proc = sandbox.launch(
                 [sys.executable, "-c", _REPLAY, str(spec), str(out)],
-                scratch,
-                env,
-                limits,
-                log=log,
-                extra_ro=(start,) if start else (),
+                sandbox.RunContext(
+                    scratch, env, log, limits, reach=sandbox.Reach(read=(start,) if start else ())
+                ),
             )
             try:
                 proc.wait(timeout=timeout)

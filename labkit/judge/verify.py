@@ -450,13 +450,14 @@ def _launch(
             cache_ro, cache_rw = cache.binds() if cache is not None else ((), ())
             proc = sandbox.launch(
                 [sys.executable, "-m", "labkit.judge.verify", out],
-                folder,
-                env,
-                limits,
-                log=log,
-                stdin=job,
-                extra_ro=cache_ro,
-                extra_rw=cache_rw,
+                sandbox.RunContext(
+                    folder,
+                    env,
+                    log,
+                    limits or sandbox.DEFAULT_LIMITS,
+                    stdin=job,
+                    reach=sandbox.Reach(cache_ro, cache_rw),
+                ),
             )
         try:
             code = proc.wait(timeout=float(timeout))

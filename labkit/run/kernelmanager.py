@@ -49,14 +49,14 @@ def launch(
         limits = dataclasses.replace(limits, network=True)
     return sandbox.launch(
         cmd,
-        cwd,
-        env,
-        limits,
-        log=log,
-        stdin=(key + "\n").encode() if key else None,
-        join=join,
-        extra_ro=extra_ro,
-        extra_rw=extra_rw,
+        sandbox.RunContext(
+            cwd,
+            env,
+            log,
+            limits,
+            stdin=(key + "\n").encode() if key else None,
+            reach=sandbox.Reach(read=extra_ro, write=extra_rw, join=join),
+        ),
     )
 
 

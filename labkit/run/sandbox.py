@@ -1,6 +1,6 @@
 """Isolation and limits for a notebook run: a student's notebook is untrusted code.
 
-`launch(cmd, workdir, env, limits, log=...)` starts one process of a run and returns a
+`launch(cmd, RunContext(workdir, env, log, limits))` starts one process of a run and returns a
 `Sandboxed` handle (a `subprocess.Popen` look-alike). Every process the kit starts for a
 notebook goes through it, whatever the configuration.
 
@@ -51,8 +51,9 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from labkit import envnames
 from labkit.machine import accelerators
@@ -219,79 +220,93 @@ def descendants(pid: int) -> list[int]:
     return processes.descendants(pid)
 
 
-def launch(
-    cmd: list[str],
-    workdir: Path,
-    env: dict[str, str],
-    limits: Limits | None = None,
-    *,
-    log,
-    stdin: bytes | None = None,
-    extra_ro: tuple[str | Path, ...] = (),
-    join: dict[str, str] | None = None,
-    extra_rw: tuple[str | Path, ...] = (),
-    as_user: int | None = None,
-    cgroups: bool = True,
-    new_sessions: bool = False,
-) -> Sandboxed:
-    """Start `cmd` in `workdir` under `limits`, in a sandbox where one can be made; its output goes to `log`.
+@dataclass(frozen=True)
+class Reach:
+    """What a run may reach beyond its own folder: more folders to read (`read`) or write (`write`), and another
+    run's private network to join instead of a new one (`join`, from `network_of`: the processes of a
+    multi-process run reach each other there, and nothing else)."""
 
-    `env` is the run's intended environment (the configuration's); it is reduced to what a run
-    needs (`mounts.run_environment`). `stdin`, when given, is written to the process's standard input,
-    which is then closed (how a run's private key reaches it without touching the disk).
-    `extra_ro` names more folders the run may read. `join` (from `network_of`) puts the sandbox
-    in another run's private network instead of a new one: the processes of a multi-process run
-    reach each other there, and nothing else.
+    read: tuple[str | Path, ...] = ()
+    write: tuple[str | Path, ...] = ()
+    join: dict[str, str] | None = None
 
-    A warm server (`labkit.run.warm`) is launched with `extra_rw` (the grading output, where its runs'
-    scratch folders are), `as_user` (a kit running as root starts it as that unprivileged user, so
-    that its bubblewrap makes a user namespace its runs can nest theirs in), no cgroups of its
-    own (each of its runs gets the run's), and `new_sessions`: it may start sessions, as its runs are
-    forked in sessions of their own, and each run's init applies the filter that `sessions` makes (`warmserver._init`).
 
-    Every other launch's processes may not start a session of their own (`labkit.run.sessions`): bwrap applies
-    the filter (`--seccomp`), or, without a sandbox, the first step does.
+@dataclass(frozen=True)
+class ServerStart:
+    """How a warm server (`labkit.run.warm`) starts, unlike a run: as `user` where the kit is root (so that its
+    bubblewrap makes a user namespace its runs can nest theirs in; None: as the kit's own user), with no
+    cgroups of its own (each of its runs gets the run's), and free to start sessions, as its runs are forked
+    in sessions of their own and each run's init applies the filter that `sessions` makes (`warmserver._init`)."""
+
+    user: int | None = None
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One process of a run, all that `launch` needs to start it besides its command.
+
+    `env` is the run's intended environment (the configuration's); it is reduced to what a run needs
+    (`mounts.run_environment`). `log`: where the process's output goes, cut at `limits.output` bytes.
+    `stdin`, when given, is written to the process's standard input, which is then closed (how a run's
+    private key reaches it without touching the disk). `server`: the warm server's own start; every
+    other launch's processes may not start a session of their own (`labkit.run.sessions`)."""
+
+    workdir: Path
+    env: dict[str, str]
+    log: BinaryIO
+    limits: Limits = DEFAULT_LIMITS
+    stdin: bytes | None = None
+    reach: Reach = field(default_factory=Reach)
+    server: ServerStart | None = None
+
+
+def launch(cmd: list[str], run: RunContext) -> Sandboxed:
+    """Start `cmd` as one process of `run`, in a sandbox where one can be made, under the run's limits.
+
+    bwrap applies the session filter (`--seccomp`), or, without a sandbox, the first step does; a warm
+    server (`run.server`) is the one launch exempt from it.
     """
-    limits = limits or DEFAULT_LIMITS
+    limits, reach = run.limits, run.reach
     # a network of the sandbox's own (none, or the one joined) has only a loopback: the host name says so
-    hostname = mounts.PRIVATE_HOSTNAME if join or not limits.network else None
-    if join:
+    hostname = mounts.PRIVATE_HOSTNAME if reach.join or not limits.network else None
+    if reach.join:
         limits = replace(limits, network=True)  # bwrap keeps the network it starts in: the one joined
-    workdir = Path(workdir)
+    workdir = Path(run.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     kind, reason = modes.isolation(limits.isolation)
     program = modes.bubblewrap()[0] if kind == modes.BUBBLEWRAP else None
     token = uuid.uuid4().hex
-    run_env = mounts.run_environment(env, workdir, sandboxed=kind == modes.BUBBLEWRAP) | {
+    run_env = mounts.run_environment(run.env, workdir, sandboxed=kind == modes.BUBBLEWRAP) | {
         envnames.RUN_TOKEN: token
     }
     cmd = list(cmd)
     if Path(cmd[0]).name.startswith("python") and "-P" not in cmd[1:2]:
         cmd.insert(1, "-P")  # a module the notebook left in its scratch folder never shadows the kit's
-    drivers = accelerators.driver_library_folders(env)
+    drivers = accelerators.driver_library_folders(run.env)
     if drivers:  # the NVIDIA driver's libcuda, where it is not in a system folder
-        extra_ro = (*extra_ro, *drivers)
+        reach = replace(reach, read=(*reach.read, *drivers))
         run_env["LD_LIBRARY_PATH"] = ":".join(drivers)
-    cgroups = cgroup.make_cgroups(limits) if cgroups else []
-    held = not new_sessions and sessions.available()
+    cgroups = cgroup.make_cgroups(limits) if run.server is None else []
+    held = run.server is None and sessions.available()
     seccomp = sessions.pipe() if held and kind == modes.BUBBLEWRAP else None
-    rlimits = run_rlimits(env, limits)
+    rlimits = run_rlimits(run.env, limits)
     counted = cgroup.counts_processes(cgroups)
+    as_user = run.server.user if run.server is not None else None
     if as_user is not None:
         counted = True  # the server's own processes: its runs are counted in their cgroups
         run_env |= {"USER": "labkit", "LOGNAME": "labkit"}
     inner = _inner_command(
-        kind, program, cmd, workdir, limits, extra_ro, extra_rw, hostname, seccomp, rlimits, run_env, counted
+        kind, program, cmd, workdir, limits, reach, hostname, seccomp, rlimits, run_env, counted
     )
     spec = json.dumps(
         {"rlimits": rlimits, "cgroups": [str(g / "cgroup.procs") for g in cgroups]}
-        | ({"join": join} if join and kind == modes.BUBBLEWRAP else {})
+        | ({"join": reach.join} if reach.join and kind == modes.BUBBLEWRAP else {})
         | ({"sessions": "hold"} if held and kind != modes.BUBBLEWRAP else {})
-        | (_server_reach(as_user, workdir, extra_ro, extra_rw) if as_user is not None else {})
+        | (_server_reach(as_user, workdir, reach) if as_user is not None else {})
     )
     # -P: the scratch folder (the current directory) is never on the path of the kit's own processes
     full = [sys.executable, "-P", "-m", "labkit.run.firststep", spec, *inner]
-    popen, drain = _start(full, workdir, run_env, stdin, seccomp, log, limits.output)
+    popen, drain = _start(full, workdir, run_env, run.stdin, seccomp, run.log, limits.output)
     return Sandboxed(popen, kind, reason, cgroups, drain, limits, token, cgroup.share_of(cgroups, held))
 
 
@@ -301,8 +316,7 @@ def _inner_command(
     cmd: list[str],
     workdir: Path,
     limits: Limits,
-    extra_ro: tuple,
-    extra_rw: tuple,
+    reach: Reach,
     hostname: str | None,
     seccomp: int | None,
     rlimits: dict,
@@ -332,7 +346,7 @@ def _inner_command(
             [sys.executable, "-P", "-m", "labkit.run.firststep", first, *cmd],
             workdir,
             limits,
-            (*extra_ro, Path(__file__).resolve().parents[1]),
+            (*reach.read, Path(__file__).resolve().parents[1]),
             user=user,
             hostname=hostname,
             seccomp=seccomp,
@@ -344,18 +358,18 @@ def _inner_command(
     if kind != modes.BUBBLEWRAP:
         return cmd
     return mounts.bwrap_command(
-        program, cmd, workdir, limits, extra_ro, extra_rw=extra_rw, hostname=hostname, seccomp=seccomp
+        program, cmd, workdir, limits, reach.read, extra_rw=reach.write, hostname=hostname, seccomp=seccomp
     )
 
 
-def _server_reach(as_user: int, workdir: Path, extra_ro: tuple, extra_rw: tuple) -> dict:
+def _server_reach(as_user: int, workdir: Path, reach: Reach) -> dict:
     """A warm server's first step: the user it becomes, and the folders that user must be able to reach."""
     return {
         "user": as_user,
         "reach": [
-            *mounts.visible(extra_ro),
+            *mounts.visible(reach.read),
             str(workdir.resolve()),
-            *(str(Path(p).resolve()) for p in extra_rw),
+            *(str(Path(p).resolve()) for p in reach.write),
         ],
     }
 

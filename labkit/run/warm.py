@@ -207,14 +207,14 @@ class Server:
         )
         self.process = sandbox.launch(
             [sys.executable, "-m", "labkit.run.warmserver", json.dumps(spec)],
-            self.folder,
-            self.env,
-            server_limits,
-            log=self._log,
-            extra_rw=(*self.roots, *self.shared),
-            as_user=self.user,
-            cgroups=False,
-            new_sessions=True,
+            sandbox.RunContext(
+                self.folder,
+                self.env,
+                self._log,
+                server_limits,
+                reach=sandbox.Reach(write=(*self.roots, *self.shared)),
+                server=sandbox.ServerStart(self.user),
+            ),
         )
         self._began = time.monotonic()
         return True

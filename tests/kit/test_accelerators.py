@@ -72,7 +72,8 @@ def _limits_of_a_run(tmp_path, env: dict) -> str:
     )
     with open(log_path, "wb") as log:
         proc = sandbox.launch(
-            [sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"], **env}, log=log
+            [sys.executable, "-c", code],
+            sandbox.RunContext(tmp_path / "work", {"PATH": os.environ["PATH"], **env}, log),
         )
         try:
             proc.wait(timeout=60)
@@ -121,9 +122,11 @@ def test_a_sandboxed_gpu_run_sees_the_driver_folder_on_its_library_path(gpu_host
     with open(log_path, "wb") as log:
         proc = sandbox.launch(
             [sys.executable, "-c", code],
-            tmp_path / "work",
-            {"PATH": os.environ["PATH"], "JAX_PLATFORMS": "cuda", "LD_LIBRARY_PATH": str(driver)},
-            log=log,
+            sandbox.RunContext(
+                tmp_path / "work",
+                {"PATH": os.environ["PATH"], "JAX_PLATFORMS": "cuda", "LD_LIBRARY_PATH": str(driver)},
+                log,
+            ),
         )
         try:
             proc.wait(timeout=60)

@@ -131,10 +131,7 @@ def test_a_run_launched_without_root_lives_in_a_cpu_weighted_cgroup_of_its_own(t
     log = io.BytesIO()
     run = sandbox.launch(
         [sys.executable, "-c", "import time; time.sleep(3)"],
-        tmp_path / "work",
-        {},
-        allowance.Limits(processes=50),
-        log=log,
+        sandbox.RunContext(tmp_path / "work", {}, log, allowance.Limits(processes=50)),
     )
     try:
         (group,) = run.cgroups

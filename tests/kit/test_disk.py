@@ -132,7 +132,9 @@ def test_the_scratch_folder_is_kept_when_asked_even_after_the_disk_stopped_the_r
 def _in_sandbox(source: str, tmp_path: Path, limits: allowance.Limits) -> tuple[int, str]:
     """(exit status, output) of `python -c source` launched as a run's process is."""
     log = io.BytesIO()
-    run = sandbox.launch([sys.executable, "-c", source], tmp_path / "work", {}, limits, log=log)
+    run = sandbox.launch(
+        [sys.executable, "-c", source], sandbox.RunContext(tmp_path / "work", {}, log, limits)
+    )
     return run.wait(timeout=60), log.getvalue().decode(errors="replace")
 
 

@@ -69,7 +69,8 @@ def _launch(folder: Path, code: str, limits: Limits) -> tuple[sandbox.Sandboxed,
     log = folder / "log"
     out = open(log, "wb")  # noqa: SIM115 - closed by the run's end (`_end`)
     run = sandbox.launch(
-        [sys.executable, "-c", code], folder / "work", {"PATH": os.environ["PATH"]}, limits, log=out
+        [sys.executable, "-c", code],
+        sandbox.RunContext(folder / "work", {"PATH": os.environ["PATH"]}, out, limits),
     )
     run.log_file = out
     return run, log

@@ -224,10 +224,9 @@ def test_a_system_bwrap_that_works_is_used_before_the_bundled_one(tmp_path, fres
     with open(log, "wb") as out:
         proc = sandbox.launch(
             [sys.executable, "-c", "print('inside')"],
-            tmp_path / "work",
-            dict(os.environ),
-            allowance.Limits(isolation=modes.SANDBOX),
-            log=out,
+            sandbox.RunContext(
+                tmp_path / "work", dict(os.environ), out, allowance.Limits(isolation=modes.SANDBOX)
+            ),
         )
         proc.wait(timeout=60)
     assert proc.isolation == modes.BUBBLEWRAP and "inside" in log.read_text()
@@ -270,10 +269,7 @@ def test_a_run_that_requires_a_sandbox_is_never_started_without_one(tmp_path, fr
     with open(tmp_path / "log", "wb") as log, pytest.raises(modes.SandboxUnavailable):
         sandbox.launch(
             [sys.executable, "-c", f"open({str(started)!r}, 'w')"],
-            tmp_path / "work",
-            {},
-            allowance.Limits(isolation=modes.SANDBOX),
-            log=log,
+            sandbox.RunContext(tmp_path / "work", {}, log, allowance.Limits(isolation=modes.SANDBOX)),
         )
     assert not started.exists()
 
@@ -282,10 +278,7 @@ def test_limits_only_asked_for_by_name_makes_no_sandbox(tmp_path, fresh):
     with open(tmp_path / "log", "wb") as log:
         proc = sandbox.launch(
             [sys.executable, "-c", "pass"],
-            tmp_path / "work",
-            {},
-            allowance.Limits(isolation=modes.LIMITS_ONLY),
-            log=log,
+            sandbox.RunContext(tmp_path / "work", {}, log, allowance.Limits(isolation=modes.LIMITS_ONLY)),
         )
         proc.wait(timeout=60)
     assert proc.isolation == modes.LIMITS_ONLY

@@ -502,7 +502,8 @@ def _launch(tmp_path, code: str, limits: Limits = allowance.DEFAULT_LIMITS, time
     log_path = tmp_path / "log"
     with open(log_path, "wb") as log:
         proc = sandbox.launch(
-            [sys.executable, "-c", code], tmp_path / "work", {"PATH": os.environ["PATH"]}, limits, log=log
+            [sys.executable, "-c", code],
+            sandbox.RunContext(tmp_path / "work", {"PATH": os.environ["PATH"]}, log, limits),
         )
         try:
             proc.wait(timeout=timeout)
