@@ -89,11 +89,11 @@ def _grade(args) -> int:
     from labkit.grading import grade, scoreboard
 
     try:
-        results = grade.grade(
+        request = grade.Request(
             args.submissions,
             args.out,
             labs=args.labs,
-            config_names=args.configs,
+            configs=args.configs,
             jobs=args.jobs,
             timeout=args.timeout,
             shard=args.shard,
@@ -105,6 +105,7 @@ def _grade(args) -> int:
             retry=args.retry,
             **_grading_inputs(args),
         )
+        results = grade.grade(request)
     except KeyboardInterrupt:
         raise Stop(
             ExitCode.INTERRUPTED,

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from labkit.course import catalog
@@ -178,80 +179,73 @@ def _with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
             subs.notes[student] = ["no submission: nothing was handed in for this student"]
 
 
-def grade(
-    submissions: Path,
-    out: Path,
-    *,
-    labs: str | None = None,
-    config_names: str | None = None,
-    jobs: int | None = None,
-    timeout: float = execute.DEFAULT_TIMEOUT,
-    shard: str | None = None,
-    limits: Limits | None = None,
-    stream=None,
-    terminal: bool | None = None,
-    roster: Path | None = None,
-    policy: Path | None = None,
-    overrides: Path | None = None,
-    extensions: Path | None = None,
-    adjustments: Path | None = None,
-    start: str = "warm",
-    runs_from: Path | None = None,
-    plan: Path | None = None,
-    inputs: dict[str, Path | None] | None = None,
-    course: Path | None = None,
-    forget: str = "",
-    change_policy: bool = False,
-    students: str | None = None,
-    retry: bool = False,
-) -> dict:
-    """Grade the class in `submissions` into `out`; the results (also written as the scoreboard).
+@dataclass(frozen=True)
+class Request:
+    """What a grading run is asked to do: `grade`'s one argument, each field one flag of `labkit grade`.
 
-    The TA's inputs (`roster`, `policy`, `overrides`, `extensions`, `adjustments`, and any other of
-    `course.INPUTS`, by name in `inputs`) are kept in the course's state (`course`, default OUT/course:
-    labkit/grading/course.py): one left out is the kept one. All are checked before anything is graded.
-    `students`: ids graded again whatever was kept for them; `retry`: units whose kept row is an error or a
-    timeout graded again.
+    `inputs`: the TA's inputs by name (`course.INPUTS`: roster, policy, overrides, extensions, adjustments
+    and the rest), kept in the course's state (`course`, default OUT/course: labkit/grading/course.py): one
+    left out (None) is the kept one. `students`: ids graded again whatever was kept for them; `retry`: units
+    whose kept row is an error or a timeout graded again. `runs_from` and `plan`: where the notebooks ran in
+    pods of their own (labkit.grading.pods)."""
+
+    submissions: Path
+    out: Path
+    labs: str | None = None
+    configs: str | None = None
+    jobs: int | None = None
+    timeout: float = execute.DEFAULT_TIMEOUT
+    shard: str | None = None
+    limits: Limits | None = None
+    start: str = "warm"
+    runs_from: Path | None = None
+    plan: Path | None = None
+    inputs: Mapping[str, Path | None] = field(default_factory=dict)
+    course: Path | None = None
+    forget: str = ""
+    change_policy: bool = False
+    students: str | None = None
+    retry: bool = False
+
+
+def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dict:
+    """Grade the class in `request.submissions` into `request.out`; the results (also written as the scoreboard).
+
+    The TA's inputs are all checked before anything is graded. Progress goes to `stream` (standard error),
+    drawn as a live table where `terminal` says so (None: where `stream` is one).
     """
     stream = stream or sys.stderr
     # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
     # are all named by path, and a relative one (`make grade`'s default OUT=scoreboard) means nothing there.
-    submissions, out = Path(submissions).absolute(), Path(out).absolute()
-    _check_request(submissions, timeout, jobs)
-    part = parse_shard(shard)
-    chosen_labs, chosen = choose_labs(labs), choose_configs(config_names)
-    given = {
-        "roster": roster,
-        "policy": policy,
-        "overrides": overrides,
-        "extensions": extensions,
-        "adjustments": adjustments,
-    }
-    given.update({name: path for name, path in (inputs or {}).items() if path is not None})
-    state, context = _course_state(out, course, given, forget, change_policy)
+    submissions, out = Path(request.submissions).absolute(), Path(request.out).absolute()
+    _check_request(submissions, request.timeout, request.jobs)
+    part = parse_shard(request.shard)
+    chosen_labs, chosen = choose_labs(request.labs), choose_configs(request.configs)
+    given = {name: path for name, path in request.inputs.items() if path is not None}
+    state, context = _course_state(out, request.course, given, request.forget, request.change_policy)
     grading, people = state.values.get("policy") or policy_mod.Policy(), state.values.get("roster")
     provisional = _provisional(grading, [c.name for c in chosen])
-    limits = limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
+    limits = request.limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
     check_isolation(limits, stream)
     grader = Grader(
         out,
         chosen_labs,
         chosen,
-        jobs=jobs or default_jobs(),
-        timeout=timeout,
+        jobs=request.jobs or default_jobs(),
+        timeout=request.timeout,
         limits=limits,
         stream=stream,
         terminal=terminal,
-        warm=start != "cold",
-        pods=_pods(runs_from, plan),
+        warm=request.start != "cold",
+        pods=_pods(request.runs_from, request.plan),
     )
     grader.stop = stop = StopRequest()
     try:
         subs, times = _submissions(
             submissions, out, people, stream
         )  # an LMS download is checked before any run
-        named = _class_checked(state, context, subs, students, stream)
-        grader.again = _again(named, retry)
+        named = _class_checked(state, context, subs, request.students, stream)
+        grader.again = _again(named, request.retry)
         if people is not None:
             roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
         ref_rows = _grade_references(grader, out, chosen_labs, chosen)

@@ -554,7 +554,8 @@ def test_a_stop_that_comes_while_the_scoreboard_is_written_leaves_it_whole_and_e
     before = signal.signal(signal.SIGTERM, killed)
     try:
         with pytest.raises(KeyboardInterrupt):
-            grade.grade(graded[0], out, labs="3", config_names="cpu-1,cpu-8", jobs=1, stream=io.StringIO())
+            request = grade.Request(graded[0], out, labs="3", configs="cpu-1,cpu-8", jobs=1)
+            grade.grade(request, stream=io.StringIO())
         assert signal.getsignal(signal.SIGTERM) is killed  # the kit's handler does not outlive the run
     finally:
         signal.signal(signal.SIGTERM, before)

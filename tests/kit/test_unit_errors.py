@@ -63,19 +63,10 @@ def index_of(units: list[dict], student: str, kit: bool = False) -> int:
 
 
 def grade_pods(subs: Path, out: Path, runs: Path, plan: Path, stream=None) -> dict:
-    return grade.grade(
-        subs,
-        out,
-        labs="3",
-        config_names="cpu-1",
-        jobs=1,
-        limits=LIMITS,
-        stream=stream or io.StringIO(),
-        terminal=False,
-        start="cold",
-        runs_from=runs,
-        plan=plan,
+    request = grade.Request(
+        subs, out, labs="3", configs="cpu-1", jobs=1, limits=LIMITS, start="cold", runs_from=runs, plan=plan
     )
+    return grade.grade(request, stream=stream or io.StringIO(), terminal=False)
 
 
 def scoreboard_rows(out: Path) -> dict[str, dict]:
@@ -187,17 +178,8 @@ def test_a_student_named_reference_is_graded_on_their_own_notebook_locally(tmp_p
     )
     assert "a student's own notebook" in (subs / "reference/lab-3.ipynb").read_text()
     out = tmp_path / "out"
-    results = grade.grade(
-        subs,
-        out,
-        labs="3",
-        config_names="cpu-1",
-        jobs=1,
-        limits=LIMITS,
-        stream=io.StringIO(),
-        terminal=False,
-        start="cold",
-    )
+    request = grade.Request(subs, out, labs="3", configs="cpu-1", jobs=1, limits=LIMITS, start="cold")
+    results = grade.grade(request, stream=io.StringIO(), terminal=False)
     assert row_of(results, "reference")["message"] == "ran the student's notebook"
     assert [r["message"] for r in references] == ["ran the kit's reference"]
     # and each is kept where the other is not read
