@@ -227,71 +227,94 @@ def _trace(fn, args, kwargs, how=None):
     there: eagerly, that call moved the data before any computation, as an input already placed would.
     An array it makes from host data is an input too, placed as the first trace made it (`_Made`).
     `how(jitted, *specs)` is what is done with the jitted program (its `trace`, unless told otherwise).
+    Returns what `how` gave, the inputs' names, and their abstract values.
     """
-    import jax
-    from jax.sharding import NamedSharding
+    return _Tracer(fn, args, kwargs, how or (lambda jitted, *specs: jitted.trace(*specs))).result()
 
-    how = how or (lambda jitted, *specs: jitted.trace(*specs))
 
-    leaves, tree = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    values = [leaf for _, leaf in leaves]
-    arrays = array_positions(values)
-    structs = []
-    for i in arrays:
-        x = values[i]
-        sharding = x.sharding if isinstance(x.sharding, NamedSharding) else None
-        structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding))
-    inputs: list = []
-    making: list = []  # the _Made of the trace under way
+class _Tracer:
+    """One call of `fn`, traced as often as it takes to see what it places and makes (see `_trace`).
 
-    def program(*traced):
-        inputs[:] = traced[: len(arrays)]
-        if making[-1].given is not None:
-            making[-1].given = list(traced[len(arrays) :])
-        filled = list(values)
-        for i, t in zip(arrays, traced):
+    Each trace runs `program`: the call with its arrays replaced by the traced inputs (`arrays` are their
+    positions among the call's leaves, `values`), those of the arrays it makes itself after them."""
+
+    def __init__(self, fn, args, kwargs, how):
+        import jax
+        from jax.sharding import NamedSharding
+
+        self.fn, self.how = fn, how
+        leaves, self.tree = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
+        self.values = [leaf for _, leaf in leaves]
+        self.arrays = array_positions(self.values)
+        self.names = [_path_name(leaves[i][0]) for i in self.arrays]
+        self.structs = []
+        for i in self.arrays:
+            x = self.values[i]
+            sharding = x.sharding if isinstance(x.sharding, NamedSharding) else None
+            self.structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding))
+        self.inputs: list = []  # the traced inputs of the last trace
+        self.making: list[_Made] = []  # the _Made of each trace, the one under way last
+
+    def program(self, *traced):
+        import jax
+
+        self.inputs[:] = traced[: len(self.arrays)]
+        if self.making[-1].given is not None:
+            self.making[-1].given = list(traced[len(self.arrays) :])
+        filled = list(self.values)
+        for i, t in zip(self.arrays, traced):
             filled[i] = t
-        a, kw = jax.tree_util.tree_unflatten(tree, filled)
-        return fn(*a, **kw)
+        a, kw = jax.tree_util.tree_unflatten(self.tree, filled)
+        return self.fn(*a, **kw)
 
-    names = [_path_name(leaves[i][0]) for i in arrays]
+    def traced_with(self, structs, made_structs=()):
+        """`how` of the program traced on `structs` (and the made arrays' `made_structs`), the inputs the
+        function placed itself by the id of their traced input, and the traced inputs."""
+        import jax
 
-    def traced_with(structs, made_structs=()):
         seen: list = []
         puts: dict = {}
-        making.append(_Made([] if made_structs else None))
+        self.making.append(_Made([] if made_structs else None))
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            with _traceable(seen, puts, making[-1]):
+            with _traceable(seen, puts, self.making[-1]):
                 try:
-                    return how(jax.jit(program), *structs, *made_structs), puts, list(inputs)
+                    return self.how(jax.jit(self.program), *structs, *made_structs), puts, list(self.inputs)
                 except Exception:
                     if not seen:
                         raise
             # The function entered a mesh with jax.set_mesh: trace it again inside that mesh.
             puts.clear()
-            making.append(_Made([] if made_structs else None))
-            with jax.set_mesh(seen[-1]), _traceable([], puts, making[-1]):
-                return how(jax.jit(program), *structs, *made_structs), puts, list(inputs)
+            self.making.append(_Made([] if made_structs else None))
+            with jax.set_mesh(seen[-1]), _traceable([], puts, self.making[-1]):
+                return self.how(jax.jit(self.program), *structs, *made_structs), puts, list(self.inputs)
 
-    first = None
-    try:
-        first = traced_with(structs)
-    except Exception:
-        if not [
-            m for m in making[-1].record if m is not None
-        ]:  # nothing made from host data: the trace failed
-            raise
-    made = [m for m in making[-1].record if m is not None]
-    # A second trace, the arrays the function made given to it as inputs.
-    traced, puts, given = traced_with(structs, made) if made else first
-    placed = [puts.get(id(t)) for t in given]
-    if any(p is not None and s.sharding is None for p, s in zip(placed, structs)):
-        structs = [
-            jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p) if p is not None and s.sharding is None else s
-            for s, p in zip(structs, placed)
-        ]
-        traced = traced_with(structs, made)[0]
-    return traced, names + [f"made[{k}]" for k in range(len(made))], structs + list(made)
+    def result(self):
+        import jax
+
+        structs = self.structs
+        first = None
+        try:
+            first = self.traced_with(structs)
+        except Exception:
+            if not self._made():  # nothing made from host data: the trace failed
+                raise
+        made = self._made()
+        # A second trace, the arrays the function made given to it as inputs.
+        traced, puts, given = self.traced_with(structs, made) if made else first
+        placed = [puts.get(id(t)) for t in given]
+        if any(p is not None and s.sharding is None for p, s in zip(placed, structs)):
+            structs = [
+                jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p)
+                if p is not None and s.sharding is None
+                else s
+                for s, p in zip(structs, placed)
+            ]
+            traced = self.traced_with(structs, made)[0]
+        return traced, self.names + [f"made[{k}]" for k in range(len(made))], structs + list(made)
+
+    def _made(self) -> list:
+        """The arrays the last trace made from host data, as abstract values."""
+        return [m for m in self.making[-1].record if m is not None]
 
 
 def _placements(shardings, structs, names) -> list[dict]:
