@@ -158,87 +158,21 @@ def run_program(call: CallSpec, blob: str, budget: list | None = None) -> dict:
     it again with each input a copy on every device (as plain JAX runs a function on the test's unplaced arrays),
     and where the copies or the two runs differ it grades device 0's copy and the row names the finding.
     """
-    import jax
-
-    from labkit import facts
-    from labkit.judge import harness, plaindata, tpucompile
+    from labkit.judge import harness, plaindata
 
     budget = budget if budget is not None else [MAX_RUN_ELEMENTS]
-    try:
-        exported = jax.export.deserialize(bytearray(base64.b64decode(blob)))
-        module = read_module(exported.mlir_module())
-    except Exception as e:  # noqa: BLE001 - whatever the bytes are, they are not a program the kit runs
-        return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
-    foreign = sorted(
-        c for c in module["targets"] if c not in ALLOWED_CUSTOM_CALLS and not ALLOWED_PATTERN.fullmatch(c)
-    )
-    if foreign:
-        return {
-            "unverified": f"its program calls code the kit does not run ({', '.join(map(repr, foreign))[:200]}): "
-            "only sharding's own and jaxlib's linear algebra are allowed"
-        }
-    args = [harness._materialise(a) for a in call.get("args", [])]
-    kwargs = {k: harness._materialise(v) for k, v in call.get("kwargs", {}).items()}
-    leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
-    positions = facts.array_positions(leaves)  # the program's inputs, in the order the export took them
-    given = [(tuple(leaves[i].shape), str(leaves[i].dtype)) for i in positions]
-    takes = [(tuple(a.shape), str(a.dtype)) for a in exported.in_avals]
-    if given != takes:
-        return {"unverified": "its exported program takes other inputs than the call gives"}
-
+    read = _Rerun.read(call, blob)
+    if not isinstance(read, _Rerun):
+        return read
     if compile_only(call):  # a production size: the TPU program's facts alone, nothing is run
-        return _compiled_only(call, exported, blob, module, args, kwargs, positions)
-
-    def program(*a, **kw):
-        now = jax.tree_util.tree_leaves((tuple(a), dict(kw)))
-        return exported.call(*[now[i] for i in positions])
-
-    tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
-
-    def attempt(shape: tuple | None, examine: bool = False, copies: bool = False):
-        placed, context, outputs = _placed(exported, [leaves[i] for i in positions], shape, copies)
-        now = list(leaves)
-        for i, leaf in zip(positions, placed):
-            now[i] = leaf
-        a, kw = jax.tree_util.tree_unflatten(tree, now)
-        with context:  # a context is entered once: the facts are read inside it, from the same placement
-            topology = tpucompile.topology() if examine else None
-            if examine and not topology:  # the program compiled once: its facts read, then it is run
-                found, compiled = facts.examine(program, a, kw)
-                return jax.block_until_ready(_relabelled(_run(compiled, program, a, kw), outputs)), found
-            value = jax.block_until_ready(_relabelled(program(*a, **kw), outputs))
-            if not examine:
-                return value, None
-            if topology:  # a compile-only TPU configuration: the TPU program's facts
-                return value, tpucompile.compiled_facts(
-                    exported,
-                    base64.b64decode(blob),
-                    topology,
-                    shape,
-                    a,
-                    kw,
-                    positions,
-                    call.get("tpu_refused"),
-                )
-
+        return _compiled_only(call, read.exported, blob, read.module, read.args, read.kwargs, read.positions)
+    exported, module = read.exported, read.module
     try:
-        *shapes, last = _mesh_shapes(exported.nr_devices)
-        used, examine = last, bool(call.get("facts"))
-        for shape in shapes:  # the test's plain inputs left to the compiler, in a mesh the program fits ...
-            try:
-                value, found = attempt(shape, examine)
-                used = shape
-                break
-            except Unverified:
-                raise
-            except Exception:  # noqa: BLE001 - ... this mesh does not fit its shardings: the next one
-                continue
-        else:
-            value, found = attempt(last, examine)  # ... or, in none, a copy on each device
+        value, found, used = read.on_a_mesh_that_fits(examine=bool(call.get("facts")))
         finding = differing(value)
         if exported.nr_devices > 1 and module["manual"] and used is not None:
             # every input a copy on each device, as plain JAX runs the function (in the mesh that fitted)
-            copied = attempt(used, copies=True)[0]
+            copied = read.attempt(used, copies=True)[0]
             where = differing(copied) or (
                 None if same_values(value, copied) else "the value changes with where its inputs are placed"
             )
@@ -259,6 +193,106 @@ def run_program(call: CallSpec, blob: str, budget: list | None = None) -> dict:
         return {"unverified": f"{e}: return only what the exercise asks for"}
     except Exception as e:  # noqa: BLE001 - the kit could not give this program its devices (see `_placed`)
         return {"unrunnable": f"{type(e).__name__}: {harness._first_line(e)[:300]}"}
+
+
+class _Rerun:
+    """A call's exported program, read and checked (`read`), and run on the call's own inputs (`attempt`).
+
+    `positions`: which of the call's leaves are the program's inputs, in the order the export took them."""
+
+    def __init__(self, call: CallSpec, blob: str, exported, module: dict, args: list, kwargs: dict):
+        import jax
+
+        from labkit import facts
+
+        self.call, self.blob, self.exported, self.module = call, blob, exported, module
+        self.args, self.kwargs = args, kwargs
+        self.leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
+        self.positions = facts.array_positions(self.leaves)
+        self.tree = jax.tree_util.tree_structure((tuple(args), dict(kwargs)))
+
+    @classmethod
+    def read(cls, call: CallSpec, blob: str) -> _Rerun | dict:
+        """The program, or {"unverified": why} for bytes that are no program, a custom call the kit does not run,
+        or inputs other than the call's."""
+        import jax
+
+        from labkit.judge import harness
+
+        try:
+            exported = jax.export.deserialize(bytearray(base64.b64decode(blob)))
+            module = read_module(exported.mlir_module())
+        except Exception as e:  # noqa: BLE001 - whatever the bytes are, they are not a program the kit runs
+            return {"unverified": f"its exported program could not be read ({type(e).__name__})"}
+        foreign = sorted(
+            c for c in module["targets"] if c not in ALLOWED_CUSTOM_CALLS and not ALLOWED_PATTERN.fullmatch(c)
+        )
+        if foreign:
+            return {
+                "unverified": f"its program calls code the kit does not run ({', '.join(map(repr, foreign))[:200]}): "
+                "only sharding's own and jaxlib's linear algebra are allowed"
+            }
+        args = [harness._materialise(a) for a in call.get("args", [])]
+        kwargs = {k: harness._materialise(v) for k, v in call.get("kwargs", {}).items()}
+        rerun = cls(call, blob, exported, module, args, kwargs)
+        given = [(tuple(rerun.leaves[i].shape), str(rerun.leaves[i].dtype)) for i in rerun.positions]
+        if given != [(tuple(a.shape), str(a.dtype)) for a in exported.in_avals]:
+            return {"unverified": "its exported program takes other inputs than the call gives"}
+        return rerun
+
+    def program(self, *a, **kw):
+        import jax
+
+        now = jax.tree_util.tree_leaves((tuple(a), dict(kw)))
+        return self.exported.call(*[now[i] for i in self.positions])
+
+    def on_a_mesh_that_fits(self, examine: bool) -> tuple:
+        """(value, facts or None, the mesh shape used): the test's plain inputs left to the compiler, in the
+        first context mesh the program's shardings fit, or, in none, a copy on each device."""
+        *shapes, last = _mesh_shapes(self.exported.nr_devices)
+        for shape in shapes:
+            try:
+                return (*self.attempt(shape, examine), shape)
+            except Unverified:
+                raise
+            except Exception:  # noqa: BLE001 - this mesh does not fit its shardings: the next one
+                continue
+        return (*self.attempt(last, examine), last)
+
+    def attempt(self, shape: tuple | None, examine: bool = False, copies: bool = False):
+        """(value, facts or None) of one run in a context mesh of `shape` (each input a copy on every device
+        where `copies`): the facts are the kit's own reading of the program compiled for this configuration."""
+        import jax
+
+        from labkit import facts
+        from labkit.judge import tpucompile
+
+        placed, context, outputs = _placed(
+            self.exported, [self.leaves[i] for i in self.positions], shape, copies
+        )
+        now = list(self.leaves)
+        for i, leaf in zip(self.positions, placed):
+            now[i] = leaf
+        a, kw = jax.tree_util.tree_unflatten(self.tree, now)
+        with context:  # a context is entered once: the facts are read inside it, from the same placement
+            topology = tpucompile.topology() if examine else None
+            if examine and not topology:  # the program compiled once: its facts read, then it is run
+                found, compiled = facts.examine(self.program, a, kw)
+                return jax.block_until_ready(_relabelled(_run(compiled, self.program, a, kw), outputs)), found
+            value = jax.block_until_ready(_relabelled(self.program(*a, **kw), outputs))
+            if not topology:
+                return value, None
+            # a compile-only TPU configuration: the TPU program's facts
+            return value, tpucompile.compiled_facts(
+                self.exported,
+                base64.b64decode(self.blob),
+                topology,
+                shape,
+                a,
+                kw,
+                self.positions,
+                self.call.get("tpu_refused"),
+            )
 
 
 def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwargs, positions) -> dict:
