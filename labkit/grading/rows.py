@@ -109,18 +109,7 @@ def make_row(
     `points` are those of the tests passed on this configuration alone, `max_points` those of the
     tests that ran here; how configurations combine into a lab's points is the policy's (labkit/grading/policy.py).
     """
-    tests: list[TestResult] = [
-        {
-            "test": o.test,
-            "exercise": o.exercise,
-            "file": o.file,
-            "hidden": bool(o.hidden),
-            "status": o.status,
-            "message": o.message,
-            "points": o.points,
-        }
-        for o in outcomes
-    ]
+    tests = [_test_result(o) for o in outcomes]
     # A test worth no points whose exercise is not written (a stretch not tried) is left out, as make lab-N does.
     counted = [
         t
@@ -158,48 +147,70 @@ def make_row(
     row["isolation"] = record.isolation  # "bubblewrap", or "limits-only" where no sandbox could be made
     row["start"] = record.start  # "warm" (forked by the warm server) or "cold" (a kernel of its own)
     row["judged_by"] = record.judged_by  # a statuses.JudgedBy (see judge.verify)
+    row.update(_verdict(record, counted, passed))
+    return row
+
+
+def _test_result(o: judge.Outcome) -> TestResult:
+    return {
+        "test": o.test,
+        "exercise": o.exercise,
+        "file": o.file,
+        "hidden": bool(o.hidden),
+        "status": o.status,
+        "message": o.message,
+        "points": o.points,
+    }
+
+
+class _Verdict(TypedDict, total=False):
+    """What `_verdict` changes in a row."""
+
+    status: str
+    message: str
+    total: int
+    passed: int
+    points: float
+    max_points: float
+
+
+def _verdict(record: execute.RunRecord, counted: list[TestResult], passed: int) -> _Verdict:
+    """What a run's status and its counted tests change in its row: the status, the message, and the counts
+    and points of a run that was skipped or did not end. Nothing for a row whose every test passed."""
     if record.status == Run.SKIPPED:
-        row.update(
-            {
-                "status": Row.SKIPPED,
-                "total": 0,
-                "passed": 0,
-                "points": 0,
-                "max_points": 0,
-                "message": record.message,
-            }
-        )
-    elif record.status in (Run.TIMEOUT, Run.ERROR):
-        row.update(
-            {
-                "status": Row(record.status),
-                "passed": 0,
-                "points": 0,
-                "message": record.message or f"the run ended with {record.status}",
-            }
-        )
-    elif not counted:
-        row.update({"status": Row.ERROR, "message": "no test ran on this configuration"})
-    elif any(t["status"] in (Verdict.ERROR, Verdict.TIMEOUT) for t in counted):
-        bad = next(t for t in counted if t["status"] in (Verdict.ERROR, Verdict.TIMEOUT))
-        row.update(
-            {
-                "status": Row.TIMEOUT if bad["status"] == Verdict.TIMEOUT else Row.ERROR,
-                "message": bad["message"],
-            }
-        )
-    elif passed < len(counted):
+        return {
+            "status": Row.SKIPPED,
+            "total": 0,
+            "passed": 0,
+            "points": 0,
+            "max_points": 0,
+            "message": record.message,
+        }
+    if record.status in (Run.TIMEOUT, Run.ERROR):
+        return {
+            "status": Row(record.status),
+            "passed": 0,
+            "points": 0,
+            "message": record.message or f"the run ended with {record.status}",
+        }
+    if not counted:
+        return {"status": Row.ERROR, "message": "no test ran on this configuration"}
+    bad = next((t for t in counted if t["status"] in (Verdict.ERROR, Verdict.TIMEOUT)), None)
+    if bad is not None:
+        return {
+            "status": Row.TIMEOUT if bad["status"] == Verdict.TIMEOUT else Row.ERROR,
+            "message": bad["message"],
+        }
+    if passed < len(counted):
         failing = [t for t in counted if t["status"] != Verdict.PASSED]
         first = next((t for t in failing if not t["hidden"]), failing[0])
         what = "not implemented yet" if first["status"] == Verdict.TODO else first["message"]
-        row.update(
-            {
-                "status": Row.FAILED,
-                "message": f"{len(failing)} of {len(counted)} tests did not pass; "
-                f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}",
-            }
-        )
-    return row
+        return {
+            "status": Row.FAILED,
+            "message": f"{len(failing)} of {len(counted)} tests did not pass; "
+            f"first: {first['test'].removeprefix('test_').replace('_', ' ')}: {what}",
+        }
+    return {}
 
 
 def unjudged_row(

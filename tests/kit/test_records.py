@@ -197,7 +197,7 @@ def test_a_malformed_verified_json_gives_no_value_and_says_the_kits_run_gave_no_
 ):
     from labkit.run import sandbox
 
-    def launch(argv, folder, env, limits, **kw):  # the verifier "ran" and wrote this
+    def launch(argv, run):  # the verifier "ran" and wrote this
         Path(argv[-1]).write_text(json.dumps(found))
         return _Done()
 
@@ -214,7 +214,7 @@ def test_a_malformed_verified_json_gives_no_value_and_says_the_kits_run_gave_no_
 def test_a_well_formed_verified_json_gives_its_value(tmp_path, monkeypatch):
     from labkit.run import sandbox
 
-    def launch(argv, folder, env, limits, **kw):
+    def launch(argv, run):
         Path(argv[-1]).write_text(
             json.dumps({"results": {"c1": {"value": VALUE, "facts": FACTS}}, "seconds": 1})
         )
@@ -243,7 +243,7 @@ def test_a_verified_json_larger_than_the_cap_is_not_loaded(tmp_path, monkeypatch
     n = records.MAX_BYTES // 4  # floats of five bytes each in JSON: 25% over the cap
     big = {"results": {"c1": {"value": VALUE | {"shape": [n], "data": [0.5] * n}}}}
 
-    def launch(argv, folder, env, limits, **kw):  # an output of six arrays of 2M floats was 256 MB of JSON
+    def launch(argv, run):  # an output of six arrays of 2M floats was 256 MB of JSON
         Path(argv[-1]).write_text(json.dumps(big))
         return _Done()
 
