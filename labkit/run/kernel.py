@@ -8,6 +8,7 @@ allowance. It returns a `KernelRun`: how the kernel ended, never what the notebo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -109,85 +110,27 @@ def papermill_run(
     the run's log are in the kit folder; the kernel works in the scratch folder (`folders`).
     """
     with _PAPERMILL_LOCK:  # the first use imports papermill and registers the engine, once
-        import papermill
-        from papermill.exceptions import PapermillExecutionError
-
         from labkit.run import papermillengine
 
         engine = papermillengine.ENGINE
-    from nbclient.exceptions import DeadKernelError
-
     workdir = folders.scratch
-    key_file = scratch.create(
-        workdir,
-        f".labkit-key-{secrets.token_hex(8)}.json",
-        json.dumps(
-            {
-                "key": key,
-                "calls": str(folders.kit / "calls.json"),
-                "results": str(workdir / "results.json"),
-                "output": limits.output,
-            }
-        ).encode(),
-    )
-    seal = ["import labkit.judge.harness", f"labkit.judge.harness.seal({str(key_file)!r})", "del labkit"]
-    if cache is not None:
-        from labkit.run import jaxcache
-
-        seal.insert(0, jaxcache.QUIET)
+    key_file = _key_file(folders, key, limits)
     ran = KernelRun()
     start = time.monotonic()
     with open(folders.kit / log_name, "wb") as log:
         from labkit.run.kernelmanager import SandboxedKernelManager
 
         km = SandboxedKernelManager(kernel_name="python3")
-        km.setup(workdir, env, limits, log, seal, network, warm, cache, readable=folders.kit)
+        km.setup(
+            workdir, env, limits, log, _seal(key_file, cache), network, warm, cache, readable=folders.kit
+        )
         _LIVE_KERNELS.add(km)
         if kernels is not None:
             kernels.append(km)
-        watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
-        watchdog.daemon = True
-        watchdog.start()
-        done = threading.Event()
-        disk = threading.Thread(
-            target=_watch_disk,
-            args=(workdir, limits.disk, ran, km.stop_kernel, done, lambda: _run_processes_of(km)),
-            name="labkit-disk",
-            daemon=True,
-        )
-        disk.start()
         try:
-            papermill.execute_notebook(
-                str(input_path),
-                str(output_path),
-                kernel_name="python3",
-                progress_bar=False,
-                km=km,
-                engine_name=engine,
-                allow_errors=True,
-                execution_timeout=max(1, int(timeout)),
-                start_timeout=max(1, int(timeout)),
-                output_limit=limits.output,
-            )
-        except PapermillExecutionError:
-            pass  # the student's cells raised; the harness cell still ran, and the errors are in the output
-        except DeadKernelError:
-            ran.died = not ran.timed_out
-        except Exception as e:  # noqa: BLE001 - whatever stopped papermill, the run reports it
-            if not ran.timed_out:
-                ran.died = km.sandboxed is not None and km.sandboxed.poll() is not None
-                ran.failure = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                if type(e).__name__ == "CellTimeoutError" and not ran.died:
-                    # the cell ended but its outputs stopped arriving: a message over the size the kit accepts
-                    ran.failure = (
-                        f"the cells' output stopped reaching the kit: a single output larger than "
-                        f"{allowance.format_size(allowance.largest_message(limits))} is refused, and the rest of the "
-                        "run with it"
-                    )
+            with _watched(km, ran, workdir, limits.disk, timeout):
+                _execute(input_path, output_path, km, engine, ran, limits, timeout)
         finally:
-            watchdog.cancel()
-            done.set()
-            disk.join()
             _LIVE_KERNELS.discard(km)  # before it ends: a peer's stop never signals a process that is gone
             km.end()
     if not ran.disk:  # once more, now that nothing of the run is left: what it wrote after the last measure
@@ -206,6 +149,95 @@ def papermill_run(
     ran.start = km.start_kind
     ran.cpu_share = km.sandboxed.cpu_share if km.sandboxed is not None else ""
     return ran
+
+
+def _key_file(folders: scratch.RunFolders, key: str, limits: Limits) -> Path:
+    """The file the harness reads its key from, in the scratch folder, made only for the kernel to read."""
+    workdir = folders.scratch
+    return scratch.create(
+        workdir,
+        f".labkit-key-{secrets.token_hex(8)}.json",
+        json.dumps(
+            {
+                "key": key,
+                "calls": str(folders.kit / "calls.json"),
+                "results": str(workdir / "results.json"),
+                "output": limits.output,
+            }
+        ).encode(),
+    )
+
+
+def _seal(key_file: Path, cache) -> list[str]:
+    """What the kernel runs before the first cell: the harness sealed with its key (and JAX's cache quiet)."""
+    seal = ["import labkit.judge.harness", f"labkit.judge.harness.seal({str(key_file)!r})", "del labkit"]
+    if cache is not None:
+        from labkit.run import jaxcache
+
+        seal.insert(0, jaxcache.QUIET)
+    return seal
+
+
+@contextlib.contextmanager
+def _watched(km, ran: KernelRun, workdir: Path, disk: int, timeout: float):
+    """While the notebook runs: its kernel stopped after `timeout` seconds (`ran.timed_out`), or as soon as
+    the scratch folder holds more than `disk` bytes (`_watch_disk`)."""
+    watchdog = threading.Timer(timeout, lambda: (setattr(ran, "timed_out", True), km.stop_kernel()))
+    watchdog.daemon = True
+    watchdog.start()
+    done = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_disk,
+        args=(workdir, disk, ran, km.stop_kernel, done, lambda: _run_processes_of(km)),
+        name="labkit-disk",
+        daemon=True,
+    )
+    watcher.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+        done.set()
+        watcher.join()
+
+
+def _execute(
+    input_path: Path, output_path: Path, km, engine: str, ran: KernelRun, limits: Limits, timeout: float
+):
+    """papermill on the kernel `km`, every cell run even after one raised; what stopped it otherwise, in `ran`."""
+    import papermill
+    from nbclient.exceptions import DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        papermill.execute_notebook(
+            str(input_path),
+            str(output_path),
+            kernel_name="python3",
+            progress_bar=False,
+            km=km,
+            engine_name=engine,
+            allow_errors=True,
+            execution_timeout=max(1, int(timeout)),
+            start_timeout=max(1, int(timeout)),
+            output_limit=limits.output,
+        )
+    except PapermillExecutionError:
+        pass  # the student's cells raised; the harness cell still ran, and the errors are in the output
+    except DeadKernelError:
+        ran.died = not ran.timed_out
+    except Exception as e:  # noqa: BLE001 - whatever stopped papermill, the run reports it
+        if ran.timed_out:
+            return
+        ran.died = km.sandboxed is not None and km.sandboxed.poll() is not None
+        ran.failure = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if type(e).__name__ == "CellTimeoutError" and not ran.died:
+            # the cell ended but its outputs stopped arriving: a message over the size the kit accepts
+            ran.failure = (
+                f"the cells' output stopped reaching the kit: a single output larger than "
+                f"{allowance.format_size(allowance.largest_message(limits))} is refused, and the rest of the "
+                "run with it"
+            )
 
 
 def end_kernels_in(folder: Path) -> None:
