@@ -382,9 +382,26 @@ def _add_cluster(sub) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    """Every command of `labkit`, each added by the function named for it (the nox sessions are tested
+    against this parser: tests/kit/test_noxfile.py)."""
     p = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    _add_lab(sub)
+    _add_course_tools(sub)
+    _add_grade(sub)
+    from labkit.grading import canvas, pods
 
+    pods.add_parser(sub)
+    canvas.add_parser(sub)
+    _add_scoreboard(sub)
+    _add_release(sub)
+    _add_gradescope(sub)
+    _add_cluster(sub)
+    return p
+
+
+def _add_lab(sub) -> None:
+    """`labkit lab N`: the student loop."""
     lab = sub.add_parser("lab", help="run one lab on each device configuration and show what passed where")
     lab.add_argument("lab", help="the lab number, e.g. 3")
     lab.add_argument("--notebook", type=Path, help="the notebook to run (default: labs/lab-N.ipynb)")
@@ -410,6 +427,9 @@ def parser() -> argparse.ArgumentParser:
     modes.add_isolation_argument(lab, modes.AUTO)
     lab.set_defaults(func=_lab)
 
+
+def _add_course_tools(sub) -> None:
+    """What the course is and what this machine can do: list, configs, isolation, doctor, student-notebooks."""
     sub.add_parser("list", help="the labs, in the order the course reads them").set_defaults(func=_list)
     sub.add_parser("configs", help="the device configurations").set_defaults(func=_configs)
     sub.add_parser(
@@ -428,6 +448,9 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--force", action="store_true", help="overwrite notebooks that were edited")
     gen.set_defaults(func=_student_notebooks)
 
+
+def _add_grade(sub) -> None:
+    """`labkit grade`: a class graded into a scoreboard (each flag one field of `grade.Request`)."""
     grd = sub.add_parser("grade", help="grade a class on every device configuration into a scoreboard (TAs)")
     grd.add_argument(
         "--submissions",
@@ -477,13 +500,10 @@ def parser() -> argparse.ArgumentParser:
     allowance.add_arguments(grd)
     modes.add_isolation_argument(grd, modes.SANDBOX)
     grd.set_defaults(func=_grade)
-    from labkit.grading import pods
 
-    pods.add_parser(sub)
-    from labkit.grading import canvas
 
-    canvas.add_parser(sub)
-
+def _add_scoreboard(sub) -> None:
+    """`labkit scoreboard`, with `merge` and `export` for TAs."""
     board = sub.add_parser("scoreboard", help="your results across labs and configurations; `merge` for TAs")
     board.add_argument(
         "--build", type=Path, default=None, help="the build folder of `make lab-N` (default build/)"
@@ -510,6 +530,9 @@ def parser() -> argparse.ArgumentParser:
         "(excused); never 0 (default %(default)s)",
     )
 
+
+def _add_release(sub) -> None:
+    """`labkit release`: the student release."""
     rel = sub.add_parser("release", help="build the student release (no solutions, no hidden tests)")
     rel.add_argument(
         "--out",
@@ -518,9 +541,6 @@ def parser() -> argparse.ArgumentParser:
         help="the release folder; OUT.tar.gz is written next to it (default build/student-release)",
     )
     rel.set_defaults(func=_release)
-    _add_gradescope(sub)
-    _add_cluster(sub)
-    return p
 
 
 def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
