@@ -86,7 +86,7 @@ def _student_notebooks(args) -> int:
 
 
 def _grade(args) -> int:
-    from labkit.grading import grade, scoreboard
+    from labkit.grading import course, grade, scoreboard
 
     try:
         request = grade.Request(
@@ -103,7 +103,7 @@ def _grade(args) -> int:
             plan=args.plan,
             students=args.students,
             retry=args.retry,
-            **_grading_inputs(args),
+            **course.request_fields(args),
         )
         results = grade.grade(request)
     except KeyboardInterrupt:
@@ -114,31 +114,6 @@ def _grade(args) -> int:
     Console().print(scoreboard.terminal(results))
     print(f"scoreboard: {args.out / 'scoreboard.csv'} (and .json, .md, .html; feedback/ for each student)")
     return ExitCode.OK
-
-
-def _grading_inputs(args) -> dict:
-    """The TA's inputs of `grade` and `slurm-grade`: the course's state (labkit/grading/course.py)."""
-    from labkit.grading import course
-
-    return {
-        "inputs": course.given_of(args),
-        "course": args.course,
-        "forget": args.forget,
-        "change_policy": args.change_policy,
-    }
-
-
-def _add_regrade_arguments(parser) -> None:
-    parser.add_argument(
-        "--students",
-        default=None,
-        help="comma-separated ids: grade these students again, whatever was kept for them",
-    )
-    parser.add_argument(
-        "--retry",
-        action="store_true",
-        help="grade again every unit whose kept result is an error or a timeout",
-    )
 
 
 def _export(args) -> int:
@@ -242,145 +217,6 @@ def _add_gradescope(sub) -> None:
     gsr.set_defaults(func=_gradescope_run)
 
 
-def _slurm_grade(args) -> int:
-    """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
-    from labkit.grading import course as course_mod
-    from labkit.grading import grade, slurm
-
-    kept = {f"--{n}" for n in course_mod.INPUTS} | {
-        "--course",
-        "--forget",
-        "--change-policy",
-        "--students",
-        "--retry",
-    }
-    passed = sorted({a.split("=")[0] for a in args.grade_args} & kept)
-    if passed:
-        raise Stop(
-            ExitCode.REFUSED,
-            f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any "
-            "job is submitted and keeps them in the course's state that every shard reads",
-        )
-    course = (args.course or args.out / "course").absolute()
-    extra = (
-        ["--course", str(course)]
-        + (["--students", args.students] if args.students else [])
-        + (["--retry"] if args.retry else [])
-    )
-    request = slurm.Request(
-        args.submissions.absolute(),
-        args.out.absolute(),
-        args.shards,
-        labs=args.labs,
-        configs=args.configs,
-        jobs=args.jobs,
-        timeout=args.timeout,
-        partition=args.partition,
-        account=args.account,
-        extra=tuple(extra + args.grade_args),
-    )
-    try:
-        slurm.check_out(request.out, args.course)
-        # the TA's inputs checked and kept before any job is submitted; every shard reads them from there
-        inputs = _grading_inputs(args) | {"course": course}
-        grade.prepare(
-            request.submissions,
-            request.out,
-            students=args.students,
-            labs=args.labs,
-            config_names=args.configs,
-            **inputs,
-        )
-        array, merge = slurm.submit(request)
-    except KeyError as e:  # a configuration or lab the course does not have, named by the key
-        raise Stop(ExitCode.REFUSED, f"error: {e}") from e
-    print(
-        f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
-        f"logs in {request.out / 'slurm'}",
-        flush=True,
-    )
-    if args.no_wait:
-        print(
-            f"follow it with: python -m labkit progress {request.out} --watch    "
-            f"(cancel: scancel {array} {merge})"
-        )
-        return ExitCode.OK
-    try:
-        return slurm.follow(request.out, array, merge, args.shards, every=args.every)
-    except KeyboardInterrupt:
-        raise Stop(
-            ExitCode.INTERRUPTED, f"stopped following; the jobs go on (scancel {array} {merge} ends them)"
-        ) from None
-
-
-def _slurm_merge(args) -> int:
-    from labkit.grading import scoreboard, slurm
-
-    try:
-        _, failed = slurm.merge(args.out, args.shards)
-    except (slurm.SlurmError, scoreboard.MergeError) as e:  # the merge job: a shard's results are missing
-        raise Stop(ExitCode.FAILED, f"error: {e}") from e
-    print(
-        f"merged {args.shards - len(failed)} of {args.shards} shards into {args.out / 'scoreboard.csv'}"
-        + (f"; not finished: shard {', '.join(map(str, failed))}" if failed else "")
-    )
-    return ExitCode.FAILED if failed else ExitCode.OK
-
-
-def _progress(args) -> int:
-    from labkit.grading import progress
-
-    if args.watch:
-        progress.watch(args.out, args.every, sys.stdout)
-    else:
-        print(progress.summary(progress.parts(args.out)))
-    return ExitCode.OK
-
-
-def _add_cluster(sub) -> None:
-    sl = sub.add_parser(
-        "slurm-grade", help="grade a class on a Slurm cluster: an array job of shards, then a merge"
-    )
-    sl.add_argument("--submissions", type=Path, default=Path("submissions"), help="default %(default)s")
-    sl.add_argument(
-        "--out", type=Path, default=Path("scoreboard"), help="default %(default)s (a shared folder)"
-    )
-    sl.add_argument("--shards", type=int, required=True, help="how many array tasks share the class")
-    sl.add_argument("--labs", default=None)
-    sl.add_argument("--configs", default=None)
-    sl.add_argument(
-        "--jobs", type=int, default=2, help="notebooks each shard runs at once: its CPUs (default 2)"
-    )
-    sl.add_argument("--timeout", type=float, default=execute.DEFAULT_TIMEOUT)
-    sl.add_argument("--partition", default=None)
-    sl.add_argument("--account", default=None)
-    sl.add_argument("--no-wait", action="store_true", help="submit and return at once")
-    sl.add_argument("--every", type=float, default=10.0, help="seconds between progress lines (default 10)")
-    from labkit.grading import course
-
-    course.add_arguments(
-        sl
-    )  # the same TA inputs as `grade`, checked here and kept in OUT/course for every shard
-    _add_regrade_arguments(sl)
-    sl.add_argument(
-        "grade_args", nargs="*", help="after --: more `grade` arguments for every shard (--roster ..)"
-    )
-    sl.set_defaults(func=_slurm_grade)
-    mg = sub.add_parser(
-        "slurm-merge", help="(the merge job) merge OUT/shards/* into OUT, naming shards that failed"
-    )
-    mg.add_argument("--out", type=Path, required=True)
-    mg.add_argument("--shards", type=int, required=True)
-    mg.set_defaults(func=_slurm_merge)
-    pr = sub.add_parser("progress", help="how far a grading run (or its shards, on any engine) has got")
-    pr.add_argument("out", type=Path, help="the grading run's --out folder")
-    pr.add_argument(
-        "--watch", action="store_true", help="print a line every few seconds until every shard is done"
-    )
-    pr.add_argument("--every", type=float, default=10.0)
-    pr.set_defaults(func=_progress)
-
-
 def parser() -> argparse.ArgumentParser:
     """Every command of `labkit`, each added by the function named for it (the nox sessions are tested
     against this parser: tests/kit/test_noxfile.py)."""
@@ -389,14 +225,14 @@ def parser() -> argparse.ArgumentParser:
     _add_lab(sub)
     _add_course_tools(sub)
     _add_grade(sub)
-    from labkit.grading import canvas, pods
+    from labkit.grading import canvas, cluster, pods
 
     pods.add_parser(sub)
     canvas.add_parser(sub)
     _add_scoreboard(sub)
     _add_release(sub)
     _add_gradescope(sub)
-    _add_cluster(sub)
+    cluster.add_parser(sub)
     return p
 
 
@@ -478,7 +314,6 @@ def _add_grade(sub) -> None:
     from labkit.grading import course
 
     course.add_arguments(grd)  # --roster, --policy, --overrides, --extensions, ...: kept in OUT/course
-    _add_regrade_arguments(grd)
     grd.add_argument(
         "--start",
         choices=("warm", "cold"),

@@ -220,7 +220,8 @@ INPUTS: dict[str, Input] = {
 
 
 def add_arguments(parser) -> None:
-    """Each input's flag, `--forget` and `--change-policy`, on a command that grades."""
+    """Each input's flag, `--forget`, `--change-policy` and `--course`, on a command that grades; then the
+    regrade's `--students` and `--retry`."""
     for entry in INPUTS.values():
         parser.add_argument(
             f"--{entry.name}",
@@ -244,6 +245,27 @@ def add_arguments(parser) -> None:
         default=None,
         help=f"where the course's state is kept (default OUT/{FOLDER}; a Slurm shard reads its run's)",
     )
+    # and the regrade's own two, which no later run keeps
+    parser.add_argument(
+        "--students",
+        default=None,
+        help="comma-separated ids: grade these students again, whatever was kept for them",
+    )
+    parser.add_argument(
+        "--retry",
+        action="store_true",
+        help="grade again every unit whose kept result is an error or a timeout",
+    )
+
+
+def request_fields(args) -> dict:
+    """The fields of a grading request (`grade.Request`) that `add_arguments`' flags (but the regrade's) give."""
+    return {
+        "inputs": given_of(args),
+        "course": args.course,
+        "forget": args.forget,
+        "change_policy": args.change_policy,
+    }
 
 
 def given_of(args) -> dict[str, Path | None]:

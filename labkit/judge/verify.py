@@ -44,6 +44,7 @@ from labkit import envnames
 from labkit.judge import program as program
 from labkit.judge import records
 from labkit.judge.callplan import CallSpec, compile_only, required, takes_host_data
+from labkit.judge.placing import Unverified, mesh_shapes, placed_inputs, relabelled
 from labkit.judge.program import (
     ALLOWED_CUSTOM_CALLS,
     ALLOWED_PATTERN,
@@ -66,75 +67,9 @@ MAX_BYTES = (
 )  # the verifier's findings, as the kit reads them: what the caps let through
 
 
-class Unverified(Exception):
-    """The call's program could not be run by the kit; the message says why, in the student's terms."""
-
-
 # ----------------------------------------------------------------------------------------
 # The verifier: a process of its own, in a sandbox, where no student code has run.
 # ----------------------------------------------------------------------------------------
-
-
-def _placed(exported, arrays: list, shape: tuple | None, copies: bool = False):
-    """(the inputs, the mesh to run in, the outputs' shardings) on the devices the program was exported for.
-
-    A program exported for n devices runs only in a context of n devices. An input the student's
-    function placed itself (or took already placed) has a sharding in the program and is placed so;
-    one it did not (the test's plain array, on the default device) is left to the compiler, in a mesh
-    of the first n devices of `shape` (a program that tiles its outputs over a 2-D mesh of its own
-    needs a 2-D one), as jit placed it in the student's call; with `shape` None, or `copies`, it is
-    copied to each (in the mesh of `shape`, whose axes the program's outputs may name).
-    """
-    import contextlib
-
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from labkit.judge.placing import Placer
-
-    n = exported.nr_devices
-    if n > jax.device_count():
-        raise Unverified(
-            f"its program was made for {n} devices and this configuration has {jax.device_count()}"
-        )
-    devices = jax.devices()[:n]
-    concrete = Placer(devices)  # the program's own sharding on this process's devices, or None
-
-    kits = concrete.kits_mesh(shape)
-    out = []
-    everywhere = NamedSharding(kits, PartitionSpec())
-    for x, sharding in zip(arrays, exported.in_shardings_jax(None), strict=True):
-        placed = concrete(sharding) or (
-            everywhere if (shape is None or copies) and len(x.sharding.device_set) != n else None
-        )
-        out.append(x if placed is None else jax.device_put(x, placed))
-    outputs = [concrete(s) for s in exported.out_shardings_jax(None)]
-    if n == 1 or shape is None:
-        context = contextlib.nullcontext()
-    else:
-        context = jax.set_mesh(concrete.first_mesh() or kits)
-    return out, context, outputs
-
-
-def _mesh_shapes(n: int) -> list:
-    """The context meshes tried, in order: one axis of n devices, then every 2-D split, then none (a copy on each)."""
-    return [(n,), *[(a, n // a) for a in range(2, n) if n % a == 0], None]
-
-
-def _relabelled(value, shardings: list):
-    """The outputs on the meshes the program names (same devices, same blocks: its axis names, not the kit's)."""
-    import jax
-
-    leaves, tree = jax.tree_util.tree_flatten(value)
-    if len(leaves) != len(shardings):
-        return value
-    return jax.tree_util.tree_unflatten(
-        tree,
-        [
-            x if s is None or not isinstance(x, jax.Array) else jax.device_put(x, s)
-            for x, s in zip(leaves, shardings)
-        ],
-    )
 
 
 def _run(compiled, program, args: tuple, kwargs: dict):
@@ -249,7 +184,7 @@ class _Rerun:
     def on_a_mesh_that_fits(self, examine: bool) -> tuple:
         """(value, facts or None, the mesh shape used): the test's plain inputs left to the compiler, in the
         first context mesh the program's shardings fit, or, in none, a copy on each device."""
-        *shapes, last = _mesh_shapes(self.exported.nr_devices)
+        *shapes, last = mesh_shapes(self.exported.nr_devices)
         for shape in shapes:
             try:
                 return (*self.attempt(shape, examine), shape)
@@ -267,7 +202,7 @@ class _Rerun:
         from labkit import facts
         from labkit.judge import tpucompile
 
-        placed, context, outputs = _placed(
+        placed, context, outputs = placed_inputs(
             self.exported, [self.leaves[i] for i in self.positions], shape, copies
         )
         now = list(self.leaves)
@@ -278,8 +213,8 @@ class _Rerun:
             topology = tpucompile.topology() if examine else None
             if examine and not topology:  # the program compiled once: its facts read, then it is run
                 found, compiled = facts.examine(self.program, a, kw)
-                return jax.block_until_ready(_relabelled(_run(compiled, self.program, a, kw), outputs)), found
-            value = jax.block_until_ready(_relabelled(self.program(*a, **kw), outputs))
+                return jax.block_until_ready(relabelled(_run(compiled, self.program, a, kw), outputs)), found
+            value = jax.block_until_ready(relabelled(self.program(*a, **kw), outputs))
             if not topology:
                 return value, None
             # a compile-only TPU configuration: the TPU program's facts
@@ -309,7 +244,7 @@ def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwar
         }
     n = exported.nr_devices
     own = [m for m in module["meshes"] if math.prod(m) == n and n > 1]  # the meshes the program names first
-    for shape in dict.fromkeys([*own, *_mesh_shapes(n)]):
+    for shape in dict.fromkeys([*own, *mesh_shapes(n)]):
         found = tpucompile.compiled_facts(
             exported,
             base64.b64decode(blob),
