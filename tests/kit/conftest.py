@@ -59,11 +59,26 @@ def lab_report(build, kit_runs):
             last = kit_runs[-1]
             pytest.fail(
                 f"no {report.name}: the kit's last command ended with exit status {last.returncode} and said\n"
-                f"{(last.stdout + last.stderr)[-3000:]}"
+                + said(last.stdout + last.stderr)
             )
         return json.loads(report.read_text())
 
     return read
+
+
+FATAL = (
+    "Fatal Python error"  # faulthandler's first line (pytest's, in the judge): the crashing thread comes next
+)
+
+
+def said(output: str, size: int = 3000) -> str:
+    """What a failed kit command said, for a test's failure: its last `size` characters, and where the process
+    crashed, faulthandler's report from its start, whose first thread is the one that crashed."""
+    tail = output[-size:]
+    at = output.find(FATAL)
+    if at < 0 or at >= len(output) - size:
+        return tail
+    return output[at : at + 2 * size] + "\n[...]\n" + tail
 
 
 def tpu_only_skip(outcome: dict) -> bool:
