@@ -44,6 +44,7 @@ import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from labkit.grading import policy
 from labkit.grading.files import write_atomic
@@ -349,22 +350,73 @@ def canvas(source: Source, roster: Roster, known_labs: list[int]) -> Collected:
 
 
 def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_name: str) -> Collected:
+    """A Gradescope export: each submission_<id>/ folder credited to the students its metadata names (every
+    member of a group), the latest version of each student's lab kept, and every file left out said why."""
+    out = Collected(layout="gradescope")
+    owners = _gradescope_owners(_gradescope_metadata(source, metadata_name), roster)
+    prefix = str(PurePosixPath(metadata_name).parent)
+    prefix = "" if prefix == "." else prefix + "/"
+    best: dict[tuple[str, int], tuple] = {}
+    for m in source.members:
+        if _skip(m.name) or m.name == metadata_name:
+            continue
+        parts = PurePosixPath(m.name.removeprefix(prefix)).parts
+        if len(parts) < 2 or parts[0] not in owners:
+            out.unmatched.append((m.name, "in no submission_<id> folder named in submission_metadata.yml"))
+            continue
+        owner = owners[parts[0]]
+        if not owner.students:
+            out.unmatched.append((m.name, owner.why))
+            continue
+        if (
+            owner.strangers
+        ):  # a group with a member the roster does not know: the others are credited, that one is not
+            plural = "s" if len(owner.strangers) > 1 else ""
+            out.unmatched.append(
+                (
+                    m.name,
+                    f"not credited to the group member{plural} ({'; '.join(owner.strangers)}) on "
+                    f"no roster line; credited to {', '.join(owner.students)}",
+                )
+            )
+        lab, resub, why = _lab_of(parts[-1], known_labs)
+        if lab is None:
+            out.unmatched.append((m.name, why))
+            continue
+        rank = (owner.created or "", resub)
+        for student in owner.students:
+            _keep_latest(best, out, (student, lab), rank, _gradescope_entry(m.name, owner, student))
+    out.files = {k: v[1] for k, v in best.items()}
+    return out
+
+
+class _Owner(NamedTuple):
+    """Whose a submission folder is: its students on the roster, why none where there are none, when it was
+    handed in, and the submitters on no roster line."""
+
+    students: list[str]
+    why: str
+    created: str | None
+    strangers: list[str]
+
+
+def _gradescope_metadata(source: Source, metadata_name: str) -> dict:
     import yaml
 
-    out = Collected(layout="gradescope")
     try:
         meta = yaml.safe_load(source.read(metadata_name))  # YAML, or JSON (which YAML reads too)
     except yaml.YAMLError as e:
         raise LmsError(f"{metadata_name}: not valid YAML or JSON ({e})") from None
     if not isinstance(meta, dict):
         raise LmsError(f"{metadata_name}: expected one entry per submission_<id> (Gradescope's export)")
-    prefix = str(PurePosixPath(metadata_name).parent)
-    prefix = "" if prefix == "." else prefix + "/"
+    return meta
+
+
+def _gradescope_owners(meta: dict, roster: Roster) -> dict[str, _Owner]:
+    """Each submission folder's owners, its submitters found on the roster by LMS id, student id or email."""
     by_sid = {**roster.by("lms_id"), **{s: s for s in roster.students}}
     by_email = {e.lower(): s for e, s in roster.by("email").items()}
-    best: dict[tuple[str, int], tuple] = {}
-    # submission folder -> (its students, why none, created_at, the submitters on no roster line)
-    owners: dict[str, tuple[list[str], str, str | None, list[str]]] = {}
+    owners: dict[str, _Owner] = {}
     for folder, entry in meta.items():
         info = entry if isinstance(entry, dict) else {}
         submitters = info.get(":submitters") or info.get("submitters") or []
@@ -385,72 +437,43 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
             if strangers
             else "no submitter in submission_metadata.yml"
         )
-        owners[str(folder)] = (
-            sorted(students),
-            why,
-            str(created) if created is not None else None,
-            strangers,
+        owners[str(folder)] = _Owner(
+            sorted(students), why, str(created) if created is not None else None, strangers
         )
-    for m in source.members:
-        if _skip(m.name) or m.name == metadata_name:
-            continue
-        rel = m.name.removeprefix(prefix)
-        parts = PurePosixPath(rel).parts
-        if len(parts) < 2 or parts[0] not in owners:
-            out.unmatched.append((m.name, "in no submission_<id> folder named in submission_metadata.yml"))
-            continue
-        students, why, created, strangers = owners[parts[0]]
-        if not students:
-            out.unmatched.append((m.name, why))
-            continue
-        if (
-            strangers
-        ):  # a group with a member the roster does not know: the others are credited, that one is not
-            plural = "s" if len(strangers) > 1 else ""
+    return owners
+
+
+def _gradescope_entry(member: str, owner: _Owner, student: str) -> dict:
+    """What is collected of one file for one of its owners (a group's note for each member of a group)."""
+    entry: dict = {
+        "member": member,
+        "late": False,
+        "submitted_at": owner.created,
+        "source": "gradescope",
+        "times": {"gradescope": owner.created} if owner.created else {},
+    }
+    if len(owner.students) > 1:
+        others = [s for s in owner.students if s != student]
+        entry["group"] = owner.students
+        entry["notes"] = [
+            f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
+            "credited with the group's submission"
+        ]
+    return entry
+
+
+def _keep_latest(best: dict, out: Collected, key: tuple[str, int], rank: tuple, entry: dict) -> None:
+    """Keep `entry` for (student, lab) if it is later than the one kept; the other one is named as earlier."""
+    student, member = key[0], entry["member"]
+    previous = best.get(key)
+    if previous is None or rank > previous[0]:
+        if previous is not None and previous[1]["member"] != member:
             out.unmatched.append(
-                (
-                    m.name,
-                    (
-                        f"not credited to the group member{plural} ({'; '.join(strangers)}) on "
-                        f"no roster line; credited to {', '.join(students)}"
-                    ),
-                )
+                (previous[1]["member"], f"an earlier version for {student}: {member} is later")
             )
-        lab, resub, why = _lab_of(parts[-1], known_labs)
-        if lab is None:
-            out.unmatched.append((m.name, why))
-            continue
-        rank = (created or "", resub)
-        for student in students:
-            entry = {
-                "member": m.name,
-                "late": False,
-                "submitted_at": created,
-                "source": "gradescope",
-                "times": {"gradescope": created} if created else {},
-            }
-            if len(students) > 1:
-                others = [s for s in students if s != student]
-                entry["group"] = students
-                entry["notes"] = [
-                    (
-                        f"handed in on Gradescope as a group with {', '.join(others)}: every member is "
-                        "credited with the group's submission"
-                    )
-                ]
-            previous = best.get((student, lab))
-            if previous is None or rank > previous[0]:
-                if previous is not None and previous[1]["member"] != m.name:
-                    out.unmatched.append(
-                        (previous[1]["member"], f"an earlier version for {student}: {m.name} is later")
-                    )
-                best[student, lab] = (rank, entry)
-            elif previous[1]["member"] != m.name:
-                out.unmatched.append(
-                    (m.name, f"an earlier version for {student}: {previous[1]['member']} is later")
-                )
-    out.files = {k: v[1] for k, v in best.items()}
-    return out
+        best[key] = (rank, entry)
+    elif previous[1]["member"] != member:
+        out.unmatched.append((member, f"an earlier version for {student}: {previous[1]['member']} is later"))
 
 
 CANVAS_MANIFEST = "canvas_submissions.json"  # written by labkit/grading/canvas.py's collect

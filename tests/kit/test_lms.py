@@ -422,6 +422,41 @@ def test_a_gradescope_export_is_matched_by_sid_or_email_with_its_submission_time
     assert tag_of(tmp_path / "into" / "bob" / "lab-3.ipynb") == "bob"
 
 
+TWO_VERSIONS_META = """\
+submission_501:
+  :submitters:
+  - :sid: '4411'
+  :created_at: 2026-03-04 09:00:00.000000000 -08:00
+submission_502:
+  :submitters:
+  - :email: Alice@u.edu
+  :created_at: 2026-03-05 09:00:00.000000000 -08:00
+submission_503:
+  :created_at: 2026-03-05 10:00:00.000000000 -08:00
+"""
+
+
+def test_of_two_gradescope_submissions_of_a_student_the_later_is_kept_and_the_earlier_named(tmp_path):
+    z = make_zip(
+        tmp_path / "gs.zip",
+        {
+            "submission_metadata.yml": TWO_VERSIONS_META,
+            "submission_502/lab-3.ipynb": nb("later"),
+            "submission_501/lab-3.ipynb": nb("earlier"),
+            "submission_503/lab-3.ipynb": nb("nobody's"),
+        },
+    )
+    found = lms.collect(z, ROSTER, tmp_path / "into", [3])
+    assert sorted(found.files) == [("alice", 3)]
+    assert found.files["alice", 3]["member"] == "submission_502/lab-3.ipynb"
+    assert tag_of(tmp_path / "into" / "alice" / "lab-3.ipynb") == "later"
+    reasons = dict(found.unmatched)
+    assert reasons["submission_501/lab-3.ipynb"] == (
+        "an earlier version for alice: submission_502/lab-3.ipynb is later"
+    )
+    assert reasons["submission_503/lab-3.ipynb"] == "no submitter in submission_metadata.yml"
+
+
 GROUP_META = """\
 submission_444:
   :submitters:
