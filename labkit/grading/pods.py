@@ -210,20 +210,9 @@ def record_of(
             "the plan has no pod for this unit: plan and grade the same class, labs and configurations"
         )
         return record
-    try:
-        ended = records.ended(
-            scratch.read(output, ENDED, 1 << 16)
-        )  # its schema, bounded (labkit.judge.records)
-    except FileNotFoundError:
-        record.message = (
-            "the unit's pod left no record of its run (it did not start, or was stopped at its "
-            "deadline or for its memory): nothing from this run is graded"
-        )
-        return record
-    except (OSError, ValueError, TypeError) as e:
-        record.message = (
-            f"the unit's pod left a record the kit does not read ({_text(str(e))}): nothing from it is graded"
-        )
+    ended = _ended_of(Path(output))
+    if isinstance(ended, str):
+        record.message = ended
         return record
     status = ended.get("status")
     if status in ("error", "skipped"):
@@ -242,37 +231,57 @@ def record_of(
     if ended.get("timed_out"):
         record.status, record.message = "timeout", f"the notebook did not finish within {timeout:g} s"
         return record
-    results = scratch.RunFolders(run).scratch
-    found = (
-        scratch.kind(results, "results.json") if scratch.kind(run, scratch.SCRATCH) == "folder" else "missing"
-    )
-    if found != "file":
-        record.message = (
-            "the notebook stopped before its functions could be called"
-            if found == "missing"
-            else f"the run's results file was replaced by a {execute.NOT_A_FILE.get(found, 'special file')}, "
-            "which the kit never opens: nothing from this run is graded"
-        )
+    read = _results_of(run)
+    if isinstance(read, str):
+        record.message = read
         return record
-    try:  # no key: the pod's kit held it beside the student's code, so a signature there proves nothing
-        record.environment, record.results = execute.read_results(results / "results.json", None)
-    except scratch.Refused as e:
-        record.message = f"the run's results could not be read: {e}"
-        return record
-    except records.Malformed as e:
-        record.message = (
-            f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
-        )
-        return record
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        record.message = f"the run's results could not be read ({type(e).__name__})"
-        return record
+    record.environment, record.results = read
     record.status = Run.OK
     env = execute.environment_of(config)
     Path(kit_folder).mkdir(parents=True, exist_ok=True)
     verify.verify(record, calls, Path(kit_folder), env, limits, timeout)
     record.judged_by = verify.judged_by(record.results)
     return record
+
+
+def _ended_of(output: Path) -> dict | str:
+    """How the pod's run ended, read against its schema (`records.ended`, bounded), or why nothing is graded."""
+    try:
+        return records.ended(scratch.read(output, ENDED, 1 << 16))
+    except FileNotFoundError:
+        return (
+            "the unit's pod left no record of its run (it did not start, or was stopped at its "
+            "deadline or for its memory): nothing from this run is graded"
+        )
+    except (OSError, ValueError, TypeError) as e:
+        return (
+            f"the unit's pod left a record the kit does not read ({_text(str(e))}): nothing from it is graded"
+        )
+
+
+def _results_of(run: Path) -> tuple[dict, dict] | str:
+    """The environment and results the pod's harness wrote, or why they are not read: a file of another kind
+    is never opened, and no key checks them (the pod's kit held it beside the student's code, so a signature
+    there proves nothing)."""
+    results = scratch.RunFolders(run).scratch
+    found = (
+        scratch.kind(results, "results.json") if scratch.kind(run, scratch.SCRATCH) == "folder" else "missing"
+    )
+    if found != "file":
+        return (
+            "the notebook stopped before its functions could be called"
+            if found == "missing"
+            else f"the run's results file was replaced by a {execute.NOT_A_FILE.get(found, 'special file')}, "
+            "which the kit never opens: nothing from this run is graded"
+        )
+    try:
+        return execute.read_results(results / "results.json", None)
+    except scratch.Refused as e:
+        return f"the run's results could not be read: {e}"
+    except records.Malformed as e:
+        return f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"the run's results could not be read ({type(e).__name__})"
 
 
 # ----------------------------------------------------------------------------------------
