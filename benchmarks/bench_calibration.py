@@ -383,14 +383,16 @@ def book_rows(chip_keys) -> list[BookRow]:
                     plain,
                 )
             )
-        # Part 3: an AllToAll over a 1-D bidirectional ring costs a quarter of an AllGather of the whole array.
+        # Part 3: an AllToAll over a 1-D bidirectional ring costs a quarter of an AllGather of the whole array:
+        # each link carries V / 4. This slice has no wraparound: on a line the middle link carries V / 4 one
+        # way, twice the ring's time.
         p = collective("all-to-all", "float32", 4 << 20)
-        formula = N * (4 << 20) / (4 * 2 * w)
+        formula = N * (4 << 20) / (4 * w)
         with_latency, plain = _card_times(p, chip)
         out.append(
             BookRow(
-                "part 3, AllToAll over 8 chips, f32, 4.0 MiB a chip: V / (4 W_bidi), V the whole array "
-                "(a ring: this slice has none)",
+                "part 3, AllToAll over 8 chips (a line), f32, 4.0 MiB a chip: the ring's V / (4 W_bidi) "
+                "twice, V / (4 W_link), V the whole array",
                 chip,
                 formula,
                 with_latency,

@@ -20,6 +20,10 @@ The ring costs, for a collective over a group of n devices (B: the bytes named b
 | all-to-all | the array exchanged | (n-1)/n B |
 | collective-permute | the array sent | B (once, to its one target) |
 
+What a device sends is its own data. On a TPU's torus an all-to-all's blocks also pass through the chips
+between source and target, so its links carry more than that: `Chip.forwarded` (about width / 4 times, the
+book's quarter of the whole array a link); its time counts them.
+
 Time on a chip: compute = FLOPs / peak (bfloat16, or float32 by the outputs' dtype: at JAX's default
 precision, one bfloat16 pass on a TPU and TensorFloat-32 on an H100, unless "highest" is asked for);
 memory = bytes held / HBM bandwidth (each byte read or written once: a lower bound); communication =
@@ -100,6 +104,19 @@ class Chip:
         """Bytes per second one chip sends into a ring collective over `width` chips: a smaller ring than the
         torus wraps around is a line, whose end chips receive through one link only."""
         return self.send_bandwidth / 2 if 1 < width < self.wraparound_from else self.send_bandwidth
+
+    def forwarded(self, op: str, width: int) -> float:
+        """How many times over the links of a ring of `width` chips carry what each chip sends itself for `op`.
+
+        On a torus (a ring, or a line under `wraparound_from`) an all-to-all's blocks pass through the chips
+        between their source and their target: a chip's links carry others' blocks on their way as well as its
+        own, floor(width^2 / 4) / (width - 1) times its own in all (the book "How to Scale Your Model", part 3:
+        on a ring each link carries a quarter of the whole array; on a line the middle link carries as much one
+        way). Every other ring collective passes each byte over one link; a switch (`wraparound_from` 0, an
+        H100's NVLink) takes every block straight to its target."""
+        if op != "all-to-all" or width <= 2 or not self.wraparound_from:
+            return 1.0
+        return (width * width // 4) / (width - 1)
 
     def hops(self, op: str, width: int) -> int:
         """The hops one collective `op` over `width` chips makes one after another, each at `hop_latency` at the
@@ -223,8 +240,9 @@ class Card:
             groups = self.widths.get(op) or {str(self.devices): b}  # an older kit's card: no group is wider
             for w, part in groups.items():
                 rate = chip.link_bandwidth if op == "collective-permute" else chip.ring_bandwidth(int(w))
+                seconds = part * chip.forwarded(op, int(w)) / rate
                 hops = self.collectives.get(op, {}).get(w, 0) * chip.hops(op, int(w)) * chip.hop_latency
-                wire, floor, network = wire + part / rate, floor + hops, network + max(part / rate, hops)
+                wire, floor, network = wire + seconds, floor + hops, network + max(seconds, hops)
         return Timing(
             chip.key,
             self.flops / peak,

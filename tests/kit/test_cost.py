@@ -325,6 +325,40 @@ def test_a_collective_permute_is_timed_on_the_one_link_it_sends_over_not_a_rings
     assert gathered.timing(CHIPS["v5e"]).communication == pytest.approx(15 / 16 * (1 << 20) / 100e9)
 
 
+def _all_to_all(width: int, block_bytes: int) -> cost.Card:
+    return cost.card(
+        _facts(
+            devices=width,
+            collectives=[
+                {"op": "all-to-all", "shape": f"f32[{block_bytes // 4}]{{0}}", "groups": [list(range(width))]}
+            ],
+        )
+    )
+
+
+BOOK_LINK_V5E = 4.5e10  # the book's one ICI link one way on a v5e (part 2); W_bidi is twice it
+
+
+def test_an_all_to_all_on_a_torus_is_timed_with_the_blocks_each_chip_passes_on():
+    v5e, h100 = CHIPS["v5e"], CHIPS["h100"]
+    block = 4 << 20
+    # The book, part 3: on a ring each link carries a quarter of the whole array V, so T = V / (4 W_bidi).
+    ring = _all_to_all(16, block)
+    assert ring.sent == {"all-to-all": pytest.approx(15 / 16 * block)}  # what a device sends: its own blocks
+    book = 16 * block / (4 * 2 * BOOK_LINK_V5E)
+    assert ring.timing(v5e).communication / book == pytest.approx(0.9)  # chips.toml's 50 GB/s against 45
+    # On a line (a slice under 16 chips: no wraparound) the middle link carries V / 4 one way: twice the ring's.
+    line = _all_to_all(8, block)
+    assert line.timing(v5e).communication / (8 * block / (4 * BOOK_LINK_V5E)) == pytest.approx(0.9)
+    assert v5e.forwarded("all-to-all", 8) == pytest.approx(16 / 7) and v5e.forwarded("all-to-all", 2) == 1
+    # Without the blocks passed on, the card would time it at under half of that.
+    assert line.timing(v5e).communication == pytest.approx(16 / 7 * 7 / 8 * block / 50e9)
+    # Nothing else is passed on, and an H100's switch takes every block straight to its target.
+    assert v5e.forwarded("all-gather", 16) == v5e.forwarded("reduce-scatter", 8) == 1
+    assert h100.forwarded("all-to-all", 8) == 1
+    assert line.timing(h100).communication == pytest.approx(7 / 8 * block / h100.ring_bandwidth(8))
+
+
 # ----------------------------------------------------------------------------------------
 # Latency: a collective takes at least its hops' time, whatever it carries (the book "How to Scale Your
 # Model", part 3: about a microsecond a hop over an ICI link; chips.toml's `hop_latency`).
