@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import zmq
@@ -197,13 +198,50 @@ class SandboxedKernelManager(AsyncKernelManager):
         self.stop_kernel()
         if self.sandboxed is not None:
             self.sandboxed.wait()
-        for kc in self.clients:
-            with contextlib.suppress(Exception):
-                kc.stop_channels()
-        self.client_context.destroy(linger=0)
+        stopped = [stop_channels(kc) for kc in self.clients]
+        if all(stopped):
+            self.client_context.destroy(linger=0)
+        else:  # left to the process's exit: closing a socket that a thread still uses can crash the process
+            self.run_log.write(
+                b"labkit: a channel of the kernel's client did not stop; its sockets stay open\n"
+            )
         with contextlib.suppress(Exception):
             self._close_control_socket()
         self.context.destroy(linger=0)
         shutil.rmtree(
             self.link_dir, ignore_errors=True
         )  # the kit's own folder (the link in it is not followed)
+
+
+CHANNELS = ("_shell_channel", "_iopub_channel", "_stdin_channel", "_control_channel", "_hb_channel")
+
+
+def stop_channels(kc) -> bool:
+    """Stop each channel of the client `kc` on its own, and say whether none is left running.
+
+    jupyter_client's `stop_channels` stops them in turn, so one that raises would leave the heartbeat's
+    thread running; destroying the context under a socket that thread still uses is not thread-safe in zmq
+    (a use after free, a crash of the whole process, not an exception). Only when this says so is the
+    client's context destroyed. Channels never made are not made now (the client's properties would)."""
+    running = False
+    for name in CHANNELS:
+        channel = getattr(kc, name, None)
+        if channel is None:
+            continue
+        if isinstance(channel, threading.Thread):
+            _until_begun(channel)
+        with contextlib.suppress(Exception):
+            if channel.is_alive():
+                channel.stop()
+        with contextlib.suppress(Exception):
+            running = running or (isinstance(channel, threading.Thread) and channel.is_alive())
+    return not running
+
+
+def _until_begun(channel: threading.Thread, wait: float = 5.0) -> None:
+    """Wait (a moment) until the heartbeat's thread has begun its loop. jupyter_client's heartbeat sets
+    `_running` when its loop begins: asked to stop before that (a kernel that died at its start), it sets it
+    again and never ends, making a new socket every turn until zmq has none left to give."""
+    deadline = time.monotonic() + wait
+    while getattr(channel, "_running", True) is False and channel.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)

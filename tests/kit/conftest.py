@@ -195,6 +195,7 @@ FAST_MODULES = frozenset(
         "test_envnames.py",
         "test_noxfile.py",
         "test_exitcodes.py",
+        "test_kernel_client.py",
     }
 )
 
