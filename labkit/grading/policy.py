@@ -314,6 +314,38 @@ def _with_test_overrides(rows: dict[str, dict], changes: dict[str, str]) -> dict
     return out
 
 
+@dataclass
+class _TAInputs:
+    """What a TA changed, by (student, lab): tests overridden, points set, each override's comment, adjustments
+    and rubric items (by lab), and extensions (by student, then lab)."""
+
+    test_changes: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
+    set_points: dict[tuple[str, int], dict] = field(default_factory=dict)
+    comments: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    adjusted: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
+    items: dict = field(default_factory=dict)
+    extensions: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, results: dict) -> _TAInputs:
+        from labkit.grading import adjustments
+
+        inputs = cls(
+            items=adjustments.items_of(results.get("adjustments", [])),
+            extensions=results.get("extensions", {}),
+        )
+        for o in results.get("overrides", []):
+            key = (o["student"], o["lab"])
+            if "test" in o:
+                inputs.test_changes.setdefault(key, {})[o["test"]] = o["status"]
+            else:
+                inputs.set_points[key] = o
+            inputs.comments.setdefault(key, []).append(o.get("comment") or "overridden")
+        for a in results.get("adjustments", []):
+            inputs.adjusted.setdefault((a["student"], a["lab"]), []).append(a)
+        return inputs
+
+
 def grades(results: dict) -> dict:
     """Each student's points per lab and total, under the policy the results carry, and the rule that made them.
 
@@ -325,28 +357,12 @@ def grades(results: dict) -> dict:
     (labkit/grading/adjustments.py) add theirs. Overridden, adjusted and late labs say so, and each
     lab names the source of its submission time.
     """
-    from labkit.grading import adjustments, deadlines
-
     policy = Policy.from_json(results.get("policy"))
     config_names = [c["name"] for c in results.get("configs", [])]
     rows: dict[tuple[str, int], dict[str, dict]] = {}
     for r in results.get("rows", []):
         rows.setdefault((r["student"], r["lab"]), {})[r["config"]] = r
-    test_changes: dict[tuple[str, int], dict[str, str]] = {}
-    set_points: dict[tuple[str, int], dict] = {}
-    for o in results.get("overrides", []):
-        if "test" in o:
-            test_changes.setdefault((o["student"], o["lab"]), {})[o["test"]] = o["status"]
-        else:
-            set_points[o["student"], o["lab"]] = o
-    comments: dict[tuple[str, int], list[str]] = {}
-    for o in results.get("overrides", []):
-        comments.setdefault((o["student"], o["lab"]), []).append(o.get("comment") or "overridden")
-    adjusted: dict[tuple[str, int], list[dict]] = {}
-    for a in results.get("adjustments", []):
-        adjusted.setdefault((a["student"], a["lab"]), []).append(a)
-    items = adjustments.items_of(results.get("adjustments", []))
-    extensions = results.get("extensions", {})
+    inputs = _TAInputs.of(results)
     provisional = results.get("provisional", "")
     out = {
         "rule": (
@@ -363,41 +379,54 @@ def grades(results: dict) -> dict:
         labs, total, possible = {}, 0.0, 0.0
         handed = results["students"][student].get("submissions", {})
         for lab in results.get("labs", []):
-            number, key = lab["number"], (student, lab["number"])
-            mine = _with_test_overrides(rows.get(key, {}), test_changes.get(key, {}))
-            tests = lab.get("tests") or lab_tests(list(mine.values())).get(number, {})
-            earned, most = lab_points(policy, tests, mine)
-            statuses = {r["status"] for r in mine.values()}
-            status = "missing" if not mine or statuses == {"missing"} else "graded"
-            entry: dict = {
-                "points": earned,
-                "max_points": most,
-                "weight": _num(policy.weight(number)),
-                "status": status,
-            }
-            charged = deadlines.charge(
-                handed.get(str(number)),
-                policy.due.get(number),
-                policy.late,
-                extensions.get(student, {}).get(str(number), 0),
-            )
-            entry.update(charged)
-            if charged.get("late_days"):
-                entry.update(
-                    points=_num(earned * (1 - charged["late_penalty"])),
-                    late_penalty=_num(charged["late_penalty"]),
-                )
-            if key in set_points:
-                entry["points"] = _num(set_points[key]["points"])
-            if key in comments:
-                entry["overridden"] = "; ".join(comments[key])
-            if key in adjusted or number in items:
-                entry.update(
-                    adjustments.applied(entry["points"], most, adjusted.get(key, []), items.get(number, {}))
-                )
-                entry["points"], most = _num(entry["points"]), _num(entry["max_points"])
-            labs[str(number)] = entry
-            total += policy.weight(number) * entry["points"]
-            possible += policy.weight(number) * most
+            entry, most = _lab_entry(policy, lab, student, rows, inputs, handed.get(str(lab["number"])))
+            labs[str(lab["number"])] = entry
+            total += policy.weight(lab["number"]) * entry["points"]
+            possible += policy.weight(lab["number"]) * most
         out["students"][student] = {"labs": labs, "points": _num(total), "max_points": _num(possible)}
     return out
+
+
+def _lab_entry(
+    policy: Policy, lab: dict, student: str, rows: dict, inputs: _TAInputs, handed
+) -> tuple[dict, float]:
+    """One student's entry for one lab, and the points it could have earned (`grades` says in which order the
+    TA's inputs apply)."""
+    from labkit.grading import adjustments, deadlines
+
+    number, key = lab["number"], (student, lab["number"])
+    mine = _with_test_overrides(rows.get(key, {}), inputs.test_changes.get(key, {}))
+    tests = lab.get("tests") or lab_tests(list(mine.values())).get(number, {})
+    earned, most = lab_points(policy, tests, mine)
+    statuses = {r["status"] for r in mine.values()}
+    status = "missing" if not mine or statuses == {"missing"} else "graded"
+    entry: dict = {
+        "points": earned,
+        "max_points": most,
+        "weight": _num(policy.weight(number)),
+        "status": status,
+    }
+    charged = deadlines.charge(
+        handed,
+        policy.due.get(number),
+        policy.late,
+        inputs.extensions.get(student, {}).get(str(number), 0),
+    )
+    entry.update(charged)
+    if charged.get("late_days"):
+        entry.update(
+            points=_num(earned * (1 - charged["late_penalty"])),
+            late_penalty=_num(charged["late_penalty"]),
+        )
+    if key in inputs.set_points:
+        entry["points"] = _num(inputs.set_points[key]["points"])
+    if key in inputs.comments:
+        entry["overridden"] = "; ".join(inputs.comments[key])
+    if key in inputs.adjusted or number in inputs.items:
+        entry.update(
+            adjustments.applied(
+                entry["points"], most, inputs.adjusted.get(key, []), inputs.items.get(number, {})
+            )
+        )
+        entry["points"], most = _num(entry["points"]), _num(entry["max_points"])
+    return entry, most
