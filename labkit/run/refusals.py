@@ -94,6 +94,28 @@ def apparmor_profile(program: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """What a refusal is read from: bwrap's error text (`first`, its first line) and the host's settings."""
+
+    text: str
+    first: str
+    program: str
+    proc: Path
+    container: str | None
+    privileged: bool
+    seccomp: bool  # a seccomp filter is on this process
+    refused: bool  # bwrap said it may not make a namespace
+
+    def sysctl(self, *name: str) -> str | None:
+        return _read(self.proc.joinpath("sys", *name))
+
+    @property
+    def quoted(self) -> str:
+        """bwrap's own words, where it said any, to end a message with."""
+        return f"; bwrap: {self.first}" if self.text else ""
+
+
 def diagnose(
     error: str,
     program: str = "bwrap",
@@ -102,83 +124,129 @@ def diagnose(
     root: Path = Path("/"),
     environ: dict[str, str] | None = None,
 ) -> Refusal:
-    """The cause of a refused sandbox, from bwrap's error text and the host's own settings."""
+    """The cause of a refused sandbox, from bwrap's error text and the host's own settings: the first of
+    `_CAUSES` that matches, else one that says bwrap cannot make a sandbox here."""
     text = error.strip()
-    first = (text.splitlines() or ["no message"])[0][:300]
-    sysctl = proc / "sys"
     status = _status(proc)
-    container = in_container(root, environ)
-    privileged = _privileged(status)
-    seccomp = status.get("Seccomp") == SECCOMP_FILTER
-    refused = "No permissions to create new namespace" in text or "Operation not permitted" in text
-
-    if under_gvisor(proc) or any(e in text for e in GVISOR_ERRORS):
-        return Refusal(
-            "gvisor",
-            f"this is gVisor (runsc, as GKE Sandbox runs pods), which cannot host bwrap's sandbox ({first}): its "
-            "/proc has no kernel/overflowuid, and in a user namespace it refuses to change mount propagation "
-            "(making / a slave mount) and to give the new network's loopback an address",
-            "grade on nodes without gVisor, in a container started with the kit's seccomp profile and "
-            "`systempaths=unconfined` (Kubernetes: the Job in infra/k8s on an ordinary node pool, "
-            "`procMount: Unmasked`); gVisor itself is then not the sandbox, bwrap is",
-        )
-    if "Can't mount proc" in text:
-        where = f"in this {container} container " if container else ""
-        return Refusal(
-            "docker-proc-masked",
-            f"bwrap made its namespaces but may not mount a fresh /proc {where}({first}): the container "
-            "runtime masks parts of /proc, and the kernel then refuses a new proc mount",
-            "start the container with `--security-opt systempaths=unconfined` (Docker; with the seccomp option "
-            "that lets namespaces be made), or `procMount: Unmasked` in the pod's securityContext (Kubernetes)",
-        )
-    if "must be installed setuid" in text or not (proc / "self" / "ns" / "user").exists():
-        return Refusal(
-            "no-setuid-helper",
-            f"this kernel has no user namespaces ({first}), so an unprivileged bwrap cannot work: it needs a "
-            "setuid-root helper, and the bundled bwrap is not setuid (a wheel cannot install one)",
-            "install the distribution's bubblewrap with its setuid bit (e.g. `sudo apt-get install bubblewrap`, "
-            "then `sudo chmod u+s /usr/bin/bwrap` where the package does not set it), or use a kernel built with "
-            "CONFIG_USER_NS",
-        )
-    if _read(sysctl / "user" / "max_user_namespaces") == "0":
-        return Refusal(
-            "kernel-userns-off",
-            "user namespaces are turned off in the kernel (/proc/sys/user/max_user_namespaces = 0)"
-            + (f"; bwrap: {first}" if text else ""),
-            "`sudo sysctl -w user.max_user_namespaces=15000`, and keep it with a line "
-            "`user.max_user_namespaces = 15000` in /etc/sysctl.d/90-labkit.conf; or a setuid-root system bwrap",
-        )
-    if container and (seccomp or refused) and "uid map" not in text:
-        filt = "a seccomp filter (Seccomp: 2 in /proc/self/status)" if seccomp else "the container's policy"
-        return Refusal(
-            "docker-seccomp",
-            f"this {container} container refuses new namespaces ({first}): {filt}, as Docker's default "
-            "seccomp profile does, blocks unshare/clone of namespaces",
-            "run the container with a seccomp profile that allows creating namespaces (the kit's, or "
-            "`--security-opt seccomp=unconfined`) and `--security-opt systempaths=unconfined`, as a user "
-            "other than root; or grade outside the container",
-        )
-    if not privileged and _read(sysctl / "kernel" / "unprivileged_userns_clone") == "0":
-        return Refusal(
-            "debian-userns-clone-off",
-            "unprivileged user namespaces are turned off (/proc/sys/kernel/unprivileged_userns_clone = 0)"
-            + (f"; bwrap: {first}" if text else ""),
-            "`sudo sysctl -w kernel.unprivileged_userns_clone=1`, and keep it with a line "
-            "`kernel.unprivileged_userns_clone = 1` in /etc/sysctl.d/90-labkit.conf",
-        )
-    if not privileged and _read(sysctl / "kernel" / "apparmor_restrict_unprivileged_userns") == "1":
-        return Refusal(
-            "apparmor-userns",
-            "AppArmor restricts unprivileged user namespaces (/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
-            f" = 1, Ubuntu 24.04's default) and no profile allows them to {program}"
-            + (f"; bwrap: {first}" if text else ""),
-            f"allow this bwrap alone: write /etc/apparmor.d/labkit-bwrap with `{apparmor_profile(program)!r}` "
-            "(see docs/sandbox.md, 'Isolation and limits') and run `sudo apparmor_parser -r /etc/apparmor.d/labkit-bwrap`;"
-            " or, for the whole machine, `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`",
-        )
-    where = f" (in a {container} container)" if container else ""
+    seen = _Refused(
+        text=text,
+        first=(text.splitlines() or ["no message"])[0][:300],
+        program=program,
+        proc=proc,
+        container=in_container(root, environ),
+        privileged=_privileged(status),
+        seccomp=status.get("Seccomp") == SECCOMP_FILTER,
+        refused="No permissions to create new namespace" in text or "Operation not permitted" in text,
+    )
+    for cause in _CAUSES:
+        found = cause(seen)
+        if found is not None:
+            return found
+    where = f" (in a {seen.container} container)" if seen.container else ""
     return Refusal(
         "unknown",
-        f"bwrap cannot make a sandbox here{where}: {first}",
+        f"bwrap cannot make a sandbox here{where}: {seen.first}",
         "see docs/sandbox.md, 'Isolation and limits': bwrap needs unprivileged user namespaces, or a setuid-root bwrap",
     )
+
+
+def _gvisor(seen: _Refused) -> Refusal | None:
+    if not (under_gvisor(seen.proc) or any(e in seen.text for e in GVISOR_ERRORS)):
+        return None
+    return Refusal(
+        "gvisor",
+        f"this is gVisor (runsc, as GKE Sandbox runs pods), which cannot host bwrap's sandbox ({seen.first}): its "
+        "/proc has no kernel/overflowuid, and in a user namespace it refuses to change mount propagation "
+        "(making / a slave mount) and to give the new network's loopback an address",
+        "grade on nodes without gVisor, in a container started with the kit's seccomp profile and "
+        "`systempaths=unconfined` (Kubernetes: the Job in infra/k8s on an ordinary node pool, "
+        "`procMount: Unmasked`); gVisor itself is then not the sandbox, bwrap is",
+    )
+
+
+def _proc_masked(seen: _Refused) -> Refusal | None:
+    if "Can't mount proc" not in seen.text:
+        return None
+    where = f"in this {seen.container} container " if seen.container else ""
+    return Refusal(
+        "docker-proc-masked",
+        f"bwrap made its namespaces but may not mount a fresh /proc {where}({seen.first}): the container "
+        "runtime masks parts of /proc, and the kernel then refuses a new proc mount",
+        "start the container with `--security-opt systempaths=unconfined` (Docker; with the seccomp option "
+        "that lets namespaces be made), or `procMount: Unmasked` in the pod's securityContext (Kubernetes)",
+    )
+
+
+def _no_user_namespaces(seen: _Refused) -> Refusal | None:
+    if "must be installed setuid" not in seen.text and (seen.proc / "self" / "ns" / "user").exists():
+        return None
+    return Refusal(
+        "no-setuid-helper",
+        f"this kernel has no user namespaces ({seen.first}), so an unprivileged bwrap cannot work: it needs a "
+        "setuid-root helper, and the bundled bwrap is not setuid (a wheel cannot install one)",
+        "install the distribution's bubblewrap with its setuid bit (e.g. `sudo apt-get install bubblewrap`, "
+        "then `sudo chmod u+s /usr/bin/bwrap` where the package does not set it), or use a kernel built with "
+        "CONFIG_USER_NS",
+    )
+
+
+def _user_namespaces_off(seen: _Refused) -> Refusal | None:
+    if seen.sysctl("user", "max_user_namespaces") != "0":
+        return None
+    return Refusal(
+        "kernel-userns-off",
+        "user namespaces are turned off in the kernel (/proc/sys/user/max_user_namespaces = 0)" + seen.quoted,
+        "`sudo sysctl -w user.max_user_namespaces=15000`, and keep it with a line "
+        "`user.max_user_namespaces = 15000` in /etc/sysctl.d/90-labkit.conf; or a setuid-root system bwrap",
+    )
+
+
+def _container_seccomp(seen: _Refused) -> Refusal | None:
+    if not (seen.container and (seen.seccomp or seen.refused) and "uid map" not in seen.text):
+        return None
+    filt = "a seccomp filter (Seccomp: 2 in /proc/self/status)" if seen.seccomp else "the container's policy"
+    return Refusal(
+        "docker-seccomp",
+        f"this {seen.container} container refuses new namespaces ({seen.first}): {filt}, as Docker's default "
+        "seccomp profile does, blocks unshare/clone of namespaces",
+        "run the container with a seccomp profile that allows creating namespaces (the kit's, or "
+        "`--security-opt seccomp=unconfined`) and `--security-opt systempaths=unconfined`, as a user "
+        "other than root; or grade outside the container",
+    )
+
+
+def _userns_clone_off(seen: _Refused) -> Refusal | None:
+    if seen.privileged or seen.sysctl("kernel", "unprivileged_userns_clone") != "0":
+        return None
+    return Refusal(
+        "debian-userns-clone-off",
+        "unprivileged user namespaces are turned off (/proc/sys/kernel/unprivileged_userns_clone = 0)"
+        + seen.quoted,
+        "`sudo sysctl -w kernel.unprivileged_userns_clone=1`, and keep it with a line "
+        "`kernel.unprivileged_userns_clone = 1` in /etc/sysctl.d/90-labkit.conf",
+    )
+
+
+def _apparmor(seen: _Refused) -> Refusal | None:
+    if seen.privileged or seen.sysctl("kernel", "apparmor_restrict_unprivileged_userns") != "1":
+        return None
+    return Refusal(
+        "apparmor-userns",
+        "AppArmor restricts unprivileged user namespaces (/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+        f" = 1, Ubuntu 24.04's default) and no profile allows them to {seen.program}" + seen.quoted,
+        f"allow this bwrap alone: write /etc/apparmor.d/labkit-bwrap with `{apparmor_profile(seen.program)!r}` "
+        "(see docs/sandbox.md, 'Isolation and limits') and run `sudo apparmor_parser -r /etc/apparmor.d/labkit-bwrap`;"
+        " or, for the whole machine, `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`",
+    )
+
+
+# The causes in the order they are told apart: the first that matches is the refusal's.
+_CAUSES = (
+    _gvisor,
+    _proc_masked,
+    _no_user_namespaces,
+    _user_namespaces_off,
+    _container_seccomp,
+    _userns_clone_off,
+    _apparmor,
+)
