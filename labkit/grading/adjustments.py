@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 COLUMNS = ("student", "lab", "points", "comment", "item", "max")
@@ -44,7 +45,37 @@ def _number(text: str, what: str, where: str) -> float:
 def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[dict]:
     """The adjustments, each checked against the class (students) and the labs graded."""
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
-    header = [h.strip().lower() for h in reader.fieldnames or []]
+    reader.fieldnames = _header(reader.fieldnames or [], source)
+    out: list[dict] = []
+    items: dict[tuple[int, str], tuple[float, int]] = {}  # (lab, item) -> (its max, the line that said so)
+    seen: dict[tuple, int] = {}  # (student, lab, item) -> the line that graded it
+    for line in reader:
+        n = reader.line_num
+        where = f"{source}, line {n}"
+        if None in line:
+            raise AdjustmentError(
+                f"{where}: more cells than the header has columns (put a comment with a comma "
+                "in double quotes)"
+            )
+        get = {c: (line.get(c) or "").strip() for c in COLUMNS}
+        if not any(get.values()):
+            continue
+        entry = _entry(get, where, n, students, labs)
+        if get["item"]:
+            _rubric_item(entry, get, where, n, items, seen)
+        elif get["max"]:
+            raise AdjustmentError(f"{where}: max is for a rubric item: name the item, or leave max empty")
+        elif entry["points"] == 0:
+            raise AdjustmentError(
+                f"{where}: an adjustment of 0 points changes nothing; give the points it adds or takes away"
+            )
+        out.append(entry)
+    return out
+
+
+def _header(fieldnames: Sequence[str], source: str) -> list[str]:
+    """The file's columns, lower case: every required one there, none unknown."""
+    header = [h.strip().lower() for h in fieldnames]
     missing = {"student", "lab", "points", "comment"} - set(header)
     if missing:
         raise AdjustmentError(
@@ -57,72 +88,57 @@ def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[di
             f"{source}, line 1: unknown column{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(unknown)} (expected {','.join(COLUMNS)})"
         )
-    reader.fieldnames = header
-    out: list[dict] = []
-    items: dict[tuple[int, str], tuple[float, int]] = {}
-    seen: dict[tuple, int] = {}
-    for line in reader:
-        n = reader.line_num
-        where = f"{source}, line {n}"
-        if None in line:
-            raise AdjustmentError(
-                f"{where}: more cells than the header has columns (put a comment with a comma "
-                "in double quotes)"
-            )
-        get = {c: (line.get(c) or "").strip() for c in COLUMNS}
-        if not any(get.values()):
-            continue
-        if get["student"] not in students:
-            raise AdjustmentError(f"{where}: no student {get['student']!r} in this class")
-        lab = get["lab"].removeprefix("lab-")
-        if not lab.isdigit() or int(lab) not in labs:
-            raise AdjustmentError(
-                f"{where}: no lab {get['lab']!r} graded here (labs: {', '.join(map(str, sorted(labs)))})"
-            )
-        if not get["comment"]:
-            raise AdjustmentError(
-                f"{where}: a comment is required: it is what the student reads about these points"
-            )
-        points = _number(get["points"], "points", where)
-        entry: dict = {
-            "student": get["student"],
-            "lab": int(lab),
-            "points": points,
-            "comment": get["comment"],
-            "line": n,
-        }
-        if get["item"]:
-            if not get["max"]:
-                raise AdjustmentError(
-                    f"{where}: the rubric item {get['item']!r} needs its max (the points it is worth)"
-                )
-            most = _number(get["max"], "max", where)
-            if most <= 0:
-                raise AdjustmentError(f"{where}: max must be more than 0, got {get['max']!r}")
-            key = (entry["lab"], get["item"])
-            if key in items and items[key][0] != most:
-                raise AdjustmentError(
-                    f"{where}: the rubric item {get['item']!r} of lab {lab} is worth {most:g} here "
-                    f"but {items[key][0]:g} on line {items[key][1]}"
-                )
-            items.setdefault(key, (most, n))
-            if not 0 <= points <= most:
-                raise AdjustmentError(
-                    f"{where}: points must be between 0 and the item's max {most:g}, got {get['points']!r}"
-                )
-            mark = (entry["student"], *key)
-            if mark in seen:
-                raise AdjustmentError(f"{where}: grades the same rubric item as line {seen[mark]}")
-            seen[mark] = n
-            entry.update(item=get["item"], max=most)
-        elif get["max"]:
-            raise AdjustmentError(f"{where}: max is for a rubric item: name the item, or leave max empty")
-        elif points == 0:
-            raise AdjustmentError(
-                f"{where}: an adjustment of 0 points changes nothing; give the points it adds or takes away"
-            )
-        out.append(entry)
-    return out
+    return header
+
+
+def _entry(get: dict[str, str], where: str, n: int, students: set[str], labs: set[int]) -> dict:
+    """One line's student, lab, points and comment, each checked."""
+    if get["student"] not in students:
+        raise AdjustmentError(f"{where}: no student {get['student']!r} in this class")
+    lab = get["lab"].removeprefix("lab-")
+    if not lab.isdigit() or int(lab) not in labs:
+        raise AdjustmentError(
+            f"{where}: no lab {get['lab']!r} graded here (labs: {', '.join(map(str, sorted(labs)))})"
+        )
+    if not get["comment"]:
+        raise AdjustmentError(
+            f"{where}: a comment is required: it is what the student reads about these points"
+        )
+    return {
+        "student": get["student"],
+        "lab": int(lab),
+        "points": _number(get["points"], "points", where),
+        "comment": get["comment"],
+        "line": n,
+    }
+
+
+def _rubric_item(entry: dict, get: dict[str, str], where: str, n: int, items: dict, seen: dict) -> None:
+    """Make `entry` a rubric item's grade: its max the same on every line that names the item, its points
+    within it, and one grade per student and item (`items` and `seen` hold what earlier lines said)."""
+    if not get["max"]:
+        raise AdjustmentError(
+            f"{where}: the rubric item {get['item']!r} needs its max (the points it is worth)"
+        )
+    most = _number(get["max"], "max", where)
+    if most <= 0:
+        raise AdjustmentError(f"{where}: max must be more than 0, got {get['max']!r}")
+    key = (entry["lab"], get["item"])
+    if key in items and items[key][0] != most:
+        raise AdjustmentError(
+            f"{where}: the rubric item {get['item']!r} of lab {entry['lab']} is worth {most:g} here "
+            f"but {items[key][0]:g} on line {items[key][1]}"
+        )
+    items.setdefault(key, (most, n))
+    if not 0 <= entry["points"] <= most:
+        raise AdjustmentError(
+            f"{where}: points must be between 0 and the item's max {most:g}, got {get['points']!r}"
+        )
+    mark = (entry["student"], *key)
+    if mark in seen:
+        raise AdjustmentError(f"{where}: grades the same rubric item as line {seen[mark]}")
+    seen[mark] = n
+    entry.update(item=get["item"], max=most)
 
 
 def load(path: Path, students: set[str], labs: set[int]) -> list[dict]:
