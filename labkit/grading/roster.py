@@ -69,22 +69,9 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
         raise RosterError(f"{source}: empty; it needs a header line with a `student` column") from None
     except csv.Error as e:
         raise RosterError(f"{source}, line 1: not CSV ({e})") from None
-    header = [h.strip().lower() for h in header]
-    canvas = all(h in header for h in CANVAS_HEADER)
-    if "student" not in header:
-        raise RosterError(
-            f"{source}, line 1: the header has no `student` column (it has: {', '.join(header)}); "
-            f"expected columns {', '.join(COLUMNS)} (only `student` is required)"
-        )
-    dupes = sorted({h for h in header if header.count(h) > 1 and h})
-    if dupes and not canvas:  # two Canvas assignments may share a title; only the first columns are read
-        raise RosterError(
-            f"{source}, line 1: the column{'s' if len(dupes) > 1 else ''} "
-            f"{', '.join(dupes)} appear{'' if len(dupes) > 1 else 's'} twice"
-        )
+    header, canvas = _header(header, source)
     roster = Roster(source=source)
-    first_line: dict[str, int] = {}
-    taken: dict[tuple[str, str], int] = {}
+    seen = _Seen()
     try:
         for values in reader:
             line = reader.line_num
@@ -101,44 +88,69 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
                     continue
             else:
                 info = {h: v.strip() for h, v in zip(header, values) if h}
-            sid = info.pop("student")
-            if not sid:
-                raise RosterError(f"{source}, line {line}: the student id is empty")
-            if sid in (".", "..") or "/" in sid or "\\" in sid or sid.startswith("."):
-                raise RosterError(
-                    f"{source}, line {line}: {sid!r} cannot be a student id (it is used as a folder name)"
-                )
-            if sid in first_line:
-                raise RosterError(
-                    f"{source}, line {line}: the student id {sid!r} is already on line {first_line[sid]}"
-                )
-            for column in ("lms_id", "email"):
-                value = info.get(column, "")
-                if value and (column, value) in taken:
-                    raise RosterError(
-                        f"{source}, line {line}: {column} {value!r} is already on line {taken[column, value]}"
-                    )
-                if value:
-                    taken[column, value] = line
-            if info.get("leaderboard", "").lower() not in LEADERBOARD_CHOICES:
-                raise RosterError(
-                    f"{source}, line {line}: leaderboard {info['leaderboard']!r} is neither `hide` "
-                    "(shown as anonymous on the class leaderboards) nor `show` (or empty: shown by id)"
-                )
-            info["leaderboard"] = info.get("leaderboard", "").lower()
-            first_line[sid] = line
-            roster.students[sid] = {c: info.get(c, "") for c in COLUMNS[1:5]}
-            if info[
-                "leaderboard"
-            ]:  # only where the line says, so that a roster without the column reads as before
-                roster.students[sid]["leaderboard"] = info["leaderboard"]
-            if info.get("group"):
-                roster.students[sid]["group"] = info["group"]
+            sid, entry = _student(info, f"{source}, line {line}", line, seen)
+            roster.students[sid] = entry
     except csv.Error as e:
         raise RosterError(f"{source}, line {reader.line_num}: not CSV ({e})") from None
     if not roster.students:
         raise RosterError(f"{source}: no students (only a header line)")
     return roster
+
+
+def _header(header: list[str], source: str) -> tuple[list[str], bool]:
+    """The roster's columns, lower case, and whether they are a Canvas gradebook export's."""
+    header = [h.strip().lower() for h in header]
+    canvas = all(h in header for h in CANVAS_HEADER)
+    if "student" not in header:
+        raise RosterError(
+            f"{source}, line 1: the header has no `student` column (it has: {', '.join(header)}); "
+            f"expected columns {', '.join(COLUMNS)} (only `student` is required)"
+        )
+    dupes = sorted({h for h in header if header.count(h) > 1 and h})
+    if dupes and not canvas:  # two Canvas assignments may share a title; only the first columns are read
+        raise RosterError(
+            f"{source}, line 1: the column{'s' if len(dupes) > 1 else ''} "
+            f"{', '.join(dupes)} appear{'' if len(dupes) > 1 else 's'} twice"
+        )
+    return header, canvas
+
+
+@dataclass
+class _Seen:
+    """What earlier lines of the roster named: each student id's line, and each (lms_id or email, value)'s."""
+
+    ids: dict[str, int] = field(default_factory=dict)
+    taken: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _student(info: dict[str, str], where: str, line: int, seen: _Seen) -> tuple[str, dict[str, str]]:
+    """One roster line's student id and entry, each checked against the lines before it (`seen`)."""
+    sid = info.pop("student")
+    if not sid:
+        raise RosterError(f"{where}: the student id is empty")
+    if sid in (".", "..") or "/" in sid or "\\" in sid or sid.startswith("."):
+        raise RosterError(f"{where}: {sid!r} cannot be a student id (it is used as a folder name)")
+    if sid in seen.ids:
+        raise RosterError(f"{where}: the student id {sid!r} is already on line {seen.ids[sid]}")
+    for column in ("lms_id", "email"):
+        value = info.get(column, "")
+        if value and (column, value) in seen.taken:
+            raise RosterError(f"{where}: {column} {value!r} is already on line {seen.taken[column, value]}")
+        if value:
+            seen.taken[column, value] = line
+    if info.get("leaderboard", "").lower() not in LEADERBOARD_CHOICES:
+        raise RosterError(
+            f"{where}: leaderboard {info['leaderboard']!r} is neither `hide` "
+            "(shown as anonymous on the class leaderboards) nor `show` (or empty: shown by id)"
+        )
+    seen.ids[sid] = line
+    entry = {c: info.get(c, "") for c in COLUMNS[1:5]}
+    leaderboard = info.get("leaderboard", "").lower()
+    if leaderboard:  # only where the line says, so that a roster without the column reads as before
+        entry["leaderboard"] = leaderboard
+    if info.get("group"):
+        entry["group"] = info["group"]
+    return sid, entry
 
 
 def _canvas_line(cells: dict[str, str], source: str, line: int) -> dict[str, str] | None:
