@@ -113,7 +113,31 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(f"{path}: not valid TOML ({e})") from None
     _unknown("the file", data, _TOP, path)
-    grading = data.get("grading", {})
+    combine, required = _grading(data.get("grading", {}), path)
+    known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
+    weights, due, canvas = _labs(data.get("labs", {}), known, path)
+    late = _late(data.get("late", {}), path)
+    board = data.get("leaderboard", {})
+    if not isinstance(board, dict):
+        raise PolicyError(f"{path}: [leaderboard] must be a table, e.g. names = false")
+    _unknown("[leaderboard]", board, _LEADERBOARD, path)
+    names = board.get("names", False)
+    if not isinstance(names, bool):
+        raise PolicyError(f"{path}: [leaderboard] names must be true or false, got {names!r}")
+    return Policy(
+        combine=combine,
+        required=tuple(required),
+        weights=weights,
+        source=str(path),
+        late=late,
+        due=due,
+        canvas=canvas,
+        names=names,
+    )
+
+
+def _grading(grading, path) -> tuple[str, list[str]]:
+    """[grading]: how a test's outcomes on the configurations combine, and the configurations required."""
     if not isinstance(grading, dict):
         raise PolicyError(f"{path}: [grading] must be a table")
     _unknown("[grading]", grading, _GRADING, path)
@@ -129,9 +153,14 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
                 f"{path}: [grading] required names the unknown configuration {name!r} "
                 f"(known: {', '.join(configs.CONFIGS)})"
             )
-    known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
-    weights, due, canvas = {}, {}, {}
-    labs = data.get("labs", {})
+    return combine, required
+
+
+def _labs(labs, known: list[int], path) -> tuple[dict[int, float], dict[int, str], dict[int, int]]:
+    """[labs.N]: each lab's weight, due date and Canvas assignment, by lab number."""
+    weights: dict[int, float] = {}
+    due: dict[int, str] = {}
+    canvas: dict[int, int] = {}
     if not isinstance(labs, dict):
         raise PolicyError(f"{path}: [labs] must be a table of [labs.N] tables")
     for key, table in labs.items():
@@ -159,34 +188,22 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
                     f"e.g. 2026-03-01T23:59:00Z; got {value!r}"
                 )
             due[int(key)] = value.isoformat()
-    late = data.get("late", {})
+    return weights, due, canvas
+
+
+def _late(late, path) -> dict:
+    """[late]: the penalty per day and its cap (fractions of the points), and the time sources accepted."""
     if not isinstance(late, dict):
         raise PolicyError(f"{path}: [late] must be a table")
     _unknown("[late]", late, _LATE, path)
     accept = late.get("accept")
-    late = {k: _number(v, f"[late] {k}", path) for k, v in late.items() if k != "accept"}
+    out: dict = {k: _number(v, f"[late] {k}", path) for k, v in late.items() if k != "accept"}
     if accept is not None:
-        late["accept"] = _accepted_sources(accept, path)
+        out["accept"] = _accepted_sources(accept, path)
     for k in ("per_day", "cap"):
-        if late.get(k, 0) > 1:
-            raise PolicyError(f"{path}: [late] {k} is a fraction of the points, at most 1; got {late[k]!r}")
-    board = data.get("leaderboard", {})
-    if not isinstance(board, dict):
-        raise PolicyError(f"{path}: [leaderboard] must be a table, e.g. names = false")
-    _unknown("[leaderboard]", board, _LEADERBOARD, path)
-    names = board.get("names", False)
-    if not isinstance(names, bool):
-        raise PolicyError(f"{path}: [leaderboard] names must be true or false, got {names!r}")
-    return Policy(
-        combine=combine,
-        required=tuple(required),
-        weights=weights,
-        source=str(path),
-        late=late,
-        due=due,
-        canvas=canvas,
-        names=names,
-    )
+        if out.get(k, 0) > 1:
+            raise PolicyError(f"{path}: [late] {k} is a fraction of the points, at most 1; got {out[k]!r}")
+    return out
 
 
 def _accepted_sources(accept, path) -> list[str]:
