@@ -237,7 +237,37 @@ def klass(results: dict, grades: dict | None = None) -> dict:
     students, labs, configs = students_of(results), labs_of(results), configs_of(results)
     found = rates(results)
     by = {(r["lab"]["number"], r["config"]["name"]): r for r in found}
-    passing = [
+    kinds = ("ok", "failed", "error", "timeout", "missing", "skipped")
+    weak = sum(r.get("isolation") == "limits-only" for r in results.get("rows", []))
+    return {
+        "students": students,
+        "labs": labs,
+        "configs": configs,
+        "passing": _passing(labs, configs, by),
+        "points": _points(grades, students, labs),
+        "stats": stats.final_points(results, grades),
+        "labels": stats.bin_labels(),
+        "boards": leaderboard.boards(results),
+        "statuses": [
+            {
+                "lab": r["lab"]["number"],
+                "config": r["config"]["name"],
+                "counts": [r["statuses"].get(k, 0) for k in kinds],
+            }
+            for r in found
+        ],
+        "bugs": [_bug(b) for b in multi_device_bugs(results)],
+        "limits_only": {"runs": weak, "of": len(results.get("rows", []))} if weak else None,
+        "notes": list(results.get("notes", [])),
+        "student_notes": [
+            {"student": s, "note": n} for s in students for n in results["students"][s].get("notes", [])
+        ],
+    }
+
+
+def _passing(labs: list[dict], configs: list[dict], by: dict) -> list[dict]:
+    """Per lab, per configuration: how many students pass every test, and the share of tests passed."""
+    return [
         {
             "number": lab["number"],
             "title": lab_title(lab),
@@ -252,7 +282,11 @@ def klass(results: dict, grades: dict | None = None) -> dict:
         }
         for lab in labs
     ]
-    points = {
+
+
+def _points(grades: dict, students: list[str], labs: list[dict]) -> dict:
+    """The rule, and each student's total and points per lab (an overridden lab marked)."""
+    return {
         "rule": grades["rule"],
         "rows": [
             {
@@ -270,39 +304,15 @@ def klass(results: dict, grades: dict | None = None) -> dict:
             for s in students
         ],
     }
-    kinds = ("ok", "failed", "error", "timeout", "missing", "skipped")
-    weak = sum(r.get("isolation") == "limits-only" for r in results.get("rows", []))
+
+
+def _bug(b: dict) -> dict:
+    """One multi-device bug many students hit, as the class pages name it."""
     return {
-        "students": students,
-        "labs": labs,
-        "configs": configs,
-        "passing": passing,
-        "points": points,
-        "stats": stats.final_points(results, grades),
-        "labels": stats.bin_labels(),
-        "boards": leaderboard.boards(results),
-        "statuses": [
-            {
-                "lab": r["lab"]["number"],
-                "config": r["config"]["name"],
-                "counts": [r["statuses"].get(k, 0) for k in kinds],
-            }
-            for r in found
-        ],
-        "bugs": [
-            {
-                "lab": b["lab"],
-                "label": test_label(b["test"]),
-                "hidden": b["hidden"],
-                "config": b["config"],
-                "count": len(b["students"]),
-                "message": b["message"],
-            }
-            for b in multi_device_bugs(results)
-        ],
-        "limits_only": {"runs": weak, "of": len(results.get("rows", []))} if weak else None,
-        "notes": list(results.get("notes", [])),
-        "student_notes": [
-            {"student": s, "note": n} for s in students for n in results["students"][s].get("notes", [])
-        ],
+        "lab": b["lab"],
+        "label": test_label(b["test"]),
+        "hidden": b["hidden"],
+        "config": b["config"],
+        "count": len(b["students"]),
+        "message": b["message"],
     }
