@@ -236,9 +236,9 @@ class Card:
         and the leaderboard read), the bytes over the bandwidth alone, and `Timing.latency` says the rest."""
         peak = chip.bf16_flops if self.dtype == "bf16" else chip.f32_peak(precision)
         wire = floor = network = 0.0
-        for op, b in self.sent.items():
+        for op, b in sorted(self.sent.items()):  # one order, so one sum: a card read back times the same
             groups = self.widths.get(op) or {str(self.devices): b}  # an older kit's card: no group is wider
-            for w, part in groups.items():
+            for w, part in sorted(groups.items()):
                 rate = chip.link_bandwidth if op == "collective-permute" else chip.ring_bandwidth(int(w))
                 seconds = part * chip.forwarded(op, int(w)) / rate
                 hops = self.collectives.get(op, {}).get(w, 0) * chip.hops(op, int(w)) * chip.hop_latency
