@@ -432,71 +432,85 @@ def run(root: Path, number: int | str, isolation: str = "") -> dict:
     instructor can do; `isolation="limits-only"` (built into the zip by name) grades without it and
     says so in every result. The configurations run one after another: Gradescope's default
     container (768 MB, half a CPU) holds one kernel at a time, not four."""
-    from labkit.judge import judge
-    from labkit.run import allowance, modes
-
     began = time.monotonic()
     root = Path(root)
     lab = catalog.lab(number)
-    grading = policy.load()
-    chosen = chosen_configs()
-    names = [c.name for c in chosen]
+    grading, chosen = policy.load(), chosen_configs()
     notebook, why = find_notebook(root / "submission", lab)
-    unsandboxed = ""
-    if isolation == LIMITS_ONLY:
-        unsandboxed = NOT_SANDBOXED
-    elif notebook is not None:
-        try:
-            modes.require_sandbox("this submission was not graded")
-        except modes.SandboxUnavailable as e:
-            notebook, why = (
-                None,
-                (
-                    f"{e}\n\nOn Gradescope: ask for a container that allows user namespaces, or "
-                    "build the autograder with `make gradescope LAB=N ISOLATION=limits-only`, which "
-                    "grades without the sandbox and says so in every result."
-                ),
-            )
+    unsandboxed = NOT_SANDBOXED if isolation == LIMITS_ONLY else ""
+    if notebook is not None and not unsandboxed:
+        notebook, why = _sandboxed_or_why(notebook, why)
     if notebook is None:
         results = _nothing_graded(why)
     else:
-        limit, kills_before = container_memory()
-        work = Path(tempfile.mkdtemp(prefix="labkit-gradescope-"))
-        try:
-            runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
-            limits = allowance.Limits(isolation=isolation or modes.SANDBOX)
-            judgement = judge.judge(
-                lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests], jobs=1, limits=limits
-            )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        notes = [
-            f"{label}: the run ended with {rec.status}: {rec.message}"
-            for label, rec in judgement.records.items()
-            if rec.status not in ("ok", "skipped")
-        ]
-        notes += memory_notes(judgement.records, limit, kills_before, container_memory()[1])
-        results = results_json(
-            [o.to_json() for o in judgement.outcomes],
-            names,
-            grading,
-            [unsandboxed, *notes] if unsandboxed else notes,
-        )
-        spec = lab.leaderboard and leaderboard.ranked_on(
-            lab.leaderboard, {"configs": [{"name": n} for n in names]}
-        )
-        if spec is not None and spec.config in names:
-            from labkit import cost
-
-            reference = cost.to_json(cost.read_reference(lab.public_tests))
-            with_leaderboard(
-                results, spec, leaderboard_time(lab, spec, judgement), leaderboard.step_time(reference, spec)
-            )
+        results = _graded(lab, notebook, chosen, grading, _limits_of(isolation), unsandboxed)
     for case in results["tests"] if unsandboxed else ():
         case["output"] = f"{unsandboxed}\n{case['output']}"
     results["execution_time"] = round(time.monotonic() - began, 2)
     validate(results)
     write_atomic(root / "results" / "results.json", json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def _sandboxed_or_why(notebook: Path, why: str):
+    """The notebook, where the kit's sandbox can be had here; else none, and why, with what to do."""
+    from labkit.run import modes
+
+    try:
+        modes.require_sandbox("this submission was not graded")
+    except modes.SandboxUnavailable as e:
+        return None, (
+            f"{e}\n\nOn Gradescope: ask for a container that allows user namespaces, or "
+            "build the autograder with `make gradescope LAB=N ISOLATION=limits-only`, which "
+            "grades without the sandbox and says so in every result."
+        )
+    return notebook, why
+
+
+def _limits_of(isolation: str):
+    """The runs' limits: the kit's defaults, in its sandbox unless `isolation` names another mode."""
+    from labkit.run import allowance, modes
+
+    return allowance.Limits(isolation=isolation or modes.SANDBOX)
+
+
+def _graded(lab, notebook: Path, chosen: list, grading, limits, unsandboxed: str) -> dict:
+    """The results of `notebook` judged on the `chosen` configurations, one after another, with the notes on
+    runs that did not end well and on memory, and the leaderboard's time where the lab has one."""
+    from labkit.judge import judge
+
+    names = [c.name for c in chosen]
+    limit, kills_before = container_memory()
+    work = Path(tempfile.mkdtemp(prefix="labkit-gradescope-"))
+    try:
+        runs = [judge.RunSpec(c.name, notebook, c, work / c.name) for c in chosen]
+        judgement = judge.judge(
+            lab.test_dirs(hidden=True), runs, hidden_dirs=[lab.hidden_tests], jobs=1, limits=limits
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    notes = [
+        f"{label}: the run ended with {rec.status}: {rec.message}"
+        for label, rec in judgement.records.items()
+        if rec.status not in ("ok", "skipped")
+    ]
+    notes += memory_notes(judgement.records, limit, kills_before, container_memory()[1])
+    results = results_json(
+        [o.to_json() for o in judgement.outcomes],
+        names,
+        grading,
+        [unsandboxed, *notes] if unsandboxed else notes,
+    )
+    spec = lab.leaderboard and leaderboard.ranked_on(
+        lab.leaderboard, {"configs": [{"name": n} for n in names]}
+    )
+    if spec is not None and spec.config in names:
+        from labkit import cost
+
+        reference = cost.to_json(cost.read_reference(lab.public_tests))
+        with_leaderboard(
+            results, spec, leaderboard_time(lab, spec, judgement), leaderboard.step_time(reference, spec)
+        )
     return results
 
 
