@@ -407,6 +407,35 @@ def read(
     """
     folder = Path(folder)
     labs = labs if labs is not None else [lab.number for lab in catalog.labs()]
+    dropped = _forgotten(given, forget)
+    manifest = read_manifest(folder)
+    kept = manifest.get("inputs", {})
+    sources: dict = {}
+    changes: list[str] = []
+    notes: list[str] = []
+    for name, entry in INPUTS.items():
+        old = _kept_copy(folder, name, entry, kept, given.get(name) is None and name not in dropped)
+        if name in dropped:
+            if old is not None:
+                changes.append(f"{name}: forgotten (was {old.origin})")
+            if name != "policy":
+                continue
+            old, change_policy = None, True  # back to the kit's policy, asked for by name
+        path = given.get(name)
+        new = _source_of(name, path, old)
+        if new is None:
+            continue
+        sources[name] = new
+        change = _change(name, old, new, path)
+        if change:
+            changes.append(change)
+    if "policy" in sources:
+        _check_policy_change(sources, kept, folder, labs, change_policy, graded_policy, changes, notes)
+    return State(folder, manifest, sources, changes, notes)
+
+
+def _forgotten(given: dict[str, Path | None], forget: str) -> list[str]:
+    """The inputs `--forget` names, each a course input not also given."""
     unknown = [n for n in given if n not in INPUTS]
     if unknown:
         raise InputError(f"no course input named {', '.join(unknown)} (known: {', '.join(INPUTS)})")
@@ -416,55 +445,50 @@ def read(
             raise InputError(f"--forget {name}: no such course input (known: {', '.join(INPUTS)})")
         if given.get(name) is not None:
             raise InputError(f"--forget {name} and --{name} together: give one or the other")
-    manifest = read_manifest(folder)
-    kept = manifest.get("inputs", {})
-    sources: dict = {}
-    changes: list[str] = []
-    notes: list[str] = []
-    for name, entry in INPUTS.items():
-        old = None
-        if name in kept and (
-            (given.get(name) is None and name not in dropped) or (folder / entry.file).is_file()
-        ):
-            try:
-                old = Source((folder / entry.file).read_text(encoding="utf-8"), str(kept[name]["from"]), True)
-            except (OSError, UnicodeDecodeError, KeyError, TypeError):
-                raise InputError(
-                    f"{folder / entry.file}: the kept copy of the {name} is gone or unreadable "
-                    f"(its manifest {folder / MANIFEST} names it): give --{name} FILE again, or "
-                    f"--forget {name}"
-                ) from None
-        if name in dropped:
-            if old is not None:
-                changes.append(f"{name}: forgotten (was {old.origin})")
-            if name != "policy":
-                continue
-            old, change_policy = None, True  # back to the kit's policy, asked for by name
-        path = given.get(name)
-        if path is not None:
-            new = Source(_read_given(path), str(path), False)
-        elif old is not None:
-            new = old
-        elif name == "policy" and policy_mod.DEFAULT_PATH.exists():
-            new = Source(
-                policy_mod.DEFAULT_PATH.read_text(encoding="utf-8"),
-                str(policy_mod.DEFAULT_PATH.relative_to(catalog.ROOT)),
-                False,
-            )
-        else:
-            continue
-        sources[name] = new
-        if old is None:
-            if not new.kept and path is not None:
-                changes.append(f"{name}: now {new.origin} (none was kept before)")
-            continue
-        if old.text != new.text:
-            changes.append(f"{name}: {new.origin}: {_diff(old.text, new.text)}")
-        elif old.origin != new.origin:
-            changes.append(f"{name}: the same text, now from {new.origin} (was {old.origin})")
-    if "policy" in sources:
-        _check_policy_change(sources, kept, folder, labs, change_policy, graded_policy, changes, notes)
-    return State(folder, manifest, sources, changes, notes)
+    return dropped
+
+
+def _kept_copy(folder: Path, name: str, entry, kept: dict, wanted: bool) -> Source | None:
+    """The kept copy of input `name`, where the manifest names one and it is `wanted` (nothing given in its
+    place, not forgotten) or its file is there to compare with; InputError where the manifest's copy is gone."""
+    if name not in kept or not (wanted or (folder / entry.file).is_file()):
+        return None
+    try:
+        return Source((folder / entry.file).read_text(encoding="utf-8"), str(kept[name]["from"]), True)
+    except (OSError, UnicodeDecodeError, KeyError, TypeError):
+        raise InputError(
+            f"{folder / entry.file}: the kept copy of the {name} is gone or unreadable "
+            f"(its manifest {folder / MANIFEST} names it): give --{name} FILE again, or "
+            f"--forget {name}"
+        ) from None
+
+
+def _source_of(name: str, path: Path | None, old: Source | None) -> Source | None:
+    """What input `name` is this run: the file given, else the kept copy, else (the policy) the kit's own."""
+    if path is not None:
+        return Source(_read_given(path), str(path), False)
+    if old is not None:
+        return old
+    if name == "policy" and policy_mod.DEFAULT_PATH.exists():
+        return Source(
+            policy_mod.DEFAULT_PATH.read_text(encoding="utf-8"),
+            str(policy_mod.DEFAULT_PATH.relative_to(catalog.ROOT)),
+            False,
+        )
+    return None
+
+
+def _change(name: str, old: Source | None, new: Source, path: Path | None) -> str | None:
+    """The line that says how input `name` changed from the kept copy, if it did."""
+    if old is None:
+        return (
+            f"{name}: now {new.origin} (none was kept before)" if not new.kept and path is not None else None
+        )
+    if old.text != new.text:
+        return f"{name}: {new.origin}: {_diff(old.text, new.text)}"
+    if old.origin != new.origin:
+        return f"{name}: the same text, now from {new.origin} (was {old.origin})"
+    return None
 
 
 def _check_policy_change(
