@@ -25,6 +25,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from labkit.grading.overrides import student_and_lab
+
 COLUMNS = ("student", "lab", "points", "comment", "item", "max")
 
 
@@ -93,20 +95,14 @@ def _header(fieldnames: Sequence[str], source: str) -> list[str]:
 
 def _entry(get: dict[str, str], where: str, n: int, students: set[str], labs: set[int]) -> dict:
     """One line's student, lab, points and comment, each checked."""
-    if get["student"] not in students:
-        raise AdjustmentError(f"{where}: no student {get['student']!r} in this class")
-    lab = get["lab"].removeprefix("lab-")
-    if not lab.isdigit() or int(lab) not in labs:
-        raise AdjustmentError(
-            f"{where}: no lab {get['lab']!r} graded here (labs: {', '.join(map(str, sorted(labs)))})"
-        )
+    lab = student_and_lab(get, where, students, labs, AdjustmentError)
     if not get["comment"]:
         raise AdjustmentError(
             f"{where}: a comment is required: it is what the student reads about these points"
         )
     return {
         "student": get["student"],
-        "lab": int(lab),
+        "lab": lab,
         "points": _number(get["points"], "points", where),
         "comment": get["comment"],
         "line": n,

@@ -23,6 +23,19 @@ class OverrideError(ValueError):
     """An overrides file that cannot be used: the message names the file and the line."""
 
 
+def student_and_lab(
+    get: Mapping[str, str], where: str, students: set[str], labs, error: type[ValueError]
+) -> int:
+    """A line of a TA's file (overrides, adjustments): its student is one of the class and its lab (`3` or
+    `lab-3`) one of those graded; the lab's number, or `error` naming `where`."""
+    if get["student"] not in students:
+        raise error(f"{where}: no student {get['student']!r} in this class")
+    lab = get["lab"].removeprefix("lab-")
+    if not lab.isdigit() or int(lab) not in labs:
+        raise error(f"{where}: no lab {get['lab']!r} graded here (labs: {', '.join(map(str, sorted(labs)))})")
+    return int(lab)
+
+
 def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, set[str]]) -> list[dict]:
     """The overrides, each checked against the class (students) and the labs graded (lab -> its tests)."""
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
@@ -36,15 +49,8 @@ def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, se
     for line in reader:
         n = reader.line_num
         get = {c: (line.get(c) or "").strip() for c in COLUMNS}
-        if get["student"] not in students:
-            raise OverrideError(f"{source}, line {n}: no student {get['student']!r} in this class")
-        lab = get["lab"].removeprefix("lab-")
-        if not lab.isdigit() or int(lab) not in lab_tests:
-            raise OverrideError(
-                f"{source}, line {n}: no lab {get['lab']!r} graded here "
-                f"(labs: {', '.join(map(str, sorted(lab_tests)))})"
-            )
-        entry = {"student": get["student"], "lab": int(lab), "comment": get["comment"], "line": n}
+        lab = student_and_lab(get, f"{source}, line {n}", students, lab_tests, OverrideError)
+        entry = {"student": get["student"], "lab": lab, "comment": get["comment"], "line": n}
         if get["points"]:
             if get["test"] or get["status"]:
                 raise OverrideError(f"{source}, line {n}: either points, or test and status, not both")
