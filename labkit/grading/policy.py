@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.course import catalog, configs
+from labkit.grading import adjustments, deadlines
 
 DEFAULT_PATH = catalog.ROOT / "tests" / "policy.toml"
 COMBINE = {
@@ -208,8 +209,6 @@ def _late(late, path) -> dict:
 
 def _accepted_sources(accept, path) -> list[str]:
     """[late] accept: the submission-time sources a late penalty may count from (labkit/grading/deadlines.py)."""
-    from labkit.grading import deadlines
-
     if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
         raise PolicyError(
             f"{path}: [late] accept must be a list of time sources, e.g. {list(deadlines.ACCEPT_DEFAULT)}"
@@ -345,8 +344,6 @@ class _TAInputs:
 
     @classmethod
     def of(cls, results: dict) -> _TAInputs:
-        from labkit.grading import adjustments
-
         inputs = cls(
             items=adjustments.items_of(results.get("adjustments", [])),
             extensions=results.get("extensions", {}),
@@ -409,8 +406,6 @@ def _lab_entry(
 ) -> tuple[dict, float]:
     """One student's entry for one lab, and the points it could have earned (`grades` says in which order the
     TA's inputs apply)."""
-    from labkit.grading import adjustments, deadlines
-
     number, key = lab["number"], (student, lab["number"])
     mine = _with_test_overrides(rows.get(key, {}), inputs.test_changes.get(key, {}))
     tests = lab.get("tests") or lab_tests(list(mine.values())).get(number, {})
