@@ -233,8 +233,7 @@ def stop_channels(kc) -> bool:
         with contextlib.suppress(Exception):
             if channel.is_alive():
                 channel.stop()
-        with contextlib.suppress(Exception):
-            running = running or (isinstance(channel, threading.Thread) and channel.is_alive())
+        running = running or (isinstance(channel, threading.Thread) and channel.is_alive())
     return not running
 
 
