@@ -368,9 +368,8 @@ def gradescope(source: Source, roster: Roster, known_labs: list[int], metadata_n
         if not owner.students:
             out.unmatched.append((m.name, owner.why))
             continue
-        if (
-            owner.strangers
-        ):  # a group with a member the roster does not know: the others are credited, that one is not
+        # a group with a member the roster does not know: the others are credited, that one is not
+        if owner.strangers:
             plural = "s" if len(owner.strangers) > 1 else ""
             out.unmatched.append(
                 (
