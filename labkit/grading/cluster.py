@@ -7,63 +7,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from labkit.exitcodes import ExitCode, Stop
 from labkit.grading import course as course_mod
 from labkit.run import execute
 
+if TYPE_CHECKING:
+    from labkit.grading import slurm
+
 
 def _slurm_grade(args) -> int:
     """Submit the class to Slurm as an array job of shards and a merge job; follow it unless --no-wait."""
-    from labkit.grading import grade, slurm
+    from labkit.grading import slurm
 
-    kept = {f"--{n}" for n in course_mod.INPUTS} | {
-        "--course",
-        "--forget",
-        "--change-policy",
-        "--students",
-        "--retry",
-    }
-    passed = sorted({a.split("=")[0] for a in args.grade_args} & kept)
-    if passed:
-        raise Stop(
-            ExitCode.REFUSED,
-            f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any "
-            "job is submitted and keeps them in the course's state that every shard reads",
-        )
+    _refuse_inputs_after_the_dashes(args.grade_args)
     course = (args.course or args.out / "course").absolute()
-    extra = (
-        ["--course", str(course)]
-        + (["--students", args.students] if args.students else [])
-        + (["--retry"] if args.retry else [])
-    )
-    request = slurm.Request(
-        args.submissions.absolute(),
-        args.out.absolute(),
-        args.shards,
-        labs=args.labs,
-        configs=args.configs,
-        jobs=args.jobs,
-        timeout=args.timeout,
-        partition=args.partition,
-        account=args.account,
-        extra=tuple(extra + args.grade_args),
-    )
-    try:
-        slurm.check_out(request.out, args.course)
-        # the TA's inputs checked and kept before any job is submitted; every shard reads them from there
-        inputs = course_mod.request_fields(args) | {"course": course}
-        grade.prepare(
-            request.submissions,
-            request.out,
-            students=args.students,
-            labs=args.labs,
-            config_names=args.configs,
-            **inputs,
-        )
-        array, merge = slurm.submit(request)
-    except KeyError as e:  # a configuration or lab the course does not have, named by the key
-        raise Stop(ExitCode.REFUSED, f"error: {e}") from e
+    request = _request(args, course)
+    array, merge = _submit(args, request, course)
     print(
         f"submitted: array job {array} ({args.shards} shards), merge job {merge} after it; "
         f"logs in {request.out / 'slurm'}",
@@ -81,6 +42,68 @@ def _slurm_grade(args) -> int:
         raise Stop(
             ExitCode.INTERRUPTED, f"stopped following; the jobs go on (scancel {array} {merge} ends them)"
         ) from None
+
+
+def _refuse_inputs_after_the_dashes(grade_args: list[str]) -> None:
+    """The TA's inputs go to slurm-grade itself, which checks and keeps them; after `--` every shard would."""
+    kept = {f"--{n}" for n in course_mod.INPUTS} | {
+        "--course",
+        "--forget",
+        "--change-policy",
+        "--students",
+        "--retry",
+    }
+    passed = sorted({a.split("=")[0] for a in grade_args} & kept)
+    if passed:
+        raise Stop(
+            ExitCode.REFUSED,
+            f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any "
+            "job is submitted and keeps them in the course's state that every shard reads",
+        )
+
+
+def _request(args, course: Path) -> slurm.Request:
+    """The jobs to submit: every shard grades with the course's state in `course`."""
+    from labkit.grading import slurm
+
+    extra = (
+        ["--course", str(course)]
+        + (["--students", args.students] if args.students else [])
+        + (["--retry"] if args.retry else [])
+    )
+    return slurm.Request(
+        args.submissions.absolute(),
+        args.out.absolute(),
+        args.shards,
+        labs=args.labs,
+        configs=args.configs,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        partition=args.partition,
+        account=args.account,
+        extra=tuple(extra + args.grade_args),
+    )
+
+
+def _submit(args, request: slurm.Request, course: Path) -> tuple[str, str]:
+    """Check and keep the TA's inputs, then submit: the array job's id and the merge job's."""
+    from labkit.grading import grade, slurm
+
+    try:
+        slurm.check_out(request.out, args.course)
+        # the TA's inputs checked and kept before any job is submitted; every shard reads them from there
+        inputs = course_mod.request_fields(args) | {"course": course}
+        grade.prepare(
+            request.submissions,
+            request.out,
+            students=args.students,
+            labs=args.labs,
+            config_names=args.configs,
+            **inputs,
+        )
+        return slurm.submit(request)
+    except KeyError as e:  # a configuration or lab the course does not have, named by the key
+        raise Stop(ExitCode.REFUSED, f"error: {e}") from e
 
 
 def _slurm_merge(args) -> int:
