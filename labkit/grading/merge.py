@@ -52,6 +52,32 @@ def merge(parts: list[dict], names: list[str] | None = None) -> dict:
         raise MergeError("nothing to merge")
     names = names or [f"part {i}" for i in range(1, len(parts) + 1)]
     ordered = _order(parts, names)
+    first, _ = ordered[0]
+    _refuse_other_gradings(ordered)
+    students, notes, rows = _gathered(ordered)
+    labs = [lab["number"] for lab in labs_of(first)]
+    configs = [c["name"] for c in configs_of(first)]
+    ordered_rows = sorted(
+        rows.values(),
+        key=lambda r: (
+            r["student"],
+            labs.index(r["lab"]) if r["lab"] in labs else 0,
+            configs.index(r["config"]) if r["config"] in configs else 0,
+        ),
+    )
+    shared = {
+        k: v for k, v in first.items() if k not in DRAWN and k not in PER_PART
+    }  # drawn again from the class
+    return {
+        **shared,
+        "students": {s: students[s] for s in sorted(students)},
+        "notes": notes,
+        "rows": ordered_rows,
+    }
+
+
+def _refuse_other_gradings(ordered: list[tuple[dict, str]]) -> None:
+    """Every part graded as the first was (kit, labs, configurations, course inputs), or a MergeError naming where."""
     first, first_name = ordered[0]
     for part, name in ordered[1:]:
         for key in sorted(set(first) | set(part)):
@@ -64,8 +90,10 @@ def merge(parts: list[dict], names: list[str] | None = None) -> dict:
                 "course inputs (roster, policy, overrides, extensions), with the same version of the "
                 "kit; nothing was merged"
             )
-    labs = [lab["number"] for lab in labs_of(first)]
-    configs = [c["name"] for c in configs_of(first)]
+
+
+def _gathered(ordered: list[tuple[dict, str]]) -> tuple[dict[str, dict], list[str], dict[tuple, dict]]:
+    """The parts' students, notes and rows together; a student or row two parts hold differently is a MergeError."""
     students: dict[str, dict] = {}
     owner: dict[str, str] = {}
     rows: dict[tuple, dict] = {}
@@ -87,23 +115,7 @@ def merge(parts: list[dict], names: list[str] | None = None) -> dict:
                     f"{r['config']} is in two parts with different results; nothing was merged"
                 )
             rows[key] = r
-    ordered_rows = sorted(
-        rows.values(),
-        key=lambda r: (
-            r["student"],
-            labs.index(r["lab"]) if r["lab"] in labs else 0,
-            configs.index(r["config"]) if r["config"] in configs else 0,
-        ),
-    )
-    shared = {
-        k: v for k, v in first.items() if k not in DRAWN and k not in PER_PART
-    }  # drawn again from the class
-    return {
-        **shared,
-        "students": {s: students[s] for s in sorted(students)},
-        "notes": notes,
-        "rows": ordered_rows,
-    }
+    return students, notes, rows
 
 
 def merge_folders(folders: list[Path], out: Path, notes: Sequence[str] = ()) -> dict:
