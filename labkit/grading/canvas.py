@@ -173,34 +173,12 @@ def collect(course, people, grading: policy.Policy, into: Path, labs: list[int] 
             f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id
         )
         for sub in _call(f"list the submissions of assignment {assignment_id}", assignment.get_submissions):
-            student = by_lms.get(str(sub.user_id))
             if getattr(sub, "workflow_state", "") == "unsubmitted" or not getattr(sub, "submitted_at", None):
                 continue
-            if student is None:
-                notes.append(
-                    f"lab-{lab}: Canvas user {sub.user_id} is on no roster line (column lms_id): not graded"
-                )
-                continue
-            files = [
-                a
-                for a in getattr(sub, "attachments", None) or []
-                if str(_attr(a, "filename")).endswith(".ipynb")
-            ]
-            if len(files) != 1:
-                notes.append(
-                    f"lab-{lab}: {student} handed in {len(files)} notebooks (.ipynb) on Canvas: "
-                    f"{'none' if not files else 'which one is the lab cannot be told'}; not graded"
-                )
-                continue
-            if not _same_site(_attr(files[0], "url"), course):
-                notes.append(
-                    f"lab-{lab}: {student}'s notebook is at another site than the course's: not fetched "
-                    "(the token is only sent to the Canvas site); download it by hand"
-                )
-                continue
-            data = _call(f"download {student}'s notebook for lab {lab}", files[0].get_contents, binary=True)
-            if len(data) > MAX_NOTEBOOK:
-                notes.append(f"lab-{lab}: {student}'s notebook is over {MAX_NOTEBOOK} bytes: not graded")
+            student = by_lms.get(str(sub.user_id))
+            data, why = _notebook(course, sub, student, lab)
+            if data is None:
+                notes.append(why)
                 continue
             name = f"{student}/lab-{lab}.ipynb"
             write_atomic(into / name, data)
@@ -219,6 +197,29 @@ def collect(course, people, grading: policy.Policy, into: Path, labs: list[int] 
         + "\n",
     )
     return notes
+
+
+def _notebook(course, sub, student: str | None, lab: int) -> tuple[bytes | None, str]:
+    """A submission's one notebook, downloaded; or None and the note that says why it is not graded."""
+    if student is None:
+        return None, f"lab-{lab}: Canvas user {sub.user_id} is on no roster line (column lms_id): not graded"
+    files = [
+        a for a in getattr(sub, "attachments", None) or [] if str(_attr(a, "filename")).endswith(".ipynb")
+    ]
+    if len(files) != 1:
+        return None, (
+            f"lab-{lab}: {student} handed in {len(files)} notebooks (.ipynb) on Canvas: "
+            f"{'none' if not files else 'which one is the lab cannot be told'}; not graded"
+        )
+    if not _same_site(_attr(files[0], "url"), course):
+        return None, (
+            f"lab-{lab}: {student}'s notebook is at another site than the course's: not fetched "
+            "(the token is only sent to the Canvas site); download it by hand"
+        )
+    data = _call(f"download {student}'s notebook for lab {lab}", files[0].get_contents, binary=True)
+    if len(data) > MAX_NOTEBOOK:
+        return None, f"lab-{lab}: {student}'s notebook is over {MAX_NOTEBOOK} bytes: not graded"
+    return data, ""
 
 
 def _same_site(url, course) -> bool:
