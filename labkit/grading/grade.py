@@ -225,20 +225,7 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
     state, context = _course_state(out, request.course, given, request.forget, request.change_policy)
     grading, people = state.values.get("policy") or policy_mod.Policy(), state.values.get("roster")
     provisional = _provisional(grading, [c.name for c in chosen])
-    limits = request.limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
-    check_isolation(limits, stream)
-    grader = Grader(
-        out,
-        chosen_labs,
-        chosen,
-        jobs=request.jobs or default_jobs(),
-        timeout=request.timeout,
-        limits=limits,
-        stream=stream,
-        terminal=terminal,
-        warm=request.start != "cold",
-        pods=_pods(request.runs_from, request.plan),
-    )
+    grader = _grader(request, out, chosen_labs, chosen, stream, terminal)
     grader.stop = stop = StopRequest()
     try:
         subs, times = _submissions(
@@ -270,6 +257,24 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
     finally:
         stop.restore()
         grader.close()  # the warm server, if one was started
+
+
+def _grader(request: Request, out: Path, labs, configs, stream, terminal: bool | None) -> Grader:
+    """The grader of this request's runs, its sandbox checked (`check_isolation` says what it is, or refuses)."""
+    limits = request.limits or replace(DEFAULT_LIMITS, isolation=modes.SANDBOX)
+    check_isolation(limits, stream)
+    return Grader(
+        out,
+        labs,
+        configs,
+        jobs=request.jobs or default_jobs(),
+        timeout=request.timeout,
+        limits=limits,
+        stream=stream,
+        terminal=terminal,
+        warm=request.start != "cold",
+        pods=_pods(request.runs_from, request.plan),
+    )
 
 
 def _check_request(submissions: Path, timeout: float, jobs: int | None) -> None:
