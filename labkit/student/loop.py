@@ -89,7 +89,6 @@ def _run(
 ) -> bool:
     from rich.console import Console
 
-    from labkit import cost
     from labkit.judge.judge import RunSpec, judge
     from labkit.run import execute
     from labkit.student import report
@@ -114,16 +113,32 @@ def _run(
     )
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
-    found = cost.cards(judgement.calls, {label: rec.results for label, rec in judgement.records.items()})
+    found = _print_costs(lab, judgement, console, record_costs)
+    _write_report(out / "report.json", lab, notebook, judgement, found)
+    return ok
+
+
+def _print_costs(lab, judgement, console, record_costs: bool) -> dict:
+    """The run's cost cards, beside the reference's (recorded as the reference's with `record_costs`)."""
+    from labkit import cost
+
+    results = {label: rec.results for label, rec in judgement.records.items()}
+    found = cost.cards(judgement.calls, results)
     if record_costs:
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
     for line in cost.text(found, cost.read_reference(lab.public_tests)):
         print(line, file=console.file)
-    results = {label: rec.results for label, rec in judgement.records.items()}
     if not found and (why := cost.why_none(judgement.calls, results)):
         print(why, file=console.file)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(
+    return found
+
+
+def _write_report(path: Path, lab, notebook: Path, judgement, found: dict) -> None:
+    """report.json: the runs (without their values), the outcomes and the cost cards."""
+    from labkit import cost
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
         json.dumps(
             {
                 "lab": lab.number,
@@ -137,4 +152,3 @@ def _run(
             indent=1,
         )
     )
-    return ok
