@@ -290,34 +290,11 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
     except OSError:
         pass
     started = time.monotonic()
-    here = tuple(sys.version_info[:3])
-    print(
-        f"Python {_dotted(here)} ({sys.executable}): JAX {jax_for(here)}"
-        + (
-            ""
-            if here[:2] >= NEWER_JAX_FROM
-            else f" (JAX {jax_for(NEWER_JAX_FROM)} needs Python {_dotted(NEWER_JAX_FROM)} or newer)"
-        )
-        + ".",
-        flush=True,
-    )
+    _say_which_python()
     remove_if_made_with_another_python(venv)
     if "--python" not in selection:
         selection = ["--python", os.path.realpath(sys.executable), *selection]
-    planned = plan(uv, selection, venv)
-    what = f"Setting up {venv.name}/ from uv.lock ({describe_selection(selection)})"
-    if planned:
-        sizes = lock_sizes(ROOT / "uv.lock")
-        total = sum(sizes.get(p, 0) for p in planned)
-        print(
-            f"{what}: {len(planned)} packages, about {human(total)} to download "
-            "(less when uv's cache has them).",
-            flush=True,
-        )
-    elif planned == []:
-        print(f"{what}: nothing new to install.", flush=True)
-    else:
-        print(f"{what}.", flush=True)
+    _say_what_is_planned(uv, selection, venv)
     print(f"  the full list goes to {_shown(log)}", flush=True)
     with open(log, "w") as out:
         out.write(f"$ {uv} sync --frozen {' '.join(selection)}\n")
@@ -347,6 +324,39 @@ def sync(uv: str, selection: list[str], venv: Path, log: Path) -> int:
         return 1
     print(f"  done in {seconds:.0f} s.", flush=True)
     return 0
+
+
+def _say_which_python() -> None:
+    """The Python the environment is made with, and the JAX that goes with it."""
+    here = tuple(sys.version_info[:3])
+    print(
+        f"Python {_dotted(here)} ({sys.executable}): JAX {jax_for(here)}"
+        + (
+            ""
+            if here[:2] >= NEWER_JAX_FROM
+            else f" (JAX {jax_for(NEWER_JAX_FROM)} needs Python {_dotted(NEWER_JAX_FROM)} or newer)"
+        )
+        + ".",
+        flush=True,
+    )
+
+
+def _say_what_is_planned(uv: str, selection: list[str], venv: Path) -> None:
+    """How many packages the sync installs and about how much it downloads, where uv can tell."""
+    planned = plan(uv, selection, venv)
+    what = f"Setting up {venv.name}/ from uv.lock ({describe_selection(selection)})"
+    if planned:
+        sizes = lock_sizes(ROOT / "uv.lock")
+        total = sum(sizes.get(p, 0) for p in planned)
+        print(
+            f"{what}: {len(planned)} packages, about {human(total)} to download "
+            "(less when uv's cache has them).",
+            flush=True,
+        )
+    elif planned == []:
+        print(f"{what}: nothing new to install.", flush=True)
+    else:
+        print(f"{what}.", flush=True)
 
 
 def _uv_sync(uv: str, selection: list[str], venv: Path, out, *more: str) -> int:
