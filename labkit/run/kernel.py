@@ -133,6 +133,18 @@ def papermill_run(
         finally:
             _LIVE_KERNELS.discard(km)  # before it ends: a peer's stop never signals a process that is gone
             km.end()
+    _how_it_ended(ran, km, workdir, limits)
+    scratch.unlink(workdir, key_file.name)
+    ran.seconds = time.monotonic() - start
+    ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
+    ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else modes.isolation()[0]
+    ran.start = km.start_kind
+    ran.cpu_share = km.sandboxed.cpu_share if km.sandboxed is not None else ""
+    return ran
+
+
+def _how_it_ended(ran: KernelRun, km, workdir: Path, limits: Limits) -> None:
+    """Mark `ran` died, and why, where the run went over its disk or a cell asked the kernel to exit."""
     if not ran.disk:  # once more, now that nothing of the run is left: what it wrote after the last measure
         _measure_disk(workdir, limits.disk, ran)
     if ran.disk:
@@ -142,13 +154,6 @@ def papermill_run(
             True,
             "a cell asked it to exit (exit() or quit()), so the cells after it never ran",
         )
-    scratch.unlink(workdir, key_file.name)
-    ran.seconds = time.monotonic() - start
-    ran.returncode = km.sandboxed.returncode if km.sandboxed is not None else None
-    ran.isolation = km.sandboxed.isolation if km.sandboxed is not None else modes.isolation()[0]
-    ran.start = km.start_kind
-    ran.cpu_share = km.sandboxed.cpu_share if km.sandboxed is not None else ""
-    return ran
 
 
 def _key_file(folders: scratch.RunFolders, key: str, limits: Limits) -> Path:
