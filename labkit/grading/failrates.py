@@ -37,46 +37,19 @@ def rates(results: dict) -> list[dict]:
     rows = results.get("rows", [])
     out = []
     for lab in results.get("labs", []):
-        mine = [r for r in rows if r["lab"] == lab["number"]]
+        of_lab = [r for r in rows if r["lab"] == lab["number"]]
         outcome = {
-            (r["student"], r["config"], t["test"]): t["status"] for r in mine for t in r.get("tests", [])
+            (r["student"], r["config"], t["test"]): t["status"] for r in of_lab for t in r.get("tests", [])
         }
-        # The order the tests ran in, from the fullest row, so that a scoreboard read back from JSON (its
-        # keys sorted) or merged from shards draws the same table as the run that wrote it.
-        names, hidden = [], {}
-        for r in sorted(mine, key=lambda r: (-len(r.get("tests", [])), r["student"], r["config"])):
-            for t in r.get("tests", []):
-                if t["test"] not in hidden:
-                    names.append(t["test"])
-                    hidden[t["test"]] = bool(t.get("hidden"))
-        for name, t in sorted((lab.get("tests") or {}).items()):
-            if name not in hidden:
-                names.append(name)
-                hidden[name] = bool(t.get("hidden"))
-        students = sorted({r["student"] for r in mine})
-        tests = []
-        for name in names:
-            cells = []
-            for c in configs:
-                judged = [s for s in students if outcome.get((s, c["name"], name)) in JUDGED]
-                failed = [s for s in judged if outcome[(s, c["name"], name)] != "passed"]
-                several_only = (
-                    []
-                    if _single(c)
-                    else [
-                        s for s in failed if any(outcome.get((s, one, name)) == "passed" for one in singles)
-                    ]
-                )
-                cells.append(
-                    {
-                        "config": c["name"],
-                        "judged": len(judged),
-                        "failed": len(failed),
-                        "rate": round(len(failed) / len(judged), 4) if judged else None,
-                        "several_only": several_only,
-                    }
-                )
-            tests.append({"test": name, "hidden": hidden[name], "cells": cells})
+        students = sorted({r["student"] for r in of_lab})
+        tests = [
+            {
+                "test": name,
+                "hidden": hidden,
+                "cells": [_cell(c, name, students, outcome, singles) for c in configs],
+            }
+            for name, hidden in _tests_in_order(lab, of_lab)
+        ]
         out.append(
             {
                 "lab": lab["number"],
@@ -86,6 +59,39 @@ def rates(results: dict) -> list[dict]:
             }
         )
     return out
+
+
+def _tests_in_order(lab: dict, of_lab: list[dict]) -> list[tuple[str, bool]]:
+    """The lab's tests (name, hidden) in the order they ran, then those the lab lists and no row has.
+
+    The order comes from the fullest row, so that a scoreboard read back from JSON (its keys sorted) or
+    merged from shards draws the same table as the run that wrote it.
+    """
+    hidden: dict[str, bool] = {}  # in the order first seen
+    for r in sorted(of_lab, key=lambda r: (-len(r.get("tests", [])), r["student"], r["config"])):
+        for t in r.get("tests", []):
+            hidden.setdefault(t["test"], bool(t.get("hidden")))
+    for name, t in sorted((lab.get("tests") or {}).items()):
+        hidden.setdefault(name, bool(t.get("hidden")))
+    return list(hidden.items())
+
+
+def _cell(config: dict, name: str, students: list[str], outcome: dict, singles: list[str]) -> dict:
+    """One test on one configuration: how many students it judged, failed, and failed only on several devices."""
+    judged = [s for s in students if outcome.get((s, config["name"], name)) in JUDGED]
+    failed = [s for s in judged if outcome[(s, config["name"], name)] != "passed"]
+    several_only = (
+        []
+        if _single(config)
+        else [s for s in failed if any(outcome.get((s, one, name)) == "passed" for one in singles)]
+    )
+    return {
+        "config": config["name"],
+        "judged": len(judged),
+        "failed": len(failed),
+        "rate": round(len(failed) / len(judged), 4) if judged else None,
+        "several_only": several_only,
+    }
 
 
 def layout(lab: dict) -> dict:
