@@ -320,15 +320,9 @@ def _run_one(
         start=ran.start,
         cpu_share=ran.cpu_share,
     )
-    if ran.disk:
-        record.status = Run.ERROR
-        where = f" (while running cell {last_started})" if last_started is not None else ""
-        record.message = f"{ran.disk}{where}: nothing from this run is graded"
-        return record
-    if ran.timed_out:
-        record.status = Run.TIMEOUT
-        where = f" (still running cell {last_started})" if last_started is not None else ""
-        record.message = f"the notebook did not finish within {timeout:g} s{where}"
+    stopped = _stopped(ran, last_started, timeout)
+    if stopped is not None:
+        record.status, record.message = stopped
         return record
     results_path = scratch.RunFolders(workdir).scratch / "results.json"
     found = scratch.kind(results_path.parent, results_path.name)
@@ -341,26 +335,40 @@ def _run_one(
             "the kit never opens: nothing from this run is graded"
         )
         return record
+    if _read_back(record, results_path, key):
+        verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
+        record.judged_by = verify.judged_by(record.results)
+    return record
+
+
+def _stopped(ran: kernel.KernelRun, last_started, timeout: float) -> tuple[Run, str] | None:
+    """(status, message) of a run the kit stopped (over its disk, out of time), before anything is read of it."""
+    if ran.disk:
+        where = f" (while running cell {last_started})" if last_started is not None else ""
+        return Run.ERROR, f"{ran.disk}{where}: nothing from this run is graded"
+    if ran.timed_out:
+        where = f" (still running cell {last_started})" if last_started is not None else ""
+        return Run.TIMEOUT, f"the notebook did not finish within {timeout:g} s{where}"
+    return None
+
+
+def _read_back(record: RunRecord, results_path: Path, key: str) -> bool:
+    """Read the run's results into `record`; False, with the record an error that says why, where they cannot be."""
     try:
         record.environment, record.results = read_results(results_path, key)
+        return True
     except ForgedResults:
-        record.status = Run.ERROR
         record.message = FORGED
     except scratch.Refused as e:
-        record.status = Run.ERROR
         record.message = f"the run's results could not be read: {e}"
     except records.Malformed as e:
-        record.status = Run.ERROR
         record.message = (
             f"the run's results are not what the kit's harness writes ({e}): nothing from it is graded"
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        record.status = Run.ERROR
         record.message = f"the run's results could not be read ({type(e).__name__})"
-    else:
-        verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
-        record.judged_by = verify.judged_by(record.results)
-    return record
+    record.status = Run.ERROR
+    return False
 
 
 def free_port() -> int:
