@@ -382,52 +382,11 @@ def _launch(
 
     The verifier has the run's time limit as its own: how long the notebook took does not decide whether an
     honest program is verified on a busy machine (and a pod's `seconds` is only its own word)."""
-    from labkit.run import sandbox
-
     folder = scratch.empty(kit_folder / FOLDER)
-    refused = {cid: str(sent[cid]["tpu_refused"])[:300] for cid in wanted if sent[cid].get("tpu_refused")}
-    job = json.dumps(
-        {
-            "calls": [
-                by_id[cid] | ({"tpu_refused": refused[cid]} if cid in refused else {}) for cid in wanted
-            ],
-            "programs": wanted,
-        }
-    ).encode()
     job_file = kit_folder / JOB_FILE  # the kit folder: the verifier reads it, nothing else in a run can
     out = str(folder.resolve() / VERIFIED_FILE)
     with open(kit_folder / "verify.log", "wb") as log:
-        proc = None
-        if warm is not None:
-            job_file.write_bytes(job)
-            try:
-                proc = warm.launch(
-                    [out, str(job_file.resolve())],
-                    folder,
-                    env,
-                    limits,
-                    log,
-                    cache=cache,
-                    readable=(kit_folder,),
-                    module="labkit.judge.verify",
-                )
-                record.verify_start = Start.WARM
-            except OSError as e:
-                log.write(f"labkit: no warm start for the verifier ({e}); it starts cold\n".encode())
-        if proc is None:
-            record.verify_start = Start.COLD
-            cache_ro, cache_rw = cache.binds() if cache is not None else ((), ())
-            proc = sandbox.launch(
-                [sys.executable, "-m", "labkit.judge.verify", out],
-                sandbox.RunContext(
-                    folder,
-                    env,
-                    log,
-                    limits or sandbox.DEFAULT_LIMITS,
-                    stdin=job,
-                    reach=sandbox.Reach(cache_ro, cache_rw),
-                ),
-            )
+        proc = _start(record, _job(by_id, wanted, sent), job_file, folder, out, env, limits, log, cache, warm)
         try:
             code = proc.wait(timeout=float(timeout))
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the programs did not finish in time
@@ -452,6 +411,56 @@ def _launch(
         return {cid: {"unverified": why} for cid in wanted}
     finally:
         scratch.remove(folder)
+
+
+def _job(by_id: dict, wanted: dict, sent: dict) -> bytes:
+    """What the verifier is given: each wanted call as the kit's tests made it, and the program to run for it."""
+    refused = {cid: str(sent[cid]["tpu_refused"])[:300] for cid in wanted if sent[cid].get("tpu_refused")}
+    return json.dumps(
+        {
+            "calls": [
+                by_id[cid] | ({"tpu_refused": refused[cid]} if cid in refused else {}) for cid in wanted
+            ],
+            "programs": wanted,
+        }
+    ).encode()
+
+
+def _start(record, job: bytes, job_file: Path, folder: Path, out: str, env, limits, log, cache, warm):
+    """The verifier's process: forked by the warm server where there is one (the job in `job_file`), else
+    started cold in a sandbox of its own (the job on its standard input); `record` says which."""
+    from labkit.run import sandbox
+
+    if warm is not None:
+        job_file.write_bytes(job)
+        try:
+            proc = warm.launch(
+                [out, str(job_file.resolve())],
+                folder,
+                env,
+                limits,
+                log,
+                cache=cache,
+                readable=(job_file.parent,),
+                module="labkit.judge.verify",
+            )
+            record.verify_start = Start.WARM
+            return proc
+        except OSError as e:
+            log.write(f"labkit: no warm start for the verifier ({e}); it starts cold\n".encode())
+    record.verify_start = Start.COLD
+    cache_ro, cache_rw = cache.binds() if cache is not None else ((), ())
+    return sandbox.launch(
+        [sys.executable, "-m", "labkit.judge.verify", out],
+        sandbox.RunContext(
+            folder,
+            env,
+            log,
+            limits or sandbox.DEFAULT_LIMITS,
+            stdin=job,
+            reach=sandbox.Reach(cache_ro, cache_rw),
+        ),
+    )
 
 
 def _merge(results: dict, wanted: dict, found: dict, sent: dict) -> None:
