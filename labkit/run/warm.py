@@ -294,21 +294,33 @@ class Server:
     ) -> WarmRun:
         from labkit.run import sandbox
 
+        if cache is not None and Path(cache.folder).resolve() not in self.shared:
+            raise OSError(f"the compilation cache {cache.folder} is not the warm server's")
         token = os.urandom(16).hex()
+        cgroups = cgroup.make_cgroups(limits)
+        request = self._request(argv, workdir, env, limits, cache, readable, module, token, cgroups)
+        conn, read_end, ours = self._send(request, cgroups)
+        drain = sandbox.Drain(os.fdopen(read_end, "rb", buffering=0), log, limits.output)
+        drain.start()
+        return _handshake(conn, ours, cgroups, drain, limits, token)
+
+    def _request(
+        self, argv, workdir: Path, env: dict[str, str], limits, cache, readable, module, token, cgroups
+    ) -> dict:
+        """What the server's child is told of its run: its command, folders, environment and limits."""
+        from labkit.run import sandbox
+
         run_env = mounts.run_environment(env, workdir, sandboxed=True) | {envnames.RUN_TOKEN: token}
         rlimits = sandbox.run_rlimits(env, limits)
-        cgroups = cgroup.make_cgroups(limits)
         if not cgroup.counts_processes(cgroups):
             from labkit.run import processes
 
             rlimits["NPROC"] = processes.user_tasks() + limits.processes
-        if cache is not None and Path(cache.folder).resolve() not in self.shared:
-            raise OSError(f"the compilation cache {cache.folder} is not the warm server's")
         shared = {
             str(p): bool(cache is not None and cache.writable and Path(cache.folder).resolve() == p)
             for p in self.shared
         }
-        request = {
+        return {
             "argv": argv,
             "workdir": str(workdir),
             "env": run_env,
@@ -318,6 +330,10 @@ class Server:
             "module": module,
             "tmp_size": limits.disk,
         }
+
+    def _send(self, request: dict, cgroups: list[Path]) -> tuple[socket.socket, int, socket.socket]:
+        """Send the request with the run's output pipe and a socket for its hello; (connection, the pipe's read
+        end, our end of that socket). OSError, with the run's cgroups removed, where the server cannot be told."""
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -327,6 +343,7 @@ class Server:
             socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [write_end, theirs.fileno()])
         except OSError:
             conn.close()
+            ours.close()
             for g in cgroups:
                 cgroup.remove_cgroup(g)
             os.close(read_end)
@@ -334,29 +351,7 @@ class Server:
         finally:
             os.close(write_end)
             theirs.close()
-        drain = sandbox.Drain(os.fdopen(read_end, "rb", buffering=0), log, limits.output)
-        drain.start()
-        pid = _hello(ours, timeout=60)
-        run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
-        run.cpu_share = cgroup.share_of(
-            cgroups, sessions.available()
-        )  # its init applies the filter (`warmserver._init`)
-        if pid is None:
-            ours.close()
-            run.kill()
-            with contextlib.suppress(Exception):
-                run.wait(10)
-            raise OSError("the warm server's child did not report")
-        try:
-            for group in cgroups:
-                (group / "cgroup.procs").write_text(str(pid))
-            ours.sendall(b"go\n")
-        except OSError:
-            run.kill()
-            raise
-        finally:
-            ours.close()
-        return run
+        return conn, read_end, ours
 
     def stop(self) -> None:
         with self._lock:
@@ -373,6 +368,34 @@ class Server:
             self._log.close()
             self._log = None
         self.available = False
+
+
+def _handshake(
+    conn: socket.socket, ours: socket.socket, cgroups: list[Path], drain, limits, token: str
+) -> WarmRun:
+    """The run, once its child has said its pid and been moved into the run's cgroups; OSError, with the child
+    ended, where it never reports or cannot be moved."""
+    pid = _hello(ours, timeout=60)
+    run = WarmRun(conn, pid or -1, cgroups, drain, limits, token)
+    run.cpu_share = cgroup.share_of(
+        cgroups, sessions.available()
+    )  # its init applies the filter (`warmserver._init`)
+    if pid is None:
+        ours.close()
+        run.kill()
+        with contextlib.suppress(Exception):
+            run.wait(10)
+        raise OSError("the warm server's child did not report")
+    try:
+        for group in cgroups:
+            (group / "cgroup.procs").write_text(str(pid))
+        ours.sendall(b"go\n")
+    except OSError:
+        run.kill()
+        raise
+    finally:
+        ours.close()
+    return run
 
 
 def _hello(sock: socket.socket, timeout: float) -> int | None:
