@@ -88,62 +88,25 @@ def enter_namespaces(
     The process-id namespace applies to the children this process makes next (`become_init`).
     """
     libc = _libc()
-    uid, gid = os.geteuid(), os.getegid()
-    _check(libc.unshare(CLONE_NEWUSER), "a user namespace")
-    Path("/proc/self/setgroups").write_text("deny")
-    inside = uid if uid else RUN_ID
-    Path("/proc/self/uid_map").write_text(f"{inside} {uid} 1")
-    Path("/proc/self/gid_map").write_text(f"{inside} {gid} 1")
-    _check(
-        libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "namespaces"
-    )
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    _unshare(libc)
     work = str(Path(workdir).resolve())
-    keep = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     above = str(Path(readable).resolve()) if readable is not None else None
     if above is not None and not Path(work).is_relative_to(above):
         raise OSError(f"{work} is not inside {above}")
+    # Each folder to show is held open before anything covers it (one may lie under /tmp or a root).
+    keep = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     keep_above = os.open(above, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if above is not None else None
     shared = {str(Path(f).resolve()): bool(w) for f, w in (shared or {}).items()}
     shown = {f: os.open(f, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for f in shared}
-    roots = [str(Path(root).resolve()) for root in roots]
-    roots = [
-        r for r in roots if not any(r != o and Path(r).is_relative_to(o) for o in roots)
-    ]  # covered already
-    # /tmp first. What the server's sandbox binds under /tmp (the kit's environment, when it lies there) is bound
-    # again, as it was (read-only stays read-only); a folder of the run's own (its scratch folder) is bound below.
-    under_tmp = _mounts_under("/tmp")
-    kept = {m: os.open(m, os.O_PATH | os.O_CLOEXEC) for m in under_tmp}
-    options = "mode=1777" + (f",size={int(tmp_size)}" if tmp_size else "")
-    _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
-    _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    resolved = [str(Path(root).resolve()) for root in roots]
+    # a root inside another is covered with it
+    outermost = [r for r in resolved if not any(r != o and Path(r).is_relative_to(o) for o in resolved)]
     try:
-        for m, fd in kept.items():
-            _bind_again(libc, fd, m)
-    finally:
-        for fd in kept.values():
-            os.close(fd)
-    try:
-        for root_s in roots:
-            os.makedirs(root_s, exist_ok=True)  # a folder under /tmp is made again (empty), to be covered
-            _mount(libc, "tmpfs", root_s, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-            if Path(work).is_relative_to(root_s):
-                if (
-                    keep_above is not None
-                ):  # the kit folder, read-only, and the scratch folder in it, writable
-                    os.makedirs(above, exist_ok=True)
-                    _mount(libc, f"/proc/self/fd/{keep_above}", above, None, MS_BIND)
-                    _mount(libc, None, above, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-                else:
-                    os.makedirs(work, exist_ok=True)
-                _mount(libc, f"/proc/self/fd/{keep}", work, None, MS_BIND)
-            _mount(
-                libc, None, root_s, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=64k"
-            )
-        for (
-            folder_s,
-            fd,
-        ) in shown.items():  # bound again (one under /tmp is gone by now); read-only unless its to write
+        _fresh_tmp(libc, tmp_size)
+        for root_s in outermost:
+            _cover(libc, root_s, work, keep, above, keep_above)
+        # the shared folders bound again (one under /tmp is gone by now), read-only unless the run is to write it
+        for folder_s, fd in shown.items():
             os.makedirs(folder_s, exist_ok=True)
             _mount(libc, f"/proc/self/fd/{fd}", folder_s, None, MS_BIND)
             if not shared[folder_s]:
@@ -154,6 +117,54 @@ def enter_namespaces(
             os.close(keep_above)
         for fd in shown.values():
             os.close(fd)
+
+
+def _unshare(libc) -> None:
+    """A user namespace in which this process is itself (or RUN_ID, for root), then new mount, network, IPC,
+    host-name and process-id namespaces, with every mount private to them."""
+    uid, gid = os.geteuid(), os.getegid()
+    _check(libc.unshare(CLONE_NEWUSER), "a user namespace")
+    Path("/proc/self/setgroups").write_text("deny")
+    inside = uid if uid else RUN_ID
+    Path("/proc/self/uid_map").write_text(f"{inside} {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"{inside} {gid} 1")
+    _check(
+        libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "namespaces"
+    )
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def _fresh_tmp(libc, tmp_size: int | None) -> None:
+    """An empty /tmp and /dev/shm of the run's own, each capped at `tmp_size` bytes where given.
+
+    What the server's sandbox binds under /tmp (the kit's environment, when it lies there) is bound again,
+    as it was (read-only stays read-only); a folder of the run's own (its scratch folder) is bound later."""
+    kept = {m: os.open(m, os.O_PATH | os.O_CLOEXEC) for m in _mounts_under("/tmp")}
+    options = "mode=1777" + (f",size={int(tmp_size)}" if tmp_size else "")
+    _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    try:
+        for m, fd in kept.items():
+            _bind_again(libc, fd, m)
+    finally:
+        for fd in kept.values():
+            os.close(fd)
+
+
+def _cover(libc, root_s: str, work: str, keep: int, above: str | None, keep_above: int | None) -> None:
+    """Cover one of the server's folders with an empty read-only tmpfs, showing only the run's own folders in
+    it: the kit folder read-only (where given) and the scratch folder in it, writable."""
+    os.makedirs(root_s, exist_ok=True)  # a folder under /tmp is made again (empty), to be covered
+    _mount(libc, "tmpfs", root_s, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    if Path(work).is_relative_to(root_s):
+        if above is not None and keep_above is not None:
+            os.makedirs(above, exist_ok=True)
+            _mount(libc, f"/proc/self/fd/{keep_above}", above, None, MS_BIND)
+            _mount(libc, None, above, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        else:
+            os.makedirs(work, exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{keep}", work, None, MS_BIND)
+    _mount(libc, None, root_s, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
 
 
 def _bind_again(libc, fd: int, path: str) -> None:
