@@ -144,37 +144,8 @@ def bwrap_command(
     ]
     if seccomp is not None:
         args += ["--seccomp", str(seccomp)]
-    for p in _SYSTEM:
-        if os.path.islink(p):
-            args += ["--symlink", os.readlink(p), p]
-        elif os.path.isdir(p):
-            args += ["--ro-bind", p, p]
-    shared = ["--perms", "1777"] if user is not None else []  # root makes them; `user` must write there
-    # /tmp and /dev/shm vanish with the sandbox; where this bwrap can cap a tmpfs (0.10 and later), each holds at
-    # most the run's disk allowance, else the run's memory cgroup (where there is one) holds them
-    capped = ["--size", str(limits.disk)] if bwrap.sizes_tmpfs(finding().version) else []
-    args += [
-        *shared,
-        *capped,
-        "--tmpfs",
-        "/tmp",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        *shared,
-        *capped,
-        "--tmpfs",
-        "/dev/shm",
-    ]
-    for device in accelerator_devices():
-        args += ["--dev-bind", device, device]
-    if accelerator_devices() and os.path.isdir("/sys"):
-        args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
-    elif os.path.isdir(
-        CPU_INFO
-    ):  # the CPUs' count, which libtpu's allocator reads to compile for a TPU topology
-        args += ["--ro-bind", CPU_INFO, CPU_INFO]
+    args += _system_and_scratch_mounts(limits, user)
+    args += _device_mounts()
     binds = [p for p in visible(extra_ro) if not any(p == s or p.startswith(s + "/") for s in _SYSTEM)]
     links = _links(binds)
     work = str(Path(workdir).resolve())
@@ -189,6 +160,48 @@ def bwrap_command(
         args += ["--bind", str(Path(p).resolve()), str(Path(p).resolve())]
     args += ["--bind", work, work, "--chdir", work, "--"]
     return args + list(cmd)
+
+
+def _system_and_scratch_mounts(limits: Limits, user: int | None) -> list[str]:
+    """The system's folders read-only, and a /tmp, /proc, /dev and /dev/shm of the sandbox's own."""
+    args: list[str] = []
+    for p in _SYSTEM:
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            args += ["--ro-bind", p, p]
+    shared = ["--perms", "1777"] if user is not None else []  # root makes them; `user` must write there
+    # /tmp and /dev/shm vanish with the sandbox; where this bwrap can cap a tmpfs (0.10 and later), each holds at
+    # most the run's disk allowance, else the run's memory cgroup (where there is one) holds them
+    capped = ["--size", str(limits.disk)] if bwrap.sizes_tmpfs(finding().version) else []
+    return args + [
+        *shared,
+        *capped,
+        "--tmpfs",
+        "/tmp",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *shared,
+        *capped,
+        "--tmpfs",
+        "/dev/shm",
+    ]
+
+
+def _device_mounts() -> list[str]:
+    """The host's accelerators, and what the TPU runtime and compiler read of the machine (read-only)."""
+    args: list[str] = []
+    for device in accelerator_devices():
+        args += ["--dev-bind", device, device]
+    if accelerator_devices() and os.path.isdir("/sys"):
+        args += ["--ro-bind", "/sys", "/sys"]  # libtpu reads the chips' topology there
+    elif os.path.isdir(
+        CPU_INFO
+    ):  # the CPUs' count, which libtpu's allocator reads to compile for a TPU topology
+        args += ["--ro-bind", CPU_INFO, CPU_INFO]
+    return args
 
 
 # The host name of a sandbox with a network of its own (none, or the private one of a multi-process run):
