@@ -247,46 +247,60 @@ def serve(spec: dict) -> int:
         ready, _, _ = select.select([listener, *conns], [], [], 0.1)
         for sock in ready:
             if sock is listener:
-                conn, _ = listener.accept()
-                try:
-                    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
-                    request = json.loads(msg.decode())
-                    if len(fds) != 2 or not any(Path(request["workdir"]).is_relative_to(r) for r in roots):
-                        raise ValueError("a request the server does not serve")
-                except (OSError, ValueError, KeyError):
-                    conn.close()
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    listener.close()
-                    for other in children.values():
-                        other.close()
-                    conn.close()
-                    _child(request, fds[0], fds[1], [*roots, Path.cwd()])  # the server's own folder too
-                for fd in fds:
-                    os.close(fd)
-                children[pid] = conn
+                _fork_for(listener, roots, children)
             else:  # the kit closed its side or asked for a kill: end the run
                 pid = next(p for p, c in children.items() if c is sock)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-        while children:
+        _reap(children)
+
+
+def _fork_for(listener: socket.socket, roots: list[Path], children: dict[int, socket.socket]) -> None:
+    """Take one request from the kit and fork its run's child (which never returns here); a request for a
+    folder outside the server's, or without its two descriptors, is dropped."""
+    conn, _ = listener.accept()
+    fds: list[int] = []
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+        request = json.loads(msg.decode())
+        if len(fds) != 2 or not any(Path(request["workdir"]).is_relative_to(r) for r in roots):
+            raise ValueError("a request the server does not serve")
+    except (OSError, ValueError, KeyError, TypeError):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        for other in children.values():
+            other.close()
+        conn.close()
+        _child(request, fds[0], fds[1], [*roots, Path.cwd()])  # the server's own folder too
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Collect every child that has ended and tell the kit its exit status on the run's connection."""
+    while children:
+        try:
+            pid, wstatus = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        conn = children.pop(pid, None)
+        if conn is not None:
+            code = os.waitstatus_to_exitcode(wstatus)
             try:
-                pid, wstatus = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                code = os.waitstatus_to_exitcode(wstatus)
-                try:
-                    conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
-                except OSError:
-                    pass
-                conn.close()
+                conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+            except OSError:
+                pass
+            conn.close()
 
 
 if __name__ == "__main__":
