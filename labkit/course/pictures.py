@@ -262,20 +262,7 @@ def architecture_svg() -> str:
         body.append(_text(x + 10, y + 16, f"{k + 1}. {stage}", 12, "start"))
         body.append(_text(x + 10, y + 31, modules, 10, "start", "#444"))
         centres.append((x, w, y))
-    for (x0, w0, y0), (x1, w1, y1) in itertools.pairwise(centres):
-        if x0 == x1:  # straight down
-            body.append(
-                f'<line x1="{x0 + 40}" y1="{y0 + box_h}" x2="{x1 + 40}" y2="{y1 - 1}" stroke="#555" '
-                'marker-end="url(#arrow)"/>'
-            )
-        else:  # across the boundary
-            right = x1 > x0
-            a = (x0 + w0 if right else x0, y0 + box_h / 2)
-            b = (x1 - 2 if right else x1 + w1 + 2, y1 + box_h / 2)
-            body.append(
-                f'<line x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#555" '
-                'marker-end="url(#arrow)"/>'
-            )
+    body += [_arrow(here, there, box_h) for here, there in itertools.pairwise(centres)]
     body.append(
         _text(
             10,
@@ -297,6 +284,20 @@ def architecture_svg() -> str:
         )
     )
     return _svg(width, height, body, "The grading pipeline and its trust boundary")
+
+
+def _arrow(here: tuple, there: tuple, box_h: int) -> str:
+    """The arrow from one stage's box (x, width, y) to the next's: straight down, or across the boundary."""
+    (x0, w0, y0), (x1, w1, y1) = here, there
+    if x0 == x1:
+        return (
+            f'<line x1="{x0 + 40}" y1="{y0 + box_h}" x2="{x1 + 40}" y2="{y1 - 1}" stroke="#555" '
+            'marker-end="url(#arrow)"/>'
+        )
+    right = x1 > x0
+    a = (x0 + w0 if right else x0, y0 + box_h / 2)
+    b = (x1 - 2 if right else x1 + w1 + 2, y1 + box_h / 2)
+    return f'<line x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#555" marker-end="url(#arrow)"/>'
 
 
 def write_all(out: Path, python: str = sys.executable) -> list[Path]:
