@@ -173,6 +173,21 @@ def test_no_module_of_the_kit_is_longer_than_a_reader_takes_in_at_once():
     assert long == {}
 
 
+# A function is read on one screen: past this it becomes named steps (docs/development.md).
+MOST_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_kit_is_longer_than_a_screen():
+    long = {
+        f"{p.relative_to(PACKAGE)}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+        for p in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MOST_FUNCTION_LINES
+    }
+    assert long == {}
+
+
 def test_the_modules_said_not_to_change_a_grade_are_modules_of_the_kit():
     """Editing one of them regrades nothing (grading.store's key leaves them out): a name that no longer
     exists, or a module of the scoreboard's drawing left off, would make regrades wrong or needless."""
