@@ -101,6 +101,17 @@ class Lab:
         dirs = [self.public_tests] + ([self.hidden_tests] if hidden else [])
         return [d for d in dirs if d.is_dir()]
 
+    def uses(self, package: str) -> bool:
+        """Whether the lab's reference notebook or its tests import `package` (a top-level name: `flax`)."""
+        imports = re.compile(rf"^\s*(?:import|from)\s+{re.escape(package)}\b", re.M)
+        try:
+            cells = json.loads(self.reference.read_text())["cells"]
+        except (OSError, ValueError, KeyError):
+            cells = []
+        sources = ["".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code"]
+        sources += [t.read_text() for d in self.test_dirs(hidden=True) for t in sorted(d.rglob("*.py"))]
+        return any(imports.search(text) for text in sources)
+
     @property
     def title(self) -> str:
         """The first heading of the reference (or student) notebook."""

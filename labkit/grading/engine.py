@@ -103,6 +103,7 @@ class Grader:
                     base,
                     self.out / ".warm",
                     shared=[self.cache.folder] if self.cache else [],
+                    labs=list(self.labs.values()),
                 )
                 if server.start(self.limits):
                     self._warm = server

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from labkit import envnames
 from labkit.run import cgroup, modes, mounts, sessions
-from labkit.run.warmserver import MODULES, READY, UNAVAILABLE
+from labkit.run.warmserver import FOR_SOME_LABS, MODULES, READY, UNAVAILABLE
 
 START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 
@@ -147,9 +147,13 @@ class Server:
     `why`, when the server could not start or cannot make a run's sandbox here.
     """
 
-    def __init__(self, roots: list[Path], env: dict[str, str], folder: Path, shared: list[Path] = ()):
-        """`shared`: more folders its runs may see (a compilation cache), each run read-only unless it fills it."""
+    def __init__(
+        self, roots: list[Path], env: dict[str, str], folder: Path, shared: list[Path] = (), labs: list = ()
+    ):
+        """`shared`: more folders its runs may see (a compilation cache), each run read-only unless it fills it.
+        `labs`: the labs its runs are of (`catalog.Lab`): what only some labs import is imported for theirs."""
         self.roots = [Path(r).resolve() for r in roots]
+        self.packages = [p for p in FOR_SOME_LABS if any(lab.uses(p) for lab in labs)]
         self.shared = [Path(p).resolve() for p in shared]
         self.env, self.folder = env, Path(folder).absolute()  # a socket path bound in another folder
         self.available, self.why = False, "not started"
@@ -189,7 +193,11 @@ class Server:
         for stale in (self.socket_path, self.folder / "server.status"):  # a server of an earlier run's
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
-        spec = {"roots": [str(r) for r in self.roots], "socket": str(self.socket_path)}
+        spec = {
+            "roots": [str(r) for r in self.roots],
+            "socket": str(self.socket_path),
+            "packages": self.packages,
+        }
         if os.geteuid() == 0:
             # The server's sandbox is an unprivileged user's (a user namespace of its own), as on any machine
             # where the kit does not run as root; its runs' scratch folders are handed to that user.

@@ -16,7 +16,7 @@ from labkit.course import catalog, configs
 BUILD = Path(os.environ.get(envnames.BUILD) or catalog.ROOT / "build")
 
 
-def _warm_server(out: Path, chosen: list, limits, cache):
+def _warm_server(lab, out: Path, chosen: list, limits, cache):
     """A warm server begun for the one-process CPU configurations of this run of the loop, or None."""
     from labkit.run import allowance, warm
 
@@ -24,7 +24,7 @@ def _warm_server(out: Path, chosen: list, limits, cache):
     if len(wanted) < 2 or os.environ.get(envnames.WARM, "on") == "off":
         return None  # one kernel: forking it from a server saves nothing
     base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
-    server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [])
+    server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [], labs=[lab])
     return server if server.begin(limits or allowance.DEFAULT_LIMITS) else None
 
 
@@ -52,7 +52,7 @@ def run_lab(
 
     # the student's own runs fill and read their own cache (programs compiled once, not at every make lab-N)
     cache = jaxcache.prepare(jaxcache.students_own(Path(build or BUILD))) if jaxcache.wanted() else None
-    server = _warm_server(out, chosen, limits, cache)
+    server = _warm_server(lab, out, chosen, limits, cache)
     try:
         return _run(
             lab,

@@ -32,7 +32,8 @@ LIMITS = Limits(isolation=modes.SANDBOX)
 # A cell that writes what the run sees of itself into its scratch folder, as facts.json (its kit folder is
 # the one above, the runs beside it one more above).
 LOOK_AROUND = r"""
-import json, os, jax, numpy as np
+import json, os, sys, jax, numpy as np
+flax_before = "flax" in sys.modules  # what the server imported for the run: only a Flax lab's imports Flax
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
 here = os.getcwd()
 facts = {
@@ -46,6 +47,7 @@ facts = {
     "tmp": sorted(os.listdir("/tmp")),
     "interfaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]),
     "random": float(np.random.rand()),
+    "flax_before": flax_before,
 }
 read_end, write_end = os.pipe()
 if os.fork() == 0:  # a child, as a busy process would: may it leave for a session (a scheduling group) of its own?
@@ -207,6 +209,29 @@ def test_the_kits_own_run_of_the_programs_is_forked_by_the_server_too_and_leaves
         )
         assert not (Path(record.workdir) / "verify-job.json").exists()  # the hidden inputs are not kept
     assert records["warm"].results == records["cold"].results
+
+
+def test_a_server_imports_flax_only_for_the_labs_that_use_it(looked, runs_root, tmp_path_factory):
+    assert [lab.number for lab in catalog.labs() if lab.uses("flax")] == [6, 8]
+    assert looked["warm-1"][1]["flax_before"] is False  # a server for lab 3's runs (no lab given)
+    env = {k: v for k, v in configs.CONFIGS["cpu-1"].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+    flax_lab = warm.Server([runs_root], env, tmp_path_factory.mktemp("flax-server"), labs=[catalog.lab(6)])
+    assert flax_lab.packages == ["flax"]
+    assert flax_lab.start(LIMITS), flax_lab.why
+    try:
+        record = execute.run_notebook(
+            _notebook(tmp_path_factory.mktemp("nb") / "look.ipynb"),
+            configs.by_name("cpu-1"),
+            [],
+            runs_root / "flax-lab",
+            timeout=180,
+            limits=LIMITS,
+            warm=flax_lab,
+            keep_scratch=True,
+        )
+    finally:
+        flax_lab.stop()
+    assert record.start == "warm" and _facts(record)["flax_before"] is True
 
 
 def test_the_server_never_starts_a_jax_backend(server):
