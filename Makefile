@@ -92,7 +92,7 @@ else
 	@$(PYTHON) -m labkit.machine.envsetup remove-other-venv --venv $(VENV)
 	$(UV) venv --quiet --allow-existing --python $(PYTHON_EXE) --prompt labkit $(VENV)
 	$(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate $(SELECTION) -o $(VENV)/requirements.txt
-	$(UV) pip sync --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) $(VENV)/requirements.txt
+	$(UV) pip sync --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) --compile-bytecode $(VENV)/requirements.txt
 	$(UV) pip install --quiet --python $(PY) --offline --no-index --find-links $(WHEELHOUSE) --no-deps -e .
 	@echo '$(SELECTION)' > $@
 endif

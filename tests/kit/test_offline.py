@@ -162,6 +162,9 @@ def test_setup_offline_builds_the_environment_from_the_wheelhouse_alone(offline_
     assert version == envsetup.jax_for(envsetup.venv_python(kit / ".venv")), version
     assert where == str(kit / "labkit" / "__init__.py")
     assert (kit / ".tools" / "bin" / "uv").exists(), "uv itself came from the wheelhouse"
+    assert list((kit / ".venv").glob("lib/python*/site-packages/jax/__pycache__/__init__.cpython-*.pyc")), (
+        "the environment's bytecode is compiled at setup, offline too"
+    )
 
 
 def test_the_course_images_lean_selection_is_what_the_plain_offline_setup_made(offline_kit):

@@ -154,6 +154,8 @@ def test_first_setup_prints_a_few_lines_and_logs_the_package_list(tmp_path):
     ]
     assert make(kit, "-q", ".venv/.synced").returncode == 0, "a finished set-up is up to date"
     assert not list((kit / ".venv").glob("lib/python*/site-packages/ruff")), "the kit's own tools stay out"
+    # compiled once here: every run sees .venv read-only, so a module without its .pyc is compiled in every process
+    assert list((kit / ".venv").glob("lib/python*/site-packages/jax/__pycache__/__init__.cpython-*.pyc"))
 
 
 def stand_in_python(tmp_path: Path, reported: str, venv_works: bool = True) -> Path:
