@@ -1,10 +1,11 @@
 """Warm starts: a server that has imported what every run imports, and forks each run's kernel.
 
 Most of a short notebook run is fixed start-up: a Python interpreter, importing JAX, numpy,
-IPython (and Flax, for the labs that use it), starting a Jupyter kernel. None of it depends on the student. A warm server
-pays it once per grading run: it starts in a bubblewrap sandbox of its own (`sandbox.launch`:
-read-only system and environment, no network, its own process ids, no capabilities), imports
-those modules without starting any JAX backend, and then, for each run, forks a child that:
+IPython (and Flax, for the labs that use it), starting a Jupyter kernel. None of it depends on
+the student. A warm server pays it once per grading run: it starts in a bubblewrap sandbox of
+its own (`sandbox.launch`: read-only system and environment, no network, its own process ids, no
+capabilities), imports those modules without starting any JAX backend, and then, for each run,
+forks a child that:
 
 1. reports to the kit (which moves it into the run's own cgroups, as a cold run's first step
    does itself) and sets the run's resource limits;
