@@ -236,6 +236,9 @@ def single_process_reason(items) -> str | None:
 
 def _args(test_dirs: list[Path]) -> list[str]:
     return [str(d) for d in test_dirs] + [
+        # Only pytest's own plugins and the kit's: one installed beside the kit (xdist, anyio, a student's
+        # own) could change how the lab's tests run, and importing them costs every run half a CPU-second.
+        "--disable-plugin-autoload",
         "-p",
         "no:cacheprovider",
         "-p",

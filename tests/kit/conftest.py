@@ -196,6 +196,7 @@ FAST_MODULES = frozenset(
         "test_noxfile.py",
         "test_exitcodes.py",
         "test_kernel_client.py",
+        "test_judge.py",
     }
 )
 
