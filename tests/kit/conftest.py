@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,15 +157,6 @@ def outside_tmp():
 # to one worker together, which runs them one after another, so no two of them start, use and stop
 # such a service under each other.
 MACHINE_WIDE = "machine_wide"
-# A lab's own module (test_lab_N.py) and each module's tests of that lab alone (a test id ending in
-# `[lab-N]` or `[N]` in PER_LAB_MODULES) go to one worker as one unit, after one another: they run the
-# lab's reference and its variants, and the worker's JAX cache (one_compile_cache) then compiles the
-# reference's programs once, not once in each worker that runs one of them.
-PER_LAB_MODULES = frozenset(
-    {"test_student_loop.py", "test_precision.py", "test_tpu_references.py", "test_pod_sizes.py"}
-)
-LAB_MODULE = re.compile(r"test_lab_(\d+)\.py")
-LAB_PARAMETER = re.compile(r"\[(?:lab-)?(\d+)\]$")
 
 
 # The fast tier (`make test-fast`, what a change runs first): the modules of unit and contract tests,
@@ -250,27 +240,16 @@ def _machine_wide(path: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only where it is installed
 def pytest_xdist_make_scheduler(config, log):
-    """Whole modules to workers (xdist's loadfile), a lab's tests and the machine-wide modules as units (see
-    `unit_of`); with `--dist load` (one module's tests spread over the workers, as `make test-other-jax` runs
-    its one module), xdist's own."""
+    """Whole modules to workers (xdist's loadfile), the machine-wide ones as one unit; with `--dist load`
+    (one module's tests spread over the workers, as `make test-other-jax` runs its one module), xdist's own."""
     from xdist.scheduler import LoadFileScheduling
 
     if config.getoption("dist") != "loadfile":
         return None
 
-    class ModulesLabsAndMachineWide(LoadFileScheduling):
+    class ModulesAndMachineWide(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return unit_of(nodeid)
+            path = nodeid.split("::", 1)[0]
+            return MACHINE_WIDE if _machine_wide(path) else path
 
-    return ModulesLabsAndMachineWide(config, log)
-
-
-def unit_of(nodeid: str) -> str:
-    """The unit of work a test goes to a worker in: the machine-wide modules together, a lab's tests together
-    (PER_LAB_MODULES), else its module."""
-    path = nodeid.split("::", 1)[0]
-    if _machine_wide(path):
-        return MACHINE_WIDE
-    name = Path(path).name
-    lab = LAB_MODULE.fullmatch(name) or (LAB_PARAMETER.search(nodeid) if name in PER_LAB_MODULES else None)
-    return f"lab {lab[1]}" if lab else path
+    return ModulesAndMachineWide(config, log)

@@ -32,19 +32,3 @@ def test_make_test_fast_selects_the_fast_marker_and_make_test_selects_none():
     full = re.search(r"^test:.*\n\t(.*)$", makefile, re.M).group(1)
     assert "-m fast" in fast
     assert "-m " not in full.replace("-m pytest", "")
-
-
-def test_a_labs_tests_go_to_one_worker_together_and_other_modules_stay_whole():
-    assert conftest.unit_of("tests/kit/test_lab_10.py::test_x") == "lab 10"
-    assert conftest.unit_of("tests/kit/test_student_loop.py::test_every_reference[lab-10]") == "lab 10"
-    assert conftest.unit_of("tests/kit/test_precision.py::test_every_reference[10]") == "lab 10"
-    assert conftest.unit_of("tests/kit/test_student_loop.py::test_a_mesh") == "tests/kit/test_student_loop.py"
-    assert conftest.unit_of("tests/kit/test_grade.py::test_x[10]") == "tests/kit/test_grade.py"
-    assert conftest.unit_of("tests/kit/test_slurm.py::test_x") == conftest.MACHINE_WIDE
-
-
-def test_no_module_split_by_lab_has_a_module_fixture():
-    # each worker that runs some of its labs would make the fixture again
-    for name in conftest.PER_LAB_MODULES:
-        text = (KIT_TESTS / name).read_text()
-        assert 'scope="module"' not in text and "scope='module'" not in text, name
