@@ -94,7 +94,7 @@ def test_a_run_never_inherits_a_coordinator_from_the_caller():
             "HOME": "/h",
         }
     )
-    assert set(env) == {"HOME", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES"}
+    assert set(env) == {"HOME", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS"}
 
 
 # ----------------------------------------------------------------------------------------
