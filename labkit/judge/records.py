@@ -16,6 +16,7 @@ which takes anything malformed as a value that fails its test.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -222,9 +223,17 @@ def parse(data: bytes | str, limit: int = MAX_BYTES) -> Any:
         raise Malformed(f"it is not JSON ({str(e)[:200]})") from None
 
 
+# One conversion at a time. msgspec builds a schema's type information at its first use, and two threads
+# doing so at once (the judge reads each configuration's results in a thread of its own) crashed the
+# kit's process with a segmentation fault: about one start in 75, with 16 threads converting a payload
+# each for the first time (msgspec 0.22, Python 3.13). Conversions are small; the lock costs nothing.
+_CONVERTING = threading.Lock()
+
+
 def _convert(data: Any, schema: type) -> dict[str, Any]:
     try:
-        found = msgspec.to_builtins(msgspec.convert(data, schema))
+        with _CONVERTING:
+            found = msgspec.to_builtins(msgspec.convert(data, schema))
     except RecursionError:
         raise Malformed("it is nested too deeply") from None
     except msgspec.ValidationError as e:

@@ -8,6 +8,8 @@ multi-process run, a pod's results and its record of how it ended, and the verif
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +267,25 @@ def test_the_verifiers_own_facts_survive_the_schema_the_compiler_estimate_and_wh
         "written": ["reduce-scatter"],
     }
     assert records.facts(facts) == facts
+
+
+def test_the_judges_threads_convert_records_one_at_a_time(monkeypatch):
+    # Two threads building msgspec's type information at once crashed the kit's process (records._CONVERTING).
+    inside, most = [], []
+    convert = records.msgspec.convert
+
+    def watched(*args, **kw):
+        inside.append(1)
+        most.append(len(inside))
+        time.sleep(0.05)
+        inside.pop()
+        return convert(*args, **kw)
+
+    monkeypatch.setattr(records.msgspec, "convert", watched)
+    payload = {"environment": {}, "results": [{"id": "c0", "value": VALUE, "facts": FACTS}]}
+    threads = [threading.Thread(target=records.payload, args=(payload,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(most) == 4 and max(most) == 1
