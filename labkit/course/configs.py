@@ -100,7 +100,8 @@ def tpu_available() -> tuple[bool, str]:
 # them is most of a run's work and running them very little: a first run of each reference on cpu-1 and cpu-8 takes
 # about a sixth less CPU. What the kit judges a program by is settled before LLVM
 # (its optimised HLO: the collectives, the FLOPs and the memory the compiler reports), the same at every level.
-# Not on a compile-only TPU configuration: libtpu's compiler reads the same flags, and was slower with this one.
+# The compile-only TPU configurations too: their values come from the same CPU programs (which then share
+# the compile cache with cpu-N's), and libtpu's compiler, which reads the same flags, reported the same facts.
 CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 
 # Device counts of the pod sizes a lab must be right on: every lab's inputs divide by each of them.
@@ -158,7 +159,12 @@ def tpu_compiled(name: str, topology: str, devices: int) -> DeviceConfig:
         name=name,
         summary=f"compiled for TPU {kind} {shape}, values from cpu-{devices}",
         platform="cpu",
-        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices), envnames.TPU_TOPOLOGY: topology},
+        env={
+            "JAX_PLATFORMS": "cpu",
+            "JAX_NUM_CPU_DEVICES": str(devices),
+            "XLA_FLAGS": CPU_COMPILE_FLAGS,
+            envnames.TPU_TOPOLOGY: topology,
+        },
         devices=devices,
         on_request=True,
         compile_for=topology,
