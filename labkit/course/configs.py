@@ -96,12 +96,13 @@ def tpu_available() -> tuple[bool, str]:
     return accelerators.tpu_available()
 
 
-# How the simulated CPU devices compile: without LLVM's optimisations. A lab's programs are small, so compiling
-# them is most of a run's work and running them very little: a first run of each reference on cpu-1 and cpu-8 takes
-# about a sixth less CPU. What the kit judges a program by is settled before LLVM
-# (its optimised HLO: the collectives, the FLOPs and the memory the compiler reports), the same at every level.
-# The compile-only TPU configurations too: their values come from the same CPU programs (which then share
-# the compile cache with cpu-N's), and libtpu's compiler, which reads the same flags, reported the same facts.
+# How the simulated CPU devices compile: without LLVM's optimisations. A lab's programs are small, so
+# compiling them is most of a run's work and running them very little: a first run of each reference on
+# cpu-1 and cpu-8 takes about a sixth less CPU (BENCHMARKS.md, benchmarks/bench_compile.py). What the kit
+# judges a program by is settled before LLVM (its optimised HLO: the collectives, the FLOPs and the memory
+# the compiler reports), the same at every level. The compile-only TPU configurations too: their values
+# come from the same CPU programs (which then share the compile cache with cpu-N's), and libtpu's
+# compiler, which reads the same flags, reported the same facts.
 CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 
 # Device counts of the pod sizes a lab must be right on: every lab's inputs divide by each of them.
