@@ -105,6 +105,13 @@ def tpu_available() -> tuple[bool, str]:
 # compiler, which reads the same flags, reported the same facts.
 CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 
+
+def _on_cpu(devices: int) -> dict[str, str]:
+    """The environment of a process of `devices` simulated CPU devices (every CPU configuration's, and the
+    compile-only TPU configurations' runs)."""
+    return {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices), "XLA_FLAGS": CPU_COMPILE_FLAGS}
+
+
 # Device counts of the pod sizes a lab must be right on: every lab's inputs divide by each of them.
 POD_SIZES = (1, 2, 4, 8, 16, 32)
 _NUMBERS = {1: "one", 2: "two", 4: "four", 8: "eight", 16: "sixteen", 32: "thirty-two"}
@@ -120,7 +127,7 @@ def cpu(devices: int, *, on_request: bool = True) -> DeviceConfig:
         name=f"cpu-{devices}",
         summary=summary,
         platform="cpu",
-        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices), "XLA_FLAGS": CPU_COMPILE_FLAGS},
+        env=_on_cpu(devices),
         devices=devices,
         on_request=on_request,
     )
@@ -138,7 +145,7 @@ def cpu_processes(processes: int, devices: int, *, on_request: bool = True) -> D
         summary=f"{_NUMBERS.get(processes, processes)} JAX processes of {_NUMBERS.get(devices, devices)} CPU "
         f"device{'s' if devices > 1 else ''} each, joined over localhost",
         platform="cpu",
-        env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices), "XLA_FLAGS": CPU_COMPILE_FLAGS},
+        env=_on_cpu(devices),
         devices=processes * devices,
         processes=processes,
         distributed={
@@ -160,12 +167,7 @@ def tpu_compiled(name: str, topology: str, devices: int) -> DeviceConfig:
         name=name,
         summary=f"compiled for TPU {kind} {shape}, values from cpu-{devices}",
         platform="cpu",
-        env={
-            "JAX_PLATFORMS": "cpu",
-            "JAX_NUM_CPU_DEVICES": str(devices),
-            "XLA_FLAGS": CPU_COMPILE_FLAGS,
-            envnames.TPU_TOPOLOGY: topology,
-        },
+        env=_on_cpu(devices) | {envnames.TPU_TOPOLOGY: topology},
         devices=devices,
         on_request=True,
         compile_for=topology,
