@@ -29,6 +29,7 @@ _.pytest_collection_finish
 _.pytest_runtest_makereport
 pytest_configure  # tests/kit/conftest.py
 one_compile_cache  # an autouse pytest fixture (tests/kit/conftest.py)
+compiles_shared_between_workers  # an autouse pytest fixture (tests/kit/conftest.py)
 pytest_collection_modifyitems
 pytest_xdist_make_scheduler
 _._split_scope  # xdist's LoadFileScheduling

@@ -202,14 +202,68 @@ FAST_MODULES = frozenset(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def one_compile_cache(tmp_path_factory):
+def one_compile_cache(tmp_path_factory) -> Path | None:
     """The student loop's runs of the session compile through one JAX cache folder per worker, so the many
     runs of each reference and of its variants compile each program once. One per worker: a worker's tests
     run one after another, as one student's `make lab-N` do (as root, each run's warm server hands the
-    folder to a user of its own). A test of the cache itself grades (its cache is the grading run's own)."""
+    folder to a user of its own). A test of the cache itself grades (its cache is the grading run's own).
+    Returns the folder made here; None where the caller named one (LABKIT_COMPILE_CACHE_DIR)."""
     from labkit import envnames
 
-    os.environ.setdefault(envnames.COMPILE_CACHE_DIR, str(tmp_path_factory.getbasetemp() / "jax-cache"))
+    if os.environ.get(envnames.COMPILE_CACHE_DIR):
+        return None
+    folder = tmp_path_factory.getbasetemp() / "jax-cache"
+    os.environ[envnames.COMPILE_CACHE_DIR] = str(folder)
+    return folder
+
+
+# What one worker compiled, the others load: between two tests each worker gives the session's pool the
+# entries its own cache folder gained (hard links: an entry is a whole file, named by its program, written
+# once) and takes those it lacks. The workers' runs never share a folder, so none takes write access from
+# another's; an entry is passed on only after the test whose runs wrote it has ended. About a quarter of a
+# worker's programs are ones another worker compiles too.
+POOL_SUBFOLDERS = ("", "tpu-facts")  # JAX's entries; the TPU compiler's facts (labkit.run.jaxcache)
+
+
+def _link_missing(source: Path, target: Path) -> None:
+    for sub in POOL_SUBFOLDERS:
+        try:
+            have = set(os.listdir(target / sub))
+            offered = os.scandir(source / sub)
+        except FileNotFoundError:
+            continue
+        with offered:
+            for entry in offered:
+                if (
+                    entry.name in have
+                    or entry.name.startswith(".")
+                    or not entry.is_file(follow_symlinks=False)
+                ):
+                    continue
+                try:
+                    os.link(entry.path, target / sub / entry.name, follow_symlinks=False)
+                except OSError:  # another worker gave it first; a file system without hard links
+                    pass
+
+
+@pytest.fixture(autouse=True)
+def compiles_shared_between_workers(request, one_compile_cache, tmp_path_factory):
+    """Under pytest-xdist, this worker's cache takes the pool's entries before each test and gives its own
+    after it (the fast tier compiles nothing and is left out)."""
+    if (
+        one_compile_cache is None
+        or not os.environ.get("PYTEST_XDIST_WORKER")
+        or request.node.get_closest_marker(FAST)
+    ):
+        yield
+        return
+    pool = tmp_path_factory.getbasetemp().parent / "jax-cache-pool"
+    for folder in (pool, one_compile_cache):
+        for sub in POOL_SUBFOLDERS:
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+    _link_missing(pool, one_compile_cache)
+    yield
+    _link_missing(one_compile_cache, pool)
 
 
 def pytest_configure(config):
