@@ -57,9 +57,10 @@ def engine():
     if env is None:
         pytest.skip(f"no Docker engine: {why}")
     env = dict(env, NO_COLOR="1")
-    yield env
-    # What earlier builds left (images no tag names any more, build cache beyond 10 GB) goes;
-    # the base image, the tagged images and the recent cache (uv's downloads) stay for the next run.
+    # What earlier runs' builds left (images no tag names any more, build cache beyond 10 GB) goes;
+    # the base image, the tagged images and the recent cache (uv's downloads) stay. Before the session's
+    # builds, not after them: deleting the layers mostly waits on the disk, which other workers' tests
+    # fill with work here, where after the last test it was the suite's last minute.
     client = ["bash", str(ROOT / "docker" / "client.sh")]
     subprocess.run([*client, "image", "prune", "-f"], env=env, capture_output=True, timeout=300, check=False)
     subprocess.run(
@@ -69,6 +70,7 @@ def engine():
         timeout=300,
         check=False,
     )
+    yield env
     if started:
         engine_module.stop()
 
