@@ -13,6 +13,7 @@ import pytest
 
 from labkit import checks
 from labkit.course import configs
+from labkit.run import jaxcache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -222,7 +223,7 @@ def one_compile_cache(tmp_path_factory) -> Path | None:
 # once) and takes those it lacks. The workers' runs never share a folder, so none takes write access from
 # another's; an entry is passed on only after the test whose runs wrote it has ended. About a quarter of a
 # worker's programs are ones another worker compiles too.
-POOL_SUBFOLDERS = ("", "tpu-facts")  # JAX's entries; the TPU compiler's facts (labkit.run.jaxcache)
+POOL_SUBFOLDERS = ("", jaxcache.TPU_FACTS)  # JAX's entries; the TPU compiler's facts
 
 
 def _link_missing(source: Path, target: Path) -> None:
@@ -246,24 +247,29 @@ def _link_missing(source: Path, target: Path) -> None:
                     pass
 
 
-@pytest.fixture(autouse=True)
-def compiles_shared_between_workers(request, one_compile_cache, tmp_path_factory):
-    """Under pytest-xdist, this worker's cache takes the pool's entries before each test and gives its own
-    after it (the fast tier compiles nothing and is left out)."""
-    if (
-        one_compile_cache is None
-        or not os.environ.get("PYTEST_XDIST_WORKER")
-        or request.node.get_closest_marker(FAST)
-    ):
-        yield
-        return
+@pytest.fixture(scope="session")
+def compile_pool(one_compile_cache, tmp_path_factory) -> Path | None:
+    """The session's pool of compiled programs, beside the workers' own folders (made with them); None
+    without pytest-xdist or where the caller named the cache folder."""
+    if one_compile_cache is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
     pool = tmp_path_factory.getbasetemp().parent / "jax-cache-pool"
     for folder in (pool, one_compile_cache):
         for sub in POOL_SUBFOLDERS:
             (folder / sub).mkdir(parents=True, exist_ok=True)
-    _link_missing(pool, one_compile_cache)
+    return pool
+
+
+@pytest.fixture(autouse=True)
+def compiles_shared_between_workers(request, one_compile_cache, compile_pool):
+    """Under pytest-xdist, this worker's cache takes the pool's entries before each test and gives its own
+    after it (the fast tier compiles nothing and is left out)."""
+    if compile_pool is None or request.node.get_closest_marker(FAST):
+        yield
+        return
+    _link_missing(compile_pool, one_compile_cache)
     yield
-    _link_missing(one_compile_cache, pool)
+    _link_missing(one_compile_cache, compile_pool)
 
 
 def pytest_configure(config):
