@@ -37,7 +37,7 @@ comma := ,
 STUDENT_GROUPS := notebook
 ALL_GROUPS = $(shell $(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['dependency-groups'])" 2>/dev/null)
 GOALS := $(MAKECMDGOALS) $(FOR)
-NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test test-fast,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),dev lint) \
+NEEDED_GROUPS = $(STUDENT_GROUPS) $(if $(filter test test-kit test-fast,$(GOALS)),$(ALL_GROUPS)) $(if $(filter lint,$(GOALS)),dev lint) \
   $(if $(filter docs,$(GOALS)),docs)
 RECORDED := $(strip $(shell cat $(VENV)/.synced 2>/dev/null))
 # What .venv has now: a stamp without --no-default-groups was written when every group was the default.
@@ -47,7 +47,7 @@ RECORDED_GROUPS = $(if $(wildcard $(VENV)/.synced),$(if $(findstring --no-defaul
 # FOR=test) where JAX 0.12 installs (Python 3.12 and newer), `tpu`: libtpu, the TPU compiler of the compile-only
 # TPU configurations (v5e-8, ...) whose tests then run instead of skipping. Never in the student's lean set-up.
 RECORDED_EXTRAS = $(patsubst extra=%,%,$(filter extra=%,$(subst --extra ,extra=,$(RECORDED))))
-TEST_EXTRAS = $(if $(filter test,$(GOALS)),$(if $(filter 1,$(shell $(PYTHON_EXE) -c 'import sys; print(int(sys.version_info >= (3, 12)))' 2>/dev/null)),tpu))
+TEST_EXTRAS = $(if $(filter test test-kit,$(GOALS)),$(if $(filter 1,$(shell $(PYTHON_EXE) -c 'import sys; print(int(sys.version_info >= (3, 12)))' 2>/dev/null)),tpu))
 SETUP_EXTRAS = $(or $(EXTRAS),$(RECORDED_EXTRAS),$(TEST_EXTRAS))
 # The part of uv.lock that `make setup` installs; recorded in .venv/.synced, and a different one re-syncs.
 SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(SETUP_EXTRAS),--extra $(SETUP_EXTRAS)) --no-default-groups \
@@ -56,7 +56,7 @@ SELECTION := $(strip $(if $(PYTHON_EXE),--python $(PYTHON_EXE)) $(if $(SETUP_EXT
 # uv from the PATH when there is one; otherwise a private copy under .tools/, made once.
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 
-.PHONY: help setup system-deps test test-fast test-other-jax docs lab-% labs list configs student-notebooks check-student-notebooks bench clean
+.PHONY: help setup system-deps test test-fast test-kit test-other-jax test-other-jax-logged docs lab-% labs list configs student-notebooks check-student-notebooks bench clean
 .PHONY: wheelhouse lint docker-base docker-build docker-lab docker-grade .selection-changed doctor
 
 help: ## show this help
@@ -197,9 +197,25 @@ test-fast: setup ## the fast tier: unit and contract tests, a few minutes; what 
 	$(PY) -m pytest -m fast $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=10
 
 # SWEEP=full: every sweep whole (every reference on each of cpu-2, 4, 16 and 32, not a small and a large one).
-test: setup system-deps check-student-notebooks ## the kit's own test suite, then the student loop on the other JAX
+# The two halves run side by side (make -j2): the suite's waits (containers, the disk, a cell that never ends)
+# and its last minutes, when fewer tests are left than workers, leave CPUs idle that the other JAX's runs take.
+# The other JAX's output goes to $(OTHER_LOG) and is shown whole once both are done. TEST_WORKERS=0: one
+# after the other, in one process each.
+OTHER_LOG ?= build/test-other-jax.log
+test: setup system-deps check-student-notebooks ## the kit's own test suite and, beside it, the student loop on the other JAX
+	@mkdir -p $(dir $(OTHER_LOG)); rm -f $(OTHER_LOG); \
+	$(MAKE) --no-print-directory $(if $(filter 0,$(TEST_WORKERS)),-j1,-j2) test-kit test-other-jax-logged; status=$$?; \
+	if [ -s $(OTHER_LOG) ]; then echo; echo "== the student loop on the other JAX ($(OTHER_LOG)) =="; cat $(OTHER_LOG); fi; \
+	exit $$status
+
+test-kit: setup system-deps check-student-notebooks ## the kit's own test suite (tests/kit) alone, in .venv
 	$(if $(SWEEP),LABKIT_TEST_SWEEP=$(SWEEP) )$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25
-	@$(MAKE) --no-print-directory test-other-jax
+
+# OTHER_WORKERS: the other JAX's workers beside the suite's (make test); alone (make test-other-jax), TEST_WORKERS.
+OTHER_WORKERS ?= 2
+test-other-jax-logged:
+	@$(MAKE) --no-print-directory test-other-jax $(if $(filter 0,$(TEST_WORKERS)),,TEST_WORKERS=$(OTHER_WORKERS)) > $(OTHER_LOG) 2>&1 \
+	  || { echo "test-other-jax failed: its output is in $(OTHER_LOG), and below once the suite is done"; exit 1; }
 
 # The lock's other world: where .venv has Python 3.12 or newer (JAX 0.12), a Python 3.11 (JAX 0.10.2),
 # and the other way round. There, in $(OTHER_VENV), every lab's reference and the student loop run
