@@ -130,10 +130,10 @@ configs: setup ## list the device configurations and whether each runs here
 isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why none and the fix
 	@$(PY) -m labkit isolation
 
-# The TA's inputs, the course's state (labkit/grading/course.py, kept in OUT/course/): ROSTER=file gives
+# The TA's inputs, the course's state (labkit/grading/state/course.py, kept in OUT/course/): ROSTER=file gives
 # --roster file, and so for every input its registry lists (asked of it when a grading target runs, so an
 # input added there needs nothing here). Each one left out is the one kept from the class's last run.
-COURSE_INPUTS = $(or $(shell $(PY) -m labkit.grading.course names 2>/dev/null),roster policy overrides extensions adjustments)
+COURSE_INPUTS = $(or $(shell $(PY) -m labkit.grading.state.course names 2>/dev/null),roster policy overrides extensions adjustments)
 # The inputs the registry lists today, named here for readers (a test checks the two lists agree):
 ROSTER ?=
 POLICY ?=

@@ -404,7 +404,7 @@ def single_process(reason: str):
 def check(*, points: float = 1, **calls: Call):
     """Declare the student calls a test needs; the test receives their values by the same names.
 
-    `points` is what the test is worth in a grade (default 1; see labkit/grading/policy.py for how
+    `points` is what the test is worth in a grade (default 1; see labkit/grading/state/policy.py for how
     configurations combine).
     """
 

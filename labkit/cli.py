@@ -86,7 +86,8 @@ def _student_notebooks(args) -> int:
 
 
 def _grade(args) -> int:
-    from labkit.grading import course, grade, scoreboard
+    from labkit.grading import grade, scoreboard
+    from labkit.grading.state import course
 
     try:
         request = grade.Request(
@@ -119,7 +120,7 @@ def _grade(args) -> int:
 def _export(args) -> int:
     """`scoreboard export`: an LMS gradebook file from a graded --out folder, with no regrade."""
     from labkit.grading import lms, scoreboard
-    from labkit.grading.files import write_atomic
+    from labkit.grading.state.files import write_atomic
 
     results = scoreboard.read(args.folder)
     text = lms.export(results, args.format, args.missing)
@@ -311,7 +312,7 @@ def _add_grade(sub) -> None:
         help="seconds one notebook may run on one configuration (default %(default)s)",
     )
     grd.add_argument("--shard", default=None, help="i/N: grade only the i-th of N parts of the class")
-    from labkit.grading import course
+    from labkit.grading.state import course
 
     course.add_arguments(grd)  # --roster, --policy, --overrides, --extensions, ...: kept in OUT/course
     grd.add_argument(
@@ -384,21 +385,8 @@ def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
     Imported only when a command ends with an exception, so that a quick command loads no grading module.
     """
     from labkit.course import release
-    from labkit.grading import (
-        adjustments,
-        canvas,
-        collect,
-        course,
-        deadlines,
-        gradescope,
-        lms,
-        overrides,
-        pods,
-        policy,
-        roster,
-        scoreboard,
-        slurm,
-    )
+    from labkit.grading import canvas, collect, gradescope, lms, pods, scoreboard, slurm
+    from labkit.grading.state import adjustments, course, deadlines, overrides, policy, roster
     from labkit.judge import judge
 
     return [

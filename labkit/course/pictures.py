@@ -204,7 +204,7 @@ def layers_svg() -> str:
 STAGES = (
     (
         "collect",
-        "grading/collect.py (discover), grading/lms.py (collect), grading/roster.py, grading/history.py",
+        "grading/collect.py (discover), grading/lms.py (collect), grading/state/roster.py, grading/state/history.py",
         True,
     ),
     (
@@ -219,7 +219,11 @@ STAGES = (
         True,
     ),
     ("judge", "judge/judge.py: a pytest session running the lab's tests (checks.py)", True),
-    ("rows and cost cards", "grading/rows.py (make_row), grading/policy.py, cost.py (chips.toml)", True),
+    (
+        "rows and cost cards",
+        "grading/rows.py (make_row), grading/state/policy.py, cost.py (chips.toml)",
+        True,
+    ),
     (
         "outputs",
         (

@@ -9,7 +9,7 @@ token), sent only as `Authorization: Bearer` to the course's https:// address, a
 
 - roster: the course's students (GET /api/v1/courses/:id/search_users, enrollment_type[]=student),
   with their Canvas user id (lms_id), SIS User ID (the kit's student id; the login id where a
-  student has none), email and section, as the kit's roster CSV (labkit/grading/roster.py).
+  student has none), email and section, as the kit's roster CSV (labkit/grading/state/roster.py).
 - collect: for each lab with a `canvas_id` in the policy, every submission of that assignment
   (GET .../assignments/:id/submissions) with its notebook, written as a download that `make grade
   SUBMISSIONS=FOLDER` reads (labkit/grading/lms.py): the notebooks, and `canvas_submissions.json`
@@ -30,8 +30,8 @@ import warnings
 from pathlib import Path
 
 from labkit.exitcodes import ExitCode
-from labkit.grading import policy
-from labkit.grading.files import write_atomic
+from labkit.grading.state import policy
+from labkit.grading.state.files import write_atomic
 
 TOKEN_VARIABLE = "CANVAS_TOKEN"
 MANIFEST = "canvas_submissions.json"  # what `collect` writes beside the notebooks; lms.py reads it
@@ -424,7 +424,7 @@ def _roster(args) -> int:
 
 
 def _collect(args) -> int:
-    from labkit.grading import roster
+    from labkit.grading.state import roster
 
     people = roster.load(args.roster)
     grading = policy.load(args.policy)

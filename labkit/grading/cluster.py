@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit.exitcodes import ExitCode, Stop
-from labkit.grading import course as course_mod
+from labkit.grading.state import course as course_mod
 from labkit.run import execute
 
 if TYPE_CHECKING:

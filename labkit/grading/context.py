@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
-from labkit.grading import adjustments, leaderboard, policy
+from labkit.grading import leaderboard
 from labkit.grading.results import (
     MARK,
     configs_of,
@@ -27,6 +27,7 @@ from labkit.grading.results import (
     points_cell,
     test_label,
 )
+from labkit.grading.state import adjustments, policy
 
 # An absolute path: a `/` that starts a word (not inside a URL, a fraction or a relative path), then names.
 _PATH = re.compile(r"(?<![\w:/.~\\-])(?:/[\w.@+~-]+){2,}/?")

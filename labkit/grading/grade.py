@@ -30,10 +30,7 @@ from pathlib import Path
 
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
-from labkit.grading import course as course_mod
-from labkit.grading import history, lms, scoreboard, similarity, writeups
-from labkit.grading import policy as policy_mod
-from labkit.grading import roster as roster_mod
+from labkit.grading import lms, scoreboard, similarity, writeups
 from labkit.grading.collect import (
     REFERENCE,
     GradeError,
@@ -47,6 +44,10 @@ from labkit.grading.collect import (
     shard_of,
 )
 from labkit.grading.engine import Grader, StopRequest, default_jobs
+from labkit.grading.state import course as course_mod
+from labkit.grading.state import history
+from labkit.grading.state import policy as policy_mod
+from labkit.grading.state import roster as roster_mod
 from labkit.grading.store import FORMAT, Store, kit_digest
 from labkit.run import execute, modes
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
@@ -184,7 +185,7 @@ class Request:
     """What a grading run is asked to do: `grade`'s one argument, each field one flag of `labkit grade`.
 
     `inputs`: the TA's inputs by name (`course.INPUTS`: roster, policy, overrides, extensions, adjustments
-    and the rest), kept in the course's state (`course`, default OUT/course: labkit/grading/course.py): one
+    and the rest), kept in the course's state (`course`, default OUT/course: labkit/grading/state/course.py): one
     left out (None) is the kept one. `students`: ids graded again whatever was kept for them; `retry`: units
     whose kept row is an error or a timeout graded again. `runs_from` and `plan`: where the notebooks ran in
     pods of their own (labkit.grading.pods)."""
@@ -400,7 +401,7 @@ def _keep_history(
     known for the submission by source (`times`: the LMS's, or a plain folder's git commit, file
     modification time or Gradescope metadata; when the kit collected it stays in OUT/history, so that
     grading the same class again writes the same results); the policy
-    decides which of them a late penalty may count from (labkit/grading/deadlines.py).
+    decides which of them a late penalty may count from (labkit/grading/state/deadlines.py).
     """
     handed = {}
     handouts = {lab.number: similarity.starter(similarity.read_cells(lab.student) or []) for lab in labs}

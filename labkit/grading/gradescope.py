@@ -37,8 +37,9 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.exitcodes import ExitCode
-from labkit.grading import leaderboard, policy
-from labkit.grading.files import write_atomic
+from labkit.grading import leaderboard
+from labkit.grading.state import policy
+from labkit.grading.state.files import write_atomic
 from labkit.run.modes import LIMITS_ONLY
 
 CONFIGS = ("cpu-1", "cpu-8", "cpu-2x4")  # cpu-2x4 only where it can run

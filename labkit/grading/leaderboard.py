@@ -6,10 +6,10 @@ configuration passes every public and hidden test (status `ok`); their time is t
 time of that call on that chip, from their own cost card (labkit/cost.py). Fastest first; equal
 times in the order of the student ids. A row that does not pass is not ranked.
 
-A student whose roster line says `leaderboard = hide` (labkit/grading/roster.py) is shown as
+A student whose roster line says `leaderboard = hide` (labkit/grading/state/roster.py) is shown as
 "anonymous", with their rank and time, never their id. On the board in a student's own feedback the
 student's line is "you" and every classmate is "classmate N" (N their rank), unless the course's
-policy says `[leaderboard] names = true` (labkit/grading/policy.py); the class page is the TA's.
+policy says `[leaderboard] names = true` (labkit/grading/state/policy.py); the class page is the TA's.
 
 Like the scoreboard, everything here is a pure function of the results: the lab's entry carries
 its leaderboard and the reference's cards, each row its own cards, each student the roster's columns.

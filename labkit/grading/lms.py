@@ -25,7 +25,7 @@ or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
 - A folder `python -m labkit canvas collect` wrote (labkit/grading/canvas.py): `<student>/lab-<N>.ipynb`
   and `canvas_submissions.json`, each notebook's Canvas user id and real submission time.
 
-Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/grading/deadlines.py):
+Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/grading/state/deadlines.py):
 `gradescope` (a time), `canvas` (the time Canvas's API gives; None for a bulk download, whose
 `_LATE` flag, in `late`, carries no time). A Gradescope group submission is credited to every
 member on the roster, each with a note naming the others (`group`, `notes`).
@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from labkit.grading import policy
-from labkit.grading.files import write_atomic
-from labkit.grading.roster import Roster
 from labkit.grading.scoreboard import _cell
+from labkit.grading.state import policy
+from labkit.grading.state.files import write_atomic
+from labkit.grading.state.roster import Roster
 
 MAX_FILE = 200_000_000  # one notebook: the most grading reads (collect.MAX_BYTES)
 MAX_TOTAL = 2_000_000_000  # a whole download
@@ -526,7 +526,7 @@ def _export_metadata(name: str, data: bytes) -> bool:
 
     Gradescope's autograder also writes a `submission_metadata.json` for a single submission
     ({"id", "created_at", "users", ...}); one of those in a student's folder is read by
-    labkit/grading/history.py as that submission's time, not as a download.
+    labkit/grading/state/history.py as that submission's time, not as a download.
     """
     import yaml
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from labkit.course import catalog, configs
-from labkit.grading import policy as policy_mod
 from labkit.grading.rows import ScoreRow, make_row
+from labkit.grading.state import policy as policy_mod
 from labkit.grading.store import FORMAT
 from labkit.judge import judge
 from labkit.run import execute

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.grading.files import write_atomic
+from labkit.grading.state.files import write_atomic
 
 FILE = "progress.json"
 

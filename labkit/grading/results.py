@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 
 from labkit import cost
-from labkit.grading import adjustments, deadlines
+from labkit.grading.state import adjustments, deadlines
 
 MARK = {
     "passed": "✓",

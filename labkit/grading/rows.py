@@ -107,7 +107,7 @@ def make_row(
     """One row: the run's status and the judge's per-test outcomes folded into one of ROW_STATUSES.
 
     `points` are those of the tests passed on this configuration alone, `max_points` those of the
-    tests that ran here; how configurations combine into a lab's points is the policy's (labkit/grading/policy.py).
+    tests that ran here; how configurations combine into a lab's points is the policy's (labkit/grading/state/policy.py).
     """
     tests = [_test_result(o) for o in outcomes]
     # A test worth no points whose exercise is not written (a stretch not tried) is left out, as make lab-N does.

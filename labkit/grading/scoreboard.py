@@ -36,11 +36,12 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit.grading import adjustments, failrates, leaderboard, policy, similarity
-from labkit.grading.files import write_atomic
+from labkit.grading import failrates, leaderboard, similarity
 from labkit.grading.markdown import feedback, to_markdown
 from labkit.grading.pages import anonymous_html, feedback_html, to_html
 from labkit.grading.results import STATUS_STYLE, configs_of, index_of, lab_title, labs_of, rates, students_of
+from labkit.grading.state import adjustments, policy
+from labkit.grading.state.files import write_atomic
 
 CSV_COLUMNS = (
     "student",

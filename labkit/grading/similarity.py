@@ -42,7 +42,7 @@ import tokenize
 from itertools import combinations
 from pathlib import Path
 
-from labkit.grading.files import read_json_bounded
+from labkit.grading.state.files import read_json_bounded
 
 SHINGLE = 5  # tokens per shingle
 NEAR = 0.8  # Jaccard similarity from which two submissions are listed as near-identical

@@ -26,7 +26,7 @@ from pathlib import Path
 from labkit.course import catalog, configs
 from labkit.grading import merge as merge_mod
 from labkit.grading import progress
-from labkit.grading.files import write_atomic
+from labkit.grading.state.files import write_atomic
 from labkit.run.allowance import DEFAULT_LIMITS, GiB
 
 KIT_MEMORY = 1 * GiB  # what the kit's own grading process needs beside its notebooks' runs

@@ -1,8 +1,8 @@
 """Final points, class-wide: per lab and per section, the mean, median, spread and distribution.
 
-Final points are those grades.csv gives (labkit/grading/policy.py's `grades`: the rule, late
+Final points are those grades.csv gives (labkit/grading/state/policy.py's `grades`: the rule, late
 penalties, overrides and a TA's adjustments), so these say how the class did, not how its tests
-ran. A student's section is the roster's `section` column (labkit/grading/roster.py); without one
+ran. A student's section is the roster's `section` column (labkit/grading/state/roster.py); without one
 the class is a single group. Nothing here names a student: the same data draws the TA's pages and
 the anonymised class page shown in lecture (class-anonymous.html).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import statistics
 
-from labkit.grading import policy
 from labkit.grading.results import labs_of
+from labkit.grading.state import policy
 
 BINS = 10  # the distribution: shares of the possible points, 0-10%, 10-20%, ..., 90-100%
 NO_SECTION = "no section"

@@ -15,8 +15,8 @@ from pathlib import Path
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading.collect import MAX_BYTES, Unit
-from labkit.grading.files import write_atomic
-from labkit.grading.history import digest as file_digest
+from labkit.grading.state.files import write_atomic
+from labkit.grading.state.history import digest as file_digest
 from labkit.run import execute
 
 FORMAT = 1  # of the unit files; part of every key

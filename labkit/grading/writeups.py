@@ -1,5 +1,5 @@
 """A lab's written answer (lab 14's design note), taken from the notebook a student handed in so that a TA
-can grade it against the rubric (`--adjustments`, an `item` line: labkit/grading/adjustments.py).
+can grade it against the rubric (`--adjustments`, an `item` line: labkit/grading/state/adjustments.py).
 
 The answer is the markdown cell that opens with HEADING. Grading writes it to
 `OUT/writeups/<student>/lab-<N>.md`: the student's words inside a fence, no backtick kept, so that no
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labkit.grading.files import read_json_bounded, write_atomic
+from labkit.grading.state.files import read_json_bounded, write_atomic
 
 HEADING = "## Your design note"
 MAX_BYTES = 20_000_000  # a notebook larger than this is not read for its note

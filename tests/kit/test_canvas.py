@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from labkit.grading import canvas, lms, policy, roster
+from labkit.grading import canvas, lms
+from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token-7"

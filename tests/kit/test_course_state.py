@@ -20,7 +20,8 @@ import pytest
 from notebook_variants import LAB_3_TESTS
 from test_grade import ROOT, reference_nb, run_grade, write
 
-from labkit.grading import collect, course, merge, progress, slurm, store
+from labkit.grading import collect, merge, progress, slurm, store
+from labkit.grading.state import course
 
 ARGS = ("--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "120", "--isolation", "limits-only")
 ROSTER = "student,name\nalice,Alice\ndora,Dora\nzoe,Zoe\n"
@@ -425,14 +426,14 @@ def test_progress_of_a_new_slurm_submission_takes_no_earlier_shard_for_finished(
 
 def test_the_makefile_takes_its_input_flags_from_the_registry():
     names = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "python"), "-m", "labkit.grading.course", "names"],
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "labkit.grading.state.course", "names"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
     assert names == list(course.INPUTS)
     makefile = (ROOT / "Makefile").read_text()
-    assert "$(shell $(PY) -m labkit.grading.course names" in makefile
+    assert "$(shell $(PY) -m labkit.grading.state.course names" in makefile
     assert [n for n in names if f"\n{n.upper().replace('-', '_')} ?=\n" not in makefile] == []
 
 

@@ -48,7 +48,7 @@ def test_a_stop_ends_with_its_own_status_and_message(monkeypatch, capsys):
         ("labkit.grading.collect", "ReferenceBroken", ExitCode.FAILED, "error: "),
         ("labkit.grading.collect", "GradeError", ExitCode.REFUSED, "error: "),
         ("labkit.judge.judge", "KitError", ExitCode.FAILED, "error: the kit could not grade: "),
-        ("labkit.grading.roster", "RosterError", ExitCode.REFUSED, "error: "),
+        ("labkit.grading.state.roster", "RosterError", ExitCode.REFUSED, "error: "),
     ],
 )
 def test_each_of_the_kits_errors_has_one_status(monkeypatch, capsys, module, name, status, start):

@@ -11,7 +11,8 @@ import io
 
 import pytest
 
-from labkit.grading import markdown, pages, policy, scoreboard
+from labkit.grading import markdown, pages, scoreboard
+from labkit.grading.state import policy
 from tests.kit.test_leaderboard import SPEC, card
 
 DUE = "2026-03-01T23:59:00+00:00"
@@ -124,7 +125,7 @@ def test_the_markdown_shows_every_labs_points_and_late_penalty(results):
 
 
 # ----------------------------------------------------------------------------------------
-# A TA's adjustments and rubric items (labkit/grading/adjustments.py).
+# A TA's adjustments and rubric items (labkit/grading/state/adjustments.py).
 # ----------------------------------------------------------------------------------------
 
 ADJUSTED = (
@@ -135,7 +136,7 @@ ADJUSTED = (
 
 
 def adjusted(results: dict) -> dict:
-    from labkit.grading import adjustments
+    from labkit.grading.state import adjustments
 
     return results | {
         "adjustments": adjustments.parse(ADJUSTED, "adjustments.csv", {"alice", "bob"}, {9, 10})
@@ -197,7 +198,7 @@ def test_adjustments_are_shown_with_their_comment_in_both_renderings(results, re
     ],
 )
 def test_a_bad_adjustments_file_is_refused_naming_its_line(text, said):
-    from labkit.grading import adjustments
+    from labkit.grading.state import adjustments
 
     with pytest.raises(adjustments.AdjustmentError, match=None) as e:
         adjustments.parse(text, "adjustments.csv", {"alice", "bob"}, {9, 10})

@@ -21,7 +21,8 @@ import jsonschema
 import pytest
 from notebook_variants import LAB_3_TESTS
 
-from labkit.grading import gradescope, policy
+from labkit.grading import gradescope
+from labkit.grading.state import policy
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"

@@ -16,8 +16,9 @@ import pytest
 
 from labkit import cost
 from labkit.course import catalog, configs
-from labkit.grading import collect, grade, gradescope, leaderboard, markdown, pages, roster, scoreboard
+from labkit.grading import collect, grade, gradescope, leaderboard, markdown, pages, scoreboard
 from labkit.grading import merge as merging
+from labkit.grading.state import roster
 from labkit.run import modes
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"
@@ -211,7 +212,7 @@ def test_a_students_own_board_names_them_you_and_their_classmates_by_rank_only()
 
 
 def test_a_course_whose_policy_says_names_shows_classmates_by_id():
-    from labkit.grading import policy
+    from labkit.grading.state import policy
 
     chosen = policy.parse("[leaderboard]\nnames = true\n", known_labs=[9])
     assert chosen.names and policy.Policy.from_json(chosen.to_json()).names

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.grading import lms, policy, roster, scoreboard
+from labkit.grading import lms, scoreboard
+from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]
 NB = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
@@ -604,7 +605,7 @@ def test_a_group_members_note_reaches_the_class_read_for_grading(tmp_path):
 
 
 def test_a_canvas_time_counts_the_days_late_where_the_flag_alone_counts_one():
-    from labkit.grading import deadlines
+    from labkit.grading.state import deadlines
 
     late = {"per_day": 0.1, "cap": 0.5, "accept": ["gradescope", "canvas"]}
     due = "2026-03-01T23:59:00-08:00"

@@ -13,7 +13,8 @@ import pytest
 
 from labkit import checks
 from labkit.checks import call, check
-from labkit.grading import markdown, pages, policy, scoreboard
+from labkit.grading import markdown, pages, scoreboard
+from labkit.grading.state import policy
 
 
 def t(name, status, points=1, hidden=False):

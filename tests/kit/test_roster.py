@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.grading import roster
+from labkit.grading.state import roster
 
 GOOD = "student,name,email,lms_id,section\nalice,Alice L,alice@u.edu,4411,A\nbob,Bob M,bob@u.edu,4412,B\n"
 

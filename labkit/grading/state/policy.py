@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.course import catalog, configs
-from labkit.grading import adjustments, deadlines
+from labkit.grading.state import adjustments, deadlines
 
 DEFAULT_PATH = catalog.ROOT / "tests" / "policy.toml"
 COMBINE = {
@@ -52,7 +52,9 @@ class Policy:
     required: tuple[str, ...] = ()
     weights: dict[int, float] = field(default_factory=dict)  # lab number -> weight; absent: 1
     source: str = "the kit's default policy"
-    late: dict = field(default_factory=dict)  # per_day, cap, grace_minutes (see labkit/grading/deadlines.py)
+    late: dict = field(
+        default_factory=dict
+    )  # per_day, cap, grace_minutes (see labkit/grading/state/deadlines.py)
     due: dict[int, str] = field(default_factory=dict)  # lab number -> ISO 8601 due date
     canvas: dict[int, int] = field(default_factory=dict)  # lab number -> Canvas assignment id (exports)
     names: bool = (
@@ -208,7 +210,7 @@ def _late(late, path) -> dict:
 
 
 def _accepted_sources(accept, path) -> list[str]:
-    """[late] accept: the submission-time sources a late penalty may count from (labkit/grading/deadlines.py)."""
+    """[late] accept: the submission-time sources a late penalty may count from (labkit/grading/state/deadlines.py)."""
     if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
         raise PolicyError(
             f"{path}: [late] accept must be a list of time sources, e.g. {list(deadlines.ACCEPT_DEFAULT)}"
@@ -368,7 +370,7 @@ def grades(results: dict) -> dict:
     overrides change outcomes before the rule combines them, a late penalty (due dates, [late],
     extensions, counted only from a time source that [late] accept lists) takes its share, and a
     TA's points override sets the lab's points, and last a TA's adjustments and rubric items
-    (labkit/grading/adjustments.py) add theirs. Overridden, adjusted and late labs say so, and each
+    (labkit/grading/state/adjustments.py) add theirs. Overridden, adjusted and late labs say so, and each
     lab names the source of its submission time.
     """
     policy = Policy.from_json(results.get("policy"))

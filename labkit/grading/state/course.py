@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from labkit.course import catalog
-from labkit.grading import adjustments as adjustments_mod
-from labkit.grading import deadlines
-from labkit.grading import overrides as overrides_mod
-from labkit.grading import policy as policy_mod
-from labkit.grading import roster as roster_mod
-from labkit.grading.files import write_atomic
+from labkit.grading.state import adjustments as adjustments_mod
+from labkit.grading.state import deadlines
+from labkit.grading.state import overrides as overrides_mod
+from labkit.grading.state import policy as policy_mod
+from labkit.grading.state import roster as roster_mod
+from labkit.grading.state.files import write_atomic
 
 FOLDER = "course"  # OUT/course
 MANIFEST = "manifest.json"
@@ -548,12 +548,12 @@ def copy(src: Path, dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m labkit.grading.course names`: the inputs' names, for the Makefile's flags."""
+    """`python -m labkit.grading.state.course names`: the inputs' names, for the Makefile's flags."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["names"]:
         print(" ".join(INPUTS))
         return 0
-    print("usage: python -m labkit.grading.course names", file=sys.stderr)
+    print("usage: python -m labkit.grading.state.course names", file=sys.stderr)
     return 2
 
 

@@ -8,7 +8,7 @@ before keeps the time it was first collected. The scoreboard records the digest 
 regrade or a dispute can name exactly which bytes were graded and when they arrived.
 
 `folder_times` reads what a plain submissions folder tells of when a notebook was handed in (the
-sources are named in labkit/grading/deadlines.py): the time of the file's last commit where the student's
+sources are named in labkit/grading/state/deadlines.py): the time of the file's last commit where the student's
 folder is a git repository, the file's modification time, and Gradescope's time where the folder
 holds the `submission_metadata.json` Gradescope's autograder is given with each submission (and
 one notebook, since that file names no lab).
@@ -24,7 +24,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from labkit.grading.files import write_atomic
+from labkit.grading.state.files import write_atomic
 
 MAX_KEPT = 200_000_000  # larger files are named by digest, not copied
 MAX_METADATA = 10_000_000  # a submission_metadata.json larger than this is not read

@@ -11,7 +11,7 @@ answer (the capstone's design write-up, say): `points` of the item's `max`, whic
 lab's possible points for every student (a student without a line for the item has 0 of it, "not
 graded"). An item's `max` is the same on every line that names it.
 
-They are applied after everything else a grade is made of (labkit/grading/policy.py's `grades`):
+They are applied after everything else a grade is made of (labkit/grading/state/policy.py's `grades`):
 the policy's rule, the late penalty (which takes its share of the tests' points only), a TA's
 points override; a lab's points never go below 0. The file is read at every grading run and
 carried in the results (`adjustments`), so grades.csv, the feedback and the exports include it.
@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from labkit.grading.overrides import student_and_lab
+from labkit.grading.state.overrides import student_and_lab
 
 COLUMNS = ("student", "lab", "points", "comment", "item", "max")
 
