@@ -119,11 +119,11 @@ def _grade(args) -> int:
 
 def _export(args) -> int:
     """`scoreboard export`: an LMS gradebook file from a graded --out folder, with no regrade."""
-    from labkit.grading import lms, scoreboard
+    from labkit.grading import gradebook, scoreboard
     from labkit.grading.state.files import write_atomic
 
     results = scoreboard.read(args.folder)
-    text = lms.export(results, args.format, args.missing)
+    text = gradebook.export(results, args.format, args.missing)
     write_atomic(args.export_out, text)
     print(f"wrote {args.export_out} ({args.format}: {len(results.get('students', {}))} students)")
     return ExitCode.OK
@@ -385,7 +385,8 @@ def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
     Imported only when a command ends with an exception, so that a quick command loads no grading module.
     """
     from labkit.course import release
-    from labkit.grading import canvas, collect, gradescope, lms, pods, scoreboard, slurm
+    from labkit.grading import canvas, gradescope, pods, scoreboard, slurm
+    from labkit.grading.intake import collect, lms
     from labkit.grading.state import adjustments, course, deadlines, overrides, policy, roster
     from labkit.judge import judge
 

@@ -204,7 +204,7 @@ def layers_svg() -> str:
 STAGES = (
     (
         "collect",
-        "grading/collect.py (discover), grading/lms.py (collect), grading/state/roster.py, grading/state/history.py",
+        "grading/intake/collect.py (discover), grading/intake/lms.py (collect), grading/state/roster.py, grading/state/history.py",
         True,
     ),
     (

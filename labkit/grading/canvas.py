@@ -12,7 +12,7 @@ token), sent only as `Authorization: Bearer` to the course's https:// address, a
   student has none), email and section, as the kit's roster CSV (labkit/grading/state/roster.py).
 - collect: for each lab with a `canvas_id` in the policy, every submission of that assignment
   (GET .../assignments/:id/submissions) with its notebook, written as a download that `make grade
-  SUBMISSIONS=FOLDER` reads (labkit/grading/lms.py): the notebooks, and `canvas_submissions.json`
+  SUBMISSIONS=FOLDER` reads (labkit/grading/intake/lms.py): the notebooks, and `canvas_submissions.json`
   with each one's real `submitted_at`, so a late penalty counts the time late, not a flat day.
 - push: each lab's points (times its weight, as the CSV export) beside what Canvas has now, and
   only the differences; with --apply they are sent in one bulk update per assignment
@@ -240,7 +240,7 @@ def _attr(thing, name: str):
 
 def differences(course, results: dict, excused: bool = False) -> list[dict]:
     """Per lab with a canvas_id and per student with an lms_id: what Canvas has and what the kit gives, where they differ."""
-    from labkit.grading.lms import _weighted
+    from labkit.grading.gradebook import _weighted
 
     grading = policy.Policy.from_json(results.get("policy"))
     grades = policy.grades(results)

@@ -19,7 +19,7 @@ from labkit import cost, envnames
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading import pods as pods_mod
-from labkit.grading.collect import MAX_BYTES, Unit
+from labkit.grading.intake.collect import MAX_BYTES, Unit
 from labkit.grading.progress import Progress
 from labkit.grading.rows import clean_message, make_row, submission_notes, unjudged_row
 from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key

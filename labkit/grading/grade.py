@@ -30,8 +30,10 @@ from pathlib import Path
 
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
-from labkit.grading import lms, scoreboard, similarity, writeups
-from labkit.grading.collect import (
+from labkit.grading import scoreboard, similarity
+from labkit.grading.engine import Grader, StopRequest, default_jobs
+from labkit.grading.intake import lms, writeups
+from labkit.grading.intake.collect import (
     REFERENCE,
     GradeError,
     ReferenceBroken,
@@ -43,7 +45,6 @@ from labkit.grading.collect import (
     parse_shard,
     shard_of,
 )
-from labkit.grading.engine import Grader, StopRequest, default_jobs
 from labkit.grading.state import course as course_mod
 from labkit.grading.state import history
 from labkit.grading.state import policy as policy_mod

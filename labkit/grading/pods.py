@@ -33,7 +33,7 @@ from pathlib import Path
 
 from labkit.course import configs
 from labkit.exitcodes import ExitCode
-from labkit.grading import collect
+from labkit.grading.intake import collect
 from labkit.judge import callplan, records, verify
 from labkit.run import allowance, execute, kernel, modes, runreport, scratch
 from labkit.run.allowance import Limits

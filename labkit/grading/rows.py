@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from labkit.grading.collect import LARGE_BYTES, MAX_BYTES, Unit
+from labkit.grading.intake.collect import LARGE_BYTES, MAX_BYTES, Unit
 from labkit.judge import judge
 from labkit.run import execute
 from labkit.statuses import Row, Run, Verdict

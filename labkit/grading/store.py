@@ -14,7 +14,7 @@ from pathlib import Path
 
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
-from labkit.grading.collect import MAX_BYTES, Unit
+from labkit.grading.intake.collect import MAX_BYTES, Unit
 from labkit.grading.state.files import write_atomic
 from labkit.grading.state.history import digest as file_digest
 from labkit.run import execute
@@ -37,6 +37,7 @@ _NOT_GRADING = {
     "policy.py",
     "roster.py",
     "lms.py",
+    "gradebook.py",
     "canvas.py",
     "gradescope.py",
     "deadlines.py",

@@ -174,7 +174,7 @@ def test_as_an_ordinary_user_a_class_graded_through_slurm_equals_a_local_run():
     import csv
     import json
 
-    from labkit.grading import collect
+    from labkit.grading.intake import collect
 
     names = [f"student{i}" for i in range(20)]
     students = [n for n in names if collect.shard_of(n, 2) == 1][:2] + [

@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from labkit.grading import canvas, lms
+from labkit.grading import canvas
+from labkit.grading.intake import lms
 from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]

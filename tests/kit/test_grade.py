@@ -23,9 +23,10 @@ import pytest
 from notebook_variants import LAB_3_TESTS, with_code
 
 from labkit.course import catalog, configs
-from labkit.grading import collect, engine, grade, store
+from labkit.grading import engine, grade, store
 from labkit.grading import progress as progress_mod
 from labkit.grading import rows as grade_rows
+from labkit.grading.intake import collect
 from labkit.grading.state import history
 from labkit.judge import judge
 from labkit.run import allowance, execute

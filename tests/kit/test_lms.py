@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.grading import lms, scoreboard
+from labkit.grading import gradebook, scoreboard
+from labkit.grading.intake import lms
 from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ def results() -> dict:
 
 
 def test_the_canvas_export_has_canvas_columns_a_points_possible_row_and_one_row_per_student():
-    table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
+    table = list(csv.reader(io.StringIO(gradebook.export(results(), "canvas"))))
     assert table[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 3 · shard_map basics"]
     assert table[1][0].strip() == "Points Possible" and table[1][5] == "5"
     assert ["Alice Liddell", "4411", "alice", "alice@u.edu", "A", "5"] in table
@@ -111,21 +112,21 @@ def test_the_canvas_export_has_canvas_columns_a_points_possible_row_and_one_row_
 
 def test_a_canvas_assignment_id_in_the_policy_heads_its_column_as_canvas_matches_it():
     res = results() | {"policy": policy.Policy(canvas={3: 123456}).to_json()}
-    header = next(csv.reader(io.StringIO(lms.export(res, "canvas"))))
+    header = next(csv.reader(io.StringIO(gradebook.export(res, "canvas"))))
     assert header[5] == "Lab 3 · shard_map basics (123456)"
     with pytest.raises(policy.PolicyError, match="canvas_id must be the assignment's number"):
         policy.parse('[labs.3]\ncanvas_id = "abc"\n', "tests/policy.toml", known_labs=[3])
 
 
 def test_work_not_handed_in_is_left_blank_for_canvas_so_a_grade_entered_there_is_kept():
-    table = list(csv.reader(io.StringIO(lms.export(results(), "canvas"))))
+    table = list(csv.reader(io.StringIO(gradebook.export(results(), "canvas"))))
     assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", ""] in table
-    wide = {r["student"]: r for r in csv.DictReader(io.StringIO(lms.export(results(), "wide")))}
+    wide = {r["student"]: r for r in csv.DictReader(io.StringIO(gradebook.export(results(), "wide")))}
     assert (wide["dana"]["lab-3"], wide["dana"]["lab-3 status"]) == ("0", "missing")
 
 
 def test_work_not_handed_in_is_marked_excused_when_the_ta_asks(tmp_path):
-    table = list(csv.reader(io.StringIO(lms.export(results(), "canvas", missing="excused"))))
+    table = list(csv.reader(io.StringIO(gradebook.export(results(), "canvas", missing="excused"))))
     assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "EX"] in table
     assert ["Alice Liddell", "4411", "alice", "alice@u.edu", "A", "5"] in table
     graded = tmp_path / "graded"
@@ -158,13 +159,13 @@ def test_work_not_handed_in_is_marked_excused_when_the_ta_asks(tmp_path):
 
 def test_a_lab_a_ta_gave_points_is_exported_with_them_even_when_not_handed_in():
     res = results() | {"overrides": [{"student": "dana", "lab": 3, "points": 4, "comment": "emailed it"}]}
-    table = list(csv.reader(io.StringIO(lms.export(res, "canvas"))))
+    table = list(csv.reader(io.StringIO(gradebook.export(res, "canvas"))))
     assert ["Dana Scully", "4414", "dana", "dana@u.edu", "B", "4"] in table
 
 
 def test_the_canvas_export_keeps_the_policys_weights_as_grades_csv_does():
     res = results() | {"policy": policy.Policy(weights={3: 2}).to_json()}
-    table = list(csv.reader(io.StringIO(lms.export(res, "canvas"))))
+    table = list(csv.reader(io.StringIO(gradebook.export(res, "canvas"))))
     assert table[1][5] == "10"
     assert ["Bob Marley", "4412", "bob", "bob@u.edu", "B", "4"] in table
     totals = {
@@ -195,7 +196,7 @@ def test_a_canvas_gradebook_round_trips_through_roster_grades_and_export_with_we
         "students": {s: {"notes": [], **info} for s, info in people.students.items()},
         "rows": [r for r in results()["rows"] if r["student"] in people.students],
     }
-    exported = lms.export(res, "canvas")
+    exported = gradebook.export(res, "canvas")
     sent = list(csv.reader(io.StringIO(exported)))
     original = list(csv.reader(io.StringIO(CANVAS_GRADEBOOK)))
     assert sent[0][:6] == original[0][:6]  # the same columns: Canvas updates assignment 123456
@@ -218,7 +219,7 @@ def test_a_canvas_gradebook_round_trips_through_roster_grades_and_export_with_we
 
 
 def test_the_wide_export_has_points_possible_points_total_and_the_rule():
-    wide = {r["student"]: r for r in csv.DictReader(io.StringIO(lms.export(results(), "wide")))}
+    wide = {r["student"]: r for r in csv.DictReader(io.StringIO(gradebook.export(results(), "wide")))}
     assert (
         wide["bob"]["lab-3"],
         wide["bob"]["lab-3 max"],
@@ -230,7 +231,7 @@ def test_the_wide_export_has_points_possible_points_total_and_the_rule():
 
 def test_an_export_never_hands_a_spreadsheet_a_formula():
     for fmt in ("canvas", "wide"):
-        text = lms.export(results(), fmt)
+        text = gradebook.export(results(), fmt)
         assert "'=cmd" in text and ",=cmd" not in text and not text.startswith("=")
 
 
@@ -239,7 +240,7 @@ def test_provisional_grades_are_not_exported():
         "provisional": "provisional: tests/policy.toml requires cpu-8, which --configs left out"
     }
     with pytest.raises(lms.LmsError, match="requires cpu-8"):
-        lms.export(res, "canvas")
+        gradebook.export(res, "canvas")
 
 
 def test_scoreboard_export_writes_the_file_from_a_graded_folder_without_grading(tmp_path):
@@ -267,7 +268,7 @@ def test_scoreboard_export_writes_the_file_from_a_graded_folder_without_grading(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert out.read_text() == lms.export(results(), "canvas")
+    assert out.read_text() == gradebook.export(results(), "canvas")
     assert sorted(p.name for p in graded.iterdir()) == ["scoreboard.json"]
 
 

@@ -8,7 +8,7 @@ import io
 import pytest
 from test_policy import bob_rows, results
 
-from labkit.grading import lms, markdown, pages, scoreboard
+from labkit.grading import gradebook, markdown, pages, scoreboard
 from labkit.grading.state import overrides, policy
 
 TESTS = {3: {"test_doubles", "test_split"}, 5: {"test_mlp"}}
@@ -42,7 +42,7 @@ def test_overrides_are_marked_in_grades_csv_the_summary_and_the_page():
 
 def test_overrides_reach_the_lms_exports():
     res = with_overrides("student,lab,points,comment\nbob,3,4,by hand\n")
-    table = list(csv.reader(io.StringIO(lms.export(res, "wide"))))
+    table = list(csv.reader(io.StringIO(gradebook.export(res, "wide"))))
     assert table[1][table[0].index("lab-3")] == "4"
 
 

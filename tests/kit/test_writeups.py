@@ -6,7 +6,8 @@ import io
 import json
 
 from labkit.course import catalog
-from labkit.grading import grade, writeups
+from labkit.grading import grade
+from labkit.grading.intake import writeups
 
 LAB = catalog.lab(14)
 EVIL = "We split `data` by 8. <script>alert(1)</script> ```\n# not a heading of the TA's file"
