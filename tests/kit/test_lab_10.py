@@ -10,7 +10,7 @@ from test_tpu_references import HAS_LIBTPU, on_v5e_8
 
 from labkit.course import catalog
 
-PRODUCTION = "test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_its_stages_layers"
+PRODUCTION = "test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_the_layers_of_its_stage"
 
 
 def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
@@ -52,7 +52,7 @@ def test_every_layer_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, 
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(10)
     assert by_config["cpu-1"] and not not_passed(by_config["cpu-1"]), not_passed(by_config["cpu-1"])
-    named = by_config["cpu-8"]["test_pipeline_keeps_each_stages_layers_on_its_own_device"]
+    named = by_config["cpu-8"]["test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device"]
     assert named["hidden"] and named["status"] == "failed", named
     assert (
         "every device holds all of the weights" in named["message"] and "not a pipeline" in named["message"]

@@ -93,7 +93,7 @@ REFERENCE_SOFTMAX = """    def my_rows(block):  # whole rows: everything each ro
 
     return jax.jit(jax.shard_map(my_rows, mesh=mesh, in_specs=P("data", None), out_specs=P("data", None)))"""
 SOFTMAX_TESTS = {
-    "test_row_softmax_gives_every_rows_softmax",
+    "test_row_softmax_gives_the_softmax_of_every_row",
     "test_row_softmax_keeps_the_rows_split_across_every_device",
     "test_row_softmax_holds_a_piece_of_x_and_sends_nothing",
     "test_row_softmax_on_a_wider_random_matrix_with_large_values",
@@ -129,7 +129,7 @@ WHOLE_X = """    def my_rows(x):
     [
         (
             BY_COLUMNS,
-            "test_row_softmax_gives_every_rows_softmax",
+            "test_row_softmax_gives_the_softmax_of_every_row",
             "every device made a softmax of its own columns only",
         ),
         (

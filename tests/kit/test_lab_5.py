@@ -33,7 +33,7 @@ MISTAKES = [
 
 NAMED = {
     "test_psum_of_a_random_vector_adds_the_blocks_of_every_device": "sum of device 0's block alone",
-    "test_center_subtracts_the_global_mean_not_each_blocks_own": "its own mean subtracted",
+    "test_center_subtracts_the_global_mean_not_the_mean_of_each_block": "its own mean subtracted",
     "test_softmax_normalises_over_the_whole_vector": "shifted by its own maximum",
     "test_ring_shift_turns_towards_the_next_device": "wrong way round the ring",
     "test_column_sums_of_a_wide_matrix_are_reduced_and_scattered": "8 copies of the column sums",

@@ -42,7 +42,7 @@ def test_a_one_device_mesh_and_a_local_mean_pass_on_cpu_1_and_are_named_on_cpu_8
     assert done.returncode == 1, done.stdout + done.stderr
     runs = lab_outcomes(6)
     assert runs["cpu-1"] and all(o["status"] == "passed" for o in runs["cpu-1"].values()), runs["cpu-1"]
-    split = runs["cpu-8"]["test_linear_keeps_each_devices_rows_on_that_device"]
+    split = runs["cpu-8"]["test_linear_keeps_the_rows_of_each_device_on_that_device"]
     assert split["hidden"] and split["status"] == "failed"
     assert "all 8 devices" in split["message"] and "jax.devices()[:1]" in split["message"]
     loss = runs["cpu-8"]["test_mse_is_the_mean_over_the_rows_of_every_device"]

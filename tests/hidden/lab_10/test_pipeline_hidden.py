@@ -148,7 +148,7 @@ def test_pipeline_keeps_every_stage_busy_at_once(got, run):
 
 
 @check(got=compiled_call("pipeline_forward", *DEEP))
-def test_pipeline_keeps_each_stages_layers_on_its_own_device(got, run):
+def test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device(got, run):
     n = run.device_count
     hint = (
         f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "

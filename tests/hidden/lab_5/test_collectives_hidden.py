@@ -56,7 +56,7 @@ SQUARES = np.linspace(0.0, 9.0, 64, dtype=np.float32) ** 2
 
 
 @check(got=call("shard_map_center", placed(SQUARES, ("data",))))
-def test_center_subtracts_the_global_mean_not_each_blocks_own(got, run):
+def test_center_subtracts_the_global_mean_not_the_mean_of_each_block(got, run):
     x = SQUARES
     n = run.device_count
     local = np.concatenate([b - b.mean() for b in blocks(x, n)])

@@ -48,7 +48,7 @@ def test_simulate_builds_the_model_once_for_eight_shards(got):
 
 
 @check(got=call("shard_map_linear", 9, X, 2))
-def test_linear_keeps_each_devices_rows_on_that_device(got, run):
+def test_linear_keeps_the_rows_of_each_device_on_that_device(got, run):
     n = run.device_count
     want = layer(9, X, 2)
     expect_close_naming_mistakes(

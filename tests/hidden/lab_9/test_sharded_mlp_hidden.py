@@ -53,7 +53,7 @@ def test_tensor_parallel_adds_the_output_bias_once_not_once_per_device(got, run)
 
 
 @check(got=call("tensor_parallel_mlp", X, *W))
-def test_tensor_parallel_sums_every_devices_partial_output(got, run):
+def test_tensor_parallel_sums_the_partial_outputs_of_every_device(got, run):
     n = run.device_count
     w1, b1, w2, b2 = (np.asarray(w, np.float64) for w in W)
     k = w1.shape[1] // n
@@ -88,7 +88,7 @@ def test_fsdp_gradient_is_the_mean_of_the_devices_gradients_not_their_sum(got, r
 
 
 @check(got=call("fsdp_gradients", X, Y, *W))
-def test_fsdp_gradient_combines_every_devices_slice_of_the_batch(got, run):
+def test_fsdp_gradient_combines_the_slices_of_the_batch_from_every_device(got, run):
     n = run.device_count
     b = len(X) // n
     local = [mse_gradients(X[i * b : (i + 1) * b], Y[i * b : (i + 1) * b], *W) for i in range(n)]

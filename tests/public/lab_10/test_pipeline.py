@@ -142,7 +142,7 @@ def expect_each_chip_holds_its_stage(got, n: int, stack) -> None:
 
 
 @check(got=compiled_call("pipeline_forward", *AT_PRODUCTION_SIZE))
-def test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_its_stages_layers(got, run):
+def test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_the_layers_of_its_stage(got, run):
     n = run.device_count
     layers, d = PRODUCTION["layers"], PRODUCTION["d"]
     expect_fits_each_chip(

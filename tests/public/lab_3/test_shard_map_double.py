@@ -75,7 +75,7 @@ SOFTMAX_CALL = compiled_call("row_softmax", R)
 
 
 @check(got=SOFTMAX_CALL)
-def test_row_softmax_gives_every_rows_softmax(got, run):
+def test_row_softmax_gives_the_softmax_of_every_row(got, run):
     expect_close_naming_mistakes(got, softmax_of_rows(R), softmax_mistakes(R, run.device_count), rtol=1e-5)
 
 
