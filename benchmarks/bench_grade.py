@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit.course import catalog, configs
-from labkit.grading import engine
+from labkit.grading.running import engine
 from labkit.judge import judge
 
 CONFIGS = ("cpu-1", "cpu-8")

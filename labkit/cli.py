@@ -130,7 +130,8 @@ def _export(args) -> int:
 
 
 def _scoreboard(args) -> int:
-    from labkit.grading import ownresults, scoreboard
+    from labkit.grading import scoreboard
+    from labkit.grading.running import ownresults
     from labkit.student.loop import BUILD
 
     if args.action == "export":
@@ -226,7 +227,8 @@ def parser() -> argparse.ArgumentParser:
     _add_lab(sub)
     _add_course_tools(sub)
     _add_grade(sub)
-    from labkit.grading import canvas, cluster, pods
+    from labkit.grading import canvas, cluster
+    from labkit.grading.running import pods
 
     pods.add_parser(sub)
     canvas.add_parser(sub)
@@ -385,8 +387,9 @@ def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
     Imported only when a command ends with an exception, so that a quick command loads no grading module.
     """
     from labkit.course import release
-    from labkit.grading import canvas, gradescope, pods, scoreboard, slurm
+    from labkit.grading import canvas, gradescope, scoreboard, slurm
     from labkit.grading.intake import collect, lms
+    from labkit.grading.running import pods
     from labkit.grading.state import adjustments, course, deadlines, overrides, policy, roster
     from labkit.judge import judge
 

@@ -33,7 +33,7 @@ class Verdict(StrEnum):
 
 
 class Row(StrEnum):
-    """A graded unit's row on the scoreboard (`grading.rows.make_row`)."""
+    """A graded unit's row on the scoreboard (`grading.running.rows.make_row`)."""
 
     OK = "ok"  # every counted test passed
     FAILED = "failed"

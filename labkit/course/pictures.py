@@ -221,7 +221,7 @@ STAGES = (
     ("judge", "judge/judge.py: a pytest session running the lab's tests (checks.py)", True),
     (
         "rows and cost cards",
-        "grading/rows.py (make_row), grading/state/policy.py, cost.py (chips.toml)",
+        "grading/running/rows.py (make_row), grading/state/policy.py, cost.py (chips.toml)",
         True,
     ),
     (

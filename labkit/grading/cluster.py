@@ -121,7 +121,7 @@ def _slurm_merge(args) -> int:
 
 
 def _progress(args) -> int:
-    from labkit.grading import progress
+    from labkit.grading.running import progress
 
     if args.watch:
         progress.watch(args.out, args.every, sys.stdout)

@@ -31,7 +31,6 @@ from pathlib import Path
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading import scoreboard, similarity
-from labkit.grading.engine import Grader, StopRequest, default_jobs
 from labkit.grading.intake import lms, writeups
 from labkit.grading.intake.collect import (
     REFERENCE,
@@ -45,11 +44,12 @@ from labkit.grading.intake.collect import (
     parse_shard,
     shard_of,
 )
+from labkit.grading.running.engine import Grader, StopRequest, default_jobs
+from labkit.grading.running.store import FORMAT, Store, kit_digest
 from labkit.grading.state import course as course_mod
 from labkit.grading.state import history
 from labkit.grading.state import policy as policy_mod
 from labkit.grading.state import roster as roster_mod
-from labkit.grading.store import FORMAT, Store, kit_digest
 from labkit.run import execute, modes
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
@@ -189,7 +189,7 @@ class Request:
     and the rest), kept in the course's state (`course`, default OUT/course: labkit/grading/state/course.py): one
     left out (None) is the kept one. `students`: ids graded again whatever was kept for them; `retry`: units
     whose kept row is an error or a timeout graded again. `runs_from` and `plan`: where the notebooks ran in
-    pods of their own (labkit.grading.pods)."""
+    pods of their own (labkit.grading.running.pods)."""
 
     submissions: Path
     out: Path
@@ -293,7 +293,7 @@ def _check_request(submissions: Path, timeout: float, jobs: int | None) -> None:
 
 
 def _pods(runs_from: Path | None, plan: Path | None) -> tuple[Path, Path] | None:
-    """(RUNS, PLAN) where the notebooks ran in pods of their own (labkit.grading.pods), else None."""
+    """(RUNS, PLAN) where the notebooks ran in pods of their own (labkit.grading.running.pods), else None."""
     if (runs_from is None) != (plan is None):
         raise GradeError(
             "--runs-from and --plan go together: the pods' outputs and the plan that made their inputs"

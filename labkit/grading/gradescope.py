@@ -338,7 +338,7 @@ def leaderboard_time(lab: catalog.Lab, spec, judgement) -> float | None:
     """The modelled step time of a judged submission for its lab's leaderboard as ranked here (`spec`, as
     `leaderboard.ranked_on` gives it); None where its run there fails."""
     from labkit import cost
-    from labkit.grading.rows import make_row
+    from labkit.grading.running.rows import make_row
 
     record = judgement.records.get(spec.config)
     mine = [o for o in judgement.outcomes if o.run == spec.config]

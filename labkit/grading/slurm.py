@@ -25,7 +25,7 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.grading import merge as merge_mod
-from labkit.grading import progress
+from labkit.grading.running import progress
 from labkit.grading.state.files import write_atomic
 from labkit.run.allowance import DEFAULT_LIMITS, GiB
 

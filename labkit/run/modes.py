@@ -24,7 +24,7 @@ LIMITS_ONLY = "limits-only"
 # be made and limits only elsewhere, with a warning (the student loop's), or limits only, by name.
 SANDBOX, AUTO = "sandbox", "auto"
 # One more, only by name: the run's container is the sandbox (a pod of its own per graded unit, under
-# gVisor: `labkit.grading.pods`), so no bubblewrap is made inside it; refused where / is writable (`pod_problem`).
+# gVisor: `labkit.grading.running.pods`), so no bubblewrap is made inside it; refused where / is writable (`pod_problem`).
 POD = "pod"
 ISOLATIONS = (SANDBOX, LIMITS_ONLY, AUTO, POD)
 

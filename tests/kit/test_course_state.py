@@ -20,8 +20,9 @@ import pytest
 from notebook_variants import LAB_3_TESTS
 from test_grade import ROOT, reference_nb, run_grade, write
 
-from labkit.grading import merge, progress, slurm, store
+from labkit.grading import merge, slurm
 from labkit.grading.intake import collect
+from labkit.grading.running import progress, store
 from labkit.grading.state import course
 
 ARGS = ("--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "120", "--isolation", "limits-only")

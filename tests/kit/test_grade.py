@@ -23,10 +23,11 @@ import pytest
 from notebook_variants import LAB_3_TESTS, with_code
 
 from labkit.course import catalog, configs
-from labkit.grading import engine, grade, store
-from labkit.grading import progress as progress_mod
-from labkit.grading import rows as grade_rows
+from labkit.grading import grade
 from labkit.grading.intake import collect
+from labkit.grading.running import engine, store
+from labkit.grading.running import progress as progress_mod
+from labkit.grading.running import rows as grade_rows
 from labkit.grading.state import history
 from labkit.judge import judge
 from labkit.run import allowance, execute

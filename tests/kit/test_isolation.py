@@ -432,8 +432,8 @@ def test_grading_limits_only_by_name_grades_and_every_row_says_so(tmp_path):
 
 def test_a_unit_graded_with_limits_only_is_graded_again_in_a_sandbox(tmp_path):
     from labkit.course import configs
-    from labkit.grading import engine
     from labkit.grading.intake import collect
+    from labkit.grading.running import engine
 
     lab = catalog.lab(3)
     unit = collect.Unit("alice", 3, "cpu-1", lab.student)

@@ -189,9 +189,9 @@ def test_no_function_of_the_kit_is_longer_than_a_screen():
 
 
 def test_the_modules_said_not_to_change_a_grade_are_modules_of_the_kit():
-    """Editing one of them regrades nothing (grading.store's key leaves them out): a name that no longer
+    """Editing one of them regrades nothing (grading.running.store's key leaves them out): a name that no longer
     exists, or a module of the scoreboard's drawing left off, would make regrades wrong or needless."""
-    from labkit.grading import store
+    from labkit.grading.running import store
 
     names = {p.name for p in PACKAGE.rglob("*.py")}
     assert names >= store._NOT_GRADING, store._NOT_GRADING - names

@@ -72,7 +72,7 @@ def test_read_only_is_taken_from_the_root_mount_as_gvisor_reports_it(tmp_path):
 )
 def test_a_pods_record_of_its_run_that_is_a_pipe_or_a_link_is_refused_saying_why(tmp_path, make, what):
     from labkit.course import configs
-    from labkit.grading import pods
+    from labkit.grading.running import pods
 
     out = tmp_path / "out"
     out.mkdir()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from labkit.course import configs
-from labkit.grading import pods
+from labkit.grading.running import pods
 from labkit.judge import records, verify
 from labkit.run import allowance, execute, scratch
 

@@ -19,8 +19,9 @@ import pytest
 import slurm_cluster
 
 from labkit.course import configs
-from labkit.grading import progress, slurm
+from labkit.grading import slurm
 from labkit.grading.intake import collect
+from labkit.grading.running import progress
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 

@@ -111,7 +111,7 @@ def test_a_stretch_tried_and_wrong_fails_the_run():
 
 
 def test_a_graded_row_leaves_out_a_stretch_not_tried_and_counts_one_tried():
-    from labkit.grading import rows
+    from labkit.grading.running import rows
     from labkit.judge.judge import Outcome
     from labkit.run.execute import RunRecord
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.grading import engine, grade, pods
+from labkit.grading import grade
+from labkit.grading.running import engine, pods
 from labkit.run import allowance, execute, modes, scratch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from labkit.course import catalog, configs
-from labkit.grading.rows import ScoreRow, make_row
+from labkit.grading.running.rows import ScoreRow, make_row
+from labkit.grading.running.store import FORMAT
 from labkit.grading.state import policy as policy_mod
-from labkit.grading.store import FORMAT
 from labkit.judge import judge
 from labkit.run import execute
 

@@ -92,7 +92,7 @@ def _code_digest(path: Path) -> str:
 def kit_digest(root: Path = catalog.ROOT) -> str:
     """The kit's grading code (as code: see `_code_digest`) and its locked environment."""
     parts = [sys.version]
-    package = Path(__file__).resolve().parents[1]
+    package = Path(__file__).resolve().parents[2]  # labkit/
     for path in sorted(package.rglob("*.py")):
         if path.name not in _NOT_GRADING:
             parts.append(f"{path.relative_to(package)}:{_code_digest(path)}")

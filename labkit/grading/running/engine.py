@@ -18,11 +18,18 @@ import psutil
 from labkit import cost, envnames
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
-from labkit.grading import pods as pods_mod
 from labkit.grading.intake.collect import MAX_BYTES, Unit
-from labkit.grading.progress import Progress
-from labkit.grading.rows import clean_message, make_row, submission_notes, unjudged_row
-from labkit.grading.store import Store, config_digest, kit_digest, lab_digest, submission_digest, unit_key
+from labkit.grading.running import pods as pods_mod
+from labkit.grading.running.progress import Progress
+from labkit.grading.running.rows import clean_message, make_row, submission_notes, unjudged_row
+from labkit.grading.running.store import (
+    Store,
+    config_digest,
+    kit_digest,
+    lab_digest,
+    submission_digest,
+    unit_key,
+)
 from labkit.judge import judge
 from labkit.run import execute, jaxcache, processes, warm
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
@@ -64,7 +71,7 @@ class Grader:
         pods: tuple[Path, Path] | None = None,
     ):
         self.out = Path(out)
-        # (RUNS, PLAN): the notebooks ran in pods of their own (labkit.grading.pods); each unit's output is read, not run
+        # (RUNS, PLAN): the notebooks ran in pods of their own (labkit.grading.running.pods); each unit's output is read, not run
         self.pods = pods
         self.labs = {lab.number: lab for lab in labs}
         self.configs = {c.name: c for c in chosen}
