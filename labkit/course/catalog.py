@@ -29,7 +29,7 @@ class Leaderboard:
 
     `function`: the examined call (a `compiled_call` of the lab's tests) whose cost card ranks the
     designs; `config`: the configuration whose run it is examined in; `chip`: the chip of
-    labkit/chips.toml the card's step time is modelled on (see labkit/grading/leaderboard.py).
+    labkit/chips.toml the card's step time is modelled on (see labkit/grading/classwide/leaderboard.py).
     `at_size`: where the class is graded on this compile-only TPU configuration too, the board ranks by
     the card of the call at a production size (`checks.shaped`) the TPU compiler made for it instead.
     """

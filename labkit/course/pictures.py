@@ -227,7 +227,7 @@ STAGES = (
     (
         "outputs",
         (
-            "grading/scoreboard.py, grading/pages.py, grading/leaderboard.py, student/report.py, "
+            "grading/scoreboard.py, grading/pages.py, grading/classwide/leaderboard.py, student/report.py, "
             "grading/gradescope.py"
         ),
         True,

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
-from labkit.grading import leaderboard
-from labkit.grading.results import (
+from labkit.grading.classwide import leaderboard
+from labkit.grading.classwide.results import (
     MARK,
     configs_of,
     cost_card,
@@ -231,8 +231,8 @@ def klass(results: dict, grades: dict | None = None) -> dict:
     """What the class pages say, as plain data (scoreboard.md and scoreboard.html draw it): the pass rates, each
     student's points, the final points' statistics, the leaderboards, the statuses, the multi-device bugs most
     often hit, the runs without a sandbox and the notes."""
-    from labkit.grading import stats
-    from labkit.grading.results import multi_device_bugs, rates, students_of
+    from labkit.grading.classwide import stats
+    from labkit.grading.classwide.results import multi_device_bugs, rates, students_of
 
     grades = grades or policy.grades(results)
     students, labs, configs = students_of(results), labs_of(results), configs_of(results)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
-from labkit.grading import scoreboard, similarity
+from labkit.grading import scoreboard
+from labkit.grading.classwide import similarity
 from labkit.grading.intake import lms, writeups
 from labkit.grading.intake.collect import (
     REFERENCE,
@@ -149,7 +150,7 @@ def results_of(
             entry["max_points"] = policy_mod.lab_points(grading or policy_mod.Policy(), mine, {})[1]
         if (
             lab.leaderboard is not None
-        ):  # the class leaderboard the catalog gives it (labkit/grading/leaderboard.py)
+        ):  # the class leaderboard the catalog gives it (labkit/grading/classwide/leaderboard.py)
             entry["leaderboard"] = lab.leaderboard.to_json()
         labs_out.append(entry)
     info = people.students if people else {}
@@ -398,7 +399,7 @@ def _keep_history(
 ) -> dict[tuple[str, int], dict]:
     """Keep every notebook about to be graded in OUT/history by digest; (student, lab) -> what the results say.
 
-    The results name the digest graded, the fingerprint of its code (labkit/grading/similarity.py), the LMS's submission time and late flag, and every time
+    The results name the digest graded, the fingerprint of its code (labkit/grading/classwide/similarity.py), the LMS's submission time and late flag, and every time
     known for the submission by source (`times`: the LMS's, or a plain folder's git commit, file
     modification time or Gradescope metadata; when the kit collected it stays in OUT/history, so that
     grading the same class again writes the same results); the policy
@@ -434,7 +435,7 @@ def _keep_history(
             code = similarity.fingerprint(path, handouts[lab.number])
             if code is not None:
                 info["code"] = (
-                    code  # what labkit/grading/similarity.py compares, the handout's own code left out
+                    code  # what labkit/grading/classwide/similarity.py compares, the handout's own code left out
                 )
             handed[student, lab.number] = info
             writeups.write(out, student, lab.number, path, notes[lab.number])  # for the TA's rubric

@@ -16,7 +16,7 @@ tests, and writes ROOT/results/results.json: one case per test with its `max_sco
 points; none for a test that runs on none of those, such as one at a production size), scored by
 the course policy's rule over the configurations; public tests `visible`, hidden ones
 `after_published`; each case's `output` says how it did on each configuration, with
-the multi-device messages. For a lab with a class leaderboard (labkit/grading/leaderboard.py), a
+the multi-device messages. For a lab with a class leaderboard (labkit/grading/classwide/leaderboard.py), a
 submission that passes every test on the leaderboard's configuration reports its modelled step
 time in results.json's `leaderboard` (Gradescope ranks the submissions, lower first), and the
 output says it beside the reference's. ROOT is /autograder, or AUTOGRADER_ROOT where that names another
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.exitcodes import ExitCode
-from labkit.grading import leaderboard
+from labkit.grading.classwide import leaderboard
 from labkit.grading.state import policy
 from labkit.grading.state.files import write_atomic
 from labkit.run.modes import LIMITS_ONLY

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from labkit.grading import scoreboard
-from labkit.grading.results import configs_of, labs_of
+from labkit.grading.classwide.results import configs_of, labs_of
 from labkit.grading.scoreboard import DRAWN, MergeError
 from labkit.grading.state import course
 

@@ -4,8 +4,9 @@ assets, drawn from jinja2 templates (templates/) that escape every string a subm
 
 from __future__ import annotations
 
-from labkit.grading import context, failrates, similarity, spread, stats
-from labkit.grading.results import (
+from labkit.grading import context
+from labkit.grading.classwide import failrates, similarity, spread, stats
+from labkit.grading.classwide.results import (
     configs_of,
     index_of,
     labs_of,

@@ -1,6 +1,6 @@
 """The scoreboard: graded results drawn as csv, json, markdown, html and per-student feedback.
 
-A lab the catalog gives a leaderboard (labkit/grading/leaderboard.py) has it drawn in each of them, its
+A lab the catalog gives a leaderboard (labkit/grading/classwide/leaderboard.py) has it drawn in each of them, its
 students by id or, where the roster says `hide`, as "anonymous".
 
 Everything here is a pure function of the results (the plain data `grade` produces, or
@@ -12,12 +12,12 @@ class back together into exactly the scoreboard a single run would have written.
     scoreboard.json    the results themselves: every test's outcome and message (and `leaderboards`, below),
                        each test's failure rate per configuration and the submissions to look at together
     scoreboard.md      the class summary: pass rates, the multi-device bugs most often hit, the leaderboards
-    scoreboard.html    one self-contained page: the score distribution per lab and configuration (labkit/grading/spread.py),
-                       each test's failure rate per configuration (labkit/grading/failrates.py), the submissions whose
-                       code is the same or nearly, to look at together (labkit/grading/similarity.py),
+    scoreboard.html    one self-contained page: the score distribution per lab and configuration (labkit/grading/classwide/spread.py),
+                       each test's failure rate per configuration (labkit/grading/classwide/failrates.py), the submissions whose
+                       code is the same or nearly, to look at together (labkit/grading/classwide/similarity.py),
                        a student x lab heat map per configuration, points, the leaderboards, every test
     grades.csv         each student's points per lab and total, under the course's policy, with its rule
-    class-anonymous.html  for a lecture: final points per lab and section (labkit/grading/stats.py), the score
+    class-anonymous.html  for a lecture: final points per lab and section (labkit/grading/classwide/stats.py), the score
                        distributions and failure rates, with no student's id, name or message
     feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome,
                        their place on a lab's leaderboard
@@ -36,10 +36,18 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labkit.grading import failrates, leaderboard, similarity
+from labkit.grading.classwide import failrates, leaderboard, similarity
+from labkit.grading.classwide.results import (
+    STATUS_STYLE,
+    configs_of,
+    index_of,
+    lab_title,
+    labs_of,
+    rates,
+    students_of,
+)
 from labkit.grading.markdown import feedback, to_markdown
 from labkit.grading.pages import anonymous_html, feedback_html, to_html
-from labkit.grading.results import STATUS_STYLE, configs_of, index_of, lab_title, labs_of, rates, students_of
 from labkit.grading.state import adjustments, policy
 from labkit.grading.state.files import write_atomic
 

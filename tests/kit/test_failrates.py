@@ -1,8 +1,8 @@
-"""Each test's failure rate per configuration (labkit/grading/failrates.py), from results written by hand."""
+"""Each test's failure rate per configuration (labkit/grading/classwide/failrates.py), from results written by hand."""
 
 from __future__ import annotations
 
-from labkit.grading import failrates
+from labkit.grading.classwide import failrates
 
 
 def outcome(name, status, hidden=False):

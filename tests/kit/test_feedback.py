@@ -249,12 +249,12 @@ def test_the_markdown_and_the_page_show_the_same_labs_points_notes_and_adjustmen
 
 
 # ----------------------------------------------------------------------------------------
-# Final points per lab and section, and the anonymised class page (labkit/grading/stats.py).
+# Final points per lab and section, and the anonymised class page (labkit/grading/classwide/stats.py).
 # ----------------------------------------------------------------------------------------
 
 
 def test_final_points_are_summarised_per_lab_and_per_section(results):
-    from labkit.grading import stats
+    from labkit.grading.classwide import stats
 
     st = stats.final_points(adjusted(results))
     lab10 = next(r for r in st["class"] if r["lab"] == 10)  # alice 6.4, bob 0.5, of 8
@@ -289,7 +289,7 @@ def test_final_points_are_summarised_per_lab_and_per_section(results):
 
 
 def test_a_class_without_sections_is_one_group(results):
-    from labkit.grading import stats
+    from labkit.grading.classwide import stats
 
     for info in results["students"].values():
         info.pop("section")

@@ -18,7 +18,7 @@ from notebook_variants import reference_code, with_code
 
 from labkit import checks, cost
 from labkit.course import catalog
-from labkit.grading import leaderboard
+from labkit.grading.classwide import leaderboard
 
 ROOT = catalog.ROOT
 LAB = catalog.lab(14)

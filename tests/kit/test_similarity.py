@@ -1,4 +1,4 @@
-"""Submissions to look at together (labkit/grading/similarity.py): what counts as the same code, and what does not.
+"""Submissions to look at together (labkit/grading/classwide/similarity.py): what counts as the same code, and what does not.
 
 Notebooks here are built by hand: a small handout with one exercise, and students' versions of it.
 """
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from labkit.grading import similarity
+from labkit.grading.classwide import similarity
 
 HANDOUT = [
     "import jax\nimport jax.numpy as jnp\nfrom jax.sharding import PartitionSpec as P",

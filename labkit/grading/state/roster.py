@@ -7,7 +7,7 @@
 `student` is required: the id used as the submission folder name (or matched from an LMS file
 name through `lms_id`, `email` or `student`). The other columns are optional and carried into
 the results, where the LMS exports read them. `leaderboard`: `hide` for a student who asked to
-be shown as "anonymous" on the class leaderboards (labkit/grading/leaderboard.py); empty or `show` shows
+be shown as "anonymous" on the class leaderboards (labkit/grading/classwide/leaderboard.py); empty or `show` shows
 their id. `group`: students who hand in one submission together (for a course that collects group
 work outside Gradescope, whose export names every member itself): where one member of a group
 handed in a lab, every member without a submission of their own is credited with it, with a note
@@ -28,7 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 COLUMNS = ("student", "name", "email", "lms_id", "section", "leaderboard", "group")
-LEADERBOARD_CHOICES = ("", "show", "hide")  # the `leaderboard` column (labkit/grading/leaderboard.py)
+LEADERBOARD_CHOICES = (
+    "",
+    "show",
+    "hide",
+)  # the `leaderboard` column (labkit/grading/classwide/leaderboard.py)
 CANVAS_HEADER = ("student", "id", "sis user id", "sis login id")  # a Canvas gradebook's first columns
 CANVAS_TEST_STUDENT = {"test student", "student, test"}  # the student view's account, in either name order
 

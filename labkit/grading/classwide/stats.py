@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from labkit.grading.results import labs_of
+from labkit.grading.classwide.results import labs_of
 from labkit.grading.state import policy
 
 BINS = 10  # the distribution: shares of the possible points, 0-10%, 10-20%, ..., 90-100%
