@@ -288,6 +288,57 @@ class Checker:
         return passed
 
 
+def start_log() -> Path:
+    """Where a Jupyter kernel's JAX start-up messages go (`quiet_start`): the kit's build folder."""
+    from labkit.student import loop
+
+    return loop.BUILD / "jupyter-start.log"
+
+
+def quiet_start(environ=None, kernel: bool | None = None, log: Path | None = None) -> str:
+    """Start JAX's backends now, in a Jupyter kernel where libtpu is installed, with the process's standard
+    error (file descriptor 2, where libtpu and absl write from C++) sent to `log`; say what happened.
+
+    With libtpu installed, JAX's first look for devices starts libtpu, which writes its start-up errors to
+    standard error on a machine without a TPU ("Failed to find host bounds for accelerator type",
+    "TPU_WORKER_HOSTNAMES", a source-location trace): in Jupyter they would show under the first cell, red,
+    as if the student's code had failed. Nothing changes in a kit run (its kernel's standard error is the
+    run's log already), outside a Jupyter kernel, without libtpu, or when JAX's backends have started."""
+    environ = os.environ if environ is None else environ
+    if environ.get(RUN_MARKER) or environ.get(envnames.CHECK_REPLAY):
+        return "kept: a kit run logs its kernel's standard error"
+    if not (("ipykernel" in sys.modules) if kernel is None else kernel):
+        return "kept: not a Jupyter kernel"
+    if importlib.util.find_spec("libtpu") is None:
+        return "kept: no libtpu"
+    import jax
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        return "kept: JAX had already started"
+    log = Path(log) if log is not None else start_log()
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        sink = open(log, "wb")  # noqa: SIM115 - closed below, once standard error is back
+    except OSError:
+        sink = open(os.devnull, "wb")  # noqa: SIM115
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(sink.fileno(), 2)
+        try:
+            jax.devices()
+        except Exception:  # noqa: BLE001 - the student's own first look at the devices says it again, in full
+            return "kept: JAX could not start (the first cell that asks for devices says why)"
+        finally:
+            os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+        sink.close()
+    return f"started: libtpu's start-up messages are in {log}"
+
+
 DEVICES = default_devices()
 if DEVICES.startswith("kept: JAX"):
     print(f"labkit: {DEVICES.removeprefix('kept: ')}", file=sys.stderr)
+STARTED = quiet_start()
