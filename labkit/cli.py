@@ -86,7 +86,8 @@ def _student_notebooks(args) -> int:
 
 
 def _grade(args) -> int:
-    from labkit.grading import grade, scoreboard
+    from labkit.grading import grade
+    from labkit.grading.publish import scoreboard
     from labkit.grading.state import course
 
     try:
@@ -119,7 +120,7 @@ def _grade(args) -> int:
 
 def _export(args) -> int:
     """`scoreboard export`: an LMS gradebook file from a graded --out folder, with no regrade."""
-    from labkit.grading import gradebook, scoreboard
+    from labkit.grading.publish import gradebook, scoreboard
     from labkit.grading.state.files import write_atomic
 
     results = scoreboard.read(args.folder)
@@ -130,14 +131,14 @@ def _export(args) -> int:
 
 
 def _scoreboard(args) -> int:
-    from labkit.grading import scoreboard
+    from labkit.grading.publish import scoreboard
     from labkit.grading.running import ownresults
     from labkit.student.loop import BUILD
 
     if args.action == "export":
         return _export(args)
     if args.action == "merge":
-        from labkit.grading import merge
+        from labkit.grading.publish import merge
 
         results = merge.merge_folders(args.parts, args.out)
         Console().print(scoreboard.terminal(results))
@@ -157,7 +158,7 @@ def _scoreboard(args) -> int:
 def write_own(results: dict, out: Path, student: str = "you") -> Path:
     """A student's own results page (`make scoreboard`): their feedback as a grading would write it, the
     class page's tables for a class of one, never the TA's similarity list or class statistics."""
-    from labkit.grading import markdown, pages
+    from labkit.grading.publish import markdown, pages
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("scoreboard.html", "scoreboard.md", "scoreboard.json", "scoreboard.csv"):
@@ -181,7 +182,7 @@ def _release(args) -> int:
 
 def _gradescope(args) -> int:
     """Build the Gradescope autograder zip of one lab."""
-    from labkit.grading import gradescope
+    from labkit.grading.publish import gradescope
 
     path = gradescope.build(args.lab, args.out, isolation=args.isolation or "")
     print(f"wrote {path}")
@@ -189,7 +190,7 @@ def _gradescope(args) -> int:
 
 
 def _gradescope_run(args) -> int:
-    from labkit.grading import gradescope
+    from labkit.grading.publish import gradescope
 
     return gradescope.main_run(args)
 
@@ -227,7 +228,8 @@ def parser() -> argparse.ArgumentParser:
     _add_lab(sub)
     _add_course_tools(sub)
     _add_grade(sub)
-    from labkit.grading import canvas, cluster
+    from labkit.grading import cluster
+    from labkit.grading.publish import canvas
     from labkit.grading.running import pods
 
     pods.add_parser(sub)
@@ -387,8 +389,9 @@ def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
     Imported only when a command ends with an exception, so that a quick command loads no grading module.
     """
     from labkit.course import release
-    from labkit.grading import canvas, gradescope, scoreboard, slurm
+    from labkit.grading import slurm
     from labkit.grading.intake import collect, lms
+    from labkit.grading.publish import canvas, gradescope, scoreboard
     from labkit.grading.running import pods
     from labkit.grading.state import adjustments, course, deadlines, overrides, policy, roster
     from labkit.judge import judge

@@ -227,8 +227,8 @@ STAGES = (
     (
         "outputs",
         (
-            "grading/scoreboard.py, grading/pages.py, grading/classwide/leaderboard.py, student/report.py, "
-            "grading/gradescope.py"
+            "grading/publish/scoreboard.py, grading/publish/pages.py, grading/classwide/leaderboard.py, student/report.py, "
+            "grading/publish/gradescope.py"
         ),
         True,
     ),

@@ -107,7 +107,8 @@ def _submit(args, request: slurm.Request, course: Path) -> tuple[str, str]:
 
 
 def _slurm_merge(args) -> int:
-    from labkit.grading import scoreboard, slurm
+    from labkit.grading import slurm
+    from labkit.grading.publish import scoreboard
 
     try:
         _, failed = slurm.merge(args.out, args.shards)

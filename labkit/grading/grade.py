@@ -30,7 +30,6 @@ from pathlib import Path
 
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
-from labkit.grading import scoreboard
 from labkit.grading.classwide import similarity
 from labkit.grading.intake import lms, writeups
 from labkit.grading.intake.collect import (
@@ -45,6 +44,7 @@ from labkit.grading.intake.collect import (
     parse_shard,
     shard_of,
 )
+from labkit.grading.publish import scoreboard
 from labkit.grading.running.engine import Grader, StopRequest, default_jobs
 from labkit.grading.running.store import FORMAT, Store, kit_digest
 from labkit.grading.state import course as course_mod

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.course import catalog, configs
-from labkit.grading import merge as merge_mod
+from labkit.grading.publish import merge as merge_mod
 from labkit.grading.running import progress
 from labkit.grading.state.files import write_atomic
 from labkit.run.allowance import DEFAULT_LIMITS, GiB

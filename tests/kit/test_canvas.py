@@ -1,4 +1,4 @@
-"""Canvas through its API (labkit/grading/canvas.py), against a stand-in for Canvas on 127.0.0.1.
+"""Canvas through its API (labkit/grading/publish/canvas.py), against a stand-in for Canvas on 127.0.0.1.
 
 The stand-in answers the requests of Canvas's documented REST API that the kit makes, records each
 one (method, path, query and form fields, the Authorization header), and answers 404 to anything
@@ -18,8 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from labkit.grading import canvas
 from labkit.grading.intake import lms
+from labkit.grading.publish import canvas
 from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -298,7 +298,7 @@ def test_feedback_goes_as_a_submission_comment_once(standin):
 
 
 def test_the_command_line_dry_run_never_prints_the_token(standin, tmp_path):
-    from labkit.grading import scoreboard
+    from labkit.grading.publish import scoreboard
 
     scoreboard.write(results_for_push(), tmp_path / "board")
     env = {"PATH": "/usr/bin:/bin", canvas.TOKEN_VARIABLE: TOKEN}

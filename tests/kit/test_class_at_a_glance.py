@@ -20,9 +20,10 @@ import pytest
 from test_scoreboard import one_device_bug, passing, render, row
 
 from labkit.course import catalog
-from labkit.grading import grade, scoreboard
-from labkit.grading import merge as merging
+from labkit.grading import grade
 from labkit.grading.classwide import similarity
+from labkit.grading.publish import merge as merging
+from labkit.grading.publish import scoreboard
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("LABKIT_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))

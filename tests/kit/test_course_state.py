@@ -20,8 +20,9 @@ import pytest
 from notebook_variants import LAB_3_TESTS
 from test_grade import ROOT, reference_nb, run_grade, write
 
-from labkit.grading import merge, slurm
+from labkit.grading import slurm
 from labkit.grading.intake import collect
+from labkit.grading.publish import merge
 from labkit.grading.running import progress, store
 from labkit.grading.state import course
 

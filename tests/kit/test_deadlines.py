@@ -20,7 +20,8 @@ import pytest
 from test_policy import bob_rows, results, row, t
 
 from labkit.course import catalog
-from labkit.grading import grade, markdown, scoreboard
+from labkit.grading import grade
+from labkit.grading.publish import markdown, scoreboard
 from labkit.grading.state import deadlines, policy, roster
 
 DUE = "2026-03-01T23:59:00-08:00"

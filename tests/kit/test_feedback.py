@@ -1,4 +1,4 @@
-"""Each student's feedback, in Markdown and in HTML, drawn from one context (labkit/grading/context.py).
+"""Each student's feedback, in Markdown and in HTML, drawn from one context (labkit/grading/publish/context.py).
 
 Drawn from hand-made results (what `grade` writes): a class of two labs, the first with a
 leaderboard (lab 9) and a later one without (lab 10), a late submission and a TA's adjustments.
@@ -11,7 +11,7 @@ import io
 
 import pytest
 
-from labkit.grading import markdown, pages, scoreboard
+from labkit.grading.publish import markdown, pages, scoreboard
 from labkit.grading.state import policy
 from tests.kit.test_leaderboard import SPEC, card
 
@@ -235,7 +235,7 @@ def test_feedback_never_shows_the_tas_own_paths(results, render):
 
 
 def test_the_markdown_and_the_page_show_the_same_labs_points_notes_and_adjustments(results):
-    from labkit.grading import context
+    from labkit.grading.publish import context
 
     f = context.feedback(adjusted(results), "alice")
     md, page = markdown.feedback(adjusted(results), "alice"), pages.feedback_html(adjusted(results), "alice")

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 from notebook_variants import LAB_3_TESTS
 
-from labkit.grading import gradescope
+from labkit.grading.publish import gradescope
 from labkit.grading.state import policy
 
 ROOT = Path(__file__).resolve().parents[2]

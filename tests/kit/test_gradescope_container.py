@@ -37,7 +37,7 @@ import doc_commands
 import pytest
 from notebook_variants import LAB_3_TESTS
 
-from labkit.grading import gradescope
+from labkit.grading.publish import gradescope
 
 pytestmark = pytest.mark.machine_wide  # see conftest.py: one worker runs such modules in turn
 

@@ -16,10 +16,11 @@ import pytest
 
 from labkit import cost
 from labkit.course import catalog, configs
-from labkit.grading import grade, gradescope, markdown, pages, scoreboard
-from labkit.grading import merge as merging
+from labkit.grading import grade
 from labkit.grading.classwide import leaderboard
 from labkit.grading.intake import collect
+from labkit.grading.publish import gradescope, markdown, pages, scoreboard
+from labkit.grading.publish import merge as merging
 from labkit.grading.state import roster
 from labkit.run import modes
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.grading import gradebook, scoreboard
 from labkit.grading.intake import lms
+from labkit.grading.publish import gradebook, scoreboard
 from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]

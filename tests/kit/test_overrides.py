@@ -8,7 +8,7 @@ import io
 import pytest
 from test_policy import bob_rows, results
 
-from labkit.grading import gradebook, markdown, pages, scoreboard
+from labkit.grading.publish import gradebook, markdown, pages, scoreboard
 from labkit.grading.state import overrides, policy
 
 TESTS = {3: {"test_doubles", "test_split"}, 5: {"test_mlp"}}

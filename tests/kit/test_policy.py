@@ -13,7 +13,7 @@ import pytest
 
 from labkit import checks
 from labkit.checks import call, check
-from labkit.grading import markdown, pages, scoreboard
+from labkit.grading.publish import markdown, pages, scoreboard
 from labkit.grading.state import policy
 
 

@@ -20,10 +20,10 @@ import pytest
 from notebook_variants import LAB_3_PUBLIC_TESTS
 
 from labkit.course import catalog
-from labkit.grading import markdown, pages, scoreboard
-from labkit.grading import merge as merging
 from labkit.grading.classwide import failrates, spread
 from labkit.grading.classwide import results as results_mod
+from labkit.grading.publish import markdown, pages, scoreboard
+from labkit.grading.publish import merge as merging
 from labkit.grading.running import ownresults
 
 EVIL = "<img src=x onerror=\"document.title='pwned'\">"

@@ -13,7 +13,7 @@ configuration of one device (the rule of the scoreboard's "multi-device bugs"); 
 those rows out.
 
 `rates(results)` is the data, a pure function of the results; `layout(lab)` turns one lab's into
-the bars the page draws as inline SVG (labkit/grading/templates/failrates.html.j2).
+the bars the page draws as inline SVG (labkit/grading/publish/templates/failrates.html.j2).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ on cpu-8 shows a tall 100% bar in one and a bar further left in the other.
 
 `distributions(results)` is the data: which students fall in which bar, a pure function of the
 results. `layout(d, scale)` turns one into the bars' rectangles, which the scoreboard's page draws as
-inline SVG (labkit/grading/templates/spread.html.j2); every string in it, a student id in a bar's tooltip
+inline SVG (labkit/grading/publish/templates/spread.html.j2); every string in it, a student id in a bar's tooltip
 included, goes through the template's autoescaping.
 """
 

@@ -1,6 +1,6 @@
 """Submissions from a learning management system: a Canvas or Gradescope download read into the kit's layout.
 
-The other way, graded results out to an LMS gradebook, is labkit/grading/gradebook.py.
+The other way, graded results out to an LMS gradebook, is labkit/grading/publish/gradebook.py.
 
 Import (`collect(source, roster, into)`): a Canvas bulk download or a Gradescope export, as a zip
 or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
@@ -12,7 +12,7 @@ or a folder, is read into the kit's layout `into/<student>/lab-<N>.ipynb`:
   and a `submission_<id>/` folder per submission; submitters are matched to the roster by `sid`
   (student id or lms_id) or email, and `:created_at:` is kept as the submission time.
 
-- A folder `python -m labkit canvas collect` wrote (labkit/grading/canvas.py): `<student>/lab-<N>.ipynb`
+- A folder `python -m labkit canvas collect` wrote (labkit/grading/publish/canvas.py): `<student>/lab-<N>.ipynb`
   and `canvas_submissions.json`, each notebook's Canvas user id and real submission time.
 
 Each file's `times` say what the LMS tells of when it was handed in, by source (labkit/grading/state/deadlines.py):
@@ -355,7 +355,7 @@ def _keep_latest(best: dict, out: Collected, key: tuple[str, int], rank: tuple, 
         out.unmatched.append((member, f"an earlier version for {student}: {previous[1]['member']} is later"))
 
 
-CANVAS_MANIFEST = "canvas_submissions.json"  # written by labkit/grading/canvas.py's collect
+CANVAS_MANIFEST = "canvas_submissions.json"  # written by labkit/grading/publish/canvas.py's collect
 
 
 def canvas_api(source: Source, roster: Roster, known_labs: list[int]) -> Collected:

@@ -114,7 +114,7 @@ def roster_csv(course) -> tuple[str, list[str]]:
     import csv
     import io
 
-    from labkit.grading.scoreboard import _cell
+    from labkit.grading.publish.scoreboard import _cell
 
     sections = {s.id: s.name for s in _call("list the course's sections", course.get_sections)}
     users = _call(
@@ -240,7 +240,7 @@ def _attr(thing, name: str):
 
 def differences(course, results: dict, excused: bool = False) -> list[dict]:
     """Per lab with a canvas_id and per student with an lms_id: what Canvas has and what the kit gives, where they differ."""
-    from labkit.grading.gradebook import _weighted
+    from labkit.grading.publish.gradebook import _weighted
 
     grading = policy.Policy.from_json(results.get("policy"))
     grades = policy.grades(results)
@@ -440,7 +440,7 @@ def _collect(args) -> int:
 
 
 def _push(args) -> int:
-    from labkit.grading import markdown, scoreboard
+    from labkit.grading.publish import markdown, scoreboard
 
     results = scoreboard.read(args.folder)
     if results.get("provisional"):

@@ -1,7 +1,7 @@
 """What a student's feedback says, as plain data: built once, drawn as Markdown and as HTML.
 
-`feedback(results, student)` is the one context both renderings read (labkit/grading/markdown.py
-and labkit/grading/pages.py, through templates/feedback.md.j2 and templates/feedback.html.j2), so
+`feedback(results, student)` is the one context both renderings read (labkit/grading/publish/markdown.py
+and labkit/grading/publish/pages.py, through templates/feedback.md.j2 and templates/feedback.html.j2), so
 the two cannot say different things: each lab's points, late penalty, override and adjustments,
 the lab's leaderboard, and every test on every configuration (hidden ones by name and outcome).
 `section` is the same per-lab data for the class page's "Every test".

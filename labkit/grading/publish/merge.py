@@ -18,9 +18,9 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from labkit.grading import scoreboard
 from labkit.grading.classwide.results import configs_of, labs_of
-from labkit.grading.scoreboard import DRAWN, MergeError
+from labkit.grading.publish import scoreboard
+from labkit.grading.publish.scoreboard import DRAWN, MergeError
 from labkit.grading.state import course
 
 PER_PART = ("students", "notes", "rows")  # what each part holds of its own; every other key is the class's

@@ -19,7 +19,7 @@ import csv
 import io
 
 from labkit.grading.intake.lms import LmsError
-from labkit.grading.scoreboard import _cell
+from labkit.grading.publish.scoreboard import _cell
 from labkit.grading.state import policy
 
 

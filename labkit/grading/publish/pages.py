@@ -4,7 +4,6 @@ assets, drawn from jinja2 templates (templates/) that escape every string a subm
 
 from __future__ import annotations
 
-from labkit.grading import context
 from labkit.grading.classwide import failrates, similarity, spread, stats
 from labkit.grading.classwide.results import (
     configs_of,
@@ -12,6 +11,7 @@ from labkit.grading.classwide.results import (
     labs_of,
     students_of,
 )
+from labkit.grading.publish import context
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem;color:#1d232a;background:#fff}
@@ -59,13 +59,13 @@ _TEMPLATES = None
 
 
 def _templates():
-    """The pages' jinja2 templates (labkit/grading/templates/), autoescaping everything they are given."""
+    """The pages' jinja2 templates (labkit/grading/publish/templates/), autoescaping everything they are given."""
     global _TEMPLATES
     if _TEMPLATES is None:
         from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
         _TEMPLATES = Environment(
-            loader=PackageLoader("labkit.grading", "templates"),
+            loader=PackageLoader("labkit.grading.publish", "templates"),
             autoescape=select_autoescape(["html", "j2"], default_for_string=True),
             undefined=StrictUndefined,
             keep_trailing_newline=True,
@@ -111,7 +111,7 @@ def _similar(results: dict, sid: dict[str, str]) -> dict:
 
 def to_html(results: dict) -> str:
     """The class page: score distributions, a heat map per configuration, points, the bugs most hit, every test
-    (labkit/grading/templates/)."""
+    (labkit/grading/publish/templates/)."""
     students, labs, configs = students_of(results), labs_of(results), configs_of(results)
     index = index_of(results)
     sid = {s: f"s{i}" for i, s in enumerate(students)}
@@ -164,7 +164,7 @@ def to_html(results: dict) -> str:
 
 
 def feedback_html(results: dict, student: str) -> str:
-    """One student's own page, from the context their Markdown feedback is drawn from (labkit/grading/context.py):
+    """One student's own page, from the context their Markdown feedback is drawn from (labkit/grading/publish/context.py):
     the class page's rules, their labs only, hidden tests by name and outcome."""
     f = context.feedback(results, student)
     return (

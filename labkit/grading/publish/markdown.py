@@ -8,7 +8,7 @@ import re
 
 from markupsafe import Markup
 
-from labkit.grading import context
+from labkit.grading.publish import context
 
 
 def _md(text) -> str:
@@ -42,13 +42,13 @@ _TEMPLATES = None
 
 
 def _templates():
-    """The Markdown templates (labkit/grading/templates/*.md.j2): every value escaped for Markdown."""
+    """The Markdown templates (labkit/grading/publish/templates/*.md.j2): every value escaped for Markdown."""
     global _TEMPLATES
     if _TEMPLATES is None:
         from jinja2 import Environment, PackageLoader, StrictUndefined
 
         _TEMPLATES = Environment(
-            loader=PackageLoader("labkit.grading", "templates"),
+            loader=PackageLoader("labkit.grading.publish", "templates"),
             autoescape=False,
             finalize=_finalize,
             undefined=StrictUndefined,
@@ -67,7 +67,7 @@ def to_markdown(results: dict) -> str:
 
 
 def feedback(results: dict, student: str) -> str:
-    """What one student is told (labkit/grading/context.py's context, the HTML page's): public tests with their
+    """What one student is told (labkit/grading/publish/context.py's context, the HTML page's): public tests with their
     messages, hidden tests by name and outcome only, each lab's points, late penalty and adjustments."""
     text = _templates().get_template("feedback.md.j2").render(f=context.feedback(results, student))
     return re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n"

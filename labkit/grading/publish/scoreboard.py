@@ -21,7 +21,7 @@ class back together into exactly the scoreboard a single run would have written.
                        distributions and failure rates, with no student's id, name or message
     feedback/<id>.md   for each student: public tests with their messages, hidden tests by name and outcome,
                        their place on a lab's leaderboard
-    feedback/<id>.html the same as a self-contained page (labkit/grading/templates/, autoescaped)
+    feedback/<id>.html the same as a self-contained page (labkit/grading/publish/templates/, autoescaped)
     feedback/<id>.zip  both, in one archive to hand back
 """
 
@@ -46,8 +46,8 @@ from labkit.grading.classwide.results import (
     rates,
     students_of,
 )
-from labkit.grading.markdown import feedback, to_markdown
-from labkit.grading.pages import anonymous_html, feedback_html, to_html
+from labkit.grading.publish.markdown import feedback, to_markdown
+from labkit.grading.publish.pages import anonymous_html, feedback_html, to_html
 from labkit.grading.state import adjustments, policy
 from labkit.grading.state.files import write_atomic
 
