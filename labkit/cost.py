@@ -46,36 +46,13 @@ model beside the TPU compiler's own estimate and the book's figures.
 from __future__ import annotations
 
 import json
-import math
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.judge import callplan
+from labkit.judge import callplan, hlo
 
 CHIPS_FILE = Path(__file__).with_name("chips.toml")
-
-_ITEM_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-}
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,\s]*)\]")
 
 
 @dataclass(frozen=True)
@@ -138,14 +115,9 @@ def chips(path: Path = CHIPS_FILE) -> dict[str, Chip]:
 
 
 def shape_bytes(shape: str) -> int:
-    """Bytes of an HLO result shape: `f32[8,4]{1,0}`, or a tuple `(f32[8], bf16[2,2])` (summed)."""
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape):
-        if dtype not in _ITEM_BYTES:
-            continue
-        count = math.prod(int(d) for d in dims.split(",") if d.strip()) if dims.strip() else 1
-        total += count * _ITEM_BYTES[dtype]
-    return total
+    """Bytes of an HLO result shape: `f32[8,4]{1,0}`, or a tuple `(f32[8], bf16[2,2])` (summed); an element
+    type whose size is not known is refused by name (`hlo.Unreadable`), never counted as 0 bytes."""
+    return hlo.shape_bytes(shape)
 
 
 def bytes_sent(op: str, result_bytes: int, n: int) -> float:

@@ -441,7 +441,7 @@ def examine(fn, args, kwargs, settle=None) -> tuple[dict, object]:
     if estimate := _compiler_estimate(compiled):  # the TPU compiler's own figures (XLA:CPU gives none)
         facts["compiler"] = estimate
     try:
-        text = compiled.as_text()
+        text = hlo.printed(compiled)
     except Exception as e:  # noqa: BLE001
         text, unread = None, e
     if isinstance(facts["flops"], float):
@@ -470,14 +470,15 @@ def examine(fn, args, kwargs, settle=None) -> tuple[dict, object]:
 
 
 def _exported(jax, jitted, specs):
-    """jax.export's program; on a compile-only TPU configuration (LABKIT_TPU_TOPOLOGY) for TPU too, which the
-    verifier compiles for the topology (`judge.tpucompile`); one TPU cannot lower is exported for CPU alone,
-    and the verifier then says the TPU compiler could not have it."""
+    """jax.export's program; on a compile-only TPU configuration (LABKIT_TPU_TOPOLOGY) its TPU lowering alone,
+    which the verifier both runs on the CPU devices (the value) and compiles for the topology (the facts,
+    `judge.tpucompile`): one lowering for both. One TPU cannot lower is exported for CPU alone, and the
+    verifier then says the TPU compiler could not have it."""
     import os
 
     if os.environ.get(envnames.TPU_TOPOLOGY):
         try:
-            return jax.export.export(jitted, platforms=("cpu", "tpu"))(*specs)
+            return jax.export.export(jitted, platforms=("tpu",))(*specs)
         except Exception as e:  # noqa: BLE001 - the CPU-only export below raises whatever is the student's
             _TPU_REFUSED.append(f"{type(e).__name__}: {_first_line(e)}")
     return jax.export.export(jitted)(*specs)

@@ -1,37 +1,489 @@
-"""Reading the optimised HLO text of a compiled program: its collectives, the devices each joins, and
-how many times each runs (pure Python: tested without JAX).
+"""Reading a compiled program (optimised HLO) as a structure: its collectives, the devices each joins, how many
+times each runs, and the work its loops hide (pure Python: tested without JAX).
 
-A collective inside a loop (`lax.fori_loop`, `lax.scan`, a `while`) is written once in the program's
-text, inside the loop's body, however many times the loop runs. The compiler notes the number of steps
-of a loop it can count (`known_trip_count`, as XLA:CPU writes it); the TPU compiler writes none, and
-there the steps are read from the loop itself: a counter that starts at a constant, goes up by a
-constant step and is compared with a constant bound (`_counted`). Each collective is listed once per
-run, so what a program sends is the sum over the list whatever the loops. A collective inside a loop whose steps the compiler
-cannot count is refused: what it costs cannot be known from the program.
+The program is read as instructions, never searched as text. Each line of a computation is parsed as what
+XLA prints an instruction to be (`[ROOT] %name = shape opcode(operands), attribute=value, ...`) by a scanner
+that knows XLA's brackets and quoted strings (`_Scanner`): a student's words (a `jax.named_scope`, a
+`named_call`, a function's name) reach the program only inside quoted strings (`metadata={op_name="..."}`,
+`frontend_attributes`) or as identifiers, and neither is ever read as an opcode, a shape or an attribute.
+The kit prints the program without metadata where JAX lets it (`printed`), and the scanner skips it where it
+is there. A line that looks like an instruction and does not parse, a dtype whose size is not known, or a
+communicating op this reader does not count, is an error that names it: never a collective left out or
+counted as 0 bytes.
 
-XLA's own cost analysis counts a loop's body once too, so the matrix products of a loop's body are
-counted here again for each further step (`loop_flops`): one device's work then includes what a loop
-hides.
+An asynchronous collective (`all-gather-start`, `collective-permute-start`, `all-reduce-start`) is counted
+once, at its start, with what the start itself says it makes: its `-done` only waits, and is never read (so
+a `-done` can neither add a collective nor change one's size, wherever it stands).
+
+A collective inside a loop (`lax.fori_loop`, `lax.scan`, a `while`) is written once in the program, inside
+the loop's body, however many times the loop runs. The compiler notes the number of steps of a loop it can
+count (`known_trip_count`, as XLA:CPU writes it); the TPU compiler writes none, and there the steps are read
+from the loop itself: a counter that starts at a constant, goes up by a constant step and is compared with a
+constant bound (`_counted`). Each collective is listed once per run, so what a program sends is the sum over
+the list whatever the loops.
+
+XLA's own cost analysis counts a loop's body once too, so every instruction of a loop's body (products,
+elementwise arithmetic, reductions, and the fused computations the body calls) is counted here again for
+each further step (`loop_flops`), as XLA's cost analysis counts one step of it. A loop whose steps cannot be
+read and that sends or computes anything is refused ("cannot count this loop"): what it costs cannot be known
+from the program, and an undercount would pass a design it should not.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from dataclasses import dataclass, field
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+# The asynchronous forms whose start carries what they make; their `-done` only waits.
+_STARTS = {f"{op}-start": op for op in ("all-reduce", "all-gather", "collective-permute")}
+# Ops that move data between devices that this reader does not count: refused, never left out.
+_UNCOUNTED = frozenset(
+    {
+        "ragged-all-to-all",
+        "collective-broadcast",
+        "send",
+        "recv",
+        "send-done",
+        "recv-done",
+    }
+)
+MOST = 20_000  # collectives listed for one program, loops unrolled: more is refused, not truncated
 
-_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_DONE = re.compile(
-    r"=\s*(?P<shape>.+?)\s+(?:" + "|".join(COLLECTIVES) + r")-done\((?:[^%)]*\s)?%(?P<start>[\w.\-]+)\)"
-)
-_NAME = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=")
-_GROUPS = re.compile(
-    r"replica_groups=(?P<g>\{\}|\{\{[\d,{}\s]*\}\}|\[[\d,\s]+\]<=\[[\d,\s]+\](?:T\([\d,\s]+\))?"
-    r"|mesh\[[^\]]*\]\s*\{[^}]*\})"
-)
-_MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
-_PAIRS = re.compile(r"source_target_pairs=\{(?P<p>[\d,{}\s]*)\}")
+# Bits of one element of each XLA element type (`xla_data.proto`'s PrimitiveType, as HLO text names them).
+ELEMENT_BITS = {
+    "pred": 8,
+    "s1": 1,
+    "u1": 1,
+    "s2": 2,
+    "u2": 2,
+    "s4": 4,
+    "u4": 4,
+    "s8": 8,
+    "u8": 8,
+    "s16": 16,
+    "u16": 16,
+    "s32": 32,
+    "u32": 32,
+    "s64": 64,
+    "u64": 64,
+    "f16": 16,
+    "bf16": 16,
+    "f32": 32,
+    "f64": 64,
+    "c64": 64,
+    "c128": 128,
+    "f4e2m1fn": 4,
+    "f8e3m4": 8,
+    "f8e4m3": 8,
+    "f8e4m3fn": 8,
+    "f8e4m3fnuz": 8,
+    "f8e4m3b11fnuz": 8,
+    "f8e5m2": 8,
+    "f8e5m2fnuz": 8,
+    "f8e8m0fnu": 8,
+    "token": 0,
+}
+_ARRAY = re.compile(r"(?<![\w.])(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[0-9,\s]*)\]")
+
+
+class Unreadable(ValueError):
+    """A part of the program this reader cannot read: the fact that needs it is not given (never guessed)."""
+
+
+def shape_elements(shape: str) -> list[tuple[str, int]]:
+    """(dtype, element count) of each array of an HLO shape: `f32[8,4]{1,0}` or a tuple `(f32[8], bf16[2,2])`.
+    A dtype whose size is not known is refused by name."""
+    found = []
+    for m in _ARRAY.finditer(_without_layouts(shape)):
+        dtype, dims = m.group("dtype"), m.group("dims")
+        if dtype not in ELEMENT_BITS:
+            raise Unreadable(f"an array of element type {dtype!r}, whose size this reader does not know")
+        found.append((dtype, math.prod(int(d) for d in dims.split(",") if d.strip()) if dims.strip() else 1))
+    return found
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape (a tuple's summed; elements smaller than a byte packed, rounded up per array)."""
+    return sum(-(-count * ELEMENT_BITS[dtype] // 8) for dtype, count in shape_elements(shape))
+
+
+def _without_layouts(shape: str) -> str:
+    """A shape without its layouts (`{1,0:T(8,128)S(1)}`) and index comments: only dtypes and dimensions."""
+    out, depth = [], 0
+    for ch in re.sub(r"/\*.*?\*/", "", shape):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def _compact(shape: str) -> str:
+    """A result shape without its index comments: `(f32[4]{0}, /*index=1*/f32[4]{0})` is
+    `(f32[4]{0}, f32[4]{0})`. Whole, never cut: what a collective sends is read from it."""
+    return re.sub(r"\s+", " ", re.sub(r"/\*.*?\*/", "", shape)).strip()
+
+
+# ----------------------------------------------------------------------------------------
+# Instructions, as XLA prints them.
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One instruction: its name, result shape (as printed), opcode, operand names, the literal inside its
+    parentheses where it has no operands (a constant's value, a parameter's number), and its attributes
+    (name -> the value as printed, a quoted string still quoted)."""
+
+    name: str
+    shape: str
+    opcode: str
+    operands: tuple[str, ...]
+    literal: str
+    attributes: dict[str, str] = field(default_factory=dict)
+    root: bool = False
+
+
+_CLOSING = {"(": ")", "{": "}", "[": "]"}
+
+
+class _Scanner:
+    """Walks one line of HLO text, knowing its brackets, its quoted strings and its comments."""
+
+    def __init__(self, text: str):
+        self.text, self.i = text, 0
+
+    def skip_space(self) -> None:
+        while self.i < len(self.text) and self.text[self.i].isspace():
+            self.i += 1
+
+    def take(self, pattern: re.Pattern) -> str | None:
+        m = pattern.match(self.text, self.i)
+        if m is None:
+            return None
+        self.i = m.end()
+        return m.group(0)
+
+    def until(self, stops: str) -> str:
+        """Text up to (not including) the first of `stops` outside brackets, quotes and comments, or the end."""
+        start, depth, text = self.i, [], self.text
+        while self.i < len(text):
+            ch = text[self.i]
+            if ch in "\"'":
+                self._quoted(ch)
+                continue
+            if text.startswith("/*", self.i):
+                end = text.find("*/", self.i + 2)
+                if end < 0:
+                    raise Unreadable("an unterminated comment")
+                self.i = end + 2
+                continue
+            if not depth and ch in stops:
+                break
+            if ch in _CLOSING:
+                depth.append(_CLOSING[ch])
+            elif ch in ")}]" and (not depth or depth.pop() != ch):
+                raise Unreadable(f"an unbalanced {ch!r}")
+            self.i += 1
+        if depth:
+            raise Unreadable("an unclosed bracket")
+        return text[start : self.i]
+
+    def _quoted(self, quote: str) -> None:
+        text, i = self.text, self.i + 1
+        while i < len(text) and text[i] != quote:
+            i += 2 if text[i] == "\\" else 1
+        if i >= len(text):
+            raise Unreadable("an unterminated string")
+        self.i = i + 1
+
+    def expect(self, ch: str) -> None:
+        if self.i >= len(self.text) or self.text[self.i] != ch:
+            raise Unreadable(f"{ch!r} expected")
+        self.i += 1
+
+
+_NAME = re.compile(r"%?[\w.\-]+")
+_OPCODE = re.compile(r"[a-z][a-z0-9\-]*(?=\()")
+_INSTRUCTION_START = re.compile(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s")
+_HEADER = re.compile(r"\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(")
+
+
+def instruction(line: str) -> Instruction:
+    """One instruction line, parsed (Unreadable where it is not one)."""
+    s = _Scanner(line)
+    s.skip_space()
+    root = s.take(re.compile(r"ROOT\s+")) is not None
+    name = s.take(_NAME)
+    s.skip_space()
+    if name is None or s.take(re.compile(r"=\s*")) is None:
+        raise Unreadable("not an instruction")
+    shape = s.until(" \t")
+    s.skip_space()
+    opcode = s.take(_OPCODE)
+    if not shape or opcode is None:
+        raise Unreadable("an instruction without a shape or an opcode")
+    s.expect("(")
+    inside = s.until(")")
+    s.expect(")")
+    attributes: dict[str, str] = {}
+    s.skip_space()
+    while s.i < len(line):
+        s.expect(",")
+        s.skip_space()
+        part = s.until(",").strip()
+        key, eq, value = part.partition("=")
+        if not eq or not re.fullmatch(r"[\w.\-]+", key.strip()):
+            raise Unreadable(f"an attribute that is not key=value after {opcode}")
+        attributes[key.strip()] = value.strip()
+    operands, literal = [], ""
+    for piece in _split(inside):
+        token = piece.split()[-1] if piece.split() else ""
+        if token.startswith("%"):
+            operands.append(token[1:])
+        elif token:
+            literal = piece.strip()
+    return Instruction(name.lstrip("%"), _compact(shape), opcode, tuple(operands), literal, attributes, root)
+
+
+def _split(text: str) -> list[str]:
+    """`text` split at its commas outside brackets and quotes."""
+    s, parts = _Scanner(text), []
+    while s.i < len(text):
+        parts.append(s.until(","))
+        s.i += 1
+    return [p for p in parts if p.strip()]
+
+
+@dataclass
+class Computation:
+    name: str
+    instructions: list[Instruction] = field(default_factory=list)
+
+    def by_name(self) -> dict[str, Instruction]:
+        return {i.name: i for i in self.instructions}
+
+    @property
+    def root(self) -> Instruction | None:
+        return next((i for i in self.instructions if i.root), None)
+
+
+@dataclass
+class Module:
+    """A program's computations by name (`""`: lines outside any computation, as the tests write fragments),
+    and the name of its entry."""
+
+    computations: dict[str, Computation]
+    entry: str | None
+
+
+def parse(hlo: str) -> Module:
+    """The program's computations and their instructions. A line that starts as an instruction must parse as
+    one (Unreadable, naming the line's opcode where it has one, otherwise)."""
+    found = {"": Computation("")}
+    entry, current = None, ""
+    for number, line in enumerate(hlo.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("HloModule", "//")):
+            continue
+        if stripped == "}":
+            current = ""
+            continue
+        if _INSTRUCTION_START.match(line):
+            try:
+                found[current].instructions.append(instruction(line))
+            except Unreadable as e:
+                raise Unreadable(
+                    f"line {number} of the program could not be read as an instruction ({e})"
+                ) from e
+            continue
+        header = _HEADER.match(line)
+        if header and stripped.endswith("{"):
+            current = header.group("name")
+            found[current] = Computation(current)
+            if header.group("entry"):
+                entry = current
+            continue
+        raise Unreadable(f"line {number} of the program is neither an instruction nor a computation's header")
+    return Module(found, entry)
+
+
+# ----------------------------------------------------------------------------------------
+# How many times each computation runs.
+# ----------------------------------------------------------------------------------------
+
+
+def _names(value: str) -> list[str]:
+    """The computations an attribute names: `%body` or `{%a, %b}`."""
+    return [p.strip().lstrip("%") for p in value.strip().strip("{}").split(",") if p.strip()]
+
+
+def _through(name: str, defs: dict[str, Instruction]) -> Instruction | None:
+    """The instruction `name` is, looking through copies."""
+    for _ in range(16):
+        found = defs.get(name)
+        if found is None:
+            return None
+        if found.opcode != "copy" or len(found.operands) != 1:
+            return found
+        name = found.operands[0]
+    return None
+
+
+def _constant(name: str, defs: dict[str, Instruction]) -> int | None:
+    found = _through(name, defs)
+    if (
+        found is None
+        or found.opcode != "constant"
+        or not re.fullmatch(r"[su](?:8|16|32|64)\[\]", _bare(found))
+    ):
+        return None
+    return int(found.literal) if re.fullmatch(r"-?\d+", found.literal) else None
+
+
+def _bare(i: Instruction) -> str:
+    return _without_layouts(i.shape).strip()
+
+
+def _element(name: str, defs: dict[str, Instruction]) -> int | None:
+    """k where `name` is element k of the computation's parameter (through copies), else None."""
+    found = _through(name, defs)
+    if found is None or found.opcode != "get-tuple-element":
+        return None
+    index = found.attributes.get("index", "")
+    return int(index) if index.isdigit() else None
+
+
+def _trip_count(loop: Instruction, module: Module, caller: Computation) -> int | None:
+    """The steps of a `while`: the compiler's `known_trip_count` where it wrote one, else read from the loop."""
+    config = loop.attributes.get("backend_config", "")
+    if config.startswith('"'):  # an older printer quotes the JSON
+        try:
+            config = json.loads(config)
+        except ValueError:
+            config = ""
+    try:
+        known = json.loads(config).get("known_trip_count", {}).get("n") if config else None
+    except (ValueError, AttributeError):
+        known = None
+    if isinstance(known, str) and known.isdigit():
+        return int(known)
+    return _counted(loop, module, caller)
+
+
+def _counted(loop: Instruction, module: Module, caller: Computation) -> int | None:
+    """The steps of a `while` the compiler did not count for us (the TPU compiler's loops), read from the
+    loop: its condition is `counter < bound` with a constant bound, the counter starts at a constant
+    (the while's tuple) and the body adds a constant step to it, a constant itself or one the body
+    passes on unchanged. None where any of that is not so: the loop is then not counted."""
+    cond = module.computations.get(loop.attributes.get("condition", "").lstrip("%"))
+    body = module.computations.get(loop.attributes.get("body", "").lstrip("%"))
+    if cond is None or body is None or len(loop.operands) != 1:
+        return None
+    cdefs, bdefs, odefs = cond.by_name(), body.by_name(), caller.by_name()
+    compare = cond.root
+    if compare is None or compare.opcode != "compare" or len(compare.operands) != 2:
+        return None
+    a, b = compare.operands
+    direction = compare.attributes.get("direction")
+    if direction == "LT":
+        k, bound = _element(a, cdefs), _constant(b, cdefs)
+    elif direction == "GT":
+        k, bound = _element(b, cdefs), _constant(a, cdefs)
+    else:
+        return None
+    start_tuple = _through(loop.operands[0], odefs)
+    if k is None or bound is None or start_tuple is None or start_tuple.opcode != "tuple":
+        return None
+    if k >= len(start_tuple.operands):
+        return None
+    start = _constant(start_tuple.operands[k], odefs)
+    root = body.root
+    if start is None or root is None or root.opcode != "tuple" or k >= len(root.operands):
+        return None
+    step_op = _through(root.operands[k], bdefs)
+    if step_op is None or step_op.opcode != "add" or len(step_op.operands) != 2:
+        return None
+    x, y = step_op.operands
+    other = y if _element(x, bdefs) == k else x if _element(y, bdefs) == k else None
+    if other is None:
+        return None
+    step = _constant(other, bdefs)
+    j = _element(other, bdefs)
+    if step is None and j is not None and j < len(root.operands) and _element(root.operands[j], bdefs) == j:
+        step = _constant(start_tuple.operands[j], odefs) if j < len(start_tuple.operands) else None
+    if step is None or step <= 0:
+        return None
+    return max(0, -(-(bound - start) // step))
+
+
+def _taken(conditional: Instruction, caller: Computation, branches: int) -> int | None:
+    """The branch a conditional runs when its index is a constant of the computation it is in, else None.
+    An index out of range runs the last branch, as XLA's conditional does."""
+    if not conditional.operands:
+        return None
+    index = _constant(conditional.operands[0], caller.by_name())
+    if index is None:
+        return None
+    return index if 0 <= index < branches else branches - 1
+
+
+def _calls(i: Instruction, module: Module, caller: Computation) -> list[tuple[str, int | None, bool]]:
+    """The computations one instruction runs: (name, how many times (None: a loop whose steps cannot be
+    counted), whether it is a scalar function applied elementwise, whose work the caller's count holds)."""
+    a = i.attributes
+    if i.opcode == "while":
+        times = _trip_count(i, module, caller)
+        return [(n, times, False) for key in ("condition", "body") if key in a for n in _names(a[key])]
+    if i.opcode == "conditional":
+        names = _names(a["branch_computations"]) if "branch_computations" in a else []
+        names += [_names(a[k])[0] for k in ("true_computation", "false_computation") if k in a]
+        taken = _taken(i, caller, len(names))
+        # the one its constant index picks, the others never; else each is counted, an upper bound
+        return [(n, 1 if taken is None or k == taken else 0, False) for k, n in enumerate(names)]
+    if i.opcode in ("async-update", "async-done"):
+        return []  # the computation an async pair wraps runs once, counted at its start
+    own = ("calls", "called_computations", *(("to_apply",) if i.opcode == "call" else ()))
+    called = [(n, 1, False) for key in own if key in a for n in _names(a[key])]
+    applied = () if i.opcode == "call" else ("to_apply", "select", "scatter", "comparator")
+    return called + [(n, 1, True) for key in applied if key in a for n in _names(a[key])]
+
+
+def runs(module: Module) -> tuple[dict[str, int | None], set[str]]:
+    """How many times each computation runs for one call of the program (None: not countable), and the scalar
+    functions an instruction applies elementwise (a reduction's `add`), whose work their callers count.
+    A computation nothing calls is counted once, never left out."""
+    times: dict[str, int | None] = {}
+    scalar: set[str] = set()
+
+    def visit(name: str, count: int | None, depth: int) -> None:
+        if depth > 64 or name not in module.computations:
+            return
+        before = times.get(name, 0)
+        times[name] = None if before is None or count is None else before + count
+        computation = module.computations[name]
+        for i in computation.instructions:
+            for child, each, applied in _calls(i, module, computation):
+                if applied:
+                    scalar.add(child)
+                visit(child, None if count is None or each is None else count * each, depth + 1)
+
+    visit("", 1, 0)
+    if module.entry is not None:
+        visit(module.entry, 1, 0)
+    for name in module.computations:
+        times.setdefault(name, 1)
+    return times, scalar
+
+
+# ----------------------------------------------------------------------------------------
+# Collectives.
+# ----------------------------------------------------------------------------------------
 
 
 def parse_groups(text: str, devices: int) -> list[list[int]]:
@@ -45,26 +497,35 @@ def parse_groups(text: str, devices: int) -> list[list[int]]:
     if text.startswith("["):
         import numpy as np
 
-        m = re.match(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
+        m = re.fullmatch(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
+        if m is None:
+            raise Unreadable(f"replica groups in a form this reader does not know: {text[:120]}")
         shape = [int(v) for v in m.group(1).split(",")]
         dims = [int(v) for v in m.group(2).split(",")]
         ids = np.arange(int(np.prod(dims))).reshape(dims)
         if m.group(3):
             ids = ids.transpose([int(v) for v in m.group(3).split(",")])
         return ids.reshape(shape).tolist()
+    if not re.fullmatch(r"\{\s*(\{[\d,\s]*\}\s*,?\s*)*\}", text):
+        raise Unreadable(f"replica groups in a form this reader does not know: {text[:120]}")
     return [[int(v) for v in g.split(",") if v.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+
+
+_MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>[^}]*)\}")
 
 
 def _mesh_groups(text: str) -> list[list[int]]:
     """The groups of the mesh form: positions in the mesh (row-major, as the iota form numbers them)."""
     import numpy as np
 
-    m = _MESH_GROUPS.match(text)
+    m = _MESH_GROUPS.fullmatch(text)
+    if m is None:
+        raise Unreadable(f"replica groups in a mesh form this reader does not know: {text[:120]}")
     axes = re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group("axes"))
     names, sizes = [a for a, _ in axes], [int(k) for _, k in axes]
     over = re.findall(r"'([^']+)'", m.group("over"))
     if not names or any(a not in names for a in over) or re.search(r"[():]", m.group("over")):
-        raise ValueError(f"replica groups in a mesh form this reader does not know: {text[:120]}")
+        raise Unreadable(f"replica groups in a mesh form this reader does not know: {text[:120]}")
     ids = np.arange(int(np.prod(sizes))).reshape(sizes)
     kept = [i for i, a in enumerate(names) if a not in over]
     moved = [names.index(a) for a in over]
@@ -72,302 +533,203 @@ def _mesh_groups(text: str) -> list[list[int]]:
     return ids.transpose(kept + moved).reshape(-1, size).tolist()
 
 
-_HEADER = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
-_CALLED = re.compile(
-    r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%(?P<name>[\w.\-]+)"
-)
-_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
-_TRIPS = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(?P<n>\d+)"')
-MOST = 20_000  # collectives listed for one program, loops unrolled: more is refused, not truncated
+def _tuple_elements(shape: str) -> list[str]:
+    """The elements of a tuple shape `(a, b, ...)`, or [shape] where it is no tuple."""
+    shape = shape.strip()
+    if not shape.startswith("("):
+        return [shape]
+    return [p.strip() for p in _split(shape[1:-1])]
 
 
-def _compact(shape: str) -> str:
-    """A result shape without its index comments: `(f32[4]{0}, /*index=1*/f32[4]{0})` is
-    `(f32[4]{0}, f32[4]{0})`. Whole, never cut: what a collective sends is read from it (a tuple of one
-    entry per device, as an all-to-all on CPU gives, runs long)."""
-    return re.sub(r"\s+", " ", re.sub(r"/\*[^*]*\*/", "", shape)).strip()
+def _made(i: Instruction) -> str:
+    """What a collective makes: its result, or, for an async start, the result its start carries (an all-gather's
+    start is (its operands, its results); a permute's start (the buffer sent, the one received, two counters))."""
+    if i.opcode in ("all-gather-start", "collective-permute-start"):
+        parts = _tuple_elements(i.shape)
+        if len(parts) < 2:
+            raise Unreadable(f"a {i.opcode} whose result is not the tuple XLA writes")
+        return parts[1]
+    return i.shape
 
 
-def computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
-    """The program's computations (name -> lines) and the name of its entry; lines outside any
-    computation (a fragment, as the tests write them) belong to the entry `""`."""
-    found: dict[str, list[str]] = {"": []}
-    entry, current = None, ""
-    for line in hlo.splitlines():
-        header = _HEADER.match(line)
-        if header and "=" not in line.split("(", 1)[0]:
-            current = header.group("name")
-            found[current] = [line]  # its header: the names and shapes of its parameters
-            if header.group("entry"):
-                entry = current
-        elif line.strip() == "}":
-            current = ""
-        else:
-            found[current].append(line)
-    return found, entry
-
-
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)")
-_INDEX = re.compile(r"\bindex=(?P<i>\d+)")
-_VALUE = re.compile(r"\b[su](?:32|64)\[\][^=]*?constant\((?P<v>-?\d+)\)")
-
-
-def _defs(lines: list[str]) -> tuple[dict[str, tuple[str, list[str], str]], str | None]:
-    """One computation's instructions: name -> (op, operand names, line); and the name of its ROOT."""
-    found, root = {}, None
-    for line in lines:
-        d = _DEF.match(line)
-        if d:
-            args = [a.split()[-1].lstrip("%") for a in d.group("args").split(",") if a.strip()]
-            found[d.group("name")] = (d.group("op"), args, line)
-            if line.lstrip().startswith("ROOT"):
-                root = d.group("name")
-    return found, root
-
-
-def _through(name: str, defs: dict) -> tuple[str, list[str], str] | None:
-    """The instruction `name` is, looking through copies."""
-    for _ in range(16):
-        if name not in defs:
-            return None
-        op, args, line = defs[name]
-        if op != "copy" or len(args) != 1:
-            return op, args, line
-        name = args[0]
-    return None
-
-
-def _constant(name: str, defs: dict) -> int | None:
-    found = _through(name, defs)
-    if found is None or found[0] != "constant":
+def _collective(i: Instruction, devices: int) -> dict | None:
+    if i.opcode in _UNCOUNTED:
+        raise Unreadable(f"the program sends data with {i.opcode}, which this reader does not count")
+    op = _STARTS.get(i.opcode, i.opcode if i.opcode in COLLECTIVES else None)
+    if op is None:
         return None
-    value = _VALUE.search(found[2])
-    return int(value.group("v")) if value else None
-
-
-def _element(name: str, defs: dict) -> int | None:
-    """k where `name` is element k of the computation's parameter (through copies), else None."""
-    found = _through(name, defs)
-    if found is None or found[0] != "get-tuple-element":
-        return None
-    index = _INDEX.search(found[2])
-    return int(index.group("i")) if index else None
-
-
-def _counted(line: str, found: dict[str, list[str]], caller: list[str]) -> int | None:
-    """The steps of a `while` the compiler did not count for us (the TPU compiler's loops), read from the
-    loop: its condition is `counter < bound` with a constant bound, the counter starts at a constant
-    (the while's tuple) and the body adds a constant step to it, a constant itself or one the body
-    passes on unchanged. None where any of that is not so: the loop is then not counted."""
-    cond = re.search(r"condition=%(?P<c>[\w.\-]+)", line)
-    body = re.search(r"body=%(?P<b>[\w.\-]+)", line)
-    operand = re.search(r"\swhile\(%(?P<t>[\w.\-]+)\)", line)
-    if not (cond and body and operand):
-        return None
-    cdefs, croot = _defs(found.get(cond.group("c"), []))
-    bdefs, broot = _defs(found.get(body.group("b"), []))
-    odefs, _ = _defs(caller)
-    compare = cdefs.get(croot) if croot else None
-    if compare is None or compare[0] != "compare" or len(compare[1]) != 2:
-        return None
-    direction = re.search(r"direction=(?P<d>[A-Z]+)", compare[2])
-    a, b = compare[1]
-    if direction and direction.group("d") == "LT":
-        k, bound = _element(a, cdefs), _constant(b, cdefs)
-    elif direction and direction.group("d") == "GT":
-        k, bound = _element(b, cdefs), _constant(a, cdefs)
+    shape = _made(i)
+    shape_elements(shape)  # a dtype of unknown size is refused here, by name
+    item: dict = {"op": op, "shape": shape}
+    if "source_target_pairs" in i.attributes:
+        pairs = i.attributes["source_target_pairs"]
+        if not re.fullmatch(r"\{\s*(\{\s*\d+\s*,\s*\d+\s*\}\s*,?\s*)*\}", pairs):
+            raise Unreadable(f"source-target pairs in a form this reader does not know: {pairs[:120]}")
+        item["pairs"] = [[int(a), int(b)] for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", pairs)]
+    elif "replica_groups" in i.attributes:
+        item["groups"] = parse_groups(i.attributes["replica_groups"], devices)
     else:
-        return None
-    start_tuple = _through(operand.group("t"), odefs)
-    if (
-        k is None
-        or bound is None
-        or start_tuple is None
-        or start_tuple[0] != "tuple"
-        or k >= len(start_tuple[1])
-    ):
-        return None
-    start = _constant(start_tuple[1][k], odefs)
-    root = bdefs.get(broot) if broot else None
-    if start is None or root is None or root[0] != "tuple" or k >= len(root[1]):
-        return None
-    step_op = _through(root[1][k], bdefs)
-    if step_op is None or step_op[0] != "add" or len(step_op[1]) != 2:
-        return None
-    x, y = step_op[1]
-    other = y if _element(x, bdefs) == k else x if _element(y, bdefs) == k else None
-    if other is None:
-        return None
-    step = _constant(other, bdefs)
-    j = _element(other, bdefs)
-    if step is None and j is not None and j < len(root[1]) and _element(root[1][j], bdefs) == j:
-        step = _constant(start_tuple[1][j], odefs) if j < len(start_tuple[1]) else None  # an invariant step
-    if step is None or step <= 0:
-        return None
-    return max(0, -(-(bound - start) // step))
-
-
-def _calls(
-    line: str, found: dict[str, list[str]] | None = None, caller: list[str] | None = None
-) -> list[tuple[str, int | None]]:
-    """The computations one instruction runs, each with how many times (None: a loop whose steps cannot be
-    counted)."""
-    if " while(" in line:
-        trips = _TRIPS.search(line)
-        times = int(trips.group("n")) if trips else _counted(line, found or {}, caller or [])
-        return [(m.group("name"), times) for m in _CALLED.finditer(line)]
-    called = [(m.group("name"), 1) for m in _CALLED.finditer(line)]
-    branches = _BRANCHES.search(line)
-    if branches:  # a conditional runs one of its branches
-        names = [n.strip().lstrip("%") for n in branches.group("names").split(",") if n.strip()]
-        taken = _taken(line, caller or [], len(names))
-        # the one its constant index picks, the others never (a program exported for several platforms
-        # keeps one branch per platform, the index fixed when compiled for one); else each is counted,
-        # an upper bound
-        called += [(n, 1 if taken is None or i == taken else 0) for i, n in enumerate(names)]
-    return called
-
-
-def _taken(line: str, caller: list[str], branches: int) -> int | None:
-    """The branch a conditional runs when its index is a constant of the computation it is in, else None.
-    An index out of range runs the last branch, as XLA's conditional does."""
-    d = _DEF.match(line)
-    if d is None or d.group("op") != "conditional" or not d.group("args").strip():
-        return None
-    index = _constant(d.group("args").split(",")[0].split()[-1].lstrip("%"), _defs(caller)[0])
-    if index is None:
-        return None
-    return index if 0 <= index < branches else branches - 1
-
-
-def runs(found: dict[str, list[str]], entry: str | None) -> dict[str, int | None]:
-    """How many times each computation (as `computations` reads them) runs for one call of the program
-    (None: not countable)."""
-    times: dict[str, int | None] = {}
-
-    def visit(name: str, count: int | None, depth: int) -> None:
-        if depth > 64 or name not in found:
-            return
-        before = times.get(name, 0)
-        times[name] = None if before is None or count is None else before + count
-        for line in found[name]:
-            for child, each in _calls(line, found, found[name]):
-                visit(child, None if count is None or each is None else count * each, depth + 1)
-
-    visit("", 1, 0)
-    if entry is not None:
-        visit(entry, 1, 0)
-    return times
+        item["groups"] = [list(range(devices))]
+    return item
 
 
 def collectives_in(hlo: str, devices: int) -> list[dict]:
     """Every collective the program runs for one call, once per run (a loop's collective as many times
     as the loop's steps): op, result shape, and the devices that take part together."""
-    found, entry = computations(hlo)
-    times = runs(found, entry)
+    module = parse(hlo)
+    times, _ = runs(module)
     listed: list[dict] = []
-    for name, lines in found.items():
-        # An async pair (`-start`, `-done`) sends what its `-done` gives: the TPU compiler's
-        # collective-permute-start is a tuple of the buffer sent, the buffer received and two counters.
-        done = {d.group("start"): d.group("shape") for d in map(_DONE.search, lines) if d}
-        for line in lines:
-            m = _OP.search(line)
-            if not m or "-done(" in line or _HEADER.match(line):
+    for name, computation in module.computations.items():
+        for i in computation.instructions:
+            item = _collective(i, devices)
+            if item is None:
                 continue
-            named = _NAME.match(line)
-            shape = done.get(named.group("name"), m.group("shape")) if named else m.group("shape")
-            count = times.get(name, 1)  # a computation nothing calls is counted once, never left out
+            count = times[name]
             if count is None:
-                raise ValueError(
-                    "a collective inside a loop whose number of steps the compiler cannot count "
-                    f"({m.group('op')}): give the loop a fixed number of steps, or write it as a "
+                raise Unreadable(
+                    f"cannot count this loop: a collective ({item['op']}) inside a loop whose number of steps "
+                    "the compiler cannot count. Give the loop a fixed number of steps, or write it as a "
                     "Python for loop, so that what it sends can be counted"
                 )
-            item = {"op": m.group("op"), "shape": _compact(shape)}
-            pairs = _PAIRS.search(line)
-            groups = _GROUPS.search(line)
-            if pairs:
-                item["pairs"] = [
-                    [int(a), int(b)] for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs.group("p"))
-                ]
-            elif groups:
-                item["groups"] = parse_groups(groups.group("g"), devices)
-            elif "replica_groups=" in line:  # a form not read here: never taken for every device
-                raise ValueError(f"replica groups in a form this reader does not know: {line.strip()[:160]}")
-            else:
-                item["groups"] = [list(range(devices))]
             if len(listed) + count > MOST:
-                raise ValueError(f"the program runs more than {MOST} collectives for one call")
+                raise Unreadable(f"the program runs more than {MOST} collectives for one call")
             listed.extend(dict(item) for _ in range(count))
     return listed
 
 
-_SHAPED = re.compile(r"%?(?P<name>[\w.\-]+)\s*[:=]\s*(?P<shape>[a-z][a-z0-9]*\[[\d,]*\])")
-_DOT = re.compile(
-    r"%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>[a-z][a-z0-9]*\[[\d,]*\])\S*\s+"
-    r"(?P<op>dot|convolution)\(%(?P<lhs>[\w.\-]+)"
+# ----------------------------------------------------------------------------------------
+# Work.
+# ----------------------------------------------------------------------------------------
+
+# What XLA's cost analysis counts as one FLOP per element of the result (`HloCostAnalysis`'s elementwise
+# handler; the transcendental ones it counts apart, not as FLOPs).
+_ELEMENTWISE = frozenset(
+    {
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "remainder",
+        "maximum",
+        "minimum",
+        "negate",
+        "abs",
+        "sign",
+        "compare",
+        "select",
+        "clamp",
+        "and",
+        "or",
+        "xor",
+        "not",
+        "floor",
+        "ceil",
+        "round-nearest-afz",
+        "round-nearest-even",
+        "shift-left",
+        "shift-right-arithmetic",
+        "shift-right-logical",
+        "atan2",
+        "power",
+        "real",
+        "imag",
+        "complex",
+        "popcnt",
+        "count-leading-zeros",
+        "is-finite",
+        "convert",
+    }
 )
-_CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<d>[\d,]*)\}")
+_REDUCING = frozenset({"reduce", "reduce-window", "all-reduce", "reduce-scatter", "select-and-scatter"})
+
+
+def _elements(shape: str) -> int:
+    return sum(count for _, count in shape_elements(shape))
 
 
 def _dims(shape: str) -> list[int]:
-    inside = shape[shape.index("[") + 1 : shape.index("]")]
-    return [int(v) for v in inside.split(",") if v]
+    bare = _without_layouts(shape)
+    inside = bare[bare.index("[") + 1 : bare.index("]")]
+    return [int(v) for v in inside.split(",") if v.strip()]
 
 
-_LABELS = re.compile(r"dim_labels=(?P<lhs>[a-z0-9]+)_[a-z0-9]+->[a-z0-9]+")
-_WINDOW = re.compile(r"window=\{size=(?P<size>\d+(?:x\d+)*)")
-
-
-def _summed(line: str, op: str, lhs: str) -> int | None:
+def _summed(i: Instruction, lhs: str) -> int | None:
     """How many products each output element of a product sums: a `dot`'s contracting dimensions, or the
     input feature dimension (`f`) of a `convolution` that is a matrix product (the TPU compiler writes
     `x @ w` so: `dim_labels=bf_io->bf`), times its window's size where it has one (the TPU compiler's
     windowed products inside a collective matmul's loop). None with groups or dilation, which this reader
     does not count."""
     dims = _dims(lhs)
-    if op == "dot":
-        contracting = _CONTRACTING.search(line)
-        if not contracting:
+    if i.opcode == "dot":
+        contracting = i.attributes.get("lhs_contracting_dims")
+        if contracting is None:
             return None
-        return math.prod(dims[int(i)] for i in contracting.group("d").split(",") if i)
-    labels = _LABELS.search(line)
-    if not labels or "_group_count=" in line or "_dilate=" in line or len(labels.group("lhs")) != len(dims):
+        return math.prod(dims[int(d)] for d in contracting.strip("{}").split(",") if d.strip())
+    labels = re.fullmatch(r"(?P<lhs>[a-z0-9]+)_[a-z0-9]+->[a-z0-9]+", i.attributes.get("dim_labels", ""))
+    if not labels or "feature_group_count" in i.attributes or "batch_group_count" in i.attributes:
         return None
-    if "f" not in labels.group("lhs"):
+    if "f" not in labels.group("lhs") or len(labels.group("lhs")) != len(dims):
         return None
-    window = _WINDOW.search(
-        line
-    )  # a matrix product the TPU compiler split into windows: each sums f x window
+    window = re.match(r"\{size=(?P<size>\d+(?:x\d+)*)", i.attributes.get("window", ""))
+    if "dilate=" in i.attributes.get("window", "") or any("dilate" in k for k in i.attributes):
+        return None
     sizes = [int(v) for v in window.group("size").split("x")] if window else []
     if len(sizes) != sum(c.isdigit() for c in labels.group("lhs")):  # one size per spatial dimension
         return None
     return dims[labels.group("lhs").index("f")] * math.prod(sizes)
 
 
+def _work(i: Instruction, shapes: dict[str, str]) -> float:
+    """The FLOPs of one instruction as XLA's cost analysis counts one run of it (0 where it moves data only)."""
+    if i.opcode in ("dot", "convolution"):
+        lhs = shapes.get(i.operands[0]) if i.operands else None
+        summed = _summed(i, lhs) if lhs is not None else None
+        if summed is None:
+            raise Unreadable(f"a {i.opcode} inside a loop whose work this reader cannot count")
+        return 2.0 * _elements(i.shape) * summed
+    if i.opcode in _ELEMENTWISE:
+        return float(_elements(i.shape))
+    if i.opcode in _REDUCING and i.opcode not in ("all-reduce", "reduce-scatter"):
+        first = shapes.get(i.operands[0]) if i.operands else None
+        return float(_elements(first)) if first is not None else float(_elements(i.shape))
+    return 0.0
+
+
 def loop_flops(hlo: str) -> float:
-    """The FLOPs of matrix products that XLA's cost analysis leaves out: those of a loop's body for each
-    step after the first. A product in a loop whose steps cannot be counted is refused (ValueError)."""
-    found, entry = computations(hlo)
-    times = runs(found, entry)
+    """The FLOPs XLA's cost analysis leaves out: every instruction of a loop's body (and of what the body calls)
+    counted again for each step after the first. Work in a loop whose steps cannot be counted is refused."""
+    module = parse(hlo)
+    times, scalar = runs(module)
     extra = 0.0
-    for name, lines in found.items():
-        count = times.get(name, 1)
-        shapes = {m.group("name"): m.group("shape") for line in lines for m in _SHAPED.finditer(line)}
-        for line in lines:
-            dot = _DOT.search(line)
-            if not dot or _HEADER.match(line):
-                continue
-            if count is None:
-                raise ValueError(
-                    "a matrix product inside a loop whose number of steps the compiler cannot count: "
-                    "the work it does cannot be known from the program"
+    for name, computation in module.computations.items():
+        if name in scalar:
+            continue  # a reduction's scalar function: its caller's work counts it
+        count = times[name]
+        if count is not None and count <= 1:
+            continue
+        shapes = {i.name: i.shape for i in computation.instructions}
+        work = sum(_work(i, shapes) for i in computation.instructions)
+        if count is None:
+            if work:
+                raise Unreadable(
+                    "cannot count this loop: it computes inside a loop whose number of steps the compiler "
+                    "cannot count, so the work it does cannot be known from the program"
                 )
-            if count <= 1:
-                continue
-            lhs = shapes.get(dot.group("lhs"))
-            summed = _summed(line, dot.group("op"), lhs) if lhs is not None else None
-            if summed is None:
-                raise ValueError(f"a {dot.group('op')} inside a loop whose work this reader cannot count")
-            extra += (count - 1) * 2.0 * math.prod(_dims(dot.group("shape"))) * summed
+            continue
+        extra += (count - 1) * work
     return extra
+
+
+def printed(compiled) -> str:
+    """The optimised program of a `jax.stages.Compiled`, printed without metadata (no op names, no source
+    lines) where JAX gives the module itself; else its text, whose metadata `parse` skips."""
+    try:
+        from jaxlib import _hlo
+
+        options = _hlo.HloPrintOptions()
+        options.print_metadata = False
+        options.print_backend_config = True
+        modules = compiled.runtime_executable().hlo_modules()
+        return "\n".join(m.to_string(options) for m in modules)
+    except Exception:  # noqa: BLE001 - an older jaxlib: the text, read structurally all the same
+        return compiled.as_text()

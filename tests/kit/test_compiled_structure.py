@@ -1,0 +1,276 @@
+"""A compiled program is read as a structure: what a student writes (a scope's name, a function's name, a
+frontend attribute) never reads as an instruction, an async `-done` never sets what a collective sends, an
+element type of unknown size is refused by name, and the work and the sends a loop hides are counted for
+every step, or refused where the steps cannot be read (never undercounted)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from labkit import cost
+from labkit.judge import hlo
+
+# ---- attacks on the reader, written as the text XLA prints -------------------------------------------------
+
+SCOPE_THAT_READS_LIKE_A_DONE = """\
+ENTRY %main (p: f32[1,16]) -> f32[8,16] {
+  %p = f32[1,16]{1,0} parameter(0)
+  %all_gather.3 = f32[8,16]{1,0} all-gather(%p), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}, metadata={op_name="jit(f)/ all-gather-done(%all-gather-start.3)/x = f32[0]{0} all-gather-done(%all_gather.3)" stack_frame_id=4}
+  ROOT %r = f32[8,16]{1,0} copy(%all_gather.3), metadata={op_name="%all_gather.3 = f32[0]{0} all-gather-done(%all_gather.3)"}
+}
+"""
+
+
+@pytest.mark.fast
+def test_a_scope_name_that_reads_like_a_done_changes_nothing_the_program_sends():
+    (found,) = hlo.collectives_in(SCOPE_THAT_READS_LIKE_A_DONE, 8)
+    assert found["op"] == "all-gather" and cost.shape_bytes(found["shape"]) == 8 * 16 * 4
+    honest = "\n".join(line.split(", metadata=")[0] for line in SCOPE_THAT_READS_LIKE_A_DONE.splitlines())
+    assert hlo.collectives_in(honest, 8) == [found]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "attribute",
+    [
+        'metadata={op_name="a\\" all-reduce(%p), replica_groups={}\\n %q = f32[0] all-reduce-done(%p)"}',
+        'frontend_attributes={note="), replica_groups={{0}}, x={"}',
+        "metadata={op_name='all-to-all(' source_file=\"/*\"}",
+        'backend_config="{\\"known_trip_count\\":{\\"n\\":\\"1000\\"}}"',
+    ],
+)
+def test_text_a_student_can_write_in_any_attribute_is_never_read_as_an_instruction_or_its_groups(attribute):
+    line = f"  %ar = f32[64]{{0}} all-reduce(%p), channel_id=1, replica_groups={{{{0,1,2,3}},{{4,5,6,7}}}}, to_apply=%add, {attribute}"
+    (found,) = hlo.collectives_in(line, 8)
+    assert found == {"op": "all-reduce", "shape": "f32[64]{0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+
+
+@pytest.mark.fast
+def test_a_line_that_starts_as_an_instruction_and_does_not_parse_is_refused_not_skipped():
+    with pytest.raises(hlo.Unreadable, match="line 1"):
+        hlo.collectives_in('  %ar = f32[64]{0} all-reduce(%p), metadata={op_name="never closed}', 8)
+
+
+@pytest.mark.fast
+def test_an_async_pair_split_across_computations_sends_what_its_start_makes_once():
+    text = """\
+%body (t: (f32[8,16], s32[])) -> (f32[8,16], s32[]) {
+  %t = (f32[8,16], s32[]) parameter(0)
+  %s = ((f32[1,16]), f32[8,16]) get-tuple-element(%t), index=0
+  %d = f32[800,16]{1,0} all-gather-done(%s)
+  ROOT %r = (f32[8,16], s32[]) tuple(%d)
+}
+ENTRY %main (p: f32[1,16]) -> f32[8,16] {
+  %p = f32[1,16]{1,0} parameter(0)
+  %ags = (f32[1,16]{1,0}, f32[8,16]{1,0}) all-gather-start(%p), channel_id=1, replica_groups={}, dimensions={0}
+  %t = (f32[8,16], s32[]) tuple(%ags)
+  %w = (f32[8,16], s32[]) while(%t), condition=%c, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %r = f32[8,16] get-tuple-element(%w), index=0
+}
+"""
+    (found,) = hlo.collectives_in(text, 8)
+    assert found["op"] == "all-gather" and cost.shape_bytes(found["shape"]) == 8 * 16 * 4
+
+
+@pytest.mark.fast
+def test_a_done_never_overrides_a_synchronous_collective_of_the_same_name():
+    text = """\
+ENTRY %main (p: f32[1,16]) -> f32[8,16] {
+  %p = f32[1,16]{1,0} parameter(0)
+  %all-gather.1 = f32[8,16]{1,0} all-gather(%p), channel_id=1, replica_groups={}, dimensions={0}
+  %x = f32[0]{0} all-gather-done(%all-gather.1)
+  ROOT %r = f32[8,16] copy(%all-gather.1)
+}
+"""
+    (found,) = hlo.collectives_in(text, 8)
+    assert cost.shape_bytes(found["shape"]) == 8 * 16 * 4
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("dtype", "bytes_"), [("s4", 64), ("u4", 64), ("f4e2m1fn", 64), ("s2", 32), ("pred", 128)]
+)
+def test_a_collective_of_sub_byte_or_small_elements_sends_their_packed_bytes(dtype, bytes_):
+    line = f"%ag = {dtype}[8,16]{{1,0}} all-gather(%p), replica_groups={{}}, dimensions={{0}}"
+    (found,) = hlo.collectives_in(line, 8)
+    assert cost.shape_bytes(found["shape"]) == bytes_
+
+
+@pytest.mark.fast
+def test_an_element_type_of_unknown_size_is_refused_by_name_never_counted_as_nothing():
+    with pytest.raises(hlo.Unreadable, match="'x9'"):
+        hlo.collectives_in("%ag = x9[8,16]{1,0} all-gather(%p), replica_groups={}, dimensions={0}", 8)
+    with pytest.raises(hlo.Unreadable, match="'x9'"):
+        cost.shape_bytes("(f32[2], x9[4])")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("op", ["ragged-all-to-all", "collective-broadcast", "send"])
+def test_an_op_that_moves_data_between_devices_this_reader_does_not_count_is_refused(op):
+    with pytest.raises(hlo.Unreadable, match=op):
+        hlo.collectives_in(f"%x = f32[8]{{0}} {op}(%p), replica_groups={{}}", 8)
+
+
+RANK_ONE_UPDATES = """\
+%body (t: (s32[], f32[64,64], f32[64,32], f32[32,64])) -> (s32[], f32[64,64], f32[64,32], f32[32,64]) {
+  %t = (s32[], f32[64,64], f32[64,32], f32[32,64]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %acc = f32[64,64] get-tuple-element(%t), index=1
+  %a = f32[64,32] get-tuple-element(%t), index=2
+  %b = f32[32,64] get-tuple-element(%t), index=3
+  %fusion = f32[64,64]{1,0} fusion(%acc, %a, %b, %i), kind=kLoop, calls=%outer_product
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %r = (s32[], f32[64,64], f32[64,32], f32[32,64]) tuple(%next, %fusion, %a, %b)
+}
+%outer_product (acc: f32[64,64], a: f32[64,32], b: f32[32,64], i: s32[]) -> f32[64,64] {
+  %acc = f32[64,64] parameter(0)
+  %col = f32[64,64] parameter(1)
+  %row = f32[64,64] parameter(2)
+  %m = f32[64,64] multiply(%col, %row)
+  ROOT %s = f32[64,64] add(%acc, %m)
+}
+%cond (t: (s32[], f32[64,64], f32[64,32], f32[32,64])) -> pred[] {
+  %t = (s32[], f32[64,64], f32[64,32], f32[32,64]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(32)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+ENTRY %main (a: f32[64,32], b: f32[32,64]) -> f32[64,64] {
+  %a = f32[64,32] parameter(0)
+  %b = f32[32,64] parameter(1)
+  %zero = s32[] constant(0)
+  %z = f32[64,64] constant(0)
+  %t = (s32[], f32[64,64], f32[64,32], f32[32,64]) tuple(%zero, %z, %a, %b)
+  %w = (s32[], f32[64,64], f32[64,32], f32[32,64]) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[64,64] get-tuple-element(%w), index=1
+}
+"""
+
+
+@pytest.mark.fast
+def test_a_product_written_as_rank_one_updates_in_a_loop_is_counted_for_every_step():
+    # 32 steps of a 64 x 64 multiply and add (and the counter's add and compare): XLA's cost analysis counts
+    # one step, the reader the 31 others
+    per_step = 2 * 64 * 64 + 1 + 1
+    assert hlo.loop_flops(RANK_ONE_UPDATES) == 31 * per_step
+    assert hlo.loop_flops(RANK_ONE_UPDATES) + per_step >= 2 * 64 * 64 * 32  # the product's own FLOPs
+
+
+@pytest.mark.fast
+def test_work_in_a_loop_whose_steps_cannot_be_read_is_refused_not_counted_once():
+    computed_bound = RANK_ONE_UPDATES.replace(
+        "%n = s32[] constant(32)", "%n = s32[] get-tuple-element(%t), index=0"
+    )
+    with pytest.raises(hlo.Unreadable, match="cannot count this loop"):
+        hlo.loop_flops(computed_bound)
+
+
+@pytest.mark.fast
+def test_a_reductions_scalar_function_is_not_counted_as_work_of_its_own():
+    text = """\
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+%body (t: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %t = (s32[], f32[64]) parameter(0)
+  %x = f32[64] get-tuple-element(%t), index=1
+  %zero = f32[] constant(0)
+  %r = f32[] reduce(%x, %zero), dimensions={0}, to_apply=%add
+}
+ENTRY %main (p: f32[64]) -> f32[64] {
+  %w = (s32[], f32[64]) while(%p), condition=%c, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+}
+"""
+    assert hlo.loop_flops(text) == 2 * 64
+
+
+# ---- the same attacks written in JAX, compiled on eight CPU devices -------------------------------------------
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from labkit import facts
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+
+    def softmax_by_columns(x):  # each device a block of columns, then x gathered whole: an all-gather
+        def rows(b):
+            whole = jax.lax.all_gather(b, "data", axis=1, tiled=True)
+            return jax.nn.softmax(whole, axis=1)[:, : b.shape[1]]
+        return jax.shard_map(rows, mesh=mesh, in_specs=P(None, "data"), out_specs=P(None, "data"))(x)
+
+    def disguised(x):
+        with jax.named_scope(" all-gather-done(%all-gather-start.3)"):
+            return jax.named_call(softmax_by_columns, name="all_gather_done")(x)
+
+    def product(a, b):
+        return a @ b
+
+    def rank_one_updates(a, b):  # the same product as a sum of outer products, one a step
+        def step(i, acc):
+            return acc + jax.lax.dynamic_slice_in_dim(a, i, 1, 1) * jax.lax.dynamic_slice_in_dim(b, i, 1, 0)
+        return jax.lax.fori_loop(0, a.shape[1], step, jnp.zeros((a.shape[0], b.shape[1]), a.dtype))
+
+    def computed_bound(a, b):  # as many steps as a value says: nothing in the program counts them
+        def step(c):
+            i, acc = c
+            return i + 1, acc + jax.lax.dynamic_slice_in_dim(a, i, 1, 1) * jax.lax.dynamic_slice_in_dim(b, i, 1, 0)
+        n = jnp.sum(a > -1e9).astype(jnp.int32) // a.shape[0]
+        return jax.lax.while_loop(lambda c: c[0] < n, step, (0, jnp.zeros((a.shape[0], b.shape[1]))))[1]
+
+    def on_a_traced_value(a, b):  # cond on a value: either branch may run, the larger counted
+        return jax.lax.cond(a.sum() > 0, lambda: a @ b, lambda: jnp.zeros((a.shape[0], b.shape[1])))
+
+    x = jax.device_put(jnp.ones((16, 64)), NamedSharding(mesh, P(None, "data")))
+    a, b = jnp.ones((64, 32)), jnp.ones((32, 64))
+    out = {name: facts.gather(fn, args, {}) for name, fn, args in [
+        ("honest", softmax_by_columns, (x,)), ("disguised", disguised, (x,)), ("product", product, (a, b)),
+        ("rank_one_updates", rank_one_updates, (a, b)), ("computed_bound", computed_bound, (a, b)),
+        ("on_a_traced_value", on_a_traced_value, (a, b))]}
+    traced = jax.jit(disguised).lower(x).compile()
+    from labkit.judge import hlo
+    out["printed"] = hlo.printed(traced)
+    sys.stdout.write("FACTS " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def gathered():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.partition("FACTS ")[2])
+
+
+def _sent(facts):
+    return sum(cost.shape_bytes(c["shape"]) for c in facts["collectives"])
+
+
+def test_a_scope_and_a_call_named_like_a_done_send_what_the_same_design_sends_unnamed(gathered):
+    honest, disguised = gathered["honest"], gathered["disguised"]
+    assert [c["op"] for c in honest["collectives"]] == ["all-gather"]
+    assert disguised["collectives"] == honest["collectives"] and _sent(disguised) == 16 * 64 * 4
+    assert "op_name" not in gathered["printed"] and "all-gather-done" not in gathered["printed"]
+
+
+def test_a_product_as_rank_one_updates_in_a_loop_counts_the_products_work(gathered):
+    assert gathered["product"]["flops"] == 2 * 64 * 64 * 32
+    assert gathered["rank_one_updates"]["flops"] >= gathered["product"]["flops"]
+
+
+def test_work_in_a_while_loop_with_a_computed_bound_is_unavailable_saying_it_cannot_count_the_loop(gathered):
+    assert "cannot count this loop" in gathered["computed_bound"]["flops"]["unavailable"]
+
+
+def test_a_cond_on_a_traced_value_counts_at_least_the_branch_that_computes(gathered):
+    assert gathered["on_a_traced_value"]["flops"] >= gathered["product"]["flops"]
