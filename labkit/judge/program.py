@@ -47,6 +47,35 @@ _COLLECTIVES = {
 }
 
 
+# The attributes of an op that say what the design is, whatever the size of its inputs: placement, which
+# devices a collective joins and along which dimension, which dimensions a product sums or a transpose moves.
+# Shapes, constants' values, slice bounds, paddings and windows (which grow with the inputs) are left out.
+_DESIGN_ATTRIBUTES = frozenset(
+    {
+        "sharding",
+        "in_shardings",
+        "out_shardings",
+        "manual_axes",
+        "mhlo.sharding",
+        "arg_attrs",
+        "res_attrs",
+        "replica_groups",
+        "source_target_pairs",
+        "all_gather_dim",
+        "scatter_dimension",
+        "split_dimension",
+        "concat_dimension",
+        "split_count",
+        "call_target_name",
+        "dot_dimension_numbers",
+        "dimensions",
+        "broadcast_dimensions",
+        "permutation",
+        "comparison_direction",
+        "mesh",
+    }
+)
+
 _MESH_AXIS = re.compile(r'"[^"]*"\s*=\s*(\d+)')  # an axis of an sdy mesh attribute: "name"=size
 
 
@@ -55,7 +84,8 @@ def read_module(module_text: str) -> dict[str, Any]:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
     part each device runs on its own block, "written": the collectives it asks for itself, by their HLO
     names (those jit's partitioner adds come later, in the compiled program)}. "meshes": the axis sizes of each mesh
-    the module declares (`sdy.mesh`), in order}. Raises when the text is not a module."""
+    the module declares (`sdy.mesh`), in order; "design": each op in order with the attributes that say what
+    design it is (`same_design`)}. Raises when the text is not a module."""
     from jax.interpreters import (
         mlir,  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
     )
@@ -67,8 +97,13 @@ def read_module(module_text: str) -> dict[str, Any]:
     meshes: list[tuple[int, ...]] = []
     found = {"products": False, "manual": False}
 
+    design: list[tuple[str, ...]] = []
+
     def visit(op: Any) -> Any:
         name = op.name
+        design.append(
+            (name, *(f"{a}={op.attributes[a]}" for a in sorted(op.attributes) if a in _DESIGN_ATTRIBUTES))
+        )
         if name in _COLLECTIVES:
             written.add(_COLLECTIVES[name])
         if name == "stablehlo.custom_call":
@@ -83,7 +118,22 @@ def read_module(module_text: str) -> dict[str, Any]:
 
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
-    return {"targets": targets, "written": sorted(written), "meshes": meshes, **found}
+    return {"targets": targets, "written": sorted(written), "meshes": meshes, "design": design, **found}
+
+
+def same_design(course: dict[str, Any], production: dict[str, Any]) -> str | None:
+    """Where a program at a production size is not the design of the one at the course size (`read_module`'s
+    "design" of each: every op in order, with what placement and collectives it asks for; not shapes or
+    constants), the first op that differs, said in the kit's words; None where they are the same design."""
+    mine, theirs = course["design"], production["design"]
+    for k, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            return f"op {k + 1}: {a[0]} at the course size, {b[0]} at the production size" + (
+                " (asking for other placements or devices)" if a[0] == b[0] else ""
+            )
+    if len(mine) != len(theirs):
+        return f"{len(mine)} ops at the course size, {len(theirs)} at the production size"
+    return None
 
 
 def custom_calls(module_text: str) -> set[str]:

@@ -129,6 +129,31 @@ def test_a_call_at_a_production_size_is_not_judged_without_a_tpu_topology(probe)
     assert "compile-only TPU configuration" in probe["production"]["on_cpu"]["unverified"]
 
 
+@needs_libtpu
+def test_a_program_that_reads_its_platform_is_valued_and_examined_on_its_tpu_branch_alone(probe):
+    found = probe["platforms"]
+    honest = found["honest"]
+    assert honest["value"] == 64 * 256 * 8 and [c["op"] for c in honest["facts"]["collectives"]] == [
+        "all-reduce"
+    ]
+    assert found["zeros_on_the_tpu"]["value"] == 0  # the value graded is the TPU branch's, not the CPU's
+    assert found["wasteful_on_cpu"]["value"] == honest["value"]
+    assert found["wasteful_on_cpu"]["facts"]["collectives"] == honest["facts"]["collectives"]
+
+
+@needs_libtpu
+def test_a_program_exported_for_two_platforms_is_refused_on_a_compile_only_configuration(probe):
+    why = probe["platforms"]["both"]["unverified"]
+    assert "exported for cpu, tpu" in why and "one and the same program" in why
+
+
+@needs_libtpu
+def test_a_function_that_branches_on_its_inputs_size_is_refused_at_the_production_size(probe):
+    assert probe["sizes"]["honest"]["refused"] == []
+    (why,) = probe["sizes"]["branches"]["refused"]
+    assert "branches on its input's size" in why and "course size" in why
+
+
 def test_a_production_size_call_is_made_only_on_configurations_that_compile_for_a_tpu():
     from labkit import checks
     from labkit.judge import callplan

@@ -89,9 +89,86 @@ os.environ.pop(tpucompile.TOPOLOGY_VARIABLE)
 split_on_cpu = at_production_size(product_on_the_grid)
 os.environ[tpucompile.TOPOLOGY_VARIABLE] = topology
 
+
+# One lowering for the value and the facts: a program that reads its platform gives, on a compile-only TPU
+# configuration, the value and the facts of its TPU branch, whichever branch is the honest one.
+def honest(x):
+    return jax.shard_map(lambda y: jax.lax.psum(y, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())(x)
+
+
+def wasteful(x):  # the same sum, all-reduced twice
+    return jax.shard_map(
+        lambda y: jax.lax.psum(jax.lax.psum(y, "x") / 8, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()
+    )(x)
+
+
+def zeros_on_the_tpu(x):
+    return jax.lax.platform_dependent(x, cpu=honest, default=lambda y: jnp.zeros((64, 256), y.dtype))
+
+
+def wasteful_on_cpu_honest_on_the_tpu(x):
+    return jax.lax.platform_dependent(x, cpu=wasteful, default=honest)
+
+
+def verified(function):
+    c = checks.compiled_call(function.__name__, X)
+    found = verify.run_program(
+        {"id": c.id, **c.encoded()}, facts.export(function, (jnp.asarray(X),), {})["program"]
+    )
+    if "value" in found:
+        found["value"] = float(np.asarray(checks_value(found["value"])).sum())
+    return found
+
+
+def checks_value(encoded):
+    from labkit.judge import plaindata
+
+    return plaindata.decode(encoded).value
+
+
+both_platforms = jax.export.export(jax.jit(honest), platforms=("cpu", "tpu"))(
+    jax.ShapeDtypeStruct(X.shape, X.dtype)
+)
+c = checks.compiled_call("honest", X)
+platforms = {
+    "honest": verified(honest),
+    "zeros_on_the_tpu": verified(zeros_on_the_tpu),
+    "wasteful_on_cpu": verified(wasteful_on_cpu_honest_on_the_tpu),
+    "both": verify.run_program(
+        {"id": c.id, **c.encoded()}, base64.b64encode(both_platforms.serialize()).decode("ascii")
+    ),
+}
+
+
+# One design at every size: a function that branches on its input's size is refused at the production size.
+def branches_on_size(x, w):
+    if x.shape[0] > 4096:  # at a production size, only a sliver of the work
+        return product_on_the_grid(x[:8], w)
+    return product_on_the_grid(x, w)
+
+
+def sized_calls(function):
+    small = checks.compiled_call(
+        function.__name__, np.ones((16, 64), np.float32), np.ones((64, 16), np.float32)
+    )
+    large = checks.compiled_call(
+        function.__name__, checks.shaped((1 << 16, 8192)), checks.shaped((8192, 1 << 16))
+    )
+    calls = [{"id": c.id, **c.encoded()} for c in (small, large)]
+    programs = {}
+    for call in calls:
+        shapes = tuple(jax.ShapeDtypeStruct(tuple(a["shape"]), np.dtype(a["dtype"])) for a in call["args"])
+        programs[call["id"]] = facts.export(function, shapes, {})["program"]
+    return {"refused": list(verify._other_designs(calls, programs).values())}
+
+
+sizes = {"honest": sized_calls(product_on_the_grid), "branches": sized_calls(branches_on_size)}
+
 print(
     json.dumps(
         {
+            "platforms": platforms,
+            "sizes": sizes,
             "tpu": {
                 "sent": sent(on_tpu),
                 "compiled_for": on_tpu["facts"].get("compiled_for"),
