@@ -295,6 +295,17 @@ def start_log() -> Path:
     return loop.BUILD / "jupyter-start.log"
 
 
+def _in_a_running_kernel() -> bool:
+    """Whether this is a Jupyter kernel that runs cells now: not a process that only imported ipykernel (the
+    kit's warm server imports this module in advance, and a JAX backend started there would be every
+    kernel it forks)."""
+    if "ipykernel" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    return type(get_ipython()).__name__ == "ZMQInteractiveShell"
+
+
 def quiet_start(environ=None, kernel: bool | None = None, log: Path | None = None) -> str:
     """Start JAX's backends now, in a Jupyter kernel where libtpu is installed, with the process's standard
     error (file descriptor 2, where libtpu and absl write from C++) sent to `log`; say what happened.
@@ -307,8 +318,8 @@ def quiet_start(environ=None, kernel: bool | None = None, log: Path | None = Non
     environ = os.environ if environ is None else environ
     if environ.get(RUN_MARKER) or environ.get(envnames.CHECK_REPLAY):
         return "kept: a kit run logs its kernel's standard error"
-    if not (("ipykernel" in sys.modules) if kernel is None else kernel):
-        return "kept: not a Jupyter kernel"
+    if not (_in_a_running_kernel() if kernel is None else kernel):
+        return "kept: not a running Jupyter kernel"
     if importlib.util.find_spec("libtpu") is None:
         return "kept: no libtpu"
     import jax

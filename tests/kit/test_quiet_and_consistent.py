@@ -81,13 +81,48 @@ def test_the_student_docs_give_the_tpu_download_that_set_up_computes_from_uv_loc
 LIBTPU_NOISE = ("Failed to find host bounds", "TPU_WORKER_HOSTNAMES", "Source Location Trace")
 
 
+def _run_in_a_kernel(code: str, env: dict, cwd: Path) -> str:
+    """What a fresh Jupyter kernel shows for one cell: its streams (stdout and stderr) and any error."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3", env=env, cwd=str(cwd), startup_timeout=120)
+    try:
+        shown = []
+        client.execute_interactive(
+            code,
+            timeout=300,
+            output_hook=lambda msg: shown.append(
+                msg["content"].get("text", "") + "".join(msg["content"].get("traceback", []))
+            ),
+        )
+        return "".join(shown)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def test_a_jupyter_kernel_with_libtpu_installed_shows_none_of_its_start_up_noise_and_logs_it(tmp_path):
     pytest.importorskip("libtpu")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "TPU_", "LABKIT_"))}
+    env |= {"LABKIT_BUILD": str(tmp_path / "build"), "PYTHONPATH": str(ROOT)}
+    # a lab's first cell
+    shown = _run_in_a_kernel(
+        "import jax\nfrom labkit.notebook import Checker\nprint(jax.device_count(), 'devices')", env, tmp_path
+    )
+    assert "8 devices" in shown, shown
+    assert not [n for n in LIBTPU_NOISE if n in shown], shown
+    log = tmp_path / "build" / "jupyter-start.log"
+    assert "TPU_WORKER_HOSTNAMES" in log.read_text()
+
+
+def test_a_process_that_only_imports_ipykernel_starts_no_jax_backend_on_import(tmp_path):
+    """The kit's warm server imports ipykernel, then labkit.notebook, and forks every run's kernel from
+    itself: a backend started there would fix each run's device count to the server's."""
     code = (
-        "import ipykernel\n"  # as in a Jupyter kernel
-        "import jax\n"
-        "from labkit.notebook import Checker\n"
-        "print(jax.device_count(), 'devices')\n"
+        "import ipykernel.kernelapp\n"
+        "import labkit.notebook\n"
+        "from jax._src import xla_bridge\n"
+        "print('started' if xla_bridge.backends_are_initialized() else 'not started')\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "TPU_", "LABKIT_"))}
     done = subprocess.run(
@@ -98,9 +133,4 @@ def test_a_jupyter_kernel_with_libtpu_installed_shows_none_of_its_start_up_noise
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
-    assert "8 devices" in done.stdout
-    said = done.stdout + done.stderr
-    assert not [n for n in LIBTPU_NOISE if n in said], said
-    log = tmp_path / "build" / "jupyter-start.log"
-    assert "TPU_WORKER_HOSTNAMES" in log.read_text()
+    assert done.stdout.strip() == "not started", done.stdout + done.stderr
