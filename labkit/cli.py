@@ -390,16 +390,16 @@ def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
     """
     from labkit.course import release
     from labkit.grading import slurm
-    from labkit.grading.intake import collect, lms
+    from labkit.grading.intake import lms
     from labkit.grading.publish import canvas, gradescope, scoreboard
     from labkit.grading.running import pods
-    from labkit.grading.state import adjustments, course, deadlines, overrides, policy, roster
+    from labkit.grading.state import adjustments, course, deadlines, errors, overrides, policy, roster
     from labkit.judge import judge
 
     return [
         ((modes.SandboxUnavailable,), ExitCode.NO_SANDBOX, "error: "),
         (
-            (collect.ReferenceBroken,),
+            (errors.ReferenceBroken,),
             ExitCode.FAILED,
             "error: ",
         ),  # the kit's own reference fails: not an input
@@ -409,7 +409,7 @@ def _endings() -> list[tuple[tuple[type[Exception], ...], ExitCode, str]]:
             (
                 catalog.UnknownLab,
                 configs.UnknownConfig,
-                collect.GradeError,
+                errors.GradeError,
                 course.InputError,
                 scoreboard.MergeError,
                 lms.LmsError,

@@ -505,7 +505,8 @@ def export(fn, args, kwargs, settle=None, raising: bool = False) -> dict:
 
     _TPU_REFUSED.clear()
 
-    def traced_and_exported(jitted, *specs):
+    def traced_and_exported(jitted, *specs):  # a trace tried again (in the function's mesh) starts afresh
+        _TPU_REFUSED.clear()
         return jitted.trace(*specs), _exported(jax, jitted, specs)
 
     try:

@@ -57,8 +57,6 @@ _DESIGN_ATTRIBUTES = frozenset(
         "out_shardings",
         "manual_axes",
         "mhlo.sharding",
-        "arg_attrs",
-        "res_attrs",
         "replica_groups",
         "source_target_pairs",
         "all_gather_dim",
@@ -76,6 +74,20 @@ _DESIGN_ATTRIBUTES = frozenset(
     }
 )
 
+# Ops that only move, reshape or retype data, and constants: left out of a design (see `design_of`).
+_SHAPE_ONLY = frozenset(
+    {
+        "stablehlo.constant",
+        "stablehlo.reshape",
+        "stablehlo.broadcast_in_dim",
+        "stablehlo.transpose",
+        "stablehlo.slice",
+        "stablehlo.convert",
+        "stablehlo.bitcast_convert",
+        "func.return",
+    }
+)
+
 _MESH_AXIS = re.compile(r'"[^"]*"\s*=\s*(\d+)')  # an axis of an sdy mesh attribute: "name"=size
 
 
@@ -84,8 +96,7 @@ def read_module(module_text: str) -> dict[str, Any]:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
     part each device runs on its own block, "written": the collectives it asks for itself, by their HLO
     names (those jit's partitioner adds come later, in the compiled program)}. "meshes": the axis sizes of each mesh
-    the module declares (`sdy.mesh`), in order; "design": each op in order with the attributes that say what
-    design it is (`same_design`)}. Raises when the text is not a module."""
+    the module declares (`sdy.mesh`), in order}. Raises when the text is not a module."""
     from jax.interpreters import (
         mlir,  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
     )
@@ -97,13 +108,8 @@ def read_module(module_text: str) -> dict[str, Any]:
     meshes: list[tuple[int, ...]] = []
     found = {"products": False, "manual": False}
 
-    design: list[tuple[str, ...]] = []
-
     def visit(op: Any) -> Any:
         name = op.name
-        design.append(
-            (name, *(f"{a}={op.attributes[a]}" for a in sorted(op.attributes) if a in _DESIGN_ATTRIBUTES))
-        )
         if name in _COLLECTIVES:
             written.add(_COLLECTIVES[name])
         if name == "stablehlo.custom_call":
@@ -118,22 +124,73 @@ def read_module(module_text: str) -> dict[str, Any]:
 
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
-    return {"targets": targets, "written": sorted(written), "meshes": meshes, "design": design, **found}
+    return {"targets": targets, "written": sorted(written), "meshes": meshes, **found}
 
 
-def same_design(course: dict[str, Any], production: dict[str, Any]) -> str | None:
-    """Where a program at a production size is not the design of the one at the course size (`read_module`'s
-    "design" of each: every op in order, with what placement and collectives it asks for; not shapes or
-    constants), the first op that differs, said in the kit's words; None where they are the same design."""
-    mine, theirs = course["design"], production["design"]
-    for k, (a, b) in enumerate(zip(mine, theirs)):
-        if a != b:
-            return f"op {k + 1}: {a[0]} at the course size, {b[0]} at the production size" + (
-                " (asking for other placements or devices)" if a[0] == b[0] else ""
-            )
-    if len(mine) != len(theirs):
-        return f"{len(mine)} ops at the course size, {len(theirs)} at the production size"
-    return None
+def design_of(module_text: str) -> list[tuple[str, ...]]:
+    """The design a StableHLO module is, whatever the size of its inputs: each op from `main` in order, the
+    functions it calls inlined (JAX lowers a function once per distinct input shapes, so how many functions a
+    module holds depends on the sizes), with the attributes that say what it asks for (`_DESIGN_ATTRIBUTES`).
+    Constants and ops that only reshape, broadcast, slice, transpose or convert are left out: JAX leaves out
+    those that do nothing at one size (a slice of a whole dimension, two equal constants made one) and not at
+    another."""
+    from jax.interpreters import mlir
+
+    ir = mlir.ir
+    design: list[tuple[str, ...]] = []
+    with mlir.make_ir_context():
+        module = ir.Module.parse(module_text)
+        functions = {
+            str(ir.StringAttr(op.attributes["sym_name"]).value): op
+            for op in (o.operation for o in module.body.operations)
+            if op.name == "func.func"
+        }
+
+        def walk(op: Any, depth: int) -> None:
+            if depth > 64:
+                raise ValueError("functions nested more than 64 deep")
+            name = op.name
+            if name == "func.call":
+                callee = str(op.attributes["callee"]).lstrip("@")
+                walk(functions[callee], depth + 1)
+                return
+            if name not in _SHAPE_ONLY:
+                design.append(
+                    (
+                        name,
+                        *(
+                            f"{a}={op.attributes[a]}"
+                            for a in sorted(op.attributes)
+                            if a in _DESIGN_ATTRIBUTES
+                        ),
+                    )
+                )
+            for region in op.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        walk(inner.operation, depth + 1)
+
+        walk(functions["main"], 0)
+    return design
+
+
+def same_design(course: list[tuple[str, ...]], production: list[tuple[str, ...]]) -> str | None:
+    """Where a program at a production size is not the design of the one at the course size (each `design_of`),
+    what differs, said in the kit's words; None where they are the same design.
+
+    The same design asks for the same kinds of op with the same placements, collectives over the same devices and
+    the same loops at both sizes; how often each comes may differ (a Python loop over the layers unrolls as
+    many times as there are layers). What one size has and the other lacks is named by the op's kind."""
+    mine, theirs = set(course), set(production)
+    if mine == theirs:
+        return None
+    lacking = sorted({op[0] for op in mine - theirs})
+    added = sorted({op[0] for op in theirs - mine})
+    parts = [f"{', '.join(lacking)} only at the course size"] if lacking else []
+    parts += [f"{', '.join(added)} only at the production size"] if added else []
+    return "; ".join(parts) + (
+        " (the same ops asking for other placements or devices)" if lacking == added else ""
+    )
 
 
 def custom_calls(module_text: str) -> set[str]:

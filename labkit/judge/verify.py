@@ -252,12 +252,14 @@ def _one_lowering(exported, call: CallSpec):
     from labkit.judge import tpucompile
 
     platforms = tuple(exported.platforms)
-    wanted = (("cpu",) if call.get("tpu_refused") else ("tpu",)) if tpucompile.topology() else None
-    if (wanted is not None and platforms != wanted) or len(platforms) != 1:
+    # on a compile-only TPU configuration the TPU's lowering, or the CPU's where the harness says the TPU could
+    # not lower it (the TPU's facts are then refused: a claim that only loses)
+    wanted = {("tpu",), *((("cpu",),) if call.get("tpu_refused") else ())} if tpucompile.topology() else None
+    if len(platforms) != 1 or (wanted is not None and platforms not in wanted):
         return (
             f"its program was exported for {', '.join(platforms)}, and this configuration judges one lowering"
-            f"{f' (for {wanted[0]})' if wanted else ''}: the kit verifies the value and reads the facts of one "
-            "and the same program"
+            f"{' (for tpu)' if wanted else ''}: the kit verifies the value and reads the facts of one and the "
+            "same program"
         )
     if platforms == ("tpu",):
         checks = (*exported.disabled_safety_checks, jax.export.DisabledSafetyCheck.platform())
@@ -305,11 +307,11 @@ def _other_designs(calls: list[CallSpec], programs: dict[str, str]) -> dict[str,
     course size is the one it reads at the production size, or that call is an error saying so. A function
     that branches on its input's size in Python makes two programs; so does one the tests give no call of
     at the course size, which nothing then verifies."""
-    from labkit.judge.program import same_design
+    from labkit.judge.program import design_of, same_design
 
-    def design(cid: str) -> dict | None:
+    def design(cid: str) -> list | None:
         try:
-            return read_module(_jax_module(programs[cid]))
+            return design_of(_jax_module(programs[cid]))
         except Exception:  # noqa: BLE001 - bytes that are no program: `run_program` says so for that call
             return None
 

@@ -20,8 +20,8 @@ import pytest
 from test_scoreboard import one_device_bug, passing, render, row
 
 from labkit.course import catalog
-from labkit.grading import grade
 from labkit.grading.classwide import similarity
+from labkit.grading.intake import handin
 from labkit.grading.publish import merge as merging
 from labkit.grading.publish import scoreboard
 
@@ -75,9 +75,10 @@ def klass(tmp_path_factory) -> tuple[dict, Path]:
     ):
         (subs / student).mkdir(parents=True)
         (subs / student / "lab-3.ipynb").write_text(text)
-    found, times = grade._submissions(subs, out, None, io.StringIO())
+    found, times = handin.submissions_of(subs, out, None, io.StringIO())
     students = sorted(found.students)
-    handed = grade._keep_history(out, found, students, [LAB], times, grade.policy_mod.Policy())
+    handed = handin.keep(out, found, students, [LAB], times)
+    similarity.add_fingerprints(handed, found.students, [LAB])
     rows = []
     for s in students:
         rows += [

@@ -229,12 +229,29 @@ SCRIPT = textwrap.dedent("""
     def on_a_traced_value(a, b):  # cond on a value: either branch may run, the larger counted
         return jax.lax.cond(a.sum() > 0, lambda: a @ b, lambda: jnp.zeros((a.shape[0], b.shape[1])))
 
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    @custom_partitioning
+    def partitioned_by_hand(x):  # its partition rule (Python) never enters the exported program
+        return 2 * x
+
+    partitioned_by_hand.def_partition(
+        infer_sharding_from_operands=lambda mesh, args, result: args[0].sharding,
+        partition=lambda mesh, args, result: (mesh, lambda x: 2 * x, args[0].sharding, (args[0].sharding,)),
+        sharding_rule="i j -> i j",
+    )
+
     x = jax.device_put(jnp.ones((16, 64)), NamedSharding(mesh, P(None, "data")))
     a, b = jnp.ones((64, 32)), jnp.ones((32, 64))
     out = {name: facts.gather(fn, args, {}) for name, fn, args in [
         ("honest", softmax_by_columns, (x,)), ("disguised", disguised, (x,)), ("product", product, (a, b)),
         ("rank_one_updates", rank_one_updates, (a, b)), ("computed_bound", computed_bound, (a, b)),
         ("on_a_traced_value", on_a_traced_value, (a, b))]}
+    from labkit import checks
+    from labkit.judge import verify
+    c = checks.compiled_call("partitioned_by_hand", np.ones((16, 64), np.float32))
+    exported = facts.export(partitioned_by_hand, (jax.ShapeDtypeStruct((16, 64), jnp.float32),), {})
+    out["partitioned_by_hand"] = verify.run_program({"id": c.id, **c.encoded()}, exported["program"])
     traced = jax.jit(disguised).lower(x).compile()
     from labkit.judge import hlo
     out["printed"] = hlo.printed(traced)
@@ -274,3 +291,9 @@ def test_work_in_a_while_loop_with_a_computed_bound_is_unavailable_saying_it_can
 
 def test_a_cond_on_a_traced_value_counts_at_least_the_branch_that_computes(gathered):
     assert gathered["on_a_traced_value"]["flops"] >= gathered["product"]["flops"]
+
+
+def test_a_custom_partitioning_is_verified_and_examined_as_the_program_it_exports(gathered):
+    found = gathered["partitioned_by_hand"]
+    assert found["value"]["data"][:3] == [2.0, 2.0, 2.0]
+    assert found["facts"]["flops"] == 16 * 64 and found["facts"]["collectives"] == []

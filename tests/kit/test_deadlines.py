@@ -20,7 +20,7 @@ import pytest
 from test_policy import bob_rows, results, row, t
 
 from labkit.course import catalog
-from labkit.grading import grade
+from labkit.grading.intake import handin
 from labkit.grading.publish import markdown, scoreboard
 from labkit.grading.state import deadlines, policy, roster
 
@@ -109,10 +109,10 @@ def graded(submissions, tmp_path, late=None, people=ROSTER) -> dict:
     """Lab 3's grades when everyone passed every test: the times recorded by the grading run's own
     collection code (an LMS download read in, the history kept), under a policy with a past due date."""
     out = tmp_path / "out"
-    subs, lms_times = grade._submissions(submissions, out, people, io.StringIO())
+    subs, lms_times = handin.submissions_of(submissions, out, people, io.StringIO())
     labs = [lab for lab in catalog.labs() if lab.number == 3]
     pol = policy.Policy(due={3: PAST_DUE}, late={"per_day": 0.1, "cap": 0.5, **(late or {})})
-    handed = grade._keep_history(out, subs, sorted(subs.students), labs, lms_times, pol)
+    handed = handin.keep(out, subs, sorted(subs.students), labs, lms_times)
     rows = [
         row(s, c, [t("doubles", "passed", 2), t("split", "passed", 3)])
         for s in subs.students

@@ -45,8 +45,8 @@ def test_a_stop_ends_with_its_own_status_and_message(monkeypatch, capsys):
     ("module", "name", "status", "start"),
     [
         ("labkit.run.modes", "SandboxUnavailable", ExitCode.NO_SANDBOX, "error: "),
-        ("labkit.grading.intake.collect", "ReferenceBroken", ExitCode.FAILED, "error: "),
-        ("labkit.grading.intake.collect", "GradeError", ExitCode.REFUSED, "error: "),
+        ("labkit.grading.state.errors", "ReferenceBroken", ExitCode.FAILED, "error: "),
+        ("labkit.grading.state.errors", "GradeError", ExitCode.REFUSED, "error: "),
         ("labkit.judge.judge", "KitError", ExitCode.FAILED, "error: the kit could not grade: "),
         ("labkit.grading.state.roster", "RosterError", ExitCode.REFUSED, "error: "),
     ],

@@ -16,8 +16,7 @@ import pytest
 
 from labkit import cost
 from labkit.course import catalog, configs
-from labkit.grading import grade
-from labkit.grading.classwide import leaderboard
+from labkit.grading.classwide import gathered, leaderboard
 from labkit.grading.intake import collect
 from labkit.grading.publish import gradescope, markdown, pages, scoreboard
 from labkit.grading.publish import merge as merging
@@ -390,7 +389,7 @@ def test_the_production_size_card_is_its_own_entry_shown_as_such():
 
 def test_the_graded_results_carry_the_labs_leaderboard():
     subs = collect.Submissions(students={"alice": {}})
-    results = grade.results_of(
+    results = gathered.results_of(
         [], [catalog.lab(9), catalog.lab(3)], [configs.CONFIGS["cpu-8"]], subs, ["alice"]
     )
     assert [lab.get("leaderboard") for lab in results["labs"]] == [SPEC.to_json(), None]

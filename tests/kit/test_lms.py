@@ -586,13 +586,13 @@ def test_the_default_folders_of_student_work_and_grades_are_ignored_by_git():
 
 
 def test_a_group_members_note_reaches_the_class_read_for_grading(tmp_path):
-    from labkit.grading import grade
+    from labkit.grading.intake import handin
 
     z = make_zip(
         tmp_path / "gs.zip",
         {"submission_metadata.yml": GROUP_META, "submission_444/lab-3.ipynb": nb("alice and dana")},
     )
-    subs, times = grade._submissions(z, tmp_path / "out", ROSTER, io.StringIO())
+    subs, times = handin.submissions_of(z, tmp_path / "out", ROSTER, io.StringIO())
     assert subs.students["dana"][3].read_text() == subs.students["alice"][3].read_text()
     assert any(
         n.startswith("lab-3: handed in on Gradescope as a group with alice") for n in subs.notes["dana"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from labkit.grading import grade
-from labkit.grading.running import engine, pods
+from labkit.grading.running import engine, pods, units
 from labkit.run import allowance, execute, modes, scratch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ VALUE = {"kind": "array", "dtype": "float32", "shape": [2], "data": [1.0, 2.0], 
 def references(monkeypatch) -> list[dict]:
     """The reference rows of each grading run (the references here are made up, so not checked)."""
     seen: list[dict] = []
-    monkeypatch.setattr(grade, "check_reference", lambda rows, labs: seen.extend(rows))
+    monkeypatch.setattr(units, "check_reference", lambda rows, labs: seen.extend(rows))
     return seen
 
 

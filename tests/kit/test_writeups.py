@@ -6,8 +6,7 @@ import io
 import json
 
 from labkit.course import catalog
-from labkit.grading import grade
-from labkit.grading.intake import writeups
+from labkit.grading.intake import handin, writeups
 
 LAB = catalog.lab(14)
 EVIL = "We split `data` by 8. <script>alert(1)</script> ```\n# not a heading of the TA's file"
@@ -31,8 +30,8 @@ def test_grading_writes_each_students_note_for_the_ta_as_text(tmp_path):
     for student, text in (("ann", _with_note(EVIL)), ("ben", LAB.student.read_text())):
         (subs / student).mkdir(parents=True)
         (subs / student / "lab-14.ipynb").write_text(text)
-    found, times = grade._submissions(subs, out, None, io.StringIO())
-    grade._keep_history(out, found, sorted(found.students), [LAB], times, grade.policy_mod.Policy())
+    found, times = handin.submissions_of(subs, out, None, io.StringIO())
+    handin.keep(out, found, sorted(found.students), [LAB], times)
     ann = (out / "writeups" / "ann" / "lab-14.md").read_text()
     assert "We split 'data' by 8. <script>" in ann  # the student's words, inside the fence
     assert ann.count("```") == 2 and "\n# not a heading" not in ann.split("```text", 1)[0]

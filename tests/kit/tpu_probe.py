@@ -142,8 +142,8 @@ platforms = {
 
 # One design at every size: a function that branches on its input's size is refused at the production size.
 def branches_on_size(x, w):
-    if x.shape[0] > 4096:  # at a production size, only a sliver of the work
-        return product_on_the_grid(x[:8], w)
+    if x.shape[0] > 4096:  # at a production size, an outer product of one column and one row: no product
+        return jnp.tanh(x[:, :1] * w[:1, :])
     return product_on_the_grid(x, w)
 
 

@@ -253,3 +253,15 @@ RULE = (
     f"the same exercises from the same handout, and a short exercise has few good answers: these are "
     f"notebooks to look at together, side by side, and no finding about anyone."
 )
+
+
+def add_fingerprints(
+    handed: dict[tuple[str, int], dict], notebooks: dict[str, dict[int, Path]], labs: list
+) -> None:
+    """Each kept notebook's fingerprint (`code`: what `compare` reads, the handout's own code left out)
+    added to what the results say of it; `notebooks`: student -> lab -> the notebook graded."""
+    handouts = {lab.number: starter(read_cells(lab.student) or []) for lab in labs}
+    for (student, lab), info in handed.items():
+        code = fingerprint(notebooks[student][lab], handouts[lab])
+        if code is not None:
+            info["code"] = code

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.course.configs import DeviceConfig
+from labkit.grading.state.errors import GradeError
 
 LARGE_BYTES = 10_000_000  # a notebook this large is graded, with a note (its outputs are not run)
 MAX_BYTES = 200_000_000  # a file larger than this is not read at all
@@ -19,14 +20,6 @@ REFERENCE = "reference"  # how the reference solution's runs are labelled
 
 
 _LOOSE_NAME = re.compile(r"lab[\s_.-]*0*([1-9][0-9]*)", re.IGNORECASE)
-
-
-class GradeError(RuntimeError):
-    """The kit could not grade (bad arguments, a reference failing its own tests): exit non-zero."""
-
-
-class ReferenceBroken(GradeError):
-    pass
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""The class as handed in: the submissions read (a folder, or an LMS download into OUT/collected), matched
+to the roster, checked against the course's inputs, and each notebook about to be graded kept.
+
+`grade` calls `the_class` before any run (so a bad download or input grades nothing), then `keep` for the
+students it grades; `prepare` (Slurm's shards) calls `submissions` and `class_checked` alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.course import catalog
+from labkit.grading.intake import lms, writeups
+from labkit.grading.intake.collect import Submissions, discover, shard_of
+from labkit.grading.state import course as course_mod
+from labkit.grading.state import history
+from labkit.grading.state import roster as roster_mod
+from labkit.grading.state.errors import GradeError
+
+
+@dataclass
+class Class:
+    """The class one run grades: its notebooks, what the LMS said of each, and the ids `--students` names."""
+
+    subs: Submissions
+    times: dict  # (student, lab) -> what the LMS says of the submission (time, late mark, source)
+    named: set[str]
+
+
+def the_class(
+    submissions: Path,
+    out: Path,
+    state: course_mod.State,
+    context: course_mod.Context,
+    students: str | None,
+    stream,
+) -> Class:
+    """The class read, checked against the course's inputs, and each group's one submission credited to all."""
+    people = state.values.get("roster")
+    subs, times = submissions_of(
+        submissions, out, people, stream
+    )  # an LMS download is checked before any run
+    named = class_checked(state, context, subs, students, stream)
+    if people is not None:
+        roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
+    return Class(subs, times, named)
+
+
+def submissions_of(
+    submissions: Path, out: Path, people: roster_mod.Roster | None, stream
+) -> tuple[Submissions, dict]:
+    """The class's notebooks: the kit's folder layout, or an LMS download read into OUT/collected first.
+
+    Also (student, lab) -> what the LMS says of the submission (time, late mark), where it says it.
+    """
+    known = [lab.number for lab in catalog.labs()]
+    if not lms.is_download(submissions):
+        return discover(submissions, known), {}
+    into = out / "collected"
+    if into.exists():
+        shutil.rmtree(into)  # the last import's files: this download alone says what is handed in
+    try:
+        found = lms.collect(submissions, people, into, known)
+    except lms.LmsError as e:
+        raise GradeError(str(e)) from None
+    into.mkdir(parents=True, exist_ok=True)
+    for line in found.notes():
+        print(f"{submissions.name}: {line}", file=stream, flush=True)
+    subs = discover(into, known)
+    subs.class_notes[:0] = found.notes()
+    for (student, lab), entry in sorted(found.files.items()):
+        if entry["late"] and student in subs.notes:
+            subs.notes[student].append(
+                f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})"
+            )
+        subs.notes.setdefault(student, []).extend(f"lab-{lab}: {note}" for note in entry.get("notes", ()))
+    return subs, {
+        k: {
+            "submitted_at": v["submitted_at"],
+            "late": v["late"],
+            "source": v["source"],
+            "file": v["member"],
+            "times": v.get("times", {}),
+        }
+        for k, v in found.files.items()
+    }
+
+
+def with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
+    """Every roster student is in the class (a missing one with a note); a folder not on it is reported, not graded."""
+    for student in list(subs.students):
+        if student not in people.students:
+            subs.class_notes.append(
+                f"{student}: a submission folder not on the roster ({people.source}), not graded"
+            )
+            del subs.students[student]
+            subs.notes.pop(student, None)
+    for student in people.students:
+        if student not in subs.students:
+            subs.students[student] = {}
+            subs.notes[student] = ["no submission: nothing was handed in for this student"]
+
+
+def class_checked(
+    state: course_mod.State, context: course_mod.Context, subs: Submissions, students: str | None, stream
+) -> set[str]:
+    """The class made (the roster's students, or the folders), the inputs checked against it, the state kept.
+
+    The ids `--students` names, each checked to be in the class.
+    """
+    people = state.values.get("roster")
+    if people is not None:
+        with_roster(subs, people)
+    context.students = set(subs.students)
+    try:
+        state.check(
+            context, needs_class=True
+        )  # overrides, extensions, ...: against the class, before any run
+    except course_mod.InputError as e:
+        raise GradeError(str(e)) from None
+    named = named_students(students, set(subs.students))
+    state.save()
+    for line in state.lines():
+        print(line, file=stream, flush=True)
+    return named
+
+
+def named_students(text: str | None, known: set[str]) -> set[str]:
+    """`--students ID,ID`: each one in the class, or GradeError naming those that are not."""
+    named = {s.strip() for s in (text or "").split(",") if s.strip()}
+    unknown = sorted(named - known)
+    if unknown:
+        raise GradeError(
+            f"--students names {', '.join(unknown)}: not in this class (no submission folder, or "
+            "not on the roster); give the ids as the scoreboard names them, comma-separated"
+        )
+    return named
+
+
+def students_of_shard(subs: Submissions, part: tuple[int, int] | None) -> list[str]:
+    """The class's students, sorted; with `--shard K/N`, those of shard K alone."""
+    students = sorted(subs.students)
+    if part:
+        students = [s for s in students if shard_of(s, part[1]) == part[0]]
+    return students
+
+
+def keep(
+    out: Path, subs: Submissions, students: list[str], labs: list[catalog.Lab], times: dict
+) -> dict[tuple[str, int], dict]:
+    """Keep every notebook about to be graded in OUT/history by digest; (student, lab) -> what the results say.
+
+    The results name the digest graded, the LMS's submission time and late flag, and every time known for
+    the submission by source (`times`: the LMS's, or a plain folder's git commit, file modification time or
+    Gradescope metadata; when the kit collected it stays in OUT/history, so that grading the same class
+    again writes the same results); the policy decides which of them a late penalty may count from
+    (labkit/grading/state/deadlines.py). A lab whose handout asks for a written answer has it written to
+    OUT/writeups/ for the TA's rubric.
+    """
+    handed = {}
+    notes = {lab.number: writeups.extract(lab.student) for lab in labs}  # a lab whose handout asks for a note
+    for student in students:
+        for lab in labs:
+            path = subs.students[student].get(lab.number)
+            if path is None:
+                continue
+            lms_info = times.get((student, lab.number), {})
+            entry = history.keep(
+                out,
+                student,
+                lab.number,
+                path,
+                submitted_at=lms_info.get("submitted_at"),
+                source=lms_info.get("source", ""),
+                file=lms_info.get("file", ""),
+            )
+            if entry is None:
+                continue
+            known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
+            handed[student, lab.number] = {
+                "digest": entry["digest"],
+                "submitted_at": lms_info.get("submitted_at"),
+                "late": bool(lms_info.get("late")),
+                "times": known,
+            }
+            writeups.write(out, student, lab.number, path, notes[lab.number])  # for the TA's rubric
+    return handed
