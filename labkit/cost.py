@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.judge import callplan, hlo
+from labkit.statuses import JudgedBy
 
 CHIPS_FILE = Path(__file__).with_name("chips.toml")
 
@@ -386,6 +387,9 @@ class Examined:
     function: str
     runs: dict[str, Card] = field(default_factory=dict)
     at_size: bool = False
+    # the runs whose card is the run's own report, not read from a program the kit verified (a multi-process
+    # run's): shown, never ranked (labkit/grading/classwide/leaderboard.py)
+    reported: set[str] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -412,6 +416,8 @@ def cards(calls: list[callplan.CallSpec], results: dict[str, dict]) -> dict[str,
                 c = None
             if c is not None and c.devices > 1:
                 entry.runs[label] = c
+                if result.get("judged_by") != JudgedBy.VERIFIED:
+                    entry.reported.add(label)
         if entry.runs:
             found[call["id"]] = entry
             shown.add(kind)
@@ -445,6 +451,7 @@ def to_json(found: dict[str, Examined]) -> dict:
     return {
         cid: {"function": e.function, "runs": {label: c.to_json() for label, c in sorted(e.runs.items())}}
         | ({"at_size": True} if e.at_size else {})
+        | ({"reported": sorted(e.reported)} if e.reported else {})
         for cid, e in sorted(found.items())
     }
 
@@ -455,6 +462,7 @@ def from_json(data: dict) -> dict[str, Examined]:
             e["function"],
             {label: Card.from_json(c) for label, c in e["runs"].items()},
             e.get("at_size") is True,
+            {str(label) for label in e.get("reported", [])},
         )
         for cid, e in data.items()
     }

@@ -144,6 +144,37 @@ def test_a_student_whose_row_fails_is_not_ranked():
     )
 
 
+def test_a_passing_row_whose_card_the_kit_did_not_verify_is_listed_as_not_ranked_saying_why():
+    reported = row("bob", 1000)
+    reported["costs"][CALL]["reported"] = ["cpu-8"]  # the run's own report, not the kit's run of its program
+    results = make_results([row("alice", 20000), reported])
+    board = board_of(results)
+    assert [p["name"] for p in board["places"]] == ["alice"] and board["not_ranked"] == 1
+    assert "Not ranked: 1 passing run (it passes, but gave no card of a program the kit verified" in (
+        leaderboard_section(markdown.to_markdown(results))
+    )
+    assert "not ranked: it passes, but gave no card of a program the kit verified" in markdown.feedback(
+        results, "bob"
+    )
+
+
+def test_a_card_is_marked_reported_where_its_call_was_not_verified_by_the_kit():
+    import numpy as np
+
+    from labkit import checks
+
+    call = checks.compiled_call("fsdp_mlp", np.ones((2, 2), np.float32))
+    facts = {"devices": 8, "flops": 1.0, "memory": {"argument": 1, "output": 1, "temp": 1}, "collectives": []}
+    results = {
+        "cpu-8": {call.id: {"facts": facts, "judged_by": "verified"}},
+        "cpu-2x4": {call.id: {"facts": facts, "judged_by": "reported"}},
+    }
+    (found,) = cost.cards([{"id": call.id, **call.encoded()}], results).values()
+    assert found.reported == {"cpu-2x4"} and cost.from_json(cost.to_json({call.id: found}))[
+        call.id
+    ].reported == {"cpu-2x4"}
+
+
 def test_a_row_on_another_configuration_does_not_rank_a_student():
     results = make_results([row("alice", 20000), row("bob", 1000, config="cpu-1")])
     results["configs"].append({"name": "cpu-1", "summary": "one CPU device", "devices": 1})

@@ -64,6 +64,7 @@ def step_time(costs: dict | None, spec: Leaderboard) -> float | None:
                 entry.function == spec.function
                 and entry.at_size == bool(spec.at_size)
                 and spec.config in entry.runs
+                and spec.config not in entry.reported  # a card the kit did not verify ranks nobody
             ):
                 step = float(entry.runs[spec.config].timing(chip).step)
                 return step if math.isfinite(step) else None
@@ -99,6 +100,27 @@ def places(results: dict, lab: dict) -> list[Place]:
     return [
         Place(i, ANONYMOUS if opted_out(results, s) else s, t, s) for i, (t, s) in enumerate(timed, start=1)
     ]
+
+
+NO_VERIFIED_CARD = "it passes, but gave no card of a program the kit verified for {what}"
+
+
+def not_ranked(results: dict, lab: dict) -> int:
+    """How many rows pass every test on the board's configuration and are still not ranked: their card is missing,
+    or not one of a program the kit verified (`step_time`). The board says so beside its places."""
+    spec = spec_of(lab)
+    if spec is None:
+        return 0
+    spec = ranked_on(spec, results)
+    ranked = {p.student for p in places(results, lab)}
+    return sum(
+        1
+        for row in results.get("rows", [])
+        if row["lab"] == lab["number"]
+        and row["config"] == spec.config
+        and row["status"] == "ok"
+        and row["student"] not in ranked
+    )
 
 
 def _what(spec: Leaderboard) -> str:
@@ -154,6 +176,8 @@ def board(results: dict, lab: dict, viewer: str | None = None) -> dict | None:
         if reference is None
         else {"seconds": reference, "time": cost.format_seconds(reference)},
         "places": [p.to_json() | {"name": shown_as(results, p, viewer)} for p in places(results, lab)],
+        "not_ranked": not_ranked(results, lab),
+        "not_ranked_why": NO_VERIFIED_CARD.format(what=_what(spec)),
     }
 
 
@@ -201,11 +225,7 @@ def yours(results: dict, lab: dict, student: str) -> str | None:
         ),
         None,
     )
-    why = (
-        f"your run gave no cost card for {spec.function}"
-        if row and row["status"] == "ok" and not mine
-        else ""
-    )
+    why = NO_VERIFIED_CARD.format(what=_what(spec)) if row and row["status"] == "ok" and not mine else ""
     return words(spec, mine.seconds if mine else None, reference, mine, len(ranked), why)
 
 
