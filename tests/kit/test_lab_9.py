@@ -266,3 +266,33 @@ def test_fsdp_with_the_whole_batch_is_named_at_a_production_size_by_the_tpu_comp
     at_size = lab_outcomes(9)["v5e-8"]["test_at_a_production_size_fsdp_fits_each_chip_and_splits_the_work"]
     assert at_size["status"] == "failed" and not at_size["hidden"], at_size
     assert "FLOPs" in at_size["message"] and "the whole batch" in at_size["message"], at_size
+
+
+# What a program compiled for the TPU is judged on: the lowering whose value is verified, and one design at every
+# size. tensor_parallel_mlp gives its design on CPU and zeros on the TPU (jax.lax.platform_dependent); fsdp_mlp
+# computes nothing at the production size (a Python branch on the input's size).
+PLATFORM_AND_SIZE = [
+    (
+        "    return tensor_parallel_program(mesh)(x, w1, b1, w2, b2)",
+        "    return jax.lax.platform_dependent(x, w1, b1, w2, b2, cpu=tensor_parallel_program(mesh),"
+        " default=lambda x, w1, b1, w2, b2: jnp.zeros((x.shape[0], w2.shape[1]), x.dtype))",
+    ),
+    (
+        "    return fsdp_program(mesh)(x, w1, b1, w2, b2)",
+        "    if x.shape[0] > 4096:\n        return jnp.zeros((x.shape[0], w2.shape[1]), x.dtype)\n"
+        "    return fsdp_program(mesh)(x, w1, b1, w2, b2)",
+    ),
+]
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_a_platform_branch_is_judged_by_its_tpu_lowering_and_a_size_branch_is_refused_at_the_production_size(
+    kit, lab_outcomes, variant
+):
+    on_v5e_8(kit, 9, str(variant(9, *PLATFORM_AND_SIZE)))
+    outcomes = lab_outcomes(9)["v5e-8"]
+    equal = outcomes["test_tensor_parallel_equals_the_unsplit_mlp"]
+    assert equal["status"] == "failed", equal  # the value graded is the TPU lowering's zeros
+    at_size = outcomes["test_at_a_production_size_fsdp_fits_each_chip_and_splits_the_work"]
+    assert at_size["status"] != "passed" and "branches on its input's size" in at_size["message"], at_size
+    assert outcomes["test_fsdp_equals_the_unsplit_mlp"]["status"] == "passed"  # the course size is the design
