@@ -37,10 +37,19 @@ from pathlib import Path
 from labkit import envnames
 from labkit.course import catalog
 from labkit.run import allowance, modes, sandbox
+from labkit.run.runreport import whole_message
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = envnames.RUN
-MARKS = {"passed": "✓", "failed": "✗", "todo": "…", "error": "!", "timeout": "!", "skipped": "skip"}
+# as `make lab-N`'s table marks them (labkit/student/report.py)
+MARKS = {
+    "passed": "✓",
+    "failed": "✗",
+    "todo": "todo",
+    "error": "error",
+    "timeout": "timeout",
+    "skipped": "skip",
+}
 # How many CPU devices an interactive kernel gets when nothing else says.
 INTERACTIVE_DEVICES = 8
 CHECK_CONFIGS = ("cpu-1", "cpu-8")
@@ -180,7 +189,7 @@ def run_elsewhere(
         if proc.returncode != 0 or not out.exists():
             printed = (scratch / "replay.log").read_text(errors="replace")
             last = printed.strip().splitlines()[-1:] or ["no output"]
-            return {"status": "error", "message": last[0][:300], "isolation": proc.isolation}
+            return {"status": "error", "message": whole_message(last[0]), "isolation": proc.isolation}
         return {"status": "ok", "isolation": proc.isolation, **json.loads(out.read_text())}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -202,6 +211,31 @@ def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tu
             status, message = classify(type("Info", (), {"value": e})())
         out.append((test.__name__, status, message))
     return out
+
+
+class Checked:
+    """What `check(...)` returns: whether every public test passed or was skipped (`bool(check("f"))`).
+
+    Jupyter shows nothing for it: the table printed above is the answer, and a bare `True` echoed after
+    it would read as one more verdict. Printed, it is `True` or `False`."""
+
+    def __init__(self, passed: bool):
+        self.passed = bool(passed)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __eq__(self, other) -> bool:
+        return self.passed == (other.passed if isinstance(other, Checked) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.passed)
+
+    def __repr__(self) -> str:
+        return repr(self.passed)
+
+    def _ipython_display_(self) -> None:
+        """Displayed by Jupyter as nothing (IPython asks this before any other form)."""
 
 
 class Checker:
@@ -255,20 +289,24 @@ class Checker:
                 results_by[name] = done["results"]
         passed = self._report(exercise, tests, columns)
         from labkit import cost
+        from labkit.student import report
 
         found = cost.cards(list(calls.values()), results_by)
         for line in cost.text(found, cost.read_reference(self.lab.public_tests)):
             print(line)
-        if not found and (why := cost.why_none(list(calls.values()), results_by)):
+        if not found and (why := report.why_no_card(list(calls.values()), results_by)):
             print(why)
-        return passed
+        return Checked(passed)
 
     def _report(self, exercise: str, tests: list, columns: dict) -> bool:
         names = list(columns)
         width = max(len(t.__name__) for t in tests) - len("test_") + 2
         print(f"{exercise}: public tests")
         print(f"  {'':<{width}}" + "  ".join(f"{n:^7}" for n in names))
-        notes, passed = [], True
+        notes: dict[
+            tuple[str, str], list[tuple[str, str]]
+        ] = {}  # (status, message) -> [(test, configuration)]
+        passed = True
         for i, test in enumerate(tests):
             label = test.__name__.removeprefix("test_").replace("_", " ")
             marks = []
@@ -276,11 +314,20 @@ class Checker:
                 _, status, message = columns[n][i]
                 passed &= status in ("passed", "skipped")
                 marks.append(f"{MARKS.get(status, '?'):^7}")
-                if message and (status, message) not in [(s, m) for _, s, m in notes]:
-                    notes.append((f"{label} [{n}]", status, message))
+                if message:
+                    notes.setdefault((status, message), []).append((label, n))
             print(f"  {label:<{width}}" + "  ".join(marks))
-        for where, _, message in notes:
-            print(f"  • {where}: {message}")
+        for (_, message), where in notes.items():
+            labels = list(dict.fromkeys(label for label, _ in where))
+            runs = list(dict.fromkeys(n for _, n in where))
+            which = (
+                labels[0]
+                if len(labels) == 1
+                else "every test above"
+                if len(labels) == len(tests)
+                else f"{labels[0]} and {len(labels) - 1} more above"
+            )
+            print(f"  • {which} [{', '.join(runs)}]: {message}")
         print(
             f"(`make {self.lab.name}` runs them in the kit's sandbox on every configuration, and grading adds "
             "hidden tests)"
@@ -352,4 +399,4 @@ def quiet_start(environ=None, kernel: bool | None = None, log: Path | None = Non
 DEVICES = default_devices()
 if DEVICES.startswith("kept: JAX"):
     print(f"labkit: {DEVICES.removeprefix('kept: ')}", file=sys.stderr)
-STARTED = quiet_start()
+quiet_start()

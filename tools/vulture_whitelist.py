@@ -63,3 +63,4 @@ CHECK_REPLAY  # labkit/envnames.py: notebook.py's variable, which it still spell
 tbstyle  # pytest reads config.option.tbstyle when it formats a failure (labkit/judge/judge.py sets it)
 max_points  # a field of rows.ScoreRow, a TypedDict: read and written by key
 tpu_refused  # a field of callplan.CallSpec, a TypedDict: written by key in judge.verify._launch
+_ipython_display_  # IPython calls it to display a value (labkit/notebook.py Checked: Jupyter shows nothing for check's verdict)

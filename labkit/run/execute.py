@@ -329,7 +329,7 @@ def _run_one(
     if found != "file":
         record.status = Run.ERROR
         record.message = (
-            runreport.why_no_results(workdir / "run.log", ran)
+            runreport.why_no_results(workdir / "run.log", ran) + _in_cell(ran, last_started)
             if found == "missing"
             else f"the run's results file was replaced by a {NOT_A_FILE.get(found, 'special file')}, which "
             "the kit never opens: nothing from this run is graded"
@@ -339,6 +339,11 @@ def _run_one(
         verify.verify(record, calls, workdir, env, limits, timeout, cache, warm)
         record.judged_by = verify.judged_by(record.results)
     return record
+
+
+def _in_cell(ran: kernel.KernelRun, last_started) -> str:
+    """Where a kernel that died was: the notebook's cell it had started last ("" when not known)."""
+    return f", in cell {last_started}" if ran.died and last_started is not None else ""
 
 
 def _stopped(ran: kernel.KernelRun, last_started, timeout: float) -> tuple[Run, str] | None:

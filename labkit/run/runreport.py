@@ -42,16 +42,25 @@ def cell_errors_of(nb) -> tuple[list[dict], int | None]:
         )
         for out in cell.get("outputs") if isinstance(cell.get("outputs"), list) else []:
             if isinstance(out, dict) and out.get("output_type") == "error":
-                evalue = _text(out.get("evalue", ""), 2000)
                 errors.append(
                     {
                         "cell": number,
                         "type": _text(out.get("ename", ""), 100),
-                        "message": evalue.splitlines()[0][:300] if evalue else "",
+                        "message": whole_message(out.get("evalue", "")),
                         "code": source.strip().splitlines()[0][:120] if source.strip() else "",
                     }
                 )
     return errors[:100], last_started
+
+
+MESSAGE_LIMIT = 2000  # characters of a cell's error kept; the executed notebook has it all
+
+
+def whole_message(value) -> str:
+    """An error's message on one line (its line breaks as spaces: one may fall inside a tuple), whole up to
+    MESSAGE_LIMIT characters, beyond which it ends in "…"."""
+    text = " ".join(_text(value, MESSAGE_LIMIT + 1).split())
+    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT].rstrip() + " …"
 
 
 def _text(value, limit: int) -> str:

@@ -121,6 +121,7 @@ def _run(
 def _print_costs(lab, judgement, console, record_costs: bool) -> dict:
     """The run's cost cards, beside the reference's (recorded as the reference's with `record_costs`)."""
     from labkit import cost
+    from labkit.student import report
 
     results = {label: rec.results for label, rec in judgement.records.items()}
     found = cost.cards(judgement.calls, results)
@@ -128,7 +129,7 @@ def _print_costs(lab, judgement, console, record_costs: bool) -> dict:
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
     for line in cost.text(found, cost.read_reference(lab.public_tests)):
         print(line, file=console.file)
-    if not found and (why := cost.why_none(judgement.calls, results)):
+    if not found and (why := report.why_no_card(judgement.calls, results)):
         print(why, file=console.file)
     return found
 
