@@ -132,7 +132,6 @@ def _export(args) -> int:
 
 def _scoreboard(args) -> int:
     from labkit.grading.publish import scoreboard
-    from labkit.grading.running import ownresults
     from labkit.student.loop import BUILD
 
     if args.action == "export":
@@ -144,29 +143,13 @@ def _scoreboard(args) -> int:
         Console().print(scoreboard.terminal(results))
         print(f"merged {len(args.parts)} parts into {args.out / 'scoreboard.csv'}")
         return ExitCode.OK
+    # a student's own: what their `make lab-N` runs ran, skipped and left out (labkit/student/report.py)
+    from labkit.student import report as own
+
     build = args.build or BUILD
-    results = ownresults.student_results(build)
-    if not results["rows"]:
+    if own.show_scoreboard(Path(build), args.out) is None:
         raise Stop(ExitCode.FAILED, f"no results yet in {build}: run `make lab-N` first")
-    out = args.out or Path(build) / "scoreboard"
-    page = write_own(results, out, scoreboard.students_of(results)[0])
-    Console().print(scoreboard.terminal(results))
-    print(f"details: {page}")
     return ExitCode.OK
-
-
-def write_own(results: dict, out: Path, student: str = "you") -> Path:
-    """A student's own results page (`make scoreboard`): their feedback as a grading would write it, the
-    class page's tables for a class of one, never the TA's similarity list or class statistics."""
-    from labkit.grading.publish import markdown, pages
-
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("scoreboard.html", "scoreboard.md", "scoreboard.json", "scoreboard.csv"):
-        (out / stale).unlink(missing_ok=True)  # the class page an older kit wrote here
-    (out / "you.md").write_text(markdown.feedback(results, student))
-    page = out / "you.html"
-    page.write_text(pages.feedback_html(results, student))
-    return page
 
 
 def _release(args) -> int:

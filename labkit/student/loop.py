@@ -135,21 +135,54 @@ def _print_costs(lab, judgement, console, record_costs: bool) -> dict:
 
 
 def _write_report(path: Path, lab, notebook: Path, judgement, found: dict) -> None:
-    """report.json: the runs (without their values), the outcomes and the cost cards."""
+    """report.json: the runs (without their values), the outcomes and the cost cards of this run; and, for
+    `make scoreboard`, under `earlier`, the last run of each configuration this run left out (a `CONFIGS=
+    cpu-8,v5e-8` run before a plain `make lab-N`) of the same notebook, with when it ran."""
+    import time
+
     from labkit import cost
 
+    now = time.strftime("%Y-%m-%d %H:%M")
+    runs = {label: rec.to_json() | {"results": None} for label, rec in judgement.records.items()}
+    old = _read_json(path)
+    earlier = {}
+    if old.get("notebook") == str(notebook):
+        kept = _dict(old.get("earlier"))
+        for label, rec in _dict(old.get("runs")).items():
+            if isinstance(rec, dict) and rec.get("status") != "skipped":
+                outcomes = [
+                    o for o in old.get("outcomes", []) if isinstance(o, dict) and o.get("run") == label
+                ]
+                kept[label] = {
+                    "ran": str(old.get("ran") or "an earlier run"),
+                    "run": rec,
+                    "outcomes": outcomes,
+                }
+        earlier = {label: e for label, e in kept.items() if label not in runs and isinstance(e, dict)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(
             {
                 "lab": lab.number,
                 "notebook": str(notebook),
-                "runs": {
-                    label: rec.to_json() | {"results": None} for label, rec in judgement.records.items()
-                },
+                "ran": now,
+                "runs": runs,
                 "outcomes": [o.to_json() for o in judgement.outcomes],
                 "costs": cost.to_json(found),
+                "earlier": earlier,
             },
             indent=1,
         )
     )
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

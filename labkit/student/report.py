@@ -1,4 +1,5 @@
-"""What a student sees after `make lab-N`: one table, test by configuration, then what went wrong.
+"""What a student sees after `make lab-N`: one table, test by configuration, then what went wrong; and after
+`make scoreboard`, their own results across labs, with what was run.
 
 Rendering only: it reads outcomes and run records and prints. The same outcomes feed
 the class scoreboard.
@@ -6,14 +7,17 @@ the class scoreboard.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from labkit.course import catalog, configs
 from labkit.judge.judge import Outcome
 from labkit.run.execute import RunRecord
 
@@ -256,3 +260,216 @@ def why_no_card(calls: list, results: dict[str, dict]) -> str:
             "NotImplementedError): nothing failed. Each exercise's card shows here once it returns a result."
         )
     return cost.why_none(calls, results)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# `make scoreboard`: a student's own results across labs, from their `make lab-N` runs, saying what was run.
+#
+# The page and its tables are the class scoreboard's, drawn for a class of one (labkit/grading/); around them
+# this says what a grading would do that these runs did not: which configurations ran and which were skipped
+# (and why), that only the public tests ran (grading adds hidden ones), which compile-only TPU configurations
+# (v5e-8, ...) are included, and which configuration's result comes from an earlier run. Points are counted
+# over the configurations that ran, and called what they are: not a grade.
+# ----------------------------------------------------------------------------------------------------------
+
+HIDDEN_NOT_RUN = "public tests only (the hidden tests grading adds were not run)"
+NOT_A_GRADE = f"not a grade: your own `make lab-N` runs, {HIDDEN_NOT_RUN}"
+
+
+@dataclass
+class Ran:
+    """What one lab's runs were: configurations that ran, those skipped (with why), those carried over from an
+    earlier run (with when), and whether any hidden test ran."""
+
+    ran: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    earlier: dict[str, str] = field(default_factory=dict)
+    hidden: bool = False
+
+
+def reports(build: Path) -> dict[int, dict]:
+    """Each lab's report.json of `make lab-N` (lab number -> the report), with the runs it keeps from earlier
+    (`earlier`: configurations the last run left out) among its runs and outcomes, marked `earlier`."""
+    out: dict[int, dict] = {}
+    for lab in catalog.labs():
+        try:
+            data = json.loads((Path(build) / lab.name / "report.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+            continue
+        runs, outcomes, when = dict(data["runs"]), list(data.get("outcomes") or []), {}
+        earlier = data["earlier"] if isinstance(data.get("earlier"), dict) else {}
+        for label, e in earlier.items():
+            if label in runs or not isinstance(e, dict) or not isinstance(e.get("run"), dict):
+                continue
+            runs[label] = e["run"]
+            outcomes += [o for o in e.get("outcomes") or [] if isinstance(o, dict)]
+            when[label] = str(e.get("ran") or "an earlier run")
+        out[lab.number] = data | {"runs": runs, "outcomes": outcomes, "earlier": when}
+    return out
+
+
+def what_ran(results: dict, found: dict[int, dict]) -> dict[int, Ran]:
+    """For each lab, what its runs were: from the results' rows, and which of them are from an earlier run
+    from the reports (`reports`)."""
+    out: dict[int, Ran] = {}
+    for row in results.get("rows", []):
+        ran = out.setdefault(row["lab"], Ran())
+        if row.get("status") == "skipped":
+            ran.skipped[row["config"]] = str(row.get("message") or "skipped")
+        else:
+            ran.ran.append(row["config"])
+        ran.hidden = ran.hidden or any(t.get("hidden") for t in row.get("tests", []))
+    for number, data in found.items():
+        if number in out:
+            out[number].earlier.update({c: w for c, w in data["earlier"].items() if c in out[number].ran})
+    return out
+
+
+def student_results(found: dict[int, dict]) -> dict:
+    """The class scoreboard's results for a class of one, from `reports` (earlier runs included)."""
+    import tempfile
+
+    from labkit.grading.running import ownresults
+
+    with tempfile.TemporaryDirectory(prefix="labkit-scoreboard-") as folder:
+        for number, data in found.items():
+            (Path(folder) / catalog.lab(number).name).mkdir()
+            (Path(folder) / catalog.lab(number).name / "report.json").write_text(json.dumps(data))
+        return ownresults.student_results(Path(folder))
+
+
+def _order(names) -> list[str]:
+    known = list(configs.CONFIGS)
+    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
+
+
+def _compile_only(name: str) -> bool:
+    config = configs.by_name(name)
+    return bool(config and config.compile_for)
+
+
+def for_the_page(results: dict) -> dict:
+    """The results as the class scoreboard's page draws them, less what a grading would claim: the points
+    counted over the configurations that ran (one skipped wherever it was asked for is no configuration
+    graded), and marked as no grade, with what was skipped and that no hidden test ran."""
+    rows = results.get("rows", [])
+    ran = {r["config"] for r in rows if r.get("status") != "skipped"}
+    skipped = {r["config"]: r.get("message") or "skipped" for r in rows if r["config"] not in ran}
+    hidden = any(t.get("hidden") for r in rows for t in r.get("tests", []))
+    note = NOT_A_GRADE if not hidden else NOT_A_GRADE.replace(HIDDEN_NOT_RUN, "public and hidden tests")
+    if skipped:
+        note += "; " + "; ".join(f"{c} skipped ({why})" for c, why in skipped.items())
+    return results | {
+        "configs": [c for c in results.get("configs", []) if c["name"] in ran],
+        "provisional": note,
+    }
+
+
+def scoreboard_lines(results: dict, ran: dict[int, Ran], points: tuple[float, float] | None) -> list[str]:
+    """What the table does not say: what ran, what was skipped and why, what is from an earlier run, which
+    tests ran, and the points (over what ran, not a grade)."""
+    ran_anywhere = _order(c for r in ran.values() for c in r.ran)
+    out = [f"Ran: {', '.join(ran_anywhere) or 'nothing'}."]
+    for reason, n in skip_numbers(ran).items():
+        where = [
+            f"{c} (lab {lab})" for lab, r in ran.items() for c, why in r.skipped.items() if why == reason
+        ]
+        out.append(f"skipped{str(n).translate(SUPERSCRIPTS)} {', '.join(where)}: {reason}")
+    if any(r.hidden for r in ran.values()):
+        out.append("Tests: public and hidden (a run with --hidden).")
+    else:
+        out.append("Tests: public only. Grading adds hidden tests, which these runs did not run.")
+    tpu = [c for c in ran_anywhere if _compile_only(c)]
+    if tpu:
+        out.append(
+            f"Compile-only TPU results included: {', '.join(tpu)} (the TPU compiler's program, never run)."
+        )
+    else:
+        out.append(
+            "No compile-only TPU configuration ran (v5e-8, ...): `make lab-N CONFIGS=cpu-8,v5e-8` runs one "
+            "(after `make setup EXTRAS=tpu`, where libtpu is not installed)."
+        )
+    for lab, r in ran.items():
+        for c, when in r.earlier.items():
+            out.append(f"* lab {lab} on {c}: from an earlier run ({when}), not your last `make lab-{lab}`.")
+    if points is not None:
+        got, most = points
+        out.append(f"Points: {got:g}/{most:g} over the configurations that ran; {NOT_A_GRADE}.")
+    return out
+
+
+def skip_numbers(ran: dict[int, Ran]) -> dict[str, int]:
+    """Each distinct reason a configuration was skipped, numbered from 1."""
+    numbers: dict[str, int] = {}
+    for r in ran.values():
+        for why in r.skipped.values():
+            numbers.setdefault(why, len(numbers) + 1)
+    return numbers
+
+
+def scoreboard_table(results: dict, ran: dict[int, Ran]) -> Table:
+    """Lab by configuration: tests passed of those run, `skipped` with the number of its reason, `–` not run."""
+    numbers = skip_numbers(ran)
+    names = _order(c for r in ran.values() for c in [*r.ran, *r.skipped])
+    rows = {(r["lab"], r["config"]): r for r in results.get("rows", [])}
+    out = Table(title="you: your last run of each lab on each configuration", title_justify="left")
+    out.add_column("lab", no_wrap=True)
+    for name in names:
+        out.add_column(name, justify="center")
+    for lab in results.get("labs", []):
+        mine = ran.get(lab["number"], Ran())
+        cells = []
+        for name in names:
+            row = rows.get((lab["number"], name))
+            if name in mine.skipped:
+                mark = "skipped" + str(numbers[mine.skipped[name]]).translate(SUPERSCRIPTS)
+                cells.append(Text(mark, style="dim"))
+            elif row is None:
+                cells.append(Text("–", style="dim"))
+            elif row["status"] in ("ok", "failed"):
+                style = "green" if row["passed"] == row["total"] else "red"
+                cells.append(
+                    Text(f"{row['passed']}/{row['total']}" + ("*" * (name in mine.earlier)), style=style)
+                )
+            else:
+                cells.append(Text(row["status"], style="red"))
+        out.add_row(lab["title"], *cells)
+    return out
+
+
+def write_page(results: dict, out: Path, student: str = "you") -> Path:
+    """The student's own results page: their feedback as a grading would write it (the class page's tables
+    for a class of one, never the TA's similarity list or class statistics), as you.md and you.html."""
+    from labkit.grading.publish import markdown, pages
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("scoreboard.html", "scoreboard.md", "scoreboard.json", "scoreboard.csv"):
+        (out / stale).unlink(missing_ok=True)  # the class page an older kit wrote here
+    (out / "you.md").write_text(markdown.feedback(results, student))
+    page = out / "you.html"
+    page.write_text(pages.feedback_html(results, student))
+    return page
+
+
+def show_scoreboard(build: Path, out: Path | None = None, console: Console | None = None) -> Path | None:
+    """`make scoreboard`: the table, what was run, the points over it, and the page written; None where
+    no lab has results yet."""
+    from labkit.grading.state import policy
+
+    found = reports(Path(build))
+    results = student_results(found)
+    if not results["rows"]:
+        return None
+    ran = what_ran(results, found)
+    page_results = for_the_page(results)
+    student = next(iter(results.get("students") or {}), "you")  # "you", as ownresults names the student
+    mine = policy.grades(page_results)["students"].get(student)
+    page = write_page(page_results, Path(out) if out else Path(build) / "scoreboard", student)
+    console = console or Console()
+    console.print(scoreboard_table(results, ran))
+    for line in scoreboard_lines(results, ran, (mine["points"], mine["max_points"]) if mine else None):
+        console.print(Text(line), soft_wrap=True)
+    console.print(f"details: {page}", soft_wrap=True)
+    return page
