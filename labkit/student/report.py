@@ -68,9 +68,12 @@ def lab_table(title: str, runs: list[str], outcomes: list[Outcome], width: int |
     """Test by configuration, every test's name whole on one row: the exercise in a column of its own where
     the line is wide enough (`width`, the terminal's); else the marks first and the name after them, under
     its exercise's name, so that only a name longer than the whole line is wrapped (between words)."""
-    rows: OrderedDict[tuple[str, str], dict[str, Outcome]] = OrderedDict()
+    found: OrderedDict[tuple[str, str], dict[str, Outcome]] = OrderedDict()
     for o in outcomes:
-        rows.setdefault((o.exercise, o.test), {})[o.run] = o
+        found.setdefault((o.exercise, o.test), {})[o.run] = o
+    # each exercise's tests together, exercises in the order first met (a file may test one again further on)
+    exercises_met = list(dict.fromkeys(e for e, _ in found))
+    rows = OrderedDict(sorted(found.items(), key=lambda item: exercises_met.index(item[0][0])))
     reasons = skip_reasons(outcomes)
     marks = {
         run: max([len(run)] + [len(_mark(by.get(run), reasons)) for by in rows.values()]) for run in runs

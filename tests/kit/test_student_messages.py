@@ -198,3 +198,23 @@ def test_check_of_an_untouched_exercise_says_once_that_it_is_not_written_yet(tmp
     assert "  • every test above [cpu-1, cpu-8]: not implemented yet" in said, said
     assert "No cost card yet: `row_softmax` is not written yet" in said and "a run failed" not in said, said
     assert "RESULT False" in said
+
+
+def test_an_exercise_tested_again_further_on_has_its_tests_together_under_its_name_once():
+    outcomes = [
+        _outcome("cpu-8", exercise, test)
+        for exercise, test in (
+            ("global_gradients", "test_loss_is_the_whole_batch_loss"),
+            ("train_data_parallel", "test_one_step_is_one_sgd_update"),
+            ("global_gradients", "test_at_a_production_size_each_chip_fits"),
+        )
+    ]
+    for width in (80, 160):
+        said = _printed(["cpu-8"], outcomes, width=width)
+        assert said.count("global_gradients") == 1, said
+        at = [
+            i
+            for i, line in enumerate(said.splitlines())
+            if "whole batch loss" in line or "production" in line
+        ]
+        assert at[1] == at[0] + 1, said
