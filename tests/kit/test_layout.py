@@ -94,6 +94,64 @@ def test_the_top_of_the_package_holds_only_what_a_course_imports_and_the_stages(
     assert folders == STAGES
 
 
+# grading/ by stage, lowest first: each imports only those before it; grading/'s own modules (the
+# orchestrators: `grade`, and `slurm` and `cluster`, which grade beyond one machine) may import them all.
+GRADING_STAGES = ("state", "intake", "running", "classwide", "publish")
+ORCHESTRATORS = {"__init__", "grade", "slurm", "cluster"}
+
+
+def grading_rank(module: str) -> int | None:
+    """A module's stage in grading/ (its index in GRADING_STAGES, the orchestrators above all); None outside."""
+    parts = module.split(".")
+    if parts[:2] != ["labkit", "grading"]:
+        return None
+    if len(parts) > 2 and parts[2] in GRADING_STAGES:
+        return GRADING_STAGES.index(parts[2])
+    return len(GRADING_STAGES)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in grading/ of a module of a higher stage than the importer's."""
+    found = []
+    for name, imports in sorted(graph.items()):
+        rank = grading_rank(name)
+        if rank is None:
+            continue
+        found += [f"{name} -> {i}" for i in sorted(imports) if (grading_rank(i) or 0) > rank]
+    return found
+
+
+def test_grading_is_in_its_stages_and_each_says_what_it_reads_and_writes():
+    grading = PACKAGE / "grading"
+    folders = {p.name for p in grading.iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(GRADING_STAGES)
+    assert {p.stem for p in grading.glob("*.py")} == ORCHESTRATORS
+    for stage in GRADING_STAGES:
+        doc = ast.get_docstring(ast.parse((grading / stage / "__init__.py").read_text())) or ""
+        assert "Reads" in doc and "writes" in doc, (
+            f"grading/{stage}/__init__.py: say what the stage reads and writes"
+        )
+
+
+def test_grading_stages_import_only_the_stages_below_them():
+    """state < intake < running < classwide < publish < grade: a stage never imports one above it, even late
+    inside a function (a module two stages need lives in the lower one)."""
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_stage_order_finds_an_upward_import():
+    graph = {
+        "labkit.grading.state.roster": {"labkit.grading.publish.scoreboard", "labkit.run.execute"},
+        "labkit.grading.publish.scoreboard": {"labkit.grading.state.roster"},
+        "labkit.grading.grade": {"labkit.grading.publish.scoreboard"},
+        "labkit.grading.running.engine": {"labkit.grading.grade"},
+    }
+    assert upward_imports(graph) == [
+        "labkit.grading.running.engine -> labkit.grading.grade",
+        "labkit.grading.state.roster -> labkit.grading.publish.scoreboard",
+    ]
+
+
 def test_every_name_the_labs_and_their_tests_import_from_the_kit_is_there():
     """Lab tests (public and hidden) and the notebooks import the kit by these names: they must resolve."""
     sources = [
