@@ -181,19 +181,23 @@ release: setup ## the student release, a folder and a .tar.gz without solutions 
 	@$(PY) -m labkit release $(if $(RELEASE),--out $(RELEASE))
 
 APT_PACKAGES := $(shell grep -v '^\#' .ci/apt-packages.txt 2>/dev/null)
+# Where one cannot be installed (no apt-get, no sudo, no network), it stops here with one line that names the
+# packages and the fix, before any test runs (tests/kit/test_make_targets.py hides a package to check).
 system-deps: ## install the Debian packages the kit's tests need (.ci/apt-packages.txt), when missing
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); missing=$$(echo $$missing); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing: $$missing"; \
-	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
-	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq --no-install-recommends $$missing; \
+	  as=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { $$as apt-get update -qq && $$as apt-get install -y -qq --no-install-recommends $$missing; } || { \
+	    echo "error: the kit's tests need Debian packages that are not installed and could not be installed here: $$missing (.ci/apt-packages.txt); fix: sudo apt-get install $$missing, then run make again" >&2; \
+	    exit 1; }; \
 	fi
 
 # TEST_WORKERS: pytest-xdist workers, two more than the CPUs (at most 4): much of a test's time is spent
 # waiting on a kernel, a container or the disk (on 2 CPUs, 4 workers left them idle 142 CPU-seconds of a
 # run against 3 workers' 345); 0 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n + 2)))
-test-fast: setup ## the fast tier: unit and contract tests, a few minutes; what a change runs first
+test-fast: setup system-deps ## the fast tier: unit and contract tests, a few minutes; what a change runs first
 	$(PY) -m pytest -m fast $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=10
 
 # SWEEP=full: every sweep whole (every reference on each of cpu-2, 4, 16 and 32, not a small and a large one).

@@ -176,6 +176,7 @@ FAST_MODULES = frozenset(
         "test_hints.py",
         "test_infra_schema.py",
         "test_layout.py",
+        "test_make_targets.py",
         "test_leaderboard.py",
         "test_overrides.py",
         "test_plaindata.py",
