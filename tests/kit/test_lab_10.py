@@ -261,3 +261,37 @@ def test_a_pipeline_that_runs_one_microbatch_at_a_time_passes_on_cpu_1_and_is_na
     caught = failed.popitem()[1]
     assert caught["hidden"] and "runs 84 collective-permutes" in caught["message"], caught["message"]
     assert "at most 26" in caught["message"], caught["message"]
+
+
+# No micro-batching: the whole batch through the stages one after the other. Few hand-offs (S - 1), so the count
+# of permutes passes; each device computes every stage's step on the whole batch: S x M steps' worth, not M + S - 1.
+WHOLE_BATCH_STAGE_AFTER_STAGE = (
+    ONE_MICROBATCH_AT_A_TIME[0],
+    """        h = microbatches  # every micro-batch at once, one stage after another
+        for s in range(n):
+            h = jnp.where(stage == s, run_layers(w, b, h), h)
+            if s < n - 1:
+                h = jax.lax.ppermute(h, "stage", perm=forward)
+        outputs = h
+""",
+)
+
+
+def test_the_whole_batch_stage_after_stage_passes_on_cpu_1_and_is_named_by_its_schedule_on_cpu_8(
+    kit, lab_outcomes, variant
+):
+    failed = failed_on_cpu_8(kit, lab_outcomes, variant, 10, WHOLE_BATCH_STAGE_AFTER_STAGE)
+    assert set(failed) == {"test_each_stage_computes_its_layers_once_per_step_of_the_schedule"}, failed
+    caught = failed.popitem()[1]
+    assert (
+        not caught["hidden"]
+        and "where a pipeline of 12 micro-batches on 8 stages needs 19" in caught["message"]
+    )
+    assert "bubble" in caught["message"], caught["message"]
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_the_whole_batch_stage_after_stage_is_named_by_its_schedule_on_v5e_8(kit, lab_outcomes, variant):
+    on_v5e_8(kit, 10, str(variant(10, WHOLE_BATCH_STAGE_AFTER_STAGE)))
+    schedule = lab_outcomes(10)["v5e-8"]["test_each_stage_computes_its_layers_once_per_step_of_the_schedule"]
+    assert schedule["status"] == "failed" and "needs 19" in schedule["message"], schedule

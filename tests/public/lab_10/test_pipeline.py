@@ -100,6 +100,40 @@ def test_accepts_layers_already_placed_on_their_stages(got):
     expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
 
 
+# ---- the schedule: how much each stage computes, read from the compiled program ----------------------
+
+# Wide enough that the layers' products are nearly all of a stage's work (the selects and the hand-offs
+# around them are a few percent): 32 layers of 64 x 64, 12 microbatches of 8 rows.
+SCHEDULE = make_stack(12, layers=32, d=64, microbatches=12, rows=8)
+
+
+def expect_each_stage_works_once_per_step(got, n: int, stack) -> None:
+    """One device's FLOPs stay within its stage's work for the M + S - 1 steps of the pipeline's schedule (each
+    step runs its L / S layers on one microbatch's rows), with a fifth more for the work around the products."""
+    from labkit.checks import card_of
+
+    weights, _biases, microbatches = stack
+    m, layers, rows, d = len(microbatches), len(weights), microbatches.shape[1], weights.shape[1]
+    per_step = 2 * rows * d * d * max(layers // max(n, 1), 1)  # one stage's layers on one microbatch
+    steps = m + n - 1
+    flops = card_of(got).flops
+    if flops <= 1.2 * steps * per_step:
+        return
+    raise Mismatch(
+        f"each stage computes {flops / per_step:.0f} steps' worth of its layers ({flops:.3g} FLOPs), where a "
+        f"pipeline of {m} micro-batches on {n} stages needs {steps} ({m} + {n} - 1 steps of {per_step:.3g} FLOPs, "
+        f"a fifth more passes). Every device computes every step of its program, used or not: a stage that "
+        f"runs the whole batch, or every micro-batch at every step, repeats work the schedule does not need. "
+        f"At step t, stage s works on micro-batch t - s only; the {n - 1} steps when some stages have nothing "
+        f"yet are the pipeline's bubble, and the whole cost of splitting the layers"
+    )
+
+
+@check(got=compiled_call("pipeline_forward", *SCHEDULE))
+def test_each_stage_computes_its_layers_once_per_step_of_the_schedule(got, run):
+    expect_each_stage_works_once_per_step(got, run.device_count, SCHEDULE)
+
+
 # ---- at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
 
 # 8 layers of 32768 x 32768 float32: 4 GiB a layer, 32 GiB in all, twice what one v5e chip has (15.75 GB
