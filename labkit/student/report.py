@@ -211,8 +211,11 @@ def summary(runs: list[str], outcomes: list[Outcome], records: dict[str, RunReco
         passed = sum(o.status == "passed" for o in counted)
         if passed != len(counted) or not counted:
             all_ok = False
-        notes = [f"{skipped} skipped"] * bool(skipped) + [f"{optional} optional not tried yet"] * bool(
-            optional
+        todo = sum(o.status == "todo" for o in counted)
+        notes = (
+            [f"{todo} not written yet"] * bool(todo)
+            + [f"{skipped} skipped"] * bool(skipped)
+            + [f"{optional} optional not tried yet"] * bool(optional)
         )
         parts.append(f"{passed}/{len(counted)} on {run}" + (f" ({', '.join(notes)})" if notes else ""))
     return "; ".join(parts), all_ok and ran_any

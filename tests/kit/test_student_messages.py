@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from notebook_variants import LAB_3_PUBLIC_TESTS
 from rich.console import Console
 
 from labkit.course import catalog
@@ -51,6 +52,7 @@ def test_an_untouched_lab_says_its_exercises_are_not_written_yet_not_that_a_run_
     assert "not written yet" in said and "nothing failed" in said, said
     assert "a run failed" not in said and "fix the first failure" not in said, said
     assert "`shard_map_double`" in said and "`row_softmax`" in said
+    assert f"FAIL  0/{LAB_3_PUBLIC_TESTS} on cpu-8 ({LAB_3_PUBLIC_TESTS} not written yet)" in said, said
 
 
 def test_a_cells_error_over_two_lines_is_kept_whole(tmp_path):
