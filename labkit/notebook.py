@@ -299,6 +299,8 @@ class Checker:
         return Checked(passed)
 
     def _report(self, exercise: str, tests: list, columns: dict) -> bool:
+        from labkit.student import report
+
         names = list(columns)
         width = max(len(t.__name__) for t in tests) - len("test_") + 2
         print(f"{exercise}: public tests")
@@ -315,7 +317,7 @@ class Checker:
                 passed &= status in ("passed", "skipped")
                 marks.append(f"{MARKS.get(status, '?'):^7}")
                 if message:
-                    notes.setdefault((status, message), []).append((label, n))
+                    notes.setdefault((status, report.without_run(message, n)), []).append((label, n))
             print(f"  {label:<{width}}" + "  ".join(marks))
         for (_, message), where in notes.items():
             labels = list(dict.fromkeys(label for label, _ in where))
@@ -327,7 +329,7 @@ class Checker:
                 if len(labels) == len(tests)
                 else f"{labels[0]} and {len(labels) - 1} more above"
             )
-            print(f"  • {which} [{', '.join(runs)}]: {message}")
+            print(f"  • {which} [{', '.join(runs)}]: {report.with_runs(message, runs)}")
         print(
             f"(`make {self.lab.name}` runs them in the kit's sandbox on every configuration, and grading adds "
             "hidden tests)"

@@ -37,10 +37,18 @@ def _label(test: str) -> str:
     return test.removeprefix("test_").replace("_", " ")
 
 
+def without_run(message: str, run: str) -> str:
+    """`message` with the configuration's name left out (as `RUN`), so that one reason given on cpu-1 and on
+    cpu-8 ("..., not on cpu-1") is one note; `with_runs` puts the names back."""
+    return re.sub(rf"(?<![\w-]){re.escape(run)}(?![\w-])", RUN, message)
+
+
+def with_runs(message: str, runs: list[str]) -> str:
+    return message.replace(RUN, " and ".join(runs))
+
+
 def _reason(o: Outcome) -> str:
-    """A skip's reason with its configuration's name left out (as `RUN`), so that one reason given on cpu-1
-    and on cpu-8 ("..., not on cpu-1") is one note."""
-    return re.sub(rf"(?<![\w-]){re.escape(o.run)}(?![\w-])", RUN, o.message or "skipped here")
+    return without_run(o.message or "skipped here", o.run)
 
 
 RUN = "\0"
@@ -117,7 +125,7 @@ def skip_notes(outcomes: list[Outcome]) -> list[str]:
                 runs.append(o.run)
     return [
         f"skip{str(n).translate(SUPERSCRIPTS)} [{', '.join(where[reason])}]: "
-        + reason.replace(RUN, " and ".join(where[reason]))
+        + with_runs(reason, where[reason])
         for reason, n in reasons.items()
     ]
 

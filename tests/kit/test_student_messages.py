@@ -220,3 +220,29 @@ def test_an_exercise_tested_again_further_on_has_its_tests_together_under_its_na
             if "whole batch loss" in line or "production" in line
         ]
         assert at[1] == at[0] + 1, said
+
+
+def test_check_says_a_skip_given_on_each_configuration_once_with_its_reason(capsys):
+    from labkit.notebook import Checker
+
+    def test_global_gradients_match():
+        pass
+
+    def test_at_a_production_size_each_chip_fits():
+        pass
+
+    why = "a production size, judged by the TPU compiler alone: it runs on v5e-8, not on {run}"
+    columns = {
+        run: [
+            ("test_global_gradients_match", "passed", ""),
+            ("test_at_a_production_size_each_chip_fits", "skipped", why.format(run=run)),
+        ]
+        for run in ("cpu-1", "cpu-8")
+    }
+    tests = [test_global_gradients_match, test_at_a_production_size_each_chip_fits]
+    assert Checker(8)._report("global_gradients", tests, columns)
+    said = capsys.readouterr().out
+    notes = [line for line in said.splitlines() if line.startswith("  • ")]
+    assert notes == [
+        "  • at a production size each chip fits [cpu-1, cpu-8]: " + why.format(run="cpu-1 and cpu-8")
+    ], said
