@@ -296,3 +296,60 @@ def test_a_platform_branch_is_judged_by_its_tpu_lowering_and_a_size_branch_is_re
     at_size = outcomes["test_at_a_production_size_fsdp_fits_each_chip_and_splits_the_work"]
     assert at_size["status"] != "passed" and "branches on its input's size" in at_size["message"], at_size
     assert outcomes["test_fsdp_equals_the_unsplit_mlp"]["status"] == "passed"  # the course size is the design
+
+
+# fsdp_mlp as tensor parallelism: x whole on every device, the weights split by hidden units, the partial outputs
+# summed into rows. Right, a share of the work, the weights in pieces: only where x is kept names it.
+FSDP_AS_TENSOR_PARALLEL = [
+    (
+        '        w1, b1, w2, b2 = (jax.lax.all_gather(w, "data", axis=0, tiled=True) for w in (w1, b1, w2, b2))\n'
+        "        return jnp.tanh(x @ w1 + b1) @ w2 + b2",
+        "        h = jnp.tanh(x @ w1 + b1)\n"
+        '        return jax.lax.psum_scatter(h @ w2, "data", scatter_dimension=0, tiled=True) + b2',
+    ),
+    (
+        'in_specs=(P("data"),) * 5, out_specs=P("data")',
+        'in_specs=(P(), P(None, "data"), P("data"), P("data", None), P()), out_specs=P("data")',
+    ),
+]
+# tensor_parallel_scattered as FSDP: the weights gathered whole, each device its own rows of x.
+SCATTERED_AS_FSDP = [
+    (
+        "        h = jnp.tanh(x @ w1 + b1)  # this device's columns of the hidden layer\n"
+        '        return jax.lax.psum_scatter(h @ w2, "model", scatter_dimension=0, tiled=True) + b2',
+        '        w1, b1, w2 = (jax.lax.all_gather(w, "model", axis=a, tiled=True) for w, a in ((w1, 1), (b1, 0), (w2, 0)))\n'
+        '        rows = x.shape[0] // jax.lax.axis_size("model")\n'
+        '        mine = jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("model") * rows, rows)\n'
+        "        return jnp.tanh(mine @ w1 + b1) @ w2 + b2",
+    ),
+]
+# fsdp_gradients with pmean, then each device's slice: right, split like the weights, twice a reduce-scatter's bytes.
+PMEAN_THEN_SLICE = [
+    (
+        '        return tuple(jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True) / n for g in grads)',
+        '        i = jax.lax.axis_index("data")\n'
+        "        mine = lambda g: jax.lax.dynamic_slice_in_dim(g, i * (len(g) // n), len(g) // n)\n"
+        '        return tuple(mine(jax.lax.pmean(g, "data")) for g in grads)',
+    ),
+]
+
+
+def test_wrong_designs_of_three_exercises_pass_on_cpu_1_and_are_named_by_their_budgets_on_cpu_8(
+    kit, lab_outcomes, variant
+):
+    failed = failed_on_cpu_8(
+        kit, lab_outcomes, variant, 9, *FSDP_AS_TENSOR_PARALLEL, *SCATTERED_AS_FSDP, *PMEAN_THEN_SLICE
+    )
+    assert {
+        "test_fsdp_splits_the_batch_as_well_as_the_weights",
+        "test_tensor_parallel_scattered_moves_partial_outputs_never_weights",
+        "test_fsdp_gradients_send_one_gather_of_the_weights_and_one_reduce_scatter_of_the_gradients",
+    } <= set(failed), failed
+    assert (
+        "every device holds all of x"
+        in failed["test_fsdp_splits_the_batch_as_well_as_the_weights"]["message"]
+    )
+    traffic = failed[
+        "test_fsdp_gradients_send_one_gather_of_the_weights_and_one_reduce_scatter_of_the_gradients"
+    ]
+    assert not traffic["hidden"] and "all-reduce" in traffic["message"], traffic

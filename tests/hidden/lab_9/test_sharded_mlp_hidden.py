@@ -268,6 +268,19 @@ def test_tensor_parallel_scattered_sends_only_its_share_of_the_output(got, run):
     )
 
 
+@check(got=SCATTERED_CALL)
+def test_tensor_parallel_scattered_moves_partial_outputs_never_weights(got, run):
+    gathered = [c for c in collectives_of(got) if c.op == "all-gather"]
+    if run.device_count > 1 and gathered:
+        raise Mismatch(
+            f"the compiled program gathers {len(gathered)} arrays whole ({', '.join(c.shape for c in gathered)}): "
+            "in tensor parallelism the weights stay where they are. Each device computes its own hidden "
+            "units for every row (x whole, w1 by columns, w2 by rows) and only the partial outputs travel, "
+            "summed into rows with jax.lax.psum_scatter. Gathering the weights to compute your own rows is "
+            "FSDP's design, not this exercise's"
+        )
+
+
 # -- stretch (not graded: points=0): fsdp_layer_by_layer ------------------------------------------
 
 XW, _, WW = public.make_case(91, batch=64, d_in=128, d_hidden=128, d_out=128)  # weights of 64 KiB each

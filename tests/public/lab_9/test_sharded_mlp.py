@@ -14,12 +14,15 @@ from labkit.checks import (
     expect_close,
     expect_close_naming_mistakes,
     expect_fits_each_chip,
+    expect_input_split,
     expect_replicated,
+    expect_sent_within,
     expect_split_across,
     expect_work_share,
     placed,
     shaped,
 )
+from labkit.cost import bytes_sent
 
 WEIGHTS = ("w1", "b1", "w2", "b2")
 
@@ -95,6 +98,20 @@ def test_fsdp_equals_the_unsplit_mlp(got):
     expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
 
 
+@check(got=compiled_call("fsdp_mlp", X, *W))
+def test_fsdp_splits_the_batch_as_well_as_the_weights(got, run):
+    n = run.device_count
+    expect_input_split(
+        got,
+        0,
+        n,
+        name="x",
+        hint="FSDP is data parallelism whose weights are stored in pieces: each device works on its own rows "
+        "of x (in_specs=P('data')) with the weights gathered whole for the moment they are used. With x "
+        "whole on every device and the weights split by hidden units, the design is tensor parallelism",
+    )
+
+
 @check(got=call("fsdp_mlp", X, *W))
 def test_fsdp_output_is_split_by_rows_across_every_device(got, run):
     expect_split_across(got, run.device_count, axis=0, hint=SPLIT)
@@ -120,6 +137,35 @@ def test_each_fsdp_gradient_is_split_like_its_weight(got, run):
             axis=0,
             hint=f"the gradient of {name} should stay in pieces: psum_scatter, out_specs=P('data')",
         )
+
+
+# ---- fsdp_gradients' traffic: one gather of each weight, one reduce-scatter of each gradient --------------
+
+# Weights of 128 KiB: the TPU compiler sums a small gradient (a few KiB) with an all-reduce of its own choice,
+# which would say nothing about the design; at this size both compilers show what the design sends.
+XG, YG, WG = make_case(93, batch=64, d_in=128, d_hidden=256, d_out=128)
+
+
+def fsdp_gradient_traffic(n: int) -> float:
+    """Bytes one device sends: each weight gathered whole once, each gradient summed into pieces once."""
+    return sum(
+        bytes_sent("all-gather", w.nbytes, n) + bytes_sent("reduce-scatter", w.nbytes // n, n) for w in WG
+    )
+
+
+@check(got=compiled_call("fsdp_gradients", XG, YG, *WG))
+def test_fsdp_gradients_send_one_gather_of_the_weights_and_one_reduce_scatter_of_the_gradients(got, run):
+    n = run.device_count
+    expect_sent_within(
+        got,
+        fsdp_gradient_traffic(n),
+        n,
+        margin=1.25,
+        what="one all-gather of each weight and one reduce-scatter of each gradient",
+        hint="Each device needs only its own piece of each gradient: jax.lax.psum_scatter(g, 'data', "
+        "scatter_dimension=0, tiled=True) sums and cuts in one step, half the bytes of a psum or pmean "
+        "whose whole result is then sliced (the compiled program keeps the all-reduce)",
+    )
 
 
 # ---- fsdp_mlp at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
