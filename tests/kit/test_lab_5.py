@@ -6,8 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from notebook_variants import failed_on_cpu_8, failures_by_config
 from test_compile_once import RUN_TWICE
+from test_tpu_references import HAS_LIBTPU, on_v5e_8
 
 from labkit.course import catalog
 
@@ -239,3 +241,15 @@ def test_column_sums_by_a_psum_then_a_slice_pass_on_cpu_1_and_are_over_budget_on
     assert "all-reduce of f32[32]" in caught["message"] and "224 bytes" in caught["message"], caught[
         "message"
     ]
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_on_v5e_8_a_psum_then_a_slice_is_over_budget_and_the_compilers_all_reduce_of_a_psum_scatter_is_not(
+    kit, lab_outcomes, variant
+):
+    # libtpu sums a reduce-scatter of a vector with an all-reduce, at any size: the reference's psum_scatter is
+    # charged as the reduce-scatter it asks for (tests/kit/test_tpu_references.py runs the reference there)
+    on_v5e_8(kit, 5, str(variant(5, PSUM_THEN_SLICE)))
+    caught = lab_outcomes(5)["v5e-8"]["test_column_sums_send_what_one_reduce_scatter_sends"]
+    assert caught["status"] == "failed" and "all-reduce of f32[32]" in caught["message"], caught
+    assert "the TPU compiler's form of the reduce-scatter" not in caught["message"], caught
