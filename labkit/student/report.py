@@ -1,8 +1,9 @@
 """What a student sees after `make lab-N`: one table, test by configuration, then what went wrong; and after
 `make scoreboard`, their own results across labs, with what was run.
 
-Rendering only: it reads outcomes and run records and prints. The same outcomes feed
-the class scoreboard.
+For `make lab-N` it only renders: it reads outcomes and run records and prints (the same outcomes feed the
+class scoreboard). For `make scoreboard` it reads the reports `make lab-N` wrote and draws them with the class
+scoreboard's code, saying what was run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def _label(test: str) -> str:
     return test.removeprefix("test_").replace("_", " ")
 
 
+RUN = "\0"  # where a configuration's name was, in a message said once for several
+
+
 def without_run(message: str, run: str) -> str:
     """`message` with the configuration's name left out (as `RUN`), so that one reason given on cpu-1 and on
     cpu-8 ("..., not on cpu-1") is one note; `with_runs` puts the names back."""
@@ -49,9 +53,6 @@ def with_runs(message: str, runs: list[str]) -> str:
 
 def _reason(o: Outcome) -> str:
     return without_run(o.message or "skipped here", o.run)
-
-
-RUN = "\0"
 
 
 def skip_reasons(outcomes: list[Outcome]) -> dict[str, int]:
