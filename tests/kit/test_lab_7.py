@@ -4,6 +4,7 @@ and on cpu-8 a hidden test names the mistake."""
 import json
 
 import pytest
+from test_tpu_references import HAS_LIBTPU, on_v5e_8
 
 from labkit.course import catalog
 
@@ -352,3 +353,12 @@ def test_the_cancelling_sum_of_the_precision_section_gives_what_the_text_says():
         "sums to `1.0` left\nto right on one device, to `0.0` on two devices" in text
         and "answer is `2`" in text
     )
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
+def test_an_all_to_all_written_as_ppermutes_in_each_grid_row_passes_on_v5e_8(kit, lab_outcomes, variant):
+    # the TPU pads its small blocks of rows to tiles of 8 x 128 (300 to 552 KiB of temporaries against x's 32 KiB):
+    # whether a device holds all of x is judged there by what it receives
+    done = on_v5e_8(kit, 7, str(variant(7, ALL_TO_ALL_BY_PPERMUTES)))
+    failed = {t: o["message"] for t, o in lab_outcomes(7)["v5e-8"].items() if o["status"] != "passed"}
+    assert done.returncode == 0 and not failed, failed
