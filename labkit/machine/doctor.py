@@ -204,7 +204,8 @@ def check_libtpu() -> Check:
             "TPU compiler (libtpu)",
             WARN,
             f"not installed: the configurations {names} are skipped",
-            f"`make setup EXTRAS=tpu` adds it (about 640 MB; licence: {LIBTPU_LICENCE}); grading and "
+            f"`make setup EXTRAS=tpu` adds it ({envsetup.libtpu_download()} to download; licence: "
+            f"{LIBTPU_LICENCE}); grading and "
             f"`make test` use it, a student's lean set-up never needs it",
         )
     size = sum(f.size or 0 for f in dist.files or [])

@@ -223,6 +223,15 @@ def lock_sizes(lock: Path) -> dict[tuple[str, str], int]:
     return sizes
 
 
+def libtpu_download(lock: Path | None = None) -> str:
+    """What `make setup EXTRAS=tpu` downloads for libtpu, as set-up says it ("about 214 MB"), from uv.lock."""
+    try:  # `make doctor` may run on a Python too old for tomllib, or beside a lock it cannot read
+        sizes = [n for (name, _), n in lock_sizes(lock or ROOT / "uv.lock").items() if name == "libtpu"]
+    except (ImportError, OSError, ValueError):
+        sizes = []
+    return f"about {human(max(sizes))}" if sizes else "a size uv.lock does not give for this machine"
+
+
 def _uv_env(venv: Path) -> dict[str, str]:
     # Bytecode compiled once, at setup: every run's sandbox sees the environment read-only, so a module without
     # its .pyc (all of them: uv writes none by default) is compiled again in every process that imports it,

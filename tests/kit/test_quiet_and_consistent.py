@@ -78,6 +78,20 @@ def test_the_student_docs_give_the_tpu_download_that_set_up_computes_from_uv_loc
     assert set(stated) <= computed, f"the docs say {stated}; set-up computes {sorted(computed)}"
 
 
+def test_make_doctor_gives_the_tpu_download_that_set_up_computes_from_uv_lock(monkeypatch):
+    from importlib import metadata
+
+    from labkit.machine import doctor, envsetup
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    check = doctor.check_libtpu()
+    sizes = [n for (name, _), n in envsetup.lock_sizes(ROOT / "uv.lock").items() if name == "libtpu"]
+    assert f"EXTRAS=tpu` adds it (about {envsetup.human(max(sizes))} to download;" in check.fix, check.fix
+
+
 LIBTPU_NOISE = ("Failed to find host bounds", "TPU_WORKER_HOSTNAMES", "Source Location Trace")
 
 
