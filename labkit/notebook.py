@@ -37,7 +37,6 @@ from pathlib import Path
 from labkit import envnames
 from labkit.course import catalog
 from labkit.run import allowance, modes, sandbox
-from labkit.run.runreport import whole_message
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = envnames.RUN
@@ -188,6 +187,8 @@ def run_elsewhere(
                 }
         if proc.returncode != 0 or not out.exists():
             printed = (scratch / "replay.log").read_text(errors="replace")
+            from labkit.run.runreport import whole_message
+
             last = printed.strip().splitlines()[-1:] or ["no output"]
             return {"status": "error", "message": whole_message(last[0]), "isolation": proc.isolation}
         return {"status": "ok", "isolation": proc.isolation, **json.loads(out.read_text())}
