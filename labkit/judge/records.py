@@ -32,6 +32,7 @@ VERIFIED_MAX_BYTES = 32 << 20
 MOST_CALLS = 2_000  # results in one file: the labs' tests make at most a few dozen calls
 MOST_COLLECTIVES = 20_000  # as labkit.judge.hlo.MOST
 MOST_DEVICES = 1 << 16
+MOST_STEPS = 400  # as labkit.timeline.MOST_STEPS
 
 Name = Annotated[str, Meta(max_length=200)]
 Line = Annotated[str, Meta(max_length=2_000)]
@@ -100,6 +101,28 @@ class Estimate(_Record):
     bytes: Number = 0.0
 
 
+class Step(_Record):
+    """One step of a device's timeline (`labkit.timeline.steps`): numbers and the kit's own op names only."""
+
+    op: Literal[
+        "compute",
+        "all-reduce",
+        "all-gather",
+        "reduce-scatter",
+        "collective-permute",
+        "all-to-all",
+        "done",
+        "loop",
+    ]
+    flops: Number | UnsetType = UNSET
+    bytes: Number | UnsetType = UNSET
+    sent: Number | UnsetType = UNSET
+    width: Device | UnsetType = UNSET
+    tag: Count | UnsetType = UNSET
+    times: Annotated[int, Meta(ge=0, le=MOST_COLLECTIVES)] | UnsetType = UNSET  # a loop that sends
+    length: Annotated[int, Meta(ge=0, le=MOST_STEPS)] | UnsetType = UNSET
+
+
 class Facts(_Record):
     """`labkit.facts.gather`'s record of a compiled program (each part may be `{"unavailable": why}`)."""
 
@@ -113,6 +136,7 @@ class Facts(_Record):
     inputs: Placements | Unavailable | UnsetType = UNSET
     outputs: Placements | Unavailable | UnsetType = UNSET
     seconds: Number | UnsetType = UNSET
+    timeline: Annotated[list[Step], Meta(max_length=MOST_STEPS)] | Unavailable | UnsetType = UNSET
     unavailable: Line | UnsetType = UNSET
     # Added by the kit's verifier, never the student's process: what the program was compiled for (a
     # compile-only TPU configuration), the compiler's estimate there, and the collectives the program
