@@ -89,6 +89,7 @@ def _run(
 ) -> bool:
     from rich.console import Console
 
+    from labkit import timeline
     from labkit.judge.judge import RunSpec, judge
     from labkit.run import execute
     from labkit.student import report
@@ -114,6 +115,8 @@ def _run(
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
     found = _print_costs(lab, judgement, console, record_costs)
+    for line in timeline.report(lab, judgement, out, record_costs):  # the schedule's picture: its path
+        print(line, file=console.file)
     _write_report(out / "report.json", lab, notebook, judgement, found)
     return ok
 

@@ -178,7 +178,24 @@ def test_the_chip_is_the_one_compiled_for_else_the_cards_first():
     assert "XLA:CPU" in timeline.caption("f", "cpu-8", None, V5E)
 
 
-@pytest.mark.slow
+def test_the_feedback_page_embeds_the_picture_beside_the_references_and_the_class_page_does_not():
+    from labkit.grading.publish import pages
+    from tests.kit.test_feedback import make_results
+
+    results = make_results()
+    mine = {"c1": {"function": "pipeline_forward", "runs": {"cpu-8": {"steps": timeline.steps(BLOCKING, 8)}}}}
+    theirs = {
+        "c1": {"function": "pipeline_forward", "runs": {"cpu-8": {"steps": timeline.steps(OVERLAPPED, 8)}}}
+    }
+    next(r for r in results["rows"] if (r["student"], r["lab"]) == ("alice", 10))["timelines"] = mine
+    results["labs"][1]["reference_timelines"] = {"cpu-8": theirs}
+    page = pages.feedback_html(results, "alice")
+    assert page.count('id="tl0-title"') == 1 and "&lt;svg" not in page and "<script" not in page.lower()
+    assert "the reference&#x27;s" in page and "pipeline_forward on cpu-8" in page
+    assert "tl0-title" not in pages.feedback_html(results, "bob")
+    assert "tl0-title" not in pages.to_html(results)  # the class page: no student's pictures
+
+
 def test_make_lab_10_on_the_reference_writes_the_picture_and_names_it(tmp_path):
     build = tmp_path / "build"
     env = dict(os.environ, LABKIT_BUILD=str(build))

@@ -43,6 +43,9 @@ def results_of(
             entry["reference_costs"] = {
                 r["config"]: r["costs"] for r in ref_rows if r["lab"] == lab.number and r.get("costs")
             }
+            entry["reference_timelines"] = {
+                r["config"]: r["timelines"] for r in ref_rows if r["lab"] == lab.number and r.get("timelines")
+            }
             entry["max_points"] = policy_mod.lab_points(grading or policy_mod.Policy(), mine, {})[1]
         if (
             lab.leaderboard is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
+from labkit import timeline
 from labkit.grading.classwide import leaderboard
 from labkit.grading.classwide.results import (
     MARK,
@@ -109,6 +110,20 @@ def _runs(configs: list[dict], rows: list[dict | None], tests: list[dict], clean
     return out
 
 
+def timelines(results: dict, lab: dict, student: str, index: dict) -> list[dict]:
+    """The pictures of a student's schedules on each configuration, beside the reference's of the same grading
+    run (labkit.timeline): the kit's own SVG, drawn from numbers with every word escaped, which the feedback
+    page embeds as it is (`safe`)."""
+    out = []
+    for c in configs_of(results):
+        row = index.get((student, lab["number"], c["name"])) or {}
+        reference = (lab.get("reference_timelines") or {}).get(c["name"]) or {}
+        drawn = timeline.pictures(row.get("timelines") or {}, reference)
+        if drawn:
+            out.append({"config": c["name"], "svg": timeline.page(drawn)})
+    return out
+
+
 def lab_part(
     results: dict, lab: dict, student: str, sid: str, index: dict, hidden_messages: bool, clean
 ) -> dict:
@@ -192,6 +207,8 @@ def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
     for lab in labs_of(results):
         part = lab_part(results, lab, student, "s0", index, False, clean)
         part["points"] = points_of(mine["labs"][str(lab["number"])]) if mine else None
+        # the pictures of the schedule: the feedback page's alone, never the class page's
+        part["timelines"] = timelines(results, lab, student, index)
         board = leaderboard.board(results, lab, viewer=student)
         part["board"] = (
             board | {"yours": leaderboard.yours(results, lab, student)} if board is not None else None

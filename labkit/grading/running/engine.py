@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from labkit import cost, envnames
+from labkit import cost, envnames, timeline
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading.intake.collect import MAX_BYTES, Unit
@@ -211,7 +211,11 @@ class Grader:
                     *expected.get((unit.lab, unit.config), (0, 0)),
                 )
                 if record.status == "ok":  # what its examined calls cost (labkit/cost.py), for the feedback
-                    row["costs"] = cost.to_json(cost.cards(self.calls(number), {unit.config: record.results}))
+                    found = cost.cards(self.calls(number), {unit.config: record.results})
+                    row["costs"] = cost.to_json(found)
+                    # and their schedules, drawn in the feedback (labkit/timeline.py)
+                    if pictured := timeline.gather(found, {unit.config: record.results}):
+                        row["timelines"] = pictured
             except Exception as e:  # noqa: BLE001 - this unit's, and this unit's alone
                 rows.append(self._unjudged(item, e, expected))
                 continue
