@@ -249,11 +249,13 @@ def test_tensor_parallel_scattered_sends_only_its_share_of_the_output(got, run):
         for c in collectives_of(got)
         if c.op == "all-reduce" and shape_bytes(c.shape) >= SCATTERED_OUTPUT_BYTES
     ]
+    compiler = (
+        f"the TPU compiler (for {got.compiled.compiled_for})" if got.compiled.compiled_for else "XLA:CPU"
+    )
     why = (
         "The compiled program adds the whole output on every device (an all-reduce) and then keeps each "
         "device's rows (a slice). A psum followed by a slice compiles to that; so does jax.jit with the rows "
-        "split in out_shardings on this CPU compiler, which chose the all-reduce (a TPU's compiler may choose "
-        "a reduce-scatter). "
+        f"split in out_shardings when the compiler chooses the all-reduce, as {compiler} did here. "
         if all_reduced
         else ""
     )
