@@ -309,7 +309,8 @@ def schedule(items: list[dict], chip: cost.Chip, dtype: str = "f32") -> Schedule
     for k in pending.values():  # a start never waited for: the step ends when it does
         now = max(now, every[k].end)
     out.total = max(now, free)
-    out.hidden = max(0.0, out.network - (out.idle))
+    hidden = out.network - out.idle  # what of the network's time the device did not wait for
+    out.hidden = hidden if hidden > 1e-9 * out.total else 0.0  # not a rounding's remainder
     every.sort(key=lambda g: (g.start, g.lane != "compute"))
     out.segments, out.more = every[:DRAWN], max(0, len(every) - DRAWN)
     out.drawn_to = max((g.end for g in out.segments), default=0.0)

@@ -111,7 +111,7 @@ def test_a_synchronous_collective_after_compute_is_idle_time_equal_to_its_own():
     assert reduce.start == pytest.approx(product.end) and not reduce.beside
     expected = cost.bytes_sent("all-reduce", 256 * 256 * 4, 8) / (V5E.send_bandwidth / 2)
     assert reduce.seconds == pytest.approx(expected)
-    assert s.idle == pytest.approx(expected)
+    assert s.idle == pytest.approx(expected) and s.hidden == 0  # nothing hidden behind compute
     assert s.total == pytest.approx(product.seconds + expected)
     (wait,) = [g for g in s.segments if g.op == "wait"]
     assert (wait.start, wait.end) == (pytest.approx(reduce.start), pytest.approx(reduce.end))
