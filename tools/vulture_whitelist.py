@@ -64,3 +64,5 @@ tbstyle  # pytest reads config.option.tbstyle when it formats a failure (labkit/
 max_points  # a field of rows.ScoreRow, a TypedDict: read and written by key
 tpu_refused  # a field of callplan.CallSpec, a TypedDict: written by key in judge.verify._launch
 _ipython_display_  # IPython calls it to display a value (labkit/notebook.py Checked: Jupyter shows nothing for check's verdict)
+_.print_metadata  # jaxlib's HloPrintOptions: labkit/judge/hlo.py's printed() sets them for XLA's printer
+_.print_backend_config
