@@ -178,11 +178,31 @@ class _Reader:
                 hlo.shape_bytes(shapes[o]) for o in i.operands if o in shapes
             )
             work = hlo._work(i, shapes)
+            inside: list[dict] = []
             for key in ("calls", "called_computations"):
                 for child in hlo._names(i.attributes.get(key, "")):
                     work += self.flops(child)
+                    inside += self.within(child)
             out.compute(work, 0.0 if op == "async-start" else moved)
+            # a collective fused into a computation (the TPU's collective fusions) blocks after its compute
+            for found in inside:
+                out.add(found)
         return out.items
+
+    def within(self, name: str, depth: int = 0) -> list[dict]:
+        """The collectives a called computation runs (a fusion's), as steps, what it calls included."""
+        computation = self.module.computations.get(name)
+        if computation is None or depth > 32:
+            return []
+        found = []
+        for i in computation.instructions:
+            step = self.collective(i) if i.opcode in hlo.COLLECTIVES or i.opcode in hlo._STARTS else None
+            if step is not None:
+                found.append(step)
+            for key in ("calls", "called_computations"):
+                for child in hlo._names(i.attributes.get(key, "")):
+                    found += self.within(child, depth + 1)
+        return found
 
 
 def steps(text: str, devices: int) -> list[dict]:

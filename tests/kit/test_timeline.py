@@ -223,3 +223,29 @@ def test_make_lab_10_on_the_reference_writes_the_picture_and_names_it(tmp_path):
     picture = path.read_text()
     assert path.suffix == ".svg" and "<script" not in picture and "idle" in picture
     assert "the reference's" in picture  # lab 10's reference timeline recorded beside its costs
+
+
+def test_a_collective_fused_into_a_computation_is_drawn_after_its_fusions_compute():
+    fused = """\
+HloModule fused, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%inner (p0: f32[256,256]) -> f32[256,256] {
+  %p0 = f32[256,256]{1,0} parameter(0)
+  %d = f32[256,256]{1,0} dot(%p0, %p0), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %r = f32[256,256]{1,0} all-reduce(%d), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+}
+
+ENTRY %main (p: f32[256,256]) -> f32[256,256] {
+  %p = f32[256,256]{1,0} parameter(0)
+  ROOT %f = f32[256,256]{1,0} fusion(%p), kind=kCustom, calls=%inner
+}
+"""
+    steps = timeline.steps(fused, 8)
+    assert [s["op"] for s in steps] == ["compute", "all-reduce"]
+    assert steps[0]["flops"] >= 2 * 256**3
