@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from labkit import envnames
 from labkit.machine import accelerators
+from labkit.run.allowance import DEFAULT_LIMITS, Limits
 
 # Variables that decide which devices JAX sees. A run never inherits them from the
 # caller: the configuration alone sets them. (TPU_* variables are facts of a TPU host that
@@ -57,6 +59,10 @@ class DeviceConfig:
     on_request: bool = False
     # A compile-only TPU configuration: the TPU topology (e.g. "v5e:2x4") every compiled fact is read from.
     compile_for: str | None = None
+    # The least processes (threads included) and memory (bytes) one run on this configuration needs to start at all
+    # (`least_for(devices)`): `run_limits` raises a run's limits to them, never lowers them.
+    least_processes: int = 0
+    least_memory: int = 0
 
     def availability(self) -> tuple[bool, str]:
         """(True, "") when this configuration can run here, else (False, reason)."""
@@ -69,6 +75,18 @@ class DeviceConfig:
         if self.platform == "gpu":
             return accelerators.gpu_available()
         return True, ""
+
+    def run_limits(self, limits: Limits) -> Limits:
+        """`limits` as a run on this configuration gets them: the processes and memory raised
+        to what it needs to start (`least_processes`, `least_memory`), never lowered; every other limit as given.
+        `labkit lab`, `labkit grade` (local runs and pods) and the kit's verifier all run under these."""
+        from dataclasses import replace
+
+        return replace(
+            limits,
+            processes=max(limits.processes, self.least_processes),
+            memory=max(limits.memory, self.least_memory),
+        )
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a run: the caller's, less its device variables, plus this configuration's."""
@@ -112,6 +130,34 @@ def _on_cpu(devices: int) -> dict[str, str]:
     return {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices), "XLA_FLAGS": CPU_COMPILE_FLAGS}
 
 
+# What a run of N simulated CPU devices needs to start, whatever limits it is given (`DeviceConfig.run_limits`).
+# XLA:CPU starts about four threads a device, and each reserves a stack of address space it mostly never touches:
+# a process of 256 devices (v5e-256's notebook, and its verifier) was measured at 1,041 threads and 10 GiB of
+# address space for 0.65 GiB resident; of 8 devices, 37 threads and 1.7 GiB. Under the default limits (1,024
+# processes, 4 GiB) such a run dies starting a thread ("Thread tf_XLACompile creation ... failed", signal 6). The
+# need below holds that with room for the kernel's own threads and libtpu's compiler. Only where it is more than
+# the default limits is it a floor (v5e-256, cpu-N past about 128): at the pod sizes every lab runs at, the
+# limits given stand, smaller ones a test asks for included.
+LEAST_PROCESSES, PROCESSES_PER_DEVICE = 256, 6
+LEAST_MEMORY, MEMORY_PER_DEVICE = 2 << 30, 40 << 20
+
+
+class Least(TypedDict):
+    least_processes: int
+    least_memory: int
+
+
+def least_for(devices: int) -> Least:
+    """The `least_processes` and `least_memory` of a configuration of `devices` simulated CPU devices: what it
+    needs, where that is more than the default limits; else 0 (no floor)."""
+    processes = LEAST_PROCESSES + PROCESSES_PER_DEVICE * devices
+    memory = LEAST_MEMORY + MEMORY_PER_DEVICE * devices
+    return {
+        "least_processes": processes if processes > DEFAULT_LIMITS.processes else 0,
+        "least_memory": memory if memory > DEFAULT_LIMITS.memory else 0,
+    }
+
+
 # Device counts of the pod sizes a lab must be right on: every lab's inputs divide by each of them.
 POD_SIZES = (1, 2, 4, 8, 16, 32)
 _NUMBERS = {1: "one", 2: "two", 4: "four", 8: "eight", 16: "sixteen", 32: "thirty-two"}
@@ -130,6 +176,7 @@ def cpu(devices: int, *, on_request: bool = True) -> DeviceConfig:
         env=_on_cpu(devices),
         devices=devices,
         on_request=on_request,
+        **least_for(devices),
     )
 
 
@@ -153,6 +200,7 @@ def cpu_processes(processes: int, devices: int, *, on_request: bool = True) -> D
             envnames.LOCAL_DEVICE_IDS: ",".join(str(i) for i in range(devices)),
         },
         on_request=on_request,
+        **least_for(devices),  # each process's own devices
     )
 
 
@@ -171,6 +219,7 @@ def tpu_compiled(name: str, topology: str, devices: int) -> DeviceConfig:
         devices=devices,
         on_request=True,
         compile_for=topology,
+        **least_for(devices),
     )
 
 

@@ -257,7 +257,7 @@ def run_notebook(
     which is removed once its results are read unless `keep_scratch`.
     """
     workdir = Path(workdir).absolute()  # named in the kernel's connection file and the sandbox's binds
-    limits = limits or DEFAULT_LIMITS
+    limits = config.run_limits(limits or DEFAULT_LIMITS)  # what a run on it needs to start, at the least
     available, reason = config.availability()
     if not available:
         return RunRecord(config.name, Run.SKIPPED, reason, workdir=str(workdir))

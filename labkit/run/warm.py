@@ -160,6 +160,7 @@ class Server:
         self.available, self.why = False, "not started"
         self.process = None
         self.user: int | None = None
+        self.limits = None  # the server's own limits, once begun: a forked run can have no more
         self._log = None
         self._lock = threading.Lock()
         self._began = 0.0
@@ -214,6 +215,7 @@ class Server:
         server_limits = replace(
             limits, memory=max(limits.memory, 8 << 30), processes=max(limits.processes, 4096)
         )
+        self.limits = server_limits
         self.process = sandbox.launch(
             [sys.executable, "-m", "labkit.run.warmserver", json.dumps(spec)],
             sandbox.RunContext(
@@ -278,6 +280,11 @@ class Server:
 
         if not self.ready():
             raise OSError(f"no warm server: {self.why}")
+        if self.limits is not None and (
+            limits.memory > self.limits.memory or limits.processes > self.limits.processes
+        ):
+            # a forked run's limits can only be lowered from the server's (v5e-256's raised ones: see configs.least_for)
+            raise OSError("the run's limits are above the warm server's own")
         workdir = Path(workdir).resolve()
         if not any(workdir.is_relative_to(r) for r in self.roots):
             raise OSError(f"{workdir} is not in the warm server's folders")

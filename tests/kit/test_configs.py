@@ -1,4 +1,5 @@
 from labkit.course import configs
+from labkit.run import allowance
 
 
 def test_cpu_configs_set_the_device_count_before_jax_starts():
@@ -94,6 +95,23 @@ def test_gpu_uses_jax_cuda_backend_with_full_float32_products():
 
 def test_tpu_computes_float32_products_in_full_float32():
     assert configs.CONFIGS["tpu"].environment({})["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+
+
+def test_a_configuration_of_many_devices_raises_the_limits_it_cannot_start_under_and_no_other():
+    # 256 simulated devices: about 1,040 threads and 10 GiB of address space in the notebook's process and the
+    # verifier's; under the default 1,024 processes and 4 GiB every run died starting a thread.
+    v5e_256 = configs.by_name("v5e-256").run_limits(allowance.DEFAULT_LIMITS)
+    assert v5e_256.processes >= 1536 and v5e_256.memory >= 12 << 30
+    assert (
+        v5e_256.disk == allowance.DEFAULT_LIMITS.disk
+        and v5e_256.isolation == allowance.DEFAULT_LIMITS.isolation
+    )
+    more = allowance.Limits(memory=32 << 30, processes=8192)
+    assert configs.by_name("v5e-256").run_limits(more) == more  # never lowered
+    # the pod sizes keep whatever they are given, a test's small limits included
+    small = allowance.Limits(memory=1 << 30, processes=64)
+    for name in ("cpu-1", "cpu-8", "cpu-32", "cpu-4x2", "v5e-8", "v6e-8", "v5p-8", "tpu", "gpu"):
+        assert configs.by_name(name).run_limits(small) == small, name
 
 
 def test_cpu_runs_leave_matmul_precision_at_jax_default():

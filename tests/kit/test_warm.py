@@ -264,6 +264,15 @@ def test_a_folder_outside_the_servers_is_refused_and_the_run_starts_cold(server,
     assert "no warm start" in (elsewhere / "run" / "run.log").read_text(errors="replace")
 
 
+def test_a_run_with_limits_above_the_servers_own_is_refused_and_starts_cold(server, runs_root):
+    # A forked run's limits can only be lowered from the server's: v5e-256's raised ones (configs.least_for) would
+    # be cut to the server's, and its 256 devices' threads would not start. Such a run starts cold instead.
+    more = replace(LIMITS, memory=server.limits.memory * 2)
+    assert configs.by_name("v5e-256").run_limits(LIMITS).memory > server.limits.memory
+    with pytest.raises(OSError, match="above the warm server's own"), open(os.devnull, "wb") as log:
+        server.launch([], runs_root / "above", {}, more, log=log)
+
+
 def test_a_multi_process_run_starts_cold(server, runs_root):
     lab = catalog.lab(11)
     calls = judge.collect_calls(lab.test_dirs(hidden=True))

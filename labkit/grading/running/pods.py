@@ -148,6 +148,7 @@ def run_unit(
     config = configs.by_name(unit["config"])
     if config is None or config.processes > 1:
         raise PodError(f"unit {unit.get('index')}: {unit['config']!r} is not a one-process configuration")
+    limits = config.run_limits(limits)  # what a run on it needs to start, at the least, as a local run's
     calls = json.loads((Path(unit_folder) / CALLS).read_text())["calls"]
     ended = {"status": "ok", "isolation": modes.POD}
     available, reason = config.availability()
@@ -197,6 +198,7 @@ def record_of(
     `kit_folder` is the judge's own folder for this unit (the verifier works there, never in the pod's
     output). The required calls are run again by the kit's verifier, with `limits` (the judge's own
     isolation), so their values and facts are the kit's, whatever the pod wrote."""
+    limits = config.run_limits(limits)  # the verifier's too: what a run on the configuration needs to start
     record = execute.RunRecord(
         config.name,
         "error",
