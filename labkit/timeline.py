@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -350,6 +351,7 @@ COLOURS = {
     "all-to-all": "#edc948",
 }
 _WIDTH, _LEFT, _RIGHT, _LANE = 960, 150, 20, 22
+_CHARS = 140  # characters of a line of text at 12 px that fit the picture's width
 
 
 def _x(t: float, span: float) -> float:
@@ -382,9 +384,12 @@ def _block(rows: list[tuple[str, Schedule]], caption: str, ident: str, top: floa
         f'<g role="img" aria-labelledby="{ident}-title {ident}-desc">',
         f'<title id="{ident}-title">{_e(caption)}</title>',
         f'<desc id="{ident}-desc">{_e(". ".join(said))}</desc>',
-        f'<text x="8" y="{top + 18}" font-weight="bold">{_e(caption)}</text>',
     ]
-    y = top + 30
+    y = top + 4
+    for line in textwrap.wrap(caption, _CHARS):  # no line wider than the picture
+        y += 16
+        out.append(f'<text x="8" y="{y}" font-weight="bold">{_e(line)}</text>')
+    y += 10
     for name, s in rows:
         out.append(f'<text x="8" y="{y + 12}" font-weight="bold">{_e(name)}</text>')
         out.append(f'<text x="8" y="{y + 12 + _LANE}">compute</text>')
@@ -416,7 +421,7 @@ def _block(rows: list[tuple[str, Schedule]], caption: str, ident: str, top: floa
         out.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{x + 16}" y="{y}">{_e(label)}</text>')
         x += 24 + 7 * len(label)
-    for line in said:
+    for line in (part for words in said for part in textwrap.wrap(words, _CHARS, subsequent_indent="  ")):
         y += 16
         out.append(f'<text x="8" y="{y}">{_e(line)}</text>')
     out.append("</g>")

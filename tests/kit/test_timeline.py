@@ -222,7 +222,7 @@ def test_make_lab_10_on_the_reference_writes_the_picture_and_names_it(tmp_path):
     path = Path(named[0].split(": ", 1)[1].strip())
     picture = path.read_text()
     assert path.suffix == ".svg" and "<script" not in picture and "idle" in picture
-    assert "the reference's" in picture  # lab 10's reference timeline recorded beside its costs
+    assert "the reference&#x27;s" in picture  # lab 10's reference timeline, recorded beside its costs
 
 
 def test_a_collective_fused_into_a_computation_is_drawn_after_its_fusions_compute():
