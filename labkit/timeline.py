@@ -156,14 +156,12 @@ class _Reader:
                 if op == "conditional":
                     branches = hlo._calls(i, self.module, computation)
                     names = [n for n, times, _ in branches if times]
-                for n in names:
-                    for s in self.walk(n, depth + 1):
-                        out.compute(s["flops"], s["bytes"]) if s["op"] == "compute" else out.add(s)
+                for n in names:  # its steps as they are (a loop's body is never merged into)
+                    out.items.extend(self.walk(n, depth + 1))
                     out.sealed = len(out.items)
                 continue
-            if (
-                op in _DONES
-            ):  # a done of a collective waits for it; one of async compute was counted at its start
+            # a done of a collective waits for it; one of async compute was counted at its start
+            if op in _DONES:
                 tag = started.pop(i.operands[0], None) if i.operands else None
                 if tag is not None:
                     out.add({"op": "done", "tag": tag})

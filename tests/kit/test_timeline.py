@@ -249,3 +249,19 @@ ENTRY %main (p: f32[256,256]) -> f32[256,256] {
     steps = timeline.steps(fused, 8)
     assert [s["op"] for s in steps] == ["compute", "all-reduce"]
     assert steps[0]["flops"] >= 2 * 256**3
+
+
+def test_a_called_computation_holding_a_loop_keeps_the_loops_body_apart():
+    called = pipeline(5).replace("ENTRY %main (x: f32[64,64])", "%sub (x: f32[64,64])") + (
+        """
+ENTRY %main (y: f32[64,64]) -> f32[64,64] {
+  %y = f32[64,64]{1,0} parameter(0)
+  %c = f32[64,64]{1,0} call(%y), to_apply=%sub
+  ROOT %after = f32[64,64]{1,0} negate(%c)
+}
+"""
+    )
+    steps = timeline.steps(called, 4)
+    assert [s["op"] for s in steps] == ["loop", "compute", "collective-permute", "compute"]
+    assert steps[0]["length"] == 2  # the negate after the call is not merged into the loop's body
+    assert len([g for g in timeline.schedule(steps, V5E).segments if g.op == "collective-permute"]) == 5
