@@ -653,3 +653,57 @@ def test_a_folder_canvas_collect_wrote_is_read_with_each_notebooks_canvas_time(t
     reasons = dict(found.unmatched)
     assert "is not bob on the roster" in reasons["bob/lab-3.ipynb"]
     assert "not collected from Canvas" in reasons["bob/lab-5.ipynb"]
+
+
+# ----------------------------------------------------------------------------------------
+# Downloads add up: what one download does not hold is kept from the earlier ones.
+# ----------------------------------------------------------------------------------------
+
+
+def gradescope_zip(path: Path, lab: int, versions: dict[str, tuple[str, str]]) -> Path:
+    """A Gradescope export of one lab: sid -> (the notebook's tag, :created_at:)."""
+    meta = "".join(
+        f"submission_{i}:\n  :submitters:\n  - :sid: '{sid}'\n  :created_at: {when}\n"
+        for i, (sid, (_, when)) in enumerate(versions.items(), 100)
+    )
+    files = {f"submission_{i}/lab-{lab}.ipynb": nb(tag) for i, (tag, _) in enumerate(versions.values(), 100)}
+    return make_zip(path, {"submission_metadata.yml": meta, **files})
+
+
+def test_a_download_of_another_lab_keeps_what_earlier_downloads_collected(tmp_path):
+    """Week 2's lab 5 download left lab 3 `missing` for everyone and the late mark gone (issue 58)."""
+    from labkit.grading.intake import handin
+
+    out = tmp_path / "out"
+    week1 = make_zip(tmp_path / "canvas-lab3.zip", {k: v for k, v in CANVAS.items() if "lab-5" not in k})
+    handin.submissions_of(week1, out, ROSTER, io.StringIO())
+    week2 = make_zip(tmp_path / "canvas-lab5.zip", {"scullydana_4414_90009_lab-5.ipynb": nb("dana lab 5")})
+    said = io.StringIO()
+    subs, times = handin.submissions_of(week2, out, ROSTER, said)
+    assert (
+        tag_of(subs.students["alice"][3]) == "alice resubmitted" and tag_of(subs.students["bob"][3]) == "bob"
+    )
+    assert tag_of(subs.students["dana"][5]) == "dana lab 5"
+    assert times["bob", 3]["late"] and any("marked it late" in n for n in subs.notes["bob"])
+    assert "replaced" not in said.getvalue()
+
+
+def test_a_newer_version_replaces_the_kept_one_an_older_one_does_not_and_both_are_named(tmp_path):
+    from labkit.grading.intake import handin
+
+    out, early, late = tmp_path / "out", "2026-03-01 10:00:00-08:00", "2026-03-03 10:00:00-08:00"
+    first = gradescope_zip(tmp_path / "gs1.zip", 3, {"4411": ("alice v1", early), "4412": ("bob v2", late)})
+    handin.submissions_of(first, out, ROSTER, io.StringIO())
+    said = io.StringIO()
+    second = gradescope_zip(tmp_path / "gs2.zip", 3, {"4411": ("alice v2", late), "4412": ("bob v1", early)})
+    subs, times = handin.submissions_of(second, out, ROSTER, said)
+    assert tag_of(subs.students["alice"][3]) == "alice v2" and times["alice", 3]["submitted_at"] == late
+    assert tag_of(subs.students["bob"][3]) == "bob v2" and times["bob", 3]["submitted_at"] == late
+    lines = said.getvalue().splitlines()
+    (alice,) = [line for line in lines if line.startswith("alice lab-3: replaced")]
+    assert early in alice and late in alice and "gs1.zip" in alice and "gs2.zip" in alice
+    (bob,) = [line for line in lines if line.startswith("bob lab-3: kept")]
+    assert early in bob and late in bob
+    kept = json.loads((out / "collected.json").read_text())
+    (entry,) = [e for e in kept if e["student"] == "alice"]
+    assert entry["replaced"][0]["submitted_at"] == early and entry["submitted_at"] == late

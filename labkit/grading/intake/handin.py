@@ -7,6 +7,7 @@ students it grades; `prepare` (Slurm's shards) calls `submissions` and `class_ch
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,10 @@ from labkit.course import catalog
 from labkit.grading.intake import lms, writeups
 from labkit.grading.intake.collect import Submissions, discover, shard_of
 from labkit.grading.state import course as course_mod
-from labkit.grading.state import history
+from labkit.grading.state import deadlines, history
 from labkit.grading.state import roster as roster_mod
 from labkit.grading.state.errors import GradeError
+from labkit.grading.state.files import write_atomic
 
 
 @dataclass
@@ -48,29 +50,36 @@ def the_class(
     return Class(subs, times, named)
 
 
+COLLECTED = "collected"  # OUT/collected/<student>/lab-<N>.ipynb: every download's notebooks, added up
+KEPT = "collected.json"  # OUT/collected.json: what each download said of each notebook kept there
+
+
 def submissions_of(
     submissions: Path, out: Path, people: roster_mod.Roster | None, stream
 ) -> tuple[Submissions, dict]:
-    """The class's notebooks: the kit's folder layout, or an LMS download read into OUT/collected first.
+    """The class's notebooks: the kit's folder layout, or an LMS download added to OUT/collected first.
 
     Also (student, lab) -> what the LMS says of the submission (time, late mark), where it says it.
     """
     known = [lab.number for lab in catalog.labs()]
     if not lms.is_download(submissions):
         return discover(submissions, known), {}
-    into = out / "collected"
-    if into.exists():
-        shutil.rmtree(into)  # the last import's files: this download alone says what is handed in
+    # `fresh`: this download alone, read there before anything kept changes
+    into, fresh = out / COLLECTED, out / "collecting"
+    shutil.rmtree(fresh, ignore_errors=True)
     try:
-        found = lms.collect(submissions, people, into, known)
+        found = lms.collect(submissions, people, fresh, known)
+        kept = add_up(out, fresh, found, submissions.name, stream)
     except lms.LmsError as e:
         raise GradeError(str(e)) from None
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     into.mkdir(parents=True, exist_ok=True)
     for line in found.notes():
         print(f"{submissions.name}: {line}", file=stream, flush=True)
     subs = discover(into, known)
     subs.class_notes[:0] = found.notes()
-    for (student, lab), entry in sorted(found.files.items()):
+    for (student, lab), entry in sorted(kept.items()):
         if entry["late"] and student in subs.notes:
             subs.notes[student].append(
                 f"lab-{lab}: {entry['source'].capitalize()} marked it late ({entry['member']})"
@@ -84,8 +93,73 @@ def submissions_of(
             "file": v["member"],
             "times": v.get("times", {}),
         }
-        for k, v in found.files.items()
+        for k, v in kept.items()
     }
+
+
+def add_up(
+    out: Path, fresh: Path, found: lms.Collected, download: str, stream
+) -> dict[tuple[str, int], dict]:
+    """This download's notebooks (in `fresh`) added to OUT/collected: what it does not hold stays as kept.
+
+    A notebook kept for a student's lab is replaced only by a newer one (by the LMS's submission times
+    where both have one, else by the later download); a replacement, or an older version not taken, is
+    said in one line with both times, and OUT/collected.json keeps what was replaced. The whole kept set:
+    (student, lab) -> what its download said of it.
+    """
+    kept = _read_kept(out / KEPT)
+    for (student, lab), given in sorted(found.files.items()):
+        new, old = fresh / student / f"lab-{lab}.ipynb", out / COLLECTED / student / f"lab-{lab}.ipynb"
+        entry = {**given, "download": download}
+        before = kept.get((student, lab))
+        if before is not None and old.is_file():
+            if old.read_bytes() == new.read_bytes():
+                kept[student, lab] = (
+                    before if before.get("submitted_at") and not entry.get("submitted_at") else entry
+                )
+                continue
+            if _older(entry, before):
+                print(
+                    f"{student} lab-{lab}: kept {_version(before)}, newer than {_version(entry)}",
+                    file=stream,
+                    flush=True,
+                )
+                continue
+            print(
+                f"{student} lab-{lab}: replaced {_version(before)} by {_version(entry)}",
+                file=stream,
+                flush=True,
+            )
+            entry["replaced"] = [
+                *before.get("replaced", []),
+                {k: before.get(k) for k in ("member", "download", "submitted_at")},
+            ]
+        write_atomic(old, new.read_bytes())
+        kept[student, lab] = entry
+    listed = [{"student": s, "lab": lab, **e} for (s, lab), e in sorted(kept.items())]
+    write_atomic(out / KEPT, json.dumps(listed, indent=1, sort_keys=True) + "\n")
+    return kept
+
+
+def _read_kept(path: Path) -> dict[tuple[str, int], dict]:
+    try:
+        listed = json.loads(path.read_text()) if path.exists() else []
+        return {(e.pop("student"), int(e.pop("lab"))): e for e in listed}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise GradeError(f"{path}: what earlier downloads collected cannot be read ({e})") from None
+
+
+def _older(entry: dict, before: dict) -> bool:
+    """Whether `entry` was handed in before the kept `before`, by the LMS's times (False where one has none)."""
+    try:
+        return deadlines.parse_time(entry["submitted_at"]) < deadlines.parse_time(before["submitted_at"])
+    except (deadlines.DeadlineError, KeyError, TypeError):
+        return False
+
+
+def _version(entry: dict) -> str:
+    when = f"submitted {entry['submitted_at']}" if entry.get("submitted_at") else "no submission time"
+    return f"{entry['member']} ({entry.get('download') or 'an earlier download'}, {when})"
 
 
 def with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
