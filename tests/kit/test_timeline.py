@@ -265,3 +265,11 @@ ENTRY %main (y: f32[64,64]) -> f32[64,64] {
     assert [s["op"] for s in steps] == ["loop", "compute", "collective-permute", "compute"]
     assert steps[0]["length"] == 2  # the negate after the call is not merged into the loop's body
     assert len([g for g in timeline.schedule(steps, V5E).segments if g.op == "collective-permute"]) == 5
+
+
+def test_recording_a_reference_on_another_configuration_keeps_the_runs_already_recorded(tmp_path):
+    first = {"c": {"function": "f", "runs": {"cpu-8": {"steps": timeline.steps(BLOCKING, 8)}}}}
+    second = {"c": {"function": "f", "runs": {"v5e-8": {"steps": timeline.steps(OVERLAPPED, 8)}}}}
+    timeline.write_reference(tmp_path, first)
+    timeline.write_reference(tmp_path, second)
+    assert sorted(timeline.read_reference(tmp_path)["c"]["runs"]) == ["cpu-8", "v5e-8"]
