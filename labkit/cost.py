@@ -332,6 +332,17 @@ def compare(mine: Card, reference: Card) -> list[str]:
     return notes
 
 
+def _at_precision(config: str) -> str:
+    """', float32 products at precision highest' on a TPU configuration's card (the program it judged was compiled
+    at its precision: `configs.ACCELERATOR_MATMUL_PRECISION`), else nothing."""
+    from labkit.course import configs
+
+    found = configs.by_name(config)
+    asked = found.env.get("JAX_DEFAULT_MATMUL_PRECISION") if found is not None else None
+    tpu = found is not None and (found.compile_for or found.platform == "tpu")
+    return f", float32 products at precision {asked}" if tpu and asked else ""
+
+
 def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Card | None = None) -> list[str]:
     """The card as text: the facts, then one line per chip, then how it compares with the reference."""
     sent = ", ".join(
@@ -342,7 +353,7 @@ def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Car
         f"temporaries {format_bytes(c.held['temp'])}"
     )
     out = [
-        f"{name} on {config} ({c.devices} devices), per device:",
+        f"{name} on {config} ({c.devices} devices{_at_precision(config)}), per device:",
         f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} ({held})",
         f"  sends {sent or 'nothing'}",
     ]

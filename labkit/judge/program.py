@@ -32,6 +32,12 @@ ALLOWED_CUSTOM_CALLS = frozenset(
 ALLOWED_PATTERN = re.compile(r"lapack_[a-z0-9]+_ffi")
 # Operations whose float32 products a TPU or GPU may round (`labkit.judge.precision`).
 _PRODUCTS = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
+# A product's precision as JAX writes it: `precision_config` (one per operand; none written is DEFAULT), or a dot
+# `algorithm` naming the operands' precision type and the passes (bfloat16 six times over is float32's own).
+_PRECISION = re.compile(r"precision\s+([A-Z]+)")
+_ALGORITHM = re.compile(
+    r"lhs_precision_type\s*=\s*(\w+),\s*rhs_precision_type\s*=\s*(\w+).*num_primitive_operations\s*=\s*(\d+)"
+)
 # What marks a part of a program each device runs on its own block (shard_map): Shardy's, or GSPMD's.
 _MANUAL = frozenset({"sdy.manual_computation"})
 _MANUAL_TARGETS = frozenset({"SPMDFullToShardShape", "SPMDShardToFullShape"})
@@ -93,7 +99,8 @@ _MESH_AXIS = re.compile(r'"[^"]*"\s*=\s*(\d+)')  # an axis of an sdy mesh attrib
 
 def read_module(module_text: str) -> dict[str, Any]:
     """What the kit needs to know of a StableHLO module, read from the parsed module op by op, never from its text:
-    {"targets": the exact custom-call target names, "products": does it multiply matrices, "manual": has it a
+    {"targets": the exact custom-call target names, "products": does it multiply matrices, "lower_products": how
+    many of its float32 products are asked for below precision HIGHEST (`_float32_throughout`), "manual": has it a
     part each device runs on its own block, "written": the collectives it asks for itself, by their HLO
     names (those jit's partitioner adds come later, in the compiled program)}. "meshes": the axis sizes of each mesh
     the module declares (`sdy.mesh`), in order}. Raises when the text is not a module."""
@@ -106,7 +113,7 @@ def read_module(module_text: str) -> dict[str, Any]:
     targets: set[str] = set()
     written: set[str] = set()
     meshes: list[tuple[int, ...]] = []
-    found = {"products": False, "manual": False}
+    found = {"products": False, "manual": False, "lower_products": 0}
 
     def visit(op: Any) -> Any:
         name = op.name
@@ -117,6 +124,8 @@ def read_module(module_text: str) -> dict[str, Any]:
             targets.add(target)
             found["manual"] |= target in _MANUAL_TARGETS
         found["products"] |= name in _PRODUCTS
+        if name in _PRODUCTS and not _float32_throughout(op):
+            found["lower_products"] += 1
         found["manual"] |= name in _MANUAL
         if name == "sdy.mesh" and "mesh" in op.attributes:  # #sdy.mesh<["data"=2, "model"=4]>
             meshes.append(tuple(int(n) for n in _MESH_AXIS.findall(str(op.attributes["mesh"]))))
@@ -125,6 +134,24 @@ def read_module(module_text: str) -> dict[str, Any]:
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
     return {"targets": targets, "written": sorted(written), "meshes": meshes, **found}
+
+
+def _float32_throughout(op: Any) -> bool:
+    """Whether a product `op` (a dot or a convolution) is float32 throughout where it has float32 operands: every
+    operand's precision HIGHEST, or an algorithm of float32 operands (or bfloat16 in six passes, what HIGHEST is on
+    a TPU). A product with no float32 operand (bfloat16 ones, say) is what its operands are, and counts as such."""
+    if not any("xf32>" in str(v.type) or str(v.type) == "tensor<f32>" for v in list(op.operands)[:2]):
+        return True
+    if "algorithm" in op.attributes:
+        m = _ALGORITHM.search(str(op.attributes["algorithm"]))
+        if m is None:
+            return False
+        kinds = (m.group(1), m.group(2))
+        return kinds == ("f32", "f32") or (kinds == ("bf16", "bf16") and int(m.group(3)) >= 6)
+    if "precision_config" not in op.attributes:
+        return False  # DEFAULT for every operand
+    found = _PRECISION.findall(str(op.attributes["precision_config"]))
+    return bool(found) and all(p == "HIGHEST" for p in found)
 
 
 def design_of(module_text: str) -> list[tuple[str, ...]]:

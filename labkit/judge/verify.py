@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -167,6 +168,8 @@ class _Rerun:
                 "unverified": f"its program calls code the kit does not run ({', '.join(map(repr, foreign))[:200]}): "
                 "only sharding's own and jaxlib's linear algebra are allowed"
             }
+        if module["lower_products"] and _judged_at_highest():
+            return {"unverified": LOWER_PRECISION.format(n=module["lower_products"])}
         platforms = _one_lowering(exported, call)
         if isinstance(platforms, str):
             return {"unverified": platforms}
@@ -232,6 +235,23 @@ class _Rerun:
                 self.positions,
                 self.call.get("tpu_refused"),
             )
+
+
+# A program whose float32 products ask for less than the configuration's precision (`program.read_module`): on a
+# TPU, one bfloat16 pass instead of six, so fewer FLOPs and fewer bytes moved than the design the kit judges.
+LOWER_PRECISION = (
+    "{n} of its float32 matrix products ask for a precision below highest (precision DEFAULT or HIGH, or a "
+    "bfloat16 algorithm), and this configuration judges every float32 product at precision highest, as the kit "
+    "runs it on a TPU: a program at a lower precision would be judged cheaper than the same design. Remove the "
+    "`precision=` or `jax.default_matmul_precision(...)` that lowers them (to compute in bfloat16, make the "
+    "operands bfloat16: such a product is judged as it is)"
+)
+
+
+def _judged_at_highest() -> bool:
+    """Whether this verifier's configuration judges float32 products at precision highest (its environment's
+    JAX_DEFAULT_MATMUL_PRECISION: every TPU configuration, and the GPU's; `configs.ACCELERATOR_MATMUL_PRECISION`)."""
+    return os.environ.get("JAX_DEFAULT_MATMUL_PRECISION", "").strip().lower() == "highest"
 
 
 def _one_lowering(exported, call: CallSpec):

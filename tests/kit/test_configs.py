@@ -97,6 +97,18 @@ def test_tpu_computes_float32_products_in_full_float32():
     assert configs.CONFIGS["tpu"].environment({})["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
 
 
+def test_every_tpu_judge_compiles_float32_products_at_one_precision_the_real_tpus():
+    # The compile-only configurations export at the precision the `tpu` configuration runs at, so libtpu compiles
+    # the program a TPU would run (six bfloat16 passes, float32 operands moved as float32), not one bf16 pass.
+    judges = [c for c in configs.CONFIGS.values() if c.compile_for or c.platform == "tpu"]
+    assert {c.name for c in judges} >= {"tpu", "v5e-8", "v6e-8", "v5p-8", "v5e-256"}
+    for c in judges:
+        env = c.environment({"JAX_DEFAULT_MATMUL_PRECISION": "bfloat16"})
+        assert env["JAX_DEFAULT_MATMUL_PRECISION"] == configs.ACCELERATOR_MATMUL_PRECISION == "highest", (
+            c.name
+        )
+
+
 def test_a_configuration_of_many_devices_raises_the_limits_it_cannot_start_under_and_no_other():
     # 256 simulated devices: about 1,040 threads and 10 GiB of address space in the notebook's process and the
     # verifier's; under the default 1,024 processes and 4 GiB every run died starting a thread.

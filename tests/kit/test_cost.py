@@ -489,3 +489,14 @@ def test_the_calibration_benchmark_sets_the_card_beside_the_tpu_compilers_estima
     assert shown.returncode == 0, shown.stderr[-3000:]
     cells = [c.strip() for c in shown.stdout.strip().strip("|").split("|")]
     assert cells[4] == "-3.8 s, not above zero: no ratio" and cells[-1] == "", cells
+
+
+def test_a_tpu_configurations_card_says_the_precision_its_float32_products_were_judged_at():
+    # Every TPU judge compiles float32 products at precision highest (configs.ACCELERATOR_MATMUL_PRECISION): one
+    # bfloat16 pass would move float32 operands as bfloat16, so the card says which program it describes.
+    c = cost.Card(8, 1e6, {"argument": 1024, "output": 1024, "temp": 0})
+    for config in ("v5e-8", "v6e-8", "v5p-8", "v5e-256", "tpu"):
+        assert cost.lines("f", config, c, [])[0] == (
+            f"f on {config} (8 devices, float32 products at precision highest), per device:"
+        )
+    assert cost.lines("f", "cpu-8", c, [])[0] == "f on cpu-8 (8 devices), per device:"

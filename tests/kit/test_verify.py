@@ -77,6 +77,44 @@ def test_a_program_that_calls_code_outside_the_allow_list_is_refused(monkeypatch
     assert "calls code the kit does not run ('lapack_" in found["unverified"], found
 
 
+A = np.linspace(-1.0, 1.0, 64, dtype=np.float32).reshape(8, 8)
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [None, jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.DotAlgorithmPreset.BF16_BF16_F32],
+)
+def test_a_tpu_judge_refuses_float32_products_asked_for_below_its_precision_highest(monkeypatch, precision):
+    # A TPU judge compiles every float32 product at precision highest (configs.ACCELERATOR_MATMUL_PRECISION): a
+    # program exported at less (one bfloat16 pass: half the bytes an all-gather of its operands moves) would be
+    # judged cheaper than the same design.
+    program = program_of(lambda a, b: jnp.dot(a, b, precision=precision), A, A)
+    call = encoded("matmul", A, A)
+    assert "unverified" not in verify.run_program(call, program)  # a CPU configuration sets no precision
+    monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+    found = verify.run_program(call, program)
+    assert "1 of its float32 matrix products ask for a precision below highest" in found.get(
+        "unverified", ""
+    ), found
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST),
+        lambda a, b: jnp.dot(a, b, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32),
+        lambda a, b: jnp.dot(a, b, precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6),
+        lambda a, b: jnp.dot(
+            a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+        ),  # bfloat16 operands: as they are
+    ],
+)
+def test_a_tpu_judge_runs_float32_products_at_highest_and_products_of_bfloat16_operands(monkeypatch, fn):
+    monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+    found = verify.run_program(encoded("matmul", A, A), program_of(fn, A, A))
+    assert "unverified" not in found, found
+
+
 def test_a_function_that_prints_from_inside_its_program_is_told_to_take_the_print_out():
     def printing(x):
         jax.debug.print("{}", x[0])
