@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from labkit.judge.callplan import CallSpec, compile_only
+
 # What one call's program may return, counted by the verifier before anything is encoded, and what all the calls
 # of a run may return together: the tests' values are small (the largest input of any lab is 128 x 128).
 MAX_OUTPUT_ARRAYS = 64
@@ -308,3 +310,83 @@ def inconsistent(devices: int, where: str) -> str:
         "to device, which check_vma=False lets through. The kit grades device 0's copy, as plain JAX reads it; "
         "combine the devices' values (jax.lax.psum, all_gather) or keep the output split (out_specs=P('data'))"
     )
+
+
+def one_lowering(exported, call: CallSpec):
+    """The exported program made ready to give its value on this configuration's devices, from the one lowering
+    whose facts are read, or why not (a string).
+
+    A module exported for several platforms holds one lowering per platform (`jax.lax.platform_dependent`, and
+    JAX's own platform rules): run on one and examined on another, its value and its facts would come from two
+    programs. The kit decides from its configuration alone which lowering it needs: on a compile-only TPU
+    configuration the TPU's, whose facts the TPU compiler gives, run on the CPU devices for the value (JAX's
+    platform check set aside for it by the kit, never by the program); the CPU's alone where the harness said the
+    TPU could not lower the function (the TPU's facts are then refused, saying so); elsewhere exactly one
+    platform's, the one the run's devices are."""
+    import dataclasses
+
+    import jax
+
+    from labkit.judge import tpucompile
+
+    platforms = tuple(exported.platforms)
+    # on a compile-only TPU configuration the TPU's lowering, or the CPU's where the harness says the TPU could
+    # not lower it (the TPU's facts are then refused: a claim that only loses)
+    wanted = {("tpu",), *((("cpu",),) if call.get("tpu_refused") else ())} if tpucompile.topology() else None
+    if len(platforms) != 1 or (wanted is not None and platforms not in wanted):
+        return (
+            f"its program was exported for {', '.join(platforms)}, and this configuration judges one lowering"
+            f"{' (for tpu)' if wanted else ''}: the kit verifies the value and reads the facts of one and the "
+            "same program"
+        )
+    if platforms == ("tpu",):
+        checks = (*exported.disabled_safety_checks, jax.export.DisabledSafetyCheck.platform())
+        return dataclasses.replace(exported, disabled_safety_checks=checks)
+    return exported
+
+
+def other_designs(calls: list[CallSpec], programs: dict[str, str]) -> dict[str, str]:
+    """Why each call at a production size is not judged, by call id, where its program is not the design the
+    same function's call at the course size is (`program.same_design`): the design the kit verifies at the
+    course size is the one it reads at the production size, or that call is an error saying so. A function
+    that branches on its input's size in Python makes two programs; so does one the tests give no call of
+    at the course size, which nothing then verifies."""
+
+    def design(cid: str) -> list | None:
+        try:
+            return design_of(module_text(programs[cid]))
+        except Exception:  # noqa: BLE001 - bytes that are no program: `run_program` says so for that call
+            return None
+
+    refused = {}
+    for call in (c for c in calls if compile_only(c) and c["id"] in programs):
+        course = next(
+            (
+                c["id"]
+                for c in calls
+                if c["function"] == call["function"] and not compile_only(c) and c["id"] in programs
+            ),
+            None,
+        )
+        theirs = design(call["id"])
+        mine = design(course) if course is not None else None
+        if theirs is None:
+            continue
+        why = "no call of it at the course size was verified" if mine is None else same_design(mine, theirs)
+        if why is not None:
+            refused[call["id"]] = (
+                "at a production size, the kit judges the design it verified at the course size, and this "
+                f"program is another ({why}): a function that branches on its input's size (an `if` on "
+                "x.shape, a different code path for large inputs) is judged as what it does at every size, so "
+                "write one design for every size"
+            )
+    return refused
+
+
+def module_text(blob: str) -> str:
+    """The StableHLO text of a serialized exported program."""
+    import base64
+
+    import jax
+
+    return jax.export.deserialize(bytearray(base64.b64decode(blob))).mlir_module()

@@ -216,7 +216,7 @@ class Verified(_Record):
 
 
 class Ended(_Record):
-    """A pod's record of how its kernel ended (`labkit.grading.pods.ENDED`)."""
+    """A pod's record of how its kernel ended (`labkit.grading.running.pods.ENDED`)."""
 
     status: Literal["ok", "error", "skipped"]
     message: Line = ""

@@ -7,7 +7,7 @@ the same exported program compiled by libtpu's TPU compiler for a TPU topology t
 (`jax.experimental.topologies`): no TPU is needed, only libtpu (`make setup EXTRAS=tpu`).
 
 The harness exports such a program for the TPU alone (`facts.export`, `platforms=("tpu",)`): the verifier
-runs that one lowering on the CPU devices for the value (`verify._one_lowering`) and gives it here, with the
+runs that one lowering on the CPU devices for the value (`program.one_lowering`) and gives it here, with the
 mesh shape its CPU run took, for the facts. A program the TPU
 compiler refuses (out of HBM, an op it cannot lower) gets facts `{"unavailable": ...}` naming the
 compiler and its message: every check that needs them then fails, saying why.

@@ -170,7 +170,7 @@ class _Rerun:
             }
         if module["lower_products"] and _judged_at_highest():
             return {"unverified": LOWER_PRECISION.format(n=module["lower_products"])}
-        platforms = _one_lowering(exported, call)
+        platforms = program.one_lowering(exported, call)
         if isinstance(platforms, str):
             return {"unverified": platforms}
         exported = platforms
@@ -254,39 +254,6 @@ def _judged_at_highest() -> bool:
     return os.environ.get("JAX_DEFAULT_MATMUL_PRECISION", "").strip().lower() == "highest"
 
 
-def _one_lowering(exported, call: CallSpec):
-    """The exported program made ready to give its value on this configuration's devices, from the one lowering
-    whose facts are read, or why not (a string).
-
-    A module exported for several platforms holds one lowering per platform (`jax.lax.platform_dependent`, and
-    JAX's own platform rules): run on one and examined on another, its value and its facts would come from two
-    programs. The kit decides from its configuration alone which lowering it needs: on a compile-only TPU
-    configuration the TPU's, whose facts the TPU compiler gives, run on the CPU devices for the value (JAX's
-    platform check set aside for it by the kit, never by the program); the CPU's alone where the harness said the
-    TPU could not lower the function (the TPU's facts are then refused, saying so); elsewhere exactly one
-    platform's, the one the run's devices are."""
-    import dataclasses
-
-    import jax
-
-    from labkit.judge import tpucompile
-
-    platforms = tuple(exported.platforms)
-    # on a compile-only TPU configuration the TPU's lowering, or the CPU's where the harness says the TPU could
-    # not lower it (the TPU's facts are then refused: a claim that only loses)
-    wanted = {("tpu",), *((("cpu",),) if call.get("tpu_refused") else ())} if tpucompile.topology() else None
-    if len(platforms) != 1 or (wanted is not None and platforms not in wanted):
-        return (
-            f"its program was exported for {', '.join(platforms)}, and this configuration judges one lowering"
-            f"{' (for tpu)' if wanted else ''}: the kit verifies the value and reads the facts of one and the "
-            "same program"
-        )
-    if platforms == ("tpu",):
-        checks = (*exported.disabled_safety_checks, jax.export.DisabledSafetyCheck.platform())
-        return dataclasses.replace(exported, disabled_safety_checks=checks)
-    return exported
-
-
 def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwargs, positions) -> dict:
     """A call at a production size (`compile_only`): its program compiled for this configuration's TPU topology,
     never run. As a run tries its context meshes in turn, so does this, the meshes the program itself declares
@@ -321,52 +288,6 @@ def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwar
     }
 
 
-def _other_designs(calls: list[CallSpec], programs: dict[str, str]) -> dict[str, str]:
-    """Why each call at a production size is not judged, by call id, where its program is not the design the
-    same function's call at the course size is (`program.same_design`): the design the kit verifies at the
-    course size is the one it reads at the production size, or that call is an error saying so. A function
-    that branches on its input's size in Python makes two programs; so does one the tests give no call of
-    at the course size, which nothing then verifies."""
-    from labkit.judge.program import design_of, same_design
-
-    def design(cid: str) -> list | None:
-        try:
-            return design_of(_jax_module(programs[cid]))
-        except Exception:  # noqa: BLE001 - bytes that are no program: `run_program` says so for that call
-            return None
-
-    refused = {}
-    for call in (c for c in calls if compile_only(c) and c["id"] in programs):
-        course = next(
-            (
-                c["id"]
-                for c in calls
-                if c["function"] == call["function"] and not compile_only(c) and c["id"] in programs
-            ),
-            None,
-        )
-        theirs = design(call["id"])
-        mine = design(course) if course is not None else None
-        if theirs is None:
-            continue
-        why = "no call of it at the course size was verified" if mine is None else same_design(mine, theirs)
-        if why is not None:
-            refused[call["id"]] = (
-                "at a production size, the kit judges the design it verified at the course size, and this "
-                f"program is another ({why}): a function that branches on its input's size (an `if` on "
-                "x.shape, a different code path for large inputs) is judged as what it does at every size, so "
-                "write one design for every size"
-            )
-    return refused
-
-
-def _jax_module(blob: str) -> str:
-    """The StableHLO text of a serialized exported program."""
-    import jax
-
-    return jax.export.deserialize(bytearray(base64.b64decode(blob))).mlir_module()
-
-
 def _other_mesh_needed(found: dict) -> bool:
     """Did the compile fail only because JAX could not name the program's output shardings in the context mesh
     tried (an assertion or a value error of JAX's, not the compiler's refusal)?"""
@@ -390,7 +311,7 @@ def main(argv: list[str]) -> int:
 
     started = time.monotonic()
     results, budget = {}, [MAX_RUN_ELEMENTS]
-    other_size = _other_designs(job["calls"], job["programs"])
+    other_size = program.other_designs(job["calls"], job["programs"])
     for call in job["calls"]:
         blob = job["programs"].get(call["id"])
         if call["id"] in other_size:

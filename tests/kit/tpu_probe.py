@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from labkit import checks, cost, facts
-from labkit.judge import tpucompile, verify
+from labkit.judge import program, tpucompile, verify
 
 mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
 X = np.ones((8 * 64, 256), np.float32)
@@ -159,7 +159,7 @@ def sized_calls(function):
     for call in calls:
         shapes = tuple(jax.ShapeDtypeStruct(tuple(a["shape"]), np.dtype(a["dtype"])) for a in call["args"])
         programs[call["id"]] = facts.export(function, shapes, {})["program"]
-    return {"refused": list(verify._other_designs(calls, programs).values())}
+    return {"refused": list(program.other_designs(calls, programs).values())}
 
 
 sizes = {"honest": sized_calls(product_on_the_grid), "branches": sized_calls(branches_on_size)}
