@@ -114,12 +114,18 @@ class FactsCache:
 @functools.cache
 def _reader() -> str:
     """What a program's facts are read with: the code that reads them (this module, `labkit/facts.py`,
-    `labkit/timeline.py`, `judge/hlo.py`) and libtpu's version. Facts another reading wrote are never read: a fix to the
+    `labkit/timeline.py`, `judge/hlo.py`, `judge/hloparse.py`) and libtpu's version. Facts another reading wrote are never read: a fix to the
     reading (a branch counted twice) takes effect at once, not after the cache is emptied by hand."""
     from importlib import metadata
 
     here = Path(__file__).resolve()
-    sources = [here, here.parents[1] / "facts.py", here.parents[1] / "timeline.py", here.with_name("hlo.py")]
+    sources = [
+        here,
+        here.parents[1] / "facts.py",
+        here.parents[1] / "timeline.py",
+        here.with_name("hlo.py"),
+        here.with_name("hloparse.py"),
+    ]
     try:
         compiler = metadata.version("libtpu")
     except metadata.PackageNotFoundError:
