@@ -39,8 +39,9 @@ FSDP = [
     )
 ]
 # The weights as the reference splits them, the momentum split further, over every device (optimizer-state
-# sharding).
-MOMENTUM_SPLIT_FURTHER = [
+# sharding), left to the compiler: XLA:CPU follows the momentum's placement back into the backward pass and
+# computes the step on both rows of the grid, twice a device's share of the work.
+MOMENTUM_SPLIT_FURTHER_UNSAID = [
     (
         PLACES,
         (
@@ -49,6 +50,21 @@ MOMENTUM_SPLIT_FURTHER = [
         ),
     ),
     (SPECS, SPECS + '    moments = {name: P(("data", "model")) for name in WEIGHTS}\n'),
+]
+# The same with the gradient kept as the weights are split (a sharding constraint): a share of the work.
+MOMENTUM_SPLIT_FURTHER = MOMENTUM_SPLIT_FURTHER_UNSAID + [
+    (
+        JIT,
+        (
+            "def zero_step(params, momentum, x, y):  # the gradient kept as the weights are split\n"
+            "        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)\n"
+            "        grads = jax.lax.with_sharding_constraint(grads, place(state))\n"
+            "        momentum = jax.tree.map(lambda m, g: MOMENTUM * m + g, momentum, grads)\n"
+            "        params = jax.tree.map(lambda p, m: p - LEARNING_RATE * m, params, momentum)\n"
+            "        return params, momentum, loss\n\n"
+            "    return jax.jit(zero_step, "
+        ),
+    )
 ]
 # Everything whole on every device: it sends nothing.
 REPLICATED = [(SPECS, "    state = {name: P() for name in WEIGHTS}\n    batch = P()\n")]
@@ -91,6 +107,11 @@ WHOLE_BATCH_EVERYWHERE = FSDP + [
     )
 ]
 
+# The reference's state, the batch whole on each row of the grid: the two rows of 'data' compute the same thing.
+# Within the memory and communication budgets (it sends less than the reference), and twice a device's share of
+# the work: the public work budget, a little over a share, names it; the hidden one (three times) does not.
+HALF_THE_GRID_REPEATS = [(SPECS, SPECS.replace('batch = P("data")', "batch = P()"))]
+
 DESIGNS = {
     "data-x-model": [],
     "fsdp": FSDP,
@@ -98,11 +119,14 @@ DESIGNS = {
     "replicated": REPLICATED,
     "micro-batches": MICRO_BATCHES,
     "whole-batch-everywhere": WHOLE_BATCH_EVERYWHERE,
+    "half-the-grid-repeats": HALF_THE_GRID_REPEATS,
+    "momentum-split-unsaid": MOMENTUM_SPLIT_FURTHER_UNSAID,
 }
 VALID = ("data-x-model", "fsdp", "momentum-split-further")  # data-x-model: the reference itself
 MEMORY = "test_each_device_keeps_within_the_memory_budget"
 COMMUNICATION = "test_each_device_sends_within_the_communication_budget"
 WORK = "test_each_device_does_its_share_of_the_work"
+PUBLIC_WORK = "test_each_device_computes_its_share_of_the_step"  # the work budget in the student's own loop
 PUBLIC_MEMORY = "test_train_step_keeps_within_the_memory_budget"  # the handout's budgets, on the public batch
 PUBLIC_COMMUNICATION = "test_train_step_sends_within_the_communication_budget"
 
@@ -164,7 +188,7 @@ def test_the_reference_passes_every_test_on_one_device_and_on_eight(graded):
     _, rows = graded
     for config in ("cpu-1", "cpu-8"):
         row = rows[("data-x-model", config)]
-        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 9, (config, failed(row))
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 10, (config, failed(row))
 
 
 @pytest.mark.parametrize("student", VALID[1:])
@@ -172,7 +196,7 @@ def test_another_valid_design_passes_every_test_on_one_device_and_on_eight(grade
     _, rows = graded
     for config in ("cpu-1", "cpu-8"):
         row = rows[(student, config)]
-        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 9, (config, failed(row))
+        assert row["status"] == "ok" and not failed(row) and len(row["tests"]) == 10, (config, failed(row))
 
 
 def test_the_valid_designs_differ_in_what_they_send(graded):
@@ -187,7 +211,7 @@ def test_a_replicated_design_passes_on_one_device_and_is_refused_by_the_memory_b
     _, rows = graded
     assert rows[("replicated", "cpu-1")]["status"] == "ok"
     over = failed(rows[("replicated", "cpu-8")])
-    assert set(over) == {MEMORY, PUBLIC_MEMORY, WORK}, over  # a student's own check names the memory too
+    assert set(over) == {MEMORY, PUBLIC_MEMORY, WORK, PUBLIC_WORK}, over  # a student's own check names both
     assert not over[PUBLIC_MEMORY]["hidden"] and "over the memory budget" in over[PUBLIC_MEMORY]["message"]
     message = over[MEMORY]["message"]
     assert over[MEMORY]["hidden"] and "over the memory budget" in message, message
@@ -231,8 +255,24 @@ def test_weights_gathered_and_the_whole_batch_everywhere_pass_on_one_device_and_
     results, rows = graded
     assert rows[("whole-batch-everywhere", "cpu-1")]["status"] == "ok"
     over = failed(rows[("whole-batch-everywhere", "cpu-8")])
-    assert set(over) == {WORK}, over
+    assert set(over) == {WORK, PUBLIC_WORK}, over
+    assert not over[PUBLIC_WORK]["hidden"]
     message = over[WORK]["message"]
     assert over[WORK]["hidden"] and "FLOPs" in message and "the one-device step" in message, message
     (board,) = [b for b in results["leaderboards"] if b["lab"] == 14]
     assert "whole-batch-everywhere" not in [p["name"] for p in board["places"]]
+
+
+@pytest.mark.parametrize("student", ["half-the-grid-repeats", "momentum-split-unsaid"])
+def test_half_the_grid_repeating_the_other_half_passes_on_one_device_and_is_named_by_the_public_work_budget(
+    graded, student
+):
+    results, rows = graded
+    assert rows[(student, "cpu-1")]["status"] == "ok"
+    over = failed(rows[(student, "cpu-8")])
+    assert set(over) == {PUBLIC_WORK}, over
+    message = over[PUBLIC_WORK]["message"]
+    assert not over[PUBLIC_WORK]["hidden"] and "devices repeat each other's work" in message, message
+    assert "at most 1.3 times that" in message, message
+    (board,) = [b for b in results["leaderboards"] if b["lab"] == 14]
+    assert student not in [p["name"] for p in board["places"]]

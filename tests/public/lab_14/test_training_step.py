@@ -16,6 +16,7 @@ from labkit.checks import (
     describe,
     expect_close,
     expect_fits_each_chip,
+    expect_work_share,
     sent_per_device,
     shaped,
 )
@@ -134,7 +135,8 @@ def test_train_step_keeps_every_array_its_shape(got):
         raise Mismatch(f"the loss should be one number (a 0-d array), got {describe(loss)}")
 
 
-# ---- the two budgets of the handout, read from the compiled program (the hidden tests hold them on another batch)
+# ---- the memory and communication budgets of the handout, read from the compiled program (the hidden tests hold
+# them on another batch; the work budget is below)
 
 
 def state_kept(got, side: str) -> tuple[int, list[str]]:
@@ -214,6 +216,36 @@ def test_train_step_keeps_within_the_memory_budget(got, run):
 @check(got=STEP)
 def test_train_step_sends_within_the_communication_budget(got, run):
     expect_within_the_communication_budget(got, run.device_count, PROBLEM)
+
+
+# ---- the work budget: each device computes its share of the step, a little more at most ------------------
+
+# Wide enough that the block's products are nearly all of the step's work (the softmax, the norms and the
+# update around them are a few percent at this size): 64 sequences of 16 tokens.
+WORK_PROBLEM = make_problem(43, batch=64, seq=16)
+WORK_SLACK = 1.3  # the reference's grid computes 1.1 times its share here: the work around the products
+
+
+def expect_a_share_of_the_work(got, n: int, problem, whole: float) -> None:
+    expect_work_share(
+        got,
+        whole,
+        n,
+        slack=WORK_SLACK,
+        what="the one-device step",
+        hint=f"Each device should compute 1/{n} of the step, and at most {WORK_SLACK} times that. Devices that "
+        "repeat one another's work (the whole batch on every device; half the grid computing what the other "
+        "half computes; the weights gathered and every unit computed) give the right numbers at several "
+        "times the cost. Split the batch over one axis of the grid and the heads and hidden units over the "
+        "other, so that no two devices compute the same thing",
+    )
+
+
+@check(got=compiled_call("train_step", *WORK_PROBLEM))
+def test_each_device_computes_its_share_of_the_step(got, run):
+    expect_a_share_of_the_work(
+        got, run.device_count, WORK_PROBLEM, one_device_step(*WORK_PROBLEM, flops=True)
+    )
 
 
 # ---- at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
