@@ -550,7 +550,9 @@ def pictures(mine: dict, reference: dict | None = None) -> list[tuple[list[tuple
             if timed is None:
                 continue
             rows = [("yours", timed[0])]
-            theirs = ((reference or {}).get(cid) or {}).get("runs", {}).get(label)
+            recorded = (reference or {}).get(cid)
+            runs = recorded.get("runs") if isinstance(recorded, dict) else None
+            theirs = runs.get(label) if isinstance(runs, dict) else None
             if isinstance(theirs, dict):
                 # timed on the student's chip, so that the two share one axis
                 again = _timed(theirs | {"compiled_for": kept.get("compiled_for")})
@@ -582,7 +584,10 @@ def report(lab, judgement, out: Path, record: bool = False) -> list[str]:
     said = []
     if record and mine:  # a failed run records nothing
         said.append(f"wrote {write_reference(lab.public_tests, mine)}")
-    path = write(out, mine, read_reference(lab.public_tests))
+    try:
+        path = write(out, mine, read_reference(lab.public_tests))
+    except OSError as e:  # a build folder it cannot write: said, and the run's report goes on
+        return [*said, f"No timeline drawn: {type(e).__name__}: {e}"]
     if path is not None:
         said.append(f"Timeline of each examined call (one device, the cost card's model): {path}")
     return said

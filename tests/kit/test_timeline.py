@@ -273,3 +273,10 @@ def test_recording_a_reference_on_another_configuration_keeps_the_runs_already_r
     timeline.write_reference(tmp_path, first)
     timeline.write_reference(tmp_path, second)
     assert sorted(timeline.read_reference(tmp_path)["c"]["runs"]) == ["cpu-8", "v5e-8"]
+
+
+def test_a_malformed_reference_is_left_out_not_raised():
+    mine = {"c": {"function": "f", "runs": {"cpu-8": {"steps": timeline.steps(BLOCKING, 8)}}}}
+    for broken in ({"c": []}, {"c": {"runs": []}}, {"c": {"runs": {"cpu-8": {"steps": "x"}}}}, []):
+        ((rows, _),) = timeline.pictures(mine, broken if isinstance(broken, dict) else {})
+        assert [name for name, _ in rows] == ["yours"]
