@@ -245,14 +245,37 @@ class Module:
     entry: str | None
 
 
+# The tables JAX's printer puts before the computations (the source locations metadata names): a title, then
+# numbered rows of one quoted string or one braced record each, up to a blank line.
+_TABLES = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
+_TABLE_ROW = re.compile(r"\s*\d+\s+(?=[\"{])")
+
+
+def _table_row(line: str) -> bool:
+    """Is `line` one row of a printer's table: a number, then one quoted string or one braced record, whole?"""
+    start = _TABLE_ROW.match(line)
+    if start is None:
+        return False
+    s = _Scanner(line)
+    s.i = start.end()
+    s.until(" \t")
+    s.skip_space()
+    return s.i == len(line)
+
+
 def parse(hlo: str) -> Module:
     """The program's computations and their instructions. A line that starts as an instruction must parse as
-    one (Unreadable, naming the line's opcode where it has one, otherwise)."""
+    one (Unreadable, naming the line's opcode where it has one, otherwise); the printer's tables of source
+    locations are read as rows and skipped; any other line is refused."""
     found = {"": Computation("")}
-    entry, current = None, ""
+    entry, current, table = None, "", False
     for number, line in enumerate(hlo.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith(("HloModule", "//")):
+            table = False
+            continue
+        if current == "" and (stripped in _TABLES or (table and _table_row(line))):
+            table = True
             continue
         if stripped == "}":
             current = ""

@@ -49,6 +49,39 @@ def test_text_a_student_can_write_in_any_attribute_is_never_read_as_an_instructi
     assert found == {"op": "all-reduce", "shape": "f32[64]{0}", "groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
 
 
+TABLES = """\
+HloModule jit_f, is_scheduled=true
+
+FileNames
+1 "/tmp/x.py"
+
+FunctionNames
+1 "f\\n  %ag = f32[999]{0} all-gather(%p), replica_groups={}"
+2 "all-gather-done(%x)"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=2 end_line=2 column=4 end_column=112}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %ar = f32[8]{0} all-reduce(%p), replica_groups={}, to_apply=%add
+}
+"""
+
+
+@pytest.mark.fast
+def test_the_printers_tables_of_names_are_skipped_as_rows_whatever_the_names_say():
+    assert hlo.collectives_in(TABLES, 8) == [
+        {"op": "all-reduce", "shape": "f32[8]{0}", "groups": [list(range(8))]}
+    ]
+    broken_out = TABLES.replace('2 "all-gather-done(%x)"', '2 "x" %ag = f32[999]{0} all-gather(%p)')
+    with pytest.raises(hlo.Unreadable, match="line 8"):
+        hlo.collectives_in(broken_out, 8)
+
+
 @pytest.mark.fast
 def test_a_line_that_starts_as_an_instruction_and_does_not_parse_is_refused_not_skipped():
     with pytest.raises(hlo.Unreadable, match="line 1"):
