@@ -344,13 +344,11 @@ def test_wrong_designs_of_three_exercises_pass_on_cpu_1_and_are_named_by_their_b
     assert {
         "test_fsdp_splits_the_batch_as_well_as_the_weights",
         "test_tensor_parallel_scattered_moves_partial_outputs_never_weights",
-        "test_fsdp_gradients_send_one_gather_of_the_weights_and_one_reduce_scatter_of_the_gradients",
+        "test_fsdp_gradients_are_summed_into_pieces_with_a_reduce_scatters_traffic",
     } <= set(failed), failed
     assert (
         "every device holds all of x"
         in failed["test_fsdp_splits_the_batch_as_well_as_the_weights"]["message"]
     )
-    traffic = failed[
-        "test_fsdp_gradients_send_one_gather_of_the_weights_and_one_reduce_scatter_of_the_gradients"
-    ]
+    traffic = failed["test_fsdp_gradients_are_summed_into_pieces_with_a_reduce_scatters_traffic"]
     assert not traffic["hidden"] and "all-reduce" in traffic["message"], traffic
