@@ -9,7 +9,7 @@ shapes, dtypes and placements, compiles it, and reads:
   the optimised HLO, with its replica groups (or, for a collective-permute, its source-target pairs);
 * `memory`: per-device bytes of arguments, outputs and temporaries (`compiled.memory_analysis()`);
 * `flops`: what one device computes (`compiled.cost_analysis()`);
-* `timeline`: one device's steps in the program's schedule order (`labkit.timeline`), for its picture;
+* `timeline`: one device's steps in the program's schedule order (`labkit.judge.timeline`), for its picture;
 * `inputs` / `outputs`: for each array, its global bytes and the bytes one device holds under the
   sharding the compiled program gave it;
 * `top_level`: the primitives of the traced program outside any inner `jax.jit` (an exercise about
@@ -29,8 +29,8 @@ from __future__ import annotations
 import contextlib
 import io
 
-from labkit import envnames, timeline
-from labkit.judge import hlo
+from labkit import envnames
+from labkit.judge import hlo, timeline
 from labkit.judge.hlo import COLLECTIVES, collectives_in, parse_groups  # noqa: F401 - read by the tests and checks
 
 
@@ -454,7 +454,7 @@ def examine(fn, args, kwargs, settle=None) -> tuple[dict, object]:
         facts["collectives"] = collectives_in(text, devices) if text is not None else _raise(unread)
     except Exception as e:  # noqa: BLE001
         facts["collectives"] = _unavailable("the optimised HLO could not be read", e)
-    try:  # one device's steps in the compiled program's schedule order (labkit.timeline): the picture's
+    try:  # one device's steps in the compiled program's schedule order (labkit.judge.timeline): the picture's
         facts["timeline"] = timeline.steps(text, devices) if text is not None else _raise(unread)
     except Exception as e:  # noqa: BLE001
         facts["timeline"] = _unavailable("the program's schedule could not be read", e)

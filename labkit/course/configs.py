@@ -71,9 +71,7 @@ class DeviceConfig:
     def availability(self) -> tuple[bool, str]:
         """(True, "") when this configuration can run here, else (False, reason)."""
         if self.compile_for:
-            from labkit.judge import tpucompile
-
-            return tpucompile.libtpu_available()
+            return accelerators.libtpu_available()
         if self.platform == "tpu":
             return tpu_available()
         if self.platform == "gpu":

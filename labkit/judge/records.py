@@ -32,7 +32,7 @@ VERIFIED_MAX_BYTES = 32 << 20
 MOST_CALLS = 2_000  # results in one file: the labs' tests make at most a few dozen calls
 MOST_COLLECTIVES = 20_000  # as labkit.judge.hlo.MOST
 MOST_DEVICES = 1 << 16
-MOST_STEPS = 400  # as labkit.timeline.MOST_STEPS
+MOST_STEPS = 400  # as labkit.judge.timeline.MOST_STEPS
 
 Name = Annotated[str, Meta(max_length=200)]
 Line = Annotated[str, Meta(max_length=2_000)]
@@ -102,7 +102,7 @@ class Estimate(_Record):
 
 
 class Step(_Record):
-    """One step of a device's timeline (`labkit.timeline.steps`): numbers and the kit's own op names only."""
+    """One step of a device's timeline (`labkit.judge.timeline.steps`): numbers and the kit's own op names only."""
 
     op: Literal[
         "compute",

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from labkit import envnames
+from labkit.machine.accelerators import libtpu_available  # noqa: F401 - asked of this module by its readers
 
 TOPOLOGY_VARIABLE = envnames.TPU_TOPOLOGY  # e.g. "v5e:2x4": set by a compile-only TPU configuration
 CACHE_VARIABLE = envnames.TPU_CACHE  # a folder the verifier may write the TPU facts it computed to
@@ -42,19 +43,6 @@ def described(name: str) -> str:
     """'v5e:2x4' -> 'TPU v5e 2x4' (how rows and messages name it)."""
     kind, _, shape = name.partition(":")
     return f"TPU {kind} {shape}".strip()
-
-
-def libtpu_available() -> tuple[bool, str]:
-    """(True, "") where libtpu is installed, else (False, the one command that adds it)."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("libtpu") is not None
-    except (ImportError, ValueError):
-        found = False
-    if found:
-        return True, ""
-    return False, "libtpu (the TPU compiler) is not installed: add it with `make setup EXTRAS=tpu`"
 
 
 def short(exc: BaseException, limit: int = 300) -> str:
@@ -114,7 +102,7 @@ class FactsCache:
 @functools.cache
 def _reader() -> str:
     """What a program's facts are read with: the code that reads them (this module, `labkit/facts.py`,
-    `labkit/timeline.py`, `judge/hlo.py`, `judge/hloparse.py`) and libtpu's version. Facts another reading wrote are never read: a fix to the
+    `judge/timeline.py`, `judge/hlo.py`, `judge/hloparse.py`) and libtpu's version. Facts another reading wrote are never read: a fix to the
     reading (a branch counted twice) takes effect at once, not after the cache is emptied by hand."""
     from importlib import metadata
 
@@ -122,7 +110,7 @@ def _reader() -> str:
     sources = [
         here,
         here.parents[1] / "facts.py",
-        here.parents[1] / "timeline.py",
+        here.with_name("timeline.py"),
         here.with_name("hlo.py"),
         here.with_name("hloparse.py"),
     ]

@@ -118,3 +118,16 @@ def address_space_limit(env: dict[str, str], memory: int) -> int | None:
     the run's memory cgroup (where one can be made) is the only memory limit.
     """
     return None if is_accelerator_run(env) else memory
+
+
+def libtpu_available() -> tuple[bool, str]:
+    """(True, "") where libtpu is installed, else (False, the one command that adds it)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return True, ""
+    return False, "libtpu (the TPU compiler) is not installed: add it with `make setup EXTRAS=tpu`"

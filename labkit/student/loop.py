@@ -89,7 +89,7 @@ def _run(
 ) -> bool:
     from rich.console import Console
 
-    from labkit import timeline
+    from labkit.judge import timeline
     from labkit.judge.judge import RunSpec, judge
     from labkit.run import execute
     from labkit.student import report

@@ -1,4 +1,4 @@
-"""The picture of the schedule (`labkit.timeline`): one device's timeline read from known programs written as
+"""The picture of the schedule (`labkit.judge.timeline`): one device's timeline read from known programs written as
 HLO text (pure Python), its SVG, and, once, `labkit lab 10` writing it for the reference."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import cost, timeline
-from labkit.judge import records
+from labkit import cost
+from labkit.judge import records, timeline
 
 V5E = cost.chips()["v5e"]
 ROOT = Path(__file__).resolve().parents[2]

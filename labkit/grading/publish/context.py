@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
-from labkit import timeline
 from labkit.grading.classwide import leaderboard
 from labkit.grading.classwide.results import (
     MARK,
@@ -29,6 +28,7 @@ from labkit.grading.classwide.results import (
     test_label,
 )
 from labkit.grading.state import adjustments, policy
+from labkit.judge import timeline
 
 # An absolute path: a `/` that starts a word (not inside a URL, a fraction or a relative path), then names.
 _PATH = re.compile(r"(?<![\w:/.~\\-])(?:/[\w.@+~-]+){2,}/?")
@@ -112,7 +112,7 @@ def _runs(configs: list[dict], rows: list[dict | None], tests: list[dict], clean
 
 def timelines(results: dict, lab: dict, student: str, index: dict) -> list[dict]:
     """The pictures of a student's schedules on each configuration, beside the reference's of the same grading
-    run (labkit.timeline): the kit's own SVG, drawn from numbers with every word escaped, which the feedback
+    run (labkit.judge.timeline): the kit's own SVG, drawn from numbers with every word escaped, which the feedback
     page embeds as it is (`safe`)."""
     out = []
     for c in configs_of(results):

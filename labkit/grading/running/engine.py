@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from labkit import cost, envnames, timeline
+from labkit import cost, envnames
 from labkit.course import catalog
 from labkit.course.configs import DeviceConfig
 from labkit.grading.intake.collect import MAX_BYTES, Unit
@@ -30,7 +30,7 @@ from labkit.grading.running.store import (
     submission_digest,
     unit_key,
 )
-from labkit.judge import judge
+from labkit.judge import judge, timeline
 from labkit.run import execute, jaxcache, processes, warm
 from labkit.run.allowance import DEFAULT_LIMITS, Limits
 from labkit.statuses import Run
@@ -213,7 +213,7 @@ class Grader:
                 if record.status == "ok":  # what its examined calls cost (labkit/cost.py), for the feedback
                     found = cost.cards(self.calls(number), {unit.config: record.results})
                     row["costs"] = cost.to_json(found)
-                    # and their schedules, drawn in the feedback (labkit/timeline.py)
+                    # and their schedules, drawn in the feedback (labkit/judge/timeline.py)
                     if pictured := timeline.gather(found, {unit.config: record.results}):
                         row["timelines"] = pictured
             except Exception as e:  # noqa: BLE001 - this unit's, and this unit's alone

@@ -50,7 +50,7 @@ class ScoreRow(TypedDict):
     judged_by: NotRequired[str]  # a statuses.JudgedBy (see judge.verify)
     digest: NotRequired[str]  # the graded notebook's, as the engine keeps it
     costs: NotRequired[dict[str, Any]]  # the cost cards of its examined calls (labkit.cost)
-    timelines: NotRequired[dict[str, Any]]  # their schedules, for the pictures (labkit.timeline.gather)
+    timelines: NotRequired[dict[str, Any]]  # their schedules, for the pictures (labkit.judge.timeline.gather)
 
 
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
