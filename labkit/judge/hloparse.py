@@ -134,7 +134,8 @@ class _Scanner:
 
     def until(self, stops: str) -> str:
         """Text up to (not including) the first of `stops` outside brackets, quotes and comments, or the end."""
-        start, depth, text = self.i, [], self.text
+        start, text = self.i, self.text
+        depth: list[str] = []
         while self.i < len(text):
             ch = text[self.i]
             if ch in "\"'":

@@ -312,7 +312,7 @@ def inconsistent(devices: int, where: str) -> str:
     )
 
 
-def one_lowering(exported, call: CallSpec):
+def one_lowering(exported: Any, call: CallSpec) -> Any:
     """The exported program made ready to give its value on this configuration's devices, from the one lowering
     whose facts are read, or why not (a string).
 
@@ -352,7 +352,7 @@ def other_designs(calls: list[CallSpec], programs: dict[str, str]) -> dict[str, 
     that branches on its input's size in Python makes two programs; so does one the tests give no call of
     at the course size, which nothing then verifies."""
 
-    def design(cid: str) -> list | None:
+    def design(cid: str) -> list[tuple[str, ...]] | None:
         try:
             return design_of(module_text(programs[cid]))
         except Exception:  # noqa: BLE001 - bytes that are no program: `run_program` says so for that call
@@ -389,4 +389,4 @@ def module_text(blob: str) -> str:
 
     import jax
 
-    return jax.export.deserialize(bytearray(base64.b64decode(blob))).mlir_module()
+    return str(jax.export.deserialize(bytearray(base64.b64decode(blob))).mlir_module())
