@@ -34,21 +34,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from labkit import envnames
+from labkit import envnames, statuses
 from labkit.course import catalog
 from labkit.run import allowance, modes, sandbox
 
 # Set in the environment of every run the kit makes; the check cells then stay quiet.
 RUN_MARKER = envnames.RUN
 # as `make lab-N`'s table marks them (labkit/student/report.py)
-MARKS = {
-    "passed": "✓",
-    "failed": "✗",
-    "todo": "todo",
-    "error": "error",
-    "timeout": "timeout",
-    "skipped": "skip",
-}
+MARKS = statuses.TEST_MARKS
 # How many CPU devices an interactive kernel gets when nothing else says.
 INTERACTIVE_DEVICES = 8
 CHECK_CONFIGS = ("cpu-1", "cpu-8")

@@ -57,3 +57,15 @@ class Start(StrEnum):
 
     WARM = "warm"  # forked by a warm server, JAX already imported (`labkit.run.warm`)
     COLD = "cold"  # a process of its own
+
+
+# How a test's verdict is marked in a table: `make lab-N`'s (labkit/student/report.py, with its colours), check()'s
+# in Jupyter (labkit/notebook.py) and the scoreboard's (labkit/grading/classwide/results.py).
+TEST_MARKS = {
+    "passed": "✓",
+    "failed": "✗",
+    "todo": "todo",
+    "error": "error",
+    "timeout": "timeout",
+    "skipped": "skip",
+}

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
-from labkit import cost
+from labkit import cost, statuses
 from labkit.grading.state import adjustments, deadlines
 
-MARK = {
-    "passed": "✓",
-    "failed": "✗",
-    "todo": "todo",
-    "error": "error",
-    "timeout": "timeout",
-    "skipped": "skip",
-}
+MARK = statuses.TEST_MARKS
 
 
 STATUS_STYLE = {
