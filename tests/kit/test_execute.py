@@ -136,7 +136,7 @@ def test_the_errors_of_an_executed_notebook_are_read_as_data_that_may_be_anythin
     ]
     errors, last = runreport.cell_errors_of({"cells": [*odd, raised]})
     assert errors == [
-        {"cell": 2, "type": "ZeroDivisionError", "message": "division by zero", "code": "y = 1 / 0"}
+        {"cell": 2, "type": "ZeroDivisionError", "message": "division by zero more", "code": "y = 1 / 0"}
     ]
     assert last == 2
     assert runreport.cell_errors_of([1, 2]) == ([], None)

@@ -144,9 +144,16 @@ def fake_debian(folder: Path, hidden: str) -> Path:
     return log
 
 
+def outside_make(fakes: Path) -> dict[str, str]:
+    """The environment of a user's shell, the fake Debian first on the PATH: the suite runs under `make -j2`,
+    whose MAKEFLAGS name a job server this make cannot reach (it would warn of it on stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    return env | {"PATH": f"{fakes}:{os.environ['PATH']}"}
+
+
 def test_system_deps_with_a_package_hidden_stops_with_one_line_naming_the_fix(tmp_path):
     log = fake_debian(tmp_path / "bin", "chromium")
-    env = os.environ | {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env = outside_make(tmp_path / "bin")
     done = subprocess.run(
         [shutil.which("make") or "make", "--no-print-directory", "system-deps"],
         cwd=ROOT,
@@ -169,7 +176,7 @@ def test_system_deps_with_a_package_hidden_stops_with_one_line_naming_the_fix(tm
 
 def test_system_deps_with_every_package_there_installs_nothing(tmp_path):
     log = fake_debian(tmp_path / "bin", "no-such-package")
-    env = os.environ | {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env = outside_make(tmp_path / "bin")
     done = subprocess.run(
         [shutil.which("make") or "make", "--no-print-directory", "system-deps"],
         cwd=ROOT,
