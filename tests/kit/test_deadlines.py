@@ -289,3 +289,19 @@ def test_grades_csv_names_each_labs_time_source(tmp_path):
         ("alice", "3", "canvas"),
         ("bob", "3", "canvas"),
     }
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("student,lab,days\nbob,3,nan\n", "days must be a finite number"),
+        ("student,lab,days\nbob,3,5000\n", "days must be at most 365"),
+        ("student,lab,days\nbob,3,2\nbob,3,4\n", "line 3: extends lab 3 for bob again (line 2)"),
+        ("student,lab,days\nbob,3\n", "line 2: 2 fields where the header has 3"),
+        ("student,lab,days,why\nbob,3,2,ill\n", "line 1: unknown column why"),
+    ],
+)
+def test_an_extension_out_of_range_twice_or_short_of_a_field_is_refused(text, says):
+    with pytest.raises(deadlines.DeadlineError) as e:
+        deadlines.parse_extensions(text, "ext.csv", {"bob"}, {3})
+    assert says in str(e.value) and "field " in str(e.value)

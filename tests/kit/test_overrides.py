@@ -63,3 +63,73 @@ def test_a_bad_overrides_line_is_refused_naming_it(text, says):
     with pytest.raises(overrides.OverrideError) as e:
         overrides.parse(text, "overrides.csv", {"bob"}, TESTS)
     assert says in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------
+# The one schema of a TA's files: bounds, every field on every line, ids in NFC.
+# ----------------------------------------------------------------------------------------
+
+POINTS = {3: 5, 5: 4}
+
+
+def test_a_points_override_above_the_labs_points_is_refused_naming_the_field_and_the_fix():
+    with pytest.raises(overrides.OverrideError) as e:
+        overrides.parse("student,lab,points\nbob,3,500\n", "overrides.csv", {"bob"}, TESTS, POINTS)
+    assert str(e.value).startswith("overrides.csv, line 2: points must be at most 5, got '500'")
+    assert "field points" in str(e.value) and "[labs.3] extra_credit" in str(e.value)
+
+
+def test_extra_credit_named_in_the_policy_lets_an_override_go_that_far_and_no_further():
+    text = "student,lab,points\nbob,3,7\n"
+    assert overrides.parse(text, "o.csv", {"bob"}, TESTS, POINTS, {3: 2})[0]["points"] == 7
+    with pytest.raises(overrides.OverrideError, match="points must be at most 7"):
+        overrides.parse("student,lab,points\nbob,3,7.5\n", "o.csv", {"bob"}, TESTS, POINTS, {3: 2})
+    assert policy.parse("[labs.3]\nextra_credit = 2\n", "p.toml", [3]).extra == {3: 2}
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (
+            "student,lab,points,test,status,comment\nbob,3,4,,,regraded, the mesh was right\n",
+            "overrides.csv, line 2: 7 fields where the header has 6",
+        ),
+        (
+            "student,lab,points,test,status,comment\nbob,3,4,,\n",
+            "overrides.csv, line 2: 5 fields where the header has 6",
+        ),
+        ("student,lab,points,comments\nbob,3,4,x\n", "overrides.csv, line 1: unknown column comments"),
+        ("student,lab,points\nbob,3,nan\n", "points must be a finite number"),
+    ],
+)
+def test_a_line_with_a_field_too_many_or_too_few_or_an_unknown_column_is_refused(text, says):
+    with pytest.raises(overrides.OverrideError) as e:
+        overrides.parse(text, "overrides.csv", {"bob"}, TESTS, POINTS)
+    assert says in str(e.value) and "fix: " in str(e.value)
+
+
+def test_an_id_written_in_nfd_is_the_same_student_as_the_classes_nfc_id():
+    nfc, nfd = "jos\u00e9", "jose\u0301"
+    (entry,) = overrides.parse(f"student,lab,points\n{nfd},3,4\n", "o.csv", {nfc}, TESTS, POINTS)
+    assert entry["student"] == nfc
+
+
+def test_the_course_state_bounds_overrides_by_the_points_of_the_labs_own_tests():
+    from labkit.course import catalog
+    from labkit.grading.state import course
+
+    context = course.Context(labs=[3], students={"bob"})
+    worth = sum(course.test_points(catalog.lab(3)).values())
+    ok = f"student,lab,points\nbob,3,{worth}\n"
+    assert course.INPUTS["overrides"].check(ok, "o.csv", context)[0]["points"] == worth
+    with pytest.raises(overrides.OverrideError, match=f"points must be at most {worth:g}"):
+        course.INPUTS["overrides"].check("student,lab,points\nbob,3,500\n", "o.csv", context)
+
+
+def test_an_adjustment_takes_or_adds_at_most_the_labs_points():
+    from labkit.grading.state import adjustments
+
+    text = "student,lab,points,comment\nbob,3,-40,a typo for -4\n"
+    with pytest.raises(adjustments.AdjustmentError, match="line 2: points must be at least -5") as e:
+        adjustments.parse(text, "adjustments.csv", {"bob"}, {3}, POINTS)
+    assert "field points" in str(e.value)

@@ -123,3 +123,37 @@ def test_a_groups_one_submission_is_credited_to_every_member_with_a_note(tmp_pat
     assert "erin" not in [s for s, labs in students.items() if 3 in labs] and 3 not in students["erin"]
     assert any("carol and dan both handed in lab-3" in n for n in notes["erin"]), notes["erin"]
     assert students["fay"] == {}
+
+
+def test_ids_are_compared_in_nfc_so_one_name_typed_two_ways_is_one_student():
+    nfc, nfd = "jos\u00e9", "jose\u0301"
+    assert roster.parse(f"student\n{nfd}\n").ids() == [nfc]
+    with pytest.raises(roster.RosterError, match="line 3: the student id 'jos\u00e9' is already on line 2"):
+        roster.parse(f"student\n{nfc}\n{nfd}\n", "roster.csv")
+
+
+def test_a_roster_line_with_an_unquoted_comma_is_refused_with_the_fix():
+    with pytest.raises(roster.RosterError) as e:
+        roster.parse("student,name\nalice,Liddell, Alice\n", "roster.csv")
+    assert "line 2: 3 fields where the header has 2" in str(e.value) and "double quotes" in str(e.value)
+
+
+def test_a_folder_named_in_nfd_is_the_roster_student_named_in_nfc(tmp_path):
+    from labkit.grading.intake import collect, handin
+
+    (tmp_path / "jose\u0301").mkdir()
+    (tmp_path / "jose\u0301" / "lab-3.ipynb").write_text("{}")
+    subs = collect.discover(tmp_path, [3])
+    handin.with_roster(subs, roster.parse("student\njos\u00e9\n"))
+    assert list(subs.students) == ["jos\u00e9"] and 3 in subs.students["jos\u00e9"]
+    assert not subs.class_notes
+
+
+def test_two_folders_of_one_id_in_two_unicode_forms_are_refused_not_picked(tmp_path):
+    from labkit.grading.intake import collect
+
+    for name in ("jos\u00e9", "jose\u0301"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lab-3.ipynb").write_text("{}")
+    subs = collect.discover(tmp_path, [3])
+    assert "two Unicode forms" in subs.refused["jos\u00e9", 3]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from labkit.course import catalog, configs
 from labkit.course.configs import DeviceConfig
+from labkit.grading.state import table
 from labkit.grading.state.errors import GradeError
 
 LARGE_BYTES = 10_000_000  # a notebook this large is graded, with a note (its outputs are not run)
@@ -43,6 +44,12 @@ LINKED = (
 )
 
 
+TWICE = (
+    "two folders of this student, their names the same letters in two Unicode forms (one written by macOS): "
+    "put the notebooks in one of them"
+)
+
+
 def discover(folder: Path, known_labs: list[int]) -> Submissions:
     """Read the submissions folder: DIR/<student_id>/lab-<N>.ipynb. Anything else is noted and ignored.
 
@@ -52,18 +59,23 @@ def discover(folder: Path, known_labs: list[int]) -> Submissions:
     for entry in sorted(Path(folder).iterdir()):
         if entry.name.startswith("."):
             continue  # .DS_Store, .ipynb_checkpoints, .git
-        if entry.is_symlink():
-            subs.students[entry.name] = {}
-            subs.notes[entry.name] = [f"refused: {LINKED.format(what='this student folder')}"]
+        student = table.nfc(entry.name)  # the roster's id, however this machine composed the folder's name
+        if student in subs.students:  # `josé` twice, once composed and once not: which one counts is the TA's
+            subs.notes[student] = [f"refused: {TWICE}"]
             for number in known_labs:
-                subs.refused[(entry.name, number)] = LINKED.format(what="the student folder")
+                subs.refused[(student, number)] = TWICE
+            continue
+        if entry.is_symlink():
+            subs.students[student] = {}
+            subs.notes[student] = [f"refused: {LINKED.format(what='this student folder')}"]
+            for number in known_labs:
+                subs.refused[(student, number)] = LINKED.format(what="the student folder")
             continue
         if not entry.is_dir():
             subs.class_notes.append(
                 f"{entry.name}: ignored, not a student folder (submissions go in <student_id>/lab-<N>.ipynb)"
             )
             continue
-        student = entry.name
         found: dict[int, Path] = {}
         notes: list[str] = []
         for item in sorted(entry.iterdir()):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
+from labkit.grading.state import table
 from labkit.grading.state.files import write_atomic
 from labkit.grading.state.roster import Roster
 
@@ -304,7 +305,7 @@ def _gradescope_owners(meta: dict, roster: Roster) -> dict[str, _Owner]:
         strangers: list[str] = []
         for who in submitters if isinstance(submitters, list) else []:
             person = who if isinstance(who, dict) else {}
-            sid = str(person.get(":sid") or person.get("sid") or "")
+            sid = table.nfc(str(person.get(":sid") or person.get("sid") or ""))
             email = str(person.get(":email") or person.get("email") or "").lower()
             student = by_sid.get(sid) or by_email.get(email)
             if student and student not in students:

@@ -19,122 +19,110 @@ carried in the results (`adjustments`), so grades.csv, the feedback and the expo
 
 from __future__ import annotations
 
-import csv
-import io
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from labkit.grading.state.overrides import student_and_lab
+from labkit.grading.state import table
 
-COLUMNS = ("student", "lab", "points", "comment", "item", "max")
+COLUMNS = tuple(
+    table.Column(name, required=name in ("student", "lab", "points", "comment"))
+    for name in ("student", "lab", "points", "comment", "item", "max")
+)
 
 
 class AdjustmentError(ValueError):
     """An adjustments file that cannot be used: the message names the file and the line."""
 
 
-def _number(text: str, what: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise AdjustmentError(f"{where}: {what} must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise AdjustmentError(f"{where}: {what} must be a finite number, got {text!r}")
-    return int(value) if value.is_integer() else round(value, 4)
+def parse(
+    text: str, source: str, students: set[str], labs: set[int], lab_points: Mapping[int, float] | None = None
+) -> list[dict]:
+    """The adjustments, each checked against the class (students) and the labs graded.
 
-
-def parse(text: str, source: str, students: set[str], labs: set[int]) -> list[dict]:
-    """The adjustments, each checked against the class (students) and the labs graded."""
-    reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
-    reader.fieldnames = _header(reader.fieldnames or [], source)
+    An adjustment without an item takes away or adds at most the lab's points (`lab_points`, where known)."""
     out: list[dict] = []
     items: dict[tuple[int, str], tuple[float, int]] = {}  # (lab, item) -> (its max, the line that said so)
     seen: dict[tuple, int] = {}  # (student, lab, item) -> the line that graded it
-    for line in reader:
-        n = reader.line_num
-        where = f"{source}, line {n}"
-        if None in line:
-            raise AdjustmentError(
-                f"{where}: more cells than the header has columns (put a comment with a comma "
-                "in double quotes)"
-            )
-        get = {c: (line.get(c) or "").strip() for c in COLUMNS}
-        if not any(get.values()):
+    for line in table.read(text, source, COLUMNS, AdjustmentError):
+        entry = _entry(line, students, labs)
+        if line["item"]:
+            _rubric_item(entry, line, items, seen)
+            out.append(entry)
             continue
-        entry = _entry(get, where, n, students, labs)
-        if get["item"]:
-            _rubric_item(entry, get, where, n, items, seen)
-        elif get["max"]:
-            raise AdjustmentError(f"{where}: max is for a rubric item: name the item, or leave max empty")
-        elif entry["points"] == 0:
-            raise AdjustmentError(
-                f"{where}: an adjustment of 0 points changes nothing; give the points it adds or takes away"
+        if line["max"]:
+            raise line.fail("max is for a rubric item", "max", "name the item, or leave max empty")
+        most = (lab_points or {}).get(entry["lab"])
+        if most is not None:
+            entry["points"] = line.number_in(
+                "points",
+                -most,
+                most,
+                f"lab {entry['lab']} is worth {most:g} points: an adjustment adds or takes at most that",
+            )
+        if entry["points"] == 0:
+            raise line.fail(
+                "an adjustment of 0 points changes nothing",
+                "points",
+                "give the points it adds or takes away",
             )
         out.append(entry)
     return out
 
 
-def _header(fieldnames: Sequence[str], source: str) -> list[str]:
-    """The file's columns, lower case: every required one there, none unknown."""
-    header = [h.strip().lower() for h in fieldnames]
-    missing = {"student", "lab", "points", "comment"} - set(header)
-    if missing:
-        raise AdjustmentError(
-            f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(sorted(missing))} (expected {','.join(COLUMNS)})"
-        )
-    unknown = sorted(set(header) - set(COLUMNS))
-    if unknown:
-        raise AdjustmentError(
-            f"{source}, line 1: unknown column{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(unknown)} (expected {','.join(COLUMNS)})"
-        )
-    return header
-
-
-def _entry(get: dict[str, str], where: str, n: int, students: set[str], labs: set[int]) -> dict:
+def _entry(line: table.Line, students: set[str], labs: set[int]) -> dict:
     """One line's student, lab, points and comment, each checked."""
-    lab = student_and_lab(get, where, students, labs, AdjustmentError)
-    if not get["comment"]:
-        raise AdjustmentError(
-            f"{where}: a comment is required: it is what the student reads about these points"
+    line.student(students)
+    lab = line.lab(labs)
+    if not line["comment"]:
+        raise line.fail(
+            "a comment is required: it is what the student reads about these points",
+            "comment",
+            "write why, in double quotes where it has a comma",
         )
     return {
-        "student": get["student"],
+        "student": line["student"],
         "lab": lab,
-        "points": _number(get["points"], "points", where),
-        "comment": get["comment"],
-        "line": n,
+        "points": line.number_in("points"),
+        "comment": line["comment"],
+        "line": line.number,
     }
 
 
-def _rubric_item(entry: dict, get: dict[str, str], where: str, n: int, items: dict, seen: dict) -> None:
+def _rubric_item(entry: dict, line: table.Line, items: dict, seen: dict) -> None:
     """Make `entry` a rubric item's grade: its max the same on every line that names the item, its points
     within it, and one grade per student and item (`items` and `seen` hold what earlier lines said)."""
-    if not get["max"]:
-        raise AdjustmentError(
-            f"{where}: the rubric item {get['item']!r} needs its max (the points it is worth)"
+    item, n = line["item"], line.number
+    if not line["max"]:
+        raise line.fail(
+            f"the rubric item {item!r} needs its max (the points it is worth)", "max", "write the item's max"
         )
-    most = _number(get["max"], "max", where)
+    most = line.number_in("max")
     if most <= 0:
-        raise AdjustmentError(f"{where}: max must be more than 0, got {get['max']!r}")
-    key = (entry["lab"], get["item"])
+        raise line.fail(f"max must be more than 0, got {line['max']!r}", "max", "write the item's max")
+    key = (entry["lab"], item)
     if key in items and items[key][0] != most:
-        raise AdjustmentError(
-            f"{where}: the rubric item {get['item']!r} of lab {entry['lab']} is worth {most:g} here "
-            f"but {items[key][0]:g} on line {items[key][1]}"
+        raise line.fail(
+            f"the rubric item {item!r} of lab {entry['lab']} is worth {most:g} here "
+            f"but {items[key][0]:g} on line {items[key][1]}",
+            "max",
+            "give the item one max on every line",
         )
     items.setdefault(key, (most, n))
     if not 0 <= entry["points"] <= most:
-        raise AdjustmentError(
-            f"{where}: points must be between 0 and the item's max {most:g}, got {get['points']!r}"
+        raise line.fail(
+            f"points must be between 0 and the item's max {most:g}, got {line['points']!r}",
+            "points",
+            f"give at most {most:g}",
         )
     mark = (entry["student"], *key)
     if mark in seen:
-        raise AdjustmentError(f"{where}: grades the same rubric item as line {seen[mark]}")
+        raise line.fail(
+            f"grades the same rubric item as line {seen[mark]}",
+            "item",
+            f"keep one of lines {seen[mark]} and {n}",
+        )
     seen[mark] = n
-    entry.update(item=get["item"], max=most)
+    entry.update(item=item, max=most)
 
 
 def load(path: Path, students: set[str], labs: set[int]) -> list[dict]:

@@ -61,10 +61,18 @@ class Context:
     tests: dict[int, set[str]] = field(
         default_factory=dict
     )  # lab -> its test names, collected when first asked
+    points: dict[int, float] = field(
+        default_factory=dict
+    )  # lab -> what its tests are worth, collected with them
+    extra_credit: dict[int, float] = field(default_factory=dict)  # the policy's [labs.N] extra_credit
 
     def lab_tests(self) -> Mapping[int, set[str]]:
         """lab -> the names of its tests (public and hidden), each lab's collected only when asked for."""
         return _LabTests(self)
+
+    def lab_points(self) -> Mapping[int, float]:
+        """lab -> the points its tests are worth together (a points override's bound), collected when asked."""
+        return _LabPoints(self)
 
 
 class _LabTests(Mapping):
@@ -75,7 +83,8 @@ class _LabTests(Mapping):
         if lab not in self.context.labs:
             raise KeyError(lab)
         if lab not in self.context.tests:
-            self.context.tests[lab] = test_names(catalog.lab(str(lab)))
+            points = test_points(catalog.lab(str(lab)))
+            self.context.tests[lab], self.context.points[lab] = set(points), sum(points.values())
         return self.context.tests[lab]
 
     def __iter__(self) -> Iterator[int]:
@@ -88,11 +97,18 @@ class _LabTests(Mapping):
         return lab in self.context.labs
 
 
+class _LabPoints(_LabTests):
+    def __getitem__(self, lab: int) -> float:  # type: ignore[override]
+        super().__getitem__(lab)
+        return self.context.points[lab]
+
+
 class _Names:
     """A pytest plugin that notes the name of every lab test collected (what the judge reports as `test`)."""
 
     def __init__(self):
         self.names: set[str] = set()
+        self.points: dict[str, float] = {}
         self.errors: list[str] = []
 
     def pytest_collectreport(self, report):
@@ -100,13 +116,19 @@ class _Names:
             self.errors.append(report.nodeid)
 
     def pytest_collection_finish(self, session):
-        self.names = {
-            item.originalname for item in session.items if "lab_run" in getattr(item, "fixturenames", ())
-        }
+        for item in session.items:
+            if "lab_run" in getattr(item, "fixturenames", ()):
+                self.points[item.originalname] = getattr(item.function, "__labkit_points__", 1)
+        self.names = set(self.points)
 
 
 def test_names(lab: catalog.Lab) -> set[str]:
     """The names of a lab's public and hidden tests, collected without running anything."""
+    return set(test_points(lab))
+
+
+def test_points(lab: catalog.Lab) -> dict[str, float]:
+    """Each of a lab's public and hidden tests by name, with its points, collected without running anything."""
     import pytest
 
     from labkit.judge import judge
@@ -117,7 +139,7 @@ def test_names(lab: catalog.Lab) -> set[str]:
         raise InputError(
             f"the tests of {lab.name} could not be collected ({', '.join(plugin.errors) or f'pytest exit {status}'})"
         )
-    return plugin.names
+    return plugin.points
 
 
 @dataclass(frozen=True)
@@ -165,7 +187,14 @@ def _toml_line(text: str, message: str) -> int | None:
 
 
 def _check_overrides(text: str, source: str, context: Context) -> list[dict]:
-    return overrides_mod.parse(text, source, context.students or set(), context.lab_tests())
+    return overrides_mod.parse(
+        text,
+        source,
+        context.students or set(),
+        context.lab_tests(),
+        context.lab_points(),
+        context.extra_credit,
+    )
 
 
 def _check_extensions(text: str, source: str, context: Context) -> dict:
@@ -173,7 +202,9 @@ def _check_extensions(text: str, source: str, context: Context) -> dict:
 
 
 def _check_adjustments(text: str, source: str, context: Context) -> list[dict]:
-    return adjustments_mod.parse(text, source, context.students or set(), set(context.labs))
+    return adjustments_mod.parse(
+        text, source, context.students or set(), set(context.labs), context.lab_points()
+    )
 
 
 # The registry, in the order the inputs are checked (the roster first: the others are checked against it).
@@ -318,6 +349,8 @@ class State:
                 raise InputError(f"{e}{where}") from None
             if name == "roster":
                 context.students = set(self.values[name].students)
+            if name == "policy":
+                context.extra_credit = dict(self.values[name].extra)
 
     def save(self) -> None:
         """Keep what this run graded with (only where it changed: a run that changes nothing writes nothing)."""

@@ -24,11 +24,11 @@ happened to gather the class) can never be accepted. Every lab says which source
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
 from datetime import datetime, timedelta
+
+from labkit.grading.state import table
 
 # Most trustworthy first: a late penalty counts from the first of these that is known and accepted.
 SOURCES = {
@@ -143,30 +143,28 @@ def _would_be_late(
         return False
 
 
+EXTENSION_COLUMNS = tuple(table.Column(name, required=True) for name in ("student", "lab", "days"))
+MAX_EXTENSION_DAYS = 365  # more than a term: a typo, not an extension
+
+
 def parse_extensions(
     text: str, source: str, students: set[str], labs: set[int]
 ) -> dict[str, dict[str, float]]:
-    """student -> lab (as text) -> days; every line's student and lab must be in the class."""
-    reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
-    missing = {"student", "lab", "days"} - set(reader.fieldnames or [])
-    if missing:
-        raise DeadlineError(
-            f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(sorted(missing))} (expected student,lab,days)"
-        )
+    """student -> lab (as text) -> days; every line's student and lab must be in the class, once each."""
     out: dict[str, dict[str, float]] = {}
-    for line in reader:
-        n = reader.line_num
-        student, lab = (line["student"] or "").strip(), (line["lab"] or "").strip().removeprefix("lab-")
-        if student not in students:
-            raise DeadlineError(f"{source}, line {n}: no student {student!r} in this class")
-        if not lab.isdigit() or int(lab) not in labs:
-            raise DeadlineError(f"{source}, line {n}: no lab {line['lab']!r} graded here")
-        try:
-            days = float(line["days"])
-        except (TypeError, ValueError):
-            raise DeadlineError(f"{source}, line {n}: days must be a number, got {line['days']!r}") from None
-        if days < 0:
-            raise DeadlineError(f"{source}, line {n}: days must not be negative")
-        out.setdefault(student, {})[str(int(lab))] = days
+    seen: dict[tuple[str, int], int] = {}
+    for line in table.read(text, source, EXTENSION_COLUMNS, DeadlineError):
+        student = line.student(students)
+        lab = line.lab(labs)
+        days = line.number_in(
+            "days", 0, MAX_EXTENSION_DAYS, f"the days the due date moves, 0 to {MAX_EXTENSION_DAYS}"
+        )
+        if (student, lab) in seen:
+            raise line.fail(
+                f"extends lab {lab} for {student} again (line {seen[student, lab]})",
+                "student",
+                f"keep one of lines {seen[student, lab]} and {line.number}",
+            )
+        seen[student, lab] = line.number
+        out.setdefault(student, {})[str(lab)] = float(days)
     return out

@@ -7,79 +7,99 @@
 A line sets a lab's points (`points`), or changes one test's outcome on every configuration
 (`test` and `status`: passed or failed) before the policy combines them. The file is read at every
 grading run and carried in the results, so the scoreboard and the LMS exports always include it.
+
+It is read with the schema every TA's file shares (labkit/grading/state/table.py): every field on every
+line, ids in NFC, a student of the class, a lab graded, a test the lab has, and points within 0 and the
+lab's points (more only where the policy names the lab's extra credit: `[labs.3] extra_credit = 2`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Mapping
 from pathlib import Path
 
-COLUMNS = ("student", "lab", "points", "test", "status", "comment")
+from labkit.grading.state import table
+
+COLUMNS = tuple(
+    table.Column(name, required=name in ("student", "lab"))
+    for name in ("student", "lab", "points", "test", "status", "comment")
+)
 
 
 class OverrideError(ValueError):
     """An overrides file that cannot be used: the message names the file and the line."""
 
 
-def student_and_lab(
-    get: Mapping[str, str], where: str, students: set[str], labs, error: type[ValueError]
-) -> int:
-    """A line of a TA's file (overrides, adjustments): its student is one of the class and its lab (`3` or
-    `lab-3`) one of those graded; the lab's number, or `error` naming `where`."""
-    if get["student"] not in students:
-        raise error(f"{where}: no student {get['student']!r} in this class")
-    lab = get["lab"].removeprefix("lab-")
-    if not lab.isdigit() or int(lab) not in labs:
-        raise error(f"{where}: no lab {get['lab']!r} graded here (labs: {', '.join(map(str, sorted(labs)))})")
-    return int(lab)
+def parse(
+    text: str,
+    source: str,
+    students: set[str],
+    lab_tests: Mapping[int, set[str]],
+    lab_points: Mapping[int, float] | None = None,
+    extra_credit: Mapping[int, float] | None = None,
+) -> list[dict]:
+    """The overrides, each checked against the class (students) and the labs graded (lab -> its tests).
 
-
-def parse(text: str, source: str, students: set[str], lab_tests: Mapping[int, set[str]]) -> list[dict]:
-    """The overrides, each checked against the class (students) and the labs graded (lab -> its tests)."""
-    reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
-    missing = {"student", "lab"} - set(reader.fieldnames or [])
-    if missing:
-        raise OverrideError(
-            f"{source}, line 1: missing column{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(sorted(missing))} (expected {','.join(COLUMNS)})"
-        )
+    A points override lies within 0 and the lab's points (`lab_points`: lab -> what its tests are worth),
+    plus what the policy's `[labs.N] extra_credit` allows for that lab by name."""
     out, seen = [], {}
-    for line in reader:
-        n = reader.line_num
-        get = {c: (line.get(c) or "").strip() for c in COLUMNS}
-        lab = student_and_lab(get, f"{source}, line {n}", students, lab_tests, OverrideError)
-        entry = {"student": get["student"], "lab": lab, "comment": get["comment"], "line": n}
-        if get["points"]:
-            if get["test"] or get["status"]:
-                raise OverrideError(f"{source}, line {n}: either points, or test and status, not both")
-            try:
-                entry["points"] = float(get["points"])
-            except ValueError:
-                raise OverrideError(
-                    f"{source}, line {n}: points must be a number, got {get['points']!r}"
-                ) from None
-            if entry["points"] < 0:
-                raise OverrideError(f"{source}, line {n}: points must not be negative")
-            key = (entry["student"], entry["lab"], "")
-        elif get["test"]:
-            test = get["test"] if get["test"].startswith("test_") else f"test_{get['test']}"
-            if test not in lab_tests[int(lab)]:
-                raise OverrideError(f"{source}, line {n}: lab {lab} has no test {get['test']!r}")
-            if get["status"] not in ("passed", "failed"):
-                raise OverrideError(
-                    f"{source}, line {n}: status must be passed or failed, got {get['status']!r}"
+    for line in table.read(text, source, COLUMNS, OverrideError):
+        n = line.number
+        line.student(students)
+        lab = line.lab(lab_tests)
+        entry = {"student": line["student"], "lab": lab, "comment": line["comment"], "line": n}
+        if line["points"]:
+            if line["test"] or line["status"]:
+                raise line.fail(
+                    "either points, or test and status, not both",
+                    "points",
+                    "one line for the lab's points, another for a test's outcome",
                 )
-            entry.update(test=test, status=get["status"])
+            entry["points"] = _points(line, lab, lab_points, extra_credit)
+            key = (entry["student"], entry["lab"], "")
+        elif line["test"]:
+            test = line["test"] if line["test"].startswith("test_") else f"test_{line['test']}"
+            if test not in lab_tests[int(lab)]:
+                names = sorted(lab_tests[int(lab)])
+                raise line.fail(
+                    f"lab {lab} has no test {line['test']!r}",
+                    "test",
+                    f"name one of its tests ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})",
+                )
+            if line["status"] not in ("passed", "failed"):
+                raise line.fail(
+                    f"status must be passed or failed, got {line['status']!r}",
+                    "status",
+                    "write passed or failed",
+                )
+            entry.update(test=test, status=line["status"])
             key = (entry["student"], entry["lab"], test)
         else:
-            raise OverrideError(f"{source}, line {n}: give points, or a test and its status")
+            raise line.fail(
+                "give points, or a test and its status", "points", "fill points, or test and status"
+            )
         if key in seen:
-            raise OverrideError(f"{source}, line {n}: overrides the same as line {seen[key]}")
+            raise line.fail(
+                f"overrides the same as line {seen[key]}", "student", f"keep one of lines {seen[key]} and {n}"
+            )
         seen[key] = n
         out.append(entry)
     return out
+
+
+def _points(
+    line: table.Line, lab: int, lab_points: Mapping[int, float] | None, extra: Mapping[int, float] | None
+) -> float:
+    """A points override's points: within 0 and the lab's points, and the extra credit the policy allows."""
+    if lab_points is None or lab not in lab_points:
+        return line.number_in("points", 0)
+    most, more = lab_points[lab], (extra or {}).get(lab, 0)
+    fix = (
+        f"lab {lab} is worth {most:g} points"
+        + (f" and the policy allows {more:g} of extra credit" if more else "")
+        + ("" if more else f"; to give more, name it in the policy: [labs.{lab}] extra_credit = <points>")
+    )
+    return line.number_in("points", 0, most + more, fix)
 
 
 def load(path: Path, students: set[str], lab_tests: dict[int, set[str]]) -> list[dict]:

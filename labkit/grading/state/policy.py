@@ -38,7 +38,7 @@ COMBINE = {
 _TOP = {"grading", "labs", "late", "leaderboard"}
 _LEADERBOARD = {"names"}
 _GRADING = {"combine", "required"}
-_LAB = {"weight", "title", "due", "canvas_id"}
+_LAB = {"weight", "title", "due", "canvas_id", "extra_credit"}
 _LATE = {"per_day", "cap", "grace_minutes", "accept"}
 
 
@@ -60,6 +60,7 @@ class Policy:
     names: bool = (
         False  # [leaderboard] names: students see classmates' ids on the leaderboards (else "classmate N")
     )
+    extra: dict[int, float] = field(default_factory=dict)  # lab -> points an override may give above its own
 
     def weight(self, lab: int) -> float:
         return self.weights.get(lab, 1)
@@ -74,7 +75,7 @@ class Policy:
             "due": {str(k): v for k, v in sorted(self.due.items())},
             "canvas": {str(k): v for k, v in sorted(self.canvas.items())},
             "leaderboard": {"names": self.names},
-        }
+        } | ({"extra_credit": {str(k): v for k, v in sorted(self.extra.items())}} if self.extra else {})
 
     @classmethod
     def from_json(cls, data: dict | None) -> Policy:
@@ -89,6 +90,7 @@ class Policy:
             due={int(k): v for k, v in data.get("due", {}).items()},
             canvas={int(k): v for k, v in data.get("canvas", {}).items()},
             names=data.get("leaderboard", {}).get("names") is True,
+            extra={int(k): v for k, v in data.get("extra_credit", {}).items()},
         )
 
 
@@ -118,7 +120,7 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
     _unknown("the file", data, _TOP, path)
     combine, required = _grading(data.get("grading", {}), path)
     known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
-    weights, due, canvas = _labs(data.get("labs", {}), known, path)
+    weights, due, canvas, extra = _labs(data.get("labs", {}), known, path)
     late = _late(data.get("late", {}), path)
     board = data.get("leaderboard", {})
     if not isinstance(board, dict):
@@ -136,6 +138,7 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         due=due,
         canvas=canvas,
         names=names,
+        extra=extra,
     )
 
 
@@ -159,8 +162,11 @@ def _grading(grading, path) -> tuple[str, list[str]]:
     return combine, required
 
 
-def _labs(labs, known: list[int], path) -> tuple[dict[int, float], dict[int, str], dict[int, int]]:
-    """[labs.N]: each lab's weight, due date and Canvas assignment, by lab number."""
+def _labs(
+    labs, known: list[int], path
+) -> tuple[dict[int, float], dict[int, str], dict[int, int], dict[int, float]]:
+    """[labs.N]: each lab's weight, due date, Canvas assignment and extra credit, by lab number."""
+    extra: dict[int, float] = {}
     weights: dict[int, float] = {}
     due: dict[int, str] = {}
     canvas: dict[int, int] = {}
@@ -176,6 +182,8 @@ def _labs(labs, known: list[int], path) -> tuple[dict[int, float], dict[int, str
         _unknown(f"[labs.{key}]", table, _LAB, path)
         if "weight" in table:
             weights[int(key)] = _number(table["weight"], f"[labs.{key}] weight", path)
+        if "extra_credit" in table:  # the points a TA's override may give above the lab's own, by name
+            extra[int(key)] = _number(table["extra_credit"], f"[labs.{key}] extra_credit", path)
         if "canvas_id" in table:
             value = table["canvas_id"]
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -191,7 +199,7 @@ def _labs(labs, known: list[int], path) -> tuple[dict[int, float], dict[int, str
                     f"e.g. 2026-03-01T23:59:00Z; got {value!r}"
                 )
             due[int(key)] = value.isoformat()
-    return weights, due, canvas
+    return weights, due, canvas, extra
 
 
 def _late(late, path) -> dict:

@@ -27,6 +27,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.grading.state import table
+
 COLUMNS = ("student", "name", "email", "lms_id", "section", "leaderboard", "group")
 LEADERBOARD_CHOICES = (
     "",
@@ -82,10 +84,7 @@ def parse(text: str, source: str = "roster.csv") -> Roster:
             if not any(v.strip() for v in values):
                 continue
             if len(values) != len(header):
-                raise RosterError(
-                    f"{source}, line {line}: {len(values)} fields where the header has "
-                    f"{len(header)} ({', '.join(header)})"
-                )
+                raise RosterError(table.field_count(source, line, values, header))
             if canvas:
                 info = _canvas_line(dict(zip(header, values)), source, line)
                 if info is None:
@@ -129,17 +128,23 @@ class _Seen:
 
 def _student(info: dict[str, str], where: str, line: int, seen: _Seen) -> tuple[str, dict[str, str]]:
     """One roster line's student id and entry, each checked against the lines before it (`seen`)."""
-    sid = info.pop("student")
+    sid = table.nfc(info.pop("student"))  # one id however the machine that typed it composed its letters
     if not sid:
-        raise RosterError(f"{where}: the student id is empty")
+        raise RosterError(f"{where}: the student id is empty (field student; fix: give every line its id)")
     if sid in (".", "..") or "/" in sid or "\\" in sid or sid.startswith("."):
         raise RosterError(f"{where}: {sid!r} cannot be a student id (it is used as a folder name)")
     if sid in seen.ids:
-        raise RosterError(f"{where}: the student id {sid!r} is already on line {seen.ids[sid]}")
+        raise RosterError(
+            f"{where}: the student id {sid!r} is already on line {seen.ids[sid]} "
+            f"(field student; fix: one line per student, ids compared in Unicode NFC)"
+        )
     for column in ("lms_id", "email"):
         value = info.get(column, "")
         if value and (column, value) in seen.taken:
-            raise RosterError(f"{where}: {column} {value!r} is already on line {seen.taken[column, value]}")
+            raise RosterError(
+                f"{where}: {column} {value!r} is already on line {seen.taken[column, value]} "
+                f"(field {column}; fix: each student's own {column}, or leave it empty)"
+            )
         if value:
             seen.taken[column, value] = line
     if info.get("leaderboard", "").lower() not in LEADERBOARD_CHOICES:
