@@ -24,6 +24,7 @@ from labkit.grading.state import policy, roster
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token-7"
+ME = 900  # the token's user: the TA
 COURSE = 1234
 NB = json.dumps({"cells": [], "metadata": {"tag": "alice"}, "nbformat": 4, "nbformat_minor": 5})
 USERS = [  # two pages of search_users
@@ -123,8 +124,13 @@ class Canvas:
             ),
             ("GET", "/files/91/download"): (NB, None),
         }
+        routes["GET", "/api/v1/users/self"] = ({"id": ME, "name": "The TA"}, None)
         for user in self.submissions:
             routes["PUT", f"{base}/assignments/555/submissions/{user}"] = (self.submissions[user], None)
+            for c in self.submissions[user]["submission_comments"]:
+                if "id" in c:
+                    routes["PUT", f"{base}/assignments/555/submissions/{user}/comments/{c['id']}"] = (c, None)
+        self._keep_comments(method, parts.path, parse_qs(body), base)
         found = routes.get((method, parts.path))
         if found is None or handler.headers.get("Authorization") != f"Bearer {TOKEN}":
             handler.send_response(404 if found is None else 401)
@@ -141,6 +147,22 @@ class Canvas:
         handler.send_header("Content-Length", str(len(raw)))
         handler.end_headers()
         handler.wfile.write(raw)
+
+    def _keep_comments(self, method: str, path: str, form: dict, base: str) -> None:
+        """Canvas's side of a comment: a new one kept as the token's user's, an edited one changed."""
+        if method != "PUT" or not path.startswith(f"{base}/assignments/555/submissions/"):
+            return
+        parts = path.split("/")
+        user = int(parts[8])
+        comments = self.submissions.get(user, {}).get("submission_comments", [])
+        if len(parts) == 9 and "comment[text_comment]" in form:
+            comments.append(
+                {"id": 100 + len(self.requests), "author_id": ME, "comment": form["comment[text_comment]"][0]}
+            )
+        elif len(parts) == 11 and "comment" in form:
+            for c in comments:
+                if str(c.get("id")) == parts[10]:
+                    c["comment"] = form["comment"][0]
 
     def calls(self, method: str | None = None) -> list[dict]:
         return [r for r in self.requests if method is None or r["method"] == method]
@@ -287,14 +309,60 @@ def test_push_sends_the_differences_in_one_bulk_update_as_canvas_documents_it(st
     assert post["form"] == {"grade_data[4411][posted_grade]": ["5"], "grade_data[4412][posted_grade]": ["0"]}
 
 
-def test_feedback_goes_as_a_submission_comment_once(standin):
-    sent, kept = canvas.comment(course_of(standin), results_for_push(), lambda s: f"FEEDBACK {s}")
-    assert (sent, kept) == (1, 1)
-    (put,) = standin.calls("PUT")
-    assert put["path"] == f"/api/v1/courses/{COURSE}/assignments/555/submissions/4411"
-    assert put["form"] == {"comment[text_comment]": ["FEEDBACK alice"]}
+def pushed(standin, text_of, labs=(3,)):
+    results = results_for_push()
+    results["policy"] = policy.Policy(
+        canvas={3: 555, 5: 556}
+    ).to_json()  # lab 5 has an assignment, not graded
+    return canvas.comment(course_of(standin), results, text_of)
+
+
+def test_feedback_goes_to_the_graded_labs_alone_each_that_labs_own_and_once(standin):
+    counts = pushed(standin, lambda s, lab: f"FEEDBACK {s} lab {lab}")
+    assert counts == {"sent": 2, "replaced": 0, "kept": 0}
+    puts = standin.calls("PUT")
+    assert [p["path"] for p in puts] == [
+        f"/api/v1/courses/{COURSE}/assignments/555/submissions/4411",
+        f"/api/v1/courses/{COURSE}/assignments/555/submissions/4412",
+    ]
+    assert puts[0]["form"] == {
+        "comment[text_comment]": [f"FEEDBACK alice lab 3\n\n{canvas.MARK.format(lab=3)}"]
+    }
+    assert not [r for r in standin.requests if "/assignments/556" in r["path"]]  # lab 5: not graded here
     listed = [r for r in standin.calls("GET") if r["path"].endswith("/submissions")]
     assert listed[-1]["query"]["include[]"] == ["submission_comments"]
+    assert pushed(standin, lambda s, lab: f"FEEDBACK {s} lab {lab}") == {"sent": 0, "replaced": 0, "kept": 2}
+    assert len(standin.calls("PUT")) == 2  # the same text again: nothing sent
+
+
+def test_a_changed_comment_replaces_the_kits_own_and_never_a_students(standin):
+    pushed(standin, lambda s, lab: f"FEEDBACK {s}")
+    forged = {"id": 7, "author_id": 4411, "comment": f"mine\n\n{canvas.MARK.format(lab=3)}"}
+    standin.submissions[4411]["submission_comments"].append(forged)  # a student's comment with the mark
+    before = len(standin.calls("PUT"))
+    counts = pushed(standin, lambda s, lab: f"REGRADED {s}")
+    assert counts == {"sent": 0, "replaced": 2, "kept": 0}
+    edits = standin.calls("PUT")[before:]
+    assert all("/comments/" in e["path"] and not e["path"].endswith("/comments/7") for e in edits)
+    assert edits[0]["form"] == {"comment": [f"REGRADED alice\n\n{canvas.MARK.format(lab=3)}"]}
+    texts = [c["comment"] for c in standin.submissions[4411]["submission_comments"]]
+    assert texts.count(f"REGRADED alice\n\n{canvas.MARK.format(lab=3)}") == 1 and forged["comment"] in texts
+
+
+def test_one_labs_feedback_names_no_other_lab_and_no_path_of_the_tas_machine():
+    from labkit.grading.publish import markdown
+
+    results = results_for_push()
+    five = dict(results["labs"][0], number=5, name="lab-5", title="Lab 5")
+    results["labs"].append(five)
+    results["rows"] += [dict(r, lab=5) for r in results["rows"]]
+    results["students"]["alice"]["notes"] = ["lab-5: credited with the submission of bob", "a class note"]
+    results["policy"]["source"] = "/home/ta/cs101/private/policy.toml"
+    whole = markdown.feedback(results, "alice")
+    assert "Lab 5" in whole and "/home/ta" not in whole  # the whole course's feedback, no TA path either
+    text = markdown.feedback(canvas.one_lab(results, 3), "alice")
+    assert "Lab 5" not in text and "lab-5" not in text and "a class note" in text
+    assert "/home/ta" not in text and "policy.toml" in text
 
 
 def test_the_command_line_dry_run_never_prints_the_token(standin, tmp_path):

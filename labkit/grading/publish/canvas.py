@@ -17,8 +17,9 @@ token), sent only as `Authorization: Bearer` to the course's https:// address, a
 - push: each lab's points (times its weight, as the CSV export) beside what Canvas has now, and
   only the differences; with --apply they are sent in one bulk update per assignment
   (POST .../submissions/update_grades, grade_data[<user id>][posted_grade]). With --comments each
-  student's feedback is attached to their submission as a comment (PUT .../submissions/:user_id,
-  comment[text_comment]), once: a comment Canvas already has is not sent again.
+  graded lab's feedback, that lab's alone, is attached to the student's submission of it as a comment
+  (PUT .../submissions/:user_id, comment[text_comment]) ending with the kit's mark; a later push leaves
+  the same text as it is and replaces a changed one (PUT .../submissions/:user_id/comments/:id).
 """
 
 from __future__ import annotations
@@ -98,6 +99,18 @@ def _call(what: str, fn, *args, **kwargs):
         return (
             list(found) if hasattr(found, "__iter__") and not isinstance(found, (dict, str, bytes)) else found
         )
+    except (exceptions.CanvasException, OSError) as e:
+        raise CanvasError(
+            f"Canvas could not {what}: {_safe(e, os.environ.get(TOKEN_VARIABLE, ''))}"
+        ) from None
+
+
+def _request(course, what: str, method: str, endpoint: str, **fields):
+    """A request canvasapi has no method for (the token's user, editing a comment), through its requester."""
+    from canvasapi import exceptions
+
+    try:
+        return course._requester.request(method, endpoint, **fields)
     except (exceptions.CanvasException, OSError) as e:
         raise CanvasError(
             f"Canvas could not {what}: {_safe(e, os.environ.get(TOKEN_VARIABLE, ''))}"
@@ -313,11 +326,53 @@ def apply(changes: list[dict]) -> list:
     return done
 
 
-def comment(course, results: dict, text_of) -> tuple[int, int]:
-    """Each student's feedback (`text_of(student)`) as a comment on their submission of each lab; (sent, already there)."""
+MARK = "(the kit's feedback on lab {lab}: a regrade replaces this comment)"  # how the kit finds its own
+
+
+def one_lab(results: dict, lab: int) -> dict:
+    """The results as one lab's feedback reads them: that lab's rows, TA's inputs and notes alone (a note of
+    the whole class or of no lab in particular stays)."""
+    import re
+
+    def mine(note) -> bool:
+        found = re.match(r"lab-(\d+)\b", str(note))
+        return found is None or int(found.group(1)) == lab
+
+    out = dict(results)
+    out["labs"] = [x for x in results.get("labs", []) if x.get("number") == lab]
+    out["rows"] = [r for r in results.get("rows", []) if r.get("lab") == lab]
+    for key in ("overrides", "adjustments"):
+        if key in results:
+            out[key] = [x for x in results[key] if x.get("lab") == lab]
+    if "extensions" in results:
+        out["extensions"] = {
+            s: {k: v for k, v in by.items() if str(k) == str(lab)} for s, by in results["extensions"].items()
+        }
+    out["students"] = {
+        s: info | {"notes": [n for n in info.get("notes", []) if mine(n)]}
+        for s, info in results.get("students", {}).items()
+    }
+    return out
+
+
+def comment(course, results: dict, text_of) -> dict[str, int]:
+    """Each student's feedback on each graded lab (`text_of(student, lab)`) as a comment on their submission.
+
+    Only labs this folder graded and the policy gives a `canvas_id`, only students the lab has a grade for.
+    Each comment ends with the kit's mark (MARK), so a later push finds the kit's own comment (one the
+    token's user wrote with that mark, never a student's): the same text is left as it is, a changed one
+    replaces it (PUT .../comments/:id), and only a lab without one gets a new comment. Counts by outcome.
+    """
     grading = policy.Policy.from_json(results.get("policy"))
-    sent = kept = 0
+    grades = policy.grades(results)
+    graded = {x.get("number") for x in results.get("labs", [])}
+    me = _request(course, "read the token's own user", "GET", "users/self").json().get("id")
+    if me is None:
+        raise CanvasError("Canvas did not say which user the token is (GET /api/v1/users/self): no comment sent")
+    counts = {"sent": 0, "replaced": 0, "kept": 0}
     for lab, assignment_id in sorted(grading.canvas.items()):
+        if lab not in graded:
+            continue
         assignment = _call(
             f"read assignment {assignment_id} (lab {lab})", course.get_assignment, assignment_id
         )
@@ -331,19 +386,40 @@ def comment(course, results: dict, text_of) -> tuple[int, int]:
         }
         for student, info in sorted(results.get("students", {}).items()):
             user = str(info.get("lms_id") or "")
-            if user not in now:
+            entry = grades["students"].get(student, {}).get("labs", {}).get(str(lab))
+            if (
+                user not in now
+                or entry is None
+                or (entry["status"] == "missing" and "overridden" not in entry)
+            ):
                 continue
-            text = text_of(student)
-            if any(c.get("comment") == text for c in getattr(now[user], "submission_comments", None) or []):
-                kept += 1
-                continue
-            _call(
-                f"comment on {student}'s submission of lab {lab}",
-                now[user].edit,
-                comment={"text_comment": text},
-            )
-            sent += 1
-    return sent, kept
+            mark = MARK.format(lab=lab)
+            text = f"{text_of(student, lab).rstrip()}\n\n{mark}"
+            ours = [
+                c
+                for c in getattr(now[user], "submission_comments", None) or []
+                if c.get("author_id") == me and str(c.get("comment", "")).endswith(mark)
+            ]
+            if any(c.get("comment") == text for c in ours):
+                counts["kept"] += 1
+            elif ours:
+                latest = max(ours, key=lambda c: (str(c.get("created_at") or ""), c.get("id") or 0))
+                _request(
+                    course,
+                    f"replace the kit's comment on {student}'s submission of lab {lab}",
+                    "PUT",
+                    f"courses/{course.id}/assignments/{assignment_id}/submissions/{user}/comments/{latest['id']}",
+                    comment=text,
+                )
+                counts["replaced"] += 1
+            else:
+                _call(
+                    f"comment on {student}'s submission of lab {lab}",
+                    now[user].edit,
+                    comment={"text_comment": text},
+                )
+                counts["sent"] += 1
+    return counts
 
 
 def show(changes: list[dict], stream=sys.stdout) -> None:
@@ -458,6 +534,9 @@ def _push(args) -> int:
     apply(changes)
     print(f"sent {len(changes)} grade{'s' if len(changes) != 1 else ''} to Canvas")
     if args.comments:
-        sent, kept = comment(course, results, lambda s: markdown.feedback(results, s))
-        print(f"feedback: {sent} comment{'s' if sent != 1 else ''} sent, {kept} already on Canvas")
+        counts = comment(course, results, lambda s, lab: markdown.feedback(one_lab(results, lab), s))
+        print(
+            f"feedback: {counts['sent']} comment{'s' if counts['sent'] != 1 else ''} sent, "
+            f"{counts['replaced']} replaced (changed since the last push), {counts['kept']} already on Canvas"
+        )
     return ExitCode.OK

@@ -218,7 +218,7 @@ def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
     if mine:
         points = {
             "total": f"{mine['points']}/{mine['max_points']}",
-            "rule": grades["rule"],
+            "rule": _rule_for_students(results, grades["rule"], student),
             "cells": [
                 {
                     "lab": lab["number"],
@@ -238,6 +238,15 @@ def feedback(results: dict, student: str, grades: dict | None = None) -> dict:
         "labs": labs,
         "boards": [part["board"] for part in labs if part["board"] is not None],
     }
+
+
+def _rule_for_students(results: dict, rule: str, student: str) -> str:
+    """The rule as a student reads it: the policy named by its file's name, never where it lies on the TA's
+    machine (an absolute or a relative path), and no other path either."""
+    source = str((results.get("policy") or {}).get("source") or "")
+    if source:
+        rule = rule.replace(source, source.replace("\\", "/").rsplit("/", 1)[-1])
+    return scrub(rule, student)
 
 
 def _pct(a: int, b: int) -> str:
