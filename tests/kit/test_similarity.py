@@ -204,3 +204,34 @@ def test_a_notebook_file_is_read_for_its_code_cells_only(tmp_path, handout):
     assert similarity.fingerprint(path, handout) == similarity.fingerprint_of([HANDOUT[0], SOLUTION], handout)
     path.write_text("not a notebook")
     assert similarity.fingerprint(path, handout) is None
+
+
+def test_a_declared_groups_one_submission_is_not_a_pair(handout):
+    copy = entry(handed_in(SOLUTION), handout, digest="d1")
+    res = results_with({"ann": copy, "ben": dict(copy), "cy": dict(copy)})
+    res["students"]["ann"]["group"] = res["students"]["ben"]["group"] = "team-1"
+    assert [p["students"] for p in similarity.pairs(res)] == [["ann", "cy"], ["ben", "cy"]]
+    gradescope = results_with(
+        {"ann": dict(copy, group=["ann", "ben"]), "ben": dict(copy, group=["ann", "ben"])}
+    )
+    assert similarity.pairs(gradescope) == []
+
+
+def test_a_gradescope_group_submission_reaches_the_results_as_one_group(tmp_path):
+    import io
+
+    from test_lms import GROUP_META, ROSTER, make_zip, nb
+
+    from labkit.course import catalog
+    from labkit.grading.intake import handin
+
+    z = make_zip(
+        tmp_path / "gs.zip",
+        {"submission_metadata.yml": GROUP_META, "submission_444/lab-3.ipynb": nb("alice and dana")},
+    )
+    out = tmp_path / "out"
+    subs, times = handin.submissions_of(z, out, ROSTER, io.StringIO())
+    handed = handin.keep(out, subs, ["alice", "dana"], [catalog.lab(3)], times)
+    assert handed["alice", 3]["group"] == handed["dana", 3]["group"] == ["alice", "dana"]
+    people = {"alice": {}, "dana": {}}
+    assert similarity.together(people, "alice", "dana", handed["alice", 3], handed["dana", 3])

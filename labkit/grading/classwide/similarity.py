@@ -25,7 +25,9 @@ a cell, hashed) less the shingles of the handout. A pair is listed (`pairs`) whe
     near-identical              the shingle sets' Jaccard similarity (shared / either) is NEAR or more
 
 the last two only where both wrote at least MIN_SHINGLES shingles of their own (a few lines of
-code): below that, two correct answers are alike because the exercise is short. Since the
+code): below that, two correct answers are alike because the exercise is short. Two members of a
+declared group (one `group` on the roster, or one Gradescope group submission) are never a pair: their
+one submission is the same by design. Since the
 fingerprints travel in the results, the list is a pure function of them, and the shards of a
 class merged (`labkit merge`) give the same list as one run.
 """
@@ -230,6 +232,8 @@ def pairs(results: dict) -> list[dict]:
             if str(lab["number"]) in (info.get("submissions") or {})
         }
         for (s, a), (t, b) in combinations(handed.items(), 2):
+            if together(students, s, t, a, b):
+                continue  # a declared group's one submission: the same by design, not a finding
             alike = compare(a, b)
             if alike:
                 found.append(
@@ -243,6 +247,15 @@ def pairs(results: dict) -> list[dict]:
     order = {"byte-identical": 0, "identical after normalising": 1, "near-identical": 2}
     found.sort(key=lambda p: (p["lab"], order[p["how"]], -p["similarity"], p["students"]))
     return found
+
+
+def together(students: dict, s: str, t: str, a: dict, b: dict) -> bool:
+    """Whether two students handed in together, as the course declared: one `group` on the roster, or one
+    Gradescope group submission (its `group`, the members it names)."""
+    mine, theirs = students[s].get("group"), students[t].get("group")
+    if mine and mine == theirs:
+        return True
+    return t in (a.get("group") or ()) or s in (b.get("group") or ())
 
 
 RULE = (

@@ -92,6 +92,7 @@ def submissions_of(
             "source": v["source"],
             "file": v["member"],
             "times": v.get("times", {}),
+            **({"group": v["group"]} if v.get("group") else {}),  # a Gradescope group submission's members
         }
         for k, v in kept.items()
     }
@@ -258,6 +259,7 @@ def keep(
                 "submitted_at": lms_info.get("submitted_at"),
                 "late": bool(lms_info.get("late")),
                 "times": known,
+                **({"group": sorted(lms_info["group"])} if lms_info.get("group") else {}),
             }
             writeups.write(out, student, lab.number, path, notes[lab.number])  # for the TA's rubric
     return handed
