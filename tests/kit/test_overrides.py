@@ -133,3 +133,33 @@ def test_an_adjustment_takes_or_adds_at_most_the_labs_points():
     with pytest.raises(adjustments.AdjustmentError, match="line 2: points must be at least -5") as e:
         adjustments.parse(text, "adjustments.csv", {"bob"}, {3}, POINTS)
     assert "field points" in str(e.value)
+
+
+def test_a_student_dropped_from_the_roster_keeps_their_kept_override_inactive_and_named(tmp_path):
+    from labkit.grading.state import course
+
+    ta = tmp_path / "ta"
+    ta.mkdir()
+    (ta / "roster.csv").write_text("student\nbob\ndora\n")
+    (ta / "overrides.csv").write_text("student,lab,test,status,comment\ndora,3,test_doubles,passed,by hand\n")
+    (ta / "extensions.csv").write_text("student,lab,days\ndora,3,2\n")
+    folder = tmp_path / "course"
+
+    def checked(given: dict) -> course.State:
+        state = course.read(folder, given, labs=[3])
+        context = course.Context(labs=[3], tests={3: {"test_doubles"}}, points={3: 5})
+        state.check(context, needs_class=False)
+        state.check(context, needs_class=True)
+        return state
+
+    checked({n: ta / f"{n}.csv" for n in ("roster", "overrides", "extensions")}).save()
+    (ta / "roster.csv").write_text("student\nbob\n")  # dora dropped the course
+    state = checked({"roster": ta / "roster.csv"})
+    assert state.values["overrides"] == [] and state.values["extensions"] == {}
+    said = "\n".join(state.lines())
+    assert "overrides.csv, line 2: 'dora' is not in the class now" in said and "inactive" in said
+    assert "extensions.csv, line 2: 'dora' is not in the class now" in said
+    state.save()
+    assert "dora" in (folder / "overrides.csv").read_text()  # kept, to apply again if she returns
+    with pytest.raises(course.InputError, match="no student 'dora' in this class"):
+        checked({"overrides": ta / "overrides.csv"})  # a file given now that names her: a typo, refused

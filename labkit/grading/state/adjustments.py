@@ -35,7 +35,12 @@ class AdjustmentError(ValueError):
 
 
 def parse(
-    text: str, source: str, students: set[str], labs: set[int], lab_points: Mapping[int, float] | None = None
+    text: str,
+    source: str,
+    students: set[str],
+    labs: set[int],
+    lab_points: Mapping[int, float] | None = None,
+    inactive: list[str] | None = None,
 ) -> list[dict]:
     """The adjustments, each checked against the class (students) and the labs graded.
 
@@ -44,6 +49,8 @@ def parse(
     items: dict[tuple[int, str], tuple[float, int]] = {}  # (lab, item) -> (its max, the line that said so)
     seen: dict[tuple, int] = {}  # (student, lab, item) -> the line that graded it
     for line in table.read(text, source, COLUMNS, AdjustmentError):
+        if not line.in_class(students, inactive):  # a kept line of a student dropped from the roster
+            continue
         entry = _entry(line, students, labs)
         if line["item"]:
             _rubric_item(entry, line, items, seen)

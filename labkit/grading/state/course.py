@@ -65,6 +65,8 @@ class Context:
         default_factory=dict
     )  # lab -> what its tests are worth, collected with them
     extra_credit: dict[int, float] = field(default_factory=dict)  # the policy's [labs.N] extra_credit
+    # while a kept copy is checked: its lines of students no longer in the class, kept but inactive
+    inactive: list[str] | None = None
 
     def lab_tests(self) -> Mapping[int, set[str]]:
         """lab -> the names of its tests (public and hidden), each lab's collected only when asked for."""
@@ -194,16 +196,19 @@ def _check_overrides(text: str, source: str, context: Context) -> list[dict]:
         context.lab_tests(),
         context.lab_points(),
         context.extra_credit,
+        context.inactive,
     )
 
 
 def _check_extensions(text: str, source: str, context: Context) -> dict:
-    return deadlines.parse_extensions(text, source, context.students or set(), set(context.labs))
+    return deadlines.parse_extensions(
+        text, source, context.students or set(), set(context.labs), context.inactive
+    )
 
 
 def _check_adjustments(text: str, source: str, context: Context) -> list[dict]:
     return adjustments_mod.parse(
-        text, source, context.students or set(), set(context.labs), context.lab_points()
+        text, source, context.students or set(), set(context.labs), context.lab_points(), context.inactive
     )
 
 
@@ -335,8 +340,11 @@ class State:
             if entry.needs_class != needs_class or name not in self.sources:
                 continue
             src = self.sources[name]
+            # a kept copy checked against today's class: a dropped student's lines stay, inactive, and are named
+            context.inactive = [] if src.kept and entry.needs_class else None
             try:
                 self.values[name] = entry.check(src.text, src.origin, context)
+                self.notes.extend(context.inactive or [])
             except ValueError as e:
                 where = (
                     (
@@ -347,6 +355,8 @@ class State:
                     else ""
                 )
                 raise InputError(f"{e}{where}") from None
+            finally:
+                context.inactive = None
             if name == "roster":
                 context.students = set(self.values[name].students)
             if name == "policy":

@@ -148,13 +148,15 @@ MAX_EXTENSION_DAYS = 365  # more than a term: a typo, not an extension
 
 
 def parse_extensions(
-    text: str, source: str, students: set[str], labs: set[int]
+    text: str, source: str, students: set[str], labs: set[int], inactive: list[str] | None = None
 ) -> dict[str, dict[str, float]]:
     """student -> lab (as text) -> days; every line's student and lab must be in the class, once each."""
     out: dict[str, dict[str, float]] = {}
     seen: dict[tuple[str, int], int] = {}
     for line in table.read(text, source, EXTENSION_COLUMNS, DeadlineError):
-        student = line.student(students)
+        if not line.in_class(students, inactive):  # a kept line of a student dropped from the roster
+            continue
+        student = line["student"]
         lab = line.lab(labs)
         days = line.number_in(
             "days", 0, MAX_EXTENSION_DAYS, f"the days the due date moves, 0 to {MAX_EXTENSION_DAYS}"

@@ -37,15 +37,18 @@ def parse(
     lab_tests: Mapping[int, set[str]],
     lab_points: Mapping[int, float] | None = None,
     extra_credit: Mapping[int, float] | None = None,
+    inactive: list[str] | None = None,
 ) -> list[dict]:
     """The overrides, each checked against the class (students) and the labs graded (lab -> its tests).
 
     A points override lies within 0 and the lab's points (`lab_points`: lab -> what its tests are worth),
-    plus what the policy's `[labs.N] extra_credit` allows for that lab by name."""
+    plus what the policy's `[labs.N] extra_credit` allows for that lab by name. `inactive`: see
+    `table.Line.in_class` (a kept file's line of a student dropped from the roster)."""
     out, seen = [], {}
     for line in table.read(text, source, COLUMNS, OverrideError):
         n = line.number
-        line.student(students)
+        if not line.in_class(students, inactive):
+            continue
         lab = line.lab(lab_tests)
         entry = {"student": line["student"], "lab": lab, "comment": line["comment"], "line": n}
         if line["points"]:

@@ -87,6 +87,25 @@ class Line:
             raise self.fail(f"{column} must be at most {high:g}, got {text!r}", column, fix)
         return int(value) if value.is_integer() else round(value, 4)
 
+    def in_class(self, students: Collection[str], inactive: list[str] | None) -> bool:
+        """Whether the line's student is in the class. Where `inactive` is a list (a kept file, checked again
+        after the roster changed), a student no longer in it leaves the line kept but inactive, said there;
+        else such a line is refused."""
+        if self["student"] in students or inactive is None:
+            self.student(students)
+            return True
+        inactive.append(
+            message(
+                self.source,
+                self.number,
+                f"{self['student']!r} is not in the class now (dropped from the roster?): this line is kept, "
+                "inactive, and applies again if they return",
+                "student",
+                "nothing, to keep it so; to remove it, give the file again without the line",
+            )
+        )
+        return False
+
     def student(self, students: Collection[str]) -> str:
         sid = self["student"]
         if sid not in students:
