@@ -6,16 +6,12 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
-    collectives_of,
     compiled_call,
     expect_close,
-    expect_input_split,
     expect_split_across,
-    expect_work_split,
     placed,
     public_tests,
 )
-from labkit.cost import shape_bytes
 
 _public = public_tests(__file__)  # the public tests' inputs and helpers
 
@@ -50,22 +46,7 @@ def test_column_sums_split_is_not_left_partially_replicated(got, run):
 
 @check(got=compiled_call("column_sums_split", WIDE))
 def test_column_sums_split_never_makes_every_sum_whole_on_a_device(got, run):
-    """The constraint asks the compiler for one piece per device: what it sends are partial sums of a
-    device's own columns. Every sum made whole on every device (an all-reduce of all the columns, or a
-    gather of the sums) and then cut holds the copies the exercise is about avoiding."""
-    if run.device_count <= 2:
-        # One device, or a grid of 2 x 1: one column of devices, so each device's partial sums span every
-        # column, and the reduce-scatter the constraint asks for is over all of them, which the CPU compiler
-        # carries out as an all-reduce and a slice (as lab 12 says): every design's program is the same.
-        return
-    whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= WIDE.shape[1] * WIDE.itemsize]
-    if whole:
-        raise Mismatch(
-            f"the compiled program's {whole[0].op} hands each device all {WIDE.shape[1]} column sums, which are "
-            "then cut into pieces: every device held a whole copy on the way. Constrain the sums inside the "
-            "jitted function, where they are computed, so that the compiler adds each device's partial sums "
-            "only for the piece it keeps"
-        )
+    _public.expect_no_sum_made_whole(got, run.device_count, WIDE)  # the public test's budget, on other sums
 
 
 @check(got=call("collectives_of_sum", placed(TALL, ("data", None))))
@@ -98,10 +79,6 @@ def test_collectives_of_an_empty_array_split_by_rows_come_from_the_program_not_t
 
 SKINNY = RNG.normal(size=(64, 32)).astype(np.float32)
 WEIGHTS = RNG.normal(size=(32,)).astype(np.float32)
-NOT_TILED = (
-    "Place x with NamedSharding(grid_mesh(), P('rows', 'cols')) and v with P('cols') before the jitted "
-    "product, so that each device multiplies only its own tile"
-)
 
 
 @check(points=0, got=call("matvec_split", SKINNY, WEIGHTS))
@@ -112,6 +89,4 @@ def test_matvec_split_of_a_random_matrix(got, run):
 
 @check(points=0, got=compiled_call("matvec_split", SKINNY, WEIGHTS))
 def test_matvec_split_stores_and_multiplies_one_tile_per_device(got, run):
-    n = run.device_count
-    expect_input_split(got, 0, n, name="x", hint=NOT_TILED)
-    expect_work_split(got, 2.0 * SKINNY.size, n, what="the whole product", hint=NOT_TILED)
+    _public.expect_one_tile_per_device(got, run.device_count, SKINNY)

@@ -1,4 +1,7 @@
-"""Lab 2, public tests: jit on sharded inputs, partially replicated sums, sharding constraints, collectives in HLO."""
+"""Lab 2, public tests: jit on sharded inputs, partially replicated sums, sharding constraints, collectives in HLO.
+
+The budgets read from the compiled program (where the work runs, no sum made whole on a device, the stretch's
+tiles) are held here on these inputs, and by the hidden tests on others with the same helpers and words."""
 
 import numpy as np
 
@@ -6,6 +9,7 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     expect_close,
     expect_input_split,
@@ -14,6 +18,7 @@ from labkit.checks import (
     expect_work_split,
     placed,
 )
+from labkit.cost import shape_bytes
 
 M = np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(32, 8)  # sizes divide by 1 to 32 devices
 TILES = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 16.0
@@ -127,6 +132,30 @@ def test_column_sums_split_one_piece_per_device(got, run):
     expect_split_across(got, run.device_count, axis=0, hint=NO_CONSTRAINT)
 
 
+def expect_no_sum_made_whole(got, n: int, x) -> None:
+    """The constraint asks the compiler for one piece per device: what it sends are partial sums of a
+    device's own columns. Every sum made whole on every device (an all-reduce of all the columns, or a
+    gather of the sums) and then cut holds the copies the exercise is about avoiding."""
+    if n <= 2:
+        # One device, or a grid of 2 x 1: one column of devices, so each device's partial sums span every
+        # column, and the reduce-scatter the constraint asks for is over all of them, which the CPU compiler
+        # carries out as an all-reduce and a slice (as lab 12 says): every design's program is the same.
+        return
+    whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= x.shape[1] * x.itemsize]
+    if whole:
+        raise Mismatch(
+            f"the compiled program's {whole[0].op} hands each device all {x.shape[1]} column sums, which are "
+            "then cut into pieces: every device held a whole copy on the way. Constrain the sums inside the "
+            "jitted function, where they are computed, so that the compiler adds each device's partial sums "
+            "only for the piece it keeps"
+        )
+
+
+@check(got=compiled_call("column_sums_split", TILES))
+def test_column_sums_split_adds_each_devices_partial_sums_only_for_its_piece(got, run):
+    expect_no_sum_made_whole(got, run.device_count, TILES)
+
+
 # -- collectives_of_sum --------------------------------------------------------------------
 
 
@@ -176,3 +205,20 @@ def test_matvec_split_equals_the_product(got):
 @check(points=0, got=call("matvec_split", MATRIX, VECTOR))
 def test_matvec_split_is_split_across_every_device(got, run):
     expect_split_across(got, run.device_count, axis=0, hint=NO_SPLIT)
+
+
+NOT_TILED = (
+    "Place x with NamedSharding(grid_mesh(), P('rows', 'cols')) and v with P('cols') before the jitted "
+    "product, so that each device multiplies only its own tile"
+)
+
+
+def expect_one_tile_per_device(got, n: int, x) -> None:
+    """Each device holds 1/n of x and does at most 1/n of the product's work (and a little more)."""
+    expect_input_split(got, 0, n, name="x", hint=NOT_TILED)
+    expect_work_split(got, 2.0 * x.size, n, what="the whole product", hint=NOT_TILED)
+
+
+@check(points=0, got=compiled_call("matvec_split", MATRIX, VECTOR))
+def test_matvec_split_holds_and_multiplies_one_tile_on_each_device(got, run):
+    expect_one_tile_per_device(got, run.device_count, MATRIX)
