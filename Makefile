@@ -126,7 +126,7 @@ doctor: ## what this machine can do for the kit and what is missing, with fixes 
 configs: setup ## list the device configurations and whether each runs here
 	@$(PY) -m labkit configs
 
-.PHONY: grade scoreboard gradescope isolation slurm-grade progress
+.PHONY: grade scoreboard gradescope isolation slurm-grade progress review
 isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why none and the fix
 	@$(PY) -m labkit isolation
 
@@ -162,6 +162,9 @@ slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMI
 
 progress: setup ## how far a grading run (or its shards, on any engine) has got: make progress OUT=scoreboard [WATCH=1]
 	@$(PY) -m labkit progress $(or $(OUT),scoreboard) $(if $(WATCH),--watch)
+
+review: setup ## grade written answers by rubric in a browser on this machine: make review [OUT=scoreboard] [TA=name] [PORT=..]
+	@$(PY) -m labkit review $(or $(OUT),scoreboard) $(if $(TA),--ta $(TA)) $(if $(PORT),--port $(PORT))
 
 gradescope: setup ## the Gradescope autograder of one lab: make gradescope LAB=3 [ISOLATION=limits-only] -> build/gradescope/lab-3.zip
 	@test -n "$(LAB)" || { echo "usage: make gradescope LAB=N" >&2; exit 2; }

@@ -213,10 +213,12 @@ def parser() -> argparse.ArgumentParser:
     _add_grade(sub)
     from labkit.grading import cluster
     from labkit.grading.publish import canvas
+    from labkit.grading.review import command as review
     from labkit.grading.running import pods
 
     pods.add_parser(sub)
     canvas.add_parser(sub)
+    review.add_parser(sub)
     _add_scoreboard(sub)
     _add_release(sub)
     _add_gradescope(sub)

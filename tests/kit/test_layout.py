@@ -96,7 +96,7 @@ def test_the_top_of_the_package_holds_only_what_a_course_imports_and_the_stages(
 
 # grading/ by stage, lowest first: each imports only those before it; grading/'s own modules (the
 # orchestrators: `grade`, and `slurm` and `cluster`, which grade beyond one machine) may import them all.
-GRADING_STAGES = ("state", "intake", "running", "classwide", "publish")
+GRADING_STAGES = ("state", "intake", "running", "classwide", "review", "publish")
 ORCHESTRATORS = {"__init__", "grade", "slurm", "cluster"}
 
 

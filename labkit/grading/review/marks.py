@@ -1,0 +1,226 @@
+"""The points a TA gives on the review page, kept where grading reads them: OUT/course/adjustments.csv.
+
+Each rubric item of an answer is one line of the adjustments (`student,lab,points,comment,item,max`: see
+labkit/grading/state/adjustments.py); every other line of the file is kept as it was. A save happens under a
+lock (the server's threads, and other servers on the same folder), checks the answer's version (a digest of
+its lines: a page that shows older lines than the file's has its save refused, so that two TAs never
+overwrite each other unseen), checks the whole new file as grading will, writes it atomically, and adds a
+line saying who gave which points and when to OUT/course/review-log.jsonl.
+
+The course state's manifest names the adjustments once a first point is given, so that a later `make grade`
+without ADJUSTMENTS= reads them; its digest is left for grading to bring up to date (a grading run that
+started before a save then keeps the saved file, since it writes the kept inputs only where they differ
+from the manifest).
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import hashlib
+import io
+import json
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from labkit.course import catalog
+from labkit.grading.review.rubric import Rubric
+from labkit.grading.state import adjustments
+from labkit.grading.state import course as course_mod
+from labkit.grading.state.files import write_atomic
+
+FILE = "adjustments.csv"
+LOG = "review-log.jsonl"
+HEADER = ["student", "lab", "points", "comment", "item", "max"]
+MAX_BYTES = 20_000_000
+MAX_COMMENT = 1000
+
+_threads = threading.Lock()
+
+
+class StateError(ValueError):
+    """The course state cannot be read or written as it is: the message says which file, and what to do."""
+
+
+class Conflict(Exception):
+    """The answer's points changed since the page that sent a save was drawn."""
+
+
+@dataclass(frozen=True)
+class Mark:
+    points: float
+    comment: str  # what the student reads; the item's `says` where the TA wrote none
+
+
+def _refuse_links(course: Path) -> None:
+    for path in (course.parent, course, course / FILE, course / course_mod.MANIFEST, course / LOG):
+        if path.is_symlink():
+            raise StateError(f"{path} is a link: the review writes only the course state's own files")
+
+
+def read_text(course: Path) -> str:
+    """The adjustments file's text ('' where there is none), read without following a link."""
+    _refuse_links(course)
+    try:
+        fd = os.open(course / FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    except OSError as e:
+        raise StateError(f"{course / FILE}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise StateError(f"{course / FILE}: larger than {MAX_BYTES} bytes")
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise StateError(f"{course / FILE}: not UTF-8 text (save it as CSV UTF-8)") from None
+
+
+def rows(text: str) -> list[dict[str, str]]:
+    if not text.strip():
+        return []
+    reader = csv.DictReader(io.StringIO(text))
+    reader.fieldnames = [h.strip().lower() for h in reader.fieldnames or []]
+    return [{k: (v or "").strip() for k, v in line.items() if k is not None} for line in reader]
+
+
+def check(text: str, course: Path, students: set[str]) -> None:
+    """The file as grading will read it; StateError with grading's own message (file and line) if it would
+    refuse it."""
+    if not text.strip():
+        return
+    labs = {lab.number for lab in catalog.labs()}
+    named = {r.get("student", "") for r in rows(text)}
+    try:
+        adjustments.parse(text, str(course / FILE), students | named, labs)
+    except ValueError as e:
+        raise StateError(f"{e}. The page saves nothing until the file is put right.") from None
+
+
+def of_answer(text: str, student: str, rubric: Rubric) -> dict[str, Mark]:
+    """item -> the points it has, for one student's answer (items not graded are absent)."""
+    says = {i.name: i.says for i in rubric.items}
+    out = {}
+    for r in rows(text):
+        if r.get("student") == student and r.get("lab") == str(rubric.lab) and r.get("item") in says:
+            comment = r.get("comment", "")
+            out[r["item"]] = Mark(float(r.get("points") or 0), "" if comment == says[r["item"]] else comment)
+    return out
+
+
+def version(marks: dict[str, Mark]) -> str:
+    """The answer's version: what the page that sends a save must have shown."""
+    text = json.dumps(sorted((k, m.points, m.comment) for k, m in marks.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def locked(course: Path) -> Iterator[None]:
+    """One save at a time: this server's threads, and every server on the same folder."""
+    with _threads:
+        course.mkdir(parents=True, exist_ok=True)
+        _refuse_links(course)
+        fd = os.open(course / ".review.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def replaced(text: str, student: str, rubric: Rubric, marks: dict[str, Mark]) -> str:
+    """The file with one answer's item lines made `marks` (each in place where it was, new ones at the end)."""
+    lines = rows(text)
+    header = list(HEADER)
+    if text.strip():
+        extra = [h.strip().lower() for h in next(csv.reader(io.StringIO(text)), [])]
+        header += [h for h in extra if h and h not in header]
+    worth = {i.name: i for i in rubric.items}
+    done: set[str] = set()
+    out = []
+    for r in lines:
+        item = r.get("item", "")
+        if r.get("student") == student and r.get("lab") == str(rubric.lab) and item in worth:
+            if item in marks and item not in done:
+                out.append(_line(student, rubric, worth[item], marks[item]))
+                done.add(item)
+            continue
+        out.append(r)
+    out += [_line(student, rubric, worth[i], m) for i, m in marks.items() if i not in done]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=header, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(out)
+    return buffer.getvalue()
+
+
+def _line(student: str, rubric: Rubric, item, mark: Mark) -> dict[str, str]:
+    return {
+        "student": student,
+        "lab": str(rubric.lab),
+        "points": _number(mark.points),
+        "comment": mark.comment or item.says,
+        "item": item.name,
+        "max": _number(item.max),
+    }
+
+
+def save(
+    course: Path,
+    student: str,
+    rubric: Rubric,
+    marks: dict[str, Mark],
+    seen: str,
+    who: str,
+    students: set[str],
+) -> str:
+    """Give one answer `marks`, where its version is still `seen`; its new version. Conflict where another
+    save came first; StateError where the file cannot be read or the result would not be graded."""
+    with locked(course):
+        text = read_text(course)
+        check(text, course, students)
+        before = of_answer(text, student, rubric)
+        if version(before) != seen:
+            raise Conflict(version(before))
+        new = replaced(text, student, rubric, marks)
+        check(new, course, students)
+        write_atomic(course / FILE, new)
+        _name_in_manifest(course, new)
+        entry = {
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "by": who,
+            "student": student,
+            "lab": rubric.lab,
+            "items": {k: {"points": m.points, "comment": m.comment} for k, m in sorted(marks.items())},
+            "before": {k: {"points": m.points, "comment": m.comment} for k, m in sorted(before.items())},
+        }
+        with open(course / LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps(entry, sort_keys=True) + "\n")
+        return version(of_answer(new, student, rubric))
+
+
+def _name_in_manifest(course: Path, text: str) -> None:
+    """Where the manifest does not yet name the adjustments, name them, so that grading reads the kept copy."""
+    manifest = course_mod.read_manifest(course)
+    inputs = manifest.get("inputs", {})
+    if "adjustments" in inputs:
+        return
+    if (course / course_mod.MANIFEST).exists() and not manifest:
+        raise StateError(f"{course / course_mod.MANIFEST}: not the course state's manifest; fix or remove it")
+    inputs["adjustments"] = {
+        "file": FILE,
+        "from": "make review",
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    }
+    body = {"format": manifest.get("format", course_mod.FORMAT), "inputs": inputs}
+    write_atomic(course / course_mod.MANIFEST, json.dumps(body, indent=1, sort_keys=True) + "\n")
