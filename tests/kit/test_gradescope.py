@@ -527,3 +527,34 @@ def test_the_container_memory_is_read_from_this_process_cgroup():
     limit, kills = gradescope.container_memory()
     assert limit is None or limit > 0
     assert kills is None or kills >= 0
+
+
+def test_the_courses_own_policy_is_checked_and_shipped_in_place_of_the_kits(tmp_path):
+    mine = tmp_path / "policy.toml"
+    mine.write_text('[grading]\ncombine = "any"\n\n[labs.3]\nweight = 3\n')
+    zipped = gradescope.build(3, tmp_path / "lab-3.zip", course_policy=mine)
+    with zipfile.ZipFile(zipped) as z:
+        assert z.read("tests/policy.toml").decode() == mine.read_text()
+    mine.write_text("[labs.3]\nweight = -1\n")
+    with pytest.raises(gradescope.GradescopeError, match="policy.toml.*weight must not be negative"):
+        gradescope.build(3, tmp_path / "bad.zip", course_policy=mine)
+    assert not (tmp_path / "bad.zip").exists()
+
+
+def test_make_gradescope_passes_the_courses_policy():
+    done = subprocess.run(
+        [
+            "bash",
+            "-c",
+            doc_commands.typed("make gradescope LAB=3 POLICY=course/policy.toml").replace(
+                "make", "make -n", 1
+            ),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "labkit gradescope 3 --policy course/policy.toml" in done.stdout

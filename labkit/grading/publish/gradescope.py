@@ -43,7 +43,8 @@ from labkit.grading.state.files import write_atomic
 from labkit.run.modes import LIMITS_ONLY
 
 CONFIGS = ("cpu-1", "cpu-8", "cpu-2x4")  # cpu-2x4 only where it can run
-SHIPPED = ("labkit", "pyproject.toml", "README.md", "uv.lock", "tests/policy.toml", "tests/__init__.py")
+POLICY = "tests/policy.toml"  # the policy the autograder grades with: the kit's, or the course's (`build`)
+SHIPPED = ("labkit", "pyproject.toml", "README.md", "uv.lock", POLICY, "tests/__init__.py")
 MINIMUM_PYTHON = "3.11"  # Gradescope's Ubuntu 22.04 image has 3.10: setup.sh has uv install this one
 
 # The part of Gradescope's results.json the kit writes (their "Autograder Specifications").
@@ -204,12 +205,21 @@ def uv_version(root: Path = catalog.ROOT) -> str:
     return found.group(1)
 
 
-def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT, isolation: str = "") -> Path:
+def build(
+    number: int | str,
+    out: Path | None = None,
+    root: Path = catalog.ROOT,
+    isolation: str = "",
+    course_policy: Path | None = None,
+) -> Path:
     """Write the autograder zip of lab `number`; its path.
 
     `isolation`: "" (every submission in the kit's sandbox, or none graded) or "limits-only" (asked for
-    by name: where Gradescope refuses the sandbox, resource limits only, said in every result)."""
+    by name: where Gradescope refuses the sandbox, resource limits only, said in every result).
+    `course_policy`: the course's own policy, checked here and shipped as the zip's tests/policy.toml (the
+    one the autograder reads) in place of the kit's."""
     lab = catalog.lab(number, root)
+    shipped_policy = _course_policy(course_policy, root) if course_policy is not None else None
     out = Path(out or root / "build" / "gradescope" / f"{lab.name}.zip")
     if not lab.test_dirs(hidden=True):
         raise GradescopeError(f"{lab.name} has no tests under tests/public or tests/hidden")
@@ -234,7 +244,9 @@ def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT,
             ),
         )
         for part in SHIPPED:
-            if (root / part).exists():
+            if part == POLICY and shipped_policy is not None:
+                _text(z, part, shipped_policy)
+            elif (root / part).exists():
                 _add(z, root / part, part)
         for folder in lab.test_dirs(hidden=True):
             _add(z, folder, folder.relative_to(root).as_posix())
@@ -249,6 +261,19 @@ def build(number: int | str, out: Path | None = None, root: Path = catalog.ROOT,
 # ----------------------------------------------------------------------------------------
 # In the autograder: one submission to results.json.
 # ----------------------------------------------------------------------------------------
+
+
+def _course_policy(path: Path, root: Path) -> str:
+    """The text of the course's policy, checked as grading checks it (GradescopeError naming the file)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GradescopeError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        policy.parse(text, path, [lab.number for lab in catalog.labs(root)])
+    except policy.PolicyError as e:
+        raise GradescopeError(f"{e}: no autograder built") from None
+    return text
 
 
 def find_notebook(submission: Path, lab: catalog.Lab) -> tuple[Path | None, str]:
