@@ -166,9 +166,9 @@ progress: setup ## how far a grading run (or its shards, on any engine) has got:
 review: setup ## grade written answers by rubric in a browser on this machine: make review [OUT=scoreboard] [TA=name] [PORT=..]
 	@$(PY) -m labkit review $(or $(OUT),scoreboard) $(if $(TA),--ta $(TA)) $(if $(PORT),--port $(PORT))
 
-gradescope: setup ## the Gradescope autograder of one lab: make gradescope LAB=3 [ISOLATION=limits-only] -> build/gradescope/lab-3.zip
+gradescope: setup ## the Gradescope autograder of one lab: make gradescope LAB=3 [POLICY=policy.toml] [ISOLATION=limits-only] -> build/gradescope/lab-3.zip
 	@test -n "$(LAB)" || { echo "usage: make gradescope LAB=N" >&2; exit 2; }
-	@$(PY) -m labkit gradescope $(LAB) $(if $(ISOLATION),--isolation $(ISOLATION))
+	@$(PY) -m labkit gradescope $(LAB) $(if $(POLICY),--policy $(POLICY)) $(if $(ISOLATION),--isolation $(ISOLATION))
 
 scoreboard: setup ## your results across labs and configurations, from your last `make lab-N` runs
 	@$(PY) -m labkit scoreboard

@@ -167,7 +167,7 @@ def _gradescope(args) -> int:
     """Build the Gradescope autograder zip of one lab."""
     from labkit.grading.publish import gradescope
 
-    path = gradescope.build(args.lab, args.out, isolation=args.isolation or "")
+    path = gradescope.build(args.lab, args.out, isolation=args.isolation or "", course_policy=args.policy)
     print(f"wrote {path}")
     return ExitCode.OK
 
@@ -187,6 +187,12 @@ def _add_gradescope(sub) -> None:
         choices=["limits-only"],
         default=None,
         help="grade without the kit's sandbox where Gradescope refuses it (said in every result)",
+    )
+    gs.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="the course's policy (TOML), checked and shipped in the zip (default: the kit's tests/policy.toml)",
     )
     gs.set_defaults(func=_gradescope)
     gsr = sub.add_parser(
