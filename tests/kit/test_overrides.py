@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
 import pytest
 from test_policy import bob_rows, results
@@ -163,3 +164,29 @@ def test_a_student_dropped_from_the_roster_keeps_their_kept_override_inactive_an
     assert "dora" in (folder / "overrides.csv").read_text()  # kept, to apply again if she returns
     with pytest.raises(course.InputError, match="no student 'dora' in this class"):
         checked({"overrides": ta / "overrides.csv"})  # a file given now that names her: a typo, refused
+
+
+def test_one_override_is_added_without_retyping_the_others_and_the_replaced_copy_is_kept(tmp_path):
+    from labkit.grading.state import course
+
+    ta, folder = tmp_path / "ta", tmp_path / "course"
+    ta.mkdir()
+    (ta / "overrides.csv").write_text("student,lab,points,test,status,comment\nbob,3,4,,,by hand\n")
+    (ta / "more.csv").write_text('student,lab,points,test,status,comment\ndora,3,2,,,"a regrade, by hand"\n')
+
+    def checked(given: dict) -> course.State:
+        state = course.read(folder, given, labs=[3])
+        state.check(course.Context(labs=[3], students={"bob", "dora"}, tests={3: set()}, points={3: 5}), True)
+        state.save()
+        return state
+
+    checked({"overrides": ta / "overrides.csv"})
+    first = (folder / "overrides.csv").read_text()
+    state = checked({"overrides": Path(f"+{ta / 'more.csv'}")})
+    assert [(o["student"], o["points"]) for o in state.values["overrides"]] == [("bob", 4), ("dora", 2)]
+    assert any("1 line added" in c for c in state.changes)
+    (kept,) = (folder / "history").iterdir()
+    assert kept.read_text() == first and any(str(kept) in c for c in state.changes)
+    (ta / "other.csv").write_text("student,lab,points\nbob,3,1\n")
+    with pytest.raises(course.InputError, match="other.csv, line 1: its header"):
+        checked({"overrides": Path(f"+{ta / 'other.csv'}")})

@@ -45,6 +45,8 @@ from labkit.grading.state.files import write_atomic
 
 FOLDER = "course"  # OUT/course
 MANIFEST = "manifest.json"
+HISTORY = "history"  # OUT/course/history/<file>-<digest>: every kept copy a later run replaced or forgot
+ADD = "+"  # `--overrides +FILE`: FILE's lines added to the kept copy's, not in their place
 FORMAT = 1
 
 
@@ -373,14 +375,31 @@ class State:
         ):
             return
         for name, src in self.sources.items():
+            self._keep_replaced(name, src.text)
             write_atomic(self.folder / INPUTS[name].file, src.text)
         for name, entry in INPUTS.items():
             if name not in self.sources:
+                self._keep_replaced(name, None)
                 (self.folder / entry.file).unlink(missing_ok=True)
         write_atomic(
             self.folder / MANIFEST,
             json.dumps({"format": FORMAT, "inputs": inputs}, indent=1, sort_keys=True) + "\n",
         )
+
+    def _keep_replaced(self, name: str, text: str | None) -> None:
+        """Before the kept copy of input `name` is replaced by `text` (None: forgotten), keep it in
+        OUT/course/history/ by its digest, and say so."""
+        path = self.folder / INPUTS[name].file
+        try:
+            old = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return
+        if old == text:
+            return
+        kept = self.folder / HISTORY / f"{path.stem}-{_sha(old)[:12]}{path.suffix}"
+        if not kept.exists():
+            write_atomic(kept, old)
+        self.changes.append(f"{name}: the copy it replaces is kept as {kept}")
 
     def lines(self) -> list[str]:
         """The course state this run grades with, and what it changed: for the run's summary."""
@@ -508,6 +527,8 @@ def _kept_copy(folder: Path, name: str, entry, kept: dict, wanted: bool) -> Sour
 
 def _source_of(name: str, path: Path | None, old: Source | None) -> Source | None:
     """What input `name` is this run: the file given, else the kept copy, else (the policy) the kit's own."""
+    if path is not None and str(path).startswith(ADD) and name != "policy":
+        return _added(name, Path(str(path)[len(ADD) :]), old)
     if path is not None:
         return Source(_read_given(path), str(path), False)
     if old is not None:
@@ -519,6 +540,24 @@ def _source_of(name: str, path: Path | None, old: Source | None) -> Source | Non
             False,
         )
     return None
+
+
+def _added(name: str, path: Path, old: Source | None) -> Source:
+    """`--NAME +FILE`: the kept copy with FILE's lines after its own (FILE alone where none is kept); FILE's
+    header must be the kept copy's, so that every line reads the same. Line numbers count the kept lines first."""
+    text = _read_given(path)
+    if old is None:
+        return Source(text, str(path), False)
+    header, *rows = text.splitlines()
+    kept_header = old.text.removeprefix("\ufeff").splitlines()[:1]
+    if [header.strip().lower()] != [h.strip().lower() for h in kept_header]:
+        raise InputError(
+            f"{path}, line 1: its header {header.strip()!r} is not the kept {name}'s "
+            f"{(kept_header or [''])[0].strip()!r} (field header; fix: give the kept copy's header, then the "
+            f"lines to add)"
+        )
+    body = old.text.rstrip("\n") + "\n" + "".join(f"{row}\n" for row in rows if row.strip())
+    return Source(body, f"{old.origin} + {path}", False)
 
 
 def _change(name: str, old: Source | None, new: Source, path: Path | None) -> str | None:
