@@ -368,7 +368,9 @@ def comment(course, results: dict, text_of) -> dict[str, int]:
     graded = {x.get("number") for x in results.get("labs", [])}
     me = _request(course, "read the token's own user", "GET", "users/self").json().get("id")
     if me is None:
-        raise CanvasError("Canvas did not say which user the token is (GET /api/v1/users/self): no comment sent")
+        raise CanvasError(
+            "Canvas did not say which user the token is (GET /api/v1/users/self): no comment sent"
+        )
     counts = {"sent": 0, "replaced": 0, "kept": 0}
     for lab, assignment_id in sorted(grading.canvas.items()):
         if lab not in graded:
@@ -479,7 +481,9 @@ def add_parser(sub) -> None:
     p.add_argument("folder", type=Path, help="the --out folder of a grading run")
     p.add_argument("--apply", action="store_true", help="send the differences (without it: only show them)")
     p.add_argument(
-        "--comments", action="store_true", help="with --apply: each student's feedback as a comment"
+        "--comments",
+        action="store_true",
+        help="with --apply: each graded lab's feedback, that lab's alone, as a comment (a changed one replaces the kit's own)",
     )
     p.add_argument(
         "--missing",
