@@ -148,7 +148,7 @@ COURSE_ARGS = $(COURSE_FLAGS) $(if $(FORGET),--forget $(FORGET)) $(if $(CHANGE_P
   $(if $(COURSE),--course $(COURSE)) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
 
 grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboard] [ROSTER=roster.csv] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [ADJUSTMENTS=..] [FORGET=overrides] [CHANGE_POLICY=1] [STUDENTS=id,id] [RETRY=1] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only] [START=cold]
-	@$(PY) -m labkit grade --submissions $(or $(SUBMISSIONS),submissions) --out $(or $(OUT),scoreboard) \
+	@$(PY) -m labkit grade $(if $(SUBMISSIONS),--submissions $(SUBMISSIONS)) --out $(or $(OUT),scoreboard) \
 	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
 	  $(if $(SHARD),--shard $(SHARD)) $(COURSE_ARGS) \
 	  $(if $(ISOLATION),--isolation $(ISOLATION)) $(if $(START),--start $(START)) --timeout $(TIMEOUT)

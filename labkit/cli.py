@@ -287,17 +287,24 @@ def _add_grade(sub) -> None:
     grd.add_argument(
         "--submissions",
         type=Path,
-        default=Path("submissions"),
-        help="folder of <student_id>/lab-<N>.ipynb (default %(default)s)",
+        default=None,
+        help="folder of <student_id>/lab-<N>.ipynb, or an LMS download: added to the term's sources, kept in "
+        "OUT/course/term.json (default: the kept ones, else submissions)",
     )
     grd.add_argument(
         "--out", type=Path, default=Path("scoreboard"), help="where results go (default %(default)s)"
     )
-    grd.add_argument("--labs", default=None, help="comma-separated lab numbers (default: every lab)")
+    grd.add_argument(
+        "--labs",
+        default=None,
+        help="comma-separated lab numbers: added to the term's and the only ones graded this run (default: the "
+        "term's, else every lab)",
+    )
     grd.add_argument(
         "--configs",
         default=None,
-        help=f"comma-separated, from: {', '.join(configs.CONFIGS)} (default: every one available here)",
+        help=f"comma-separated, from: {', '.join(configs.CONFIGS)}: added to the term's and the only ones "
+        "graded this run (default: the term's, else every one available here)",
     )
     grd.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: one per core)")
     grd.add_argument(

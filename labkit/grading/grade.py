@@ -32,15 +32,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.course import catalog
 from labkit.grading.classwide import gathered, similarity
-from labkit.grading.intake import handin
+from labkit.grading.intake import handin, lms
 from labkit.grading.intake.collect import choose_configs, choose_labs, parse_shard
 from labkit.grading.publish import scoreboard
-from labkit.grading.running import units
+from labkit.grading.running import held, units
 from labkit.grading.running.engine import Grader, StopRequest
 from labkit.grading.state import course as course_mod
 from labkit.grading.state import inputs as inputs_mod
 from labkit.grading.state import policy as policy_mod
+from labkit.grading.state import term as term_mod
 from labkit.grading.state.errors import GradeError
 from labkit.run import execute
 from labkit.run.allowance import Limits
@@ -52,11 +54,14 @@ class Request:
 
     `inputs`: the TA's inputs by name (`course.INPUTS`: roster, policy, overrides, extensions, adjustments
     and the rest), kept in the course's state (`course`, default OUT/course: labkit/grading/state/course.py): one
-    left out (None) is the kept one. `students`: ids graded again whatever was kept for them; `retry`: units
-    whose kept row is an error or a timeout graded again. `runs_from` and `plan`: where the notebooks ran in
+    left out (None) is the kept one. `submissions`, `labs` and `configs` are the term's
+    (labkit/grading/state/term.py): None is the kept one; one given adds to the term and narrows the run to it,
+    every other unit held as the last run left it (labkit/grading/running/held.py). `students`: ids graded
+    again whatever was kept for them, the only students this run grades; `retry`: units whose kept row is an
+    error or a timeout graded again. `runs_from` and `plan`: where the notebooks ran in
     pods of their own (labkit.grading.running.pods)."""
 
-    submissions: Path
+    submissions: Path | None
     out: Path
     labs: str | None = None
     configs: str | None = None
@@ -84,27 +89,38 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
     stream = stream or sys.stderr
     # Absolute from here on: the warm server's socket, the kernels' connection files and the sandbox's binds
     # are all named by path, and a relative one (`make grade`'s default OUT=scoreboard) means nothing there.
-    submissions, out = Path(request.submissions).absolute(), Path(request.out).absolute()
-    _check_request(submissions, request.timeout, request.jobs)
+    out = Path(request.out).absolute()
+    _check_request(request.timeout, request.jobs)
     part = parse_shard(request.shard)
-    labs, chosen = choose_labs(request.labs), choose_configs(request.configs)
     given = {name: path for name, path in request.inputs.items() if path is not None}
-    state, context = inputs_mod.read(out, request.course, given, request.forget, request.change_policy)
+    term_forget, course_forget = _split_forget(request.forget)
+    state, context = inputs_mod.read(out, request.course, given, course_forget, request.change_policy)
+    term = _term(request, out, term_forget)
+    labs, chosen = choose_labs(",".join(map(str, term.labs))), choose_configs(",".join(term.configs))
     grading, people = state.values.get("policy") or policy_mod.Policy(), state.values.get("roster")
     provisional = inputs_mod.provisional(grading, [c.name for c in chosen])
     grader = _grader(request, out, labs, chosen, stream, terminal)
     grader.stop = stop = StopRequest()
     try:
-        klass = handin.the_class(submissions, out, state, context, request.students, stream)
+        klass = handin.the_class(term, out, state, context, request.students, stream)
+        term.save()
+        for line in term.lines():
+            print(line, file=stream, flush=True)
         grader.again = units.again(klass.named, request.retry)
-        ref_rows = units.grade_references(grader, out, labs, chosen)
-        stop.check()
         graded = handin.students_of_shard(klass.subs, part)
-        handed = handin.keep(out, klass.subs, graded, labs, klass.times)
+        selection = held.Selection(set(term.run_labs), set(term.run_configs), klass.named, held.previous(out))
+        todo = selection.units(graded, labs, chosen)
+        ref_rows = units.grade_references(
+            grader, out, [lab for lab in labs if lab.number in todo.labs], chosen
+        )
+        stop.check()
+        handed = handin.keep(out, todo.handed_in(klass.subs), graded, labs, klass.times)
         similarity.add_fingerprints(handed, klass.subs.students, labs)
-        rows = units.grade_students(grader, out, klass.subs, graded, labs, chosen, ref_rows, handed)
+        rows = units.grade_students(
+            grader, out, klass.subs, graded, labs, chosen, ref_rows, handed, only=selection.grades
+        )
         results = gathered.of_class(
-            rows,
+            selection.rows(rows, graded, labs, chosen),
             labs,
             chosen,
             klass.subs,
@@ -112,12 +128,13 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
             ref_rows=ref_rows,
             grading=grading,
             people=people,
-            handed=handed,
+            handed=handed | selection.held_submissions(todo, graded, labs),
             provisional=provisional,
             course_values=inputs_mod.course_values(state, [lab.number for lab in labs]),
         )
+        selection.hold_labs(results, todo.labs)
         scoreboard.write(results, out)
-        for line in state.changes + state.notes:
+        for line in state.changes + state.notes + term.changes:
             print(f"course state: {line}", file=stream, flush=True)
         stop.check()  # a stop asked for while the scoreboard was written: it is whole, and the run still ends as stopped
         return results
@@ -143,17 +160,41 @@ def _grader(request: Request, out: Path, labs, configs, stream, terminal: bool |
     )
 
 
-def _check_request(submissions: Path, timeout: float, jobs: int | None) -> None:
-    """Refuse, before anything is read or graded, a folder that is not there and limits that mean nothing."""
-    if not submissions.exists():
-        raise GradeError(
-            f"the submissions folder {submissions} does not exist "
-            "(expected <student_id>/lab-<N>.ipynb inside it, or an LMS download)"
-        )
+def _check_request(timeout: float, jobs: int | None) -> None:
+    """Refuse, before anything is read or graded, limits that mean nothing."""
     if timeout <= 0:
         raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
     if jobs is not None and jobs < 1:
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
+
+
+def _split_forget(forget: str) -> tuple[list[str], str]:
+    """`--forget`'s names of the term (submissions, labs, configs), and the rest for the course's inputs."""
+    try:
+        return term_mod.split_forget(forget, list(course_mod.INPUTS))
+    except term_mod.TermError as e:
+        raise GradeError(str(e)) from None
+
+
+def _term(request: Request, out: Path, forget: list[str]) -> term_mod.Term:
+    """The term this run grades (labkit/grading/state/term.py): the kept sources, labs and configurations, with
+    what the request gives added; the labs and configurations given checked first."""
+    labs = [lab.number for lab in choose_labs(request.labs)] if request.labs else None
+    configs = [c.name for c in choose_configs(request.configs)] if request.configs else None
+    folder = Path(request.course).absolute() if request.course is not None else out / course_mod.FOLDER
+    try:
+        return term_mod.resolve(
+            folder,
+            submissions=request.submissions,
+            labs=labs,
+            configs=configs,
+            forget=forget,
+            all_labs=[lab.number for lab in catalog.labs()],
+            default_configs=[c.name for c in choose_configs(None)],
+            is_download=lms.is_download,
+        )
+    except term_mod.TermError as e:
+        raise GradeError(str(e)) from None
 
 
 def prepare(
@@ -179,7 +220,7 @@ def prepare(
         raise GradeError(f"the submissions folder {submissions} does not exist")
     choose_labs(labs)
     chosen = choose_configs(config_names)
-    state, context = inputs_mod.read(out, course, inputs, forget, change_policy)
+    state, context = inputs_mod.read(out, course, inputs, _split_forget(forget)[1], change_policy)
     inputs_mod.provisional(state.values.get("policy") or policy_mod.Policy(), [c.name for c in chosen])
     subs, _ = handin.submissions_of(submissions, out, state.values.get("roster"), stream)
     handin.class_checked(state, context, subs, students, stream)

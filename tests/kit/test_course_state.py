@@ -306,6 +306,66 @@ def test_students_grades_only_the_named_students_again(graded, tmp_path):
     assert done.returncode == 2 and "--students names nobody: not in this class" in done.stderr
 
 
+NOT_THE_TERM = ("--jobs", "2", "--timeout", "120", "--isolation", "limits-only")  # ARGS less the term's scope
+
+
+def test_the_bare_command_grades_the_kept_sources_labs_and_configurations(graded, tmp_path):
+    same_kit(graded)
+    out = graded[1]
+    again = copy_run(out, tmp_path / "again")
+    done = run_grade("grade", "--out", str(again), *NOT_THE_TERM)  # no --submissions, --labs, --configs
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr and "term (" in done.stderr  # lab 3 on cpu-1, kept: nothing new
+    for name in FILES:
+        assert (again / name).read_text() == (out / name).read_text(), name
+
+
+def held_lab_5(folder: Path) -> None:
+    """Make the graded class's state a term of labs 3 and 5, lab 5's rows a copy of lab 3's (nothing runs)."""
+    results = json.loads((folder / "scoreboard.json").read_text())
+    results["rows"] += [r | {"lab": 5} for r in results["rows"] if r["lab"] == 3]
+    results["labs"] += [lab | {"number": 5, "name": "lab-5"} for lab in results["labs"] if lab["number"] == 3]
+    for info in results["students"].values():
+        if "3" in info.get("submissions", {}):
+            info["submissions"]["5"] = info["submissions"]["3"]
+    (folder / "scoreboard.json").write_text(json.dumps(results))
+    kept = json.loads((folder / "course" / "term.json").read_text())
+    (folder / "course" / "term.json").write_text(json.dumps(kept | {"labs": [3, 5]}))
+
+
+def test_a_narrower_run_grades_only_its_units_and_holds_every_other_grade(graded, tmp_path):
+    same_kit(graded)
+    subs, out = graded[:2]
+    again = copy_run(out, tmp_path / "again")
+    held_lab_5(again)
+    moved = tmp_path / "moved"
+    shutil.copytree(subs, moved)
+    write(
+        moved / "alice" / "lab-3.ipynb", (ROOT / "labs" / "lab-3.ipynb").read_text()
+    )  # alice's changed since
+    done = run_grade(
+        "grade",
+        "--submissions",
+        str(moved),
+        "--out",
+        str(again),
+        "--labs",
+        "3",
+        "--students",
+        "dora",
+        *NOT_THE_TERM,
+    )
+    assert done.returncode == 0, done.stderr
+    graded_now = [ln.split("] ")[1].split(":")[0] for ln in done.stderr.splitlines() if ln.startswith("[")]
+    assert graded_now == ["dora lab-3 cpu-1"]
+    assert "submissions: now" in done.stderr and "every other unit is held as it was" in done.stderr
+    mine = grades(again)
+    assert mine["alice", "3"]["points"] == str(LAB_3_TESTS)  # held: the notebook graded before, as it was
+    assert mine["alice", "5"]["points"] == str(LAB_3_TESTS) and mine["zoe", "5"]["status"] == "missing"
+    assert (mine["dora", "3"]["points"], mine["dora", "3"]["overridden"]) == ("4", "partial credit by hand")
+    assert "lab-5" in (again / "feedback" / "alice.md").read_text()
+
+
 # ----------------------------------------------------------------------------------------
 # The other paths: Slurm, the container, progress; and the registry itself.
 # ----------------------------------------------------------------------------------------

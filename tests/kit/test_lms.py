@@ -558,10 +558,11 @@ def _default_folders() -> set[str]:
     import re
 
     from labkit import cli
+    from labkit.grading.state import term
 
-    found = set()
+    found = {str(term.DEFAULT_SUBMISSIONS)}  # where a term with no source kept reads from
     for action in cli.parser()._subparsers._group_actions[0].choices["grade"]._actions:
-        if action.dest in ("submissions", "out"):
+        if action.dest in ("submissions", "out") and action.default is not None:
             found.add(str(action.default))
     makefile = (ROOT / "Makefile").read_text()
     found |= set(re.findall(r"^(?:SUBMISSIONS|GRADES) \?= (\S+)$", makefile, re.MULTILINE))

@@ -18,6 +18,7 @@ from labkit.grading.intake.collect import Submissions, discover, shard_of
 from labkit.grading.state import course as course_mod
 from labkit.grading.state import deadlines, history
 from labkit.grading.state import roster as roster_mod
+from labkit.grading.state import term as term_mod
 from labkit.grading.state.errors import GradeError
 from labkit.grading.state.files import write_atomic
 
@@ -32,18 +33,17 @@ class Class:
 
 
 def the_class(
-    submissions: Path,
+    term: term_mod.Term,
     out: Path,
     state: course_mod.State,
     context: course_mod.Context,
     students: str | None,
     stream,
 ) -> Class:
-    """The class read, checked against the course's inputs, and each group's one submission credited to all."""
+    """The class read from the term's sources, checked against the course's inputs, and each group's one
+    submission credited to all."""
     people = state.values.get("roster")
-    subs, times = submissions_of(
-        submissions, out, people, stream
-    )  # an LMS download is checked before any run
+    subs, times = of_term(term, out, people, stream)  # an LMS download is checked before any run
     named = class_checked(state, context, subs, students, stream)
     if people is not None:
         roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
@@ -54,31 +54,60 @@ COLLECTED = "collected"  # OUT/collected/<student>/lab-<N>.ipynb: every download
 KEPT = "collected.json"  # OUT/collected.json: what each download said of each notebook kept there
 
 
-def submissions_of(
-    submissions: Path, out: Path, people: roster_mod.Roster | None, stream
+def of_term(
+    term: term_mod.Term, out: Path, people: roster_mod.Roster | None, stream
 ) -> tuple[Submissions, dict]:
-    """The class's notebooks: the kit's folder layout, or an LMS download added to OUT/collected first.
-
-    Also (student, lab) -> what the LMS says of the submission (time, late mark), where it says it.
-    """
+    """The class's notebooks from the term's sources: its folder of the kit's layout, or every LMS download
+    kept in the term added up in OUT/collected. A kept download is read again only where its files changed
+    since (a folder `labkit canvas collect` filled again); one no longer there keeps what it collected, with a
+    note. Also (student, lab) -> what the LMS says of the submission, as `submissions_of`."""
     known = [lab.number for lab in catalog.labs()]
-    if not lms.is_download(submissions):
-        return discover(submissions, known), {}
-    # `fresh`: this download alone, read there before anything kept changes
-    into, fresh = out / COLLECTED, out / "collecting"
+    folders = [s for s in term.sources if s["kind"] == term_mod.FOLDER]
+    if folders:
+        path = Path(folders[0]["path"])
+        if not path.is_dir():
+            raise GradeError(
+                f"the submissions folder {path} (kept in the term: {term.folder / term_mod.FILE}) does not exist: "
+                "give SUBMISSIONS=... with FORGET=submissions to grade from another"
+            )
+        return discover(path, known), {}
+    class_notes: list[str] = []
+    for source in term.sources:
+        path = Path(source["path"])
+        if not path.exists():
+            class_notes.append(f"{path.name}: the download is no longer there; what it collected is kept")
+            class_notes.extend(source.get("notes", []))
+            continue
+        digest = term_mod.digest(path)
+        if term.fresh(source, digest):
+            found = _add_download(path, out, people, known, stream)
+            source["digest"], source["notes"] = digest, found.notes()
+        class_notes.extend(source.get("notes", []))
+    (out / COLLECTED).mkdir(parents=True, exist_ok=True)
+    return _collected(out, _read_kept(out / KEPT), class_notes)
+
+
+def _add_download(path: Path, out: Path, people: roster_mod.Roster | None, known: list[int], stream):
+    """One download read into a folder of its own, then added to OUT/collected (`add_up`); what it held."""
+    fresh = out / "collecting"
     shutil.rmtree(fresh, ignore_errors=True)
     try:
-        found = lms.collect(submissions, people, fresh, known)
-        kept = add_up(out, fresh, found, submissions.name, stream)
+        found = lms.collect(path, people, fresh, known)
+        add_up(out, fresh, found, path.name, stream)
     except lms.LmsError as e:
         raise GradeError(str(e)) from None
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
-    into.mkdir(parents=True, exist_ok=True)
     for line in found.notes():
-        print(f"{submissions.name}: {line}", file=stream, flush=True)
-    subs = discover(into, known)
-    subs.class_notes[:0] = found.notes()
+        print(f"{path.name}: {line}", file=stream, flush=True)
+    return found
+
+
+def _collected(out: Path, kept: dict, class_notes: list[str]) -> tuple[Submissions, dict]:
+    """OUT/collected as the class's notebooks, with each kept one's late mark and notes, and its LMS times."""
+    known = [lab.number for lab in catalog.labs()]
+    subs = discover(out / COLLECTED, known)
+    subs.class_notes[:0] = class_notes
     for (student, lab), entry in sorted(kept.items()):
         if entry["late"] and student in subs.notes:
             subs.notes[student].append(
@@ -96,6 +125,21 @@ def submissions_of(
         }
         for k, v in kept.items()
     }
+
+
+def submissions_of(
+    submissions: Path, out: Path, people: roster_mod.Roster | None, stream
+) -> tuple[Submissions, dict]:
+    """The class's notebooks: the kit's folder layout, or an LMS download added to OUT/collected first.
+
+    Also (student, lab) -> what the LMS says of the submission (time, late mark), where it says it.
+    """
+    known = [lab.number for lab in catalog.labs()]
+    if not lms.is_download(submissions):
+        return discover(submissions, known), {}
+    found = _add_download(submissions, out, people, known, stream)
+    (out / COLLECTED).mkdir(parents=True, exist_ok=True)
+    return _collected(out, _read_kept(out / KEPT), found.notes())
 
 
 def add_up(
