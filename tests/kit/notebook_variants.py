@@ -41,8 +41,9 @@ def reference_code(lab: int) -> str:
     return "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
 
 
-def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements) -> dict:
-    """Lab `lab`'s reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures."""
+def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements, hidden: bool = True) -> dict:
+    """Lab `lab`'s reference with `replacements` on cpu-1 and cpu-8: every test passes on cpu-1; cpu-8's failures.
+    `hidden=False`: the public tests alone, as the student's `make lab-N` runs them."""
     assert all(old in reference_code(lab) for old, _ in replacements), "a replacement finds nothing"
     done = kit(
         "lab",
@@ -51,7 +52,7 @@ def failed_on_cpu_8(kit, lab_outcomes, variant, lab: int, *replacements) -> dict
         str(variant(lab, *replacements)),
         "--configs",
         "cpu-1,cpu-8",
-        "--hidden",
+        *["--hidden"] * hidden,
     )
     outcomes = lab_outcomes(lab)
     assert outcomes["cpu-1"] and all(o["status"] == "passed" for o in outcomes["cpu-1"].values()), not_passed(
@@ -83,14 +84,23 @@ class Ran(dict):
     __str__ = __repr__
 
 
-def failures_by_config(kit, lab_outcomes, variant, lab: int, old: str, new: str, expected: set[str]) -> dict:
-    """Lab `lab`'s reference with `old` replaced by `new`, judged on cpu-1 and cpu-8 with hidden tests: its exit
-    status, its output, and per configuration the tests that did not pass (`expected` must all have run on cpu-8)."""
+def failures_by_config(
+    kit, lab_outcomes, variant, lab: int, old: str, new: str, expected: set[str], *, hidden: bool = True
+) -> dict:
+    """Lab `lab`'s reference with `old` replaced by `new`, judged on cpu-1 and cpu-8 with hidden tests (or, with
+    `hidden=False`, the public tests alone, as `make lab-N`): its exit status, its output, and per configuration
+    the tests that did not pass (`expected` must all have run on cpu-8)."""
     assert old in reference_code(lab), (
         f"lab {lab}'s reference changed: the text to replace is no longer in it"
     )
     done = kit(
-        "lab", str(lab), "--notebook", str(variant(lab, (old, new))), "--configs", "cpu-1,cpu-8", "--hidden"
+        "lab",
+        str(lab),
+        "--notebook",
+        str(variant(lab, (old, new))),
+        "--configs",
+        "cpu-1,cpu-8",
+        *["--hidden"] * hidden,
     )
     outcomes = lab_outcomes(lab)
     assert expected <= set(outcomes["cpu-8"]), sorted(outcomes["cpu-8"])

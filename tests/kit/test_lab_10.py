@@ -1,6 +1,7 @@
 """Lab 10 end to end: a ppermute that sends backwards is right with one stage only; a pipeline that is none is
 right everywhere, named by its compiled program, and at a production size refused by the TPU compiler;
-ring_sum is held to its budget, whatever its design."""
+ring_sum is held to its budget, whatever its design. Each budget the hidden tests hold is held by a public
+test too, with the same words: a design over one fails the student's own `make lab-10` (public tests alone)."""
 
 import json
 
@@ -11,6 +12,16 @@ from test_tpu_references import HAS_LIBTPU, on_v5e_8
 from labkit.course import catalog
 
 PRODUCTION = "test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_the_layers_of_its_stage"
+# The pipeline's budgets in the student's own loop (public tests) and in grading's hidden tests.
+WORK = "test_each_stage_computes_its_layers_once_per_step_of_the_schedule"
+HAND_OFFS, HIDDEN_HAND_OFFS = (
+    "test_the_stages_hand_on_their_activations_about_once_per_step",
+    "test_pipeline_keeps_every_stage_busy_at_once",
+)
+LAYERS, HIDDEN_LAYERS = (
+    "test_each_stage_holds_only_the_layers_of_its_own_stage",
+    "test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device",
+)
 
 
 def test_a_ppermute_in_the_wrong_direction_passes_on_cpu_1_and_fails_on_cpu_8(kit, lab_outcomes, variant):
@@ -52,8 +63,13 @@ def test_every_layer_on_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(kit, 
     assert done.returncode == 1, done.stdout + done.stderr
     by_config = lab_outcomes(10)
     assert by_config["cpu-1"] and not not_passed(by_config["cpu-1"]), not_passed(by_config["cpu-1"])
-    named = by_config["cpu-8"]["test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device"]
+    named = by_config["cpu-8"][HIDDEN_LAYERS]
     assert named["hidden"] and named["status"] == "failed", named
+    public = by_config["cpu-8"][LAYERS]  # the same budget, the same words, in the student's own loop
+    assert not public["hidden"] and public["status"] == "failed", public
+    assert (
+        "every device holds all of the weights" in public["message"] and "not a pipeline" in public["message"]
+    )
     assert (
         "every device holds all of the weights" in named["message"] and "not a pipeline" in named["message"]
     )
@@ -135,17 +151,35 @@ WITH_SCATTER_AND_GATHER = """    def per_stage(block):
         return jax.lax.all_gather(mine, "stage", axis=0, tiled=True)
 """
 
-RING_TESTS = {
+# ring_sum's budget, public (the student's `make lab-10`) and hidden (grading's, on other blocks)
+ONLY_PERMUTES, HIDDEN_ONLY_PERMUTES = (
+    "test_ring_sum_builds_the_sum_from_ppermutes_alone",
+    "test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce",
+)
+TWO_BLOCKS, HIDDEN_TWO_BLOCKS = (
+    "test_ring_sum_sends_at_most_about_two_blocks_from_each_device",
+    "test_ring_sum_sends_about_two_blocks_per_device",
+)
+PUBLIC_RING_TESTS = {
     "test_ring_sum_gives_every_device_the_sum_of_all_blocks",
     "test_ring_sum_keeps_one_block_on_each_device",
-    "test_ring_sum_of_random_blocks",
-    "test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce",
-    "test_ring_sum_sends_about_two_blocks_per_device",
+    ONLY_PERMUTES,
+    TWO_BLOCKS,
 }
+RING_TESTS = PUBLIC_RING_TESTS | {"test_ring_sum_of_random_blocks", HIDDEN_ONLY_PERMUTES, HIDDEN_TWO_BLOCKS}
 
 
-def run_ring_design(kit, lab_outcomes, variant, per_stage: str) -> dict:
-    return failures_by_config(kit, lab_outcomes, variant, 10, REFERENCE_RING, per_stage, RING_TESTS)
+def run_ring_design(kit, lab_outcomes, variant, per_stage: str, *, hidden: bool = True) -> dict:
+    return failures_by_config(
+        kit,
+        lab_outcomes,
+        variant,
+        10,
+        REFERENCE_RING,
+        per_stage,
+        RING_TESTS if hidden else PUBLIC_RING_TESTS,
+        hidden=hidden,
+    )
 
 
 def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, variant):
@@ -153,15 +187,21 @@ def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, v
     assert ran["returncode"] == 0 and not ran["cpu-1"] and not ran["cpu-8"], ran
 
 
-def test_passing_whole_blocks_around_the_ring_passes_on_cpu_1_and_is_over_budget_on_cpu_8(
+def test_passing_whole_blocks_around_the_ring_passes_on_cpu_1_and_fails_make_lab_10_over_budget_on_cpu_8(
     kit, lab_outcomes, variant
 ):
-    ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS)
+    # the student's own loop, public tests alone: the budget's figure, the limit and what it counts
+    ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS, hidden=False)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
-    assert set(ran["cpu-8"]) == {"test_ring_sum_sends_about_two_blocks_per_device"}, ran
-    caught = ran["cpu-8"]["test_ring_sum_sends_about_two_blocks_per_device"]
-    assert caught["hidden"] and "each device sends 7.00 blocks" in caught["message"], caught
+    assert set(ran["cpu-8"]) == {TWO_BLOCKS}, ran
+    caught = ran["cpu-8"][TWO_BLOCKS]
+    assert (
+        not caught["hidden"]
+        and "each device sends 7.00 blocks (7 KiB, a block being 1 KiB)" in caught["message"]
+    ), caught
+    assert "the budget is about 2 on any number of devices" in caught["message"], caught
     assert "n - 1 = 7" in caught["message"] and "Cut each block into 8 pieces" in caught["message"], caught
+    assert "FAIL" in ran["output"] and "each device sends 7.00 blocks" in ran["output"], ran["output"][-3000:]
 
 
 def test_a_ring_in_fori_loop_passes_on_cpu_1_and_on_cpu_8_is_counted_step_by_step_and_over_budget(
@@ -169,28 +209,31 @@ def test_a_ring_in_fori_loop_passes_on_cpu_1_and_on_cpu_8_is_counted_step_by_ste
 ):
     ran = run_ring_design(kit, lab_outcomes, variant, WHOLE_BLOCKS_IN_A_LOOP)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
-    assert set(ran["cpu-8"]) == {"test_ring_sum_sends_about_two_blocks_per_device"}, ran
-    caught = ran["cpu-8"]["test_ring_sum_sends_about_two_blocks_per_device"]
-    assert "each device sends 7.00 blocks" in caught["message"], caught
+    assert set(ran["cpu-8"]) == {TWO_BLOCKS, HIDDEN_TWO_BLOCKS}, ran
+    for test in (TWO_BLOCKS, HIDDEN_TWO_BLOCKS):
+        caught = ran["cpu-8"][test]
+        assert caught["hidden"] == (test == HIDDEN_TWO_BLOCKS), caught
+        assert "each device sends 7.00 blocks" in caught["message"], caught
 
 
 def test_a_ring_sum_written_with_psum_is_named_on_one_device_and_on_eight(kit, lab_outcomes, variant):
     ran = run_ring_design(kit, lab_outcomes, variant, WITH_PSUM)
     assert ran["returncode"] == 1, ran
     for config in ("cpu-1", "cpu-8"):
-        assert set(ran[config]) == {"test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"}, ran[
-            config
-        ]
-        caught = ran[config]["test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"]
-        assert caught["hidden"] and caught["points"] == 1 and "1 all-reduce(s)" in caught["message"], caught
-        assert "jax.lax.psum's collective" in caught["message"], caught
+        assert set(ran[config]) == {ONLY_PERMUTES, HIDDEN_ONLY_PERMUTES}, ran[config]
+        for test in (ONLY_PERMUTES, HIDDEN_ONLY_PERMUTES):
+            caught = ran[config][test]
+            assert caught["hidden"] == (test == HIDDEN_ONLY_PERMUTES), caught
+            assert caught["points"] == 1 and "1 all-reduce(s)" in caught["message"], caught
+            assert "jax.lax.psum's collective" in caught["message"], caught
 
 
 def test_psum_scatter_then_all_gather_is_named_on_cpu_8(kit, lab_outcomes, variant):
     ran = run_ring_design(kit, lab_outcomes, variant, WITH_SCATTER_AND_GATHER)
     assert ran["returncode"] == 1, ran
-    caught = ran["cpu-8"]["test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce"]
+    caught = ran["cpu-8"][HIDDEN_ONLY_PERMUTES]
     assert caught["hidden"] and "jax.lax.psum_scatter's collective" in caught["message"], caught
+    assert ran["cpu-8"][ONLY_PERMUTES]["message"] == caught["message"], ran
     assert "builds the sum from jax.lax.ppermute alone" in caught["message"], caught
 
 
@@ -212,14 +255,18 @@ def test_a_stretch_that_sends_everything_one_way_passes_on_cpu_1_and_is_named_on
     outcomes = lab_outcomes(10)
     assert not not_passed(outcomes["cpu-1"]), not_passed(outcomes["cpu-1"])
     failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
-    assert set(failed) == {
-        "test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block"
-    }
-    caught = failed.popitem()[1]
-    assert caught["hidden"] and caught["points"] == 0, caught
     assert (
-        "carries 1.75 blocks" in caught["message"] and "half of every block forward" in caught["message"]
-    ), caught
+        set(failed)
+        == {
+            "test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block",
+            "test_ring_sum_both_ways_sends_to_neighbours_and_about_a_block_on_each_link",  # public, the same budget
+        }
+    )
+    for caught in failed.values():
+        assert caught["points"] == 0, caught
+        assert (
+            "carries 1.75 blocks" in caught["message"] and "half of every block forward" in caught["message"]
+        ), caught
 
 
 # A pipeline with no overlap: one micro-batch at a time through the stages, each stage idle while the others work.
@@ -253,20 +300,17 @@ ONE_MICROBATCH_AT_A_TIME = (
 )
 
 
-def test_a_pipeline_that_runs_one_microbatch_at_a_time_passes_on_cpu_1_and_is_named_on_cpu_8(
+def test_a_pipeline_that_runs_one_microbatch_at_a_time_passes_on_cpu_1_and_fails_make_lab_10_on_cpu_8(
     kit, lab_outcomes, variant
 ):
-    failed = failed_on_cpu_8(kit, lab_outcomes, variant, 10, ONE_MICROBATCH_AT_A_TIME)
-    # named twice: the hidden test counts its hand-offs, the public one its work (every device computes every
-    # stage's step, masked, for each micro-batch)
-    assert set(failed) == {
-        "test_pipeline_keeps_every_stage_busy_at_once",
-        "test_each_stage_computes_its_layers_once_per_step_of_the_schedule",
-    }, failed
-    caught = failed["test_pipeline_keeps_every_stage_busy_at_once"]
-    assert caught["hidden"] and "runs 84 collective-permutes" in caught["message"], caught["message"]
-    assert "at most 26" in caught["message"], caught["message"]
-    work = failed["test_each_stage_computes_its_layers_once_per_step_of_the_schedule"]
+    # the student's own loop, public tests alone: named twice, by its hand-offs and by its work (every device
+    # computes every stage's step, masked, for each micro-batch)
+    failed = failed_on_cpu_8(kit, lab_outcomes, variant, 10, ONE_MICROBATCH_AT_A_TIME, hidden=False)
+    assert set(failed) == {HAND_OFFS, WORK}, failed
+    caught = failed[HAND_OFFS]
+    assert not caught["hidden"] and "runs 84 collective-permutes" in caught["message"], caught["message"]
+    assert "at most 26" in caught["message"] and "12 x 7 hand-offs" in caught["message"], caught["message"]
+    work = failed[WORK]
     assert not work["hidden"] and "needs 19" in work["message"], work["message"]
 
 

@@ -5,7 +5,8 @@ pipeline delay is zero. With eight stages each of those mistakes changes the out
 replay the schedule with the mistake in it to say which one happened. A "pipeline" that runs every
 layer on every device is right everywhere; the compiled program shows every layer's weights whole
 on each device. The all-reduce made of ppermutes is held to its budget from the compiled program:
-collective-permutes only, and about two blocks sent from each device.
+collective-permutes only, and about two blocks sent from each device. Each budget is the public tests' own,
+with their helpers (and words), on other inputs.
 """
 
 import numpy as np
@@ -14,18 +15,12 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
-    collectives_of,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
-    expect_collective,
-    expect_input_split,
     expect_split_across,
-    expect_steps_within,
     public_tests,
 )
-from labkit.checks import sent_per_device as bytes_sent_per_device
-from labkit.cost import shape_bytes
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
 sequential, rolled = public.sequential, public.rolled
@@ -130,74 +125,18 @@ def test_pipeline_sends_activations_forward_through_every_stage(got, run):
 
 @check(got=compiled_call("pipeline_forward", *MANY))
 def test_pipeline_keeps_every_stage_busy_at_once(got, run):
-    n, m = (
-        run.device_count,
-        len(MANY[2]),
-    )  # the handout's count: M + S - 1 steps, and S - 1 more for the outputs
-    expect_steps_within(
-        got,
-        m + 2 * (n - 1),
-        n,
-        what=f"a pipeline of {m} micro-batches on {n} stages, its "
-        f"stages busy at once ({m} + {n} - 1 steps, and {n - 1} more "
-        f"if the outputs go round the ring)",
-        hint=f"One micro-batch at a time through the stages takes {m} x {n - 1} hand-offs, and "
-        f"each stage idles while the others work. At step t, stage s works on micro-batch "
-        f"t - s: every stage computes and every stage passes its result on, in the same step",
-    )
+    public.expect_stages_busy_at_once(got, run.device_count, len(MANY[2]))
 
 
 @check(got=compiled_call("pipeline_forward", *DEEP))
 def test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device(got, run):
-    n = run.device_count
-    hint = (
-        f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
-        f"and biases in_specs=P('stage'), so that each of the {n} stages holds and runs its own "
-        f"{len(DEEP[0]) // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute"
-    )
-    expect_input_split(got, 0, n, name="the weights", hint=hint)
-    expect_input_split(got, 1, n, name="the biases", hint=hint)
+    public.expect_layers_on_their_stages(got, run.device_count, len(DEEP[0]))
 
 
 # -- exercise 3: ring_sum, held to its budget ---------------------------------------------------
 
 WIDE_RING = RNG.normal(size=(1024, 3)).astype(np.float32)
 RING_CALL = compiled_call("ring_sum", WIDE_RING)
-# The collectives ring_sum is built instead of, and the jax.lax call behind each.
-LIBRARY = {
-    "all-reduce": "psum",
-    "reduce-scatter": "psum_scatter",
-    "all-gather": "all_gather",
-    "all-to-all": "all_to_all",
-}
-
-
-def permutes(got) -> list:
-    return [c for c in collectives_of(got) if c.op == "collective-permute"]
-
-
-def expect_only_permutes(got, n: int, what: str) -> None:
-    for op, call_name in LIBRARY.items():
-        found = [c for c in collectives_of(got) if c.op == op]
-        if found:
-            raise Mismatch(
-                f"the compiled program has {len(found)} {op}(s): that is jax.lax.{call_name}'s collective. "
-                f"{what} builds the sum from jax.lax.ppermute alone"
-            )
-    expect_collective(
-        got, "collective-permute", n, hint="Pass the pieces around the ring with jax.lax.ppermute"
-    )
-
-
-def expect_all_steps_counted(sent: float, block: float, n: int) -> None:
-    """No all-reduce of n devices sends less than 2(n-1)/n blocks from each: less means steps went uncounted."""
-    floor = 2 * (n - 1) / n
-    if sent < 0.99 * floor * block:
-        raise Mismatch(
-            f"the compiled program sends {sent / block:.2f} block(s) from each device, fewer than any "
-            f"all-reduce of {n} devices can ({floor:.2f}): some of its sends were not counted. Write the "
-            "steps as a Python for loop, so that each one is in the program and can be counted"
-        )
 
 
 @check(got=RING_CALL)
@@ -211,24 +150,12 @@ def test_ring_sum_of_random_blocks(got, run):
 
 @check(got=RING_CALL)
 def test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce(got, run):
-    expect_only_permutes(got, run.device_count, "ring_sum")
+    public.expect_only_permutes(got, run.device_count, "ring_sum")
 
 
 @check(got=RING_CALL)
 def test_ring_sum_sends_about_two_blocks_per_device(got, run):
-    n = run.device_count
-    if n == 1:
-        return  # nothing to send
-    block = WIDE_RING.nbytes / n
-    sent = bytes_sent_per_device(got)
-    expect_all_steps_counted(sent, block, n)
-    if sent > 2.2 * block:
-        raise Mismatch(
-            f"each device sends {sent / block:.2f} blocks ({sent / 1024:.0f} KiB, a block being "
-            f"{block / 1024:.0f} KiB), where the budget is about 2 on any number of devices; passing whole "
-            f"blocks around the ring sends n - 1 = {n - 1}. Cut each block into {n} pieces: can every "
-            "device finish the sum of one piece, then hand the finished pieces on?"
-        )
+    public.expect_about_two_blocks(got, run.device_count, WIDE_RING)
 
 
 # -- stretch (not graded: points=0): ring_sum_both_ways ------------------------------------------
@@ -240,23 +167,4 @@ BOTH_WAYS = RNG.normal(size=(2048, 3)).astype(np.float32)
 def test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block(got, run):
     n = run.device_count
     expect_close(got, public.ring_total(BOTH_WAYS, n), rtol=1e-5, atol=1e-5)
-    expect_only_permutes(got, n, "ring_sum_both_ways")
-    if n == 1:
-        return
-    block = BOTH_WAYS.nbytes / n
-    expect_all_steps_counted(sum(shape_bytes(c.shape) for c in permutes(got)), block, n)
-    links: dict[tuple[int, int], float] = {}
-    for c in permutes(got):
-        for a, b in c.pairs:
-            if a != b and (b - a) % n not in (1, n - 1):
-                raise Mismatch(
-                    f"device {a} sends to device {b}, which is not its neighbour on the ring: every "
-                    "send goes to device i + 1 or i - 1 (around the ring)"
-                )
-            links[a, b] = links.get((a, b), 0.0) + shape_bytes(c.shape)
-    (a, b), busiest = max(links.items(), key=lambda item: item[1])
-    if busiest > 1.1 * block:
-        raise Mismatch(
-            f"the link from device {a} to device {b} carries {busiest / block:.2f} blocks, where the "
-            "budget is about one in each direction: send half of every block forward and half backward"
-        )
+    public.expect_neighbours_and_a_block_a_link(got, n, BOTH_WAYS)

@@ -2,7 +2,10 @@
 made of ppermutes.
 
 The expected values are computed here in float64 numpy: the blocks rolled one device forward,
-every microbatch run through every layer in sequence, and the sum of the blocks.
+every microbatch run through every layer in sequence, and the sum of the blocks. The budgets are read from
+the compiled program, here on these inputs and in the hidden tests on others, with the same helpers (and so
+the same words): the pipeline's work and hand-offs per step and its layers on their stages; ring_sum's
+collective-permutes and about two blocks sent from each device; the stretch's sends to neighbours.
 """
 
 import numpy as np
@@ -12,16 +15,21 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
+    expect_collective,
     expect_fits_each_chip,
+    expect_input_split,
     expect_replicated,
     expect_split_across,
+    expect_steps_within,
     placed,
+    sent_per_device,
     shaped,
 )
-from labkit.cost import format_bytes
+from labkit.cost import format_bytes, shape_bytes
 
 # ---- the sequential computation the tests compare with -------------------------------------
 
@@ -129,9 +137,49 @@ def expect_each_stage_works_once_per_step(got, n: int, stack) -> None:
     )
 
 
-@check(got=compiled_call("pipeline_forward", *SCHEDULE))
+SCHEDULE_CALL = compiled_call("pipeline_forward", *SCHEDULE)
+
+
+@check(got=SCHEDULE_CALL)
 def test_each_stage_computes_its_layers_once_per_step_of_the_schedule(got, run):
     expect_each_stage_works_once_per_step(got, run.device_count, SCHEDULE)
+
+
+def expect_stages_busy_at_once(got, n: int, m: int) -> None:
+    """The compiled program hands activations on at most M + 2(S - 1) times: M + S - 1 steps, and S - 1 more
+    if the outputs go round the ring (a loop's collective-permute counts once per trip)."""
+    expect_steps_within(
+        got,
+        m + 2 * (n - 1),
+        n,
+        what=f"a pipeline of {m} micro-batches on {n} stages, its "
+        f"stages busy at once ({m} + {n} - 1 steps, and {n - 1} more "
+        f"if the outputs go round the ring)",
+        hint=f"One micro-batch at a time through the stages takes {m} x {n - 1} hand-offs, and "
+        f"each stage idles while the others work. At step t, stage s works on micro-batch "
+        f"t - s: every stage computes and every stage passes its result on, in the same step",
+    )
+
+
+@check(got=SCHEDULE_CALL)
+def test_the_stages_hand_on_their_activations_about_once_per_step(got, run):
+    expect_stages_busy_at_once(got, run.device_count, len(SCHEDULE[2]))
+
+
+def expect_layers_on_their_stages(got, n: int, layers: int) -> None:
+    """Each device holds 1/n of the stacked weights and of the biases: its own stage's layers."""
+    hint = (
+        f"Every device holds every layer and runs them all: that is not a pipeline. Give the stacked weights "
+        f"and biases in_specs=P('stage'), so that each of the {n} stages holds and runs its own "
+        f"{layers // n if n else ''} layer(s), and pass the activations on with jax.lax.ppermute"
+    )
+    expect_input_split(got, 0, n, name="the weights", hint=hint)
+    expect_input_split(got, 1, n, name="the biases", hint=hint)
+
+
+@check(got=SCHEDULE_CALL)
+def test_each_stage_holds_only_the_layers_of_its_own_stage(got, run):
+    expect_layers_on_their_stages(got, run.device_count, len(SCHEDULE[0]))
 
 
 # ---- at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
@@ -211,7 +259,10 @@ def ring_mistakes(x, n: int) -> dict:
     }
 
 
-@check(got=compiled_call("ring_sum", RING))  # compiled: the cost card shows the bytes each device sends
+RING_CALL = compiled_call("ring_sum", RING)  # compiled: its budget, and the cost card's bytes sent
+
+
+@check(got=RING_CALL)
 def test_ring_sum_gives_every_device_the_sum_of_all_blocks(got, run):
     n = run.device_count
     expect_close_naming_mistakes(got, ring_total(RING, n), ring_mistakes(RING, n), rtol=1e-5, atol=1e-5)
@@ -228,6 +279,71 @@ def test_ring_sum_keeps_one_block_on_each_device(got, run):
     )
 
 
+# ring_sum's budget: collective-permutes only, and about two blocks sent from each device.
+
+# The collectives ring_sum is built instead of, and the jax.lax call behind each.
+LIBRARY = {
+    "all-reduce": "psum",
+    "reduce-scatter": "psum_scatter",
+    "all-gather": "all_gather",
+    "all-to-all": "all_to_all",
+}
+
+
+def permutes(got) -> list:
+    return [c for c in collectives_of(got) if c.op == "collective-permute"]
+
+
+def expect_only_permutes(got, n: int, what: str) -> None:
+    for op, call_name in LIBRARY.items():
+        found = [c for c in collectives_of(got) if c.op == op]
+        if found:
+            raise Mismatch(
+                f"the compiled program has {len(found)} {op}(s): that is jax.lax.{call_name}'s collective. "
+                f"{what} builds the sum from jax.lax.ppermute alone"
+            )
+    expect_collective(
+        got, "collective-permute", n, hint="Pass the pieces around the ring with jax.lax.ppermute"
+    )
+
+
+def expect_all_steps_counted(sent: float, block: float, n: int) -> None:
+    """No all-reduce of n devices sends less than 2(n-1)/n blocks from each: less means steps went uncounted."""
+    floor = 2 * (n - 1) / n
+    if sent < 0.99 * floor * block:
+        raise Mismatch(
+            f"the compiled program sends {sent / block:.2f} block(s) from each device, fewer than any "
+            f"all-reduce of {n} devices can ({floor:.2f}): some of its sends were not counted. Write the "
+            "steps as a Python for loop, so that each one is in the program and can be counted"
+        )
+
+
+def expect_about_two_blocks(got, n: int, x) -> None:
+    """Each device sends at most 2.2 blocks of `x` (a block: 1/n of it), and no fewer than any all-reduce can."""
+    if n == 1:
+        return  # nothing to send
+    block = x.nbytes / n
+    sent = sent_per_device(got)
+    expect_all_steps_counted(sent, block, n)
+    if sent > 2.2 * block:
+        raise Mismatch(
+            f"each device sends {sent / block:.2f} blocks ({sent / 1024:.0f} KiB, a block being "
+            f"{block / 1024:.0f} KiB), where the budget is about 2 on any number of devices; passing whole "
+            f"blocks around the ring sends n - 1 = {n - 1}. Cut each block into {n} pieces: can every "
+            "device finish the sum of one piece, then hand the finished pieces on?"
+        )
+
+
+@check(got=RING_CALL)
+def test_ring_sum_builds_the_sum_from_ppermutes_alone(got, run):
+    expect_only_permutes(got, run.device_count, "ring_sum")
+
+
+@check(got=RING_CALL)
+def test_ring_sum_sends_at_most_about_two_blocks_from_each_device(got, run):
+    expect_about_two_blocks(got, run.device_count, RING)
+
+
 # -- stretch (not graded: points=0): ring_sum_both_ways ------------------------------------------
 
 BOTH_WAYS = np.linspace(-1.0, 3.0, 2048 * 2, dtype=np.float32).reshape(
@@ -235,7 +351,7 @@ BOTH_WAYS = np.linspace(-1.0, 3.0, 2048 * 2, dtype=np.float32).reshape(
 )  # 2 n pieces a block, n up to 32
 
 
-@check(points=0, got=call("ring_sum_both_ways", BOTH_WAYS))
+@check(points=0, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
 def test_ring_sum_both_ways_gives_every_device_the_sum_of_all_blocks(got, run):
     expect_close(got, ring_total(BOTH_WAYS, run.device_count), rtol=1e-5, atol=1e-5)
     expect_split_across(
@@ -244,3 +360,32 @@ def test_ring_sum_both_ways_gives_every_device_the_sum_of_all_blocks(got, run):
         axis=0,
         hint="Return each device's total as its block, with out_specs=P('stage')",
     )
+
+
+def expect_neighbours_and_a_block_a_link(got, n: int, x) -> None:
+    """Only ppermutes, each to a neighbour on the ring, no link carrying more than about one block of `x`."""
+    expect_only_permutes(got, n, "ring_sum_both_ways")
+    if n == 1:
+        return
+    block = x.nbytes / n
+    expect_all_steps_counted(sum(shape_bytes(c.shape) for c in permutes(got)), block, n)
+    links: dict[tuple[int, int], float] = {}
+    for c in permutes(got):
+        for a, b in c.pairs:
+            if a != b and (b - a) % n not in (1, n - 1):
+                raise Mismatch(
+                    f"device {a} sends to device {b}, which is not its neighbour on the ring: every "
+                    "send goes to device i + 1 or i - 1 (around the ring)"
+                )
+            links[a, b] = links.get((a, b), 0.0) + shape_bytes(c.shape)
+    (a, b), busiest = max(links.items(), key=lambda item: item[1])
+    if busiest > 1.1 * block:
+        raise Mismatch(
+            f"the link from device {a} to device {b} carries {busiest / block:.2f} blocks, where the "
+            "budget is about one in each direction: send half of every block forward and half backward"
+        )
+
+
+@check(points=0, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
+def test_ring_sum_both_ways_sends_to_neighbours_and_about_a_block_on_each_link(got, run):
+    expect_neighbours_and_a_block_a_link(got, run.device_count, BOTH_WAYS)
