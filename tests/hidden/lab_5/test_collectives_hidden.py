@@ -13,21 +13,17 @@ an all-gather of all of x, and each device sending n - 1 blocks where one all-to
 import numpy as np
 
 from labkit.checks import (
-    Mismatch,
     call,
     check,
-    collectives_of,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
-    expect_collective,
-    expect_held_below,
-    expect_input_split,
     expect_split_across,
     placed,
+    public_tests,
 )
-from labkit.checks import sent_per_device as bytes_sent_per_device
-from labkit.cost import shape_bytes
+
+public = public_tests(__file__)  # the public tests' inputs and helpers (each budget in the same words)
 
 RNG = np.random.default_rng(5)
 
@@ -158,47 +154,23 @@ def test_cumsum_continues_from_the_blocks_before(got, run):
 
 
 LONG_CUM = RNG.normal(0.0, 1.0, size=4096).astype(np.float32)  # a block of 512 numbers on eight devices
-FEW = 16  # the numbers per device the budget allows each device to send
 
 
 @check(got=compiled_call("shard_map_cumsum", LONG_CUM))
 def test_cumsum_sends_a_few_numbers_per_device_not_blocks(got, run):
-    n = run.device_count
     expect_close(got, np.cumsum(LONG_CUM.astype(np.float64)), rtol=1e-4, atol=1e-3)
-    expect_input_split(got, 0, n, name="x", hint="Give x in_specs=P('data'): each device keeps its own block")
-    if n == 1:
-        return
-    sent, block = bytes_sent_per_device(got), LONG_CUM.nbytes / n
-    if sent > FEW * 4 * n:
-        raise Mismatch(
-            f"each device sends {sent / 1024:.1f} KiB, {sent / block:.1f} block(s) of x, where the budget is "
-            f"a few numbers for each of the {n} devices: gathering the blocks themselves moves the vector. "
-            "A device needs only one number from each device before it: what is it?"
-        )
+    public.expect_a_few_numbers_sent(got, run.device_count, LONG_CUM)
 
 
 @check(got=compiled_call("shard_map_psum", PSUM))
 def test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums(got, run):
-    n = run.device_count
-    expect_input_split(
-        got,
-        0,
-        n,
-        name="x",
-        hint="Every device sums the whole vector by itself: that is not "
-        "parallel. Give x in_specs=P('data'), so that each device sums "
-        "its own block, and add the block sums with jax.lax.psum",
-    )
-    expect_collective(
-        got, "all-reduce", n, hint="The block sums of the devices are added by jax.lax.psum(local, 'data')"
-    )
+    public.expect_one_block_and_an_all_reduce(got, run.device_count)
 
 
 # -- rows_to_columns, held to its budget: one all-to-all's traffic, and x never whole on a device --
 
 TILES = RNG.normal(size=(128, 128)).astype(np.float32)  # 64 KiB; a block of rows is 128 / n of them
 TILES_CALL = compiled_call("rows_to_columns", placed(TILES, ("data", None)))
-MARGIN = 1.1  # a little over what one all-to-all sends passes; a whole block more does not
 
 
 @check(got=TILES_CALL)
@@ -216,37 +188,9 @@ def test_rows_to_columns_of_a_random_matrix(got, run):
 
 @check(got=TILES_CALL)
 def test_rows_to_columns_sends_at_most_what_one_all_to_all_sends(got, run):
-    n = run.device_count
-    if n == 1:
-        return  # nothing to send
-    block = TILES.nbytes / n
-    sent, budget = bytes_sent_per_device(got), (n - 1) / n * block
-    if sent > MARGIN * budget:
-        raise Mismatch(
-            f"each device sends {sent / block:.2f} block(s) of rows ({sent / 1024:.1f} KiB, a block being "
-            f"{block / 1024:.1f} KiB), where the budget is the {n - 1}/{n} of its block that belongs to "
-            "other devices' columns: gathering the blocks sends every device's whole block to every "
-            "other. Which tile of your block does each device need, and only that one?"
-        )
+    public.expect_one_all_to_all_sent(got, run.device_count, TILES)
 
 
 @check(got=TILES_CALL)
 def test_rows_to_columns_never_holds_the_whole_matrix_on_one_device(got, run):
-    n = run.device_count
-    expect_input_split(got, 0, n, name="x", hint="x arrives split by rows: keep it so, P('data', None)")
-    if n == 1:
-        return
-    whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= TILES.nbytes]
-    if whole:
-        raise Mismatch(
-            f"the compiled program's {whole[0].op} hands each device an array of "
-            f"{shape_bytes(whole[0].shape) / 1024:.0f} KiB, all of x: no device may hold the whole "
-            "matrix. Each device needs only its own columns: send it those, and nothing else"
-        )
-    if n >= 4:  # on two devices a block and the buffers of one exchange already add up to x's size
-        expect_held_below(
-            got,
-            TILES.nbytes,
-            what="all of x",
-            hint="no device may hold the whole matrix: keep only blocks of x and the tiles in flight",
-        )
+    public.expect_never_whole(got, run.device_count, TILES)

@@ -2,25 +2,34 @@
 
 Each expected value is computed here with numpy. Where a plausible mistake gives a value of its
 own on several devices (a sum that was never reduced, a local mean, a ring turning the wrong
-way), the test computes that value too, so that the message can name the mistake.
+way), the test computes that value too, so that the message can name the mistake. The budgets read from the
+compiled program (one block a device and an all-reduce for psum, the bytes column sums, cumsum and
+rows_to_columns send, rows_to_columns never whole) are held here on these inputs, and by the hidden tests on
+others with the same helpers and words.
 """
 
 import numpy as np
 
 from labkit.checks import (
+    Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
+    expect_collective,
     expect_dtype,
+    expect_held_below,
+    expect_input_split,
     expect_replicated,
     expect_sent_within,
     expect_shape,
     expect_split_across,
     placed,
+    sent_per_device,
 )
-from labkit.cost import bytes_sent
+from labkit.cost import bytes_sent, shape_bytes
 
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 
@@ -55,6 +64,27 @@ def test_psum_gives_a_scalar_held_by_every_device(got, run):
         run.device_count,
         hint="After psum every device holds the total: use out_specs=P() on a mesh built from jax.devices()",
     )
+
+
+def expect_one_block_and_an_all_reduce(got, n: int) -> None:
+    """Each device holds 1/n of x (its block), and the compiled program all-reduces the block sums."""
+    expect_input_split(
+        got,
+        0,
+        n,
+        name="x",
+        hint="Every device sums the whole vector by itself: that is not "
+        "parallel. Give x in_specs=P('data'), so that each device sums "
+        "its own block, and add the block sums with jax.lax.psum",
+    )
+    expect_collective(
+        got, "all-reduce", n, hint="The block sums of the devices are added by jax.lax.psum(local, 'data')"
+    )
+
+
+@check(got=compiled_call("shard_map_psum", SUM_X))
+def test_psum_sums_one_block_on_each_device_and_all_reduces_the_sums(got, run):
+    expect_one_block_and_an_all_reduce(got, run.device_count)
 
 
 # -- shard_map_center -----------------------------------------------------------------------
@@ -230,6 +260,31 @@ def test_cumsum_of_an_input_that_is_already_sharded(got, run):
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
 
 
+# cumsum's budget: a few numbers from each device, never the blocks. 4096 numbers: a block of 512 on eight
+# devices, so that gathering the blocks is far over it.
+LONG_CUM_X = np.linspace(-2.0, 2.0, 4096, dtype=np.float32)
+FEW = 16  # the numbers per device the budget allows each device to send
+
+
+def expect_a_few_numbers_sent(got, n: int, x) -> None:
+    """x stays split, and each device sends at most FEW numbers for each of the n devices."""
+    expect_input_split(got, 0, n, name="x", hint="Give x in_specs=P('data'): each device keeps its own block")
+    if n == 1:
+        return
+    sent, block = sent_per_device(got), x.nbytes / n
+    if sent > FEW * 4 * n:
+        raise Mismatch(
+            f"each device sends {sent / 1024:.1f} KiB, {sent / block:.1f} block(s) of x, where the budget is "
+            f"a few numbers for each of the {n} devices: gathering the blocks themselves moves the vector. "
+            "A device needs only one number from each device before it: what is it?"
+        )
+
+
+@check(got=compiled_call("shard_map_cumsum", LONG_CUM_X))
+def test_cumsum_sends_a_few_numbers_from_each_device_never_its_block(got, run):
+    expect_a_few_numbers_sent(got, run.device_count, LONG_CUM_X)
+
+
 # -- rows_to_columns ------------------------------------------------------------------------
 
 TILES_X = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)  # 32 x 32: one row per device on 32 devices
@@ -255,3 +310,56 @@ def test_rows_to_columns_leaves_each_device_its_own_columns(got, run):
         hint="The result is split by columns over 'data': P(None, 'data'), each device a block of "
         "columns with every row",
     )
+
+
+# rows_to_columns' budget: one all-to-all's traffic, and x never whole on a device. 128 x 128 (64 KiB): a block
+# of rows is 128 / n of them, and a whole x stands out from the blocks and the tiles in flight.
+BIG_TILES_X = np.arange(128 * 128, dtype=np.float32).reshape(128, 128) / 128.0
+BIG_TILES_CALL = compiled_call("rows_to_columns", placed(BIG_TILES_X, ("data", None)))
+MARGIN = 1.1  # a little over what one all-to-all sends passes; a whole block more does not
+
+
+def expect_one_all_to_all_sent(got, n: int, x) -> None:
+    """Each device sends at most a little over the (n - 1)/n of its block of rows that one all-to-all sends."""
+    if n == 1:
+        return  # nothing to send
+    block = x.nbytes / n
+    sent, budget = sent_per_device(got), (n - 1) / n * block
+    if sent > MARGIN * budget:
+        raise Mismatch(
+            f"each device sends {sent / block:.2f} block(s) of rows ({sent / 1024:.1f} KiB, a block being "
+            f"{block / 1024:.1f} KiB), where the budget is the {n - 1}/{n} of its block that belongs to "
+            "other devices' columns: gathering the blocks sends every device's whole block to every "
+            "other. Which tile of your block does each device need, and only that one?"
+        )
+
+
+def expect_never_whole(got, n: int, x) -> None:
+    """x stays split by rows, no collective hands a device all of x, and (on 4 or more) no device holds it."""
+    expect_input_split(got, 0, n, name="x", hint="x arrives split by rows: keep it so, P('data', None)")
+    if n == 1:
+        return
+    whole = [c for c in collectives_of(got) if shape_bytes(c.shape) >= x.nbytes]
+    if whole:
+        raise Mismatch(
+            f"the compiled program's {whole[0].op} hands each device an array of "
+            f"{shape_bytes(whole[0].shape) / 1024:.0f} KiB, all of x: no device may hold the whole "
+            "matrix. Each device needs only its own columns: send it those, and nothing else"
+        )
+    if n >= 4:  # on two devices a block and the buffers of one exchange already add up to x's size
+        expect_held_below(
+            got,
+            x.nbytes,
+            what="all of x",
+            hint="no device may hold the whole matrix: keep only blocks of x and the tiles in flight",
+        )
+
+
+@check(got=BIG_TILES_CALL)
+def test_rows_to_columns_sends_no_more_than_one_all_to_all(got, run):
+    expect_one_all_to_all_sent(got, run.device_count, BIG_TILES_X)
+
+
+@check(got=BIG_TILES_CALL)
+def test_rows_to_columns_keeps_x_in_pieces_on_every_device(got, run):
+    expect_never_whole(got, run.device_count, BIG_TILES_X)
