@@ -14,12 +14,8 @@ from labkit.checks import (
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
-    expect_collective,
-    expect_collectives_within,
-    expect_input_split,
     expect_shape,
     expect_split_across,
-    expect_work_share,
     public_tests,
 )
 
@@ -103,17 +99,7 @@ def test_linear_equals_the_simulation(real, simulated):
 
 @check(got=compiled_call("shard_map_mse", 13.0, X, Y, 2.0))
 def test_mse_gives_each_device_its_own_rows_and_averages_the_losses(got, run):
-    n = run.device_count
-    hint = (
-        "Every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
-        "in_specs=P('data', None), so that each device takes its own rows, and average the per-device losses "
-        "with jax.lax.pmean(..., 'data')"
-    )
-    expect_input_split(got, 1, n, name="x", hint=hint)
-    expect_input_split(got, 2, n, name="y", hint=hint)
-    expect_collective(
-        got, "all-reduce", n, hint="The per-device losses are averaged by jax.lax.pmean(..., 'data')"
-    )
+    _public.expect_own_rows_and_a_mean(got, run.device_count)
 
 
 # -- exercise 4: linear_grid, held to its budget ---------------------------------------------
@@ -122,7 +108,6 @@ def test_mse_gives_each_device_its_own_rows_and_averages_the_losses(got, run):
 XW = RNG.normal(size=(128, 32)).astype(np.float32)
 GRID_PARAMS, (GRID_KERNEL, GRID_BIAS) = _public.grid_params(17, 32, 128)
 GRID_CALL = compiled_call("linear_grid", XW, GRID_PARAMS)
-PRODUCTS = 2.0 * XW.shape[0] * GRID_KERNEL.size  # the FLOPs of x @ kernel
 
 
 @check(got=call("linear_grid", XW, GRID_PARAMS))
@@ -133,43 +118,14 @@ def test_linear_grid_of_a_wider_layer(got, run):
 
 @check(got=GRID_CALL)
 def test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel(got, run):
-    a, m = _public.grid_shape(run.device_count)
-    expect_input_split(
-        got,
-        0,
-        a,
-        name="x",
-        hint=f"Each device needs only the rows of its block of the result: 1/{a} of x, cut along "
-        "'data' and copied along 'model'",
-    )
-    expect_input_split(
-        got,
-        "args[1]['kernel']",
-        m,
-        name="the kernel",
-        hint=f"Each device needs only the columns of the kernel (and the numbers of the bias) for its "
-        f"block of features: 1/{m} of it, cut along 'model'",
-    )
+    _public.expect_rows_and_columns_held(got, run.device_count)
 
 
 @check(got=GRID_CALL)
 def test_linear_grid_computes_only_its_share_of_the_products(got, run):
-    expect_work_share(
-        got,
-        PRODUCTS,
-        run.device_count,
-        what="x @ kernel for the whole batch",
-        hint="Each device should compute only its own block of the result: its rows times its columns "
-        "of the kernel, not a larger block it then slices",
-    )
+    _public.expect_a_share_of_the_products(got, run.device_count, XW, GRID_KERNEL)
 
 
 @check(got=GRID_CALL)
 def test_linear_grid_communicates_nothing(got, run):
-    expect_collectives_within(
-        got,
-        [{d} for d in range(run.device_count)],
-        allowed="(none: every device has what its block needs)",
-        hint="Each number of the result needs one row of x and one column of the kernel: a device that holds its "
-        "rows and its columns computes its whole block alone, with nothing to add up or gather",
-    )
+    _public.expect_no_collective(got, run.device_count)

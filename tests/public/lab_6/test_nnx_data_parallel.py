@@ -5,7 +5,9 @@ are worth no points.
 
 The expected values come from Flax itself, here in the judge: nnx.Linear with the same seed gives
 the same parameters the student's model starts with. JAX is kept on the CPU for that, so the judge
-never takes an accelerator that a notebook run needs.
+never takes an accelerator that a notebook run needs. The budgets read from the compiled program (the loss
+on each device's own rows, and linear_grid's rows, columns, share of the products and no collective) are
+held here on these inputs, and by the hidden tests on others with the same helpers and words.
 """
 
 import numpy as np
@@ -17,10 +19,14 @@ from labkit.checks import (
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
+    expect_collective,
+    expect_collectives_within,
     expect_dtype,
+    expect_input_split,
     expect_replicated,
     expect_shape,
     expect_split_across,
+    expect_work_share,
 )
 
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
@@ -139,6 +145,25 @@ def test_mse_is_a_scalar_held_by_every_device(got, run):
     )
 
 
+def expect_own_rows_and_a_mean(got, n: int) -> None:
+    """x and y split by rows (1/n on each device), and the per-device losses averaged by an all-reduce."""
+    hint = (
+        "Every device computes the loss of the whole batch: that is not data parallelism. Give x and y "
+        "in_specs=P('data', None), so that each device takes its own rows, and average the per-device losses "
+        "with jax.lax.pmean(..., 'data')"
+    )
+    expect_input_split(got, 1, n, name="x", hint=hint)
+    expect_input_split(got, 2, n, name="y", hint=hint)
+    expect_collective(
+        got, "all-reduce", n, hint="The per-device losses are averaged by jax.lax.pmean(..., 'data')"
+    )
+
+
+@check(got=compiled_call("shard_map_mse", 6, X, Y, 3))
+def test_mse_takes_each_devices_own_rows_and_averages_the_losses(got, run):
+    expect_own_rows_and_a_mean(got, run.device_count)
+
+
 # -- linear_grid ----------------------------------------------------------------------------
 
 
@@ -191,3 +216,68 @@ def test_linear_grid_applies_the_layer_to_every_row(got):
 @check(got=call("linear_grid", XG, PARAMS))
 def test_linear_grid_leaves_each_block_of_rows_and_features_on_its_own_device(got, run):
     expect_blocks_on_the_grid(got, run.device_count)
+
+
+# linear_grid's budget on a wider layer: x is 16 KiB, the kernel 16 KiB, and a device's share of either 2 KiB
+# on eight devices, so that a whole copy of either stands out.
+XW = np.linspace(-2.0, 2.0, 128 * 32, dtype=np.float32).reshape(128, 32)
+WIDE_PARAMS, (WIDE_KERNEL, _) = grid_params(9, 32, 128)
+WIDE_CALL = compiled_call("linear_grid", XW, WIDE_PARAMS)
+
+
+def expect_rows_and_columns_held(got, n: int) -> None:
+    """Each device holds 1/a of x (its rows) and 1/m of the kernel (its columns), on the a x m grid."""
+    a, m = grid_shape(n)
+    expect_input_split(
+        got,
+        0,
+        a,
+        name="x",
+        hint=f"Each device needs only the rows of its block of the result: 1/{a} of x, cut along "
+        "'data' and copied along 'model'",
+    )
+    expect_input_split(
+        got,
+        "args[1]['kernel']",
+        m,
+        name="the kernel",
+        hint=f"Each device needs only the columns of the kernel (and the numbers of the bias) for its "
+        f"block of features: 1/{m} of it, cut along 'model'",
+    )
+
+
+def expect_a_share_of_the_products(got, n: int, x, kernel) -> None:
+    """One device's FLOPs within 1.5 times its 1/n share of x @ kernel."""
+    expect_work_share(
+        got,
+        2.0 * x.shape[0] * kernel.size,
+        n,
+        what="x @ kernel for the whole batch",
+        hint="Each device should compute only its own block of the result: its rows times its columns "
+        "of the kernel, not a larger block it then slices",
+    )
+
+
+def expect_no_collective(got, n: int) -> None:
+    expect_collectives_within(
+        got,
+        [{d} for d in range(n)],
+        allowed="(none: every device has what its block needs)",
+        hint="Each number of the result needs one row of x and one column of the kernel: a device that holds its "
+        "rows and its columns computes its whole block alone, with nothing to add up or gather",
+    )
+
+
+@check(got=WIDE_CALL)
+def test_linear_grid_holds_its_own_rows_of_x_and_columns_of_the_kernel(got, run):
+    expect_rows_and_columns_held(got, run.device_count)
+
+
+@check(got=WIDE_CALL)
+def test_linear_grid_computes_its_own_block_of_the_products(got, run):
+    expect_a_share_of_the_products(got, run.device_count, XW, WIDE_KERNEL)
+
+
+@check(got=WIDE_CALL)
+def test_linear_grid_sends_nothing(got, run):
+    expect_no_collective(got, run.device_count)
