@@ -15,13 +15,7 @@ from labkit.checks import (
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
-    expect_collective,
-    expect_collectives_within,
-    expect_held_below,
-    expect_input_split,
     expect_replicated,
-    expect_sent_within,
-    expect_work_share,
     public_tests,
 )
 
@@ -100,23 +94,8 @@ def test_the_three_approaches_agree(jit, constrained, mapped):
     )
 
 
-SPLIT_THE_LAYER = {
-    "layer_jit": "Every device computes the whole layer. Place x with NamedSharding(mesh, P('data')) and w with "
-    "P('data', None), so that each device multiplies its own slice and the compiler adds the pieces",
-    "layer_constrained": "Every device computes the whole layer. Constrain x to P('data') and w to P('data', None) "
-    "inside the jitted function, so that each device multiplies its own slice",
-    "layer_shard_map": "Every device computes the whole layer. Give x in_specs=P('data') and w P('data', None), "
-    "and add the devices' partial products with jax.lax.psum(..., 'data')",
-}
-
-
 def expect_layer_split(got, n, exercise):
-    hint = SPLIT_THE_LAYER[exercise]
-    expect_input_split(got, 0, n, name="x", hint=hint)
-    expect_input_split(got, 1, n, name="w", hint=hint)
-    expect_collective(
-        got, "all-reduce", n, hint="The partial products x_i @ w_i of the devices must be added up"
-    )
+    public_tests(__file__).expect_layer_split(got, n, exercise)  # the public tests' budget, in their words
 
 
 @check(got=compiled_call("layer_jit", X, W, B))
@@ -144,7 +123,6 @@ WH = RNG.normal(size=(64, 16)).astype(np.float32) / 4
 BH = RNG.normal(size=16).astype(np.float32)
 GRID_WANT = sigmoid(XH.astype(np.float64) @ WH.astype(np.float64) + BH)
 GRID_CALL = compiled_call("layer_grid", public.tiled(XH), WH, BH)
-PRODUCTS = 2.0 * XH.shape[0] * WH.size  # the FLOPs of x @ w
 
 
 @check(got=call("layer_grid", public.tiled(XH), WH, BH))
@@ -155,64 +133,19 @@ def test_layer_grid_of_a_random_batch(got, run):
     public.expect_rows_split_over_every_device(got, run.device_count)
 
 
-def _grid_rows(n: int) -> list[set[int]]:
-    """The devices of each grid row (the program numbers them in the grid's order, row after row)."""
-    a, m = public.grid_shape(n)
-    return [set(range(i * m, (i + 1) * m)) for i in range(a)]
-
-
 @check(got=GRID_CALL)
 def test_layer_grid_communicates_only_over_model(got, run):
-    n = run.device_count
-    grid = " x ".join(map(str, public.grid_shape(n)))
-    expect_collectives_within(
-        got,
-        _grid_rows(n),
-        allowed=f"inside one row of the {grid} grid, over 'model',",
-        hint="That collective runs over 'data', between devices that hold different examples. One example's "
-        "features are spread over the devices of one grid row, so everything its row of the result needs can "
-        "be brought together, or added up, over 'model'. (A jax.reshard or in_specs that copies x whole to "
-        "every device makes such a collective too)",
-    )
+    public.expect_over_model_only(got, run.device_count)
 
 
 @check(got=GRID_CALL)
 def test_layer_grid_computes_only_its_share_of_the_products(got, run):
-    expect_work_share(
-        got,
-        PRODUCTS,
-        run.device_count,
-        what="x @ w for the whole batch",
-        hint="Each device should multiply only numbers no other device multiplies: its own rows with "
-        "all their features, or its own tile with the matching rows of w",
-    )
+    public.expect_a_share_of_the_products(got, run.device_count, XH, WH)
 
 
 @check(got=GRID_CALL)
 def test_layer_grid_never_holds_the_whole_of_x(got, run):
-    n = run.device_count
-    expect_input_split(got, 0, n, name="x", hint="Leave x in its tiles, P('data', 'model'), as it arrives")
-    if n > 1 and getattr(got.compiled, "compiled_for", None):
-        # A TPU lays every array out in tiles of 8 x 128: x's 64 features, and each small block of rows, are
-        # padded several times over, so its memory cannot tell x whole from padded pieces. A device that held all
-        # of x would have received the other devices' tiles of it, (n - 1)/n of x: that is judged there instead.
-        expect_sent_within(
-            got,
-            (n - 1) / n * XH.nbytes,
-            n,
-            margin=0.99,
-            what="every other device's tiles of x, which a device holding all of x must receive",
-            hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
-            "or partial products",
-        )
-    elif n > 1:
-        expect_held_below(
-            got,
-            XH.nbytes,
-            what="all of x: no device may hold the whole matrix",
-            hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
-            "or partial products",
-        )
+    public.expect_x_never_whole(got, run.device_count, XH)
 
 
 # -- stretch (not graded: points=0): layer_grid_w_in_pieces ------------------------------------
@@ -223,14 +156,4 @@ def test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget(got, ru
     n = run.device_count
     expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, n), rtol=1e-5, atol=1e-6)
     public.expect_rows_split_over_every_device(got, n)
-    _, m = public.grid_shape(n)
-    expect_input_split(
-        got,
-        1,
-        m,
-        name="w",
-        hint=f"Each device may hold 1/{m} of w, its share along 'model': a "
-        "design that needs all of w on every device does not fit here",
-    )
-    expect_collectives_within(got, _grid_rows(n), allowed="over 'model'")
-    expect_work_share(got, PRODUCTS, n, what="x @ w for the whole batch")
+    public.expect_w_in_pieces_within_the_grid_budget(got, n, XH, WH)

@@ -1,6 +1,9 @@
 """Lab 7, public tests: the sigmoid layer as jit on sharded inputs, with sharding constraints, and with
 shard_map plus psum; each right, each a full copy on every device, and all three equal; and the layer of a batch
-on a grid, in the design the student chose, with its rows split over every device."""
+on a grid, in the design the student chose, with its rows split over every device. The budgets read from the
+compiled program (x and w split and an all-reduce for the three ways; the grid's collectives, share of the
+products and x never whole) are held here on these inputs, and by the hidden tests on others with the same
+helpers and words."""
 
 import numpy as np
 
@@ -11,9 +14,15 @@ from labkit.checks import (
     compiled_call,
     expect_close,
     expect_close_naming_mistakes,
+    expect_collective,
+    expect_collectives_within,
     expect_dtype,
+    expect_held_below,
+    expect_input_split,
     expect_replicated,
+    expect_sent_within,
     expect_shape,
+    expect_work_share,
     placed,
 )
 
@@ -91,6 +100,43 @@ def test_shard_map_computes_the_layer(got, run):
 def test_shard_map_result_is_a_full_copy_on_every_device(got, run):
     expect_shape(got, (4,), hint="psum the (f,) partial products; do not stack them")
     expect_replicated(got, run.device_count, hint=REPLICATE)
+
+
+# -- the three ways held to the split: x and w in slices, the partial products added by an all-reduce --------
+
+SPLIT_THE_LAYER = {
+    "layer_jit": "Every device computes the whole layer. Place x with NamedSharding(mesh, P('data')) and w with "
+    "P('data', None), so that each device multiplies its own slice and the compiler adds the pieces",
+    "layer_constrained": "Every device computes the whole layer. Constrain x to P('data') and w to P('data', None) "
+    "inside the jitted function, so that each device multiplies its own slice",
+    "layer_shard_map": "Every device computes the whole layer. Give x in_specs=P('data') and w P('data', None), "
+    "and add the devices' partial products with jax.lax.psum(..., 'data')",
+}
+
+
+def expect_layer_split(got, n, exercise):
+    """Each device holds 1/n of x and of w, and the compiled program all-reduces the partial products."""
+    hint = SPLIT_THE_LAYER[exercise]
+    expect_input_split(got, 0, n, name="x", hint=hint)
+    expect_input_split(got, 1, n, name="w", hint=hint)
+    expect_collective(
+        got, "all-reduce", n, hint="The partial products x_i @ w_i of the devices must be added up"
+    )
+
+
+@check(got=compiled_call("layer_jit", X, W, B))
+def test_layer_jit_gives_each_device_a_slice_of_x_and_w_and_all_reduces(got, run):
+    expect_layer_split(got, run.device_count, "layer_jit")
+
+
+@check(got=compiled_call("layer_constrained", X, W, B))
+def test_layer_constrained_gives_each_device_a_slice_of_x_and_w_and_all_reduces(got, run):
+    expect_layer_split(got, run.device_count, "layer_constrained")
+
+
+@check(got=compiled_call("layer_shard_map", X, W, B))
+def test_layer_shard_map_gives_each_device_a_slice_of_x_and_w_and_all_reduces(got, run):
+    expect_layer_split(got, run.device_count, "layer_shard_map")
 
 
 # -- exercise 4: layer_grid, a batch on a ('data', 'model') grid, designed by the student ----------
@@ -176,3 +222,104 @@ def test_layer_grid_w_in_pieces_computes_the_layer_of_every_row(got, run):
     want = sigmoid(XG.astype(np.float64) @ WG.astype(np.float64) + BG)
     expect_close_naming_mistakes(got, want, grid_mistakes(XG, WG, BG, run.device_count), rtol=1e-5, atol=1e-6)
     expect_rows_split_over_every_device(got, run.device_count)
+
+
+# layer_grid's budget, on a layer that narrows (d = 64 features to f = 16): x is 32 KiB, w 4 KiB, a tile of x
+# 4 KiB on eight devices, so that x whole on a device stands out.
+XH = np.linspace(-1.0, 1.0, 128 * 64, dtype=np.float32).reshape(128, 64)
+WH = (np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 9 - 4.0) / 16
+BH = np.linspace(-0.25, 0.25, 16, dtype=np.float32)
+WIDE_GRID_CALL = compiled_call("layer_grid", tiled(XH), WH, BH)
+
+
+def grid_rows(n: int) -> list[set[int]]:
+    """The devices of each grid row (the program numbers them in the grid's order, row after row)."""
+    a, m = grid_shape(n)
+    return [set(range(i * m, (i + 1) * m)) for i in range(a)]
+
+
+def expect_over_model_only(got, n: int) -> None:
+    """Every collective joins devices of one grid row: it runs over 'model'."""
+    grid = " x ".join(map(str, grid_shape(n)))
+    expect_collectives_within(
+        got,
+        grid_rows(n),
+        allowed=f"inside one row of the {grid} grid, over 'model',",
+        hint="That collective runs over 'data', between devices that hold different examples. One example's "
+        "features are spread over the devices of one grid row, so everything its row of the result needs can "
+        "be brought together, or added up, over 'model'. (A jax.reshard or in_specs that copies x whole to "
+        "every device makes such a collective too)",
+    )
+
+
+def expect_a_share_of_the_products(got, n: int, x, w) -> None:
+    """One device's FLOPs within 1.5 times its 1/n share of x @ w."""
+    expect_work_share(
+        got,
+        2.0 * x.shape[0] * w.size,
+        n,
+        what="x @ w for the whole batch",
+        hint="Each device should multiply only numbers no other device multiplies: its own rows with "
+        "all their features, or its own tile with the matching rows of w",
+    )
+
+
+def expect_x_never_whole(got, n: int, x) -> None:
+    """x stays in its tiles, and no device holds all of it (on a TPU: receives the others' tiles of it)."""
+    expect_input_split(got, 0, n, name="x", hint="Leave x in its tiles, P('data', 'model'), as it arrives")
+    if n > 1 and getattr(got.compiled, "compiled_for", None):
+        # A TPU lays every array out in tiles of 8 x 128: x's 64 features, and each small block of rows, are
+        # padded several times over, so its memory cannot tell x whole from padded pieces. A device that held all
+        # of x would have received the other devices' tiles of it, (n - 1)/n of x: that is judged there instead.
+        expect_sent_within(
+            got,
+            (n - 1) / n * x.nbytes,
+            n,
+            margin=0.99,
+            what="every other device's tiles of x, which a device holding all of x must receive",
+            hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
+            "or partial products",
+        )
+    elif n > 1:
+        expect_held_below(
+            got,
+            x.nbytes,
+            what="all of x: no device may hold the whole matrix",
+            hint="Leave x in its tiles and move only what each device needs: its share of the rows, "
+            "or partial products",
+        )
+
+
+@check(got=WIDE_GRID_CALL)
+def test_layer_grid_sends_only_within_a_row_of_the_grid(got, run):
+    expect_over_model_only(got, run.device_count)
+
+
+@check(got=WIDE_GRID_CALL)
+def test_layer_grid_multiplies_only_its_share_of_the_products(got, run):
+    expect_a_share_of_the_products(got, run.device_count, XH, WH)
+
+
+@check(got=WIDE_GRID_CALL)
+def test_layer_grid_keeps_x_in_its_tiles(got, run):
+    expect_x_never_whole(got, run.device_count, XH)
+
+
+def expect_w_in_pieces_within_the_grid_budget(got, n: int, x, w) -> None:
+    """The stretch: 1/m of w on each device, collectives over 'model' only, and a share of the products."""
+    _, m = grid_shape(n)
+    expect_input_split(
+        got,
+        1,
+        m,
+        name="w",
+        hint=f"Each device may hold 1/{m} of w, its share along 'model': a "
+        "design that needs all of w on every device does not fit here",
+    )
+    expect_collectives_within(got, grid_rows(n), allowed="over 'model'")
+    expect_work_share(got, 2.0 * x.shape[0] * w.size, n, what="x @ w for the whole batch")
+
+
+@check(points=0, got=compiled_call("layer_grid_w_in_pieces", tiled(XH), WH, BH))
+def test_layer_grid_w_in_pieces_holds_its_share_of_w_within_the_grid_budget(got, run):
+    expect_w_in_pieces_within_the_grid_budget(got, run.device_count, XH, WH)
