@@ -114,11 +114,42 @@ def _run(
     )
     labels = [r.label for r in runs]
     ok = report.print_lab(console, f"{lab.name}: {notebook}", labels, judgement.outcomes, judgement.records)
+    for line in not_judged_here(lab.number, chosen, judgement.outcomes):
+        print(line, file=console.file)
     found = _print_costs(lab, judgement, console, record_costs)
     for line in timeline.report(lab, judgement, out, record_costs):  # the schedule's picture: its path
         print(line, file=console.file)
     _write_report(out / "report.json", lab, notebook, judgement, found)
     return ok
+
+
+def not_judged_here(number: int | str, chosen: list, outcomes: list) -> list[str]:
+    """A line naming the tests only the TPU compiler judges (a budget at a production size, or one XLA:CPU cannot
+    tell), where none of the configurations run was a compile-only TPU one: what was not judged, and the command
+    that judges it (with the set-up that adds libtpu, where it is missing). Nothing where every test was judged."""
+    from labkit.checks import TPU_ONLY_SKIP
+    from labkit.machine import accelerators
+
+    if any(c.compile_for for c in chosen):
+        return []
+    names = list(
+        dict.fromkeys(
+            o.test.removeprefix("test_").replace("_", " ")
+            for o in outcomes
+            if o.status == "skipped" and TPU_ONLY_SKIP in (o.message or "")
+        )
+    )
+    if not names:
+        return []
+    installed, _ = accelerators.libtpu_available()
+    setup = "" if installed else ", after `make setup EXTRAS=tpu` adds libtpu (the TPU compiler)"
+    which = "; ".join(f"'{n}'" for n in names)
+    return [
+        f"Not judged on these configurations: {len(names)} test(s) only the TPU compiler judges ({which}). "
+        f"`make lab-{number} CONFIGS=cpu-8,v5e-8` judges {'it' if len(names) == 1 else 'them'} on a TPU v5e "
+        f"slice's compiled program, with no TPU at hand{setup}; grading runs {'it' if len(names) == 1 else 'them'} "
+        "where the course grades on v5e-8."
+    ]
 
 
 def _print_costs(lab, judgement, console, record_costs: bool) -> dict:

@@ -106,3 +106,28 @@ def test_a_stray_cell_that_raises_does_not_stop_grading_of_the_exercises(kit, la
     assert "RuntimeError: leftover experiment" in done.stdout
     outcomes = lab_report(3)["outcomes"]
     assert {o["status"] for o in outcomes} == {"passed"}
+
+
+def test_a_test_only_the_tpu_compiler_judges_is_named_with_the_command_that_judges_it(monkeypatch):
+    from labkit import checks
+    from labkit.course import configs
+    from labkit.judge.judge import Outcome
+    from labkit.machine import accelerators
+    from labkit.student import loop
+
+    why = f"{checks.PRODUCTION_SIZE_SKIP}: it runs on the compile-only TPU configurations, not on cpu-8"
+    outcomes = [
+        Outcome("test_at_a_production_size_the_step_fits", "train_step", "cpu-8", "cpu-8", "skipped", why),
+        Outcome("test_train_step_keeps_its_shape", "train_step", "cpu-8", "cpu-8", "passed"),
+        Outcome("test_tpu_only", "train_step", "tpu", "tpu", "skipped", "no TPU on this machine"),
+    ]
+    cpu = configs.parse("cpu-1,cpu-8")
+    monkeypatch.setattr(accelerators, "libtpu_available", lambda: (False, "not installed"))
+    (line,) = loop.not_judged_here(14, cpu, outcomes)
+    assert "1 test(s) only the TPU compiler judges ('at a production size the step fits')" in line, line
+    assert "`make lab-14 CONFIGS=cpu-8,v5e-8` judges it" in line and "`make setup EXTRAS=tpu`" in line, line
+    monkeypatch.setattr(accelerators, "libtpu_available", lambda: (True, ""))
+    assert "make setup" not in loop.not_judged_here(14, cpu, outcomes)[0]
+    # judged where a compile-only TPU configuration ran; nothing to say where no such test was skipped
+    assert loop.not_judged_here(14, configs.parse("cpu-8,v5e-8"), outcomes) == []
+    assert loop.not_judged_here(14, cpu, outcomes[1:]) == []
