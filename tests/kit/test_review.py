@@ -468,3 +468,38 @@ def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
     for s in STUDENTS:
         assert float(table[s, str(LAB)]["points"]) == pytest.approx(tests[s] + (2 if s == third else 3))
     assert "the bubble: 2/2 (say how much of the time is idle)" in table[third, str(LAB)]["adjustments"]
+
+
+# ----------------------------------------------------------------------------------------
+# The question across the class, and a rubric that cannot be used.
+# ----------------------------------------------------------------------------------------
+
+COPIED = (
+    "The bubble is the time at the start and the end of a step when some stages have no micro-batch to "
+    "work on: with four stages and eight micro-batches three of eleven ticks are idle on every device."
+)
+
+
+def test_a_question_at_a_glance_shows_each_items_spread_and_answers_that_share_text(client, out):
+    write_up(out, student_of(out, 1), COPIED)
+    write_up(out, student_of(out, 3), COPIED + " So it is.")
+    for number, points in ((1, "2"), (2, "1")):
+        page = client.get(f"/lab/{LAB}/{number}").text
+        post(client, LAB, number, form(page, points_1=points))
+    glance = client.get(f"/lab/{LAB}/glance").text
+    spread = re.search(r'<table class="spread".*?</table>', glance, re.S).group(0)
+    row = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", spread.split("<tr>")[2])).strip()
+    assert row == "the bubble 2 2 1.5 1: 1, 2: 1"  # item, max, graded, mean, answers at each value
+    assert re.search(r"answer 1</a> and\s*<a[^>]*>answer 3</a>", glance)
+    assert "answer 2" not in re.search(r'<ul class="shared".*?</ul>', glance, re.S).group(0)
+    assert not any(s in glance for s in STUDENTS)
+
+
+@pytest.mark.parametrize(
+    "text", ["[labs.10]\nitems = 3\n", "[labs.10\n", '[labs.10]\nitems = [{name = "a"}]\n']
+)
+def test_a_rubric_file_that_cannot_be_used_is_named_never_a_crash(client, out, text):
+    (out / "course" / "rubric.toml").write_text(text)
+    for path in ("/", f"/lab/{LAB}/1", f"/lab/{LAB}/next", f"/lab/{LAB}/glance"):
+        answer = client.get(path)
+        assert answer.status_code in (200, 409) and "rubric.toml" in answer.text, path

@@ -2,6 +2,7 @@
 
     GET  /                       each lab with written answers: how many, how many graded
     GET  /lab/N/next             the first answer of lab N not fully graded (after ?after=K)
+    GET  /lab/N/glance           the question across the class: graded, each item's spread, shared text
     GET  /lab/N/K                answer K of lab N beside its rubric (?names=1 shows whose it is)
     POST /lab/N/K                its points: saved at once, unless another TA saved it first
     GET  /static/review.js|.css  the page's one script and one style sheet
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from labkit.grading.review import answers, marks, rubric
+from labkit.grading.review import answers, glance, marks, rubric
 from labkit.grading.review.guard import Gate, Guard
 from labkit.grading.state import course as course_mod
 
@@ -78,6 +79,9 @@ def make(out: Path, gate: Gate, who: str) -> Guard:
     async def next_answer(request: Request) -> Response:
         return await _next(review, request)
 
+    async def at_a_glance(request: Request) -> Response:
+        return await _glance(review, draw, request)
+
     async def answer(request: Request) -> Response:
         found = _answer_of(review, request)
         if found is None:
@@ -96,14 +100,20 @@ def make(out: Path, gate: Gate, who: str) -> Guard:
             return PlainTextResponse("this form is not the page's own: reload the page", status_code=403)
         return await _save(review, draw, request, found, form)
 
+    async def problem(request: Request, exc: Exception) -> Response:
+        """A course state or rubric file that cannot be used: named, never a crash."""
+        return draw("index.html", status=409, out=str(review.out), labs=[], problem=str(exc), names=False)
+
     app = Starlette(
+        exception_handlers={marks.StateError: problem, rubric.RubricError: problem},
         routes=[
             Route("/", index),
             Route("/lab/{lab:int}/next", next_answer),
+            Route("/lab/{lab:int}/glance", at_a_glance),
             Route("/lab/{lab:int}/{number:int}", answer, methods=["GET"]),
             Route("/lab/{lab:int}/{number:int}", save, methods=["POST"]),
             Route("/static/{name}", static),
-        ]
+        ],
     )
     return Guard(app, gate)
 
@@ -129,6 +139,25 @@ async def _next(review: Review, request: Request) -> Response:
         if len(marks.of_answer(text, a.student, the)) < len(the.items):
             return RedirectResponse(_url(lab, a.number, _names(request)), status_code=303)
     return RedirectResponse("/" + ("?names=1" if _names(request) else ""), status_code=303)
+
+
+async def _glance(review: Review, draw, request: Request) -> Response:
+    """The question across the class: graded answers, each item's spread, answers that share text."""
+    lab = request.path_params["lab"]
+    group = answers.find(review.out).get(lab)
+    if not group:
+        return PlainTextResponse("no written answers for this lab", status_code=404)
+    text = await run_in_threadpool(marks.read_text, review.course)
+    the = review.rubric(lab)
+    return draw(
+        "glance.html",
+        lab=lab,
+        question=the.question,
+        summary=_lab_summary(review, lab, group, text),
+        items=glance.spread(group, text, the),
+        shared=await run_in_threadpool(glance.shared, group),
+        names=_names(request),
+    )
 
 
 def _int(text: str | None, default: int) -> int:

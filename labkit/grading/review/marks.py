@@ -8,9 +8,8 @@ overwrite each other unseen), checks the whole new file as grading will, writes 
 line saying who gave which points and when to OUT/course/review-log.jsonl.
 
 The course state's manifest names the adjustments once a first point is given, so that a later `make grade`
-without ADJUSTMENTS= reads them; its digest is left for grading to bring up to date (a grading run that
-started before a save then keeps the saved file, since it writes the kept inputs only where they differ
-from the manifest).
+without ADJUSTMENTS= reads them; its digest is left for grading to bring up to date. A grading run reads and
+keeps its inputs once, as it starts: a save made while it runs is in the file for the next run.
 """
 
 from __future__ import annotations
