@@ -503,3 +503,26 @@ def test_a_rubric_file_that_cannot_be_used_is_named_never_a_crash(client, out, t
     for path in ("/", f"/lab/{LAB}/1", f"/lab/{LAB}/next", f"/lab/{LAB}/glance"):
         answer = client.get(path)
         assert answer.status_code in (200, 409) and "rubric.toml" in answer.text, path
+
+
+def test_a_folder_that_is_not_there_or_a_port_taken_is_refused_in_one_line(out, tmp_path):
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    try:
+        for args, said in (
+            ([str(tmp_path / "nowhere")], "is not a folder"),
+            ([str(out), "--port", str(held.getsockname()[1])], "cannot listen on 127.0.0.1"),
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "labkit", "review", *args],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+    finally:
+        held.close()

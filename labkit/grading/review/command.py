@@ -56,7 +56,14 @@ def _review(args) -> int:
             file=sys.stderr,
         )
         return ExitCode.REFUSED
-    sock = listening(args.port)
+    try:
+        sock = listening(args.port)
+    except OSError as e:
+        print(
+            f"review: cannot listen on {HOST}:{args.port} ({e.strerror}): leave PORT= out for a free port",
+            file=sys.stderr,
+        )
+        return ExitCode.REFUSED
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(32)
     gate = Gate(token, frozenset({f"{HOST}:{port}", f"localhost:{port}"}))
