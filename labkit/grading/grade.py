@@ -218,10 +218,13 @@ def prepare(
     submissions, out = Path(submissions).absolute(), Path(out).absolute()
     if not submissions.exists():
         raise GradeError(f"the submissions folder {submissions} does not exist")
-    choose_labs(labs)
-    chosen = choose_configs(config_names)
-    state, context = inputs_mod.read(out, course, inputs, _split_forget(forget)[1], change_policy)
+    term_forget, course_forget = _split_forget(forget)
+    state, context = inputs_mod.read(out, course, inputs, course_forget, change_policy)
+    request = Request(submissions, out, labs=labs, configs=config_names, course=course)
+    term = _term(request, out, term_forget)  # kept for the shards, which read it as `grade` does
+    chosen = choose_configs(",".join(term.configs))
     inputs_mod.provisional(state.values.get("policy") or policy_mod.Policy(), [c.name for c in chosen])
     subs, _ = handin.submissions_of(submissions, out, state.values.get("roster"), stream)
     handin.class_checked(state, context, subs, students, stream)
+    term.save()
     return state

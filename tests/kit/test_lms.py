@@ -708,3 +708,49 @@ def test_a_newer_version_replaces_the_kept_one_an_older_one_does_not_and_both_ar
     kept = json.loads((out / "collected.json").read_text())
     (entry,) = [e for e in kept if e["student"] == "alice"]
     assert entry["replaced"][0]["submitted_at"] == early and entry["submitted_at"] == late
+
+
+def test_the_bare_command_grades_every_kept_download_and_reads_again_only_one_that_changed(tmp_path):
+    """With an LMS class the bare `make grade` exited 2 (no submissions/): the downloads are the term's now."""
+    from labkit.grading.intake import handin
+    from labkit.grading.state import term
+
+    def the_term(submissions=None):
+        return term.resolve(
+            tmp_path / "out" / "course",
+            submissions=submissions,
+            labs=None,
+            configs=None,
+            forget=[],
+            all_labs=[3, 5],
+            default_configs=["cpu-1"],
+            is_download=lms.is_download,
+        )
+
+    out = tmp_path / "out"
+    week1 = make_zip(tmp_path / "canvas-lab3.zip", {"liddellalice_4411_90001_lab-3.ipynb": nb("alice first")})
+    week2 = make_zip(
+        tmp_path / "canvas-lab5.zip",
+        {
+            "liddellalice_4411_90007_lab-3.ipynb": nb(
+                "alice resubmitted"
+            ),  # no time: the later download wins
+            "scullydana_4414_90009_lab-5.ipynb": nb("dana lab 5"),
+            "my-homework.ipynb": nb("no pattern"),
+        },
+    )
+    for given in (week1, week2):
+        kept = the_term(given)
+        handin.of_term(kept, out, ROSTER, io.StringIO())
+        kept.save()
+    said = io.StringIO()
+    bare = the_term()
+    subs, _ = handin.of_term(bare, out, ROSTER, said)
+    assert [Path(s["path"]).name for s in bare.sources] == ["canvas-lab3.zip", "canvas-lab5.zip"]
+    assert tag_of(subs.students["alice"][3]) == "alice resubmitted"  # week 1 not read over it again
+    assert tag_of(subs.students["dana"][5]) == "dana lab 5" and said.getvalue() == ""
+    assert any("my-homework.ipynb" in n for n in subs.class_notes)  # what each download said, every run
+    week1.unlink()
+    subs, _ = handin.of_term(the_term(), out, ROSTER, io.StringIO())
+    assert tag_of(subs.students["alice"][3]) == "alice resubmitted"
+    assert any("canvas-lab3.zip: the download is no longer there" in n for n in subs.class_notes)

@@ -70,14 +70,18 @@ def test_downloads_add_up_in_the_term_and_are_read_again_only_when_they_changed(
     week1, week2 = tmp_path / "canvas-lab3.zip", tmp_path / "canvas-lab5.zip"
     week1.write_bytes(b"one")
     week2.write_bytes(b"two")
-    first = resolve(tmp_path / "course", week1, [3])
-    first.sources[0]["digest"] = term.digest(week1)  # what reading it keeps
-    first.save()
+    resolve(tmp_path / "course", week1, [3]).save()
     second = resolve(tmp_path / "course", week2, [5])
     assert [Path(s["path"]).name for s in second.sources] == ["canvas-lab3.zip", "canvas-lab5.zip"]
-    assert not second.fresh(second.sources[0], term.digest(week1)) and second.fresh(second.sources[1], "")
+    out = tmp_path / "out"
+    out.mkdir()
+    term.Read(out).mark(str(week1), term.digest(week1), ["a note of week 1"])
+    read = term.Read(out)  # as the next run reads it
+    assert not read.fresh(str(week1), term.digest(week1)) and read.fresh(str(week2), term.digest(week2))
+    assert read.notes(str(week1)) == ["a note of week 1"]
     week1.write_bytes(b"one, and a late one")
-    assert second.fresh(second.sources[0], term.digest(week1))
+    assert read.fresh(str(week1), term.digest(week1))
+    assert term.Read(tmp_path / "shard").fresh(str(week1), term.digest(week1))  # another OUT reads it itself
 
 
 def test_a_folder_class_and_lms_downloads_are_not_mixed_silently(tmp_path, subs):

@@ -72,17 +72,18 @@ def of_term(
             )
         return discover(path, known), {}
     class_notes: list[str] = []
+    read = term_mod.Read(out)
     for source in term.sources:
         path = Path(source["path"])
         if not path.exists():
             class_notes.append(f"{path.name}: the download is no longer there; what it collected is kept")
-            class_notes.extend(source.get("notes", []))
+            class_notes.extend(read.notes(source["path"]))
             continue
         digest = term_mod.digest(path)
-        if term.fresh(source, digest):
+        if read.fresh(source["path"], digest):
             found = _add_download(path, out, people, known, stream)
-            source["digest"], source["notes"] = digest, found.notes()
-        class_notes.extend(source.get("notes", []))
+            read.mark(source["path"], digest, found.notes())
+        class_notes.extend(read.notes(source["path"]))
     (out / COLLECTED).mkdir(parents=True, exist_ok=True)
     return _collected(out, _read_kept(out / KEPT), class_notes)
 

@@ -1,8 +1,10 @@
 """The term's scope, kept with the course's state: where the submissions come from, which labs and which
 device configurations the class is graded on.
 
-    OUT/course/term.json   {"format": 1, "sources": [{"path", "kind", "digest", "notes"}], "labs": [3, 5],
+    OUT/course/term.json   {"format": 1, "sources": [{"path", "kind"}], "labs": [3, 5],
                             "configs": ["cpu-1", "cpu-8"]}
+    OUT/downloads.json     {path: {"digest", "notes"}}: what each download held when it was last read into
+                           this OUT's collected/ (beside it, not in the course's state: a shard has its own)
 
 So that the bare command means "the same again": `grade` with no `--submissions`, `--labs` or `--configs`
 grades the term so far, from the kept sources (a kept download whose files changed, such as a folder
@@ -42,7 +44,7 @@ class Term:
     """The term one run grades, and the part of it this run grades again (the rest is held as it was)."""
 
     folder: Path
-    sources: list[dict]  # in the order given: {"path", "kind", "digest", "notes"}
+    sources: list[dict]  # in the order given: {"path", "kind"}
     labs: list[int]  # the term's, in the course's order
     configs: list[str]
     run_labs: list[int]  # what this run was asked to grade (the term's own when nothing was given)
@@ -53,11 +55,6 @@ class Term:
     @property
     def narrowed(self) -> bool:
         return self.run_labs != self.labs or self.run_configs != self.configs
-
-    def fresh(self, source: dict, digest: str) -> bool:
-        """Whether a kept source's files changed since it was last read (a new one is always fresh)."""
-        before = {s["path"]: s for s in self.kept.get("sources", [])}.get(source["path"])
-        return before is None or before.get("digest") != digest
 
     def lines(self) -> list[str]:
         labs = ", ".join(str(n) for n in self.labs)
@@ -187,10 +184,10 @@ def _sources(kept: dict, given: Path | None, forgotten: bool, is_download, chang
         )
     if kind == FOLDER and sources:
         changes.append(f"submissions: now {path} (was {sources[0]['path']})")
-        return [{"path": path, "kind": kind, "digest": "", "notes": []}]
+        return [{"path": path, "kind": kind}]
     if sources:
         changes.append(f"submissions: {path} added to the term's downloads")
-    return [*sources, {"path": path, "kind": kind, "digest": "", "notes": []}]
+    return [*sources, {"path": path, "kind": kind}]
 
 
 def digest(path: Path) -> str:
@@ -208,3 +205,32 @@ def digest(path: Path) -> str:
             st = p.stat()
             parts.append(f"{p.relative_to(path)}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+READ = "downloads.json"  # OUT/downloads.json
+
+
+class Read:
+    """What each download held when it was last read into one OUT's collected/ (`OUT/downloads.json`)."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / READ
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
+        except (OSError, ValueError):
+            data = {}  # read every download again: adding up what is already kept changes nothing
+        self.data: dict = data if isinstance(data, dict) else {}
+
+    def fresh(self, source: str, digest: str) -> bool:
+        """Whether `source` changed since it was last read into this OUT (one never read is fresh)."""
+        entry = self.data.get(source)
+        return not isinstance(entry, dict) or entry.get("digest") != digest
+
+    def notes(self, source: str) -> list[str]:
+        entry = self.data.get(source)
+        notes = entry.get("notes") if isinstance(entry, dict) else None
+        return [str(n) for n in notes] if isinstance(notes, list) else []
+
+    def mark(self, source: str, digest: str, notes: list[str]) -> None:
+        self.data[source] = {"digest": digest, "notes": list(notes)}
+        write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
