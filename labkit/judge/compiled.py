@@ -31,11 +31,7 @@ def sent_per_device(got: plaindata.Value) -> float:
     """Bytes one device sends for every collective of the call's compiled program, counted as the cost card
     counts them (labkit.cost: ring costs over each collective's group; a permute's pair is 2 devices, and a
     device sending to itself sends nothing)."""
-    facts, found = _compiled(got, "collectives")
-    return sum(
-        cost.bytes_sent(c.op, cost.shape_bytes(c.shape), cost.group_width(c.pairs, c.groups, facts.devices))
-        for c in found
-    )
+    return sum(sent for sent, _ in _sent_by(got))
 
 
 def card_of(got: plaindata.Value) -> cost.Card:
@@ -259,36 +255,33 @@ def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str 
 def _sent_by(got: plaindata.Value) -> list[tuple[float, str]]:
     """(bytes one device sends, a description) for each collective of the call's compiled program, largest first."""
     facts, found = _compiled(got, "collectives")
-    scattered = _scatter_as_all_reduce(facts, found)
+    replaced = _all_reduce_stands_for(facts, found)
     parts = []
     for c in found:
         width = cost.group_width(c.pairs, c.groups, facts.devices)
         label = f"{c.op} of {c.shape.split('{')[0]} over {width} devices"
-        if scattered and c.op == "all-reduce":
-            label += ", the TPU compiler's form of the reduce-scatter your program asks for: counted as that"
-            parts.append(
-                (cost.bytes_sent("reduce-scatter", cost.shape_bytes(c.shape) // width, width), label)
-            )
+        if replaced and c.op == "all-reduce":
+            # a reduce-scatter of this array, or an all-gather into it, sends (n-1)/n of it: half the all-reduce
+            label += f", the TPU compiler's form of the {replaced} your program asks for: counted as that"
+            parts.append((cost.bytes_sent("all-gather", cost.shape_bytes(c.shape), width), label))
             continue
         parts.append((cost.bytes_sent(c.op, cost.shape_bytes(c.shape), width), label))
     return sorted(parts, key=lambda p: -p[0])
 
 
-def _scatter_as_all_reduce(facts, found) -> bool:
-    """Does the TPU compiler sum what the program reduce-scatters with an all-reduce (and a slice)? libtpu does
-    for a reduce-scatter of a vector, at any size, and of a small array: its own choice of form, which a budget
-    of the design does not charge. Only where the program asks for reduce-scatters and no all-reduce itself, and
-    the compiled program keeps no reduce-scatter: an all-reduce the program wrote, or one the partitioner added
-    beside a reduce-scatter kept, is charged as what it is."""
+def _all_reduce_stands_for(facts, found) -> str | None:
+    """What the TPU compiler's all-reduces stand for, where they stand for a collective the program asks for:
+    libtpu sums a reduce-scatter of a vector or a small array with an all-reduce (and a slice), and gathers a
+    small all-gather with an all-reduce of the zero-padded result. Its own choice of form, which a budget of the
+    design does not charge. Only where the program asks for no all-reduce itself and the compiled program keeps
+    none of the kind it replaced: an all-reduce the program wrote, or one the partitioner added beside a
+    reduce-scatter or all-gather kept, is charged as what it is."""
     written = facts.written
+    if not facts.compiled_for or written is None or "all-reduce" in written:
+        return None
     compiled = {c.op for c in found}
-    return bool(
-        facts.compiled_for
-        and written is not None
-        and "reduce-scatter" in written
-        and "all-reduce" not in written
-        and "reduce-scatter" not in compiled
-    )
+    replaced = [op for op in ("reduce-scatter", "all-gather") if op in written and op not in compiled]
+    return " or ".join(replaced) or None
 
 
 def expect_sent_within(

@@ -12,6 +12,13 @@ An asynchronous collective (`all-gather-start`, `collective-permute-start`, `all
 once, at its start, with what the start itself says it makes: its `-done` only waits, and is never read (so
 a `-done` can neither add a collective nor change one's size, wherever it stands).
 
+The TPU compiler can also overlap a collective with the work around it by splitting it into a chain of
+fusions (an async collective fusion): a start, whose computation ends in a custom-call `AsyncCollectiveStart`
+of the collective, then continuation fusions that take the start's results and compute while it runs, then a
+done fusion (`AsyncCollectiveDone`). Each of their computations holds a copy of the one collective; it sends
+once, and is counted once, at its start (`_chain_copies`). Only a copy is left out: a collective of the same
+op, result shape and groups inside a fusion that takes the chain's own results.
+
 A collective inside a loop (`lax.fori_loop`, `lax.scan`, a `while`) is written once in the program, inside
 the loop's body, however many times the loop runs. The compiler notes the number of steps of a loop it can
 count (`known_trip_count`, as XLA:CPU writes it); the TPU compiler writes none, and there the steps are read
@@ -321,16 +328,60 @@ def _collective(i: Instruction, devices: int) -> dict | None:
     return item
 
 
+def _signature(i: Instruction) -> tuple[str, ...]:
+    """What makes two collectives the same one: op, result shape (layouts aside), groups or pairs as written."""
+    a = i.attributes
+    return (i.opcode, without_layouts(i.shape), a.get("replica_groups", ""), a.get("source_target_pairs", ""))
+
+
+def _chain_copies(module: Module) -> dict[str, list[tuple[str, ...]]]:
+    """Per computation, the copies of an async collective fusion's collective it holds (see the module's
+    docstring): in each computation, a fusion whose computation ends in a custom-call `AsyncCollectiveStart`
+    starts a chain with the collectives it holds; a fusion that takes a result of the chain (directly or
+    through a get-tuple-element) joins it, and its collectives with a signature of the chain are copies."""
+    copies: dict[str, list[tuple[str, ...]]] = {}
+    for caller in module.computations.values():
+        chain: dict[str, set[tuple[str, ...]]] = {}  # instruction -> the signatures of the chain it carries
+        for i in caller.instructions:
+            feeding = set().union(*(chain[o] for o in i.operands if o in chain))
+            if i.opcode == "get-tuple-element" and feeding:
+                chain[i.name] = feeding
+            if i.opcode != "fusion":
+                continue
+            called = module.computations.get(next(iter(_names(i.attributes.get("calls", ""))), ""))
+            if called is None or not called.name:
+                continue
+            held = [_signature(c) for c in called.instructions if c.opcode in COLLECTIVES]
+            root = called.root
+            if (
+                held
+                and root is not None
+                and root.opcode == "custom-call"
+                and root.attributes.get("custom_call_target") == '"AsyncCollectiveStart"'
+                and not feeding
+            ):
+                chain[i.name] = set(held)
+            elif feeding:
+                copies.setdefault(called.name, []).extend(s for s in held if s in feeding)
+                chain[i.name] = feeding
+    return copies
+
+
 def collectives_in(hlo: str, devices: int) -> list[dict]:
     """Every collective the program runs for one call, once per run (a loop's collective as many times
-    as the loop's steps): op, result shape, and the devices that take part together."""
+    as the loop's steps; an async collective fusion's once, at its start): op, result shape, and the devices
+    that take part together."""
     module = parse(hlo)
     times, _ = runs(module)
+    copies = _chain_copies(module)
     listed: list[dict] = []
     for name, computation in module.computations.items():
         for i in computation.instructions:
             item = _collective(i, devices)
             if item is None:
+                continue
+            if _signature(i) in copies.get(name, []):
+                copies[name].remove(_signature(i))  # a copy of its chain's collective, counted at the start
                 continue
             count = times[name]
             if count is None:

@@ -3,7 +3,7 @@ a permute's pairs one by one, the count of steps, and a budget failure that name
 
 from test_checks import ROWS_OF_A_2X4_GRID, compiled, message
 
-from labkit.checks import expect_collectives_within, expect_sent_within, expect_steps_within
+from labkit.checks import expect_collectives_within, expect_sent_within, expect_steps_within, sent_per_device
 
 
 def shift(s: int) -> dict:
@@ -61,6 +61,12 @@ def test_a_collective_the_program_did_not_ask_for_is_named_the_compilers_choice_
         "Your program asks for reduce-scatter itself; the all-reduce is a choice of the TPU compiler" in text
     )
     assert "psum_scatter" not in text
+    # the same for a small all-gather the TPU compiler gathers with an all-reduce of the zero-padded result
+    gathered = compiled(collectives=[reduce], written=["all-gather"], compiled_for="TPU v5e 2x4")
+    assert sent_per_device(gathered) == 112
+    # where the program asks for an all-reduce itself, every all-reduce is charged as what it is
+    both = compiled(collectives=[reduce], written=["all-gather", "all-reduce"], compiled_for="TPU v5e 2x4")
+    assert sent_per_device(both) == 224
     # jit's partitioner put the all-reduce in a program that asks for none: said so, and the hint stays
     text = message(
         expect_sent_within, compiled(collectives=[reduce], written=[]), 112, 8, what="x", hint=hint

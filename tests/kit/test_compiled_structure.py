@@ -109,6 +109,76 @@ ENTRY %main (p: f32[1,16]) -> f32[8,16] {
     assert found["op"] == "all-gather" and cost.shape_bytes(found["shape"]) == 8 * 16 * 4
 
 
+# The TPU compiler's async collective fusion, as libtpu prints it for lab 13's FSDP forward at precision highest
+# (trimmed to the chain): one all-gather of w2, a copy in the start's, the continuation's and the done's
+# computations, and w1's all-gather in the entry.
+ASYNC_COLLECTIVE_FUSION = """\
+%fused_computation.2 (param_0.5: f32[8,32]) -> (f32[8,32], f32[64,32]) {
+  %param_0.5 = f32[8,32]{1,0:T(8,128)} parameter(0)
+  %all-gather.10 = f32[64,32]{1,0:T(8,128)} all-gather(%param_0.5), channel_id=1, replica_groups=mesh['data'=8] {'data'}, dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %custom-call.1 = (f32[8,32]{1,0:T(8,128)S(1)}, f32[64,32]{1,0:T(8,128)S(1)}) custom-call(%all-gather.10), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.6 (param_0.8: f32[8,32], param_9.2: f32[32,64], param_10.4: f32[16,32]) -> (f32[16,64], f32[8,32], f32[64,32]) {
+  %param_10.4 = f32[16,32]{1,0:T(8,128)S(1)} parameter(2)
+  %param_9.2 = f32[32,64]{1,0:T(8,128)S(1)} parameter(1)
+  %convolution.5 = f32[16,64]{1,0:T(8,128)} convolution(%param_10.4, %param_9.2), dim_labels=bf_io->bf, operand_precision={highest,highest}
+  %param_0.8 = f32[8,32]{1,0:T(8,128)S(1)} parameter(0)
+  %all-gather.12 = f32[64,32]{1,0:T(8,128)S(1)} all-gather(%param_0.8), channel_id=1, replica_groups=mesh['data'=8] {'data'}, dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %tuple.2 = (f32[16,64]{1,0:T(8,128)S(1)}, f32[8,32]{1,0:T(8,128)S(1)}, f32[64,32]{1,0:T(8,128)S(1)}) tuple(%convolution.5, %param_0.8, %all-gather.12)
+}
+
+%fused_computation.4 (param_0.9: f32[8,32], param_1.7: f32[64,32]) -> f32[64,32] {
+  %param_0.9 = f32[8,32]{1,0:T(8,128)S(1)} parameter(0)
+  %param_1.7 = f32[64,32]{1,0:T(8,128)S(1)} parameter(1)
+  %all-gather.14 = f32[64,32]{1,0:T(8,128)} all-gather(%param_0.9), channel_id=1, replica_groups=mesh['data'=8] {'data'}, dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %custom-call.3 = f32[64,32]{1,0:T(8,128)S(1)} custom-call(%param_0.9, %param_1.7, %all-gather.14), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main.2_spmd (param.3: f32[16,32], param.4: f32[4,64], param.5: f32[8,32]) -> f32[64,32] {
+  %param.3 = f32[16,32]{1,0:T(8,128)} parameter(0)
+  %param.4 = f32[4,64]{1,0:T(4,128)} parameter(1)
+  %param.5 = f32[8,32]{1,0:T(8,128)} parameter(2)
+  %all-gather.15 = f32[32,64]{1,0:T(8,128)S(1)} all-gather(%param.4), channel_id=2, replica_groups=mesh['data'=8] {'data'}, dimensions={0}, use_global_device_ids=true
+  %async-collective-start = (f32[8,32]{1,0:T(8,128)S(1)}, f32[64,32]{1,0:T(8,128)S(1)}) fusion(%param.5), kind=kCustom, calls=%fused_computation.2
+  %get-tuple-element = f32[8,32]{1,0:T(8,128)S(1)} get-tuple-element(%async-collective-start), index=0
+  %fusion.6 = (f32[16,64]{1,0:T(8,128)S(1)}, f32[8,32]{1,0:T(8,128)S(1)}, f32[64,32]{1,0:T(8,128)S(1)}) fusion(%get-tuple-element, %all-gather.15, %param.3), kind=kCustom, calls=%async_collective_fusion.6
+  %get-tuple-element.12 = f32[8,32]{1,0:T(8,128)S(1)} get-tuple-element(%fusion.6), index=1
+  %get-tuple-element.13 = f32[64,32]{1,0:T(8,128)S(1)} get-tuple-element(%fusion.6), index=2
+  ROOT %async-collective-done = f32[64,32]{1,0:T(8,128)S(1)} fusion(%get-tuple-element.12, %get-tuple-element.13), kind=kCustom, calls=%fused_computation.4
+}
+"""
+
+
+@pytest.mark.fast
+def test_an_async_collective_fusion_sends_its_collective_once_counted_at_its_start():
+    found = hlo.collectives_in(ASYNC_COLLECTIVE_FUSION, 8)
+    assert sorted(hlo.without_layouts(c["shape"]) for c in found) == ["f32[32,64]", "f32[64,32]"], found
+    # w1 and w2 each gathered once: what the program asks for, not three copies of w2's
+    assert sum(cost.bytes_sent(c["op"], cost.shape_bytes(c["shape"]), 8) for c in found) == 7 / 8 * 2 * 8192
+
+
+@pytest.mark.fast
+def test_only_a_copy_of_the_chains_own_collective_is_left_out():
+    # another collective computed inside the continuation (another shape) is counted
+    other = ASYNC_COLLECTIVE_FUSION.replace(
+        "  ROOT %tuple.2 =",
+        "  %extra = f32[128,32]{1,0} all-gather(%param_0.8), replica_groups=mesh['data'=8] {'data'}, dimensions={0}\n"
+        "  ROOT %tuple.2 =",
+    )
+    assert len(hlo.collectives_in(other, 8)) == 3
+    # the same all-gather written twice, one of them outside the chain: both counted
+    twice = ASYNC_COLLECTIVE_FUSION.replace(
+        "  %async-collective-start =",
+        "  %again = f32[64,32]{1,0:T(8,128)} all-gather(%param.5), channel_id=3, replica_groups=mesh['data'=8] {'data'}, dimensions={0}, use_global_device_ids=true\n"
+        "  %async-collective-start =",
+    )
+    assert len(hlo.collectives_in(twice, 8)) == 3
+    # a fusion that ends in a custom-call of another target starts no chain: every copy is counted
+    unmarked = ASYNC_COLLECTIVE_FUSION.replace('"AsyncCollectiveStart"', '"SomethingElse"')
+    assert len(hlo.collectives_in(unmarked, 8)) == 4
+
+
 @pytest.mark.fast
 def test_a_done_never_overrides_a_synchronous_collective_of_the_same_name():
     text = """\
