@@ -526,3 +526,66 @@ def test_a_folder_that_is_not_there_or_a_port_taken_is_refused_in_one_line(out, 
             assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
     finally:
         held.close()
+
+
+# ----------------------------------------------------------------------------------------
+# Regrade requests: entered, shown beside the unit, answered into the adjustments.
+# ----------------------------------------------------------------------------------------
+
+
+def graded_class(out: Path) -> None:
+    """OUT/scoreboard.json as the class's last grading wrote it (test_feedback's class, carol added)."""
+    results = make_results()
+    results["rows"] += [lab_row("carol", 9, "cpu-8", True), lab_row("carol", LAB, "cpu-8", True)]
+    results["rows"][3]["tests"][0]["message"] = "<script>document.title='owned'</script> expected shape (8,)"
+    del results["policy"]  # the kit's policy, as graded_with_the_kept_state reads it
+    (out / "scoreboard.json").write_text(json.dumps(results))
+
+
+def test_a_regrade_request_is_shown_beside_the_unit_and_answered_into_the_feedback(client, out):
+    graded_class(out)
+    csrf = Gate(TOKEN, frozenset({HOST})).csrf()
+    asked = {
+        "csrf": csrf,
+        "student": "bob",
+        "lab": str(LAB),
+        "about": "test_sums",
+        "words": "my <b>shape</b> is right",
+    }
+    made = client.post("/regrades", data=asked, headers={"origin": ORIGIN}, follow_redirects=False)
+    assert made.status_code == 303 and made.headers["location"] == "/regrades/1"
+    page = client.get("/regrades/1").text
+    assert "my &lt;b&gt;shape&lt;/b&gt; is right" in page  # the student's words, as text
+    assert "&lt;script&gt;document.title=&#39;owned&#39;&lt;/script&gt; expected shape (8,)" in page
+    assert "<script>document" not in page
+    reply = {
+        "csrf": csrf,
+        "reply": "the shape is right on one device only; half the points back",
+        "points": "0.5",
+    }
+    answered = client.post("/regrades/1", data=reply, headers={"origin": ORIGIN}, follow_redirects=False)
+    assert answered.status_code == 303
+    events = [json.loads(line) for line in (out / "course" / "regrades.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["by"]) for e in events] == [("request", "ta-one"), ("answer", "ta-one")]
+    results = graded_with_the_kept_state(out)
+    assert "+0.5 (the shape is right on one device only" in grades(results)["bob", str(LAB)]["adjustments"]
+    assert "half the points back" in markdown.feedback(results, "bob")
+    assert "answered" in client.get("/regrades").text
+
+
+def test_a_regrade_form_not_the_pages_own_or_for_someone_not_in_the_class_is_refused(client, out):
+    graded_class(out)
+    csrf = Gate(TOKEN, frozenset({HOST})).csrf()
+    asked = {"student": "bob", "lab": str(LAB), "about": "x", "words": "please"}
+    assert client.post("/regrades", data=asked, headers={"origin": ORIGIN}).status_code == 403
+    assert (
+        client.post(
+            "/regrades", data=asked | {"csrf": csrf}, headers={"origin": "http://evil.example"}
+        ).status_code
+        == 403
+    )
+    stranger = client.post(
+        "/regrades", data=asked | {"csrf": csrf, "student": "mallory"}, headers={"origin": ORIGIN}
+    )
+    assert stranger.status_code == 400 and "name a student of the class" in stranger.text
+    assert not (out / "course" / "regrades.jsonl").exists()

@@ -6,6 +6,7 @@
     GET  /lab/N/K                answer K of lab N beside its rubric (?names=1 shows whose it is)
     POST /lab/N/K                its points: saved at once, unless another TA saved it first
     GET  /static/review.js|.css  the page's one script and one style sheet
+    GET, POST /regrades[/N]      regrade requests: labkit/grading/review/regradepages.py
 
 Nothing a request names is a path: a lab and an answer are numbers, looked up in what answers.find found.
 """
@@ -25,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from labkit.grading.review import answers, glance, marks, rubric
+from labkit.grading.review import answers, glance, marks, regradepages, rubric
 from labkit.grading.review.guard import Gate, Guard
 from labkit.grading.state import course as course_mod
 
@@ -113,6 +114,7 @@ def make(out: Path, gate: Gate, who: str) -> Guard:
             Route("/lab/{lab:int}/{number:int}", answer, methods=["GET"]),
             Route("/lab/{lab:int}/{number:int}", save, methods=["POST"]),
             Route("/static/{name}", static),
+            *regradepages.Pages(review, draw, gate.csrf(), _form).routes(),
         ],
     )
     return Guard(app, gate)

@@ -140,10 +140,6 @@ def _number(value: float) -> str:
 def replaced(text: str, student: str, rubric: Rubric, marks: dict[str, Mark]) -> str:
     """The file with one answer's item lines made `marks` (each in place where it was, new ones at the end)."""
     lines = rows(text)
-    header = list(HEADER)
-    if text.strip():
-        extra = [h.strip().lower() for h in next(csv.reader(io.StringIO(text)), [])]
-        header += [h for h in extra if h and h not in header]
     worth = {i.name: i for i in rubric.items}
     done: set[str] = set()
     out = []
@@ -156,10 +152,19 @@ def replaced(text: str, student: str, rubric: Rubric, marks: dict[str, Mark]) ->
             continue
         out.append(r)
     out += [_line(student, rubric, worth[i], m) for i, m in marks.items() if i not in done]
+    return _written(text, out)
+
+
+def _written(text: str, lines: list[dict[str, str]]) -> str:
+    """`lines` as the file's text, under the file's own columns (the kit's first, in their order)."""
+    header = list(HEADER)
+    if text.strip():
+        extra = [h.strip().lower() for h in next(csv.reader(io.StringIO(text)), [])]
+        header += [h for h in extra if h and h not in header]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=header, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(out)
+    writer.writerows(lines)
     return buffer.getvalue()
 
 
@@ -206,6 +211,17 @@ def save(
         with open(course / LOG, "a", encoding="utf-8") as log:
             log.write(json.dumps(entry, sort_keys=True) + "\n")
         return version(of_answer(new, student, rubric))
+
+
+def add_line(course: Path, line: dict[str, str], students: set[str]) -> None:
+    """Add one adjustments line (a regrade's points, say) to the file, checked as grading reads it."""
+    with locked(course):
+        text = read_text(course)
+        check(text, course, students)
+        new = _written(text, [*rows(text), line])
+        check(new, course, students)
+        write_atomic(course / FILE, new)
+        _name_in_manifest(course, new)
 
 
 def _name_in_manifest(course: Path, text: str) -> None:
