@@ -14,14 +14,9 @@ from labkit.checks import (
     check,
     compiled_call,
     expect_close,
-    expect_collective,
-    expect_input_split,
     expect_replicated,
-    expect_work_split,
     public_tests,
-    sent_per_device,
 )
-from labkit.cost import bytes_sent
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
 NAMES, leaf, pair, loss_and_grads, train = (
@@ -153,48 +148,15 @@ def test_final_parameters_are_the_same_on_every_device(got, run):
         )
 
 
-WHOLE_BATCH = (
-    "Every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
-    "in_specs=P('data'), so that each device takes 1/{n} of the rows, and average the gradients with "
-    "jax.lax.pmean(..., 'data')"
-)
-
-
-def whole_batch_flops(params, x, steps=1):
-    """The matrix products of the forward pass and of the weight gradients over all of x, for `steps` steps."""
-    (d_in, d_hidden), d_out = params["hidden"]["kernel"].shape, params["out"]["kernel"].shape[1]
-    return steps * 2 * (2 * len(x) * (d_in * d_hidden + d_hidden * d_out))
-
-
 @check(got=compiled_call("global_gradients", PARAMS, X, Y))
 def test_gradients_each_device_works_on_its_own_slice_of_the_batch(got, run):
-    n = run.device_count
-    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
-    expect_input_split(got, 2, n, name="y", hint=WHOLE_BATCH.format(n=n))
-    expect_work_split(
-        got,
-        whole_batch_flops(PARAMS, X),
-        n,
-        what="the gradient of the whole batch",
-        hint=WHOLE_BATCH.format(n=n),
-    )
-    expect_collective(
-        got, "all-reduce", n, hint="The devices' gradients are averaged by jax.lax.pmean(grads, 'data')"
-    )
+    public.expect_own_rows_and_a_mean(got, run.device_count, PARAMS, X)
 
 
 # The public tests' one-step call: it runs once for both, and one step compiles faster than many.
 @check(got=compiled_call("train_data_parallel", public.PARAMS, public.X, public.Y, 1, public.LR))
 def test_training_steps_each_device_works_on_its_own_slice_of_the_batch(got, run):
-    n = run.device_count
-    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
-    expect_work_split(
-        got,
-        whole_batch_flops(public.PARAMS, public.X),
-        n,
-        what="a step on the whole batch",
-        hint=WHOLE_BATCH.format(n=n),
-    )
+    public.expect_a_step_on_own_rows(got, run.device_count, public.PARAMS, public.X)
 
 
 # -- exercise 3: accumulated_gradients, held to its budget ------------------------------------
@@ -213,29 +175,12 @@ def test_four_micro_batches_give_the_whole_batch_gradient(got, run):
 
 @check(got=ACCUMULATED)
 def test_accumulation_keeps_each_device_on_its_own_slice(got, run):
-    n = run.device_count
-    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
-    expect_work_split(
-        got,
-        whole_batch_flops(PARAMS, X128),
-        n,
-        what="the gradient of the whole batch",
-        hint=WHOLE_BATCH.format(n=n),
-    )
+    public.expect_accumulation_on_own_rows(got, run.device_count, PARAMS, X128)
 
 
 @check(got=ACCUMULATED)
 def test_accumulation_averages_once_per_step(got, run):
-    n = run.device_count
-    gradient_and_loss = 4 * (1 + sum(np.size(PARAMS[layer][key]) for layer, key in NAMES))
-    budget, sent = bytes_sent("all-reduce", gradient_and_loss, n), sent_per_device(got)
-    if n > 1 and sent > 1.25 * budget:
-        raise Mismatch(
-            f"each device sends {sent:.0f} bytes, {sent / budget:.1f} times the {budget:.0f} that one "
-            f"average of the gradient and the loss needs: the devices talked once per micro-batch. "
-            f"Add up the micro-batches' gradients on each device first, and average across devices "
-            f"once, at the end"
-        )
+    public.expect_one_average_per_step(got, run.device_count, PARAMS)
 
 
 # -- stretch (not graded: points=0): train_data_parallel_adam --------------------------------------

@@ -1,7 +1,10 @@
 """Lab 8, public tests: the global batch's gradient from per-device gradients, and data-parallel training.
 
 The expected values are computed here, on one device, in float64 numpy: the loss and gradient of
-the two-layer perceptron on the whole batch, and SGD with momentum 0.9 on the whole batch.
+the two-layer perceptron on the whole batch, and SGD with momentum 0.9 on the whole batch. The budgets read
+from the compiled program (each device on its own rows of the batch, its share of the work, one average of
+the gradient per step) are held here on these inputs, and by the hidden tests on others with the same helpers
+and words.
 """
 
 import numpy as np
@@ -14,14 +17,19 @@ from labkit.checks import (
     describe,
     expect_array,
     expect_close,
+    expect_collective,
     expect_fits_each_chip,
+    expect_input_split,
     expect_replicated,
     expect_sent_within,
     expect_shape,
     expect_work_share,
+    expect_work_split,
     placed,
+    sent_per_device,
     shaped,
 )
+from labkit.cost import bytes_sent
 
 MOMENTUM = 0.9
 NAMES = (("hidden", "kernel"), ("hidden", "bias"), ("out", "kernel"), ("out", "bias"))
@@ -176,7 +184,7 @@ def test_final_parameters_equal_single_device_training(got):
         )
 
 
-@check(got=call("train_data_parallel", PARAMS, X, Y, 1, LR))
+@check(got=compiled_call("train_data_parallel", PARAMS, X, Y, 1, LR))
 def test_one_step_is_one_sgd_update(got):
     losses, final = pair(got, "(losses, final_params)")
     expect_shape(losses, (1,), hint="steps=1 gives one loss")
@@ -190,6 +198,59 @@ def test_one_step_is_one_sgd_update(got):
             atol=1e-6,
             hint="the first step of SGD with momentum is params - learning_rate * grads",
         )
+
+
+# ---- the budget: each device on its own rows, and one average of the gradient --------------------------
+
+WHOLE_BATCH = (
+    "Every device computes the gradient of the whole batch: that is not data parallelism. Give x and y "
+    "in_specs=P('data'), so that each device takes 1/{n} of the rows, and average the gradients with "
+    "jax.lax.pmean(..., 'data')"
+)
+
+
+def whole_batch_flops(params, x, steps=1):
+    """The matrix products of the forward pass and of the weight gradients over all of x, for `steps` steps."""
+    (d_in, d_hidden), d_out = params["hidden"]["kernel"].shape, params["out"]["kernel"].shape[1]
+    return steps * 2 * (2 * len(x) * (d_in * d_hidden + d_hidden * d_out))
+
+
+def expect_own_rows_and_a_mean(got, n: int, params, x) -> None:
+    """x and y split by rows, one device's FLOPs within its share of the whole batch's, and an all-reduce."""
+    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
+    expect_input_split(got, 2, n, name="y", hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(
+        got,
+        whole_batch_flops(params, x),
+        n,
+        what="the gradient of the whole batch",
+        hint=WHOLE_BATCH.format(n=n),
+    )
+    expect_collective(
+        got, "all-reduce", n, hint="The devices' gradients are averaged by jax.lax.pmean(grads, 'data')"
+    )
+
+
+def expect_a_step_on_own_rows(got, n: int, params, x) -> None:
+    """x split by rows, and one device's FLOPs within its share of a step on the whole batch."""
+    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(
+        got,
+        whole_batch_flops(params, x),
+        n,
+        what="a step on the whole batch",
+        hint=WHOLE_BATCH.format(n=n),
+    )
+
+
+@check(got=compiled_call("global_gradients", PARAMS, X, Y))
+def test_each_device_takes_the_gradient_of_its_own_rows_and_the_devices_average(got, run):
+    expect_own_rows_and_a_mean(got, run.device_count, PARAMS, X)
+
+
+@check(got=compiled_call("train_data_parallel", PARAMS, X, Y, 1, LR))
+def test_each_device_takes_a_training_step_on_its_own_rows(got, run):
+    expect_a_step_on_own_rows(got, run.device_count, PARAMS, X)
 
 
 # ---- global_gradients at a production size: the TPU compiler's program, on the compile-only TPU configurations
@@ -274,6 +335,44 @@ def test_accumulated_gradients_are_whole_on_every_device(got, run):
     _, grads = pair(got, "(loss, grads)")
     for layer, key in NAMES:
         expect_replicated(leaf(grads, layer, key), run.device_count, hint=REPLICATED)
+
+
+def expect_accumulation_on_own_rows(got, n: int, params, x) -> None:
+    """x split by rows, and one device's FLOPs within its share of the whole batch's gradient."""
+    expect_input_split(got, 1, n, name="x", hint=WHOLE_BATCH.format(n=n))
+    expect_work_split(
+        got,
+        whole_batch_flops(params, x),
+        n,
+        what="the gradient of the whole batch",
+        hint=WHOLE_BATCH.format(n=n),
+    )
+
+
+def expect_one_average_per_step(got, n: int, params) -> None:
+    """Each device sends at most 1.25 times one all-reduce of the gradient and the loss."""
+    gradient_and_loss = 4 * (1 + sum(np.size(params[layer][key]) for layer, key in NAMES))
+    budget, sent = bytes_sent("all-reduce", gradient_and_loss, n), sent_per_device(got)
+    if n > 1 and sent > 1.25 * budget:
+        raise Mismatch(
+            f"each device sends {sent:.0f} bytes, {sent / budget:.1f} times the {budget:.0f} that one "
+            f"average of the gradient and the loss needs: the devices talked once per micro-batch. "
+            f"Add up the micro-batches' gradients on each device first, and average across devices "
+            f"once, at the end"
+        )
+
+
+ACCUMULATED = compiled_call("accumulated_gradients", PARAMS, X64, Y64, MICRO)
+
+
+@check(got=ACCUMULATED)
+def test_accumulated_gradients_keep_each_device_on_its_own_rows(got, run):
+    expect_accumulation_on_own_rows(got, run.device_count, PARAMS, X64)
+
+
+@check(got=ACCUMULATED)
+def test_accumulated_gradients_are_averaged_across_devices_once_per_step(got, run):
+    expect_one_average_per_step(got, run.device_count, PARAMS)
 
 
 # -- stretch (not graded: points=0): train_data_parallel_adam --------------------------------------
