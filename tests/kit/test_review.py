@@ -410,7 +410,7 @@ class Server:
 def chromium():
     browser = shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(browser).exists():
-        pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
+        pytest.fail("chromium is not installed: `make system-deps` installs it (.ci/apt-packages.txt)")
     return browser
 
 
@@ -589,3 +589,12 @@ def test_a_regrade_form_not_the_pages_own_or_for_someone_not_in_the_class_is_ref
     )
     assert stranger.status_code == 400 and "name a student of the class" in stranger.text
     assert not (out / "course" / "regrades.jsonl").exists()
+
+
+def test_a_course_folder_that_cannot_be_written_is_named_and_nothing_is_taken_as_saved(client, out):
+    page = client.get(f"/lab/{LAB}/1").text
+    shutil.rmtree(out / "course")
+    (out / "course").write_text("not a folder")  # what a mistyped command could leave
+    answer = post(client, LAB, 1, form(page, points_1="2"))
+    assert answer.status_code == 409 and "File exists" in answer.text and "Saved." not in answer.text
+    assert (out / "course").read_text() == "not a folder"

@@ -102,11 +102,12 @@ def make(out: Path, gate: Gate, who: str) -> Guard:
         return await _save(review, draw, request, found, form)
 
     async def problem(request: Request, exc: Exception) -> Response:
-        """A course state or rubric file that cannot be used: named, never a crash."""
+        """A course state or rubric file that cannot be used, or a folder that cannot be written: named, never a
+        crash."""
         return draw("index.html", status=409, out=str(review.out), labs=[], problem=str(exc), names=False)
 
     app = Starlette(
-        exception_handlers={marks.StateError: problem, rubric.RubricError: problem},
+        exception_handlers={marks.StateError: problem, rubric.RubricError: problem, OSError: problem},
         routes=[
             Route("/", index),
             Route("/lab/{lab:int}/next", next_answer),
