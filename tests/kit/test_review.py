@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.grading.publish import markdown, scoreboard
+from labkit.grading.publish import gradebook, markdown, scoreboard
 from labkit.grading.review import answers, app, marks
 from labkit.grading.review.guard import Gate
 from labkit.grading.state import adjustments, inputs
@@ -462,11 +462,16 @@ def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
         finally:
             browser.close()
             server.stop()
-    table = grades(graded_with_the_kept_state(out))
+    results = graded_with_the_kept_state(out)
+    table = grades(results)
+    canvas = list(csv.reader(io.StringIO(gradebook.to_canvas(results))))
+    column = next(i for i, name in enumerate(canvas[0]) if name.startswith(f"Lab {LAB} "))
     tests = {"alice": 2.4, "bob": 1, "carol": 3}  # test_feedback's class: alice late, bob failing one test
     third = student_of(out, 3)
     for s in STUDENTS:
-        assert float(table[s, str(LAB)]["points"]) == pytest.approx(tests[s] + (2 if s == third else 3))
+        expected = pytest.approx(tests[s] + (2 if s == third else 3))
+        assert float(table[s, str(LAB)]["points"]) == expected
+        assert float(next(r for r in canvas if r[2] == s)[column]) == expected  # the Canvas export's too
     assert "the bubble: 2/2 (say how much of the time is idle)" in table[third, str(LAB)]["adjustments"]
 
 
