@@ -55,7 +55,7 @@ def test_the_count_the_kits_tests_grade_lab_3_by_is_the_labs_own():
             sys.executable,
             "-c",
             "from labkit.course import catalog; from labkit.grading.state import course; "
-            "print(len(course.test_names(catalog.lab(3))))",
+            "print(len(course.test_points(catalog.lab(3))))",
         ],
         capture_output=True,
         text=True,

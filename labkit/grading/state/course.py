@@ -126,11 +126,6 @@ class _Names:
         self.names = set(self.points)
 
 
-def test_names(lab: catalog.Lab) -> set[str]:
-    """The names of a lab's public and hidden tests, collected without running anything."""
-    return set(test_points(lab))
-
-
 def test_points(lab: catalog.Lab) -> dict[str, float]:
     """Each of a lab's public and hidden tests by name, with its points, collected without running anything."""
     import pytest
