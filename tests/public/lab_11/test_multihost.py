@@ -1,7 +1,9 @@
 """Lab 11, public tests: one program run by several JAX processes (two of them on cpu-2x4).
 
 The values a test reads are process 0's; `run.each_process(...)` and `run.printed(...)` give
-what every process returned and printed, which is where multi-process mistakes show.
+what every process returned and printed, which is where multi-process mistakes show. The step's budget read
+from the compiled program (each device on its own rows, the gradients averaged by an all-reduce) is held here
+on these inputs, and by the hidden tests on others with the same helper and words.
 """
 
 import numpy as np
@@ -11,11 +13,14 @@ from labkit.checks import (
     Mismatch,
     call,
     check,
+    compiled_call,
     expect_close,
+    expect_collective,
     expect_equal,
     expect_replicated,
     expect_shape,
     expect_split_across,
+    expect_work_split,
     placed,
 )
 
@@ -183,6 +188,25 @@ def test_one_step_matches_gradient_descent_on_the_whole_batch(got):
 @check(got=call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
 def test_the_new_weights_are_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint="put w on every device with NamedSharding(mesh, P())")
+
+
+STEP_ON_THE_WHOLE_BATCH = (
+    "Every device computes the gradient of the whole batch: that is not data parallelism. Load x and y "
+    "with load_global_batch, so that each device holds only its own rows (P('data')), and put only w "
+    "on every device (P()); the jitted step then averages the devices' gradients with an all-reduce"
+)
+
+
+def expect_own_rows_and_an_all_reduce(got, n: int, x) -> None:
+    """One device's FLOPs well below a step on all of x (its two products), and an all-reduce of the gradient."""
+    whole = 2 * (2 * x.shape[0] * x.shape[1])  # the prediction x @ w and the gradient x.T @ residual
+    expect_work_split(got, whole, n, what="a step on the whole batch", hint=STEP_ON_THE_WHOLE_BATCH)
+    expect_collective(got, "all-reduce", n, hint=STEP_ON_THE_WHOLE_BATCH)
+
+
+@check(got=compiled_call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
+def test_a_step_computes_only_each_devices_own_rows_and_averages_with_an_all_reduce(got, run):
+    expect_own_rows_and_an_all_reduce(got, run.device_count, ROWS)
 
 
 # -- stretch (not graded: points=0): global_mse --------------------------------------------------
