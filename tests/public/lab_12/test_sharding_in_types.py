@@ -1,4 +1,8 @@
-"""Lab 12, public tests: sharding in types on an Explicit mesh from `jax.make_mesh`."""
+"""Lab 12, public tests: sharding in types on an Explicit mesh from `jax.make_mesh`.
+
+contract_to_rows' budget (less sent than an all-reduce of the whole product) is read from the TPU compiler's
+program: here on these inputs and by the hidden tests on others, with the same helper and words, on the
+compile-only TPU configurations alone (XLA:CPU writes both designs alike)."""
 
 import numpy as np
 
@@ -9,8 +13,10 @@ from labkit.checks import (
     compiled_call,
     describe,
     expect_close,
+    expect_sent_within,
     expect_shape,
     expect_split_across,
+    judged_on_tpu_only,
 )
 
 NAMES = ("the placed array", "the sum of each row", "the sum of each column", "the transpose")
@@ -89,3 +95,32 @@ def test_constrain_auto_is_the_sine_with_rows_split(got, run):
     expect_split_across(
         got, run.device_count, axis=0, hint="constrain to NamedSharding(mesh, P('data', None))"
     )
+
+
+def expect_less_than_an_all_reduce_of_the_product(got, run, a, b) -> None:
+    """The rows split is not enough: the whole product made on every device and then cut (out_sharding=P() and a
+    reshard) is split too, after an all-reduce. The TPU compiler sends each device less for the rows it keeps;
+    XLA:CPU writes both as one all-reduce, so this is judged on the TPU program alone."""
+    judged_on_tpu_only(run, "XLA:CPU compiles the reduce-scatter this asks for as an all-reduce and a slice")
+    n = run.device_count
+    product = a.shape[0] * b.shape[1] * np.dtype(np.float32).itemsize
+    expect_sent_within(
+        got,
+        2 * (n - 1) / n * product,
+        n,
+        what="an all-reduce of the whole product",
+        margin=0.9,
+        hint="each device received every row of the product before it kept its own: ask for the rows split "
+        "where the product is made, out_sharding=P('data', None), not for the whole product (P()) and a reshard "
+        "after",
+    )
+
+
+# The budget's inputs: a contraction over 64, a product of 32 x 3.
+LONG_A = np.linspace(-2.0, 2.0, 32 * 64, dtype=np.float32).reshape(32, 64)
+LONG_B = np.linspace(1.0, -1.0, 64 * 3, dtype=np.float32).reshape(64, 3)
+
+
+@check(got=compiled_call("contract_to_rows", LONG_A, LONG_B))
+def test_contract_to_rows_sends_each_device_less_than_an_all_reduce_of_the_product(got, run):
+    expect_less_than_an_all_reduce_of_the_product(got, run, LONG_A, LONG_B)
