@@ -419,9 +419,24 @@ def press(page, key: str) -> None:
         page.keyboard.press(key)
 
 
+def two_tas_on_answer_one(browser, url: str) -> None:
+    """Two TAs open answer 1; the first one's save goes in, the second one's, from the older page, is
+    refused, and the page says so and shows the first one's points."""
+    pages = [browser.new_context().new_page() for _ in range(2)]
+    for page in pages:
+        page.goto(url)
+        page.goto(url.split("?")[0] + f"lab/{LAB}/1")
+    press(pages[0], "2")  # its cost: 1 -> 0
+    press(pages[1], "1")  # the bubble: 2 -> 0, from a page drawn before that save
+    assert "Another TA saved this answer" in pages[1].inner_text("#message")
+    assert pages[1].input_value("#points-1") == "2" and pages[1].input_value("#points-2") == "0"
+
+
 def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
     from playwright.sync_api import sync_playwright
 
+    write_up(out, student_of(out, 2), "\n\n".join(HOSTILE))  # one of them hostile: it must run nothing
+    dialogs: list[str] = []
     server = Server(out)
     with sync_playwright() as p:
         browser = p.chromium.launch(
@@ -431,6 +446,7 @@ def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
         )
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
             page.goto(server.url)
             assert "token" not in page.url  # traded for a cookie
             with page.expect_navigation():
@@ -438,6 +454,8 @@ def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
             for number in (1, 2, 3):
                 assert f"Answer {number} of 3" in page.inner_text("header")
                 assert not any(s in page.content() for s in STUDENTS)  # anonymised
+                assert page.title() == f"Lab {LAB}, answer {number} of 3" and not dialogs
+                assert page.locator("#answer script, #answer img, #answer svg, #answer iframe").count() == 0
                 press(page, "1")  # the bubble: its 2 points, saved at once
                 assert page.inner_text("#message") == "Saved."
                 if number == 3:
@@ -459,6 +477,8 @@ def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
             page.goto(server.url.split("?")[0] + f"lab/{LAB}/3")
             assert page.input_value("#points-1") == "2" and page.input_value("#points-2") == ""
             assert page.input_value("#comment-1") == "say how much of the time is idle"
+            two_tas_on_answer_one(browser, server.url)
+            assert not dialogs and "owned" not in page.title()
         finally:
             browser.close()
             server.stop()
@@ -467,9 +487,14 @@ def test_a_ta_grades_three_answers_by_keyboard_and_a_restart_keeps_them(out):
     canvas = list(csv.reader(io.StringIO(gradebook.to_canvas(results))))
     column = next(i for i, name in enumerate(canvas[0]) if name.startswith(f"Lab {LAB} "))
     tests = {"alice": 2.4, "bob": 1, "carol": 3}  # test_feedback's class: alice late, bob failing one test
+    given = {
+        student_of(out, 1): 2,
+        student_of(out, 2): 3,
+        student_of(out, 3): 2,
+    }  # answer 1's cost taken back
     third = student_of(out, 3)
     for s in STUDENTS:
-        expected = pytest.approx(tests[s] + (2 if s == third else 3))
+        expected = pytest.approx(tests[s] + given[s])
         assert float(table[s, str(LAB)]["points"]) == expected
         assert float(next(r for r in canvas if r[2] == s)[column]) == expected  # the Canvas export's too
     assert "the bubble: 2/2 (say how much of the time is idle)" in table[third, str(LAB)]["adjustments"]
