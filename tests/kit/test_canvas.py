@@ -393,3 +393,38 @@ def test_the_command_line_dry_run_never_prints_the_token(standin, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "lab-3  alice" in done.stdout and "dry run" in done.stdout.lower()
     assert TOKEN not in done.stdout + done.stderr and not standin.calls("POST")
+
+
+def test_the_command_line_sends_each_graded_labs_own_feedback_once(standin, tmp_path):
+    from labkit.grading.publish import scoreboard
+
+    results = results_for_push()
+    results["policy"]["source"] = "/home/ta/cs101/policy.toml"
+    scoreboard.write(results, tmp_path / "board")
+    command = [
+        sys.executable,
+        "-m",
+        "labkit",
+        "canvas",
+        "push",
+        str(tmp_path / "board"),
+        "--url",
+        standin.url,
+        "--course",
+        str(COURSE),
+        "--apply",
+        "--comments",
+    ]
+    env = {"PATH": "/usr/bin:/bin", canvas.TOKEN_VARIABLE: TOKEN}
+    for said in (
+        "2 comments sent, 0 replaced",
+        "0 comments sent, 0 replaced (changed since the last push), 2",
+    ):
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert said in done.stdout, done.stdout
+    (alice, _) = [c for c in standin.calls("PUT") if "comment[text_comment]" in c["form"]]
+    text = alice["form"]["comment[text_comment]"][0]
+    assert "Lab 3" in text and "/home/ta" not in text and text.endswith(canvas.MARK.format(lab=3))
