@@ -157,3 +157,9 @@ def test_two_folders_of_one_id_in_two_unicode_forms_are_refused_not_picked(tmp_p
         (tmp_path / name / "lab-3.ipynb").write_text("{}")
     subs = collect.discover(tmp_path, [3])
     assert "two Unicode forms" in subs.refused["jos\u00e9", 3]
+
+
+def test_students_named_in_nfd_on_the_command_line_are_the_classes_nfc_ids():
+    from labkit.grading.intake import handin
+
+    assert handin.named_students("jose\u0301, bob", {"jos\u00e9", "bob"}) == {"jos\u00e9", "bob"}

@@ -16,7 +16,7 @@ from labkit.course import catalog
 from labkit.grading.intake import lms, writeups
 from labkit.grading.intake.collect import Submissions, discover, shard_of
 from labkit.grading.state import course as course_mod
-from labkit.grading.state import deadlines, history
+from labkit.grading.state import deadlines, history, table
 from labkit.grading.state import roster as roster_mod
 from labkit.grading.state import term as term_mod
 from labkit.grading.state.errors import GradeError
@@ -249,7 +249,7 @@ def class_checked(
 
 def named_students(text: str | None, known: set[str]) -> set[str]:
     """`--students ID,ID`: each one in the class, or GradeError naming those that are not."""
-    named = {s.strip() for s in (text or "").split(",") if s.strip()}
+    named = {table.nfc(s.strip()) for s in (text or "").split(",") if s.strip()}  # as the class's ids
     unknown = sorted(named - known)
     if unknown:
         raise GradeError(
