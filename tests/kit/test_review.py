@@ -188,6 +188,20 @@ def test_a_linked_write_up_or_student_folder_is_not_followed(out, tmp_path):
     assert {a.student for a in answers.find(out)[LAB]} == set(STUDENTS)
 
 
+def test_a_student_whose_id_is_not_ascii_is_graded_like_any_other(client, out):
+    write_up(out, "josé", "Bubble: the last stages wait too.")
+    number = next(a.number for a in answers.find(out)[LAB] if a.student == "josé")
+    page = client.get(f"/lab/{LAB}/{number}").text
+    assert post(client, LAB, number, form(page, points_1="2")).status_code == 303
+    assert [
+        a["student"]
+        for a in adjustments.parse(
+            (out / "course" / "adjustments.csv").read_text(), "adjustments.csv", {*STUDENTS, "josé"}, {LAB}
+        )
+    ] == ["josé"]
+    assert "josé" in client.get(f"/lab/{LAB}/{number}?names=1").text
+
+
 def test_every_answer_says_what_the_page_may_load_and_run(client):
     for path in ("/", f"/lab/{LAB}/1", "/static/review.js", "/nothing"):
         headers = client.get(path).headers

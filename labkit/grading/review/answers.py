@@ -22,7 +22,6 @@ from markdown_it import MarkdownIt
 FOLDER = "writeups"  # OUT/writeups/<student>/lab-<N>.md
 MAX_BYTES = 256_000  # a write-up larger than this is shown cut, and says so
 _NAME = re.compile(r"lab-(\d{1,3})\.md")
-_STUDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,199}")
 _FENCED = re.compile(r"\A```text\n(.*)\n```(\n\n\(cut at .*\))?\s*\Z", re.S)
 TAGS = {
     *("p", "br", "hr", "em", "strong", "code", "pre", "blockquote"),
@@ -47,12 +46,17 @@ def _entries(folder: Path) -> list[os.DirEntry]:
         return []
 
 
+def _is_student(name: str) -> bool:
+    """A folder a grading run could have named for a student (collect's rule: any name but a hidden one)."""
+    return not name.startswith(".") and name.isprintable() and len(name) <= 200
+
+
 def find(out: Path) -> dict[int, list[Answer]]:
     """lab -> its answers, in the order the page shows them: by a digest of student and lab, so that the
     order says nothing of a name, and the same on every start."""
     found: dict[int, list[tuple[str, str, Path]]] = {}
     for student in _entries(Path(out) / FOLDER):
-        if not student.is_dir(follow_symlinks=False) or not _STUDENT.fullmatch(student.name):
+        if not student.is_dir(follow_symlinks=False) or not _is_student(student.name):
             continue
         for entry in _entries(Path(student.path)):
             match = _NAME.fullmatch(entry.name)
