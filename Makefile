@@ -133,13 +133,14 @@ isolation: setup ## whether notebooks run in a sandbox here: which bwrap, or why
 # The TA's inputs, the course's state (labkit/grading/state/course.py, kept in OUT/course/): ROSTER=file gives
 # --roster file, and so for every input its registry lists (asked of it when a grading target runs, so an
 # input added there needs nothing here). Each one left out is the one kept from the class's last run.
-COURSE_INPUTS = $(or $(shell $(PY) -m labkit.grading.state.course names 2>/dev/null),roster policy overrides extensions adjustments)
+COURSE_INPUTS = $(or $(shell $(PY) -m labkit.grading.state.course names 2>/dev/null),roster policy overrides extensions adjustments pins)
 # The inputs the registry lists today, named here for readers (a test checks the two lists agree):
 ROSTER ?=
 POLICY ?=
 OVERRIDES ?=
 EXTENSIONS ?=
 ADJUSTMENTS ?=
+PINS ?=
 upper = $(shell echo '$(1)' | tr 'a-z-' 'A-Z_')
 COURSE_FLAGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),--$(i) $($(call upper,$(i)))))
 # ... and what every grading path takes with them: which inputs to drop, a change of policy asked for by

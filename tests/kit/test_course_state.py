@@ -24,7 +24,7 @@ from labkit.grading import slurm
 from labkit.grading.intake import collect
 from labkit.grading.publish import merge
 from labkit.grading.running import progress, store
-from labkit.grading.state import course
+from labkit.grading.state import course, history
 
 ARGS = ("--labs", "3", "--configs", "cpu-1", "--jobs", "2", "--timeout", "120", "--isolation", "limits-only")
 ROSTER = "student,name\nalice,Alice\ndora,Dora\nzoe,Zoe\n"
@@ -364,6 +364,25 @@ def test_a_narrower_run_grades_only_its_units_and_holds_every_other_grade(graded
     assert mine["alice", "5"]["points"] == str(LAB_3_TESTS) and mine["zoe", "5"]["status"] == "missing"
     assert (mine["dora", "3"]["points"], mine["dora", "3"]["overridden"]) == ("4", "partial credit by hand")
     assert "lab-5" in (again / "feedback" / "alice.md").read_text()
+
+
+def test_a_pinned_version_counts_though_a_later_one_was_handed_in(graded, tmp_path):
+    same_kit(graded)
+    subs, out = graded[:2]
+    again = copy_run(out, tmp_path / "again")
+    first = history.digest(subs / "alice" / "lab-3.ipynb")
+    moved = tmp_path / "moved"
+    shutil.copytree(subs, moved)
+    write(moved / "alice" / "lab-3.ipynb", (ROOT / "labs" / "lab-3.ipynb").read_text())  # handed in again
+    pinned = tmp_path / "pins.csv"
+    pinned.write_text(f"student,lab,version,comment\nalice,3,{first[:12]},the resubmission was a mistake\n")
+    done = run_grade("grade", "--submissions", str(moved), "--out", str(again), "--pins", str(pinned), *ARGS)
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr  # the pinned bytes were graded before: nothing runs
+    assert "alice lab-3: the version handed in" in done.stderr and "pinned by a TA" in done.stderr
+    assert grades(again)["alice", "3"]["points"] == str(LAB_3_TESTS)
+    assert "pinned by a TA" in (again / "feedback" / "alice.md").read_text()
+    assert len(history.read(again, "alice", 3)) == 2  # the resubmission kept too, to be pinned instead
 
 
 # ----------------------------------------------------------------------------------------

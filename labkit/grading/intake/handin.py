@@ -287,6 +287,7 @@ def keep(
             if path is None:
                 continue
             lms_info = times.get((student, lab.number), {})
+            known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
             entry = history.keep(
                 out,
                 student,
@@ -295,10 +296,11 @@ def keep(
                 submitted_at=lms_info.get("submitted_at"),
                 source=lms_info.get("source", ""),
                 file=lms_info.get("file", ""),
+                times=known,  # so that the policy can tell later whether this version was on time
+                late=bool(lms_info.get("late")),
             )
             if entry is None:
                 continue
-            known = dict(lms_info["times"]) if "times" in lms_info else history.folder_times(path)
             handed[student, lab.number] = {
                 "digest": entry["digest"],
                 "submitted_at": lms_info.get("submitted_at"),

@@ -39,6 +39,7 @@ from labkit.course import catalog
 from labkit.grading.state import adjustments as adjustments_mod
 from labkit.grading.state import deadlines
 from labkit.grading.state import overrides as overrides_mod
+from labkit.grading.state import pins as pins_mod
 from labkit.grading.state import policy as policy_mod
 from labkit.grading.state import roster as roster_mod
 from labkit.grading.state.files import write_atomic
@@ -209,6 +210,10 @@ def _check_adjustments(text: str, source: str, context: Context) -> list[dict]:
     )
 
 
+def _check_pins(text: str, source: str, context: Context) -> dict:
+    return pins_mod.parse_pins(text, source, context.students or set(), set(context.labs), context.inactive)
+
+
 # The registry, in the order the inputs are checked (the roster first: the others are checked against it).
 INPUTS: dict[str, Input] = {
     i.name: i
@@ -248,6 +253,12 @@ INPUTS: dict[str, Input] = {
             _check_adjustments,
             results_key="adjustments",
         ),
+        Input(
+            "pins",
+            "pins.csv",
+            "CSV of the kept versions a TA pins (student,lab,version,comment): the one that counts",
+            _check_pins,
+        ),  # used by labkit/grading/intake/counted.py, before anything is graded
     ]
 }
 

@@ -1,7 +1,7 @@
 """Submission history: every version of a notebook the kit collected, kept by its digest.
 
     OUT/history/<student>/lab-<N>/<sha256>.ipynb   the bytes graded, once per distinct version
-    OUT/history/<student>/lab-<N>/history.json     [{digest, collected_at, submitted_at, source, file}, ...]
+    OUT/history/<student>/lab-<N>/history.json     [{digest, collected_at, submitted_at, source, file, times, late}, ...]
 
 Collecting again never overwrites: a new version is added next to the old ones, and a version seen
 before keeps the time it was first collected. The scoreboard records the digest it graded, so a
@@ -75,9 +75,14 @@ def keep(
     submitted_at: str | None = None,
     source: str = "",
     file: str = "",
+    times: dict | None = None,
+    late: bool = False,
     now: datetime | None = None,
 ) -> dict | None:
-    """Keep `path` as a version of the student's lab; its history entry (the first one for these bytes)."""
+    """Keep `path` as a version of the student's lab; its history entry (the first one for these bytes).
+
+    `times` (source -> ISO time) and `late` (an LMS's flag) are what was known of when it was handed in, so that
+    the policy can tell later which version was on time (labkit/grading/state/versions.py)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -97,6 +102,8 @@ def keep(
         "source": source or "folder",
         "file": file or path.name,
     }
+    if times is not None:
+        entry |= {"times": dict(times), "late": bool(late)}
     write_atomic(where / "history.json", json.dumps(entries + [entry], indent=1) + "\n")
     return entry
 

@@ -37,8 +37,14 @@ COMBINE = {
 }
 _TOP = {"grading", "labs", "late", "leaderboard"}
 _LEADERBOARD = {"names"}
-_GRADING = {"combine", "required"}
-_LAB = {"weight", "title", "due", "canvas_id", "extra_credit"}
+_GRADING = {"combine", "required", "counts"}
+COUNTS_DEFAULT = "latest"
+COUNTS = {
+    "latest": "the last one handed in",
+    "last-on-time": "the last one handed in by the due date (with the student's extension), else the latest",
+}
+NOT_YET = {"best": "grading every kept version and taking the one with the most points is not built yet"}
+_LAB = {"weight", "title", "due", "canvas_id", "extra_credit", "counts"}
 _LATE = {"per_day", "cap", "grace_minutes", "accept"}
 
 
@@ -61,21 +67,35 @@ class Policy:
         False  # [leaderboard] names: students see classmates' ids on the leaderboards (else "classmate N")
     )
     extra: dict[int, float] = field(default_factory=dict)  # lab -> points an override may give above its own
+    counts: dict[int, str] = field(default_factory=dict)  # lab -> which submission counts; absent: `counted`
+    counted: str = COUNTS_DEFAULT  # [grading] counts: the course's rule (labkit/grading/intake/counted.py)
 
     def weight(self, lab: int) -> float:
         return self.weights.get(lab, 1)
 
+    def counts_for(self, lab: int) -> str:
+        """Which of a student's submissions of `lab` counts: latest, last-on-time or best."""
+        return self.counts.get(lab, self.counted)
+
     def to_json(self) -> dict:
-        return {
-            "combine": self.combine,
-            "required": list(self.required),
-            "weights": {str(k): v for k, v in sorted(self.weights.items())},
-            "source": self.source,
-            "late": dict(self.late),
-            "due": {str(k): v for k, v in sorted(self.due.items())},
-            "canvas": {str(k): v for k, v in sorted(self.canvas.items())},
-            "leaderboard": {"names": self.names},
-        } | ({"extra_credit": {str(k): v for k, v in sorted(self.extra.items())}} if self.extra else {})
+        return (
+            {
+                "combine": self.combine,
+                "required": list(self.required),
+                "weights": {str(k): v for k, v in sorted(self.weights.items())},
+                "source": self.source,
+                "late": dict(self.late),
+                "due": {str(k): v for k, v in sorted(self.due.items())},
+                "canvas": {str(k): v for k, v in sorted(self.canvas.items())},
+                "leaderboard": {"names": self.names},
+            }
+            | ({"extra_credit": {str(k): v for k, v in sorted(self.extra.items())}} if self.extra else {})
+            | (
+                {"counts": {"course": self.counted} | {str(k): v for k, v in sorted(self.counts.items())}}
+                if self.counts or self.counted != COUNTS_DEFAULT
+                else {}
+            )
+        )
 
     @classmethod
     def from_json(cls, data: dict | None) -> Policy:
@@ -91,6 +111,8 @@ class Policy:
             canvas={int(k): v for k, v in data.get("canvas", {}).items()},
             names=data.get("leaderboard", {}).get("names") is True,
             extra={int(k): v for k, v in data.get("extra_credit", {}).items()},
+            counts={int(k): v for k, v in data.get("counts", {}).items() if k != "course"},
+            counted=data.get("counts", {}).get("course", COUNTS_DEFAULT),
         )
 
 
@@ -119,8 +141,14 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         raise PolicyError(f"{path}: not valid TOML ({e})") from None
     _unknown("the file", data, _TOP, path)
     combine, required = _grading(data.get("grading", {}), path)
+    counted = _counts(data.get("grading", {}).get("counts", COUNTS_DEFAULT), "[grading] counts", path)
     known = known_labs if known_labs is not None else [lab.number for lab in catalog.labs()]
     weights, due, canvas, extra = _labs(data.get("labs", {}), known, path)
+    counts = {
+        int(k): _counts(t["counts"], f"[labs.{k}] counts", path)
+        for k, t in data.get("labs", {}).items()
+        if isinstance(t, dict) and "counts" in t
+    }
     late = _late(data.get("late", {}), path)
     board = data.get("leaderboard", {})
     if not isinstance(board, dict):
@@ -139,7 +167,20 @@ def parse(text: str, path: str | Path = "policy.toml", known_labs: list[int] | N
         canvas=canvas,
         names=names,
         extra=extra,
+        counts=counts,
+        counted=counted,
     )
+
+
+def _counts(value, where: str, path) -> str:
+    """Which of a student's submissions counts: one of COUNTS."""
+    if not isinstance(value, str):
+        raise PolicyError(f"{path}: {where} must be one of {', '.join(COUNTS)}, got {value!r}")
+    if value in NOT_YET:
+        raise PolicyError(f"{path}: {where} = {value!r}: {NOT_YET[value]}; use one of {', '.join(COUNTS)}")
+    if value not in COUNTS:
+        raise PolicyError(f"{path}: {where} = {value!r} is not one of {', '.join(COUNTS)}")
+    return str(value)
 
 
 def _grading(grading, path) -> tuple[str, list[str]]:
