@@ -269,6 +269,7 @@ def test_the_next_ungraded_answer_comes_up(client, out):
     page = client.get(f"/lab/{LAB}/1").text
     post(client, LAB, 1, form(page, points_1="2", points_2="1"))
     assert client.get(f"/lab/{LAB}/next", follow_redirects=False).headers["location"] == f"/lab/{LAB}/2"
+    assert "1 of 3 graded" in client.get(f"/lab/{LAB}/2").text
     index = client.get("/").text
     assert re.search(r"<td>3</td><td>1</td>", index)
 

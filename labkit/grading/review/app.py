@@ -266,6 +266,7 @@ async def _page(
         lab=found.lab,
         number=found.number,
         count=len(group),
+        graded=_lab_summary(review, found.lab, group, text)["graded"],
         student=found.student if names else None,
         names=names,
         rubric=the,
