@@ -190,3 +190,15 @@ def test_one_override_is_added_without_retyping_the_others_and_the_replaced_copy
     (ta / "other.csv").write_text("student,lab,points\nbob,3,1\n")
     with pytest.raises(course.InputError, match="other.csv, line 1: its header"):
         checked({"overrides": Path(f"+{ta / 'other.csv'}")})
+
+
+def test_a_bad_policy_is_refused_in_the_same_shape_as_every_other_ta_file():
+    from labkit.grading.state import course
+
+    with pytest.raises(policy.PolicyError) as e:
+        course.INPUTS["policy"].check(
+            "[grading]\n\n[labs.3]\nweight = -2\n", "p.toml", course.Context(labs=[3])
+        )
+    said = str(e.value)
+    assert said.startswith("p.toml, line 4: [labs.3] weight must not be negative")
+    assert "(field [labs.3] weight; fix: " in said

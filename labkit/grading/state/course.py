@@ -37,7 +37,7 @@ from typing import Any
 
 from labkit.course import catalog
 from labkit.grading.state import adjustments as adjustments_mod
-from labkit.grading.state import deadlines
+from labkit.grading.state import deadlines, table
 from labkit.grading.state import overrides as overrides_mod
 from labkit.grading.state import pins as pins_mod
 from labkit.grading.state import policy as policy_mod
@@ -162,10 +162,22 @@ def _check_policy(text: str, source: str, context: Context) -> policy_mod.Policy
     try:
         return policy_mod.parse(text, source, context.labs)
     except policy_mod.PolicyError as e:
-        line = _toml_line(text, str(e))
-        if line and str(e).startswith(f"{source}: "):
-            raise policy_mod.PolicyError(f"{source}, line {line}: {str(e)[len(source) + 2 :]}") from None
-        raise
+        said = str(e)
+        if not said.startswith(f"{source}: "):
+            raise
+        what = said[len(source) + 2 :]  # in the one shape of every TA file's refusal: line, field, fix
+        found = re.search(r"\[([\w.]+)\](?: (\w+))?", what)
+        key = (
+            f"[{found.group(1)}]" + (f" {found.group(2)}" if found and found.group(2) else "")
+            if found
+            else ""
+        )
+        raise policy_mod.PolicyError(
+            table.message(source, _toml_line(text, said), what, key, POLICY_FIX)
+        ) from None
+
+
+POLICY_FIX = 'the keys of a policy and their values are in docs/grading.md, "Points and the policy"'
 
 
 def _toml_line(text: str, message: str) -> int | None:
