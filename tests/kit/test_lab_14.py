@@ -276,3 +276,22 @@ def test_half_the_grid_repeating_the_other_half_passes_on_one_device_and_is_name
     assert "at most 1.3 times that" in message, message
     (board,) = [b for b in results["leaderboards"] if b["lab"] == 14]
     assert student not in [p["name"] for p in board["places"]]
+
+
+def test_the_whole_batch_on_every_device_fails_the_students_own_make_lab_14_with_the_work_budgets_figure(
+    kit, lab_outcomes, variant
+):
+    """The state split, the whole batch on every device: within the memory and communication budgets, right on
+    cpu-8, and the student's own loop (public tests alone, no hidden ones) fails it with the work budget's
+    figure, the limit and what it counts, in the words grading's hidden work test uses."""
+    done = kit("lab", "14", "--notebook", str(variant(14, *WHOLE_BATCH_EVERYWHERE)), "--configs", "cpu-8")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    failed = {t: o for t, o in lab_outcomes(14)["cpu-8"].items() if o["status"] not in ("passed", "skipped")}
+    assert set(failed) == {PUBLIC_WORK}, failed
+    message = failed[PUBLIC_WORK]["message"]
+    assert not failed[PUBLIC_WORK]["hidden"], failed
+    assert (
+        "one device does" in message and "FLOPs" in message and "that the one-device step needs" in message
+    ), message
+    assert "where its 1/8 share is" in message and "at most 1.3 times that" in message, message
+    assert "FAIL" in done.stdout and "one device does" in done.stdout, done.stdout[-3000:]

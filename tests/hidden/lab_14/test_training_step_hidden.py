@@ -10,7 +10,7 @@ counted as rings as the cost card counts them. Both are computed from the proble
 device every design keeps the whole state and sends nothing, and both hold.
 """
 
-from labkit.checks import check, compiled_call, expect_work_share, public_tests
+from labkit.checks import check, compiled_call, public_tests
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
 
@@ -35,14 +35,8 @@ def test_each_device_sends_within_the_communication_budget(got, run):
 
 @check(got=STEP)
 def test_each_device_does_its_share_of_the_work(got, run):
-    n = run.device_count  # a device may do up to three times its 1/n share of the one-device step's FLOPs
-    expect_work_share(
-        got,
-        public.one_device_step(*PROBLEM, flops=True),
-        n,
-        slack=3.0,
-        what="the one-device step",
-        hint="Every device computes the step for the whole batch: gathering the weights and keeping "
-        "only your piece of the result gives the right numbers with no saving in time. Split "
-        "the batch (or the heads and hidden units) so that each device computes its own part",
+    # the public work budget's words; up to three times a share here, where this small batch's work around the
+    # products is a larger part of the step (the public test holds 1.3 times on its wider batch)
+    public.expect_a_share_of_the_work(
+        got, run.device_count, PROBLEM, public.one_device_step(*PROBLEM, flops=True), slack=3.0
     )
