@@ -116,6 +116,12 @@ TOTALS_BY_PSUM = """    def per_device(block):
 """
 
 
+CUMSUM_BUDGET = "test_cumsum_sends_a_few_numbers_per_device_not_blocks"
+PUBLIC_CUMSUM_BUDGET = (
+    "test_cumsum_sends_a_few_numbers_from_each_device_never_its_block"  # `make lab-5`'s own
+)
+
+
 def run_cumsum_design(kit, lab_outcomes, variant, per_device: str) -> dict:
     return failures_by_config(
         kit,
@@ -124,7 +130,7 @@ def run_cumsum_design(kit, lab_outcomes, variant, per_device: str) -> dict:
         5,
         REFERENCE_CUMSUM,
         per_device,
-        {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"},
+        {CUMSUM_BUDGET, PUBLIC_CUMSUM_BUDGET},
     )
 
 
@@ -138,10 +144,13 @@ def test_a_cumsum_that_gathers_every_block_passes_on_cpu_1_and_is_over_budget_on
 ):
     ran = run_cumsum_design(kit, lab_outcomes, variant, GATHER_THE_BLOCKS)
     assert ran["returncode"] == 1 and not ran["cpu-1"], ran
-    assert set(ran["cpu-8"]) == {"test_cumsum_sends_a_few_numbers_per_device_not_blocks"}, ran["cpu-8"]
-    caught = ran["cpu-8"]["test_cumsum_sends_a_few_numbers_per_device_not_blocks"]
-    assert caught["hidden"] and "7.0 block(s) of x" in caught["message"], caught
-    assert "gathering the blocks themselves moves the vector" in caught["message"], caught
+    assert set(ran["cpu-8"]) == {CUMSUM_BUDGET, PUBLIC_CUMSUM_BUDGET}, ran["cpu-8"]
+    for test in (CUMSUM_BUDGET, PUBLIC_CUMSUM_BUDGET):  # grading's and the student's own: the same words
+        caught = ran["cpu-8"][test]
+        assert caught["hidden"] == (test == CUMSUM_BUDGET) and "7.0 block(s) of x" in caught["message"], (
+            caught
+        )
+        assert "gathering the blocks themselves moves the vector" in caught["message"], caught
 
 
 # -- rows_to_columns, a design exercise: the same matrix split by columns, one all-to-all's traffic ----
@@ -173,6 +182,9 @@ SHARDING_CONSTRAINTS = """    from jax.sharding import NamedSharding
 ROWS_TO_COLUMNS_TESTS = {
     "test_rows_to_columns_sends_at_most_what_one_all_to_all_sends",
     "test_rows_to_columns_never_holds_the_whole_matrix_on_one_device",
+    # the same budgets in the student's own `make lab-5`, on the public matrix of the same size
+    "test_rows_to_columns_sends_no_more_than_one_all_to_all",
+    "test_rows_to_columns_keeps_x_in_pieces_on_every_device",
 }
 
 
@@ -200,6 +212,10 @@ def test_rows_to_columns_that_gathers_the_matrix_passes_on_cpu_1_and_is_named_on
     assert (
         whole["hidden"] and "all-gather hands each device an array of 64 KiB, all of x" in whole["message"]
     ), whole
+    public_over = ran["cpu-8"]["test_rows_to_columns_sends_no_more_than_one_all_to_all"]
+    public_whole = ran["cpu-8"]["test_rows_to_columns_keeps_x_in_pieces_on_every_device"]
+    assert not public_over["hidden"] and public_over["message"] == over["message"], public_over
+    assert not public_whole["hidden"] and public_whole["message"] == whole["message"], public_whole
 
 
 def test_rows_to_columns_is_built_once_so_a_second_call_compiles_nothing():
