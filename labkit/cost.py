@@ -297,10 +297,12 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(s: float) -> str:
+    """A modelled time; under a nanosecond it is "under 1 ns" (no chip does anything useful in a picosecond:
+    such a figure says only that the step does next to nothing)."""
     for unit, size in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
         if s >= size:
             return f"{s / size:.3g} {unit}"
-    return f"{s * 1e12:.3g} ps"
+    return "0 s" if s <= 0 else "under 1 ns"
 
 
 def format_flops(f: float) -> str:
@@ -343,8 +345,33 @@ def _at_precision(config: str) -> str:
     return f", float32 products at precision {asked}" if tpu and asked else ""
 
 
-def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Card | None = None) -> list[str]:
-    """The card as text: the facts, then one line per chip, then how it compares with the reference."""
+HEADLINE_CHIP = "v5e"  # the chip a card's headline times the step on, as the class leaderboards do
+
+
+def headline(name: str, config: str, c: Card, reference: Card | None = None, ranked: bool = False) -> str:
+    """One line: the modelled step time on a TPU v5e (the figure a leaderboard ranks), the reference's beside it
+    and the ratio, and what bounds the step."""
+    chip = chips()[HEADLINE_CHIP]
+    t = c.timing(chip)
+    what = "the step the leaderboard ranks" if ranked else "a step"
+    out = f"{name} on {config}: {format_seconds(t.step)} {what} on a {chip.name} x{c.devices} ({t.bound}-bound)"
+    if reference is None:
+        return out + "; no reference card for this call"
+    r = reference.timing(chip).step
+    ratio = f"{t.step / r:.2g}x the reference's" if r > 0 else "the reference's takes no time"
+    return out + f"; the reference: {format_seconds(r)}, yours {ratio}"
+
+
+def lines(
+    name: str,
+    config: str,
+    c: Card,
+    chip_list: list[Chip],
+    reference: Card | None = None,
+    ranked: bool = False,
+) -> list[str]:
+    """The card as text: a headline (`headline`), the facts, one line per chip, how it compares with the
+    reference."""
     sent = ", ".join(
         f"{op} {format_bytes(b)} ({c.counts[op]} in the program)" for op, b in sorted(c.sent.items())
     )
@@ -353,7 +380,8 @@ def lines(name: str, config: str, c: Card, chip_list: list[Chip], reference: Car
         f"temporaries {format_bytes(c.held['temp'])}"
     )
     out = [
-        f"{name} on {config} ({c.devices} devices{_at_precision(config)}), per device:",
+        headline(name, config, c, reference, ranked),
+        f"  {name} on {config} ({c.devices} devices{_at_precision(config)}), per device:",
         f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} ({held})",
         f"  sends {sent or 'nothing'}",
     ]
@@ -493,8 +521,13 @@ def write_reference(folder: Path, found: dict[str, Examined]) -> Path:
     return path
 
 
-def text(found: dict[str, Examined], reference: dict[str, Examined] | None = None) -> list[str]:
-    """Every card of a lab's runs, as lines, each compared with the reference's card for the same call and run."""
+def text(
+    found: dict[str, Examined],
+    reference: dict[str, Examined] | None = None,
+    ranked: tuple[str, str] | None = None,
+) -> list[str]:
+    """Every card of a lab's runs, as lines, each compared with the reference's card for the same call and run.
+    `ranked`: the (function, configuration) the lab's leaderboard ranks, named in that card's headline."""
     if not found:
         return []
     chip_list = [chips()[k] for k in SHOWN]
@@ -505,5 +538,5 @@ def text(found: dict[str, Examined], reference: dict[str, Examined] | None = Non
     for cid, entry in found.items():
         for label, c in entry.runs.items():
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
-            out += lines(entry.name, label, c, chip_list, ref)
+            out += lines(entry.name, label, c, chip_list, ref, ranked=ranked == (entry.function, label))
     return out

@@ -286,7 +286,9 @@ class Checker:
         from labkit.student import report
 
         found = cost.cards(list(calls.values()), results_by)
-        for line in cost.text(found, cost.read_reference(self.lab.public_tests)):
+        board = self.lab.leaderboard
+        ranked = (board.function, board.config) if board is not None else None
+        for line in cost.text(found, cost.read_reference(self.lab.public_tests), ranked):
             print(line)
         if not found and (why := report.why_no_card(list(calls.values()), results_by)):
             print(why)

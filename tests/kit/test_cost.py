@@ -197,6 +197,28 @@ def test_the_card_compares_with_the_reference_by_factors():
     assert text[-1].strip() == "about what the reference solution costs"
 
 
+def test_a_card_opens_with_one_line_the_step_time_the_reference_beside_it_and_the_ratio():
+    reference = cost.card(
+        _facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}", "groups": [list(range(8))]}])
+    )
+    mine = cost.card(_facts())  # twice the bytes sent: a communication-bound step twice as long
+    v5e = CHIPS["v5e"]
+    mine_s, ref_s = mine.timing(v5e).step, reference.timing(v5e).step
+    line = cost.lines("column_sums", "cpu-8", mine, [v5e], reference=reference, ranked=True)[0]
+    assert line == (
+        f"column_sums on cpu-8: {cost.format_seconds(mine_s)} the step the leaderboard ranks on a TPU v5e x8 "
+        f"(communication-bound); the reference: {cost.format_seconds(ref_s)}, yours 2x the reference's"
+    )
+    alone = cost.lines("column_sums", "cpu-8", mine, [v5e])[0]
+    assert alone.endswith("a step on a TPU v5e x8 (communication-bound); no reference card for this call")
+
+
+def test_a_time_under_a_nanosecond_is_not_shown_as_a_figure_of_picoseconds():
+    assert cost.format_seconds(2.03e-14) == "under 1 ns"
+    assert cost.format_seconds(0.0) == "0 s"
+    assert cost.format_seconds(1.5e-9) == "1.5 ns"
+
+
 def test_a_real_psum_on_eight_devices_gets_the_hand_computed_card():
     """The facts of a compiled shard_map psum (real JAX, 8 CPU devices), read into a card."""
     program = textwrap.dedent("""
@@ -496,7 +518,7 @@ def test_a_tpu_configurations_card_says_the_precision_its_float32_products_were_
     # bfloat16 pass would move float32 operands as bfloat16, so the card says which program it describes.
     c = cost.Card(8, 1e6, {"argument": 1024, "output": 1024, "temp": 0})
     for config in ("v5e-8", "v6e-8", "v5p-8", "v5e-256", "tpu"):
-        assert cost.lines("f", config, c, [])[0] == (
-            f"f on {config} (8 devices, float32 products at precision highest), per device:"
+        assert cost.lines("f", config, c, [])[1] == (
+            f"  f on {config} (8 devices, float32 products at precision highest), per device:"
         )
-    assert cost.lines("f", "cpu-8", c, [])[0] == "f on cpu-8 (8 devices), per device:"
+    assert cost.lines("f", "cpu-8", c, [])[1] == "  f on cpu-8 (8 devices), per device:"
