@@ -163,6 +163,15 @@ GRID_TESTS = {
     "test_linear_grid_computes_only_its_share_of_the_products",
     "test_linear_grid_communicates_nothing",
 }
+# The hidden budget tests' twins in the student's own `make lab-6`: the same helpers, a public layer of the same size.
+HELD, PUBLIC_HELD = (
+    "test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel",
+    "test_linear_grid_holds_its_own_rows_of_x_and_columns_of_the_kernel",
+)
+WORK, PUBLIC_WORK = (
+    "test_linear_grid_computes_only_its_share_of_the_products",
+    "test_linear_grid_computes_its_own_block_of_the_products",
+)
 
 
 def run_grid_design(kit, lab_outcomes, notebook) -> dict:
@@ -187,24 +196,22 @@ def test_a_layer_copied_whole_to_every_device_passes_on_cpu_1_and_is_named_on_cp
     kit, lab_outcomes, variant
 ):
     ran = run_grid_design(kit, lab_outcomes, variant(6, LAYER_WHOLE))
-    assert ran["returncode"] == 1 and set(ran["failed"]) == {
-        "test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel",
-        "test_linear_grid_computes_only_its_share_of_the_products",
-    }, ran
-    assert all(o["hidden"] for o in ran["failed"].values())
-    held = ran["failed"]["test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel"]["message"]
+    assert ran["returncode"] == 1 and set(ran["failed"]) == {HELD, WORK, PUBLIC_HELD, PUBLIC_WORK}, ran
+    assert all(o["hidden"] == (t in (HELD, WORK)) for t, o in ran["failed"].items())
+    held = ran["failed"][HELD]["message"]
     assert "every device holds all of the kernel" in held and "1/4 of it, cut along 'model'" in held, held
-    work = ran["failed"]["test_linear_grid_computes_only_its_share_of_the_products"]["message"]
+    assert ran["failed"][PUBLIC_HELD]["message"] == held, ran  # the same words in the student's own loop
+    work = ran["failed"][WORK]["message"]
     assert "devices repeat each other's work" in work, work
+    assert "devices repeat each other's work" in ran["failed"][PUBLIC_WORK]["message"], ran
 
 
 def test_a_batch_copied_whole_to_every_device_passes_on_cpu_1_and_is_named_on_cpu_8(
     kit, lab_outcomes, variant
 ):
     ran = run_grid_design(kit, lab_outcomes, variant(6, BATCH_WHOLE))
-    assert ran["returncode"] == 1 and set(ran["failed"]) == {
-        "test_linear_grid_holds_only_its_rows_of_x_and_its_columns_of_the_kernel"
-    }, ran
-    held = ran["failed"].popitem()[1]
+    assert ran["returncode"] == 1 and set(ran["failed"]) == {HELD, PUBLIC_HELD}, ran
+    held = ran["failed"][HELD]
     assert held["hidden"] and "every device holds all of x" in held["message"], held
     assert "1/2 of x, cut along 'data'" in held["message"], held
+    assert ran["failed"][PUBLIC_HELD]["message"] == held["message"], ran

@@ -221,13 +221,31 @@ def test_another_design_within_the_budget_passes_every_test(kit, lab_outcomes, v
     assert ran["returncode"] == 0 and not ran["failed"], ran
 
 
+# The hidden budget tests of layer_grid and their twins in the student's own `make lab-7` (the same helpers, a
+# public batch of the same size): each design over a budget fails both, in the same words.
+TWINS = {
+    "test_layer_grid_communicates_only_over_model": "test_layer_grid_sends_only_within_a_row_of_the_grid",
+    "test_layer_grid_computes_only_its_share_of_the_products": "test_layer_grid_multiplies_only_its_share_of_the_products",
+    "test_layer_grid_never_holds_the_whole_of_x": "test_layer_grid_keeps_x_in_its_tiles",
+}
+
+
+def expect_twins_alike(failed: dict) -> None:
+    for hidden, public in TWINS.items():
+        if hidden in failed:
+            assert failed[hidden]["hidden"] and not failed[public]["hidden"], (failed[hidden], failed[public])
+            assert failed[public]["message"] == failed[hidden]["message"], (failed[hidden], failed[public])
+
+
 def test_partial_products_added_over_data_pass_on_cpu_1_and_are_named_on_cpu_8(kit, lab_outcomes, variant):
     ran = run_grid_design(kit, lab_outcomes, variant(7, ADDED_OVER_DATA))
     assert ran["returncode"] == 1 and set(ran["failed"]) == {
         "test_layer_grid_computes_the_layer_of_every_row",
         "test_layer_grid_of_a_random_batch",
         "test_layer_grid_communicates_only_over_model",
+        "test_layer_grid_sends_only_within_a_row_of_the_grid",
     }, ran
+    expect_twins_alike(ran["failed"])
     for test in ("test_layer_grid_computes_the_layer_of_every_row", "test_layer_grid_of_a_random_batch"):
         assert (
             "were added over 'data', whose devices hold different examples" in ran["failed"][test]["message"]
@@ -242,13 +260,9 @@ def test_copying_everything_to_every_device_passes_on_cpu_1_and_breaks_each_budg
 ):
     assert COPY_EVERYTHING[0] in reference_code(), "the reference's design changed: update REFERENCE_DESIGN"
     ran = run_grid_design(kit, lab_outcomes, variant(7, COPY_EVERYTHING))
-    assert ran["returncode"] == 1 and set(ran["failed"]) == {
-        "test_layer_grid_communicates_only_over_model",
-        "test_layer_grid_computes_only_its_share_of_the_products",
-        "test_layer_grid_never_holds_the_whole_of_x",
-    }, ran
+    assert ran["returncode"] == 1 and set(ran["failed"]) == set(TWINS) | set(TWINS.values()), ran
     messages = {t: o["message"] for t, o in ran["failed"].items()}
-    assert all(o["hidden"] for o in ran["failed"].values())
+    expect_twins_alike(ran["failed"])
     assert "That collective runs over 'data'" in messages["test_layer_grid_communicates_only_over_model"]
     assert (
         "devices repeat each other's work"
@@ -294,9 +308,14 @@ def test_a_stretch_that_copies_w_to_every_device_passes_on_cpu_1_and_is_named_on
     outcomes = lab_outcomes(7)
     assert all(o["status"] == "passed" for o in outcomes["cpu-1"].values())
     failed = {t: o for t, o in outcomes["cpu-8"].items() if o["status"] != "passed"}
-    assert set(failed) == {"test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget"}, failed
-    caught = failed.popitem()[1]
+    assert set(failed) == {
+        "test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget",
+        "test_layer_grid_w_in_pieces_holds_its_share_of_w_within_the_grid_budget",  # public, the same budget
+    }, failed
+    caught = failed.pop("test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget")
+    public = failed.popitem()[1]
     assert caught["hidden"] and caught["points"] == 0
+    assert not public["hidden"] and public["points"] == 0 and public["message"] == caught["message"], public
     assert "every device holds all of w" in caught["message"] and "does not fit here" in caught["message"], (
         caught
     )
