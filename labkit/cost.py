@@ -354,7 +354,9 @@ def headline(name: str, config: str, c: Card, reference: Card | None = None, ran
     chip = chips()[HEADLINE_CHIP]
     t = c.timing(chip)
     what = "the step the leaderboard ranks" if ranked else "a step"
-    out = f"{name} on {config}: {format_seconds(t.step)} {what} on a {chip.name} x{c.devices} ({t.bound}-bound)"
+    out = (
+        f"{name} on {config}: {format_seconds(t.step)} {what} on a {chip.name} x{c.devices} ({t.bound}-bound)"
+    )
     if reference is None:
         return out + "; no reference card for this call"
     r = reference.timing(chip).step
@@ -530,7 +532,7 @@ def text(
     `ranked`: the (function, configuration) the lab's leaderboard ranks, named in that card's headline."""
     if not found:
         return []
-    chip_list = [chips()[k] for k in SHOWN]
+    chip_list = shown_chips()
     out = [
         "Cost cards: what your compiled programs cost each device, modelled on real chips",
         "(a model, not a measurement: see docs/student.md, 'The cost card'). " + LEGEND + ".",
@@ -540,3 +542,43 @@ def text(
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
             out += lines(entry.name, label, c, chip_list, ref, ranked=ranked == (entry.function, label))
     return out
+
+
+def html(
+    found: dict[str, Examined],
+    reference: dict[str, Examined] | None = None,
+    ranked: tuple[str, str] | None = None,
+) -> str:
+    """The cards as a small HTML table for Jupyter: per call and run, the headline, then per chip the modelled
+    step of yours and the reference's as bars on one scale. Every name is escaped."""
+    from html import escape
+
+    rows = []
+    for cid, entry in found.items():
+        for label, c in entry.runs.items():
+            ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
+            head = headline(entry.name, label, c, ref, ranked == (entry.function, label))
+            rows.append(f'<tr><th colspan="3" style="text-align:left">{escape(head)}</th></tr>')
+            steps = [
+                (chip, c.timing(chip).step, ref.timing(chip).step if ref else None) for chip in shown_chips()
+            ]
+            scale = max([s for _, a, b in steps for s in (a, b) if s] or [1.0])
+            for chip, mine, theirs in steps:
+                bars = _bar("yours", mine, scale, "#d62728") + (
+                    _bar("reference", theirs, scale, "#1f77b4") if theirs is not None else ""
+                )
+                rows.append(f"<tr><td>{escape(chip.name)} x{c.devices}</td><td>{bars}</td></tr>")
+    return '<table class="labkit-cards">' + "".join(rows) + "</table>" if rows else ""
+
+
+def shown_chips() -> list[Chip]:
+    """The chips a card times the step on (SHOWN)."""
+    return [chips()[k] for k in SHOWN]
+
+
+def _bar(who: str, seconds: float, scale: float, colour: str) -> str:
+    width = max(1, round(200 * seconds / scale)) if scale > 0 else 1
+    return (
+        f'<div><span style="display:inline-block;width:{width}px;height:0.8em;background:{colour}"></span> '
+        f"{who}: {format_seconds(seconds)}</div>"
+    )

@@ -288,8 +288,14 @@ class Checker:
         found = cost.cards(list(calls.values()), results_by)
         board = self.lab.leaderboard
         ranked = (board.function, board.config) if board is not None else None
-        for line in cost.text(found, cost.read_reference(self.lab.public_tests), ranked):
-            print(line)
+        reference = cost.read_reference(self.lab.public_tests)
+        if found and _in_a_running_kernel():  # a small table with bars, not wrapped text
+            from IPython.display import HTML, display
+
+            display(HTML(cost.html(found, reference, ranked)))
+        else:
+            for line in cost.text(found, reference, ranked):
+                print(line)
         if not found and (why := report.why_no_card(list(calls.values()), results_by)):
             print(why)
         return Checked(passed)

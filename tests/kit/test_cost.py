@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -211,6 +212,20 @@ def test_a_card_opens_with_one_line_the_step_time_the_reference_beside_it_and_th
     )
     alone = cost.lines("column_sums", "cpu-8", mine, [v5e])[0]
     assert alone.endswith("a step on a TPU v5e x8 (communication-bound); no reference card for this call")
+
+
+def test_in_jupyter_the_cards_are_a_table_of_bars_yours_against_the_reference_every_name_escaped():
+    reference = cost.card(
+        _facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}", "groups": [list(range(8))]}])
+    )
+    mine = cost.card(_facts())
+    found = {"c": cost.Examined("<script>f</script>", {"cpu-8": mine})}
+    page = cost.html(found, {"c": cost.Examined("f", {"cpu-8": reference})})
+    assert "<script>" not in page and "&lt;script&gt;f&lt;/script&gt; on cpu-8" in page
+    widths = [int(w) for w in re.findall(r"width:(\d+)px", page)]
+    assert len(widths) == 2 * len(cost.SHOWN) and max(widths) == 200
+    assert widths[0] == 2 * widths[1] or abs(widths[0] - 2 * widths[1]) <= 1  # yours twice the reference's
+    assert cost.html({}) == ""
 
 
 def test_a_time_under_a_nanosecond_is_not_shown_as_a_figure_of_picoseconds():
