@@ -217,7 +217,7 @@ test: setup system-deps check-student-notebooks ## the kit's own test suite and,
 	exit $$status
 
 test-kit: setup system-deps check-student-notebooks ## the kit's own test suite (tests/kit) alone, in .venv
-	$(if $(SWEEP),LABKIT_TEST_SWEEP=$(SWEEP) )$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25
+	$(if $(SWEEP),LABKIT_TEST_SWEEP=$(SWEEP) )$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile) --durations=25 --junitxml=build/test-kit.xml
 
 # OTHER_WORKERS: the other JAX's workers beside the suite's (make test); alone (make test-other-jax), TEST_WORKERS.
 OTHER_WORKERS ?= 2
