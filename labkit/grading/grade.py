@@ -102,15 +102,17 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
     grader = _grader(request, out, labs, chosen, stream, terminal)
     grader.stop = stop = StopRequest()
     try:
-        klass = handin.the_class(term, out, state, context, request.students, stream)
-        counted.choose(  # which version of each lab counts: the policy's rule, or a TA's pin
+        klass = handin.the_class(
+            term,
             out,
-            klass,
-            grading,
-            state.values.get("pins") or {},
-            state.values.get("extensions") or {},
-            term.labs,
+            state,
+            context,
+            request.students,
             stream,
+            check=lambda k: counted.check_pins(out, k, _pins(state)),
+        )
+        counted.choose(  # which version of each lab counts: the policy's rule, or a TA's pin
+            out, klass, grading, _pins(state), state.values.get("extensions") or {}, term.labs, stream
         )
         term.save()
         for line in term.lines():
@@ -175,6 +177,11 @@ def _check_request(timeout: float, jobs: int | None) -> None:
         raise GradeError(f"--timeout must be a positive number of seconds, got {timeout:g}")
     if jobs is not None and jobs < 1:
         raise GradeError(f"--jobs must be at least 1, got {jobs}")
+
+
+def _pins(state: course_mod.State) -> dict:
+    """The TA's pins, once the class-dependent inputs are checked (labkit/grading/state/pins.py)."""
+    return state.values.get("pins") or {}
 
 
 def _split_forget(forget: str) -> tuple[list[str], str]:

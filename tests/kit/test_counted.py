@@ -126,3 +126,13 @@ def test_the_policy_names_which_submission_counts_per_lab_or_course():
         policy_mod.parse('[grading]\ncounts = "best"\n', "p.toml", [3])
     with pytest.raises(policy_mod.PolicyError, match=r"\[labs.3\] counts = 'first' is not one of latest"):
         policy_mod.parse('[labs.3]\ncounts = "first"\n', "p.toml", [3])
+
+
+def test_a_bad_pin_is_found_before_anything_is_kept(tmp_path):
+    out, klass, digest = term_so_far(tmp_path)
+    good = pins.parse_pins(f"student,lab,version\nalice,3,{digest[:8]}\n", "pins.csv", {"alice"}, {3})
+    counted.check_pins(out, klass, good)
+    bad = pins.parse_pins("student,lab,version\nalice,3,deadbeef\n", "pins.csv", {"alice"}, {3})
+    with pytest.raises(GradeError, match="pins.csv, line 2: no kept version"):
+        counted.check_pins(out, klass, bad)
+    assert len(history.read(out, "alice", 3)) == 1  # nothing kept by the check

@@ -383,6 +383,14 @@ def test_a_pinned_version_counts_though_a_later_one_was_handed_in(graded, tmp_pa
     assert grades(again)["alice", "3"]["points"] == str(LAB_3_TESTS)
     assert "pinned by a TA" in (again / "feedback" / "alice.md").read_text()
     assert len(history.read(again, "alice", 3)) == 2  # the resubmission kept too, to be pinned instead
+    bad = tmp_path / "bad-pins.csv"
+    bad.write_text("student,lab,version,comment\nalice,3,00000000,\n")
+    done = run_grade("grade", "--submissions", str(moved), "--out", str(again), "--pins", str(bad), *ARGS)
+    assert done.returncode == 2 and f"{bad}, line 2: no kept version of alice's lab 3" in done.stderr, (
+        done.stderr
+    )
+    assert "reference solutions" not in done.stderr
+    assert (again / "course" / "pins.csv").read_text() == pinned.read_text()  # the kept pins as they were
 
 
 # ----------------------------------------------------------------------------------------

@@ -30,6 +30,28 @@ from labkit.grading.state.files import write_atomic
 FOLDER = "counted"  # OUT/counted/<student>/lab-<N>.ipynb
 
 
+def check_pins(out: Path, klass: Class, pins: dict[tuple[str, int], dict]) -> None:
+    """Every pin names a lab the student handed in and one version of it, kept or handed in now; GradeError
+    naming the file and line, before anything is kept or graded."""
+    for (student, lab), pin in sorted(pins.items()):
+        path = klass.subs.students.get(student, {}).get(lab)
+        if path is None or not Path(path).is_file():
+            raise _no_lab(pin, student, lab)
+        versions = [v for v in history.read(out, student, lab) if _file(out, student, lab, v).is_file()]
+        now = history.digest(Path(path))
+        if all(v.get("digest") != now for v in versions):
+            versions.append({"digest": now, "collected_at": "now"})
+        _pinned(pin, versions, student, lab)
+
+
+def _no_lab(pin: dict, student: str, lab: int) -> GradeError:
+    return GradeError(
+        table.message(
+            pin["source"], pin["line"], f"{student} handed in no lab {lab} to pin a version of", "lab"
+        )
+    )
+
+
 def choose(
     out: Path,
     klass: Class,
@@ -43,17 +65,14 @@ def choose(
     for student, handed in sorted(klass.subs.students.items()):
         for lab in labs:
             path, pin, rule = handed.get(lab), pins.get((student, lab)), grading.counts_for(lab)
-            if path is None or (pin is None and rule == policy_mod.COUNTS_DEFAULT):
+            if (
+                path is None
+                or not Path(path).is_file()
+                or (pin is None and rule == policy_mod.COUNTS_DEFAULT)
+            ):
                 if pin is not None:
-                    raise GradeError(
-                        table.message(
-                            pin["source"],
-                            pin["line"],
-                            f"{student} handed in no lab {lab} to pin a version of",
-                            "lab",
-                        )
-                    )
-                continue
+                    raise _no_lab(pin, student, lab)
+                continue  # the latest counts; a folder or a refused file is graded as it is (an error row)
             latest = _keep_latest(out, klass, student, lab, Path(path))
             versions = [v for v in history.read(out, student, lab) if _file(out, student, lab, v).is_file()]
             chosen: dict | None

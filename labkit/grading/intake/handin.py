@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,15 +40,20 @@ def the_class(
     context: course_mod.Context,
     students: str | None,
     stream,
+    check: Callable[[Class], None] | None = None,
 ) -> Class:
     """The class read from the term's sources, checked against the course's inputs, and each group's one
-    submission credited to all."""
+    submission credited to all; `check` (GradeError) runs on it before the course's state is kept."""
     people = state.values.get("roster")
     subs, times = of_term(term, out, people, stream)  # an LMS download is checked before any run
-    named = class_checked(state, context, subs, students, stream)
+    named = class_checked(state, context, subs, students, stream, save=False)
     if people is not None:
         roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
-    return Class(subs, times, named)
+    klass = Class(subs, times, named)
+    if check is not None:
+        check(klass)
+    _save(state, stream)
+    return klass
 
 
 COLLECTED = "collected"  # OUT/collected/<student>/lab-<N>.ipynb: every download's notebooks, added up
@@ -224,11 +230,15 @@ def with_roster(subs: Submissions, people: roster_mod.Roster) -> None:
 
 
 def class_checked(
-    state: course_mod.State, context: course_mod.Context, subs: Submissions, students: str | None, stream
+    state: course_mod.State,
+    context: course_mod.Context,
+    subs: Submissions,
+    students: str | None,
+    stream,
+    save: bool = True,
 ) -> set[str]:
-    """The class made (the roster's students, or the folders), the inputs checked against it, the state kept.
-
-    The ids `--students` names, each checked to be in the class.
+    """The class made (the roster's students, or the folders), the inputs checked against it, the state kept
+    (with `save`). The ids `--students` names, each checked to be in the class.
     """
     people = state.values.get("roster")
     if people is not None:
@@ -241,10 +251,15 @@ def class_checked(
     except course_mod.InputError as e:
         raise GradeError(str(e)) from None
     named = named_students(students, set(subs.students))
+    if save:
+        _save(state, stream)
+    return named
+
+
+def _save(state: course_mod.State, stream) -> None:
     state.save()
     for line in state.lines():
         print(line, file=stream, flush=True)
-    return named
 
 
 def named_students(text: str | None, known: set[str]) -> set[str]:
