@@ -42,6 +42,7 @@ from labkit.grading.running.engine import Grader, StopRequest
 from labkit.grading.state import course as course_mod
 from labkit.grading.state import inputs as inputs_mod
 from labkit.grading.state import policy as policy_mod
+from labkit.grading.state import roster as roster_mod
 from labkit.grading.state import term as term_mod
 from labkit.grading.state.errors import GradeError
 from labkit.run import execute
@@ -240,7 +241,12 @@ def prepare(
     term = _term(request, out, term_forget)  # kept for the shards, which read it as `grade` does
     chosen = choose_configs(",".join(term.configs))
     inputs_mod.provisional(state.values.get("policy") or policy_mod.Policy(), [c.name for c in chosen])
-    subs, _ = handin.submissions_of(submissions, out, state.values.get("roster"), stream)
-    handin.class_checked(state, context, subs, students, stream)
+    people = state.values.get("roster")
+    subs, times = handin.submissions_of(submissions, out, people, stream)
+    handin.class_checked(state, context, subs, students, stream, save=False)
+    if people is not None:
+        roster_mod.credit_groups(people, subs.students, subs.notes, times)
+    counted.check_pins(out, handin.Class(subs, times, set()), _pins(state))  # before any shard is submitted
+    handin.save_state(state, stream)
     term.save()
     return state

@@ -136,3 +136,17 @@ def test_a_bad_pin_is_found_before_anything_is_kept(tmp_path):
     with pytest.raises(GradeError, match="pins.csv, line 2: no kept version"):
         counted.check_pins(out, klass, bad)
     assert len(history.read(out, "alice", 3)) == 1  # nothing kept by the check
+
+
+def test_slurm_grades_check_refuses_a_bad_pin_before_any_shard_and_keeps_nothing(tmp_path):
+    from labkit.grading import grade
+
+    subs = tmp_path / "submissions"
+    (subs / "alice").mkdir(parents=True)
+    (subs / "alice" / "lab-3.ipynb").write_text(nb("handed in"))
+    bad = tmp_path / "pins.csv"
+    bad.write_text("student,lab,version,comment\nalice,3,deadbeef,\n")
+    out = tmp_path / "out"
+    with pytest.raises(GradeError, match=f"{bad}, line 2: no kept version of alice's lab 3"):
+        grade.prepare(subs, out, inputs={"pins": bad}, labs="3", config_names="cpu-1", stream=io.StringIO())
+    assert not (out / "course" / "pins.csv").exists()

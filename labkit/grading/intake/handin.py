@@ -52,7 +52,7 @@ def the_class(
     klass = Class(subs, times, named)
     if check is not None:
         check(klass)
-    _save(state, stream)
+    save_state(state, stream)
     return klass
 
 
@@ -252,11 +252,12 @@ def class_checked(
         raise GradeError(str(e)) from None
     named = named_students(students, set(subs.students))
     if save:
-        _save(state, stream)
+        save_state(state, stream)
     return named
 
 
-def _save(state: course_mod.State, stream) -> None:
+def save_state(state: course_mod.State, stream) -> None:
+    """Keep the course's state this run grades with, and say what it is."""
     state.save()
     for line in state.lines():
         print(line, file=stream, flush=True)
