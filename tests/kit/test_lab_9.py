@@ -78,6 +78,14 @@ def test_whole_weights_on_every_device_pass_on_cpu_1_and_are_named_by_the_compil
     assert (
         "every device holds all of w1" in tensor["message"] and "not tensor parallelism" in tensor["message"]
     )
+    public = outcomes["cpu-8"][
+        "test_fsdp_mlp_keeps_every_weight_split_over_the_devices"
+    ]  # in `make lab-9` too
+    assert not public["hidden"] and public["status"] == "failed", public
+    assert (
+        "every device holds all of w1" in public["message"]
+        and "data parallelism, not FSDP" in public["message"]
+    )
     gradients = outcomes["cpu-8"]["test_fsdp_gradients_keep_weights_and_gradients_in_pieces"]
     assert gradients["hidden"] and gradients["status"] == "failed", gradients
     assert "data parallelism, not FSDP" in gradients["message"]
@@ -86,6 +94,20 @@ def test_whole_weights_on_every_device_pass_on_cpu_1_and_are_named_by_the_compil
 
 def run_cpu_1_and_8(kit, lab_outcomes, variant, *replacements) -> dict:
     return failed_on_cpu_8(kit, lab_outcomes, variant, 9, *replacements)
+
+
+# The hidden budget tests and their twins in the student's own `make lab-9` (the same helpers, public inputs).
+SCATTERED_SENDS, PUBLIC_SCATTERED_SENDS = (
+    "test_tensor_parallel_scattered_sends_only_its_share_of_the_output",
+    "test_tensor_parallel_scattered_sends_a_share_of_the_output_not_all_of_it",
+)
+
+
+def hidden_and_public(failed: dict, hidden: str, public: str) -> dict:
+    """The hidden test's outcome, once its public twin is checked to have failed in the same words."""
+    assert failed[hidden]["hidden"] and not failed[public]["hidden"], failed
+    assert failed[public]["message"] == failed[hidden]["message"], failed
+    return failed[hidden]
 
 
 # Exercise 4 with a psum and each device's slice of it: right everywhere, twice the traffic of a reduce-scatter.
@@ -103,8 +125,8 @@ def test_a_scattered_output_sliced_from_a_psum_passes_on_cpu_1_and_is_named_over
     kit, lab_outcomes, variant
 ):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, PSUM_THEN_SLICE)
-    assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
-    caught = failed.popitem()[1]
+    assert set(failed) == {SCATTERED_SENDS, PUBLIC_SCATTERED_SENDS}, failed
+    caught = hidden_and_public(failed, SCATTERED_SENDS, PUBLIC_SCATTERED_SENDS)
     assert caught["hidden"] and caught["points"] == 1 and caught["exercise"] == "tensor_parallel_scattered"
     assert "adds the whole output on every device (an all-reduce)" in caught["message"], caught["message"]
     assert "all-reduce of f32[256,128] over 8 devices" in caught["message"], caught["message"]
@@ -123,8 +145,8 @@ def test_a_scattered_output_by_jit_shardings_is_told_the_compilers_choice_on_cpu
     kit, lab_outcomes, variant
 ):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, SCATTERED_BY_JIT)
-    assert set(failed) == {"test_tensor_parallel_scattered_sends_only_its_share_of_the_output"}, failed
-    message = failed.popitem()[1]["message"]
+    assert set(failed) == {SCATTERED_SENDS, PUBLIC_SCATTERED_SENDS}, failed
+    message = hidden_and_public(failed, SCATTERED_SENDS, PUBLIC_SCATTERED_SENDS)["message"]
     assert "jax.jit with the rows split in out_shardings when the compiler chooses the all-reduce" in message
     assert "as XLA:CPU did here" in message, message
     assert "all-reduce of f32[256,128] over 8 devices" in message, message
@@ -150,8 +172,12 @@ def test_weights_gathered_whole_for_the_forward_pass_pass_on_cpu_1_and_are_named
     kit, lab_outcomes, variant
 ):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, *GATHER_AND_COMPUTE_ALL)
-    assert set(failed) == {"test_tensor_parallel_mlp_splits_the_hidden_layer_and_its_work"}, failed
-    caught = failed.popitem()[1]
+    hidden, public = (
+        "test_tensor_parallel_mlp_splits_the_hidden_layer_and_its_work",
+        "test_tensor_parallel_mlp_gives_each_device_its_own_hidden_units_and_their_work",
+    )
+    assert set(failed) == {hidden, public}, failed
+    caught = hidden_and_public(failed, hidden, public)
     assert caught["hidden"] and "devices repeat each other's work" in caught["message"], caught["message"]
 
 
@@ -202,8 +228,13 @@ def test_a_stretch_that_gathers_both_layers_at_once_passes_on_cpu_1_and_is_named
     kit, lab_outcomes, variant
 ):
     failed = run_cpu_1_and_8(kit, lab_outcomes, variant, BOTH_LAYERS_AT_ONCE)
-    assert set(failed) == {"test_fsdp_layer_by_layer_never_holds_both_layers_whole"}, failed
-    caught = failed.popitem()[1]
+    hidden, public = (
+        "test_fsdp_layer_by_layer_never_holds_both_layers_whole",
+        "test_fsdp_layer_by_layer_gathers_one_layer_at_a_time",
+    )
+    assert set(failed) == {hidden, public}, failed
+    assert not failed[public]["hidden"] and "both layers were gathered at once" in failed[public]["message"]
+    caught = failed[hidden]
     assert (
         caught["hidden"]
         and caught["points"] == 0
@@ -251,10 +282,12 @@ def test_fsdp_with_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_
         "test_fsdp_mlp_splits_the_batch_and_its_work",
         "test_fsdp_gradients_split_the_batch_and_its_work",
     } <= set(failed), failed
+    assert {  # and the same budgets in the student's own `make lab-9`
+        "test_fsdp_mlp_computes_only_the_rows_of_its_own_slice",
+        "test_fsdp_gradients_compute_only_the_rows_of_their_own_slice",
+    } <= set(failed), failed
     for caught in failed.values():
-        assert caught["hidden"] and "FLOPs" in caught["message"] and "the whole batch" in caught["message"], (
-            caught
-        )
+        assert "FLOPs" in caught["message"] and "the whole batch" in caught["message"], caught
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: make setup EXTRAS=tpu")
