@@ -280,8 +280,9 @@ def test_the_reference_costs_what_its_recorded_card_says(kit, lab_report):
     assert "sends reduce-scatter" in card_text and "about what the reference solution costs" in card_text
     assert "TPU v5e x8" in card_text and "NVIDIA H100 SXM x8" in card_text
     costs = lab_report(5)["costs"]
-    assert [e["function"] for e in costs.values()] == ["shard_map_column_sums"]
-    assert set(next(iter(costs.values()))["runs"]) == {"cpu-8"}  # one device: nothing to compare
+    # the examined calls of the public tests (their budgets read the compiled program), each carded on cpu-8
+    assert "shard_map_column_sums" in [e["function"] for e in costs.values()], costs
+    assert all(set(e["runs"]) == {"cpu-8"} for e in costs.values())  # one device: nothing to compare
 
 
 def test_an_all_reduce_then_a_slice_passes_and_the_card_names_twice_the_bytes_sent(kit, variant):
