@@ -282,10 +282,16 @@ class Checker:
                 columns[name] = _judge(tests, name, known.CONFIGS[name], done["environment"], done["results"])
                 results_by[name] = done["results"]
         passed = self._report(exercise, tests, columns)
+        self._show_cards(list(calls.values()), results_by)
+        return Checked(passed)
+
+    def _show_cards(self, calls: list, results_by: dict) -> None:
+        """The cost cards of the runs: in a running Jupyter kernel a table of bars, else the text card; one line
+        saying why where there is none."""
         from labkit import cost
         from labkit.student import report
 
-        found = cost.cards(list(calls.values()), results_by)
+        found = cost.cards(calls, results_by)
         board = self.lab.leaderboard
         ranked = (board.function, board.config) if board is not None else None
         reference = cost.read_reference(self.lab.public_tests)
@@ -296,9 +302,8 @@ class Checker:
         else:
             for line in cost.text(found, reference, ranked):
                 print(line)
-        if not found and (why := report.why_no_card(list(calls.values()), results_by)):
+        if not found and (why := report.why_no_card(calls, results_by)):
             print(why)
-        return Checked(passed)
 
     def _report(self, exercise: str, tests: list, columns: dict) -> bool:
         from labkit.student import report

@@ -103,21 +103,7 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
     grader = _grader(request, out, labs, chosen, stream, terminal)
     grader.stop = stop = StopRequest()
     try:
-        klass = handin.the_class(
-            term,
-            out,
-            state,
-            context,
-            request.students,
-            stream,
-            check=lambda k: counted.check_pins(out, k, _pins(state)),
-        )
-        counted.choose(  # which version of each lab counts: the policy's rule, or a TA's pin
-            out, klass, grading, _pins(state), state.values.get("extensions") or {}, term.labs, stream
-        )
-        term.save()
-        for line in term.lines():
-            print(line, file=stream, flush=True)
+        klass = _class_of(term, out, state, context, request.students, grading, stream)
         grader.again = units.again(klass.named, request.retry)
         graded = handin.students_of_shard(klass.subs, part)
         selection = held.Selection(set(term.run_labs), set(term.run_configs), klass.named, held.previous(out))
@@ -153,6 +139,25 @@ def grade(request: Request, *, stream=None, terminal: bool | None = None) -> dic
     finally:
         stop.restore()
         grader.close()  # the warm server, if one was started
+
+
+def _class_of(term, out: Path, state, context, students, grading, stream):
+    """The class this run grades (labkit/grading/intake/handin.py), each lab at the version that counts (the
+    policy's rule, or a TA's pin); the term's scope kept, and said."""
+    klass = handin.the_class(
+        term,
+        out,
+        state,
+        context,
+        students,
+        stream,
+        check=lambda k: counted.check_pins(out, k, _pins(state)),
+    )
+    counted.choose(out, klass, grading, _pins(state), state.values.get("extensions") or {}, term.labs, stream)
+    term.save()
+    for line in term.lines():
+        print(line, file=stream, flush=True)
+    return klass
 
 
 def _grader(request: Request, out: Path, labs, configs, stream, terminal: bool | None) -> Grader:

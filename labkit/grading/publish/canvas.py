@@ -395,33 +395,37 @@ def comment(course, results: dict, text_of) -> dict[str, int]:
                 or (entry["status"] == "missing" and "overridden" not in entry)
             ):
                 continue
-            mark = MARK.format(lab=lab)
-            text = f"{text_of(student, lab).rstrip()}\n\n{mark}"
-            ours = [
-                c
-                for c in getattr(now[user], "submission_comments", None) or []
-                if c.get("author_id") == me and str(c.get("comment", "")).endswith(mark)
-            ]
-            if any(c.get("comment") == text for c in ours):
-                counts["kept"] += 1
-            elif ours:
-                latest = max(ours, key=lambda c: (str(c.get("created_at") or ""), c.get("id") or 0))
-                _request(
-                    course,
-                    f"replace the kit's comment on {student}'s submission of lab {lab}",
-                    "PUT",
-                    f"courses/{course.id}/assignments/{assignment_id}/submissions/{user}/comments/{latest['id']}",
-                    comment=text,
-                )
-                counts["replaced"] += 1
-            else:
-                _call(
-                    f"comment on {student}'s submission of lab {lab}",
-                    now[user].edit,
-                    comment={"text_comment": text},
-                )
-                counts["sent"] += 1
+            outcome = _comment_one(course, assignment_id, now[user], me, student, lab, text_of(student, lab))
+            counts[outcome] += 1
     return counts
+
+
+def _comment_one(course, assignment_id, submission, me, student: str, lab: int, feedback: str) -> str:
+    """One student's comment on one lab: "kept" (the kit's own comment says this already), "replaced" (the kit's
+    latest comment edited in place) or "sent" (a new one). Only a comment the token's user wrote with the kit's
+    mark is ever the kit's own."""
+    user = submission.user_id
+    mark = MARK.format(lab=lab)
+    text = f"{feedback.rstrip()}\n\n{mark}"
+    ours = [
+        c
+        for c in getattr(submission, "submission_comments", None) or []
+        if c.get("author_id") == me and str(c.get("comment", "")).endswith(mark)
+    ]
+    if any(c.get("comment") == text for c in ours):
+        return "kept"
+    if ours:
+        latest = max(ours, key=lambda c: (str(c.get("created_at") or ""), c.get("id") or 0))
+        _request(
+            course,
+            f"replace the kit's comment on {student}'s submission of lab {lab}",
+            "PUT",
+            f"courses/{course.id}/assignments/{assignment_id}/submissions/{user}/comments/{latest['id']}",
+            comment=text,
+        )
+        return "replaced"
+    _call(f"comment on {student}'s submission of lab {lab}", submission.edit, comment={"text_comment": text})
+    return "sent"
 
 
 def show(changes: list[dict], stream=sys.stdout) -> None:
