@@ -98,6 +98,8 @@ def assemble(out: Path = SOURCES, root: Path = ROOT, python: str = sys.executabl
         (docs / name).write_text(text)
     shutil.copy2(root / "BENCHMARKS.md", docs / "benchmarks.md")
     shutil.copytree(root / "docs" / "vendor", docs / "vendor")
+    for shot in sorted((root / "docs").glob("*.png")):  # screenshots the guides show (the review page)
+        shutil.copy2(shot, docs / shot.name)
     course = []
     (docs / "course").mkdir()
     for lab in catalog.reading_order(root):
