@@ -14,10 +14,8 @@ from labkit.course import catalog
 PRODUCTION = "test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_the_layers_of_its_stage"
 # The pipeline's budgets in the student's own loop (public tests) and in grading's hidden tests.
 WORK = "test_each_stage_computes_its_layers_once_per_step_of_the_schedule"
-HAND_OFFS, HIDDEN_HAND_OFFS = (
-    "test_the_stages_hand_on_their_activations_about_once_per_step",
-    "test_pipeline_keeps_every_stage_busy_at_once",
-)
+# (the hidden twin of HAND_OFFS is test_pipeline_keeps_every_stage_busy_at_once, named where it is read)
+HAND_OFFS = "test_the_stages_hand_on_their_activations_about_once_per_step"
 LAYERS, HIDDEN_LAYERS = (
     "test_each_stage_holds_only_the_layers_of_its_own_stage",
     "test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device",
