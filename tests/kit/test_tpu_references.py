@@ -102,7 +102,10 @@ def test_every_unit_on_v5e_256_runs_under_the_limits_that_configuration_raises(k
         "test_constrained_computes_the_layer",
         "test_constrained_result_is_a_full_copy_on_every_device",
     } <= passed, {n: o["message"][:200] for n, o in outcomes.items()}
-    sizes = re.compile(r"partitioned \d+ times|not evenly divisible|does not evenly divide")
+    # an input of 32 rows split as far as it goes: 32 pieces, each on 8 of the 256 devices
+    sizes = re.compile(
+        r"partitioned \d+ times|not evenly divisible|does not evenly divide|more than 1/256 of it \(32 distinct"
+    )
     unlike = {
         n: o["message"][:300]
         for n, o in outcomes.items()
