@@ -40,7 +40,7 @@ def lab(session: nox.Session) -> None:
 @nox.session
 def grade(session: nox.Session) -> None:
     """Grade a class: nox -s grade -- [--submissions DIR|ZIP] [--out DIR] [--roster CSV] [--policy TOML]
-    [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--forget NAME] [--change-policy] [--students ID,ID] [--retry]
+    [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--pins CSV] [--forget NAME] [--change-policy] [--students ID,ID] [--retry]
     [--course DIR] [--labs 3,5] [--configs ..] [--jobs N] [--timeout S] [--shard i/N] [--start warm|cold]
     [--runs-from DIR] [--plan FILE] [--isolation sandbox|limits-only|auto|pod] [--memory SIZE] [--disk SIZE]
     [--max-processes N] [--max-output SIZE].
@@ -52,7 +52,7 @@ def grade(session: nox.Session) -> None:
 def slurm_grade(session: nox.Session) -> None:
     """Grade a class on a Slurm cluster: nox -s slurm_grade -- --shards N [--submissions DIR] [--out DIR]
     [--roster CSV] [--policy TOML] [--overrides CSV] [--extensions CSV] [--adjustments CSV] [--forget NAME]
-    [--change-policy] [--course DIR] [--students ID,ID] [--retry] [--labs ..] [--configs ..] [--jobs N]
+    [--pins CSV] [--change-policy] [--course DIR] [--students ID,ID] [--retry] [--labs ..] [--configs ..] [--jobs N]
     [--timeout S] [--partition P] [--account A] [--no-wait] [--every S] [-- more grade arguments]."""
     _kit(session, "slurm-grade", *session.posargs)
 
