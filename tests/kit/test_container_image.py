@@ -681,7 +681,9 @@ def test_the_terms_class_in_the_container_keeps_the_tas_inputs_and_gets_the_rule
     first = docker_grade(week1, {name.split(".")[0].upper(): str(tmp_path / name) for name in inputs})
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     term.check_grades(grades, week=1, overrides={("s17", term.LAB): 4.0})
-    assert sorted(p.name for p in (grades / "course").iterdir()) == sorted([*inputs, "manifest.json"])
+    assert sorted(p.name for p in (grades / "course").iterdir()) == sorted(
+        [*inputs, "manifest.json", "term.json"]
+    )
 
     second = docker_grade(week2, {})
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]

@@ -301,6 +301,7 @@ def test_make_slurm_grade_takes_the_tas_inputs_and_keeps_them_for_every_shard(cl
         "overrides.csv",
         "policy.toml",
         "roster.csv",
+        "term.json",  # the term's sources, labs and configurations (labkit/grading/state/term.py)
     ]
 
 
@@ -337,4 +338,6 @@ def test_the_terms_class_graded_on_slurm_gets_the_rules_grades(cluster, tmp_path
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     term.check_grades(out, week=2, overrides={("s17", term.LAB): 4.0})
-    assert sorted(p.name for p in (out / "course").iterdir()) == sorted([*inputs, "manifest.json"])
+    assert sorted(p.name for p in (out / "course").iterdir()) == sorted(
+        [*inputs, "manifest.json", "term.json"]
+    )
