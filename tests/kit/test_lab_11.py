@@ -25,7 +25,7 @@ STEP_OF_THE_WHOLE_BATCH = (
 )
 
 STEP_TEST = "test_a_step_gives_each_device_only_its_own_rows_of_the_batch"
-PUBLIC_STEP_TEST = "test_a_step_computes_only_each_devices_own_rows_and_averages_with_an_all_reduce"
+PUBLIC_STEP_TEST = "test_a_step_computes_only_the_rows_of_each_device_and_averages_with_an_all_reduce"
 
 # The batch built by a callback that JAX asks for this process's devices' blocks only.
 LOADED_BY_CALLBACK = (

@@ -257,9 +257,11 @@ def test_a_step_on_the_whole_batch_on_every_device_passes_on_cpu_1_and_is_named_
     assert named["hidden"] and named["status"] == "failed", named
     assert "every device computes all of it" in named["message"], named["message"]
     assert "not data parallelism" in named["message"] and "load_global_batch" in named["message"]
-    assert [t for t, o in by["cpu-2x4"].items() if o["status"] != "passed"] == [
-        "test_a_step_gives_each_device_only_its_own_rows_of_the_batch"
-    ]
+    # the hidden test and its public twin (make lab-11 holds the same budget)
+    assert {t for t, o in by["cpu-2x4"].items() if o["status"] != "passed"} == {
+        "test_a_step_gives_each_device_only_its_own_rows_of_the_batch",
+        "test_a_step_computes_only_the_rows_of_each_device_and_averages_with_an_all_reduce",
+    }
 
 
 def test_a_load_that_puts_the_whole_batch_on_every_device_passes_on_cpu_1_and_fails_on_cpu_2x4(

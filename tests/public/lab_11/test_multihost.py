@@ -205,7 +205,7 @@ def expect_own_rows_and_an_all_reduce(got, n: int, x) -> None:
 
 
 @check(got=compiled_call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
-def test_a_step_computes_only_each_devices_own_rows_and_averages_with_an_all_reduce(got, run):
+def test_a_step_computes_only_the_rows_of_each_device_and_averages_with_an_all_reduce(got, run):
     expect_own_rows_and_an_all_reduce(got, run.device_count, ROWS)
 
 

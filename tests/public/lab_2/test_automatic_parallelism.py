@@ -152,7 +152,7 @@ def expect_no_sum_made_whole(got, n: int, x) -> None:
 
 
 @check(got=compiled_call("column_sums_split", TILES))
-def test_column_sums_split_adds_each_devices_partial_sums_only_for_its_piece(got, run):
+def test_column_sums_split_adds_the_partial_sums_of_each_device_only_for_its_piece(got, run):
     expect_no_sum_made_whole(got, run.device_count, TILES)
 
 

@@ -160,7 +160,7 @@ def expect_own_rows_and_a_mean(got, n: int) -> None:
 
 
 @check(got=compiled_call("shard_map_mse", 6, X, Y, 3))
-def test_mse_takes_each_devices_own_rows_and_averages_the_losses(got, run):
+def test_mse_takes_the_rows_of_each_device_and_averages_the_losses(got, run):
     expect_own_rows_and_a_mean(got, run.device_count)
 
 
