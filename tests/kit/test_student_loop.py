@@ -5,6 +5,8 @@ are test_pod_sizes.py's: each lab one of cpu-2, cpu-4, cpu-16 and cpu-32 in turn
 four labs), so that one start of the kit, of its test collection and of its warm server serves all three.
 """
 
+import sys
+
 import pytest
 from test_pod_sizes import passes_everywhere, sizes_for
 
@@ -23,9 +25,15 @@ def test_every_reference_passes_its_public_and_hidden_tests_on_cpu_1_cpu_8_and_a
     if lab.number >= 2 and lab.number != 11:
         cards = done.stdout[done.stdout.index("Cost cards") :]
         assert "on cpu-8 (8 devices)" in cards
-        assert "that the reference needs" not in cards and "where the reference sends nothing" not in cards, (
-            cards
-        )
+        notes = [
+            n for n in cards.splitlines() if "that the reference needs" in n or "reference sends nothing" in n
+        ]
+        if sys.version_info < (3, 12):
+            # the cards are recorded on the lock's JAX for Python 3.12+ (0.12); on the other JAX, XLA:CPU's buffer
+            # assignment gives other temporaries (lab 9's fsdp_layer_by_layer: 1.7x). What is sent and computed
+            # must still be the reference's.
+            notes = [n for n in notes if "the bytes each device holds" not in n]
+        assert notes == [], cards
 
 
 @pytest.mark.parametrize("lab", catalog.labs(), ids=lambda lab: lab.name)
