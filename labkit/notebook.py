@@ -292,8 +292,7 @@ class Checker:
         from labkit.student import report
 
         found = cost.cards(calls, results_by)
-        board = self.lab.leaderboard
-        ranked = (board.function, board.config) if board is not None else None
+        ranked = self.lab.ranked_call
         reference = cost.read_reference(self.lab.public_tests)
         if found and _in_a_running_kernel():  # a small table with bars, not wrapped text
             from IPython.display import HTML, display

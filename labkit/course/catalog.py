@@ -97,6 +97,12 @@ class Lab:
         """The lab's class leaderboard, where the course gives it one (LEADERBOARDS)."""
         return LEADERBOARDS.get(self.number)
 
+    @property
+    def ranked_call(self) -> tuple[str, str] | None:
+        """(function, configuration) of the call the leaderboard ranks, as a cost card's headline names it."""
+        board = self.leaderboard
+        return (board.function, board.config) if board is not None else None
+
     def test_dirs(self, hidden: bool = False) -> list[Path]:
         dirs = [self.public_tests] + ([self.hidden_tests] if hidden else [])
         return [d for d in dirs if d.is_dir()]

@@ -161,8 +161,7 @@ def _print_costs(lab, judgement, console, record_costs: bool) -> dict:
     found = cost.cards(judgement.calls, results)
     if record_costs:
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
-    board = lab.leaderboard
-    ranked = (board.function, board.config) if board is not None else None
+    ranked = lab.ranked_call
     for line in cost.text(found, cost.read_reference(lab.public_tests), ranked):
         print(line, file=console.file)
     if not found and (why := report.why_no_card(judgement.calls, results)):
