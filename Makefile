@@ -271,7 +271,6 @@ KIT_IN_IMAGE := /home/student/kit
 PORT ?= 8888
 LAB_NAME ?= labkit-lab
 LAB_DIR ?= labs
-SUBMISSIONS ?= submissions
 GRADES ?= grades
 GRADE_ARGS ?=
 DOCKER_PIDS ?= 8192
@@ -309,7 +308,7 @@ DOCKER_COURSE_ARGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),\
 docker-grade: ## grade SUBMISSIONS into GRADES in the course image: no network, each notebook in the kit's sandbox [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1]
 	@mkdir -p "$(GRADES)"
 	bash docker/run.sh "$(abspath $(GRADES))" -- --rm --network none $(DOCKER_SANDBOX) \
-	  -v "$(abspath $(SUBMISSIONS)):/submissions:ro" -v "$(abspath $(GRADES)):/grades" $(DOCKER_COURSE) \
+	  -v "$(abspath $(or $(SUBMISSIONS),submissions)):/submissions:ro" -v "$(abspath $(GRADES)):/grades" $(DOCKER_COURSE) \
 	  -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
 	  nox -s grade -- --submissions /submissions --out /grades $(if $(LABS),--labs $(LABS)) \

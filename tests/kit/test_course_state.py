@@ -527,6 +527,16 @@ def test_the_makefile_takes_its_input_flags_from_the_registry():
     assert [n for n in names if f"\n{n.upper().replace('-', '_')} ?=\n" not in makefile] == []
 
 
+def test_the_bare_make_grade_gives_no_sources_labs_or_configurations_so_the_term_decides():
+    # a default for SUBMISSIONS anywhere in the Makefile (docker-grade's) made every bare `make grade` name
+    # `submissions/`, which a class whose term is LMS downloads does not have: exit 2 instead of "the same again"
+    plan = make_plan("grade", "OUT=scoreboard")
+    assert "labkit grade" in plan
+    for flag in ("--submissions", "--labs", "--configs"):
+        assert flag not in plan, plan
+    assert "--submissions canvas.zip" in make_plan("grade", "SUBMISSIONS=canvas.zip")
+
+
 def test_a_merge_is_the_same_whatever_order_the_parts_come_in():
     base = {"format": 1, "labs": [{"number": 3}], "configs": [{"name": "cpu-1"}], "kit": "k", "notes": ["n"]}
     one = base | {
