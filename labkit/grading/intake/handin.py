@@ -257,8 +257,12 @@ def class_checked(
 
 
 def save_state(state: course_mod.State, stream) -> None:
-    """Keep the course's state this run grades with, and say what it is."""
-    state.save()
+    """Keep the course's state this run grades with, and say what it is; GradeError where a file it replaces
+    changed since it was read (points saved on the review page)."""
+    try:
+        state.save()
+    except course_mod.InputError as e:
+        raise GradeError(str(e)) from None
     for line in state.lines():
         print(line, file=stream, flush=True)
 

@@ -8,14 +8,14 @@ overwrite each other unseen), checks the whole new file as grading will, writes 
 line saying who gave which points and when to OUT/course/review-log.jsonl.
 
 The course state's manifest names the adjustments once a first point is given, so that a later `make grade`
-without ADJUSTMENTS= reads them; its digest is left for grading to bring up to date. A grading run reads and
-keeps its inputs once, as it starts: a save made while it runs is in the file for the next run.
+without ADJUSTMENTS= reads them; its digest is left for grading to bring up to date. A grading run reads its
+inputs once, as it starts, and keeps them under the same lock (labkit/grading/state/course.py's `locked`),
+never writing back a kept copy: a save made while it runs is kept, and in the file for the next run.
 """
 
 from __future__ import annotations
 
 import csv
-import fcntl
 import hashlib
 import io
 import json
@@ -34,6 +34,7 @@ from labkit.grading.state import course as course_mod
 from labkit.grading.state.files import write_atomic
 
 FILE = "adjustments.csv"
+OVERRIDES = "overrides.csv"  # a regrade's test override: labkit/grading/review/regrades.py
 LOG = "review-log.jsonl"
 HEADER = ["student", "lab", "points", "comment", "item", "max"]
 MAX_BYTES = 20_000_000
@@ -57,28 +58,30 @@ class Mark:
 
 
 def _refuse_links(course: Path) -> None:
-    for path in (course.parent, course, course / FILE, course / course_mod.MANIFEST, course / LOG):
+    kept = (FILE, OVERRIDES, course_mod.MANIFEST, LOG)
+    for path in (course.parent, course, *(course / name for name in kept)):
         if path.is_symlink():
             raise StateError(f"{path} is a link: the review writes only the course state's own files")
 
 
-def read_text(course: Path) -> str:
-    """The adjustments file's text ('' where there is none), read without following a link."""
+def read_text(course: Path, name: str = FILE) -> str:
+    """A kept CSV file's text (the adjustments, unless named; '' where there is none), never through a link."""
     _refuse_links(course)
+    path = course / name
     try:
-        fd = os.open(course / FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return ""
     except OSError as e:
-        raise StateError(f"{course / FILE}: cannot be read ({e.strerror})") from None
+        raise StateError(f"{path}: cannot be read ({e.strerror})") from None
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise StateError(f"{course / FILE}: larger than {MAX_BYTES} bytes")
+        raise StateError(f"{path}: larger than {MAX_BYTES} bytes")
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
-        raise StateError(f"{course / FILE}: not UTF-8 text (save it as CSV UTF-8)") from None
+        raise StateError(f"{path}: not UTF-8 text (save it as CSV UTF-8)") from None
 
 
 def rows(text: str) -> list[dict[str, str]]:
@@ -121,16 +124,13 @@ def version(marks: dict[str, Mark]) -> str:
 
 @contextmanager
 def locked(course: Path) -> Iterator[None]:
-    """One save at a time: this server's threads, and every server on the same folder."""
+    """One save at a time: this server's threads, every server on the same folder, and a grading run keeping
+    its inputs (the course state's own lock)."""
     with _threads:
         course.mkdir(parents=True, exist_ok=True)
         _refuse_links(course)
-        fd = os.open(course / ".review.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with course_mod.locked(course):
             yield
-        finally:
-            os.close(fd)
 
 
 def _number(value: float) -> str:
@@ -152,12 +152,12 @@ def replaced(text: str, student: str, rubric: Rubric, marks: dict[str, Mark]) ->
             continue
         out.append(r)
     out += [_line(student, rubric, worth[i], m) for i, m in marks.items() if i not in done]
-    return _written(text, out)
+    return written(text, out)
 
 
-def _written(text: str, lines: list[dict[str, str]]) -> str:
-    """`lines` as the file's text, under the file's own columns (the kit's first, in their order)."""
-    header = list(HEADER)
+def written(text: str, lines: list[dict[str, str]], columns: list[str] = HEADER) -> str:
+    """`lines` as the file's text, under the file's own columns (the kit's `columns` first, in their order)."""
+    header = list(columns)
     if text.strip():
         extra = [h.strip().lower() for h in next(csv.reader(io.StringIO(text)), [])]
         header += [h for h in extra if h and h not in header]
@@ -199,7 +199,7 @@ def save(
         new = replaced(text, student, rubric, marks)
         check(new, course, students)
         write_atomic(course / FILE, new)
-        _name_in_manifest(course, new)
+        name_in_manifest(course, "adjustments", FILE, new)
         entry = {
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
             "by": who,
@@ -218,22 +218,23 @@ def add_line(course: Path, line: dict[str, str], students: set[str]) -> None:
     with locked(course):
         text = read_text(course)
         check(text, course, students)
-        new = _written(text, [*rows(text), line])
+        new = written(text, [*rows(text), line])
         check(new, course, students)
         write_atomic(course / FILE, new)
-        _name_in_manifest(course, new)
+        name_in_manifest(course, "adjustments", FILE, new)
 
 
-def _name_in_manifest(course: Path, text: str) -> None:
-    """Where the manifest does not yet name the adjustments, name them, so that grading reads the kept copy."""
+def name_in_manifest(course: Path, name: str, file: str, text: str) -> None:
+    """Where the manifest does not yet name input `name` (kept as `file`), name it, so that grading reads the
+    kept copy. Called under `locked`."""
     manifest = course_mod.read_manifest(course)
     inputs = manifest.get("inputs", {})
-    if "adjustments" in inputs:
+    if name in inputs:
         return
     if (course / course_mod.MANIFEST).exists() and not manifest:
         raise StateError(f"{course / course_mod.MANIFEST}: not the course state's manifest; fix or remove it")
-    inputs["adjustments"] = {
-        "file": FILE,
+    inputs[name] = {
+        "file": file,
         "from": "make review",
         "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
     }

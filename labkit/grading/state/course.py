@@ -17,16 +17,26 @@ and removed). The policy is kept too: grading with another one is refused unless
 Every input is checked before anything is graded (the references included): a bad one is refused
 with its file and line (InputError; `grade` exits 2), and nothing is written.
 
+The review page (`make review`, labkit/grading/review/) writes the adjustments, the overrides and the manifest
+while a run may be reading them. Both take the course state's lock (`locked`) around what they write, and a run
+writes only what it changes: a kept copy it graded with is never written back, an input the review named in the
+manifest while the run read its inputs stays named, and a file the run replaces or forgets must still be as the
+run read it (else InputError: nothing is graded, and a second run starts from the file as it is now).
+
 The inputs and their checks are a small registry (`labkit/grading/state/registry.py`, `INPUTS`); this
 module keeps them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +56,7 @@ from labkit.grading.state.registry import (  # noqa: F401 - the registry, as the
 FOLDER = "course"  # OUT/course
 MANIFEST = "manifest.json"
 HISTORY = "history"  # OUT/course/history/<file>-<digest>: every kept copy a later run replaced or forgot
+LOCK = ".lock"  # where a folder cannot be locked itself: see `locked`
 ADD = "+"  # `--overrides +FILE`: FILE's lines added to the kept copy's, not in their place
 FORMAT = 1
 
@@ -113,6 +124,36 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+@contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """The course state's lock, held by a grading run while it keeps its inputs and by the review page while it
+    saves: a lock of the folder itself (flock), so that no file is added to it; where the file system locks no
+    folder (NFS), a lock file, LOCK, which every taker on that file system then uses alike."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(fd)
+            fd = -1
+            fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _file_sha(path: Path) -> str | None:
+    """The digest of a file's bytes as text, or None where there is none (or it cannot be read)."""
+    try:
+        return _sha(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 @dataclass
 class Source:
     text: str
@@ -128,6 +169,8 @@ class State:
     changes: list[str]  # what this run changes in the kept state, one line per input
     notes: list[str]  # what the TA should know (a kit default that differs from the kept policy)
     values: dict[str, Any] = field(default_factory=dict)
+    # name -> the digest of its file in the folder as the run began (None: none there)
+    seen: dict[str, str | None] = field(default_factory=dict)
 
     def check(self, context: Context, needs_class: bool) -> None:
         """Parse and check the inputs of one phase; InputError names the file and line (and the kept copy)."""
@@ -158,25 +201,56 @@ class State:
                 context.extra_credit = dict(self.values[name].extra)
 
     def save(self) -> None:
-        """Keep what this run graded with (only where it changed: a run that changes nothing writes nothing)."""
-        inputs = {
-            name: {"file": INPUTS[name].file, "from": src.origin, "sha256": _sha(src.text)}
-            for name, src in self.sources.items()
-        }
-        if inputs == self.manifest.get("inputs") and all(
-            (self.folder / INPUTS[n].file).is_file() for n in inputs
-        ):
-            return
-        for name, src in self.sources.items():
-            self._keep_replaced(name, src.text)
-            write_atomic(self.folder / INPUTS[name].file, src.text)
-        for name, entry in INPUTS.items():
-            if name not in self.sources:
+        """Keep what this run graded with, under the course state's lock: only what changed is written (a run
+        that changes nothing writes nothing), never a kept copy it graded with (the review page may have saved
+        points in it since), and an input named in the manifest since the run began stays named. InputError
+        where a file this run replaces or forgets changed since it read it."""
+        with locked(self.folder):
+            now = read_manifest(self.folder).get("inputs", {})
+            began = self.manifest.get("inputs", {})
+            inputs = {
+                name: {"file": INPUTS[name].file, "from": src.origin, "sha256": _sha(src.text)}
+                for name, src in self.sources.items()
+            }
+            since = {n: now[n] for n in INPUTS if n in now and n not in began and n not in self.sources}
+            written = [n for n, src in self.sources.items() if self._rewrites(n, src)]
+            removed = [
+                n
+                for n in INPUTS
+                if n not in self.sources and n not in since and (self.folder / INPUTS[n].file).exists()
+            ]
+            for name in written + removed:
+                self._unchanged_since_read(name)
+            for name in written:
+                self._keep_replaced(name, self.sources[name].text)
+                write_atomic(self.folder / INPUTS[name].file, self.sources[name].text)
+            for name in removed:
                 self._keep_replaced(name, None)
-                (self.folder / entry.file).unlink(missing_ok=True)
-        write_atomic(
-            self.folder / MANIFEST,
-            json.dumps({"format": FORMAT, "inputs": inputs}, indent=1, sort_keys=True) + "\n",
+                (self.folder / INPUTS[name].file).unlink(missing_ok=True)
+            inputs |= since
+            if inputs != now or not (self.folder / MANIFEST).is_file():
+                write_atomic(
+                    self.folder / MANIFEST,
+                    json.dumps({"format": FORMAT, "inputs": inputs}, indent=1, sort_keys=True) + "\n",
+                )
+
+    def _rewrites(self, name: str, src: Source) -> bool:
+        """Whether this run writes input `name`'s file: one given this run whose text is not the file's, or a kept
+        copy whose file is gone."""
+        path = self.folder / INPUTS[name].file
+        if src.kept:
+            return not path.is_file()
+        return _file_sha(path) != _sha(src.text)
+
+    def _unchanged_since_read(self, name: str) -> None:
+        """InputError where input `name`'s file changed after this run read it (points saved on the review page
+        while the run started): replacing it would lose them."""
+        path = self.folder / INPUTS[name].file
+        if _file_sha(path) == self.seen.get(name):
+            return
+        raise InputError(
+            f"{path}: changed while this run read its inputs (points saved on the review page?); nothing is "
+            f"graded and nothing is replaced. Run the command again: it starts from the file as it is now"
         )
 
     def _keep_replaced(self, name: str, text: str | None) -> None:
@@ -263,6 +337,7 @@ def read(
     folder = Path(folder)
     labs = labs if labs is not None else [lab.number for lab in catalog.labs()]
     dropped = _forgotten(given, forget)
+    seen = {name: _file_sha(folder / entry.file) for name, entry in INPUTS.items()}
     manifest = read_manifest(folder)
     kept = manifest.get("inputs", {})
     sources: dict = {}
@@ -286,7 +361,7 @@ def read(
             changes.append(change)
     if "policy" in sources:
         _check_policy_change(sources, kept, folder, labs, change_policy, graded_policy, changes, notes)
-    return State(folder, manifest, sources, changes, notes)
+    return State(folder, manifest, sources, changes, notes, seen=seen)
 
 
 def _forgotten(given: dict[str, Path | None], forget: str) -> list[str]:
