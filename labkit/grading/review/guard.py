@@ -6,13 +6,21 @@ address the command printed (`?token=`, then traded for a cookie of this server 
 shown again without it) or in that cookie. A POST must also come from the page's own origin. Every
 answer says that the page runs only its own script and style, loads nothing from elsewhere and is never
 framed or cached.
+
+What the page reads of a grading run that ran a student's code (an executed notebook in OUT/work/) is read with
+`read_below`: each step of its path a folder of its own below the output folder, never a link, never `..`.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
+import os
+import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import MutableHeaders
@@ -134,3 +142,42 @@ async def _answer(
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class NotBelow(OSError):
+    """A path the page does not read: a step that is a link, not a folder, or not one name."""
+
+
+def read_below(root: Path, steps: Sequence[str], limit: int) -> tuple[bytes, bool]:
+    """The first `limit` bytes of the file at `root`/steps[0]/.../steps[-1], and whether there was more.
+    Each step is opened from the one before without following a link (so a link anywhere, or a step such as
+    `..`, is refused: NotBelow), and the file is opened without blocking (a FIFO put in its place hangs
+    nothing). FileNotFoundError where a step is not there."""
+    for step in steps:
+        if not step or step in (".", "..") or "/" in step or "\0" in step:
+            raise NotBelow(f"{step!r} is not one name")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for n, step in enumerate(steps, 1):
+            below = _step(fd, step, os.O_NONBLOCK if n == len(steps) else os.O_DIRECTORY)
+            os.close(fd)
+            fd = below
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotBelow(f"{steps[-1]} is not a file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return data[:limit], len(data) > limit
+
+
+def _step(fd: int, name: str, flags: int) -> int:
+    """`name` opened below the folder `fd`, never through a link."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | flags, dir_fd=fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NotBelow(f"{name} is a link or not a folder") from None
+        raise

@@ -3,8 +3,10 @@ and each request beside the unit it is about, with the form that answers it.
 
     GET  /regrades        every request, open ones first, and the form for a new one
     POST /regrades        keep a new request
-    GET  /regrades/N      request N beside the unit's rows (each configuration, each test's message)
-    POST /regrades/N      answer it: a reply, and the points it adds or takes away (or none)
+    GET  /regrades/N      request N beside the unit's rows (each configuration, each test's message) and
+                          the notebook each configuration executed (labkit/grading/review/executed.py)
+    POST /regrades/N      answer it: a reply, the points it adds or takes away (or none), and a test of the
+                          unit set passed or failed (or none)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from labkit.course import catalog
-from labkit.grading.review import answers, marks, regrades
+from labkit.grading.review import answers, executed, marks, regrades
 
 
 def _class(review) -> list[str]:
@@ -89,7 +91,20 @@ class Pages:
         rows = regrades.unit_rows(self.review.out, found.student, found.lab)
         group = answers.find(self.review.out).get(found.lab, [])
         written = next((a.number for a in group if a.student == found.student), None)
-        return self.draw("regrade.html", status=status, r=found, rows=rows, written=written, problem=problem)
+        notebooks = [
+            executed.of_unit(self.review.out, found.student, found.lab, str(r.get("config", "")))
+            for r in rows
+        ]
+        return self.draw(
+            "regrade.html",
+            status=status,
+            r=found,
+            rows=rows,
+            notebooks=notebooks,
+            tests=regrades.unit_tests(rows),
+            written=written,
+            problem=problem,
+        )
 
     async def show(self, request: Request) -> Response:
         return await run_in_threadpool(self.one, request.path_params["number"])
@@ -110,14 +125,29 @@ class Pages:
             return self.one(number, 400, f"{given!r} is not a number of points")
         if not reply:
             return self.one(number, 400, "write the reply the student reads")
+        test, wrong = self._test_of(found, posted)
+        if wrong:
+            return self.one(number, 400, wrong)
         students = set(_class(self.review))
         try:
             await run_in_threadpool(
-                regrades.answer, self.review.course, self.review.who, found, reply, points, students
+                regrades.answer, self.review.course, self.review.who, found, reply, points, students, test
             )
         except marks.StateError as e:
             return self.one(number, 409, str(e))
         return RedirectResponse(f"/regrades/{number}", status_code=303)
+
+    def _test_of(self, found: regrades.Request, posted: dict[str, str]) -> tuple[tuple[str, str] | None, str]:
+        """The test the answer overrides and its new outcome (None: none), or what is wrong with them."""
+        test, status = posted.get("test", ""), posted.get("status", "")
+        if not test:
+            return None, ""
+        rows = regrades.unit_rows(self.review.out, found.student, found.lab)
+        if test not in regrades.unit_tests(rows):
+            return None, f"{test!r} is not a test of this unit: pick one of the list"
+        if status not in ("passed", "failed"):
+            return None, "set the test passed or failed"
+        return (test, status), ""
 
 
 def _request(review, number: int) -> regrades.Request | None:

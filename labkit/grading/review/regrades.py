@@ -1,13 +1,19 @@
 """Regrade requests: entered by a TA, answered on the review page, every request and answer kept.
 
     OUT/course/regrades.jsonl   one event a line: {"event": "request", "id", "at", "by", "student", "lab",
-                                "about", "words"} and {"event": "answer", "id", "at", "by", "reply", "points"}
+                                "about", "words"} and {"event": "answer", "id", "at", "by", "reply", "points",
+                                "test", "status"}
+    OUT/course/adjustments.csv  a regrade's points (read and written through labkit/grading/review/marks.py)
+    OUT/course/overrides.csv    a regrade's test override (student,lab,points,test,status,comment)
 
 A request is answered with a reply and, where the points change, an adjustment of the lab's points whose
-comment is the reply: one more line of OUT/course/adjustments.csv, so the next `make grade` puts both in
-grades.csv and the student's feedback. A change to a rubric item is made on the answer's own page. A reply
-without a change of points is kept here only. The unit the request is about is shown from the results the
-class was last graded with (OUT/scoreboard.json): each configuration's status and each test's message.
+comment is the reply: one more line of OUT/course/adjustments.csv; where a test's outcome changes, an override
+of that test (passed or failed, on every configuration) whose comment is the reply: a line of
+OUT/course/overrides.csv, checked by grading's own check of the overrides (labkit/grading/state/overrides.py)
+with the lab's tests as the last results name them. The next `make grade` puts either in grades.csv and the
+student's feedback. A change to a rubric item is made on the answer's own page. A reply without a change is kept
+here only. The unit the request is about is shown from the results the class was last graded with
+(OUT/scoreboard.json): each configuration's status and each test's message.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from labkit.course import catalog
 from labkit.grading.review import marks
+from labkit.grading.state import course as course_mod
+from labkit.grading.state.files import write_atomic
 
 FILE = "regrades.jsonl"
 RESULTS = "scoreboard.json"
@@ -97,15 +106,24 @@ def add(course: Path, who: str, student: str, lab: int, about: str, words: str) 
 
 
 def answer(
-    course: Path, who: str, request: Request, reply: str, points: float | None, students: set[str]
+    course: Path,
+    who: str,
+    request: Request,
+    reply: str,
+    points: float | None,
+    students: set[str],
+    test: tuple[str, str] | None = None,
 ) -> None:
-    """Answer `request` with `reply`, and where `points` is given, adjust the lab's points by it with the reply
-    as the comment the student reads."""
+    """Answer `request` with `reply`: where `points` is given, adjust the lab's points by it, and where `test`
+    (name, passed or failed) is given, override that test's outcome; either with the reply as the comment the
+    student reads."""
+    if points is not None and (not math.isfinite(points) or points == 0):
+        raise marks.StateError(
+            "give the points the answer adds or takes away (not 0), or leave the box empty"
+        )
+    if test is not None:
+        override(course, request.student, request.lab, test, reply, students)
     if points is not None:
-        if not math.isfinite(points) or points == 0:
-            raise marks.StateError(
-                "give the points the answer adds or takes away (not 0), or leave the box empty"
-            )
         line = {
             "student": request.student,
             "lab": str(request.lab),
@@ -116,17 +134,79 @@ def answer(
     with marks.locked(course):
         _append(
             course,
-            {"event": "answer", "id": request.id, "at": _now(), "by": who, "reply": reply, "points": points},
+            {"event": "answer", "id": request.id, "at": _now(), "by": who, "reply": reply, "points": points}
+            | ({"test": test[0], "status": test[1]} if test else {}),
         )
 
 
-def unit_rows(out: Path, student: str, lab: int) -> list[dict]:
-    """The student's rows of the lab in the results the class was last graded with (one per configuration)."""
+def override(
+    course: Path, student: str, lab: int, test: tuple[str, str], comment: str, students: set[str]
+) -> None:
+    """Set one test of a student's lab passed or failed on every configuration: the student's line for that
+    test in OUT/course/overrides.csv (replaced where there is one), the file checked as grading reads it."""
+    name, status = test
+    with marks.locked(course):
+        text = marks.read_text(course, marks.OVERRIDES)
+        _check_overrides(text, course, students)
+        same = (student, str(lab), name)
+        lines = [r for r in marks.rows(text) if (r.get("student"), r.get("lab"), _test(r)) != same]
+        line = {"student": student, "lab": str(lab), "points": "", "test": name, "status": status}
+        new = marks.written(text, [*lines, line | {"comment": comment}], OVERRIDE_COLUMNS)
+        _check_overrides(new, course, students)
+        write_atomic(course / marks.OVERRIDES, new)
+        marks.name_in_manifest(course, "overrides", marks.OVERRIDES, new)
+
+
+OVERRIDE_COLUMNS = ["student", "lab", "points", "test", "status", "comment"]
+
+
+def _test(line: dict[str, str]) -> str:
+    """A line's test as grading names it (`sums` and `test_sums` are one test)."""
+    name = line.get("test", "")
+    return name if not name or name.startswith("test_") else f"test_{name}"
+
+
+def _check_overrides(text: str, course: Path, students: set[str]) -> None:
+    """The overrides as grading checks them (the registry's own check), each lab's tests as the last results
+    name them; StateError with grading's message where it would refuse them."""
+    if not text.strip():
+        return
+    context = course_mod.Context(labs=[lab.number for lab in catalog.labs()], students=students)
+    context.tests, context.points = _tests_graded(course.parent)
+    context.students = students | {r.get("student", "") for r in marks.rows(text)}
+    try:
+        course_mod.INPUTS["overrides"].check(text, str(course / marks.OVERRIDES), context)
+    except ValueError as e:
+        raise marks.StateError(f"{e}. The page saves nothing until the file is put right.") from None
+
+
+def _tests_graded(out: Path) -> tuple[dict[int, set[str]], dict[int, float]]:
+    """lab -> its tests' names, and lab -> their points, as the results the class was last graded with say."""
+    tests, points = {}, {}
+    for lab in _results(out).get("labs", []):
+        named = lab.get("tests") if isinstance(lab, dict) else None
+        if not isinstance(named, dict) or not isinstance(lab.get("number"), int):
+            continue
+        try:
+            points[lab["number"]] = float(sum(float(t["points"]) for t in named.values()))
+        except (TypeError, KeyError, ValueError):
+            continue  # then collected from the lab's files, as grading does
+        tests[lab["number"]] = set(named)
+    return tests, points
+
+
+def _results(out: Path) -> dict:
+    """The results the class was last graded with ({} where there are none)."""
     try:
         results = json.loads(_read(out / RESULTS, MAX_BYTES) or "{}")
     except ValueError:
         raise marks.StateError(f"{out / RESULTS}: not JSON; grade the class again") from None
-    rows = results.get("rows", []) if isinstance(results, dict) else []
+    return results if isinstance(results, dict) else {}
+
+
+def unit_rows(out: Path, student: str, lab: int) -> list[dict]:
+    """The student's rows of the lab in the results the class was last graded with (one per configuration)."""
+    rows = _results(out).get("rows", [])
     return [
         r
         for r in rows
@@ -135,3 +215,9 @@ def unit_rows(out: Path, student: str, lab: int) -> list[dict]:
         and r.get("lab") == lab
         and isinstance(r.get("tests", []), list)
     ]
+
+
+def unit_tests(rows: list[dict]) -> list[str]:
+    """The tests of a unit's rows, each once, in the order graded: those a request's answer may override."""
+    names = [t.get("test") for r in rows for t in r.get("tests", []) if isinstance(t, dict)]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
