@@ -10,6 +10,7 @@ through the course state into grades.csv and the feedback, as the next `make gra
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
@@ -24,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from labkit.grading.intake import handin
 from labkit.grading.publish import gradebook, markdown, scoreboard
-from labkit.grading.review import answers, app, marks
+from labkit.grading.review import answers, app, executed, marks
 from labkit.grading.review.guard import Gate
 from labkit.grading.state import adjustments, inputs
 from labkit.grading.state import course as course_mod
+from labkit.grading.state.errors import GradeError
 from tests.kit.test_feedback import lab_row, make_results
 
 # Starlette's test client asks for httpx2 (a rename); httpx, already locked, works the same.
@@ -365,6 +368,9 @@ def graded_with_the_kept_state(out: Path) -> dict:
     with carol added), so that nothing is run."""
     state, context = inputs.read(out, None, dict.fromkeys(course_mod.INPUTS), "", False)
     context.students = set(STUDENTS)
+    for lab in make_results()["labs"]:  # the class's tests, as grading collects them from the lab's files
+        context.tests[lab["number"]] = set(lab["tests"])
+        context.points[lab["number"]] = sum(t["points"] for t in lab["tests"].values())
     state.check(context, needs_class=True)
     results = make_results()
     results["rows"] += [lab_row("carol", 9, "cpu-8", True), lab_row("carol", LAB, "cpu-8", True)]
@@ -643,3 +649,240 @@ def test_a_course_folder_that_cannot_be_written_is_named_and_nothing_is_taken_as
     answer = post(client, LAB, 1, form(page, points_1="2"))
     assert answer.status_code == 409 and "File exists" in answer.text and "Saved." not in answer.text
     assert (out / "course").read_text() == "not a folder"
+
+
+def ask(client, student: str = "bob") -> str:
+    """Enter a regrade request for `student`'s lab; the page's address."""
+    asked = {
+        "csrf": Gate(TOKEN, frozenset({HOST})).csrf(),
+        "student": student,
+        "lab": str(LAB),
+        "words": "look",
+    }
+    made = client.post("/regrades", data=asked, headers={"origin": ORIGIN}, follow_redirects=False)
+    assert made.status_code == 303
+    return made.headers["location"]
+
+
+def executed_nb(out: Path, cells: list[dict], student: str = "bob", config: str = "cpu-8") -> Path:
+    """The notebook a grading run left in OUT/work/ for the unit (labkit/grading/running/store.py's workdir)."""
+    path = out / "work" / student / f"lab-{LAB}" / config / "executed.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def code(source: str, *outputs: dict) -> dict:
+    return {"cell_type": "code", "source": source, "outputs": list(outputs), "metadata": {}}
+
+
+def test_a_regrade_requests_page_shows_the_notebook_as_executed(client, out):
+    graded_class(out)
+    executed_nb(
+        out,
+        [
+            {"cell_type": "markdown", "source": ["## My pipeline\n"], "metadata": {}},
+            code(
+                "x = jnp.ones((8,))\nprint(x.shape)",
+                {"output_type": "stream", "name": "stdout", "text": "(8,)\n"},
+            ),
+            code(
+                "shard(x)",
+                {
+                    "output_type": "error",
+                    "ename": "ValueError",
+                    "evalue": "mesh axis 'data' missing",
+                    "traceback": ["\x1b[0;31mValueError\x1b[0m: mesh axis 'data' missing"],
+                },
+            ),
+        ],
+    )
+    page = client.get(ask(client)).text
+    assert "The notebook as executed" in page and "cpu-8" in page
+    assert "x = jnp.ones((8,))\nprint(x.shape)" in page and "(8,)\n</pre>" in page
+    assert "ValueError: mesh axis &#39;data&#39; missing" in page and "\x1b" not in page
+
+
+HOSTILE_CELLS = [
+    code(
+        "<script>document.title='owned'</script>",
+        {
+            "output_type": "display_data",
+            "data": {"text/html": ["<img src=x onerror=alert(1)>"]},
+            "metadata": {},
+        },
+        {
+            "output_type": "execute_result",
+            "data": {"image/svg+xml": "<svg onload=alert(2)><script>alert(3)</script></svg>"},
+            "metadata": {},
+        },
+    ),
+]
+
+
+def test_a_hostile_executed_notebook_shows_as_text(client, out):
+    graded_class(out)
+    executed_nb(out, HOSTILE_CELLS)
+    page = client.get(ask(client)).text
+    assert "&lt;script&gt;document.title=&#39;owned&#39;&lt;/script&gt;" in page
+    assert "(text/html, shown as its text)\n&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "&lt;svg onload=alert(2)&gt;" in page
+    tags = [tag for tag, _ in elements(page)]
+    assert "img" not in tags and "svg" not in tags and tags.count("script") == 1  # the page's own script only
+    assert not any(k.startswith("on") for _, attrs in elements(page) for k in attrs)
+
+
+@pytest.mark.parametrize("where", ["notebook", "folder"])
+def test_a_link_in_place_of_the_executed_notebook_is_not_followed(client, out, tmp_path, where):
+    graded_class(out)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "executed.ipynb").write_text(json.dumps({"cells": [code("the TA's secret")]}))
+    path = executed_nb(out, [code("mine")])
+    if where == "notebook":
+        path.unlink()
+        path.symlink_to(secret / "executed.ipynb")
+    else:
+        shutil.rmtree(path.parent)
+        path.parent.symlink_to(secret)
+    page = client.get(ask(client)).text
+    assert "not shown:" in page and "is a link or not a folder" in page
+    assert "secret" not in page
+
+
+def test_an_executed_notebook_is_read_only_below_the_output_folder(out, tmp_path):
+    for config in ("..", "../..", "", "a/b"):
+        assert "not shown" in executed.of_unit(out, "bob", LAB, config).problem
+    fifo = out / "work" / "bob" / f"lab-{LAB}" / "cpu-8" / "executed.ipynb"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)  # a run that left a FIFO hangs nothing
+    assert "is not a file" in executed.of_unit(out, "bob", LAB, "cpu-8").problem
+    assert "no executed notebook" in executed.of_unit(out, "carol", LAB, "cpu-8").problem
+
+
+def test_a_regrade_answered_with_a_test_override_reaches_grades_csv_and_feedback(client, out):
+    graded_class(out)
+    where = ask(client)
+    page = client.get(where).text
+    assert '<option value="test_sums">test_sums</option>' in page
+    csrf = Gate(TOKEN, frozenset({HOST})).csrf()
+    reply = {"csrf": csrf, "reply": "the shape check was too strict; it passes", "test": "test_sums"}
+    wrong = client.post(where, data=reply | {"test": "test_other"}, headers={"origin": ORIGIN})
+    assert wrong.status_code == 400 and "not a test of this unit" in wrong.text
+    assert not (out / "course" / "overrides.csv").exists()
+    before = grades(graded_with_the_kept_state(out))["bob", str(LAB)]
+    answered = client.post(
+        where, data=reply | {"status": "passed"}, headers={"origin": ORIGIN}, follow_redirects=False
+    )
+    assert answered.status_code == 303
+    kept = (out / "course" / "overrides.csv").read_text().splitlines()
+    assert kept == [
+        "student,lab,points,test,status,comment",
+        f"bob,{LAB},,test_sums,passed,the shape check was too strict; it passes",
+    ]
+    assert json.loads((out / "course" / "manifest.json").read_text())["inputs"]["overrides"]["from"] == (
+        "make review"
+    )
+    events = [json.loads(line) for line in (out / "course" / "regrades.jsonl").read_text().splitlines()]
+    assert (events[-1]["test"], events[-1]["status"]) == ("test_sums", "passed")
+    results = graded_with_the_kept_state(out)
+    after = grades(results)["bob", str(LAB)]
+    assert float(before["points"]) < float(after["points"]) == float(after["max_points"])
+    assert "the shape check was too strict" in after["overridden"]
+    assert "the shape check was too strict; it passes" in markdown.feedback(results, "bob")
+    again = client.post(
+        where, data=reply | {"status": "failed", "reply": "on second look, no"}, headers={"origin": ORIGIN}
+    )
+    assert again.status_code == 200 and "test_sums set failed" in again.text
+    kept = (out / "course" / "overrides.csv").read_text().splitlines()
+    assert kept[1:] == [f'bob,{LAB},,test_sums,failed,"on second look, no"']  # the line replaced, not doubled
+
+
+# ----------------------------------------------------------------------------------------
+# A grading run started while the page is open: it keeps its inputs under the page's lock.
+# ----------------------------------------------------------------------------------------
+
+
+def a_run_begins(out: Path, **given: Path) -> course_mod.State:
+    """The course state as a grading run reads it when it starts (labkit/grading/grade.py)."""
+    state, _ = inputs.read(out, None, dict.fromkeys(course_mod.INPUTS) | given, "", False)
+    return state
+
+
+def give(client, number: int, points: str) -> None:
+    page = client.get(f"/lab/{LAB}/{number}").text
+    assert post(client, LAB, number, form(page, points_1=points)).status_code == 303
+
+
+def test_points_saved_while_a_grading_run_starts_are_kept(client, out, tmp_path):
+    give(client, 1, "2")
+    overrides = tmp_path / "overrides.csv"
+    overrides.write_text("student,lab,points,test,status,comment\nalice,9,3,,,by hand\n")
+    state = a_run_begins(out, overrides=overrides)  # reads the adjustments with answer 1's points
+    give(client, 2, "1")  # saved on the page while the run reads its submissions
+    handin.save_state(state, io.StringIO())  # the run keeps its inputs: the overrides are new
+    graded = {(a["student"], a["points"]) for a in kept(out)}
+    assert graded == {(student_of(out, 1), 2), (student_of(out, 2), 1)}
+    assert (out / "course" / "overrides.csv").read_text() == overrides.read_text()
+    assert set(json.loads((out / "course" / "manifest.json").read_text())["inputs"]) >= {
+        "adjustments",
+        "overrides",
+    }
+
+
+def test_a_first_point_saved_while_a_grading_run_starts_stays_named(client, out, tmp_path):
+    overrides = tmp_path / "overrides.csv"
+    overrides.write_text("student,lab,points,test,status,comment\nalice,9,3,,,by hand\n")
+    state = a_run_begins(out, overrides=overrides)  # no adjustments kept yet
+    give(client, 1, "2")
+    handin.save_state(state, io.StringIO())
+    assert [(a["student"], a["points"]) for a in kept(out)] == [(student_of(out, 1), 2)]
+    assert "adjustments" in json.loads((out / "course" / "manifest.json").read_text())["inputs"]
+
+
+def test_a_run_that_adds_to_adjustments_saved_meanwhile_is_refused_and_replaces_nothing(
+    client, out, tmp_path
+):
+    give(client, 1, "2")
+    extra = tmp_path / "extra.csv"
+    extra.write_text(f"student,lab,points,comment,item,max\nbob,{LAB},1,a bonus,,\n")
+    state = a_run_begins(out, adjustments=Path(f"+{extra}"))
+    give(client, 2, "1")
+    with pytest.raises(GradeError, match="changed while this run read its inputs"):
+        handin.save_state(state, io.StringIO())
+    assert {(a["student"], a["points"]) for a in kept(out)} == {
+        (student_of(out, 1), 2),
+        (student_of(out, 2), 1),
+    }
+    state = a_run_begins(out, adjustments=Path(f"+{extra}"))  # the command again: from the file as it is now
+    handin.save_state(state, io.StringIO())
+    assert {(a["student"], a["points"]) for a in kept(out)} == {
+        (student_of(out, 1), 2),
+        (student_of(out, 2), 1),
+        ("bob", 1),
+    }
+
+
+def test_a_grading_run_writes_its_inputs_under_the_pages_lock(client, out, tmp_path, monkeypatch):
+    give(client, 1, "2")
+    overrides = tmp_path / "overrides.csv"
+    overrides.write_text("student,lab,points,test,status,comment\nalice,9,3,,,by hand\n")
+    state = a_run_begins(out, overrides=overrides)
+    held = []
+    write = course_mod.write_atomic
+
+    def write_and_try_the_lock(path, text):
+        fd = os.open(out / "course", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)  # the review page's save would wait here
+        finally:
+            os.close(fd)
+        write(path, text)
+
+    monkeypatch.setattr(course_mod, "write_atomic", write_and_try_the_lock)
+    handin.save_state(state, io.StringIO())
+    assert held and all(held)
+    assert (out / "course" / "adjustments.csv").exists()
