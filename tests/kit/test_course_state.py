@@ -320,6 +320,39 @@ def test_the_bare_command_grades_the_kept_sources_labs_and_configurations(graded
         assert (again / name).read_text() == (out / name).read_text(), name
 
 
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+def test_a_regrade_answered_with_a_test_override_on_the_review_page_is_in_the_next_grades(graded, tmp_path):
+    """`make review`'s regrade request, answered by setting one of alice's tests failed: the next `labkit grade`
+    (the kept inputs, nothing run again) applies it in grades.csv and puts the reply in her feedback."""
+    from starlette.testclient import TestClient
+
+    from labkit.grading.review import app
+    from labkit.grading.review.guard import Gate
+
+    same_kit(graded)
+    subs, out = graded[:2]
+    again = copy_run(out, tmp_path / "again")
+    rows = json.loads((again / "scoreboard.json").read_text())["rows"]
+    test = next(r for r in rows if r["student"] == "alice")["tests"][0]["test"]
+    gate = Gate("token", frozenset({"testserver"}), frozenset({"testclient"}))
+    reply = "the mesh is right but the test's shape is not: this test does not pass"
+    with TestClient(app.make(again, gate, "ta"), base_url="http://testserver") as c:
+        c.get("/?token=token")
+        headers = {"origin": "http://testserver"}
+        asked = {"csrf": gate.csrf(), "student": "alice", "lab": "3", "words": "please look"}
+        where = c.post("/regrades", data=asked, headers=headers, follow_redirects=False).headers["location"]
+        answer = {"csrf": gate.csrf(), "reply": reply, "test": test, "status": "failed"}
+        assert c.post(where, data=answer, headers=headers, follow_redirects=False).status_code == 303
+    done = run_grade("grade", "--submissions", str(subs), "--out", str(again), *ARGS)
+    assert done.returncode == 0, done.stderr
+    assert "to grade" not in done.stderr
+    mine = grades(again)
+    assert mine["alice", "3"]["points"] != grades(out)["alice", "3"]["points"]
+    assert reply in mine["alice", "3"]["overridden"]
+    assert mine["dora", "3"]["overridden"] == "partial credit by hand"  # the kept override, kept
+    assert "the mesh is right" in (again / "feedback" / "alice.md").read_text()
+
+
 def held_lab_5(folder: Path) -> None:
     """Make the graded class's state a term of labs 3 and 5, lab 5's rows a copy of lab 3's (nothing runs)."""
     results = json.loads((folder / "scoreboard.json").read_text())
