@@ -2,9 +2,11 @@
 
 The app is driven through Starlette's test client for what it refuses (no token, another host, another
 origin, a form not its own, a path it does not serve), what it saves and where (the course state's
-adjustments, which grading reads back), two TAs on one answer, and a student's hostile write-up. One test
-drives the real command in Debian's Chromium by keyboard, stops and starts it, and reads the points back
-through the course state into grades.csv and the feedback, as the next `make grade` would.
+adjustments, which grading reads back), two TAs on one answer, a student's hostile write-up, a regrade
+request's executed notebook (hostile too) and test override, and points saved while a grading run keeps its
+inputs. One test drives the real command in Debian's Chromium by keyboard, stops and starts it, and reads the
+points back through the course state into grades.csv and the feedback, as the next `make grade` would
+(tests/kit/test_course_state.py runs the real `labkit grade` after a regrade's override).
 """
 
 from __future__ import annotations
