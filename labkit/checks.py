@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from labkit.course.configs import DeviceConfig
-from labkit.judge import plaindata, precision
+from labkit.judge import budgets, plaindata, precision
 from labkit.judge.compiled import (
     TRACEABLE,
     FactUnavailable,
@@ -278,6 +278,8 @@ class LabRun:
     label: str  # how the run is named in reports: the configuration, or "student/configuration"
     config: DeviceConfig
     record: Any  # execute.RunRecord
+    # what the budget checks of the test measured on this run (`labkit.judge.budgets`), for the judge to carry out
+    budgets: list[dict] = field(default_factory=list)
 
     @property
     def device_count(self) -> int:
@@ -428,9 +430,11 @@ def check(*, points: float = 1, **calls: Call):
             values = {name: lab_run.value(c) for name, c in calls.items()}
             if "run" in wants:
                 values["run"] = lab_run
+            whose = {id(values[name]): (c.function, c.compile_only) for name, c in calls.items()}
             token = PRODUCTS.set(_precision_of(lab_run, calls.values()))
             try:
-                body(**{k: v for k, v in values.items() if k in wants})
+                with budgets.measuring(lab_run.label, whose, lab_run.budgets):
+                    body(**{k: v for k, v in values.items() if k in wants})
             except (
                 AssertionError
             ) as failed:  # Mismatch too: a finding of the kit's own run of the program is named

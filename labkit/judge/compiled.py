@@ -8,7 +8,7 @@ device) and fails with a message for students; a fact that did not come back fai
 from __future__ import annotations
 
 from labkit import cost
-from labkit.judge import plaindata
+from labkit.judge import budgets, plaindata
 from labkit.judge.outcomes import Mismatch, with_hint
 
 
@@ -153,6 +153,7 @@ def expect_work_split(
     if devices <= 1:
         return
     line = 0.95 * whole_flops
+    budgets.note(got, budgets.WORK, flops, line, flops <= line)
     if flops > line:
         raise Mismatch(
             with_hint(
@@ -192,7 +193,11 @@ def expect_work_share(
     same rows). `slack` leaves room for the small work around the main products.
     """
     _, flops = _compiled(got, "flops")
-    if devices <= 1 or flops <= slack * whole_flops / devices:
+    if devices <= 1:
+        return
+    line = slack * whole_flops / devices
+    budgets.note(got, budgets.WORK, flops, line, flops <= line)
+    if flops <= line:
         return
     raise Mismatch(
         with_hint(
@@ -232,16 +237,31 @@ def expect_fits_each_chip(got: plaindata.Value, *, where: str, what: str, hint: 
     ('CompileTimeHbmOom: Ran out of memory on HBM, ... (15.75G)'): "{where} the TPU compiler refuses your {what}"."""
     why = str(getattr(got.compiled, "why", ""))
     if "RESOURCE_EXHAUSTED" not in why and "HbmOom" not in why:
+        _note_chip_memory(got)
         return
     words = why.split("RESOURCE_EXHAUSTED: ", 1)[-1].split(" HLO module", 1)[0].rstrip(". ")
     words = words.split(": ", 1)[-1] if words.startswith("E1") else words
     raise Mismatch(f"{where} the TPU compiler refuses your {what}: {words}. {hint}")
 
 
+def _note_chip_memory(got: plaindata.Value) -> None:
+    """Note the bytes a chip holds against its HBM, where the TPU compiler took the program for a chip the kit
+    knows (`labkit/chips.toml`) and gave its memory analysis."""
+    facts = got.compiled
+    memory = getattr(facts, "memory", None)
+    words = str(getattr(facts, "compiled_for", "") or "").lower().split()
+    chip = next((c for key, c in cost.chips().items() if key in words), None)
+    if chip is None or not isinstance(memory, dict):
+        return
+    held = sum(int(memory.get(k, 0)) for k in ("argument", "output", "temp"))
+    budgets.note(got, budgets.CHIP_MEMORY, held, chip.hbm_bytes, held <= chip.hbm_bytes)
+
+
 def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str | None = None) -> None:
     """One device's arguments and temporaries (the compiled program's memory analysis) stay below `limit` bytes."""
     _, memory = _compiled(got, "memory")
     held = memory["argument"] + memory["temp"]
+    budgets.note(got, budgets.HELD, held, limit, held < limit)
     if held >= limit:
         raise Mismatch(
             with_hint(
@@ -300,7 +320,10 @@ def expect_sent_within(
     """
     parts = _sent_by(got)
     sent = sum(b for b, _ in parts)
-    if devices <= 1 or sent <= margin * budget:
+    if devices <= 1:
+        return
+    budgets.note(got, budgets.SENT, sent, margin * budget, sent <= margin * budget)
+    if sent <= margin * budget:
         return
     listed = "; ".join(f"{d}: {_size(round(b))}" for b, d in parts if b > 0)
     whose, replaced = _whose(got)
@@ -358,6 +381,7 @@ def expect_steps_within(
     if devices <= 1:
         return
     steps = sum(1 for c in found if c.op == op and (not c.pairs or any(a != b for a, b in c.pairs)))
+    budgets.note(got, budgets.STEPS, steps, limit, steps <= limit)
     if steps > limit:
         raise Mismatch(
             with_hint(

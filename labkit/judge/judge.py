@@ -48,9 +48,14 @@ class Outcome:
     hidden: bool = False
     file: str = ""
     points: float = 1  # what the test is worth: @check(points=...)
+    # what its budget checks measured (`labkit.judge.budgets`): the card's headline names the nearest its limit
+    budgets: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        found = asdict(self)
+        if not self.budgets:  # as before budgets were noted: a test without one reads the same
+            del found["budgets"]
+        return found
 
 
 @dataclass
@@ -213,6 +218,7 @@ class _Plugin:
                     hidden=any(path.is_relative_to(d) for d in self.hidden_dirs),
                     file=path.name,
                     points=getattr(item.function, "__labkit_points__", 1),
+                    budgets=list(getattr(item.funcargs.get("lab_run"), "budgets", [])),
                 )
             )
 
