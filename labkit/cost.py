@@ -50,7 +50,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.judge import callplan, hlo
+from labkit.judge import budgets, callplan, hlo
 from labkit.statuses import JudgedBy
 
 CHIPS_FILE = Path(__file__).with_name("chips.toml")
@@ -348,9 +348,17 @@ def _at_precision(config: str) -> str:
 HEADLINE_CHIP = "v5e"  # the chip a card's headline times the step on, as the class leaderboards do
 
 
-def headline(name: str, config: str, c: Card, reference: Card | None = None, ranked: bool = False) -> str:
+def headline(
+    name: str,
+    config: str,
+    c: Card,
+    reference: Card | None = None,
+    ranked: bool = False,
+    measured: list[dict] | None = None,
+) -> str:
     """One line: the modelled step time on a TPU v5e (the figure a leaderboard ranks), the reference's beside it
-    and the ratio, and what bounds the step."""
+    and the ratio, what bounds the step, and of the budgets the tests `measured` of this call and run
+    (`labkit.judge.budgets`), the one nearest its limit (nothing where the call has none)."""
     chip = chips()[HEADLINE_CHIP]
     t = c.timing(chip)
     what = "the step the leaderboard ranks" if ranked else "a step"
@@ -358,10 +366,10 @@ def headline(name: str, config: str, c: Card, reference: Card | None = None, ran
         f"{name} on {config}: {format_seconds(t.step)} {what} on a {chip.name} x{c.devices} ({t.bound}-bound)"
     )
     if reference is None:
-        return out + "; no reference card for this call"
+        return out + "; no reference card for this call" + budgets.said(measured or [])
     r = reference.timing(chip).step
     ratio = f"{t.step / r:.2g}x the reference's" if r > 0 else "the reference's takes no time"
-    return out + f"; the reference: {format_seconds(r)}, yours {ratio}"
+    return out + f"; the reference: {format_seconds(r)}, yours {ratio}" + budgets.said(measured or [])
 
 
 def lines(
@@ -371,9 +379,10 @@ def lines(
     chip_list: list[Chip],
     reference: Card | None = None,
     ranked: bool = False,
+    measured: list[dict] | None = None,
 ) -> list[str]:
-    """The card as text: a headline (`headline`), the facts, one line per chip, how it compares with the
-    reference."""
+    """The card as text: a headline (`headline`, with the budget nearest its limit of those `measured`), the
+    facts, one line per chip, how it compares with the reference."""
     sent = ", ".join(
         f"{op} {format_bytes(b)} ({c.counts[op]} in the program)" for op, b in sorted(c.sent.items())
     )
@@ -382,7 +391,7 @@ def lines(
         f"temporaries {format_bytes(c.held['temp'])}"
     )
     out = [
-        headline(name, config, c, reference, ranked),
+        headline(name, config, c, reference, ranked, measured),
         f"  {name} on {config} ({c.devices} devices{_at_precision(config)}), per device:",
         f"  {format_flops(c.flops)}; holds {format_bytes(c.held_total)} ({held})",
         f"  sends {sent or 'nothing'}",
@@ -527,9 +536,11 @@ def text(
     found: dict[str, Examined],
     reference: dict[str, Examined] | None = None,
     ranked: tuple[str, str] | None = None,
+    measured: list[dict] | None = None,
 ) -> list[str]:
     """Every card of a lab's runs, as lines, each compared with the reference's card for the same call and run.
-    `ranked`: the (function, configuration) the lab's leaderboard ranks, named in that card's headline."""
+    `ranked`: the (function, configuration) the lab's leaderboard ranks, named in that card's headline;
+    `measured`: what the tests' budget checks measured (`Outcome.budgets`), the nearest named there too."""
     if not found:
         return []
     chip_list = shown_chips()
@@ -540,7 +551,8 @@ def text(
     for cid, entry in found.items():
         for label, c in entry.runs.items():
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
-            out += lines(entry.name, label, c, chip_list, ref, ranked=ranked == (entry.function, label))
+            mine = budgets.of(measured or [], entry.function, entry.at_size, label)
+            out += lines(entry.name, label, c, chip_list, ref, ranked == (entry.function, label), mine)
     return out
 
 
@@ -548,16 +560,18 @@ def html(
     found: dict[str, Examined],
     reference: dict[str, Examined] | None = None,
     ranked: tuple[str, str] | None = None,
+    measured: list[dict] | None = None,
 ) -> str:
-    """The cards as a small HTML table for Jupyter: per call and run, the headline, then per chip the modelled
-    step of yours and the reference's as bars on one scale. Every name is escaped."""
+    """The cards as a small HTML table for Jupyter: per call and run, the headline (`measured`: as `text`), then
+    per chip the modelled step of yours and the reference's as bars on one scale. Every name is escaped."""
     from html import escape
 
     rows = []
     for cid, entry in found.items():
         for label, c in entry.runs.items():
             ref = (reference or {}).get(cid, Examined(entry.function)).runs.get(label)
-            head = headline(entry.name, label, c, ref, ranked == (entry.function, label))
+            mine = budgets.of(measured or [], entry.function, entry.at_size, label)
+            head = headline(entry.name, label, c, ref, ranked == (entry.function, label), mine)
             rows.append(f'<tr><th colspan="3" style="text-align:left">{escape(head)}</th></tr>')
             steps = [
                 (chip, c.timing(chip).step, ref.timing(chip).step if ref else None) for chip in shown_chips()

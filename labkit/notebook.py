@@ -189,7 +189,10 @@ def run_elsewhere(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tuple[str, str, str]]:
+def _judge(
+    tests: list, label: str, config, env: dict, results: dict, measured: list | None = None
+) -> list[tuple[str, str, str]]:
+    """Each test on one replay's results: (test, status, message); what its budget checks measured into `measured`."""
     from labkit.checks import LabRun
     from labkit.judge.judge import classify
     from labkit.run.execute import RunRecord
@@ -204,6 +207,8 @@ def _judge(tests: list, label: str, config, env: dict, results: dict) -> list[tu
         except BaseException as e:  # noqa: BLE001 - report whatever the check raised
             status, message = classify(type("Info", (), {"value": e})())
         out.append((test.__name__, status, message))
+    if measured is not None:
+        measured.extend(run.budgets)
     return out
 
 
@@ -261,13 +266,13 @@ class Checker:
                     | {"id": c.id, **c.encoded()}
                     | ({"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
                 )
-        columns, results_by = {}, {}
+        columns, results_by, measured = {}, {}, []
         if configs is None:
             env = harness.environment()
             results = {i: harness.call_one(namespace, c) for i, c in calls.items()}
             devices = int(env.get("device_count") or 1)
             config = DeviceConfig("this kernel", "", env.get("backend", "cpu"), devices=devices)
-            columns["this kernel"] = _judge(tests, "this kernel", config, env, results)
+            columns["this kernel"] = _judge(tests, "this kernel", config, env, results, measured)
             results_by["this kernel"] = results
         else:
             from labkit.course import configs as known
@@ -279,15 +284,16 @@ class Checker:
                 if done["status"] != "ok":
                     columns[name] = [(t.__name__, "error", done["message"]) for t in tests]
                     continue
-                columns[name] = _judge(tests, name, known.CONFIGS[name], done["environment"], done["results"])
+                found = done["environment"], done["results"]
+                columns[name] = _judge(tests, name, known.CONFIGS[name], *found, measured)
                 results_by[name] = done["results"]
         passed = self._report(exercise, tests, columns)
-        self._show_cards(list(calls.values()), results_by)
+        self._show_cards(list(calls.values()), results_by, measured)
         return Checked(passed)
 
-    def _show_cards(self, calls: list, results_by: dict) -> None:
-        """The cost cards of the runs: in a running Jupyter kernel a table of bars, else the text card; one line
-        saying why where there is none."""
+    def _show_cards(self, calls: list, results_by: dict, measured: list | None = None) -> None:
+        """The cost cards of the runs: in a running Jupyter kernel a table of bars, else the text card (each
+        headline with the budget nearest its limit of those `measured`); one line saying why where there is none."""
         from labkit import cost
         from labkit.student import report
 
@@ -297,9 +303,9 @@ class Checker:
         if found and _in_a_running_kernel():  # a small table with bars, not wrapped text
             from IPython.display import HTML, display
 
-            display(HTML(cost.html(found, reference, ranked)))
+            display(HTML(cost.html(found, reference, ranked, measured)))
         else:
-            for line in cost.text(found, reference, ranked):
+            for line in cost.text(found, reference, ranked, measured):
                 print(line)
         if not found and (why := report.why_no_card(calls, results_by)):
             print(why)

@@ -162,7 +162,8 @@ def _print_costs(lab, judgement, console, record_costs: bool) -> dict:
     if record_costs:
         console.print(f"wrote {cost.write_reference(lab.public_tests, found)}")
     ranked = lab.ranked_call
-    for line in cost.text(found, cost.read_reference(lab.public_tests), ranked):
+    measured = [n for o in judgement.outcomes for n in o.budgets]  # each names its call and run
+    for line in cost.text(found, cost.read_reference(lab.public_tests), ranked, measured):
         print(line, file=console.file)
     if not found and (why := report.why_no_card(judgement.calls, results)):
         print(why, file=console.file)

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, said
 
 from labkit import cost
 
@@ -212,6 +213,96 @@ def test_a_card_opens_with_one_line_the_step_time_the_reference_beside_it_and_th
     )
     alone = cost.lines("column_sums", "cpu-8", mine, [v5e])[0]
     assert alone.endswith("a step on a TPU v5e x8 (communication-bound); no reference card for this call")
+
+
+def _noted(
+    budget: str, figure: float, limit: float, run: str = "cpu-8", function: str = "column_sums"
+) -> dict:
+    """What a budget check notes (`labkit.judge.budgets.note`), by hand."""
+    return {
+        "budget": budget,
+        "figure": figure,
+        "limit": limit,
+        "passed": figure <= limit,
+        "function": function,
+        "at_size": False,
+        "run": run,
+    }
+
+
+def test_the_headline_ends_with_the_budget_of_its_call_and_run_nearest_its_limit():
+    reference = cost.card(
+        _facts(collectives=[{"op": "reduce-scatter", "shape": "f32[32768]{0}", "groups": [list(range(8))]}])
+    )
+    found = {"c": cost.Examined("column_sums", {"cpu-8": cost.card(_facts())})}
+    refs = {"c": cost.Examined("column_sums", {"cpu-8": reference})}
+    plain = cost.text(found, refs)[2]
+    assert plain.endswith("yours 2x the reference's")  # no budget: nothing more said
+    measured = [
+        _noted("work per device", 50, 100),
+        _noted("bytes each device sends", 92, 100),
+        _noted("memory each device holds", 300, 100, run="cpu-2x4"),  # another run's
+        _noted("work per device", 500, 100, function="cumsum"),  # another call's
+    ]
+    assert cost.text(found, refs, None, measured)[2] == plain + (
+        "; nearest budget: bytes each device sends, 92% of its limit"
+    )
+    over = [*measured, _noted("memory each device holds", 140, 100)]
+    assert cost.text(found, refs, None, over)[2] == plain + (
+        "; nearest budget: memory each device holds, over its limit by 1.4x"
+    )
+    assert "nearest budget: memory each device holds, over its limit by 1.4x" in cost.html(
+        found, refs, None, over
+    )
+
+
+def _noted_by_a_check(budget: float) -> list[dict]:
+    """What a lab test's budget checks note on made-up facts of one call on cpu-8: 100 FLOPs of a limit of 150,
+    224 bytes sent of a limit of 1.1 x `budget`."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from labkit.checks import LabRun, Mismatch, check, compiled_call, expect_sent_within, expect_work_share
+    from labkit.course import configs
+    from labkit.judge import plaindata
+
+    c = compiled_call("column_sums", np.ones(4, np.float32))
+    reduce = {"op": "all-reduce", "shape": "f32[32]{0}", "groups": [list(range(8))]}  # 224 bytes each sends
+    facts = _facts(flops=100.0, collectives=[reduce]) | {"inputs": [], "top_level": ["jit"]}
+    result = {"value": plaindata.encode(np.zeros(4, np.float32)), "facts": facts}
+    run = LabRun(
+        "cpu-8",
+        configs.CONFIGS["cpu-8"],
+        SimpleNamespace(status="ok", environment={}, message="", results={c.id: result}),
+    )
+
+    @check(got=c)
+    def test(got):
+        expect_work_share(got, 800.0, 8)
+        expect_sent_within(got, budget, 8, what="one all-reduce")
+
+    try:
+        test(run)
+    except Mismatch:
+        pass
+    return run.budgets
+
+
+def test_a_budget_check_notes_what_it_measured_of_its_call_when_it_passes_and_when_it_fails():
+    from labkit.judge import budgets
+
+    for budget in (224, 112):
+        assert [(n["budget"], n["function"], n["run"]) for n in _noted_by_a_check(budget)] == [
+            ("work per device", "column_sums", "cpu-8"),
+            ("bytes each device sends", "column_sums", "cpu-8"),
+        ]
+    assert (
+        budgets.said(_noted_by_a_check(224)) == "; nearest budget: bytes each device sends, 91% of its limit"
+    )
+    assert budgets.said(_noted_by_a_check(112)) == (
+        "; nearest budget: bytes each device sends, over its limit by 1.82x"
+    )
 
 
 def test_in_jupyter_the_cards_are_a_table_of_bars_yours_against_the_reference_every_name_escaped():
@@ -538,3 +629,62 @@ def test_a_tpu_configurations_card_says_the_precision_its_float32_products_were_
             f"  f on {config} (8 devices, float32 products at precision highest), per device:"
         )
     assert cost.lines("f", "cpu-8", c, [])[1] == "  f on cpu-8 (8 devices), per device:"
+
+
+# ----------------------------------------------------------------------------------------
+# `make lab-5` on the reference: the headline names its budget, and the Jupyter card drawn in Chromium.
+# ----------------------------------------------------------------------------------------
+
+ARTIFACTS = Path(os.environ.get("LABKIT_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
+# docs/card.png, which docs/student.md shows, is a copy of this picture (as docs/review.png is of test_review's)
+CARD_SHOT = ARTIFACTS / "cost-card-lab-5.png"
+
+
+def test_make_lab_5_names_the_budget_nearest_its_limit_on_the_headline_and_draws_the_card(kit, lab_report):
+    from labkit.course import catalog
+
+    lab = catalog.lab(5)
+    done = kit("lab", "5", "--notebook", str(lab.reference), "--configs", "cpu-8")
+    assert done.returncode == 0, said(done.stdout + done.stderr)
+    heads = [line for line in done.stdout.splitlines() if line.startswith("shard_map_column_sums on cpu-8: ")]
+    assert len(heads) == 1, said(done.stdout)
+    # the reference sends one reduce-scatter: the budget itself, of which up to 1.1 times passes
+    assert re.search(r"; nearest budget: bytes each device sends, 9\d% of its limit$", heads[0]), heads[0]
+    report = lab_report(5)
+    noted = [n for o in report["outcomes"] for n in o.get("budgets", [])]
+    assert {
+        "budget": "bytes each device sends",
+        "function": "shard_map_column_sums",
+        "run": "cpu-8",
+    }.items() <= next(n for n in noted if n["function"] == "shard_map_column_sums").items()
+    measured = [n for n in noted if n["run"] == "cpu-8"]
+    page = cost.html(
+        cost.from_json(report["costs"]), cost.read_reference(lab.public_tests), lab.ranked_call, measured
+    )
+    assert "nearest budget: bytes each device sends" in _drawn_in_chromium(page, CARD_SHOT)
+
+
+def _drawn_in_chromium(page_html: str, shot: Path) -> str:
+    """The cards' table drawn in headless Chromium (Debian's, as test_review's pages): its text; its picture in `shot`."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    browser_path = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(browser_path).exists():
+        pytest.fail("chromium is not installed: `make system-deps` installs it (.ci/apt-packages.txt)")
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=browser_path,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 600}, device_scale_factor=1)
+            page.set_content(f'<body style="font-family: sans-serif; font-size: 14px">{page_html}</body>')
+            table = page.locator("table.labkit-cards")
+            table.screenshot(path=str(shot))
+            return table.inner_text()
+        finally:
+            browser.close()
