@@ -2,6 +2,8 @@
 
 On one device, a mesh of size one, a product with a whole copy on every device, and a maximum taken
 across devices all look right. On eight, each gives a layout or a value of its own, and the message names it.
+mlp_in_types is held to the public tests' four costs, with their helpers and words, on inputs of other shapes:
+any layout that meets them passes.
 """
 
 import numpy as np
@@ -83,3 +85,34 @@ def test_block_maxima_of_a_random_vector(got, run):
 def test_constrain_auto_of_a_taller_matrix(got, run):
     expect_close(got, np.sin(TALL.astype(np.float64)), rtol=1e-5, atol=1e-6)
     expect_split_across(got, run.device_count, axis=0)
+
+
+# -- exercise 6: mlp_in_types, held to the public tests' costs on other shapes ------------------------------
+
+X6, W1, W2 = _public.make_mlp(60, batch=64, d_in=24, d_hidden=512, d_out=40)
+
+
+@check(got=call("mlp_in_types", X6, W1, W2))
+def test_mlp_in_types_of_other_shapes_is_the_mlp_split_over_data_only(got, run):
+    expect_close(got, _public.mlp(X6, W1, W2), rtol=1e-4, atol=1e-5)
+    _public.expect_split_over_data_only(got, run.device_count)
+
+
+# Weights of 800 and 640 KiB, above anything a valid layout gathers; an output of 256 KiB, as the public one.
+BX, BW1, BW2 = _public.make_mlp(61, batch=256, d_in=320, d_hidden=640, d_out=256)
+BUDGET_CALL = compiled_call("mlp_in_types", BX, BW1, BW2)
+
+
+@check(got=BUDGET_CALL)
+def test_mlp_in_types_splits_the_work_of_a_wider_layer(got, run):
+    _public.expect_share_of_the_work(got, run.device_count, BX, BW1, BW2)
+
+
+@check(got=BUDGET_CALL)
+def test_mlp_in_types_never_makes_a_weight_whole(got, run):
+    _public.expect_no_weight_whole(got, run.device_count, BW1, BW2)
+
+
+@check(got=BUDGET_CALL)
+def test_mlp_in_types_sends_no_more_than_a_reduce_scatter_of_the_output(got, run):
+    _public.expect_sent_within_a_reduce_scatter(got, run.device_count, len(BX) * BW2.shape[1] * 4)

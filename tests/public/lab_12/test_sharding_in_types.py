@@ -2,22 +2,33 @@
 
 contract_to_rows' budget (less sent than an all-reduce of the whole product) is read from the TPU compiler's
 program: here on these inputs and by the hidden tests on others, with the same helper and words, on the
-compile-only TPU configurations alone (XLA:CPU writes both designs alike)."""
+compile-only TPU configurations alone (XLA:CPU writes both designs alike).
+
+mlp_in_types is a design judged by its costs, not by one layout: the output split over 'data' only, each
+device's share of the work, no weight ever whole on a device, and at most a reduce-scatter of the output sent.
+Each is read from the compiled program, here and by the hidden tests on other inputs, in the same words.
+"""
 
 import numpy as np
 
 from labkit.checks import (
+    TRACEABLE,
+    FactUnavailable,
     Mismatch,
     call,
     check,
+    collectives_of,
     compiled_call,
     describe,
+    expect_array,
     expect_close,
     expect_sent_within,
     expect_shape,
     expect_split_across,
+    expect_work_share,
     judged_on_tpu_only,
 )
+from labkit.cost import bytes_sent, format_bytes, shape_bytes
 
 NAMES = ("the placed array", "the sum of each row", "the sum of each column", "the transpose")
 
@@ -124,3 +135,173 @@ LONG_B = np.linspace(1.0, -1.0, 64 * 3, dtype=np.float32).reshape(64, 3)
 @check(got=compiled_call("contract_to_rows", LONG_A, LONG_B))
 def test_contract_to_rows_sends_each_device_less_than_an_all_reduce_of_the_product(got, run):
     expect_less_than_an_all_reduce_of_the_product(got, run, LONG_A, LONG_B)
+
+
+# ---- exercise 6: mlp_in_types, a layout chosen to meet four costs --------------------------------------------
+
+
+def grid_of(n: int) -> tuple[int, int]:
+    """The sizes of the exercise's grid ('data', 'model') on `n` devices, as its `grid()` builds it: 2 x n/2, and
+    1 x n for an odd n (1 x 1 on one device)."""
+    rows = 2 if n % 2 == 0 else 1
+    return rows, n // rows
+
+
+def make_mlp(seed, batch, d_in, d_hidden, d_out):
+    """x (batch, d_in), w1 (d_in, d_hidden), w2 (d_hidden, d_out), scaled so that tanh is neither flat nor linear."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, d_in)).astype(np.float32)
+    w1 = (rng.normal(size=(d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32)
+    w2 = (rng.normal(size=(d_hidden, d_out)) / np.sqrt(d_hidden)).astype(np.float32)
+    return x, w1, w2
+
+
+def mlp(x, w1, w2):
+    f64 = lambda a: np.asarray(a, np.float64)
+    return np.tanh(f64(x) @ f64(w1)) @ f64(w2)
+
+
+def products(x, w1, w2) -> float:
+    """The FLOPs of x @ w1 and h @ w2 for the whole batch: the work the devices share."""
+    return 2.0 * len(x) * (w1.size + w2.size)
+
+
+def expect_split_over_data_only(got, n: int) -> None:
+    """The output's rows cut in two over 'data', each half whole on the n/2 devices of its row of the grid."""
+    arr = expect_array(got)
+    sh = got.sharding
+    if n <= 1 or sh is None:
+        expect_split_across(got, n)  # one device, or a plain value: said as for any split result
+        return
+    d, m = grid_of(n)
+    rows = {tuple(s["index"][0]) for s in sh.shards}
+    columns = {tuple(s["index"][1]) for s in sh.shards}
+    if sh.num_devices == n and len(rows) == d and len(columns) == 1:
+        return
+    if sh.fully_replicated:
+        layout = "the whole output on every device"
+    else:
+        layout = f"its rows cut in {len(rows)} and its columns in {len(columns)}"
+    raise Mismatch(
+        f"expected the output ({arr.shape[0]} rows) split over 'data' only: its rows cut in {d}, each part whole on "
+        f"the {m} devices of its row of the grid; got {layout} on {sh.num_devices} devices ({sh.describe()}). "
+        "Which dimension of the result does 'data' split, and is 'model' left out of its type?"
+    )
+
+
+WORK_SLACK = 1.25  # the products and a little more: tanh, and the additions of the partial sums
+REPEATED_WORK = (
+    "An axis of the grid that splits none of a product's operands repeats its work: with the batch whole, "
+    "every row of the grid computes every row of x; with the hidden units whole, every device of a row "
+    "computes all of them. Each device should multiply its own rows of x by its own hidden units"
+)
+
+
+def expect_share_of_the_work(got, n: int, x, w1, w2) -> None:
+    """One device's FLOPs within WORK_SLACK times its 1/n share of the two products."""
+    expect_work_share(
+        got,
+        products(x, w1, w2),
+        n,
+        slack=WORK_SLACK,
+        what="the two products for the whole batch",
+        hint=REPEATED_WORK,
+    )
+
+
+WEIGHTS_WHOLE = (
+    "No device may hold all of a weight, not even for the moment of its product: store each in pieces and "
+    "compute with the piece stored. A weight whole on every device (never placed, or placed with P()) is data "
+    "parallelism's layout; one gathered for its product (a reshard to P() inside, or an operand JAX gathers) is "
+    "FSDP's: both hold what this budget rules out"
+)
+
+
+def expect_no_weight_whole(got, n: int, w1, w2) -> None:
+    """No device holds the whole of w1 or w2: neither stored whole (the compiled program's inputs) nor gathered
+    whole for its product (no all-gather in the program makes an array as large as the smaller of the two)."""
+    if grid_of(n)[1] <= 1:
+        return  # a row of the grid of one device holds every weight whole: no layout could do otherwise
+    facts = got.compiled
+    if not hasattr(facts, "inputs"):  # the program could not be traced or compiled: the kit's words say why
+        raise FactUnavailable(
+            f"the compiled program could not be examined ({getattr(facts, 'why', facts)}). {TRACEABLE}"
+        )
+    for position, name in ((1, "w1"), (2, "w2")):
+        inputs = facts.inputs if isinstance(facts.inputs, tuple) else ()
+        stored = [p for p in inputs if p.path == f"args[{position}]"]
+        if not stored or not isinstance(stored[0].device_bytes, int):
+            raise FactUnavailable(
+                f"this check cannot be made here: what each device stores of {name} was not read"
+            )
+        if stored[0].device_bytes >= stored[0].bytes:
+            raise Mismatch(
+                f"every device stores the whole of {name} ({format_bytes(stored[0].bytes)} on each of {n} devices). "
+                + WEIGHTS_WHOLE
+            )
+    smaller, name = min((w1.nbytes, "w1"), (w2.nbytes, "w2"))
+    for c in collectives_of(got):
+        if c.op != "all-gather" or shape_bytes(c.shape) < smaller:
+            continue
+        shape = c.shape.split("{")[0]
+        dims = tuple(int(d) for d in shape.split("[", 1)[-1].rstrip("]").split(",") if d.strip().isdigit())
+        whole = next((f"the whole of {w}" for w, a in (("w1", w1), ("w2", w2)) if dims == a.shape), None)
+        raise Mismatch(
+            f"the compiled program gathers {shape} ({format_bytes(shape_bytes(c.shape))}) onto each device, "
+            f"{whole or f'as large as the whole of {name}'}: a weight is made whole for its product. "
+            + WEIGHTS_WHOLE
+        )
+
+
+ADDED_ONCE = (
+    "Only the partial sums of the second product need to travel, and only among the devices that hold parts of "
+    "the same rows: out_sharding=P() on the product adds up every row of the output on every device (an "
+    "all-reduce of all of it, where each device keeps half), and gathering a weight sends far more than the "
+    "output. Which devices hold parts of your rows of the output, and what must each send to add them?"
+)
+
+
+def expect_sent_within_a_reduce_scatter(got, n: int, output_bytes: int) -> None:
+    """Each device sends at most (n-1)/n of the output: what one reduce-scatter of it over all n devices sends."""
+    expect_sent_within(
+        got,
+        bytes_sent("reduce-scatter", output_bytes // max(n, 1), n),
+        n,
+        what=f"one reduce-scatter of the whole output over all {n} devices",
+        hint=ADDED_ONCE.format(n=n),
+    )
+
+
+X6, W1, W2 = make_mlp(6, batch=32, d_in=16, d_hidden=256, d_out=16)  # 256 hidden units: 2 on each of 128
+
+
+@check(got=call("mlp_in_types", X6, W1, W2))
+def test_mlp_in_types_equals_the_mlp(got):
+    expect_close(got, mlp(X6, W1, W2), rtol=1e-4, atol=1e-5)
+
+
+@check(got=call("mlp_in_types", X6, W1, W2))
+def test_mlp_in_types_leaves_the_output_split_over_data_only(got, run):
+    expect_split_over_data_only(got, run.device_count)
+
+
+# The costs' inputs: weights of 512 KiB, twice anything the layout gathers (a gathered weight stands out), and an
+# output of 256 KiB, large enough that the TPU compiler adds it as it was asked (a small reduce-scatter it sums
+# with an all-reduce of its own choice).
+BX, BW1, BW2 = make_mlp(66, batch=256, d_in=256, d_hidden=512, d_out=256)
+BUDGET_CALL = compiled_call("mlp_in_types", BX, BW1, BW2)
+
+
+@check(got=BUDGET_CALL)
+def test_mlp_in_types_gives_each_device_only_its_share_of_the_work(got, run):
+    expect_share_of_the_work(got, run.device_count, BX, BW1, BW2)
+
+
+@check(got=BUDGET_CALL)
+def test_mlp_in_types_never_holds_the_whole_of_w1_or_w2(got, run):
+    expect_no_weight_whole(got, run.device_count, BW1, BW2)
+
+
+@check(got=BUDGET_CALL)
+def test_mlp_in_types_sends_at_most_a_reduce_scatter_of_the_output(got, run):
+    expect_sent_within_a_reduce_scatter(got, run.device_count, len(BX) * BW2.shape[1] * 4)
