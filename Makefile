@@ -156,7 +156,7 @@ grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboa
 
 slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMISSIONS=..] [OUT=..] [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1] [LABS=..] [CONFIGS=..] [PARTITION=..] [ACCOUNT=..] [NO_WAIT=1]
 	@test -n "$(SHARDS)" || { echo "usage: make slurm-grade SHARDS=N [SUBMISSIONS=..] [OUT=..]" >&2; exit 2; }
-	@$(PY) -m labkit slurm-grade --shards $(SHARDS) --submissions $(or $(SUBMISSIONS),submissions) \
+	@$(PY) -m labkit slurm-grade --shards $(SHARDS) $(if $(SUBMISSIONS),--submissions $(SUBMISSIONS)) \
 	  --out $(or $(OUT),scoreboard) $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) \
 	  $(if $(JOBS),--jobs $(JOBS)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(ACCOUNT),--account $(ACCOUNT)) \
 	  $(if $(NO_WAIT),--no-wait) $(COURSE_ARGS) --timeout $(TIMEOUT)

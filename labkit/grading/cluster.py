@@ -47,6 +47,9 @@ def _slurm_grade(args) -> int:
 def _refuse_inputs_after_the_dashes(grade_args: list[str]) -> None:
     """The TA's inputs go to slurm-grade itself, which checks and keeps them; after `--` every shard would."""
     kept = {f"--{n}" for n in course_mod.INPUTS} | {
+        "--submissions",
+        "--labs",
+        "--configs",
         "--course",
         "--forget",
         "--change-policy",
@@ -58,12 +61,12 @@ def _refuse_inputs_after_the_dashes(grade_args: list[str]) -> None:
         raise Stop(
             ExitCode.REFUSED,
             f"error: give {', '.join(passed)} to slurm-grade itself, not after --: it checks them before any "
-            "job is submitted and keeps them in the course's state that every shard reads",
+            "job is submitted and keeps them in the course's state and the term that every shard reads",
         )
 
 
 def _request(args, course: Path) -> slurm.Request:
-    """The jobs to submit: every shard grades with the course's state in `course`."""
+    """The jobs to submit: every shard grades the term and the course's state kept in `course`."""
     from labkit.grading import slurm
 
     extra = (
@@ -72,7 +75,7 @@ def _request(args, course: Path) -> slurm.Request:
         + (["--retry"] if args.retry else [])
     )
     return slurm.Request(
-        args.submissions.absolute(),
+        args.submissions.absolute() if args.submissions is not None else None,
         args.out.absolute(),
         args.shards,
         labs=args.labs,
@@ -86,14 +89,14 @@ def _request(args, course: Path) -> slurm.Request:
 
 
 def _submit(args, request: slurm.Request, course: Path) -> tuple[str, str]:
-    """Check and keep the TA's inputs, then submit: the array job's id and the merge job's."""
+    """Check and keep the TA's inputs and the term, then submit: the array job's id and the merge job's."""
     from labkit.grading import grade, slurm
 
     try:
         slurm.check_out(request.out, args.course)
-        # the TA's inputs checked and kept before any job is submitted; every shard reads them from there
+        # the TA's inputs and the term checked and kept before any job is submitted; every shard reads them
         inputs = course_mod.request_fields(args) | {"course": course}
-        grade.prepare(
+        term = grade.prepare(
             request.submissions,
             request.out,
             students=args.students,
@@ -101,6 +104,7 @@ def _submit(args, request: slurm.Request, course: Path) -> tuple[str, str]:
             config_names=args.configs,
             **inputs,
         )
+        request.term_configs = ",".join(term.configs)  # what the shards ask Slurm for (a GPU)
         return slurm.submit(request)
     except KeyError as e:  # a configuration or lab the course does not have, named by the key
         raise Stop(ExitCode.REFUSED, f"error: {e}") from e
@@ -136,7 +140,12 @@ def add_parser(sub) -> None:
     sl = sub.add_parser(
         "slurm-grade", help="grade a class on a Slurm cluster: an array job of shards, then a merge"
     )
-    sl.add_argument("--submissions", type=Path, default=Path("submissions"), help="default %(default)s")
+    sl.add_argument(
+        "--submissions",
+        type=Path,
+        default=None,
+        help="a download or folder added to the term (default: the term's kept sources, or submissions/)",
+    )
     sl.add_argument(
         "--out", type=Path, default=Path("scoreboard"), help="default %(default)s (a shared folder)"
     )

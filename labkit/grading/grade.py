@@ -42,7 +42,6 @@ from labkit.grading.running.engine import Grader, StopRequest
 from labkit.grading.state import course as course_mod
 from labkit.grading.state import inputs as inputs_mod
 from labkit.grading.state import policy as policy_mod
-from labkit.grading.state import roster as roster_mod
 from labkit.grading.state import term as term_mod
 from labkit.grading.state.errors import GradeError
 from labkit.run import execute
@@ -220,7 +219,7 @@ def _term(request: Request, out: Path, forget: list[str]) -> term_mod.Term:
 
 
 def prepare(
-    submissions: Path,
+    submissions: Path | None,
     out: Path,
     *,
     inputs: dict[str, Path | None],
@@ -231,27 +230,26 @@ def prepare(
     labs: str | None = None,
     config_names: str | None = None,
     stream=None,
-) -> course_mod.State:
-    """Check and keep the course's state for runs that grade elsewhere (Slurm's shards), grading nothing.
+) -> term_mod.Term:
+    """Check and keep the course's state and the term for runs that grade elsewhere (Slurm's shards), grading
+    nothing; the term kept, which every shard reads from the course's folder as the bare `grade` does.
 
-    The same checks as `grade` makes before its first run; GradeError (exit 2) names the file and line.
+    The same checks as `grade` makes before its first run, on the same class: the term's sources (`submissions`
+    added, None: the kept ones), its downloads added up in OUT/collected. GradeError (exit 2) names the file
+    and line.
     """
     stream = stream or sys.stderr
-    submissions, out = Path(submissions).absolute(), Path(out).absolute()
-    if not submissions.exists():
-        raise GradeError(f"the submissions folder {submissions} does not exist")
+    out = Path(out).absolute()
     term_forget, course_forget = _split_forget(forget)
     state, context = inputs_mod.read(out, course, inputs, course_forget, change_policy)
     request = Request(submissions, out, labs=labs, configs=config_names, course=course)
-    term = _term(request, out, term_forget)  # kept for the shards, which read it as `grade` does
+    term = _term(request, out, term_forget)
     chosen = choose_configs(",".join(term.configs))
     inputs_mod.provisional(state.values.get("policy") or policy_mod.Policy(), [c.name for c in chosen])
-    people = state.values.get("roster")
-    subs, times = handin.submissions_of(submissions, out, people, stream)
-    handin.class_checked(state, context, subs, students, stream, save=False)
-    if people is not None:
-        roster_mod.credit_groups(people, subs.students, subs.notes, times)
-    counted.check_pins(out, handin.Class(subs, times, set()), _pins(state))  # before any shard is submitted
-    handin.save_state(state, stream)
+    handin.the_class(
+        term, out, state, context, students, stream, check=lambda k: counted.check_pins(out, k, _pins(state))
+    )  # before any shard is submitted
     term.save()
-    return state
+    for line in term.lines():
+        print(line, file=stream, flush=True)
+    return term

@@ -1,10 +1,13 @@
 """Grade a class on a Slurm cluster: an array job of shards, then one merge job, and a way to follow both.
 
-    python -m labkit slurm-grade --submissions DIR --out DIR --shards N [--labs ..] [--configs ..]
+    python -m labkit slurm-grade --out DIR --shards N [--submissions DIR] [--labs ..] [--configs ..]
                                  [--partition P] [--account A] [--jobs J] [--no-wait]
 
 Array task i grades shard i/N of the class exactly as `grade --shard i/N` does on one machine, in the
-kit's sandbox, into OUT/shards/<i>/; its exit status goes to OUT/slurm/shard-<i>.exit. The merge job
+kit's sandbox, into OUT/shards/<i>/. It is given no --submissions: it grades the term kept in the course's
+folder (labkit/grading/state/term.py, checked and kept by `grade.prepare` before anything is submitted), so
+its OUT/shards/<i>/collected adds up the term's downloads in their order, as a local run's does, and the
+bare command means "the same again" here too; its exit status goes to OUT/slurm/shard-<i>.exit. The merge job
 runs after every task has ended, however it ended (`--dependency=afterany`), merges the shards that
 finished into OUT (the same scoreboard as one local run), and names any shard that did not. The kit
 must be at the same path on every node (a clone on a shared file system, set up once with
@@ -38,7 +41,7 @@ class SlurmError(RuntimeError):
 
 @dataclass
 class Request:
-    submissions: Path
+    submissions: Path | None  # added to the term by `grade.prepare`; None: the term's kept sources
     out: Path
     shards: int
     labs: str | None = None
@@ -49,12 +52,14 @@ class Request:
     account: str | None = None
     extra: tuple[
         str, ...
-    ] = ()  # more `grade` arguments, passed to every shard as they are (--roster, --policy ..)
+    ] = ()  # more `grade` arguments, passed to every shard as they are (--course, --students ..)
+    term_configs: str | None = None  # the term's configurations, where --configs is not given
 
 
 def resources(request: Request) -> list[str]:
     """sbatch options for one shard: a CPU per parallel notebook, their memory, a GPU for the gpu configuration."""
-    chosen = [configs.CONFIGS[n.strip()] for n in request.configs.split(",")] if request.configs else []
+    names = request.configs or request.term_configs
+    chosen = [configs.CONFIGS[n.strip()] for n in names.split(",")] if names else []
     if any(c.platform == "tpu" for c in chosen):
         raise SlurmError(
             "the tpu configuration cannot be graded through Slurm (TPU VMs are not Slurm nodes): "
@@ -77,8 +82,6 @@ def _grade_command(request: Request, python: Path) -> list[str]:
         "-m",
         "labkit",
         "grade",
-        "--submissions",
-        str(request.submissions),
         "--jobs",
         str(request.jobs),
         "--timeout",
@@ -135,7 +138,7 @@ def submit(request: Request, kit: Path = catalog.ROOT) -> tuple[str, str]:
         raise SlurmError(
             f"{kit}/.venv does not exist: run `make setup` in the kit once (on the shared file system)"
         )
-    if not request.submissions.exists():
+    if request.submissions is not None and not request.submissions.exists():
         raise SlurmError(f"the submissions folder {request.submissions} does not exist")
     logs = request.out / "slurm"
     logs.mkdir(parents=True, exist_ok=True)
