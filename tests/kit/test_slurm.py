@@ -341,3 +341,93 @@ def test_the_terms_class_graded_on_slurm_gets_the_rules_grades(cluster, tmp_path
     assert sorted(p.name for p in (out / "course").iterdir()) == sorted(
         [*inputs, "manifest.json", "term.json"]
     )
+
+
+def test_two_weeks_of_the_term_and_the_bare_command_on_slurm_grade_by_the_rules(cluster, tmp_path):
+    """The term of tests/kit/test_term_weeks.py on Slurm, by docs/grading.md's lines: week 1's Canvas download
+    of lab 3 with the inputs, week 2's of lab 5, then the bare command; a class of three (both shards), on
+    cpu-1. Each step's totals are the rules' (test_term_weeks.check_week); the bare command grades the term
+    kept in OUT/course/term.json (it took `submissions/` before) and changes nothing."""
+    import test_term_weeks as tw
+
+    out, week_1, week_2 = tmp_path / "out", _term_week(tw, 1), _term_week(tw, 2)
+    files = _term_inputs(tw, tmp_path, week_1["students"])
+    settings = {"SHARDS": "2", "OUT": str(out), "PARTITION": "grading"}
+    _term_step(
+        cluster,
+        doc_commands.with_values(
+            "make slurm-grade SHARDS=8 SUBMISSIONS=canvas-lab3.zip ROSTER=roster.csv POLICY=policy.toml "
+            "ADJUSTMENTS=adjustments.csv LABS=3 CONFIGS=cpu-1,cpu-8 OUT=/shared/cs101/scoreboard PARTITION=cpu",
+            **settings,
+            **files["week 1"],
+        ),
+    )
+    tw.check_week(out, week_1)
+    _term_step(
+        cluster,
+        doc_commands.with_values(
+            "make slurm-grade SHARDS=8 SUBMISSIONS=canvas-lab5.zip LABS=5 OUT=/shared/cs101/scoreboard PARTITION=cpu",
+            **settings,
+            **files["week 2"],
+        ),
+    )
+    tw.check_week(out, week_2)
+    assert all(r["status"] != "missing" for (_, lab), r in tw.grades(out).items() if lab == "3")
+    after_week_2 = (out / "grades.csv").read_text()
+    done = _term_step(
+        cluster,
+        doc_commands.with_values(
+            "make slurm-grade SHARDS=8 OUT=/shared/cs101/scoreboard PARTITION=cpu", **settings
+        ),
+    )
+    assert "term (" in done.stderr and "labs 3, 5" in done.stderr, done.stderr[-4000:]
+    tw.check_week(out, week_2)
+    assert (out / "grades.csv").read_text() == after_week_2
+    logs = " ".join(p.read_text() for p in sorted((out / "slurm").glob("shard-*.log")))
+    assert tw.graded_now(subprocess.CompletedProcess([], 0, "", logs)) == [], logs[-4000:]
+
+
+def _term_week(tw, week: int) -> dict:
+    """test_term_weeks' rules for its week 1 or 2, for a class of ana and fay (shard 1) and ben (shard 2)."""
+    students = ["ana", "ben", "fay"]
+    assert {collect.shard_of(s, 2) for s in students} == {1, 2}
+    rules = {**tw.WEEK_1, "students": students}
+    return rules if week == 1 else {**rules, "labs": [3, 5], "late_days": {("fay", 5): 1}}
+
+
+def _term_inputs(tw, folder: Path, students: list[str]) -> dict[str, dict[str, str]]:
+    """Each step's files, as test_term_weeks makes them, for `students`, graded on cpu-1 alone."""
+    others = tuple(s for s in tw.CANVAS_ID if s not in students)
+    (folder / "roster.csv").write_text(tw.roster(without=others))
+    (folder / "policy.toml").write_text(tw.policy().replace('["cpu-1", "cpu-8"]', '["cpu-1"]'))
+    (folder / "adjustments.csv").write_text(
+        "student,lab,points,comment,item,max\nana,3,0.5,a clear write-up,,\n"
+    )
+    right = {lab: {s: tw.distinct(tw.REFERENCE[lab], s) for s in students} for lab in (3, 5)}
+    lab3 = {"ana": (right[3]["ana"], False), "ben": (right[3]["ben"], False), "fay": (tw.HANDOUT[3], False)}
+    lab5 = {"ana": (right[5]["ana"], False), "ben": (tw.HANDOUT[5], False), "fay": (right[5]["fay"], True)}
+    return {
+        "week 1": {
+            "SUBMISSIONS": str(tw.canvas(folder / "canvas-lab3.zip", 3, lab3)),
+            **{
+                n.split(".")[0].upper(): str(folder / n)
+                for n in ("roster.csv", "policy.toml", "adjustments.csv")
+            },
+            "CONFIGS": "cpu-1",
+        },
+        "week 2": {"SUBMISSIONS": str(tw.canvas(folder / "canvas-lab5.zip", 5, lab5))},
+    }
+
+
+def _term_step(cluster, words: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [words[0], "--no-print-directory", *words[1:], "JOBS=1"],
+        cwd=ROOT,
+        env=doc_commands.user_environment(cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, " ".join(words) + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
+    return done
