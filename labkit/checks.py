@@ -44,6 +44,7 @@ from labkit.judge.compiled import (
     expect_steps_within,
     expect_work_share,
     expect_work_split,
+    sent_parts,
     sent_per_device,
 )
 from labkit.judge.outcomes import CallFailed, Mismatch, NotDone, RunProblem
@@ -102,6 +103,7 @@ __all__ = [
     "judged_on_tpu_only",
     "placed",
     "public_tests",
+    "sent_parts",
     "sent_per_device",
     "shaped",
     "single_process",

@@ -7,8 +7,10 @@ device) and fails with a message for students; a fact that did not come back fai
 
 from __future__ import annotations
 
+import collections
+
 from labkit import cost
-from labkit.judge import budgets, plaindata
+from labkit.judge import budgets, hloparse, plaindata
 from labkit.judge.outcomes import Mismatch, with_hint
 
 
@@ -274,34 +276,87 @@ def expect_held_below(got: plaindata.Value, limit: int, *, what: str, hint: str 
 
 def _sent_by(got: plaindata.Value) -> list[tuple[float, str]]:
     """(bytes one device sends, a description) for each collective of the call's compiled program, largest first."""
+    return sorted(((b, label) for b, label, _ in sent_parts(got)), key=lambda p: -p[0])
+
+
+def sent_parts(got: plaindata.Value) -> list[tuple[float, str, str]]:
+    """(bytes one device sends, a description, the kind it is charged as) for each collective of the call's
+    compiled program, in the program's order. An all-reduce the TPU compiler wrote for a reduce-scatter or an
+    all-gather the program asks for (`_stands_for`) is charged as that one, array by array."""
     facts, found = _compiled(got, "collectives")
-    replaced = _all_reduce_stands_for(facts, found)
     parts = []
-    for c in found:
+    for c, stands in zip(found, _stands_for(facts, found), strict=True):
         width = cost.group_width(c.pairs, c.groups, facts.devices)
         label = f"{c.op} of {c.shape.split('{')[0]} over {width} devices"
-        if replaced and c.op == "all-reduce":
-            # a reduce-scatter of this array, or an all-gather into it, sends (n-1)/n of it: half the all-reduce
-            label += f", the TPU compiler's form of the {replaced} your program asks for: counted as that"
-            parts.append((cost.bytes_sent("all-gather", cost.shape_bytes(c.shape), width), label))
+        if c.op != "all-reduce" or not any(stands):
+            parts.append((cost.bytes_sent(c.op, cost.shape_bytes(c.shape), width), label, c.op))
             continue
-        parts.append((cost.bytes_sent(c.op, cost.shape_bytes(c.shape), width), label))
-    return sorted(parts, key=lambda p: -p[0])
+        arrays = hloparse.shape_arrays(c.shape)
+        for (dtype, dims), kind in zip(arrays, stands, strict=True):
+            # a reduce-scatter of this array, or an all-gather into it, sends (n-1)/n of it: half the all-reduce
+            as_sent = "all-gather" if kind else "all-reduce"
+            words = (
+                f", the TPU compiler's form of the {kind} your program asks for: counted as that"
+                if kind
+                else ""
+            )
+            one = f"{label}: {dtype}[{','.join(map(str, dims))}]{words}" if len(arrays) > 1 else label + words
+            parts.append(
+                (cost.bytes_sent(as_sent, hloparse.array_bytes(dtype, dims), width), one, kind or c.op)
+            )
+    return parts
 
 
-def _all_reduce_stands_for(facts, found) -> str | None:
-    """What the TPU compiler's all-reduces stand for, where they stand for a collective the program asks for:
-    libtpu sums a reduce-scatter of a vector or a small array with an all-reduce (and a slice), and gathers a
-    small all-gather with an all-reduce of the zero-padded result. Its own choice of form, which a budget of the
-    design does not charge. Only where the program asks for no all-reduce itself and the compiled program keeps
-    none of the kind it replaced: an all-reduce the program wrote, or one the partitioner added beside a
-    reduce-scatter or all-gather kept, is charged as what it is."""
-    written = facts.written
-    if not facts.compiled_for or written is None or "all-reduce" in written:
-        return None
-    compiled = {c.op for c in found}
-    replaced = [op for op in ("reduce-scatter", "all-gather") if op in written and op not in compiled]
-    return " or ".join(replaced) or None
+def _stands_for(facts, found) -> list[list[str | None]]:
+    """For each collective of the compiled program, for each of its arrays, the collective the program writes
+    that it stands for where the TPU compiler wrote an all-reduce in its place ("reduce-scatter" or
+    "all-gather"), else None. libtpu sums a reduce-scatter of a vector or a small array with an all-reduce (and a
+    slice), and gathers a small all-gather with an all-reduce of the zero-padded result: its own choice of form,
+    which a budget of the design does not charge. Matched by dimensions, one for one: each reduce-scatter and
+    all-gather the compiled program keeps takes the written one it is, each all-reduce array first takes an
+    all-reduce the program writes of its dimensions (charged as what it is), and only then a written
+    reduce-scatter's operand or all-gather's result left unmatched. An all-reduce jit's partitioner adds beside
+    them is charged as what it is unless its dimensions are those of a written collective the compiler did
+    not keep."""
+    plain: list[list[str | None]] = [[None] * max(1, len(_arrays(c))) for c in found]
+    if not facts.compiled_for or facts.written_sizes is None:
+        return plain
+    left = collections.Counter(facts.written_sizes)
+    for c in found:  # the written collectives the compiled program keeps as they are
+        width = cost.group_width(c.pairs, c.groups, facts.devices)
+        for _, dims in _arrays(c):
+            if c.op == "all-gather":
+                _take(left, [("all-gather", dims)])
+            elif c.op == "reduce-scatter":
+                _take(left, [("reduce-scatter", d) for d in _scattered(dims, width)])
+    for i, c in enumerate(found):
+        if c.op != "all-reduce":
+            continue
+        for j, (_, dims) in enumerate(_arrays(c)):
+            if _take(left, [("all-reduce", dims)]) is None:
+                taken = _take(left, [("reduce-scatter", dims), ("all-gather", dims)])
+                plain[i][j] = taken[0] if taken else None
+    return plain
+
+
+def _arrays(c) -> list[tuple[str, tuple[int, ...]]]:
+    return hloparse.shape_arrays(c.shape)
+
+
+def _scattered(dims: tuple[int, ...], width: int) -> list[tuple[int, ...]]:
+    """The operands a reduce-scatter over `width` devices whose result is `dims` may have scattered."""
+    return [dims[:k] + (dims[k] * width,) + dims[k + 1 :] for k in range(len(dims))]
+
+
+def _take(
+    left: collections.Counter, wanted: list[tuple[str, tuple[int, ...]]]
+) -> tuple[str, tuple[int, ...]] | None:
+    """The first of `wanted` still left, taken out of `left`; None where none is."""
+    for w in wanted:
+        if left[w] > 0:
+            left[w] -= 1
+            return w
+    return None
 
 
 def expect_sent_within(

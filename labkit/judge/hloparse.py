@@ -68,6 +68,23 @@ def shape_elements(shape: str) -> list[tuple[str, int]]:
     return found
 
 
+def shape_arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, dimensions) of each array of an HLO shape, in order (a tuple's each); an unknown dtype refused."""
+    found = []
+    for m in _ARRAY.finditer(without_layouts(shape)):
+        if m.group("dtype") not in ELEMENT_BITS:
+            raise Unreadable(
+                f"an array of element type {m.group('dtype')!r}, whose size this reader does not know"
+            )
+        found.append((m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d.strip())))
+    return found
+
+
+def array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
+    """Bytes of one array (elements smaller than a byte packed, rounded up)."""
+    return -(-math.prod(dims) * ELEMENT_BITS[dtype] // 8)
+
+
 def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape (a tuple's summed; elements smaller than a byte packed, rounded up per array)."""
     return sum(-(-count * ELEMENT_BITS[dtype] // 8) for dtype, count in shape_elements(shape))

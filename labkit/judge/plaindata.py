@@ -387,6 +387,8 @@ class Compiled:
     # chip it was compiled for (None: the configuration's own backend).
     written: tuple[str, ...] | None = None
     compiled_for: str | None = None
+    # (kind, dimensions) of each array a reduce-scatter, all-gather or all-reduce the program writes moves
+    written_sizes: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
 
 def _maybe(data, build):
@@ -436,4 +438,14 @@ def decode_compiled(data) -> Compiled | Unavailable:
         top_level=tuple(str(p) for p in data.get("top_level", [])),
         written=tuple(str(w) for w in data["written"]) if isinstance(data.get("written"), list) else None,
         compiled_for=str(data["compiled_for"]) if data.get("compiled_for") else None,
+        written_sizes=_written_sizes(data.get("written_sizes")),
     )
+
+
+def _written_sizes(data) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    if not isinstance(data, list):
+        return None
+    try:
+        return tuple((str(w[0]), tuple(int(d) for d in w[1:])) for w in data)
+    except (TypeError, ValueError, IndexError):
+        return None

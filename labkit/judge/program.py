@@ -104,7 +104,8 @@ def read_module(module_text: str) -> dict[str, Any]:
     {"targets": the exact custom-call target names, "products": does it multiply matrices, "lower_products": how
     many of its float32 products are asked for below precision HIGHEST (`_float32_throughout`), "manual": has it a
     part each device runs on its own block, "written": the collectives it asks for itself, by their HLO
-    names (those jit's partitioner adds come later, in the compiled program)}. "meshes": the axis sizes of each mesh
+    names (those jit's partitioner adds come later, in the compiled program), "written_sizes": [name,
+    dimensions...] of each array a reduce-scatter, all-gather or all-reduce it writes moves (`_sized`)}. "meshes": the axis sizes of each mesh
     the module declares (`sdy.mesh`), in order}. Raises when the text is not a module."""
     from jax.interpreters import (
         mlir,  # JAX's public door to its MLIR bindings (jax._src is not the kit's to use)
@@ -114,6 +115,7 @@ def read_module(module_text: str) -> dict[str, Any]:
 
     targets: set[str] = set()
     written: set[str] = set()
+    sized: list[list[Any]] = []
     meshes: list[tuple[int, ...]] = []
     found = {"products": False, "manual": False, "lower_products": 0}
 
@@ -121,6 +123,7 @@ def read_module(module_text: str) -> dict[str, Any]:
         name = op.name
         if name in _COLLECTIVES:
             written.add(_COLLECTIVES[name])
+            sized.extend(_sized(ir, op, _COLLECTIVES[name]))
         if name == "stablehlo.custom_call":
             target = str(ir.StringAttr(op.attributes["call_target_name"]).value)
             targets.add(target)
@@ -135,7 +138,32 @@ def read_module(module_text: str) -> dict[str, Any]:
 
     with mlir.make_ir_context():
         ir.Module.parse(module_text).operation.walk(visit)
-    return {"targets": targets, "written": sorted(written), "meshes": meshes, **found}
+    return {
+        "targets": targets,
+        "written": sorted(written),
+        "written_sizes": sorted(sized)[:MOST_WRITTEN],
+        "meshes": meshes,
+        **found,
+    }
+
+
+MOST_WRITTEN = 256  # collectives with their dimensions a module's facts carry (records.py bounds the same)
+
+
+def _sized(ir: Any, op: Any, kind: str) -> list[list[Any]]:
+    """[kind, dimensions...] for each array a collective the program writes moves, by the array a device holds
+    whole before it: a reduce-scatter's operands, an all-gather's and an all-reduce's results. The compiled
+    program's collectives are matched against these by their dimensions (`compiled._stands_for`)."""
+    if kind not in ("reduce-scatter", "all-gather", "all-reduce"):
+        return []
+    values = op.operands if kind == "reduce-scatter" else op.results
+    out = []
+    for v in values:
+        try:
+            out.append([kind, *(int(d) for d in ir.RankedTensorType(v.type).shape)])
+        except (ValueError, TypeError):  # not a ranked tensor (a token): nothing to match
+            continue
+    return out
 
 
 def _float32_throughout(op: Any) -> bool:

@@ -144,6 +144,9 @@ class Facts(_Record):
     compiled_for: Line | UnsetType = UNSET
     compiler: Estimate | UnsetType = UNSET
     written: Annotated[list[Name], Meta(max_length=16)] | UnsetType = UNSET
+    written_sizes: (
+        Annotated[list[Annotated[list[Name | Count], Meta(max_length=65)]], Meta(max_length=256)] | UnsetType
+    ) = UNSET
 
 
 class Value(_Record):

@@ -121,7 +121,11 @@ def run_program(call: CallSpec, blob: str, budget: list | None = None) -> dict:
         if found is not None:
             # the kit's own reading of what the program asks for, never the run's; a copy, as `found` may be
             # the TPU facts cache's own entry
-            record["facts"] = found if "unavailable" in found else found | {"written": module["written"]}
+            record["facts"] = (
+                found
+                if "unavailable" in found
+                else found | {"written": module["written"], "written_sizes": module["written_sizes"]}
+            )
         return record
     except Unverified as e:
         return {"unverified": str(e)}
@@ -284,7 +288,9 @@ def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwar
     return {
         "value": plaindata.encode(None),
         "products": module["products"],
-        "facts": found if "unavailable" in found else found | {"written": module["written"]},
+        "facts": found
+        if "unavailable" in found
+        else found | {"written": module["written"], "written_sizes": module["written_sizes"]},
     }
 
 

@@ -51,7 +51,12 @@ def test_a_collective_the_program_did_not_ask_for_is_named_the_compilers_choice_
     reduce = {"op": "all-reduce", "shape": "f32[32]{0}", "groups": [list(range(8))]}
     hint = "A psum sends every device the whole vector: write psum_scatter"
     # the TPU compiler turned the reduce-scatter the program asks for into an all-reduce: no hint on what to write
-    replaced = compiled(collectives=[reduce], written=["reduce-scatter"], compiled_for="TPU v5e 2x4")
+    replaced = compiled(
+        collectives=[reduce],
+        written=["reduce-scatter"],
+        written_sizes=[["reduce-scatter", 32]],
+        compiled_for="TPU v5e 2x4",
+    )
     # charged as the reduce-scatter it stands for (112 bytes, not the all-reduce's 224): within that budget
     expect_sent_within(replaced, 112, 8, what="one reduce-scatter", hint=hint)
     text = message(expect_sent_within, replaced, 56, 8, what="half a reduce-scatter", hint=hint)
@@ -62,10 +67,20 @@ def test_a_collective_the_program_did_not_ask_for_is_named_the_compilers_choice_
     )
     assert "psum_scatter" not in text
     # the same for a small all-gather the TPU compiler gathers with an all-reduce of the zero-padded result
-    gathered = compiled(collectives=[reduce], written=["all-gather"], compiled_for="TPU v5e 2x4")
+    gathered = compiled(
+        collectives=[reduce],
+        written=["all-gather"],
+        written_sizes=[["all-gather", 32]],
+        compiled_for="TPU v5e 2x4",
+    )
     assert sent_per_device(gathered) == 112
     # where the program asks for an all-reduce itself, every all-reduce is charged as what it is
-    both = compiled(collectives=[reduce], written=["all-gather", "all-reduce"], compiled_for="TPU v5e 2x4")
+    both = compiled(
+        collectives=[reduce],
+        written=["all-gather", "all-reduce"],
+        written_sizes=[["all-gather", 32], ["all-reduce", 32]],
+        compiled_for="TPU v5e 2x4",
+    )
     assert sent_per_device(both) == 224
     # jit's partitioner put the all-reduce in a program that asks for none: said so, and the hint stays
     text = message(
@@ -85,3 +100,70 @@ def test_a_collective_the_program_did_not_ask_for_is_named_the_compilers_choice_
     assert hint in text and "choice" not in text
     # where the kit did not read what the program asks for (a student's own check), nothing is said of it
     assert "choice" not in message(expect_sent_within, compiled(collectives=[reduce]), 112, 8, what="x")
+
+
+EIGHT = [list(range(8))]
+
+
+def on_v6e(collectives, written_sizes):
+    return compiled(
+        collectives=[{"op": op, "shape": shape, "groups": EIGHT} for op, shape in collectives],
+        written=sorted({w[0] for w in written_sizes}),
+        written_sizes=written_sizes,
+        compiled_for="TPU v6e 2x4",
+    )
+
+
+# Lab 9's FSDP gradients as libtpu compiles them for v6e: two of the four all-gathers and three of the four
+# reduce-scatters the program writes become all-reduces, two of them tuples (read from the TPU compiler's program).
+FSDP_ON_V6E = [
+    ("all-reduce", "(f32[256]{0:T(256)S(1)}, f32[128]{0:T(128)S(1)})"),
+    ("all-gather", "f32[128,256]{1,0:T(8,128)S(1)}"),
+    ("all-gather", "f32[256,128]{1,0:T(8,128)S(1)}"),
+    ("all-reduce", "(f32[128,256]{0,1:T(8,128)S(1)}, f32[256]{0:T(256)S(1)}, f32[128]{0:T(128)S(1)})"),
+    ("reduce-scatter", "f32[32,128]{1,0:T(8,128)S(1)}"),
+]
+FSDP_WRITES = [
+    *(["all-gather", *d] for d in ((128, 256), (256,), (256, 128), (128,))),
+    *(["reduce-scatter", *d] for d in ((128, 256), (256,), (256, 128), (128,))),
+]
+
+
+def test_all_reduces_a_tpu_compiler_writes_for_gathers_and_scatters_are_charged_array_by_array():
+    from labkit.judge.compiled import sent_parts
+
+    got = on_v6e(FSDP_ON_V6E, FSDP_WRITES)
+    charged = {}
+    for sent, _, kind in sent_parts(got):
+        charged[kind] = charged.get(kind, 0) + sent
+    weights = 4 * (128 * 256 + 256 + 256 * 128 + 128)
+    # every array once, (n-1)/n of it: the all-gathers' and reduce-scatters' worth of what the program writes
+    # each array once, (n-1)/n of it: a reduce-scatter of each gradient and an all-gather of each weight
+    assert charged == {"reduce-scatter": 7 / 8 * weights, "all-gather": 7 / 8 * weights}
+    text = message(expect_sent_within, got, 1, 8, what="x")
+    assert "f32[128,256], the TPU compiler's form of the reduce-scatter your program asks for" in text, text
+
+
+def test_an_all_reduce_is_charged_whole_where_the_collective_of_its_size_was_kept_or_never_written():
+    # the reduce-scatter the program writes is kept: an all-reduce of its operand's size is not its stand-in
+    kept = on_v6e(
+        [("reduce-scatter", "f32[32]{0}"), ("all-reduce", "f32[256]{0}")], [["reduce-scatter", 256]]
+    )
+    assert sent_per_device(kept) == 7 / 8 * 1024 + 2 * 7 / 8 * 1024
+    # an all-reduce of a size the program writes no collective of: charged as an all-reduce
+    other = on_v6e([("all-reduce", "(f32[256]{0}, f32[64]{0})")], [["reduce-scatter", 256]])
+    assert sent_per_device(other) == 7 / 8 * 1024 + 2 * 7 / 8 * 256
+    # two all-reduces of one written reduce-scatter's size: one stands for it, the other is charged whole
+    twice = on_v6e([("all-reduce", "f32[256]{0}"), ("all-reduce", "f32[256]{0}")], [["reduce-scatter", 256]])
+    assert sent_per_device(twice) == 7 / 8 * 1024 + 2 * 7 / 8 * 1024
+    # the same program on the configuration's own compiler: nothing stands for anything
+    assert (
+        sent_per_device(
+            compiled(
+                collectives=[{"op": "all-reduce", "shape": "f32[256]{0}", "groups": EIGHT}],
+                written=["reduce-scatter"],
+                written_sizes=[["reduce-scatter", 256]],
+            )
+        )
+        == 2 * 7 / 8 * 1024
+    )

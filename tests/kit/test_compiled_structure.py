@@ -400,3 +400,38 @@ def test_a_custom_partitioning_is_verified_and_examined_as_the_program_it_export
     found = gathered["partitioned_by_hand"]
     assert found["value"]["data"][:3] == [2.0, 2.0, 2.0]
     assert found["facts"]["flops"] == 16 * 64 and found["facts"]["collectives"] == []
+
+
+WRITTEN_SIZES = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax import export
+from jax.sharding import Mesh, PartitionSpec as P
+from labkit.judge import program
+
+mesh = Mesh(np.array(jax.devices()), ("data",))
+
+def per_device(g, w):
+    return jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True), jax.lax.all_gather(w, "data", tiled=True), jax.lax.psum(w, "data")
+
+f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P("data"), P(), P("data")), check_vma=False))
+module = export.export(f)(jnp.zeros((256, 4)), jnp.zeros((64,))).mlir_module()
+print("SIZES", json.dumps(program.read_module(module)["written_sizes"]))
+"""
+
+
+def test_the_collectives_a_program_writes_are_read_with_the_dimensions_each_device_holds_whole():
+    # what the TPU compiler's all-reduces are matched against (compiled._stands_for): a reduce-scatter by its
+    # operand, an all-gather and an all-reduce by their results, each device's own block
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
+    done = subprocess.run(
+        [sys.executable, "-c", WRITTEN_SIZES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    sizes = json.loads(done.stdout.partition("SIZES ")[2])
+    assert sizes == [["all-gather", 64], ["all-reduce", 8], ["reduce-scatter", 256, 4]]
