@@ -449,6 +449,13 @@ def expect_one_layer_whole_at_a_time(got, n: int, w) -> None:
     if not isinstance(memory, dict):
         raise FactUnavailable(f"this check needs the memory of the compiled program ({memory})")
     temp = memory["temp"]
+    if n > 1 and getattr(got.compiled, "compiled_for", None):
+        import pytest  # a TPU compiler's temporaries hold its own buffers too (486 KiB on v5p for the reference)
+
+        pytest.skip(
+            "peak memory judged on the CPU configurations: a TPU compiler's temporaries hold buffers of its own, "
+            "more than w1 and w2 together whatever the order"
+        )
     if n > 1 and temp >= both and _old_compiler():
         import pytest  # JAX 0.10's compiler gathers both layers at once even behind the barrier: not the student's doing
 
