@@ -56,28 +56,21 @@ class Unreadable(ValueError):
     """A part of the program this reader cannot read: the fact that needs it is not given (never guessed)."""
 
 
-def shape_elements(shape: str) -> list[tuple[str, int]]:
-    """(dtype, element count) of each array of an HLO shape: `f32[8,4]{1,0}` or a tuple `(f32[8], bf16[2,2])`.
-    A dtype whose size is not known is refused by name."""
+def shape_arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, dimensions) of each array of an HLO shape, in order: `f32[8,4]{1,0}` or a tuple
+    `(f32[8], bf16[2,2])`. A dtype whose size is not known is refused by name."""
     found = []
     for m in _ARRAY.finditer(without_layouts(shape)):
-        dtype, dims = m.group("dtype"), m.group("dims")
+        dtype = m.group("dtype")
         if dtype not in ELEMENT_BITS:
             raise Unreadable(f"an array of element type {dtype!r}, whose size this reader does not know")
-        found.append((dtype, math.prod(int(d) for d in dims.split(",") if d.strip()) if dims.strip() else 1))
+        found.append((dtype, tuple(int(d) for d in m.group("dims").split(",") if d.strip())))
     return found
 
 
-def shape_arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
-    """(dtype, dimensions) of each array of an HLO shape, in order (a tuple's each); an unknown dtype refused."""
-    found = []
-    for m in _ARRAY.finditer(without_layouts(shape)):
-        if m.group("dtype") not in ELEMENT_BITS:
-            raise Unreadable(
-                f"an array of element type {m.group('dtype')!r}, whose size this reader does not know"
-            )
-        found.append((m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d.strip())))
-    return found
+def shape_elements(shape: str) -> list[tuple[str, int]]:
+    """(dtype, element count) of each array of an HLO shape (`shape_arrays`)."""
+    return [(dtype, math.prod(dims)) for dtype, dims in shape_arrays(shape)]
 
 
 def array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
@@ -87,7 +80,7 @@ def array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
 
 def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape (a tuple's summed; elements smaller than a byte packed, rounded up per array)."""
-    return sum(-(-count * ELEMENT_BITS[dtype] // 8) for dtype, count in shape_elements(shape))
+    return sum(array_bytes(dtype, dims) for dtype, dims in shape_arrays(shape))
 
 
 def without_layouts(shape: str) -> str:

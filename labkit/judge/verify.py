@@ -119,13 +119,7 @@ def run_program(call: CallSpec, blob: str, budget: list | None = None) -> dict:
         if finding is not None:
             record["finding"] = inconsistent(exported.nr_devices, finding)
         if found is not None:
-            # the kit's own reading of what the program asks for, never the run's; a copy, as `found` may be
-            # the TPU facts cache's own entry
-            record["facts"] = (
-                found
-                if "unavailable" in found
-                else found | {"written": module["written"], "written_sizes": module["written_sizes"]}
-            )
+            record["facts"] = _with_written(found, module)
         return record
     except Unverified as e:
         return {"unverified": str(e)}
@@ -288,10 +282,16 @@ def _compiled_only(call: CallSpec, exported, blob: str, module: dict, args, kwar
     return {
         "value": plaindata.encode(None),
         "products": module["products"],
-        "facts": found
-        if "unavailable" in found
-        else found | {"written": module["written"], "written_sizes": module["written_sizes"]},
+        "facts": _with_written(found, module),
     }
+
+
+def _with_written(found: dict, module: dict) -> dict:
+    """The compiled facts with what the exported module asks for itself (`program.read_module`): the kit's own
+    reading, never the run's; a copy, as `found` may be the TPU facts cache's own entry."""
+    if "unavailable" in found:
+        return found
+    return found | {"written": module["written"], "written_sizes": module["written_sizes"]}
 
 
 def _other_mesh_needed(found: dict) -> bool:
