@@ -366,10 +366,12 @@ def headline(
         f"{name} on {config}: {format_seconds(t.step)} {what} on a {chip.name} x{c.devices} ({t.bound}-bound)"
     )
     if reference is None:
-        return out + "; no reference card for this call" + budgets.said(measured or [])
-    r = reference.timing(chip).step
-    ratio = f"{t.step / r:.2g}x the reference's" if r > 0 else "the reference's takes no time"
-    return out + f"; the reference: {format_seconds(r)}, yours {ratio}" + budgets.said(measured or [])
+        beside = "; no reference card for this call"
+    else:
+        r = reference.timing(chip).step
+        ratio = f"{t.step / r:.2g}x the reference's" if r > 0 else "the reference's takes no time"
+        beside = f"; the reference: {format_seconds(r)}, yours {ratio}"
+    return out + beside + budgets.said(measured or [])
 
 
 def lines(
