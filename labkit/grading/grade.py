@@ -153,10 +153,15 @@ def _class_of(term, out: Path, state, context, students, grading, stream):
         check=lambda k: counted.check_pins(out, k, _pins(state)),
     )
     counted.choose(out, klass, grading, _pins(state), state.values.get("extensions") or {}, term.labs, stream)
+    _keep(term, stream)
+    return klass
+
+
+def _keep(term: term_mod.Term, stream) -> None:
+    """Keep the term's scope in the course's folder and say it."""
     term.save()
     for line in term.lines():
         print(line, file=stream, flush=True)
-    return klass
 
 
 def _grader(request: Request, out: Path, labs, configs, stream, terminal: bool | None) -> Grader:
@@ -249,7 +254,5 @@ def prepare(
     handin.the_class(
         term, out, state, context, students, stream, check=lambda k: counted.check_pins(out, k, _pins(state))
     )  # before any shard is submitted
-    term.save()
-    for line in term.lines():
-        print(line, file=stream, flush=True)
+    _keep(term, stream)
     return term
