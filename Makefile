@@ -305,13 +305,14 @@ DOCKER_COURSE_ARGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),\
   --$(i) /course-inputs/$(i)/$(notdir $($(call upper,$(i)))))) $(if $(FORGET),--forget $(FORGET)) \
   $(if $(CHANGE_POLICY),--change-policy) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
 
-docker-grade: ## grade SUBMISSIONS into GRADES in the course image: no network, each notebook in the kit's sandbox [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1]
+# The term's submissions are mounted by docker/grade.sh, each at the place the kept term names (GRADES/docker-sources.tsv).
+docker-grade: ## grade the term (SUBMISSIONS added) into GRADES in the course image: no network, each notebook in the kit's sandbox [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1]
 	@mkdir -p "$(GRADES)"
-	bash docker/run.sh "$(abspath $(GRADES))" -- --rm --network none $(DOCKER_SANDBOX) \
-	  -v "$(abspath $(or $(SUBMISSIONS),submissions)):/submissions:ro" -v "$(abspath $(GRADES)):/grades" $(DOCKER_COURSE) \
+	bash docker/grade.sh "$(abspath $(GRADES))" "$(SUBMISSIONS)" "$(FORGET)" -- --rm --network none $(DOCKER_SANDBOX) \
+	  -v "$(abspath $(GRADES)):/grades" $(DOCKER_COURSE) \
 	  -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
-	  nox -s grade -- --submissions /submissions --out /grades $(if $(LABS),--labs $(LABS)) \
+	  nox -s grade -- --out /grades $(if $(LABS),--labs $(LABS)) \
 	  $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) --timeout $(TIMEOUT) $(DOCKER_COURSE_ARGS) \
 	  $(GRADE_ARGS)
 

@@ -283,25 +283,102 @@ def test_docker_lab_serves_jupyterlab_on_port_8888_with_labs_mounted():
     assert (ROOT / ".venv" / "bin" / "jupyter-lab").exists(), "JupyterLab is in the locked notebook group"
 
 
-def test_docker_grade_runs_nox_grade_with_the_network_off(tmp_path):
-    plan = subprocess.run(
-        ["make", "-n", "docker-grade", f"SUBMISSIONS={tmp_path}/subs", f"GRADES={tmp_path}/out"],
+FAKE_DOCKER = """#!/usr/bin/env bash
+# a Docker client that answers `version` and writes each `run`'s words, one to a line, to $RUNS/<n>
+[[ $1 == version ]] && { echo 20.10.0; exit 0; }
+n=$(ls "$RUNS" | wc -l)
+printf '%s\\n' "$@" > "$RUNS/$n"
+"""
+
+
+def docker_grade_runs(tmp_path: Path, *settings: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make docker-grade SETTINGS...` against a client that records the `docker run` it is given."""
+    fake, runs = tmp_path / "docker", tmp_path / "runs"
+    if not fake.exists():
+        fake.write_text(FAKE_DOCKER)
+        fake.chmod(0o755)
+        runs.mkdir()
+    before = len(list(runs.iterdir()))
+    done = subprocess.run(
+        ["make", "--no-print-directory", "docker-grade", f"GRADES={tmp_path}/grades", *settings],
         cwd=ROOT,
+        env=dict(os.environ, DOCKER=str(fake), RUNS=str(runs)),
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
-    ).stdout
-    assert "--network none" in plan
-    assert f"{tmp_path}/subs:/submissions:ro" in plan and f"{tmp_path}/out:/grades" in plan
-    assert (
-        "tests/hidden:/home/student/kit/tests/hidden:ro" in plan
-        and "reference:/home/student/kit/reference:ro" in plan
     )
-    assert "nox -s grade -- --submissions /submissions --out /grades" in plan
-    assert f"--security-opt seccomp={ROOT}/docker/seccomp.json" in plan and "--cap-drop ALL" in plan
-    assert "--security-opt systempaths=unconfined" in plan and "--security-opt no-new-privileges" in plan
-    assert "seccomp=unconfined" not in plan and "--privileged" not in plan
+    after = sorted(runs.iterdir(), key=lambda p: int(p.name))
+    return done, after[before].read_text().splitlines() if len(after) > before else []
+
+
+def mounted(words: list[str]) -> dict[str, str]:
+    """The run's read-only mounts under /submissions: place -> path here."""
+    pairs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-v"]
+    return {
+        m.rsplit(":", 2)[1]: m.rsplit(":", 2)[0]
+        for m in pairs
+        if m.rsplit(":", 2)[1].startswith("/submissions/") and m.endswith(":ro")
+    }
+
+
+def given(words: list[str]) -> str | None:
+    return words[words.index("--submissions") + 1] if "--submissions" in words else None
+
+
+def test_docker_grade_runs_nox_grade_with_the_network_off_on_the_terms_submissions(tmp_path):
+    first, second = tmp_path / "submissions (1).zip", tmp_path / "canvas-lab5.zip"
+    first.write_bytes(b"PK")
+    second.write_bytes(b"PK")
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={first}", "LABS=3")
+    assert done.returncode == 0, done.stderr
+    assert "--network" in words and words[words.index("--network") + 1] == "none"
+    assert f"{tmp_path}/grades:/grades" in words
+    assert f"{ROOT}/tests/hidden:/home/student/kit/tests/hidden:ro" in words
+    assert f"{ROOT}/reference:/home/student/kit/reference:ro" in words
+    assert words[words.index("nox") : words.index("nox") + 3] == ["nox", "-s", "grade"]
+    # a name the TA's browser gave the download gets a place of its own, with no space in it
+    assert mounted(words) == {"/submissions/1-submissions__1_.zip": str(first)}
+    assert given(words) == "/submissions/1-submissions__1_.zip"
+
+    # a second download: both mounted where the kept term names them, the new one given
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={second}", "LABS=5")
+    assert mounted(words) == {
+        "/submissions/1-submissions__1_.zip": str(first),
+        "/submissions/2-canvas-lab5.zip": str(second),
+    }
+    assert given(words) == "/submissions/2-canvas-lab5.zip"
+
+    # the bare command: the same again, every kept one mounted, none given
+    done, words = docker_grade_runs(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(mounted(words)) == 2 and given(words) is None
+
+    # the first again: its own place, not a third
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={first}")
+    assert given(words) == "/submissions/1-submissions__1_.zip" and len(mounted(words)) == 2
+
+    # a kept download gone from this machine: named, not mounted, the rest still are
+    first.unlink()
+    done, words = docker_grade_runs(tmp_path)
+    assert f"{first}" in done.stderr and "not mounted" in done.stderr, done.stderr
+    assert mounted(words) == {"/submissions/2-canvas-lab5.zip": str(second)}
+
+    # FORGET=submissions: the kept ones go, as the kit forgets its kept sources
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={second}", "FORGET=submissions")
+    assert mounted(words) == {"/submissions/1-canvas-lab5.zip": str(second)}
+    assert words[-2:] == ["--submissions", "/submissions/1-canvas-lab5.zip"]
+    assert "--forget" in words
+
+
+def test_docker_grade_refuses_a_submissions_path_it_cannot_mount(tmp_path):
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={tmp_path}/nowhere.zip")
+    assert done.returncode != 0 and words == []
+    assert "nowhere.zip does not exist" in done.stderr, done.stderr
+    odd = tmp_path / "a:b.zip"
+    odd.write_bytes(b"PK")
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={odd}")
+    assert done.returncode != 0 and words == [] and "cannot be mounted" in done.stderr, done.stderr
 
 
 # ---------------------------------------------------------------------------------------------

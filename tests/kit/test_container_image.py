@@ -696,6 +696,63 @@ def test_the_terms_class_in_the_container_keeps_the_tas_inputs_and_gets_the_rule
     assert owned_by(grades, os.getuid()) == []
 
 
+def test_the_terms_downloads_add_up_in_the_container_and_the_bare_command_is_the_same_again(
+    engine, image, tmp_path
+):
+    """docs/grading.md's term through `make docker-grade`, as its lines are written (on cpu-1 alone, to keep
+    it short): lab 3's Canvas download with the course's inputs, then lab 5's, then the bare command. Each
+    download is mounted where the kept term names it, so lab 3's grades stay after lab 5's download and the
+    bare command grades nothing and changes nothing; the totals are the rules' (tests/kit/test_term_weeks.py)."""
+    import test_term_weeks as weeks
+
+    right = {lab: {s: weeks.distinct(weeks.REFERENCE[lab], s) for s in weeks.CANVAS_ID} for lab in (3, 5)}
+    lab3 = {s: (right[3][s], False) for s in ("ana", "ben", "cy", "eve")} | {"fay": (weeks.HANDOUT[3], False)}
+    lab5 = {s: (right[5][s], s in ("eve", "fay")) for s in ("ana", "cy", "eve", "fay")}
+    lab5["ben"] = (weeks.HANDOUT[5], False)
+    (tmp_path / "roster.csv").write_text(weeks.roster())
+    (tmp_path / "policy.toml").write_text(weeks.policy())
+    grades = tmp_path / "grades"
+    runs = {}
+    for name, line, values in (
+        (
+            "week 1",
+            "make docker-grade SUBMISSIONS=canvas-lab3.zip ROSTER=roster.csv POLICY=policy.toml GRADES=grades "
+            "LABS=3 CONFIGS=cpu-1,cpu-8",
+            {
+                "SUBMISSIONS": str(weeks.canvas(tmp_path / "canvas-lab3.zip", 3, lab3)),
+                "ROSTER": str(tmp_path / "roster.csv"),
+                "POLICY": str(tmp_path / "policy.toml"),
+                "CONFIGS": "cpu-1",
+            },
+        ),
+        (
+            "week 2",
+            "make docker-grade SUBMISSIONS=canvas-lab5.zip GRADES=grades LABS=5",
+            {"SUBMISSIONS": str(weeks.canvas(tmp_path / "canvas lab5 (1).zip", 5, lab5))},
+        ),
+        ("bare", "make docker-grade GRADES=grades", {}),
+    ):
+        done = make_line(engine, doc_commands.with_values(line, GRADES=str(grades), **values), timeout=1500)
+        assert done.returncode == 0, f"{name}: " + done.stdout[-4000:] + done.stderr[-4000:]
+        runs[name] = (done, (grades / "grades.csv").read_text())
+        week = {"students": sorted(weeks.CANVAS_ID), "late_days": {}, "overrides": {}, "adjustments": []}
+        if name == "week 1":
+            weeks.check_week(grades, week | {"labs": [3]})
+        else:
+            weeks.check_week(grades, week | {"labs": [3, 5], "late_days": {("fay", 5): 1, ("eve", 5): 1}})
+    first, second = weeks.grades_of_text(runs["week 1"][1]), weeks.grades_of_text(runs["week 2"][1])
+    assert all(second[s, "3"]["points"] == first[s, "3"]["points"] != "" for s in weeks.CANVAS_ID)
+    assert weeks.graded_now(runs["bare"][0]) == [], runs["bare"][0].stderr[-3000:]
+    assert runs["bare"][1] == runs["week 2"][1]
+    kept = json.loads((grades / "course" / "term.json").read_text())
+    assert [s["path"] for s in kept["sources"]] == [
+        "/submissions/1-canvas-lab3.zip",
+        "/submissions/2-canvas_lab5__1_.zip",
+    ]
+    assert kept["labs"] == [3, 5] and kept["configs"] == ["cpu-1"]
+    assert owned_by(grades, os.getuid()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Other builds: the TPU variant, and bases that lack what the image needs.
 

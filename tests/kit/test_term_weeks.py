@@ -163,8 +163,11 @@ def expected(out: Path, week: dict) -> dict[str, float]:
 
 
 def grades(out: Path) -> dict[tuple[str, str], dict]:
-    rows = csv.DictReader(io.StringIO((out / "grades.csv").read_text()))
-    return {(r["student"], r["lab"]): r for r in rows}
+    return grades_of_text((out / "grades.csv").read_text())
+
+
+def grades_of_text(text: str) -> dict[tuple[str, str], dict]:
+    return {(r["student"], r["lab"]): r for r in csv.DictReader(io.StringIO(text))}
 
 
 def check_week(out: Path, week: dict) -> None:
