@@ -142,22 +142,24 @@ EXTENSIONS ?=
 ADJUSTMENTS ?=
 PINS ?=
 upper = $(shell echo '$(1)' | tr 'a-z-' 'A-Z_')
-COURSE_FLAGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),--$(i) $($(call upper,$(i)))))
+# A value as one word of the shell, whatever it holds (a download the browser named `submissions (1).zip`).
+quote = '$(subst ','\'',$(1))'
+COURSE_FLAGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),--$(i) $(call quote,$($(call upper,$(i))))))
 # ... and what every grading path takes with them: which inputs to drop, a change of policy asked for by
 # name, where the state is kept, and which units to grade again.
 COURSE_ARGS = $(COURSE_FLAGS) $(if $(FORGET),--forget $(FORGET)) $(if $(CHANGE_POLICY),--change-policy) \
-  $(if $(COURSE),--course $(COURSE)) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
+  $(if $(COURSE),--course $(call quote,$(COURSE))) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
 
 grade: setup ## grade a class: make grade [SUBMISSIONS=dir-or-zip] [OUT=scoreboard] [ROSTER=roster.csv] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [ADJUSTMENTS=..] [FORGET=overrides] [CHANGE_POLICY=1] [STUDENTS=id,id] [RETRY=1] [LABS=3,5] [CONFIGS=..] [JOBS=..] [SHARD=1/4] [ISOLATION=limits-only] [START=cold]
-	@$(PY) -m labkit grade $(if $(SUBMISSIONS),--submissions $(SUBMISSIONS)) --out $(or $(OUT),scoreboard) \
+	@$(PY) -m labkit grade $(if $(SUBMISSIONS),--submissions $(call quote,$(SUBMISSIONS))) --out $(call quote,$(or $(OUT),scoreboard)) \
 	  $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) $(if $(JOBS),--jobs $(JOBS)) \
 	  $(if $(SHARD),--shard $(SHARD)) $(COURSE_ARGS) \
 	  $(if $(ISOLATION),--isolation $(ISOLATION)) $(if $(START),--start $(START)) --timeout $(TIMEOUT)
 
 slurm-grade: setup ## grade on a Slurm cluster: make slurm-grade SHARDS=4 [SUBMISSIONS=..] [OUT=..] [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1] [LABS=..] [CONFIGS=..] [PARTITION=..] [ACCOUNT=..] [NO_WAIT=1]
 	@test -n "$(SHARDS)" || { echo "usage: make slurm-grade SHARDS=N [SUBMISSIONS=..] [OUT=..]" >&2; exit 2; }
-	@$(PY) -m labkit slurm-grade --shards $(SHARDS) $(if $(SUBMISSIONS),--submissions $(SUBMISSIONS)) \
-	  --out $(or $(OUT),scoreboard) $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) \
+	@$(PY) -m labkit slurm-grade --shards $(SHARDS) $(if $(SUBMISSIONS),--submissions $(call quote,$(SUBMISSIONS))) \
+	  --out $(call quote,$(or $(OUT),scoreboard)) $(if $(LABS),--labs $(LABS)) $(if $(CONFIGS),--configs $(CONFIGS)) \
 	  $(if $(JOBS),--jobs $(JOBS)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(ACCOUNT),--account $(ACCOUNT)) \
 	  $(if $(NO_WAIT),--no-wait) $(COURSE_ARGS) --timeout $(TIMEOUT)
 

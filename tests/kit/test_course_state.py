@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from datetime import datetime
@@ -437,6 +438,30 @@ def make_plan(*args: str) -> str:
     ).stdout
 
 
+def planned_words(plan: str) -> list[str]:
+    """The words of the `python -m labkit ...` line of a `make -n` plan, as the shell splits them."""
+    line = next(ln for ln in plan.replace("\\\n", " ").splitlines() if " -m labkit " in ln)
+    return shlex.split(line.lstrip("@"))
+
+
+def test_a_download_the_browser_renamed_and_odd_paths_reach_grade_and_slurm_grade_as_one_word_each():
+    odd = {
+        "SUBMISSIONS": "/tmp/x/submissions (1).zip",
+        "ROSTER": "/tmp/x/roster (1).csv",
+        "OUT": "/tmp/x/the TA's scoreboard",
+        "COURSE": "/tmp/x/course; rm -rf x",
+    }
+    for target in ("grade", "slurm-grade"):
+        words = planned_words(make_plan(target, "SHARDS=2", *(f"{k}={v}" for k, v in odd.items())))
+        for flag, value in (
+            ("--submissions", odd["SUBMISSIONS"]),
+            ("--roster", odd["ROSTER"]),
+            ("--out", odd["OUT"]),
+            ("--course", odd["COURSE"]),
+        ):
+            assert words[words.index(flag) + 1] == value, (target, flag, words)
+
+
 def test_make_slurm_grade_and_docker_grade_pass_every_ta_input():
     plan = make_plan(
         "slurm-grade",
@@ -448,15 +473,16 @@ def test_make_slurm_grade_and_docker_grade_pass_every_ta_input():
         "STUDENTS=a,b",
         "RETRY=1",
     )
+    words = planned_words(plan)
     for flag in (
-        "--roster r.csv",
-        "--policy p.toml",
-        "--overrides o.csv",
-        "--extensions e.csv",
-        "--students a,b",
-        "--retry",
+        ["--roster", "r.csv"],
+        ["--policy", "p.toml"],
+        ["--overrides", "o.csv"],
+        ["--extensions", "e.csv"],
+        ["--students", "a,b"],
+        ["--retry"],
     ):
-        assert flag in plan, flag
+        assert any(words[i : i + len(flag)] == flag for i in range(len(words))), flag
     plan = make_plan("docker-grade", "ROSTER=/tmp/r.csv", "OVERRIDES=o.csv")
     assert '-v "/tmp/r.csv:/course-inputs/roster/r.csv:ro"' in plan
     assert (
@@ -567,7 +593,8 @@ def test_the_bare_make_grade_gives_no_sources_labs_or_configurations_so_the_term
     assert "labkit grade" in plan
     for flag in ("--submissions", "--labs", "--configs"):
         assert flag not in plan, plan
-    assert "--submissions canvas.zip" in make_plan("grade", "SUBMISSIONS=canvas.zip")
+    words = planned_words(make_plan("grade", "SUBMISSIONS=canvas.zip"))
+    assert words[words.index("--submissions") + 1] == "canvas.zip"
 
 
 def test_a_merge_is_the_same_whatever_order_the_parts_come_in():
