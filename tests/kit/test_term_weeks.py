@@ -66,12 +66,16 @@ def policy() -> str:
     return text + "\n[late]\n" + "".join(f"{k} = {v}\n" for k, v in LATE.items())
 
 
-def canvas(path: Path, lab: int, handed: dict[str, tuple[str, bool]]) -> Path:
-    """A Canvas bulk download: `login_[LATE_]userid_submissionid_file`, one file per student."""
+def canvas(
+    path: Path, lab: int, handed: dict[str, tuple[str, bool]], also: dict[str, str] | None = None
+) -> Path:
+    """A Canvas bulk download: `login_[LATE_]userid_submissionid_file`, one file per student (and `also`'s)."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for i, (student, (text, late)) in enumerate(sorted(handed.items())):
             flag = "LATE_" if late else ""
             z.writestr(f"{student}{student}_{flag}{CANVAS_ID[student]}_{7000 + i}_lab-{lab}.ipynb", text)
+        for name, text in (also or {}).items():
+            z.writestr(name, text)
     return path
 
 
@@ -227,7 +231,10 @@ def weeks(tmp_path_factory):
         "week 2",
         doc_commands.with_values(
             "make grade SUBMISSIONS=canvas-lab5.zip LABS=5",
-            SUBMISSIONS=str(canvas(base / "canvas-lab5.zip", 5, lab5)),
+            # cy's lab 7 came with it, early: a lab the term does not grade yet
+            SUBMISSIONS=str(
+                canvas(base / "canvas-lab5.zip", 5, lab5, {"cycy_4403_7100_lab-7.ipynb": HANDOUT[3]})
+            ),
         ),
     )
     course = out / "course"
@@ -303,6 +310,10 @@ def test_a_second_download_adds_its_lab_and_keeps_the_first_ones_grades(weeks):
     check_week(weeks["week 2"][1], WEEK_2 | {"adjustments": WEEK_1["adjustments"]})
     feedback = (weeks["week 2"][1] / "feedback" / "ana.md").read_text()
     assert "was not handed in" not in feedback
+    # a lab the term does not grade is said, with how to add it, and graded by no one
+    done = weeks["week 2"][0]
+    assert "lab 7: 1 notebook handed in, and the term does not grade lab 7" in done.stderr, said(done)
+    assert "LABS=7" in done.stderr and not any(lab == "7" for _, lab in grades(weeks["week 2"][1]))
 
 
 def test_a_regrade_answer_and_an_added_override_reach_the_grades_and_feedback(weeks):

@@ -46,6 +46,7 @@ def the_class(
     submission credited to all; `check` (GradeError) runs on it before the course's state is kept."""
     people = state.values.get("roster")
     subs, times = of_term(term, out, people, stream)  # an LMS download is checked before any run
+    _say_labs_not_in_the_term(term, subs, stream)
     named = class_checked(state, context, subs, students, stream, save=False)
     if people is not None:
         roster_mod.credit_groups(people, subs.students, subs.notes, times)  # the roster's `group` column
@@ -54,6 +55,23 @@ def the_class(
         check(klass)
     save_state(state, stream)
     return klass
+
+
+def _say_labs_not_in_the_term(term: term_mod.Term, subs: Submissions, stream) -> None:
+    """A lab handed in that the term does not grade (a download of a lab not given with LABS) is said, with how
+    to add it, instead of lying unseen in OUT/collected."""
+    handed: dict[int, int] = {}
+    for labs in subs.students.values():
+        for lab in labs:
+            handed[lab] = handed.get(lab, 0) + 1
+    for lab, count in sorted(handed.items()):
+        if lab not in term.labs:
+            note = (
+                f"lab {lab}: {count} notebook{'s' if count != 1 else ''} handed in, and the term does not grade "
+                f"lab {lab} (its labs: {', '.join(map(str, term.labs))}): add it with LABS={lab} (grade --labs {lab})"
+            )
+            subs.class_notes.append(note)
+            print(note, file=stream, flush=True)
 
 
 COLLECTED = "collected"  # OUT/collected/<student>/lab-<N>.ipynb: every download's notebooks, added up
