@@ -12,8 +12,10 @@
 # `submissions` empties the list first, as the kit forgets its kept sources.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-(( $# >= 4 )) && [[ $4 == -- ]] || {
-  echo "usage: docker/grade.sh GRADES SUBMISSIONS FORGET -- DOCKER_RUN_ARGUMENTS... IMAGE COMMAND..." >&2; exit 2; }
+if (( $# < 4 )) || [[ $4 != -- ]]; then
+  echo "usage: docker/grade.sh GRADES SUBMISSIONS FORGET -- DOCKER_RUN_ARGUMENTS... IMAGE COMMAND..." >&2
+  exit 2
+fi
 grades=$1 given=$2 forget=$3
 shift 4
 list="$grades/docker-sources.tsv"
