@@ -300,18 +300,16 @@ docker-lab: ## JupyterLab in the course image on http://localhost:8888, with lab
 	  -p 127.0.0.1:$(PORT):8888 $(DOCKER_SANDBOX) -v "$(abspath $(LAB_DIR)):$(KIT_IN_IMAGE)/labs" $(IMAGE) \
 	  jupyter lab --ip=0.0.0.0 --port=8888 --no-browser
 
-# Each TA input given (ROSTER=.., ...) is mounted read-only at /course-inputs/<name>/<its file name>.
-DOCKER_COURSE = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),\
-  -v "$(abspath $($(call upper,$(i)))):/course-inputs/$(i)/$(notdir $($(call upper,$(i)))):ro"))
-DOCKER_COURSE_ARGS = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),\
-  --$(i) /course-inputs/$(i)/$(notdir $($(call upper,$(i)))))) $(if $(FORGET),--forget $(FORGET)) \
+# Each TA input given (ROSTER=.., ...) is mounted read-only by docker/grade.sh at /course-inputs/<name>/<its file name>,
+# and the term's submissions each at the place the kept term names (GRADES/docker-sources.tsv).
+DOCKER_COURSE = $(foreach i,$(COURSE_INPUTS),$(if $($(call upper,$(i))),--input $(call quote,$(i)=$($(call upper,$(i))))))
+DOCKER_COURSE_ARGS = $(if $(FORGET),--forget $(FORGET)) \
   $(if $(CHANGE_POLICY),--change-policy) $(if $(STUDENTS),--students $(STUDENTS)) $(if $(RETRY),--retry)
 
-# The term's submissions are mounted by docker/grade.sh, each at the place the kept term names (GRADES/docker-sources.tsv).
 docker-grade: ## grade the term (SUBMISSIONS added) into GRADES in the course image: no network, each notebook in the kit's sandbox [ROSTER=..] [POLICY=..] [OVERRIDES=..] [EXTENSIONS=..] [STUDENTS=..] [RETRY=1]
 	@mkdir -p "$(GRADES)"
-	bash docker/grade.sh "$(abspath $(GRADES))" "$(SUBMISSIONS)" "$(FORGET)" -- --rm --network none $(DOCKER_SANDBOX) \
-	  -v "$(abspath $(GRADES)):/grades" $(DOCKER_COURSE) \
+	bash docker/grade.sh "$(abspath $(GRADES))" $(call quote,$(SUBMISSIONS)) $(call quote,$(FORGET)) $(DOCKER_COURSE) \
+	  -- --rm --network none $(DOCKER_SANDBOX) -v "$(abspath $(GRADES)):/grades" \
 	  -v "$(CURDIR)/reference:$(KIT_IN_IMAGE)/reference:ro" \
 	  -v "$(CURDIR)/tests/hidden:$(KIT_IN_IMAGE)/tests/hidden:ro" $(IMAGE) \
 	  nox -s grade -- --out /grades $(if $(LABS),--labs $(LABS)) \

@@ -371,6 +371,28 @@ def test_docker_grade_runs_nox_grade_with_the_network_off_on_the_terms_submissio
     assert "--forget" in words
 
 
+def test_docker_grade_mounts_each_ta_file_given_and_passes_it_to_the_kit_whatever_its_name(tmp_path):
+    roster, overrides, download = tmp_path / "roster (1).csv", tmp_path / "o.csv", tmp_path / "d.zip"
+    for path in (roster, overrides, download):
+        path.write_text("x")
+    done, words = docker_grade_runs(
+        tmp_path, f"SUBMISSIONS={download}", f"ROSTER={roster}", f"OVERRIDES=+{overrides}", "STUDENTS=a,b"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{roster}:/course-inputs/roster/roster__1_.csv:ro" in words
+    assert f"{overrides}:/course-inputs/overrides/o.csv:ro" in words
+    after = words[words.index("nox") :]
+    assert after[after.index("--roster") + 1] == "/course-inputs/roster/roster__1_.csv"
+    assert (
+        after[after.index("--overrides") + 1] == "+/course-inputs/overrides/o.csv"
+    )  # added to the kept ones
+    assert after[after.index("--students") + 1] == "a,b"
+    done, words = docker_grade_runs(tmp_path, f"ROSTER={tmp_path}/nowhere.csv")
+    assert (
+        done.returncode != 0 and words == [] and "ROSTER=" in done.stderr and "does not exist" in done.stderr
+    )
+
+
 def test_docker_grade_refuses_a_submissions_path_it_cannot_mount(tmp_path):
     done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={tmp_path}/nowhere.zip")
     assert done.returncode != 0 and words == []
