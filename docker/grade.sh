@@ -24,10 +24,11 @@ fi
 grades=$1 given=$2 forget=$3
 shift 3
 
-# A path on this machine as Docker can mount it (no `:`, tab or newline), or a stop that says why.
+# A path on this machine as Docker can mount it (no `:`, tab or newline), or a stop that says why (and what
+# was expected there, when given).
 mountable() {
-  local what=$1 path=$2
-  [[ -e $path ]] || { echo "error: $what=$path does not exist" >&2; exit 2; }
+  local what=$1 path=$2 expected=${3:+ ($3)}
+  [[ -e $path ]] || { echo "error: $what=$path does not exist$expected" >&2; exit 2; }
   path=$(realpath -- "$path")
   if [[ $path == *[:$'\t\n']* ]]; then
     echo "error: $what=$path: a path with ':', a tab or a newline cannot be mounted into the container; rename it" >&2
@@ -67,11 +68,7 @@ if [[ -z $given && ${#places[@]} == 0 ]]; then
   given=submissions
 fi
 if [[ -n $given ]]; then
-  if [[ ! -e $given ]]; then
-    echo "error: SUBMISSIONS=$given does not exist (an LMS download, or a folder of <student_id>/lab-<N>.ipynb)" >&2
-    exit 2
-  fi
-  host=$(mountable SUBMISSIONS "$given")
+  host=$(mountable SUBMISSIONS "$given" "an LMS download, or a folder of <student_id>/lab-<N>.ipynb")
   place=
   for i in "${!hosts[@]}"; do [[ ${hosts[$i]} == "$host" ]] && place=${places[$i]}; done
   if [[ -z $place ]]; then
