@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,10 +61,7 @@ def the_class(
 def _say_labs_not_in_the_term(term: term_mod.Term, subs: Submissions, stream) -> None:
     """A lab handed in that the term does not grade (a download of a lab not given with LABS) is said, with how
     to add it, instead of lying unseen in OUT/collected."""
-    handed: dict[int, int] = {}
-    for labs in subs.students.values():
-        for lab in labs:
-            handed[lab] = handed.get(lab, 0) + 1
+    handed = Counter(lab for labs in subs.students.values() for lab in labs)
     for lab, count in sorted(handed.items()):
         if lab not in term.labs:
             note = (
