@@ -60,6 +60,11 @@ places=() hosts=()
 if [[ -f $list && ,$forget, != *,submissions,* ]]; then
   while IFS=$'\t' read -r place host; do
     [[ -n $place && $place != \#* ]] || continue
+    # only what this script writes: a place of its own under /submissions, an absolute path Docker can mount
+    if [[ ! $place =~ ^[0-9]+-[A-Za-z0-9._-]+$ || $host != /* || $host == *:* ]]; then
+      echo "warning: $list: a line this script did not write ($place); left out" >&2
+      continue
+    fi
     places+=("$place") hosts+=("$host")
   done < "$list"
 fi
@@ -72,7 +77,9 @@ if [[ -n $given ]]; then
   place=
   for i in "${!hosts[@]}"; do [[ ${hosts[$i]} == "$host" ]] && place=${places[$i]}; done
   if [[ -z $place ]]; then
-    place="$(( ${#places[@]} + 1 ))-$(plain "$host")"
+    next=1
+    for i in "${places[@]}"; do (( ${i%%-*} < next )) || next=$(( ${i%%-*} + 1 )); done
+    place="$next-$(plain "$host")"
     places+=("$place") hosts+=("$host")
   fi
   extra+=(--submissions "/submissions/$place")

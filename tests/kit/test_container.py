@@ -364,6 +364,20 @@ def test_docker_grade_runs_nox_grade_with_the_network_off_on_the_terms_submissio
     assert f"{first}" in done.stderr and "not mounted" in done.stderr, done.stderr
     assert mounted(words) == {"/submissions/2-canvas-lab5.zip": str(second)}
 
+    # a line the script did not write (a place outside /submissions, a path Docker would split) is left out,
+    # and a new download's place never takes a kept one's number
+    with (tmp_path / "grades" / "docker-sources.tsv").open("a") as kept:
+        kept.write(f"../home/student/kit/labkit\t/etc\n7-x.zip\trelative/x.zip\n9-later.zip\t{second}\n")
+    third = tmp_path / "third.zip"
+    third.write_bytes(b"PK")
+    done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={third}")
+    assert "a line this script did not write" in done.stderr, done.stderr
+    assert mounted(words) == {
+        "/submissions/2-canvas-lab5.zip": str(second),
+        "/submissions/9-later.zip": str(second),
+        "/submissions/10-third.zip": str(third),
+    }
+    assert not any(w.startswith("/etc:") or "labkit:ro" in w for w in words), words
     # FORGET=submissions: the kept ones go, as the kit forgets its kept sources
     done, words = docker_grade_runs(tmp_path, f"SUBMISSIONS={second}", "FORGET=submissions")
     assert mounted(words) == {"/submissions/1-canvas-lab5.zip": str(second)}
