@@ -68,6 +68,7 @@ __all__ = [
     "SINGLE_PROCESS_MARK",
     "TRACEABLE",
     "AsNumpy",
+    "ByDevices",
     "Call",
     "CallFailed",
     "FactUnavailable",
@@ -76,6 +77,7 @@ __all__ = [
     "NotDone",
     "Placed",
     "RunProblem",
+    "by_devices",
     "call",
     "card_of",
     "check",
@@ -207,6 +209,32 @@ def _has_shapes_only(value) -> bool:
     return False
 
 
+@dataclass(frozen=True, eq=False)
+class ByDevices:
+    """A test's input whose rows grow with the pod (`by_devices`): as written on pods of up to as many devices
+    as it has rows, copied (each copy shifted) until its rows divide over every device on a larger one."""
+
+    value: np.ndarray
+    shift: float
+
+    def on(self, run: LabRun) -> np.ndarray:
+        """The input as `run` got it: what a test's expected value is computed from."""
+        return plaindata.grown(self.value, self.shift, run.device_count)
+
+
+def by_devices(value, shift: float = 0.0) -> ByDevices:
+    """An input sized for every pod: `X = by_devices(np.linspace(-4, 4, 32), shift=0.125)`.
+
+    On 1 to 32 devices the call gets X as written; on 256 it gets eight copies of it, one after another, the
+    k-th shifted by k * `shift` (so that no two devices hold the same block when `shift` is not 0). A test
+    computes what it expects from `X.on(run)`, the input its run got. The call's id, and so what the kit runs
+    and records, is the same on every configuration."""
+    value = np.asarray(value)
+    if value.ndim == 0:
+        raise TypeError("by_devices: an array with rows to grow, not a number")
+    return ByDevices(value, float(shift))
+
+
 @dataclass(frozen=True)
 class AsNumpy:
     """An input that arrives as a numpy array rather than a JAX array."""
@@ -243,14 +271,17 @@ def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
     `mesh_shape=(2, -1)` with `axes=("data", "model")` places it on a grid of every device that fits
     the run: 2 x 4 on eight devices, 1 x 1 on one (see `labkit.judge.harness.fit_mesh_shape`).
     """
-    return Placed(np.asarray(value), tuple(spec), tuple(axes), tuple(mesh_shape) if mesh_shape else None)
+    value = value if isinstance(value, ByDevices) else np.asarray(value)
+    return Placed(value, tuple(spec), tuple(axes), tuple(mesh_shape) if mesh_shape else None)
 
 
 def _encode_input(value) -> dict:
     if isinstance(value, Shaped):
         return {"kind": "abstract", "shape": list(value.shape), "dtype": value.dtype}
+    if isinstance(value, ByDevices):
+        return plaindata.encode(value.value) | {"grow": {"shift": value.shift}}
     if isinstance(value, Placed):
-        enc = plaindata.encode(np.asarray(value.value))
+        enc = _encode_input(value.value)
         enc["place"] = {
             "spec": [list(e) if isinstance(e, tuple) else e for e in value.spec],
             "axes": list(value.axes),

@@ -59,6 +59,7 @@ def _abstracted(call: CallSpec) -> CallSpec:
                 "dtype": enc["dtype"],
                 "shape": enc["shape"],
                 **({"place": enc["place"]} if enc.get("place") else {}),
+                **({"grow": enc["grow"]} if enc.get("grow") else {}),
             }
         return enc
 

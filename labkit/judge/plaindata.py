@@ -20,6 +20,26 @@ import numpy as np
 MAX_ELEMENTS = 2_000_000
 
 
+def copies_for(rows: int, devices: int) -> int:
+    """How many copies of a test's input of `rows` rows a run on `devices` devices gets (`checks.by_devices`):
+    one where the devices are no more than the rows, else the fewest whose rows divide over every device
+    (32 rows: once on 1 to 32 devices, 8 times on 256)."""
+    if devices <= rows or rows < 1:
+        return 1
+    return devices // math.gcd(rows, devices)
+
+
+def grown(value: np.ndarray, shift: float, devices: int) -> np.ndarray:
+    """A test's input as a run on `devices` devices gets it (`checks.by_devices`): the array as written, then
+    each further copy of it shifted by `shift` more than the last, so that no two devices' blocks are alike."""
+    value = np.asarray(value)
+    copies = copies_for(value.shape[0] if value.ndim else 0, devices)
+    if copies == 1:
+        return value
+    steps = (np.arange(copies) * shift).astype(value.dtype).reshape((copies,) + (1,) * value.ndim)
+    return (value[None] + steps).reshape((copies * value.shape[0],) + value.shape[1:])
+
+
 # ----------------------------------------------------------------------------------------
 # Encoding: runs in the student's process, for inputs in the judge too.
 # ----------------------------------------------------------------------------------------

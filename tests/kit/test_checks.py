@@ -360,3 +360,40 @@ def test_a_placed_grid_fits_the_devices_of_the_run():
     assert fit_mesh_shape((2, -1), 1) == (1, 1)
     assert fit_mesh_shape((2, -1), 3) == (1, 3)
     assert fit_mesh_shape((4, 2), 8) == (4, 2)
+
+
+def test_an_input_sized_by_devices_is_as_written_up_to_its_rows_and_in_shifted_copies_beyond():
+    from labkit.checks import by_devices
+
+    x = by_devices(np.arange(32.0, dtype=np.float32).reshape(16, 2), shift=100)
+    for n in (1, 2, 8, 16):
+        assert plaindata.copies_for(16, n) == 1
+        assert np.array_equal(plaindata.grown(x.value, x.shift, n), x.value)
+    assert plaindata.copies_for(16, 256) == 16 and plaindata.copies_for(96, 256) == 8
+    on_256 = plaindata.grown(x.value, x.shift, 256)
+    assert on_256.shape == (256, 2) and on_256.dtype == np.float32
+    blocks = on_256.reshape(16, 16, 2)
+    assert np.array_equal(blocks[0], x.value) and np.array_equal(blocks[3], x.value + 300)
+    assert len({b.tobytes() for b in on_256}) == 256  # no two devices get the same row
+
+
+def test_an_input_sized_by_devices_keeps_its_id_and_reaches_each_process_grown_for_its_devices(monkeypatch):
+    import jax
+
+    from labkit.checks import by_devices, placed
+    from labkit.judge import callplan, harness
+
+    x = by_devices(np.linspace(-1.0, 1.0, 32, dtype=np.float32), shift=0.5)
+    plain, examined, split = call("f", x), compiled_call("f", x), call("f", placed(x, ("data",)))
+    # one call whatever the devices, and not the call of the plain array
+    assert plain.id == examined.id != call("f", x.value).id
+    spec = {"id": examined.id, **examined.encoded(), "verify": True}
+    shapes = callplan.for_the_student([spec])[0]["args"][0]
+    assert shapes["kind"] == "abstract" and shapes["grow"] == {"shift": 0.5}  # no values, but it still grows
+    monkeypatch.setattr(jax, "device_count", lambda: 256)
+    assert harness._materialise(shapes).shape == (256,)
+    got = np.asarray(harness._materialise(plain.encoded()["args"][0]))
+    assert np.array_equal(got[:32], x.value) and np.allclose(got[32:64], x.value + 0.5)
+    assert split.encoded()["args"][0]["grow"] == {"shift": 0.5} and "place" in split.encoded()["args"][0]
+    monkeypatch.setattr(jax, "device_count", lambda: 8)
+    assert np.array_equal(np.asarray(harness._materialise(plain.encoded()["args"][0])), x.value)
