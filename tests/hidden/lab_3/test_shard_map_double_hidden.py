@@ -4,6 +4,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     expect_close,
@@ -15,12 +16,12 @@ from labkit.checks import (
 public = public_tests(__file__)  # the public tests' inputs and helpers
 
 RNG = np.random.default_rng(3)
-LONG = RNG.normal(size=64).astype(np.float32)
+LONG = by_devices(RNG.normal(size=64).astype(np.float32), shift=0.25)  # 64 values; copies on larger pods
 
 
 @check(got=call("shard_map_double", LONG))
-def test_doubles_a_longer_random_vector(got):
-    expect_close(got, 2 * LONG)
+def test_doubles_a_longer_random_vector(got, run):
+    expect_close(got, 2 * LONG.on(run))
 
 
 @check(got=call("shard_map_double", LONG))
@@ -35,18 +36,19 @@ def test_every_device_holds_a_different_block(got, run):
 
 
 # row_softmax on rows it has not seen: wider, random, with large values that overflow exp unless shifted
-WIDE = (RNG.normal(size=(64, 32)) * 30).astype(np.float32)
+WIDE = by_devices((RNG.normal(size=(64, 32)) * 30).astype(np.float32), shift=1.0)
 
 
 @check(got=call("row_softmax", WIDE))
 def test_row_softmax_on_a_wider_random_matrix_with_large_values(got, run):
-    want = public.softmax_of_rows(WIDE)
+    wide = WIDE.on(run)
+    want = public.softmax_of_rows(wide)
     if not np.isfinite(np.asarray(got.value, np.float64)).all():
         raise Mismatch(
             "some values are inf or nan: exp of a large element overflows float32. Subtract each row's "
             "largest element before exp, as jax.nn.softmax does; the softmax is unchanged"
         )
     expect_close_naming_mistakes(
-        got, want, public.softmax_mistakes(WIDE, run.device_count), rtol=1e-5, atol=1e-7
+        got, want, public.softmax_mistakes(wide, run.device_count), rtol=1e-5, atol=1e-7
     )
     expect_split_across(got, run.device_count, axis=0)

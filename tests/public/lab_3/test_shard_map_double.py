@@ -4,6 +4,7 @@ meets its constraints (right, split by rows, a piece of x per device, nothing se
 import numpy as np
 
 from labkit.checks import (
+    by_devices,
     call,
     check,
     compiled_call,
@@ -17,18 +18,19 @@ from labkit.checks import (
     placed,
 )
 
-X = np.linspace(-4.0, 4.0, 32, dtype=np.float32)  # 32: divides by 1 to 32 devices
+# 32 values: they divide over 1 to 32 devices; on a larger pod the run gets copies, each 0.125 higher
+X = by_devices(np.linspace(-4.0, 4.0, 32, dtype=np.float32), shift=0.125)
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 
 
 @check(got=compiled_call("shard_map_double", X))
-def test_doubles_every_element(got):
-    expect_close(got, 2 * X)
+def test_doubles_every_element(got, run):
+    expect_close(got, 2 * X.on(run))
 
 
 @check(got=call("shard_map_double", X))
-def test_keeps_shape_and_dtype(got):
-    expect_shape(got, X.shape)
+def test_keeps_shape_and_dtype(got, run):
+    expect_shape(got, X.on(run).shape)
     expect_dtype(got, "float32", hint="Multiply by 2.0 rather than casting: x * 2.0 keeps float32")
 
 
@@ -39,15 +41,14 @@ def test_result_is_split_across_every_device(got, run):
 
 @check(got=call("shard_map_double", placed(X, ("data",))))
 def test_accepts_an_input_that_is_already_sharded(got, run):
-    expect_close(got, 2 * X)
+    expect_close(got, 2 * X.on(run))
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
 
 
 # -- exercise 2: row_softmax, a design held to its constraints ------------------------------------
 
-R = np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(
-    32, 8
-)  # 32 rows and 8 columns: both cut 1 to 8 ways
+# 32 rows and 8 columns: both cut 1 to 8 ways; on more than 32 devices, more rows (copies, each 0.5 higher)
+R = by_devices(np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(32, 8), shift=0.5)
 NO_TALK = (
     "A row's softmax needs all of that row and nothing else: cut x by rows, P('data', None), and every "
     "device has what its rows need without a word to the others"
@@ -76,7 +77,8 @@ SOFTMAX_CALL = compiled_call("row_softmax", R)
 
 @check(got=SOFTMAX_CALL)
 def test_row_softmax_gives_the_softmax_of_every_row(got, run):
-    expect_close_naming_mistakes(got, softmax_of_rows(R), softmax_mistakes(R, run.device_count), rtol=1e-5)
+    x = R.on(run)
+    expect_close_naming_mistakes(got, softmax_of_rows(x), softmax_mistakes(x, run.device_count), rtol=1e-5)
 
 
 @check(got=SOFTMAX_CALL)
