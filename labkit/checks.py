@@ -211,28 +211,36 @@ def _has_shapes_only(value) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class ByDevices:
-    """A test's input whose rows grow with the pod (`by_devices`): as written on pods of up to as many devices
-    as it has rows, copied (each copy shifted) until its rows divide over every device on a larger one."""
+    """A test's input whose rows (or another axis) grow with the pod (`by_devices`): as written on pods of up to
+    as many devices as it has rows, copied (each copy shifted) until its rows divide over every device on a
+    larger one."""
 
     value: np.ndarray
     shift: float
+    axis: int = 0
 
     def on(self, run: LabRun) -> np.ndarray:
         """The input as `run` got it: what a test's expected value is computed from."""
-        return plaindata.grown(self.value, self.shift, run.device_count)
+        return plaindata.grown(self.value, self.shift, run.device_count, self.axis)
+
+    def grow(self) -> dict:
+        """How the input grows, as its encoding says it (the axis only where it is not the rows, so that a
+        call's id is what it was before axes were named)."""
+        return {"shift": self.shift} | ({"axis": self.axis} if self.axis else {})
 
 
-def by_devices(value, shift: float = 0.0) -> ByDevices:
+def by_devices(value, shift: float = 0.0, axis: int = 0) -> ByDevices:
     """An input sized for every pod: `X = by_devices(np.linspace(-4, 4, 32), shift=0.125)`.
 
     On 1 to 32 devices the call gets X as written; on 256 it gets eight copies of it, one after another, the
     k-th shifted by k * `shift` (so that no two devices hold the same block when `shift` is not 0). A test
     computes what it expects from `X.on(run)`, the input its run got. The call's id, and so what the kit runs
-    and records, is the same on every configuration."""
+    and records, is the same on every configuration. `axis=1` grows the columns instead, for an input a design
+    splits by columns over every device (a 2 x 128 grid's 128)."""
     value = np.asarray(value)
-    if value.ndim == 0:
-        raise TypeError("by_devices: an array with rows to grow, not a number")
-    return ByDevices(value, float(shift))
+    if not 0 <= axis < value.ndim:
+        raise TypeError(f"by_devices: an array with an axis {axis} to grow, not one of shape {value.shape}")
+    return ByDevices(value, float(shift), int(axis))
 
 
 @dataclass(frozen=True)
@@ -279,7 +287,7 @@ def _encode_input(value) -> dict:
     if isinstance(value, Shaped):
         return {"kind": "abstract", "shape": list(value.shape), "dtype": value.dtype}
     if isinstance(value, ByDevices):
-        return plaindata.encode(value.value) | {"grow": {"shift": value.shift}}
+        return plaindata.encode(value.value) | {"grow": value.grow()}
     if isinstance(value, Placed):
         enc = _encode_input(value.value)
         enc["place"] = {

@@ -65,7 +65,8 @@ def _materialise(enc: dict):
 
         shape = list(enc["shape"])
         if enc.get("grow") and shape:  # the shape of an input that grows with the pod (`checks.by_devices`)
-            shape[0] *= plaindata.copies_for(shape[0], jax.device_count())
+            axis = int(enc["grow"].get("axis", 0))
+            shape[axis] *= plaindata.copies_for(shape[axis], jax.device_count())
         return jax.ShapeDtypeStruct(
             tuple(shape),
             np.dtype(enc["dtype"]),
@@ -75,7 +76,8 @@ def _materialise(enc: dict):
     if kind == "array" and enc.get("grow"):
         import jax
 
-        value = plaindata.grown(value, float(enc["grow"]["shift"]), jax.device_count())
+        grow = enc["grow"]
+        value = plaindata.grown(value, float(grow["shift"]), jax.device_count(), int(grow.get("axis", 0)))
     if kind in ("list", "tuple"):
         items = [_materialise(v) for v in enc["items"]]
         return items if kind == "list" else tuple(items)

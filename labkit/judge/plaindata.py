@@ -29,15 +29,15 @@ def copies_for(rows: int, devices: int) -> int:
     return devices // math.gcd(rows, devices)
 
 
-def grown(value: np.ndarray, shift: float, devices: int) -> np.ndarray:
+def grown(value: np.ndarray, shift: float, devices: int, axis: int = 0) -> np.ndarray:
     """A test's input as a run on `devices` devices gets it (`checks.by_devices`): the array as written, then
-    each further copy of it shifted by `shift` more than the last, so that no two devices' blocks are alike."""
+    each further copy of it along `axis` (its rows unless said) shifted by `shift` more than the last, so that
+    no two devices' blocks are alike."""
     value = np.asarray(value)
-    copies = copies_for(value.shape[0] if value.ndim else 0, devices)
+    copies = copies_for(value.shape[axis] if value.ndim > axis else 0, devices)
     if copies == 1:
         return value
-    steps = (np.arange(copies) * shift).astype(value.dtype).reshape((copies,) + (1,) * value.ndim)
-    return (value[None] + steps).reshape((copies * value.shape[0],) + value.shape[1:])
+    return np.concatenate([value + np.asarray(k * shift, value.dtype) for k in range(copies)], axis=axis)
 
 
 # ----------------------------------------------------------------------------------------

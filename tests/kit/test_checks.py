@@ -377,6 +377,27 @@ def test_an_input_sized_by_devices_is_as_written_up_to_its_rows_and_in_shifted_c
     assert len({b.tobytes() for b in on_256}) == 256  # no two devices get the same row
 
 
+def test_an_input_sized_by_devices_can_grow_its_columns_for_a_grid_split_by_columns(monkeypatch):
+    import jax
+
+    from labkit.checks import by_devices
+    from labkit.judge import callplan, harness
+
+    grid = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)
+    x = by_devices(grid, shift=1000, axis=1)
+    assert np.array_equal(plaindata.grown(x.value, x.shift, 64, x.axis), grid)
+    on_256 = plaindata.grown(x.value, x.shift, 256, x.axis)  # a 2 x 128 grid's columns: 256 of them
+    assert on_256.shape == (2, 256) and np.array_equal(on_256[:, 64:128], grid + 1000)
+    assert call("f", x).id != call("f", by_devices(grid, shift=1000)).id  # another input, another call
+    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
+    shapes = callplan.for_the_student([spec])[0]["args"][0]
+    monkeypatch.setattr(jax, "device_count", lambda: 256)
+    assert harness._materialise(shapes).shape == (2, 256)
+    assert np.array_equal(np.asarray(harness._materialise(call("f", x).encoded()["args"][0])), on_256)
+    with pytest.raises(TypeError, match="axis 2"):
+        by_devices(grid, axis=2)
+
+
 def test_an_input_sized_by_devices_keeps_its_id_and_reaches_each_process_grown_for_its_devices(monkeypatch):
     import jax
 
