@@ -6,6 +6,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     expect_close,
@@ -16,7 +17,11 @@ from labkit.checks import (
 )
 
 M = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by every pod size, 1 to 32 devices
-TILES = np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)
+# M for the designs that cut its rows over every device: as written on 1 to 32 devices; on a larger pod,
+# copies of it one after another, each 128 higher (the count goes on: np.arange(4 * rows))
+ROWS = by_devices(M, shift=128.0)
+# The grid cuts its columns n / 2 ways: on a larger pod (2 x 128 on 256 devices) copies of its columns, each 2 higher
+TILES = by_devices(np.linspace(-1.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16), shift=2.0, axis=1)
 ONE_DEVICE = "A mesh over jax.devices()[:1] keeps everything on device 0: build it from jax.devices()"
 # With several processes, x.addressable_shards lists only this process's blocks: lab 11 is about that.
 ONE_PROCESS = single_process(
@@ -81,12 +86,12 @@ def expect_owners(got, want: list, hint: str) -> None:
 # -- shard_rows ----------------------------------------------------------------------------
 
 
-@check(got=call("shard_rows", M))
-def test_shard_rows_keeps_the_values(got):
-    expect_close(got, M)
+@check(got=call("shard_rows", ROWS))
+def test_shard_rows_keeps_the_values(got, run):
+    expect_close(got, ROWS.on(run))
 
 
-@check(got=call("shard_rows", M))
+@check(got=call("shard_rows", ROWS))
 def test_shard_rows_splits_the_rows_across_every_device(got, run):
     # the goal, whatever mesh and spec reach it: n blocks of whole rows, one on each device
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
@@ -111,22 +116,22 @@ def test_replicate_puts_a_full_copy_on_every_device(got, run):
 
 
 @check(got=call("shard_grid", TILES))
-def test_shard_grid_keeps_the_values(got):
-    expect_close(got, TILES)
+def test_shard_grid_keeps_the_values(got, run):
+    expect_close(got, TILES.on(run))
 
 
 @check(got=call("shard_grid", TILES))
 def test_shard_grid_gives_each_device_its_own_tile(got, run):
-    expect_tiles(got, run.device_count, TILES.shape)
+    expect_tiles(got, run.device_count, TILES.on(run).shape)
 
 
 # -- block_owners --------------------------------------------------------------------------
 
 
 @ONE_PROCESS
-@check(got=call("block_owners", placed(M, ("data", None))))
+@check(got=call("block_owners", placed(ROWS, ("data", None))))
 def test_block_owners_of_rows_split_across_the_devices(got, run):
-    n, step = run.device_count, M.shape[0] // run.device_count
+    n, step = run.device_count, ROWS.on(run).shape[0] // run.device_count
     expect_owners(
         got,
         [[d, d * step, (d + 1) * step] for d in range(n)],
@@ -155,6 +160,10 @@ def test_block_owners_of_an_array_on_one_device(got):
 # -- stretch (not graded: points=0): shard_shapes ---------------------------------------------
 
 WIDE = np.zeros((32, 64), dtype=np.float32)  # 32 and 64 divide by every grid of 1 to 32 devices
+# On a larger pod, copies of WIDE (each 1 higher) along the axis a spec cuts over n / 2 or n devices:
+# its columns for P('rows', 'cols') (128 of a 2 x 128 grid), its rows for specs that cut rows along 'cols'
+WIDE_BY_COLUMNS = by_devices(WIDE, shift=1.0, axis=1)
+WIDE_BY_ROWS = by_devices(WIDE, shift=1.0)
 
 
 def expect_layout(got, n: int, spec, shape) -> None:
@@ -188,18 +197,18 @@ def expect_layout(got, n: int, spec, shape) -> None:
 
 
 @ONE_PROCESS
-@check(points=0, got=call("shard_shapes", WIDE, ["rows", "cols"]))
+@check(points=0, got=call("shard_shapes", WIDE_BY_COLUMNS, ["rows", "cols"]))
 def test_shard_shapes_of_a_matrix_tiled_over_the_grid(got, run):
-    expect_layout(got, run.device_count, ["rows", "cols"], WIDE.shape)
+    expect_layout(got, run.device_count, ["rows", "cols"], WIDE_BY_COLUMNS.on(run).shape)
 
 
 @ONE_PROCESS
-@check(points=0, got=call("shard_shapes", WIDE, ["cols", None]))
+@check(points=0, got=call("shard_shapes", WIDE_BY_ROWS, ["cols", None]))
 def test_shard_shapes_of_rows_cut_along_one_mesh_axis_and_copied_along_the_other(got, run):
-    expect_layout(got, run.device_count, ["cols", None], WIDE.shape)
+    expect_layout(got, run.device_count, ["cols", None], WIDE_BY_ROWS.on(run).shape)
 
 
 @ONE_PROCESS
-@check(points=0, got=call("shard_shapes", WIDE, [["rows", "cols"], None]))
+@check(points=0, got=call("shard_shapes", WIDE_BY_ROWS, [["rows", "cols"], None]))
 def test_shard_shapes_of_rows_cut_over_both_mesh_axes(got, run):
-    expect_layout(got, run.device_count, [["rows", "cols"], None], WIDE.shape)
+    expect_layout(got, run.device_count, [["rows", "cols"], None], WIDE_BY_ROWS.on(run).shape)
