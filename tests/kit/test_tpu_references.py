@@ -7,6 +7,7 @@ import importlib.util
 
 import notebook_variants
 import pytest
+import sweep
 
 # The labs whose checks read what the TPU compiler writes differently from XLA:CPU (its all-reduce for a
 # reduce-scatter of a vector: lab 5; a loop with no trip count and a matmul as a convolution: lab 8; its own
@@ -100,31 +101,35 @@ def test_a_capstone_design_that_repeats_the_batch_is_refused_by_its_work_and_by_
     )
 
 
-def test_lab_3_passes_every_test_on_v5e_256_under_the_limits_that_configuration_raises(
-    kit, lab_report, lab_outcomes
+# The labs whose inputs grow with the pod (`checks.by_devices`: as written on up to 32 devices, shifted copies
+# beyond), as do their notebooks' try-it cells: each reference passes every test on v5e-256, hidden ones too.
+# `make test` grades lab 3 there (about 10 s a run); `make test SWEEP=full` grades every one of them.
+GROWN_WITH_THE_POD = [1, 3]
+
+
+@pytest.mark.parametrize("lab", GROWN_WITH_THE_POD if sweep.FULL else [3])
+def test_the_reference_passes_every_test_on_v5e_256_under_the_limits_that_configuration_raises(
+    kit, lab_report, lab_outcomes, lab
 ):
     # 256 simulated devices start about 1,040 threads and reserve 10 GiB of address space in the notebook's process
     # and the verifier's: under the default limits (1,024 processes, 4 GiB) every run died starting a thread
     # ("Thread tf_XLACompile creation ... failed", signal 6). configs.least_for raises them for v5e-256 alone.
-    # Lab 3's inputs grow with the pod (`checks.by_devices`: 32 rows on up to 32 devices, eight shifted copies
-    # on 256), as do its notebook's try-it cells: its reference passes every test there, hidden ones too, in
-    # about 10 s here (a cold start, 256 devices, and libtpu compiling for v5e 16x16).
     done = kit(
         "lab",
-        "3",
+        str(lab),
         "--notebook",
-        "reference/lab-3.ipynb",
+        f"reference/lab-{lab}.ipynb",
         "--configs",
         "v5e-256",
         "--hidden",
         "--timeout",
-        "300",
-        timeout=900,
+        "600",
+        timeout=1200,
     )
-    run = lab_report(3)["runs"]["v5e-256"]
+    run = lab_report(lab)["runs"]["v5e-256"]
     assert run["status"] == "ok", run["message"]
     assert run["limits"]["processes"] >= 1536 and run["limits"]["memory"] >= 12 << 30, run["limits"]
-    outcomes = lab_outcomes(3)["v5e-256"]
+    outcomes = lab_outcomes(lab)["v5e-256"]
     failed = notebook_variants.not_passed(outcomes)
-    assert not failed and len(outcomes) == 10 and any(o["hidden"] for o in outcomes.values()), failed
+    assert outcomes and not failed and any(o["hidden"] for o in outcomes.values()), failed
     assert done.returncode == 0 and "raised" not in done.stdout, done.stdout[-3000:]  # no try-it cell failed
