@@ -217,7 +217,7 @@ class ByDevices:
 
     value: np.ndarray
     shift: float
-    axis: int = 0
+    axis: int | tuple[int, ...] = 0
 
     def on(self, run: LabRun) -> np.ndarray:
         """The input as `run` got it: what a test's expected value is computed from."""
@@ -226,21 +226,24 @@ class ByDevices:
     def grow(self) -> dict:
         """How the input grows, as its encoding says it (the axis only where it is not the rows, so that a
         call's id is what it was before axes were named)."""
-        return {"shift": self.shift} | ({"axis": self.axis} if self.axis else {})
+        axis = list(self.axis) if isinstance(self.axis, tuple) else self.axis
+        return {"shift": self.shift} | ({"axis": axis} if axis else {})
 
 
-def by_devices(value, shift: float = 0.0, axis: int = 0) -> ByDevices:
+def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0) -> ByDevices:
     """An input sized for every pod: `X = by_devices(np.linspace(-4, 4, 32), shift=0.125)`.
 
     On 1 to 32 devices the call gets X as written; on 256 it gets eight copies of it, one after another, the
     k-th shifted by k * `shift` (so that no two devices hold the same block when `shift` is not 0). A test
     computes what it expects from `X.on(run)`, the input its run got. The call's id, and so what the kit runs
     and records, is the same on every configuration. `axis=1` grows the columns instead, for an input a design
-    splits by columns over every device (a 2 x 128 grid's 128)."""
+    splits by columns over every device (a 2 x 128 grid's 128); `axis=(0, 1)` grows both, one after the other,
+    for a matrix whose rows one result splits over every device and whose columns a grid splits."""
     value = np.asarray(value)
-    if not 0 <= axis < value.ndim:
-        raise TypeError(f"by_devices: an array with an axis {axis} to grow, not one of shape {value.shape}")
-    return ByDevices(value, float(shift), int(axis))
+    axes = plaindata.axes_of(axis)
+    if not axes or len(set(axes)) < len(axes) or not all(0 <= a < value.ndim for a in axes):
+        raise TypeError(f"by_devices: an array with the axes {axis} to grow, not one of shape {value.shape}")
+    return ByDevices(value, float(shift), axes if len(axes) > 1 else axes[0])
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ def _materialise(enc: dict):
 
         shape = list(enc["shape"])
         if enc.get("grow") and shape:  # the shape of an input that grows with the pod (`checks.by_devices`)
-            axis = int(enc["grow"].get("axis", 0))
-            shape[axis] *= plaindata.copies_for(shape[axis], jax.device_count())
+            for axis in plaindata.axes_of(enc["grow"].get("axis", 0)):
+                shape[axis] *= plaindata.copies_for(shape[axis], jax.device_count())
         return jax.ShapeDtypeStruct(
             tuple(shape),
             np.dtype(enc["dtype"]),
@@ -77,7 +77,9 @@ def _materialise(enc: dict):
         import jax
 
         grow = enc["grow"]
-        value = plaindata.grown(value, float(grow["shift"]), jax.device_count(), int(grow.get("axis", 0)))
+        value = plaindata.grown(
+            value, float(grow["shift"]), jax.device_count(), plaindata.axes_of(grow.get("axis", 0))
+        )
     if kind in ("list", "tuple"):
         items = [_materialise(v) for v in enc["items"]]
         return items if kind == "list" else tuple(items)

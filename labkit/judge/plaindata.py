@@ -29,15 +29,25 @@ def copies_for(rows: int, devices: int) -> int:
     return devices // math.gcd(rows, devices)
 
 
-def grown(value: np.ndarray, shift: float, devices: int, axis: int = 0) -> np.ndarray:
+def axes_of(axis) -> tuple[int, ...]:
+    """The axes an input grows along (`checks.by_devices`), from an int or a list of them."""
+    return tuple(int(a) for a in axis) if isinstance(axis, (list, tuple)) else (int(axis),)
+
+
+def grown(value: np.ndarray, shift: float, devices: int, axis: int | tuple[int, ...] = 0) -> np.ndarray:
     """A test's input as a run on `devices` devices gets it (`checks.by_devices`): the array as written, then
     each further copy of it along `axis` (its rows unless said) shifted by `shift` more than the last, so that
-    no two devices' blocks are alike."""
+    no two devices' blocks are alike. Along several axes, each in turn, the later axes' copies shifted past
+    every earlier copy."""
     value = np.asarray(value)
-    copies = copies_for(value.shape[axis] if value.ndim > axis else 0, devices)
-    if copies == 1:
-        return value
-    return np.concatenate([value + np.asarray(k * shift, value.dtype) for k in range(copies)], axis=axis)
+    for a in axes_of(axis):
+        copies = copies_for(value.shape[a] if value.ndim > a else 0, devices)
+        if copies > 1:
+            value = np.concatenate(
+                [value + np.asarray(k * shift, value.dtype) for k in range(copies)], axis=a
+            )
+            shift *= copies
+    return value
 
 
 # ----------------------------------------------------------------------------------------

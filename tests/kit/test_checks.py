@@ -1,6 +1,7 @@
 """The expectations a lab test states, and the messages a student reads when they fail."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -394,8 +395,31 @@ def test_an_input_sized_by_devices_can_grow_its_columns_for_a_grid_split_by_colu
     monkeypatch.setattr(jax, "device_count", lambda: 256)
     assert harness._materialise(shapes).shape == (2, 256)
     assert np.array_equal(np.asarray(harness._materialise(call("f", x).encoded()["args"][0])), on_256)
-    with pytest.raises(TypeError, match="axis 2"):
+    with pytest.raises(TypeError, match="axes 2"):
         by_devices(grid, axis=2)
+    assert call("f", by_devices(grid, shift=1000, axis=(1,))).id == call("f", x).id  # one axis, one spelling
+
+
+def test_an_input_sized_by_devices_can_grow_rows_and_columns_with_no_two_blocks_alike(monkeypatch):
+    import jax
+
+    from labkit.checks import by_devices
+    from labkit.judge import callplan, harness
+
+    matrix = np.arange(32 * 64, dtype=np.float32).reshape(32, 64)
+    x = by_devices(matrix, shift=1, axis=(0, 1))
+    assert np.array_equal(x.on(SimpleNamespace(device_count=32)), matrix)
+    on_256 = plaindata.grown(x.value, x.shift, 256, x.axis)  # rows one a device, columns for a 2 x 128 grid
+    assert on_256.shape == (256, 256)
+    blocks = {on_256[i : i + 32, j : j + 64].tobytes() for i in range(0, 256, 32) for j in range(0, 256, 64)}
+    assert len(blocks) == 8 * 4  # every copy shifted past every other
+    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
+    shapes = callplan.for_the_student([spec])[0]["args"][0]
+    monkeypatch.setattr(jax, "device_count", lambda: 256)
+    assert harness._materialise(shapes).shape == (256, 256)
+    assert np.array_equal(np.asarray(harness._materialise(call("f", x).encoded()["args"][0])), on_256)
+    with pytest.raises(TypeError, match="axes"):
+        by_devices(matrix, axis=(0, 0))
 
 
 def test_an_input_sized_by_devices_keeps_its_id_and_reaches_each_process_grown_for_its_devices(monkeypatch):
