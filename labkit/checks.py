@@ -248,7 +248,8 @@ def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0) -> By
 
 @dataclass(frozen=True)
 class AsNumpy:
-    """An input that arrives as a numpy array rather than a JAX array."""
+    """An input that arrives as a numpy array rather than a JAX array (`AsNumpy(by_devices(x, shift=...))`
+    grows with the pod as `by_devices` says)."""
 
     value: Any
 
@@ -300,7 +301,8 @@ def _encode_input(value) -> dict:
         }
         return enc
     if isinstance(value, AsNumpy):
-        enc = plaindata.encode(np.asarray(value.value))
+        inner = value.value
+        enc = _encode_input(inner) if isinstance(inner, ByDevices) else plaindata.encode(np.asarray(inner))
         enc["as"] = "numpy"
         return enc
     if isinstance(value, (list, tuple)):

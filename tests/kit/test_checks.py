@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from labkit.checks import (
+    AsNumpy,
     FactUnavailable,
     Mismatch,
     call,
@@ -440,5 +441,9 @@ def test_an_input_sized_by_devices_keeps_its_id_and_reaches_each_process_grown_f
     got = np.asarray(harness._materialise(plain.encoded()["args"][0]))
     assert np.array_equal(got[:32], x.value) and np.allclose(got[32:64], x.value + 0.5)
     assert split.encoded()["args"][0]["grow"] == {"shift": 0.5} and "place" in split.encoded()["args"][0]
+    as_numpy = call("f", AsNumpy(x)).encoded()["args"][0]  # grows as asked, and arrives as numpy
+    assert as_numpy["grow"] == {"shift": 0.5} and as_numpy["as"] == "numpy"
+    grown_numpy = harness._materialise(as_numpy)
+    assert type(grown_numpy) is np.ndarray and grown_numpy.shape == (256,)
     monkeypatch.setattr(jax, "device_count", lambda: 8)
     assert np.array_equal(np.asarray(harness._materialise(plain.encoded()["args"][0])), x.value)
