@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from notebook_variants import LAB_3_PUBLIC_TESTS
 
-from labkit.checks import AsNumpy, call
+from labkit.checks import AsNumpy, by_devices, call
 from labkit.course import configs
 from labkit.run import execute, modes
 
@@ -145,8 +145,10 @@ def test_every_process_runs_the_notebook_and_the_record_says_which_process_holds
     assert all(
         p["environment"]["process_count"] == 2 and p["environment"]["device_count"] == 8 for p in processes
     )
-    data = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)  # the public tests' dataset
-    value = processes[0]["results"][call("load_global_batch", AsNumpy(data)).id]["value"]
+    # the public tests' dataset, ROWS, as they give it (its rows grow only on more than 32 devices)
+    data = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)
+    loaded = call("load_global_batch", AsNumpy(by_devices(data, shift=96.0)))
+    value = processes[0]["results"][loaded.id]["value"]
     assert np.array_equal(
         np.array(value["data"], np.float32).reshape(value["shape"]), data
     )  # gathered from both

@@ -5,6 +5,7 @@ import numpy as np
 from labkit.checks import (
     AsNumpy,
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -16,11 +17,13 @@ from labkit.checks import (
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
 
+# The rows a run splits over every device grow with the pod: 32 of them on 1 to 32 devices, copies on more
 RNG = np.random.default_rng(11)
-DATA = RNG.normal(size=(32, 5)).astype(np.float32)
-TARGETS = (DATA @ RNG.normal(size=5) + 0.1 * RNG.normal(size=32)).astype(np.float32)
-W0 = RNG.normal(size=5).astype(np.float32)
-VECTOR = RNG.normal(size=32).astype(np.float32)
+_data = RNG.normal(size=(32, 5)).astype(np.float32)
+DATA = by_devices(_data, shift=0.5)
+TARGETS = by_devices((_data @ RNG.normal(size=5) + 0.1 * RNG.normal(size=32)).astype(np.float32), shift=0.5)
+W0 = RNG.normal(size=5).astype(np.float32)  # on every device: the same on every pod
+VECTOR = by_devices(RNG.normal(size=32).astype(np.float32), shift=0.5)
 
 
 def sgd_step(w, x, y, lr=0.1):
@@ -46,16 +49,16 @@ def test_each_process_contributes_only_its_rows(got, run):
     for number, value in enumerate(run.each_process(call("load_global_batch", AsNumpy(DATA)))):
         expect_shape(
             value,
-            DATA.shape,
+            DATA.on(run).shape,
             hint=f"on process {number}: a batch of {run.process_count} times the rows means "
             "every process passed the whole dataset, not its own rows",
         )
-        expect_close(value, DATA)
+        expect_close(value, DATA.on(run))
 
 
 @check(got=call("load_global_batch", AsNumpy(TARGETS)))
 def test_a_one_dimensional_batch_loads_too(got, run):
-    expect_close(got, TARGETS)
+    expect_close(got, TARGETS.on(run))
 
 
 @check(got=call("gather_to_every_host", placed(VECTOR, ("data",))))
@@ -63,7 +66,7 @@ def test_gather_reads_shards_that_live_on_other_processes(got, run):
     for number, value in enumerate(run.each_process(call("gather_to_every_host", placed(VECTOR, ("data",))))):
         expect_close(
             value,
-            VECTOR,
+            VECTOR.on(run),
             hint=f"on process {number}: np.asarray(x) or x.addressable_shards only see this "
             "process's shards; multihost_utils.process_allgather(x, tiled=True) sees all",
         )
@@ -84,7 +87,7 @@ def test_only_process_0_prints(got, run):
 def test_a_step_on_unseen_data_uses_every_row_once(got, run):
     expect_close(
         got,
-        sgd_step(W0, DATA, TARGETS),
+        sgd_step(W0, DATA.on(run), TARGETS.on(run)),
         rtol=1e-4,
         atol=1e-5,
         hint="the gradient must average over all rows of every process: when every process loads the same "
@@ -97,17 +100,24 @@ def test_every_process_ends_the_step_with_the_same_weights(got, run):
     for number, value in enumerate(
         run.each_process(call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
     ):
-        expect_close(value, sgd_step(W0, DATA, TARGETS), rtol=1e-4, atol=1e-5, hint=f"on process {number}")
+        expect_close(
+            value,
+            sgd_step(W0, DATA.on(run), TARGETS.on(run)),
+            rtol=1e-4,
+            atol=1e-5,
+            hint=f"on process {number}",
+        )
 
 
 @check(got=compiled_call("data_parallel_step", AsNumpy(W0), AsNumpy(DATA), AsNumpy(TARGETS)))
 def test_a_step_gives_each_device_only_its_own_rows_of_the_batch(got, run):
-    public.expect_own_rows_and_an_all_reduce(got, run.device_count, DATA)  # the public test's budget
+    public.expect_own_rows_and_an_all_reduce(got, run.device_count, DATA.on(run))  # the public test's budget
 
 
 # Stretch (not graded: points=0): the loss of a larger dataset, which each process must see whole.
-MANY_ROWS = RNG.normal(size=(64, 5)).astype(np.float32)
-MANY_TARGETS = (MANY_ROWS @ W0 + RNG.normal(size=64)).astype(np.float32)
+_many_rows = RNG.normal(size=(64, 5)).astype(np.float32)
+MANY_ROWS = by_devices(_many_rows, shift=0.5)
+MANY_TARGETS = by_devices((_many_rows @ W0 + RNG.normal(size=64)).astype(np.float32), shift=0.5)
 
 
 @check(points=0, got=call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)))
@@ -116,6 +126,6 @@ def test_global_mse_of_a_larger_dataset(got, run):
         run,
         call("global_mse", AsNumpy(W0), AsNumpy(MANY_ROWS), AsNumpy(MANY_TARGETS)),
         W0,
-        MANY_ROWS,
-        MANY_TARGETS,
+        MANY_ROWS.on(run),
+        MANY_TARGETS.on(run),
     )

@@ -11,6 +11,7 @@ import numpy as np
 from labkit.checks import (
     AsNumpy,
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -24,11 +25,12 @@ from labkit.checks import (
     placed,
 )
 
-ROWS = np.arange(32 * 3, dtype=np.float32).reshape(
-    32, 3
-)  # 32 rows: one or more per device on up to 32 devices
-W = np.array([0.5, -1.0, 0.25], dtype=np.float32)
-Y = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
+# 32 rows: one or more per device on up to 32 devices. A larger pod gets copies, each shifted so that the
+# numbering runs on (256 devices: the rows of np.arange(256 * 3).reshape(256, 3)).
+ROWS = by_devices(np.arange(32 * 3, dtype=np.float32).reshape(32, 3), shift=96.0)
+X = by_devices(ROWS.value / 10, shift=9.6)  # the step's features: ROWS / 10, grown alike
+W = np.array([0.5, -1.0, 0.25], dtype=np.float32)  # on every device: the same on every pod
+Y = by_devices(np.linspace(-1.0, 1.0, 32, dtype=np.float32), shift=0.25)
 LEARNING_RATE = 0.1
 
 WHOLE_BATCH = (
@@ -122,12 +124,13 @@ def test_the_processes_load_disjoint_blocks_that_cover_the_batch(got, run):
 
 
 @check(got=call("load_global_batch", AsNumpy(ROWS)))
-def test_the_global_batch_has_the_shape_and_values_of_the_dataset(got):
-    expect_shape(got, ROWS.shape, hint=WHOLE_BATCH)
+def test_the_global_batch_has_the_shape_and_values_of_the_dataset(got, run):
+    dataset = ROWS.on(run)
+    expect_shape(got, dataset.shape, hint=WHOLE_BATCH)
     rows = np.asarray(got.value)
-    if not np.array_equal(rows, ROWS) and np.array_equal(rows[np.argsort(rows[:, 0])], ROWS):
+    if not np.array_equal(rows, dataset) and np.array_equal(rows[np.argsort(rows[:, 0])], dataset):
         raise Mismatch(PERMUTED)
-    expect_close(got, ROWS, hint=SAME_ROWS)
+    expect_close(got, dataset, hint=SAME_ROWS)
 
 
 @check(got=call("load_global_batch", AsNumpy(ROWS)))
@@ -138,12 +141,12 @@ def test_the_global_batch_is_split_across_every_device(got, run):
 
 
 @check(got=call("gather_to_every_host", placed(ROWS, ("data", None))))
-def test_gather_returns_the_whole_array_as_numpy(got):
+def test_gather_returns_the_whole_array_as_numpy(got, run):
     if got.is_jax:
         raise Mismatch(
             "expected a numpy array, got a jax.Array: process_allgather returns numpy; return that"
         )
-    expect_close(got, ROWS)
+    expect_close(got, ROWS.on(run))
 
 
 @check(got=call("gather_to_every_host", placed(ROWS, ("data", None))))
@@ -153,7 +156,7 @@ def test_every_process_gets_the_whole_array(got, run):
     ):
         expect_close(
             value,
-            ROWS,
+            ROWS.on(run),
             hint=f"on process {number}: the shards this process holds are only part of the array, "
             "gather them all with multihost_utils.process_allgather(x, tiled=True)",
         )
@@ -174,18 +177,18 @@ def test_the_line_is_printed_once_for_the_whole_job(got, run):
             )
 
 
-@check(got=call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
-def test_one_step_matches_gradient_descent_on_the_whole_batch(got):
+@check(got=call("data_parallel_step", AsNumpy(W), AsNumpy(X), AsNumpy(Y)))
+def test_one_step_matches_gradient_descent_on_the_whole_batch(got, run):
     expect_close(
         got,
-        sgd_step(W, ROWS / 10, Y),
+        sgd_step(W, X.on(run), Y.on(run)),
         rtol=1e-4,
         atol=1e-5,
         hint="the mean must run over every row of the global batch, each row once: " + SAME_ROWS,
     )
 
 
-@check(got=call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
+@check(got=call("data_parallel_step", AsNumpy(W), AsNumpy(X), AsNumpy(Y)))
 def test_the_new_weights_are_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint="put w on every device with NamedSharding(mesh, P())")
 
@@ -204,9 +207,9 @@ def expect_own_rows_and_an_all_reduce(got, n: int, x) -> None:
     expect_collective(got, "all-reduce", n, hint=STEP_ON_THE_WHOLE_BATCH)
 
 
-@check(got=compiled_call("data_parallel_step", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
+@check(got=compiled_call("data_parallel_step", AsNumpy(W), AsNumpy(X), AsNumpy(Y)))
 def test_a_step_computes_only_the_rows_of_each_device_and_averages_with_an_all_reduce(got, run):
-    expect_own_rows_and_an_all_reduce(got, run.device_count, ROWS)
+    expect_own_rows_and_an_all_reduce(got, run.device_count, X.on(run))
 
 
 # -- stretch (not graded: points=0): global_mse --------------------------------------------------
@@ -240,8 +243,8 @@ def expect_the_whole_datasets_loss_in_every_process(run, c, w, x, y) -> None:
         expect_close(value, mse(w, x, y), rtol=1e-4, atol=1e-6, hint=f"(on process {number})")
 
 
-@check(points=0, got=call("global_mse", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)))
+@check(points=0, got=call("global_mse", AsNumpy(W), AsNumpy(X), AsNumpy(Y)))
 def test_global_mse_is_the_loss_of_the_whole_dataset_in_every_process(got, run):
     expect_the_whole_datasets_loss_in_every_process(
-        run, call("global_mse", AsNumpy(W), AsNumpy(ROWS / 10), AsNumpy(Y)), W, ROWS / 10, Y
+        run, call("global_mse", AsNumpy(W), AsNumpy(X), AsNumpy(Y)), W, X.on(run), Y.on(run)
     )
