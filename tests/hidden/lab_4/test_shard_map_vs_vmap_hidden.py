@@ -3,15 +3,15 @@ distances_to_anchors on a batch and anchors of other shapes, its result still sp
 
 import numpy as np
 
-from labkit.checks import call, check, expect_close, expect_split_across
+from labkit.checks import by_devices, call, check, expect_close, expect_split_across
 
 RNG = np.random.default_rng(4)
-BATCH = RNG.normal(size=(64, 3)).astype(np.float32)
+BATCH = by_devices(RNG.normal(size=(64, 3)).astype(np.float32), shift=0.25)  # 64 rows; copies on larger pods
 
 
 @check(got=call("shard_map_vs_vmap", BATCH))
-def test_both_routes_agree_on_a_random_batch(got):
-    sums = (BATCH.astype(np.float64) ** 2).sum(axis=1)
+def test_both_routes_agree_on_a_random_batch(got, run):
+    sums = (BATCH.on(run).astype(np.float64) ** 2).sum(axis=1)
     expect_close(got, np.stack([sums, sums]), rtol=1e-5)
 
 
@@ -30,13 +30,15 @@ def test_the_shard_map_route_spreads_the_rows_over_every_device(got, run):
 # -- distances_to_anchors: a batch and anchors of other shapes ---------------------------------
 
 CASE = np.random.default_rng(44)
-POINTS = (3 * CASE.normal(size=(96, 5))).astype(np.float32)  # 96 rows: divides by 1 to 32 devices
+# 96 rows: they divide over 1 to 32 devices; on a larger pod the run gets copies, each 1.0 higher
+POINTS = by_devices((3 * CASE.normal(size=(96, 5))).astype(np.float32), shift=1.0)
 ANCHORS = CASE.normal(size=(3, 5)).astype(np.float32)  # 3 anchors: no device count above 3 divides them
 
 
 @check(got=call("distances_to_anchors", POINTS, ANCHORS))
-def test_distances_to_anchors_of_a_new_batch(got):
-    want = ((POINTS.astype(np.float64)[:, None, :] - ANCHORS.astype(np.float64)[None, :, :]) ** 2).sum(axis=2)
+def test_distances_to_anchors_of_a_new_batch(got, run):
+    points = POINTS.on(run)
+    want = ((points.astype(np.float64)[:, None, :] - ANCHORS.astype(np.float64)[None, :, :]) ** 2).sum(axis=2)
     expect_close(
         got,
         want,

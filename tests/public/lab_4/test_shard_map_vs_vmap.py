@@ -5,6 +5,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -20,7 +21,8 @@ from labkit.checks import (
 )
 from labkit.judge import plaindata
 
-X = np.linspace(-2.0, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4)  # 32 rows: divides by 1 to 32 devices
+# 32 rows: they divide over 1 to 32 devices; on a larger pod the run gets copies, each 0.25 higher
+X = by_devices(np.linspace(-2.0, 2.0, 32 * 4, dtype=np.float32).reshape(32, 4), shift=0.25)
 ONE_DEVICE = (
     "A mesh over jax.devices()[:1] gives the right numbers with every row computed on device 0: "
     "build the mesh from jax.devices()"
@@ -39,8 +41,10 @@ def row(got, i: int, batch: int) -> plaindata.Value:
 
 
 @check(got=compiled_call("shard_map_vs_vmap", X))
-def test_returns_the_two_results_stacked(got):
-    expect_shape(got, (2, X.shape[0]), hint="Stack the two length-B results with jnp.stack([sm, vm], axis=0)")
+def test_returns_the_two_results_stacked(got, run):
+    expect_shape(
+        got, (2, X.on(run).shape[0]), hint="Stack the two length-B results with jnp.stack([sm, vm], axis=0)"
+    )
 
 
 @check(got=call("shard_map_vs_vmap", X))
@@ -49,23 +53,27 @@ def test_keeps_the_dtype(got):
 
 
 @check(got=call("shard_map_vs_vmap", X))
-def test_row_0_is_the_shard_map_sum_of_squares(got):
+def test_row_0_is_the_shard_map_sum_of_squares(got, run):
+    x = X.on(run)
     expect_close(
-        row(got, 0, X.shape[0]),
-        both_ways(X)[0],
+        row(got, 0, x.shape[0]),
+        both_ways(x)[0],
         rtol=1e-5,
         hint="Inside the shard_map body, vmap the per-row sum over the device's block of rows",
     )
 
 
 @check(got=call("shard_map_vs_vmap", X))
-def test_row_1_is_the_vmap_sum_of_squares(got):
-    expect_close(row(got, 1, X.shape[0]), both_ways(X)[1], rtol=1e-5)
+def test_row_1_is_the_vmap_sum_of_squares(got, run):
+    x = X.on(run)
+    expect_close(row(got, 1, x.shape[0]), both_ways(x)[1], rtol=1e-5)
 
 
 @check(got=call("shard_map_vs_vmap", X))
 def test_the_shard_map_rows_are_spread_over_every_device(got, run):
-    expect_shape(got, (2, X.shape[0]), hint="Stack the two length-B results with jnp.stack([sm, vm], axis=0)")
+    expect_shape(
+        got, (2, X.on(run).shape[0]), hint="Stack the two length-B results with jnp.stack([sm, vm], axis=0)"
+    )
     expect_split_across(
         got,
         run.device_count,
@@ -76,18 +84,23 @@ def test_the_shard_map_rows_are_spread_over_every_device(got, run):
 
 
 @check(got=call("shard_map_vs_vmap", placed(X, ("data", None))))
-def test_accepts_an_input_that_is_already_split_by_rows(got):
-    expect_close(got, both_ways(X), rtol=1e-5)
+def test_accepts_an_input_that_is_already_split_by_rows(got, run):
+    expect_close(got, both_ways(X.on(run)), rtol=1e-5)
 
 
 # -- exercise 2: distances_to_anchors, a design held to its budget ----------------------------
 
-# 128 rows divide over 1 to 32 devices; 8 anchors cut over 8 devices leave one on each.
-POINTS = np.random.default_rng(40).normal(size=(128, 16)).astype(np.float32)
+# 128 rows divide over 1 to 32 devices (on a larger pod the run gets copies, each 0.5 higher); 8 anchors cut over
+# 8 devices leave one on each. Every device gets all the anchors: they stay as written on every pod.
+POINTS = by_devices(np.random.default_rng(40).normal(size=(128, 16)).astype(np.float32), shift=0.5)
 ANCHORS = np.random.default_rng(41).normal(size=(8, 16)).astype(np.float32)
 DISTANCES_CALL = compiled_call("distances_to_anchors", POINTS, ANCHORS)
-# For each row, anchor and feature: a subtraction, a square and an addition.
-DISTANCE_FLOPS = 3.0 * POINTS.shape[0] * ANCHORS.shape[0] * POINTS.shape[1]
+
+
+def distance_flops(x: np.ndarray, anchors: np.ndarray) -> float:
+    """For each row, anchor and feature: a subtraction, a square and an addition."""
+    return 3.0 * x.shape[0] * anchors.shape[0] * x.shape[1]
+
 
 ANCHORS_CUT = (
     "This is what comes back when the anchors are cut along with x (in_specs P('data') for both): each device "
@@ -147,12 +160,12 @@ def expect_distances(got, x: np.ndarray, anchors: np.ndarray, devices: int) -> N
 
 @check(got=DISTANCES_CALL)
 def test_distances_to_anchors_gives_every_squared_distance(got, run):
-    expect_distances(got, POINTS, ANCHORS, run.device_count)
+    expect_distances(got, POINTS.on(run), ANCHORS, run.device_count)
 
 
 @check(got=DISTANCES_CALL)
 def test_distances_to_anchors_leaves_its_rows_split_over_every_device(got, run):
-    expect_shape(got, (POINTS.shape[0], ANCHORS.shape[0]))
+    expect_shape(got, (POINTS.on(run).shape[0], ANCHORS.shape[0]))
     expect_split_across(got, run.device_count, axis=0, hint=VMAP_ALONE)
 
 
@@ -189,7 +202,7 @@ def test_distances_to_anchors_computes_only_its_share(got, run):
     expect_a_program_of_every_device(got, run.device_count)
     expect_work_share(
         got,
-        DISTANCE_FLOPS,
+        distance_flops(POINTS.on(run), ANCHORS),
         run.device_count,
         slack=1.5,
         what="the distances of every row to every anchor",
