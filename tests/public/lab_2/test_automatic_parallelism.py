@@ -7,6 +7,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     collectives_of,
@@ -21,7 +22,11 @@ from labkit.checks import (
 from labkit.cost import shape_bytes
 
 M = np.linspace(-3.0, 3.0, 32 * 8, dtype=np.float32).reshape(32, 8)  # sizes divide by 1 to 32 devices
-TILES = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 16.0
+# M split by rows over every device: on more than 32 devices, more rows (copies, each 0.5 higher)
+ROWS = by_devices(M, shift=0.5)
+# 16 rows and 32 columns: a grid of 2 x 16 or smaller cuts both; the 128 columns of a 2 x 128 grid (256
+# devices) need more columns, copies each 0.25 higher
+TILES = by_devices(np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 16.0, shift=0.25, axis=1)
 NO_CONSTRAINT = (
     "Without jax.lax.with_sharding_constraint(sums, NamedSharding(grid, P(('rows', 'cols')))) "
     "inside the jitted function, the column sums stay partially replicated"
@@ -64,12 +69,12 @@ def collectives(n: int) -> list[str]:
 # -- follow_data ---------------------------------------------------------------------------
 
 
-@check(got=call("follow_data", placed(M, ("data", None))))
-def test_follow_data_computes_two_sin_plus_one(got):
-    expect_close(got, 2 * np.sin(M) + 1, rtol=1e-5, atol=1e-5)
+@check(got=call("follow_data", placed(ROWS, ("data", None))))
+def test_follow_data_computes_two_sin_plus_one(got, run):
+    expect_close(got, 2 * np.sin(ROWS.on(run)) + 1, rtol=1e-5, atol=1e-5)
 
 
-@check(got=call("follow_data", placed(M, ("data", None))))
+@check(got=call("follow_data", placed(ROWS, ("data", None))))
 def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
     expect_split_across(
         got,
@@ -80,7 +85,7 @@ def test_follow_data_keeps_the_rows_split_across_every_device(got, run):
 
 
 # Its own input, so that check() in a notebook, which makes each distinct call once, examines this one.
-@check(got=compiled_call("follow_data", placed(-M, ("data", None))))
+@check(got=compiled_call("follow_data", placed(by_devices(-M, shift=-0.5), ("data", None))))
 def test_follow_data_does_its_work_inside_jit(got):
     expect_jitted(
         got,
@@ -94,8 +99,8 @@ def test_follow_data_does_its_work_inside_jit(got):
 
 
 @check(got=call("column_sums", TILES))
-def test_column_sums_are_the_sums_of_each_column(got):
-    expect_close(got, TILES.sum(axis=0), rtol=1e-5, atol=1e-4)
+def test_column_sums_are_the_sums_of_each_column(got, run):
+    expect_close(got, TILES.on(run).sum(axis=0), rtol=1e-5, atol=1e-4)
 
 
 @check(got=call("column_sums", TILES))
@@ -115,7 +120,7 @@ def test_column_sums_are_added_up_where_the_tiles_are(got, run):
     """The layout alone does not show where the sum ran: one device adding up everything, its result then
     placed partially replicated, passes the value and layout tests. The compiled program's work does."""
     n = run.device_count
-    expect_work_split(got, TILES.size, n, what="the sum of the whole matrix", hint=SUM_ON_ONE_DEVICE)
+    expect_work_split(got, TILES.on(run).size, n, what="the sum of the whole matrix", hint=SUM_ON_ONE_DEVICE)
     expect_input_split(got, 0, n, name="x", hint=SUM_ON_ONE_DEVICE)
 
 
@@ -123,8 +128,8 @@ def test_column_sums_are_added_up_where_the_tiles_are(got, run):
 
 
 @check(got=call("column_sums_split", TILES))
-def test_column_sums_split_are_the_sums_of_each_column(got):
-    expect_close(got, TILES.sum(axis=0), rtol=1e-5, atol=1e-4)
+def test_column_sums_split_are_the_sums_of_each_column(got, run):
+    expect_close(got, TILES.on(run).sum(axis=0), rtol=1e-5, atol=1e-4)
 
 
 @check(got=call("column_sums_split", TILES))
@@ -153,7 +158,7 @@ def expect_no_sum_made_whole(got, n: int, x) -> None:
 
 @check(got=compiled_call("column_sums_split", TILES))
 def test_column_sums_split_adds_the_partial_sums_of_each_device_only_for_its_piece(got, run):
-    expect_no_sum_made_whole(got, run.device_count, TILES)
+    expect_no_sum_made_whole(got, run.device_count, TILES.on(run))
 
 
 # -- collectives_of_sum --------------------------------------------------------------------
@@ -165,7 +170,7 @@ def test_collectives_of_a_sum_on_one_device(got):
         raise Mismatch(f"expected [] (an array on one device needs no communication), got {got!r}")
 
 
-@check(got=call("collectives_of_sum", placed(M, ("data", None))))
+@check(got=call("collectives_of_sum", placed(ROWS, ("data", None))))
 def test_collectives_of_a_sum_over_rows_split_across_the_devices(got, run):
     want = collectives(run.device_count)
     have = [v.value for v in got.value] if got.kind == "list" else None
@@ -185,8 +190,12 @@ def test_collectives_of_a_sum_of_a_replicated_array(got):
 
 # -- stretch (not graded: points=0): matvec_split ---------------------------------------------
 
-MATRIX = np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64)  # both divide by 1 to 32 devices
-VECTOR = np.linspace(2.0, -2.0, 64, dtype=np.float32)
+# Both sizes divide by 1 to 32 devices. On a larger pod the product's rows need one a device and the grid
+# cuts the columns n / 2 ways: the matrix grows both (copies, each 0.125 past the others), v as its columns
+MATRIX = by_devices(
+    np.linspace(-1.0, 1.0, 32 * 64, dtype=np.float32).reshape(32, 64), shift=0.125, axis=(0, 1)
+)
+VECTOR = by_devices(np.linspace(2.0, -2.0, 64, dtype=np.float32), shift=0.125)
 NO_SPLIT = (
     "Constrain the product inside the jitted function to NamedSharding(grid, P(('rows', 'cols'))): left "
     "to itself, the compiler keeps x @ v on the devices of one grid column, copied along the other axis"
@@ -198,8 +207,8 @@ def matvec(x, v):
 
 
 @check(points=0, got=call("matvec_split", MATRIX, VECTOR))
-def test_matvec_split_equals_the_product(got):
-    expect_close(got, matvec(MATRIX, VECTOR), rtol=1e-5, atol=1e-5)
+def test_matvec_split_equals_the_product(got, run):
+    expect_close(got, matvec(MATRIX.on(run), VECTOR.on(run)), rtol=1e-5, atol=1e-5)
 
 
 @check(points=0, got=call("matvec_split", MATRIX, VECTOR))
@@ -221,4 +230,4 @@ def expect_one_tile_per_device(got, n: int, x) -> None:
 
 @check(points=0, got=compiled_call("matvec_split", MATRIX, VECTOR))
 def test_matvec_split_holds_and_multiplies_one_tile_on_each_device(got, run):
-    expect_one_tile_per_device(got, run.device_count, MATRIX)
+    expect_one_tile_per_device(got, run.device_count, MATRIX.on(run))
