@@ -9,6 +9,7 @@ the kernel, its share of the products, and no collective at all.
 import numpy as np
 
 from labkit.checks import (
+    by_devices,
     call,
     check,
     compiled_call,
@@ -20,21 +21,23 @@ from labkit.checks import (
 )
 
 RNG = np.random.default_rng(6)
-X = RNG.normal(size=(32, 5)).astype(np.float32)
-Y = RNG.normal(size=(32, 2)).astype(np.float32)
+# 32 rows, as written on 1 to 32 devices; copies on a larger pod (each 0.25 higher) until the rows divide
+ROWS = RNG.normal(size=(32, 5)).astype(np.float32)  # the worked example's batch, never split over the devices
+X = by_devices(ROWS, shift=0.25)
+Y = by_devices(RNG.normal(size=(32, 2)).astype(np.float32), shift=0.25)
 
 
 _public = public_tests(__file__)  # the public tests' inputs and helpers
 nnx_linears, layer = _public.nnx_linears, _public.layer
 
 
-@check(points=0, got=call("shard_map_simulate", 11.0, X, 8.0, 2.0))  # a worked example: a check of it
+@check(points=0, got=call("shard_map_simulate", 11.0, ROWS, 8.0, 2.0))  # a worked example: a check of it
 def test_simulate_builds_the_model_once_for_eight_shards(got):
-    shards = np.split(X.astype(np.float64), 8)
+    shards = np.split(ROWS.astype(np.float64), 8)
     rebuilt = np.concatenate([s @ k + b for s, (k, b) in zip(shards, nnx_linears(11, 5, 2, count=8))])
     expect_close_naming_mistakes(
         got,
-        layer(11, X, 2).reshape(-1),
+        layer(11, ROWS, 2).reshape(-1),
         {
             "Each of the 8 shards ran a different model: the layer was built inside the loop from a shared "
             "nnx.Rngs. Build it once, before the loop": rebuilt.reshape(-1),
@@ -45,13 +48,13 @@ def test_simulate_builds_the_model_once_for_eight_shards(got):
 
 @check(got=call("shard_map_linear", 9, X, 2))
 def test_linear_keeps_the_rows_of_each_device_on_that_device(got, run):
-    n = run.device_count
-    want = layer(9, X, 2)
+    n, x = run.device_count, X.on(run)
+    want = layer(9, x, 2)
     expect_close_naming_mistakes(
         got,
         want,
         {
-            f"Those are only device 0's {len(X) // n} rows: out_specs=P() promises every device holds the same "
+            f"Those are only device 0's {len(x) // n} rows: out_specs=P() promises every device holds the same "
             "value, but each device holds different rows. Use out_specs=P('data', None)": np.split(want, n)[
                 0
             ],
@@ -70,7 +73,7 @@ def test_linear_keeps_the_rows_of_each_device_on_that_device(got, run):
 @check(got=call("shard_map_mse", 13.0, X, Y, 2.0))
 def test_mse_is_the_mean_over_the_rows_of_every_device(got, run):
     n = run.device_count
-    errors = (layer(13, X, 2) - Y) ** 2
+    errors = (layer(13, X.on(run), 2) - Y.on(run)) ** 2
     expect_close_naming_mistakes(
         got,
         errors.mean(),
@@ -87,8 +90,8 @@ def test_mse_is_the_mean_over_the_rows_of_every_device(got, run):
 
 # Two exercises in one test: it lives here so that the check cell of the first never waits for the second.
 @check(real=call("shard_map_linear", 2.0, X, 3.0), simulated=call("shard_map_simulate", 2.0, X, 8.0, 3.0))
-def test_linear_equals_the_simulation(real, simulated):
-    expect_shape(real, (32, 3))
+def test_linear_equals_the_simulation(real, simulated, run):
+    expect_shape(real, (len(X.on(run)), 3))
     expect_close(
         simulated,
         real.value.reshape(-1),

@@ -14,6 +14,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -63,21 +64,24 @@ REBUILT = (
 )
 NOT_FLAT = "That is the (N, features) output before flattening: return out.reshape(-1)"
 
-X = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 5 - 2.0) / 2  # 32 rows: divides by 1 to 32 devices
+# 32 rows: they divide over 1 to 32 devices. The worked example takes them as written; the exercises that split
+# them over every device take X, copies of them on a larger pod (each 0.125 higher) until the rows divide.
+ROWS = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 5 - 2.0) / 2
+X = by_devices(ROWS, shift=0.125)
 
 
 # -- shard_map_simulate (a worked example: its tests are worth no points) ----------------------
 
 
-@check(points=0, got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
+@check(points=0, got=call("shard_map_simulate", 3.0, ROWS, 4.0, 3.0))
 def test_simulate_equals_the_layer_on_the_whole_batch(got):
-    want = layer(3, X, 3)
+    want = layer(3, ROWS, 3)
     expect_close_naming_mistakes(
-        got, want.reshape(-1), {REBUILT: rebuilt_per_shard(3, X, 4, 3), NOT_FLAT: want}, atol=1e-5
+        got, want.reshape(-1), {REBUILT: rebuilt_per_shard(3, ROWS, 4, 3), NOT_FLAT: want}, atol=1e-5
     )
 
 
-@check(points=0, got=call("shard_map_simulate", 3.0, X, 4.0, 3.0))
+@check(points=0, got=call("shard_map_simulate", 3.0, ROWS, 4.0, 3.0))
 def test_simulate_returns_one_flat_float32_vector(got):
     expect_shape(got, (32 * 3,), hint="Join the shards with jnp.concatenate(outs, axis=0), then reshape(-1)")
     expect_dtype(got, "float32")
@@ -85,12 +89,12 @@ def test_simulate_returns_one_flat_float32_vector(got):
 
 @check(
     points=0,
-    one=call("shard_map_simulate", 1.0, X, 1.0, 2.0),
-    eight=call("shard_map_simulate", 1.0, X, 8.0, 2.0),
+    one=call("shard_map_simulate", 1.0, ROWS, 1.0, 2.0),
+    eight=call("shard_map_simulate", 1.0, ROWS, 8.0, 2.0),
 )
 def test_simulate_gives_the_same_answer_for_any_number_of_shards(one, eight):
     expect_close_naming_mistakes(
-        eight, layer(1, X, 2).reshape(-1), {REBUILT: rebuilt_per_shard(1, X, 8, 2)}, atol=1e-5
+        eight, layer(1, ROWS, 2).reshape(-1), {REBUILT: rebuilt_per_shard(1, ROWS, 8, 2)}, atol=1e-5
     )
     expect_close(eight, one.value, atol=1e-5, hint="With one model the split cannot change the answer")
 
@@ -99,10 +103,10 @@ def test_simulate_gives_the_same_answer_for_any_number_of_shards(one, eight):
 
 
 @check(got=call("shard_map_linear", 4, X, 3))
-def test_linear_applies_the_seeded_layer_to_every_row(got):
+def test_linear_applies_the_seeded_layer_to_every_row(got, run):
     expect_close(
         got,
-        layer(4, X, 3),
+        layer(4, X.on(run), 3),
         atol=1e-5,
         hint="Build nnx.Linear(x.shape[-1], features, rngs=nnx.Rngs(seed)) and give its state in_specs=P()",
     )
@@ -110,18 +114,19 @@ def test_linear_applies_the_seeded_layer_to_every_row(got):
 
 @check(got=call("shard_map_linear", 4, X, 3))
 def test_linear_rows_are_split_across_every_device(got, run):
-    expect_shape(got, (32, 3))
+    expect_shape(got, (len(X.on(run)), 3))
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
 
 
 # -- shard_map_mse --------------------------------------------------------------------------
 
-Y = np.linspace(-1.0, 1.0, 32 * 3, dtype=np.float32).reshape(32, 3) ** 3 * 4
+# X's targets, grown with it (each copy 0.25 higher)
+Y = by_devices(np.linspace(-1.0, 1.0, 32 * 3, dtype=np.float32).reshape(32, 3) ** 3 * 4, shift=0.25)
 
 
 @check(got=compiled_call("shard_map_mse", 6, X, Y, 3))
 def test_mse_averages_over_the_whole_batch(got, run):
-    errors = (layer(6, X, 3) - Y) ** 2
+    errors = (layer(6, X.on(run), 3) - Y.on(run)) ** 2
     first = np.split(errors, run.device_count)[0].mean()
     expect_close_naming_mistakes(
         got,
@@ -198,16 +203,23 @@ def expect_blocks_on_the_grid(got, n: int) -> None:
 
 
 XG = (np.arange(16 * 6, dtype=np.float32).reshape(16, 6) % 7 - 3.0) / 3  # 16 rows: two blocks on any grid
-PARAMS, (KERNEL, BIAS) = grid_params(5, 6, 32)  # 32 features: they divide over 'model' on 1 to 32 devices
+# 32 features: they divide over 'model' on 1 to 32 devices. On a larger pod ('model' is 128 on the 2 x 128 grid
+# of 256 devices) the run gets 256: copies of the kernel's columns and of the bias, each copy 0.0625 higher
+SEEDED, _ = grid_params(5, 6, 32)
+PARAMS = {
+    "kernel": by_devices(SEEDED["kernel"], shift=0.0625, axis=1),
+    "bias": by_devices(SEEDED["bias"], shift=0.0625),
+}
 
 
 @check(got=call("linear_grid", XG, PARAMS))
-def test_linear_grid_applies_the_layer_to_every_row(got):
-    expect_shape(got, (16, 32))
+def test_linear_grid_applies_the_layer_to_every_row(got, run):
+    kernel, bias = (PARAMS[k].on(run).astype(np.float64) for k in ("kernel", "bias"))
+    expect_shape(got, (16, kernel.shape[1]))
     expect_dtype(got, "float32")
     expect_close(
         got,
-        XG.astype(np.float64) @ KERNEL + BIAS,
+        XG.astype(np.float64) @ kernel + bias,
         atol=1e-5,
         hint="Every row of x goes through the layer whose state is params: x @ kernel + bias",
     )
