@@ -103,6 +103,7 @@ __all__ = [
     "expect_work_share",
     "expect_work_split",
     "judged_on_tpu_only",
+    "not_judged_for",
     "placed",
     "public_tests",
     "sent_parts",
@@ -188,6 +189,18 @@ def judged_on_tpu_only(run: LabRun, why: str) -> None:
     all-reduce and a slice); the compile-only TPU configurations (v5e-8, ...) judge the TPU program."""
     if not run.config.compile_for:
         _skip_off_tpu(f"{TPU_ONLY_SKIP}, as {why}", run.config)
+
+
+def not_judged_for(run: LabRun, topologies: tuple[str, ...], why: str) -> None:
+    """Skip the test on the compile-only configurations for these TPU `topologies`, saying `why`.
+
+    For a check on the compiled program where that topology's compiler writes the designs the test tells apart
+    alike (libtpu sends a reduce-scatter over a 256-device axis as an all-reduce, as it sends the whole product
+    made and cut); the other configurations still judge it."""
+    import pytest
+
+    if run.config.compile_for in topologies:
+        pytest.skip(f"not judged on {run.config.name}: {why}")
 
 
 def _skip_off_tpu(what: str, config: DeviceConfig) -> None:

@@ -447,3 +447,13 @@ def test_an_input_sized_by_devices_keeps_its_id_and_reaches_each_process_grown_f
     assert type(grown_numpy) is np.ndarray and grown_numpy.shape == (256,)
     monkeypatch.setattr(jax, "device_count", lambda: 8)
     assert np.array_equal(np.asarray(harness._materialise(plain.encoded()["args"][0])), x.value)
+
+
+def test_a_check_not_judged_for_a_topology_is_skipped_there_saying_why_and_judged_everywhere_else():
+    from labkit.checks import not_judged_for
+
+    on = lambda name, topology: SimpleNamespace(config=SimpleNamespace(name=name, compile_for=topology))
+    with pytest.raises(pytest.skip.Exception, match="not judged on v5e-256: the compiler writes both alike"):
+        not_judged_for(on("v5e-256", "v5e:16x16"), ("v5e:16x16",), "the compiler writes both alike")
+    for run in (on("v5e-8", "v5e:2x4"), on("cpu-8", None)):
+        assert not_judged_for(run, ("v5e:16x16",), "the compiler writes both alike") is None
