@@ -9,6 +9,7 @@ any layout that meets them passes.
 import numpy as np
 
 from labkit.checks import (
+    by_devices,
     call,
     check,
     compiled_call,
@@ -23,12 +24,12 @@ expect_types = _public.expect_types
 
 RNG = np.random.default_rng(12)
 
-TALL = RNG.normal(size=(64, 5)).astype(np.float32)
+TALL = by_devices(RNG.normal(size=(64, 5)).astype(np.float32), shift=0.5)  # 64 rows; copies on larger pods
 
 
 @check(got=call("place_rows", TALL))
 def test_place_rows_puts_a_different_block_of_rows_on_every_device(got, run):
-    expect_close(got, TALL)
+    expect_close(got, TALL.on(run))
     expect_split_across(
         got,
         run.device_count,
@@ -39,17 +40,22 @@ def test_place_rows_puts_a_different_block_of_rows_on_every_device(got, run):
 
 
 @check(got=call("types_after", TALL))
-def test_types_after_of_another_shape(got):
-    expect_types(got, ["float32[64@data,5]", "float32[64@data]", "float32[5]", "float32[5,64@data]"])
+def test_types_after_of_another_shape(got, run):
+    r, c = TALL.on(run).shape  # 64 x 5 on up to 64 devices
+    expect_types(
+        got, [f"float32[{r}@data,{c}]", f"float32[{r}@data]", f"float32[{c}]", f"float32[{c},{r}@data]"]
+    )
 
 
-A = RNG.normal(size=(32, 64)).astype(np.float32)
-B = RNG.normal(size=(64, 3)).astype(np.float32)
+# a's rows and columns, and b's rows, grow on pods of more than 32 devices (copies, each shifted)
+A = by_devices(RNG.normal(size=(32, 64)).astype(np.float32), shift=0.25, axis=(0, 1))
+B = by_devices(RNG.normal(size=(64, 3)).astype(np.float32), shift=0.25)
 
 
 @check(got=call("contract_to_rows", A, B))
 def test_contract_to_rows_reduce_scatters_instead_of_all_reducing(got, run):
-    expect_close(got, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-4, atol=1e-4)
+    a, b = A.on(run), B.on(run)
+    expect_close(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
     sh = got.sharding
     if sh is not None and run.device_count > 1 and sh.fully_replicated:
         raise AssertionError(
@@ -62,28 +68,29 @@ def test_contract_to_rows_reduce_scatters_instead_of_all_reducing(got, run):
 
 @check(got=compiled_call("contract_to_rows", A, B))
 def test_contract_to_rows_sends_less_than_an_all_reduce_of_the_product(got, run):
-    _public.expect_less_than_an_all_reduce_of_the_product(got, run, A, B)  # the public test's budget
+    _public.expect_less_than_an_all_reduce_of_the_product(got, run, A.on(run), B.on(run))  # the public budget
 
 
-SPIKY = RNG.normal(size=128).astype(np.float32)
+SPIKY = by_devices(RNG.normal(size=128).astype(np.float32), shift=0.25)  # 128 values; copies on larger pods
 
 
 @check(got=call("block_maxima", SPIKY))
 def test_block_maxima_of_a_random_vector(got, run):
     n = run.device_count
+    spiky = SPIKY.on(run)
     expect_close_naming_mistakes(
         got,
-        SPIKY.reshape(n, -1).max(axis=1),
+        spiky.reshape(n, -1).max(axis=1),
         {
             "every element is the maximum of the whole vector: a pmax across 'data' compares the devices' maxima; "
-            "each device should keep the maximum of its own block": np.full(n, SPIKY.max())
+            "each device should keep the maximum of its own block": np.full(n, spiky.max())
         },
     )
 
 
 @check(got=call("constrain_auto", TALL))
 def test_constrain_auto_of_a_taller_matrix(got, run):
-    expect_close(got, np.sin(TALL.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    expect_close(got, np.sin(TALL.on(run).astype(np.float64)), rtol=1e-5, atol=1e-6)
     expect_split_across(got, run.device_count, axis=0)
 
 
