@@ -104,7 +104,7 @@ def test_a_capstone_design_that_repeats_the_batch_is_refused_by_its_work_and_by_
 # The labs whose inputs grow with the pod (`checks.by_devices`: as written on up to 32 devices, shifted copies
 # beyond), as do their notebooks' try-it cells: each reference passes every test on v5e-256, hidden ones too.
 # `make test` grades lab 3 there (about 10 s a run); `make test SWEEP=full` grades every one of them.
-GROWN_WITH_THE_POD = [1, 3]
+GROWN_WITH_THE_POD = [1, 2, 3, 4, 6, 11, 12]
 
 
 @pytest.mark.parametrize("lab", GROWN_WITH_THE_POD if sweep.FULL else [3])
@@ -130,6 +130,11 @@ def test_the_reference_passes_every_test_on_v5e_256_under_the_limits_that_config
     assert run["status"] == "ok", run["message"]
     assert run["limits"]["processes"] >= 1536 and run["limits"]["memory"] >= 12 << 30, run["limits"]
     outcomes = lab_outcomes(lab)["v5e-256"]
-    failed = notebook_variants.not_passed(outcomes)
+    # passed, or skipped where the test says its topology's compiler writes the designs it tells apart alike
+    failed = {
+        t: why
+        for t, why in notebook_variants.not_passed(outcomes).items()
+        if not why.startswith("skipped: not judged on v5e-256: ")
+    }
     assert outcomes and not failed and any(o["hidden"] for o in outcomes.values()), failed
     assert done.returncode == 0 and "raised" not in done.stdout, done.stdout[-3000:]  # no try-it cell failed
