@@ -13,6 +13,7 @@ an all-gather of all of x, and each device sending n - 1 blocks where one all-to
 import numpy as np
 
 from labkit.checks import (
+    by_devices,
     call,
     check,
     compiled_call,
@@ -38,22 +39,24 @@ FORGOT_PSUM = (
 )
 
 
-PSUM = RNG.normal(1.0, 2.0, size=64).astype(np.float32)
+# The vectors here (32 or 64 values) divide over 1 to 32 devices; on a larger pod the run gets copies of each,
+# each copy shifted
+PSUM = by_devices(RNG.normal(1.0, 2.0, size=64).astype(np.float32), shift=0.5)
 
 
 @check(got=call("shard_map_psum", PSUM))
 def test_psum_of_a_random_vector_adds_the_blocks_of_every_device(got, run):
-    x = PSUM
+    x = PSUM.on(run)
     n = run.device_count
     expect_close_naming_mistakes(got, x.sum(), {FORGOT_PSUM.format(n=n): blocks(x, n)[0].sum()}, rtol=1e-4)
 
 
-SQUARES = np.linspace(0.0, 9.0, 64, dtype=np.float32) ** 2
+SQUARES = by_devices(np.linspace(0.0, 9.0, 64, dtype=np.float32) ** 2, shift=0.5)
 
 
 @check(got=call("shard_map_center", placed(SQUARES, ("data",))))
 def test_center_subtracts_the_global_mean_not_the_mean_of_each_block(got, run):
-    x = SQUARES
+    x = SQUARES.on(run)
     n = run.device_count
     local = np.concatenate([b - b.mean() for b in blocks(x, n)])
     expect_close_naming_mistakes(
@@ -68,14 +71,17 @@ def test_center_subtracts_the_global_mean_not_the_mean_of_each_block(got, run):
     )
 
 
-SOFT = np.concatenate([np.linspace(-2.0, 2.0, 24), np.linspace(5.0, 9.0, 8)]).astype(np.float32)
+SOFT = by_devices(
+    np.concatenate([np.linspace(-2.0, 2.0, 24), np.linspace(5.0, 9.0, 8)]).astype(np.float32), shift=0.25
+)
 
 
 @check(got=call("shard_map_softmax", SOFT))
 def test_softmax_normalises_over_the_whole_vector(got, run):
     n = run.device_count
-    parts = blocks(SOFT, n)
-    e = np.exp(SOFT.astype(np.float64) - SOFT.max())
+    soft = SOFT.on(run)
+    parts = blocks(soft, n)
+    e = np.exp(soft.astype(np.float64) - soft.max())
     shifted = [np.exp(b - b.max()) for b in parts]
     local_max = np.concatenate(shifted) / sum(s.sum() for s in shifted)
     local_sum = np.concatenate([b / b.sum() for b in np.split(e, n)])
@@ -90,39 +96,41 @@ def test_softmax_normalises_over_the_whole_vector(got, run):
     )
 
 
-RING = RNG.integers(-50, 50, size=64).astype(np.float32)
+RING = by_devices(RNG.integers(-50, 50, size=64).astype(np.float32), shift=100.0)
 
 
 @check(got=call("shard_map_ring_shift", RING))
 def test_ring_shift_turns_towards_the_next_device(got, run):
     n = run.device_count
-    step = len(RING) // n
+    ring = RING.on(run)
+    step = len(ring) // n
     expect_close_naming_mistakes(
         got,
-        np.roll(RING, step),
+        np.roll(ring, step),
         {
             f"On {n} devices the blocks went the wrong way round the ring (to device i - 1): ppermute's pairs are "
-            "(source, destination), so write (i, (i + 1) % n)": np.roll(RING, -step),
+            "(source, destination), so write (i, (i + 1) % n)": np.roll(ring, -step),
         },
     )
     expect_split_across(got, n, axis=0)
 
 
-WIDE = RNG.integers(0, 5, size=(32, 64)).astype(np.float32)
+WIDE = by_devices(RNG.integers(0, 5, size=(32, 64)).astype(np.float32), shift=5.0, axis=(0, 1))
 
 
 @check(got=call("shard_map_column_sums", placed(WIDE, ("data", None))))
 def test_column_sums_of_a_wide_matrix_are_reduced_and_scattered(got, run):
     n = run.device_count
-    partial = np.concatenate([b.sum(axis=0) for b in np.split(WIDE, n)])
+    wide = WIDE.on(run)
+    partial = np.concatenate([b.sum(axis=0) for b in np.split(wide, n)])
     expect_close_naming_mistakes(
         got,
-        WIDE.sum(axis=0),
+        wide.sum(axis=0),
         {
             f"On {n} devices those are each device's column sums of its own rows, never added together: "
             "jax.lax.psum_scatter(..., 'data', scatter_dimension=0, tiled=True) adds them and scatters the result": partial,
             f"On {n} devices that is {n} copies of the column sums: psum with out_specs=P('data') joins every "
-            "device's full copy; psum_scatter leaves each device one slice": np.tile(WIDE.sum(axis=0), n),
+            "device's full copy; psum_scatter leaves each device one slice": np.tile(wide.sum(axis=0), n),
         },
     )
     expect_split_across(
@@ -134,16 +142,17 @@ def test_column_sums_of_a_wide_matrix_are_reduced_and_scattered(got, run):
     )
 
 
-CUM = RNG.normal(0.5, 1.0, size=64).astype(np.float32)
+CUM = by_devices(RNG.normal(0.5, 1.0, size=64).astype(np.float32), shift=0.25)
 
 
 @check(got=call("shard_map_cumsum", CUM))
 def test_cumsum_continues_from_the_blocks_before(got, run):
     n = run.device_count
-    restart = np.concatenate([np.cumsum(b) for b in blocks(CUM, n)])
+    cum = CUM.on(run)
+    restart = np.concatenate([np.cumsum(b) for b in blocks(cum, n)])
     expect_close_naming_mistakes(
         got,
-        np.cumsum(CUM.astype(np.float64)),
+        np.cumsum(cum.astype(np.float64)),
         {
             f"On {n} devices every block's running total starts again from zero: add the totals of the devices "
             "before yours (jax.lax.all_gather of the block sums, and jax.lax.axis_index('data'))": restart,
@@ -169,18 +178,20 @@ def test_psum_gives_each_device_one_block_and_all_reduces_the_block_sums(got, ru
 
 # -- rows_to_columns, held to its budget: one all-to-all's traffic, and x never whole on a device --
 
-TILES = RNG.normal(size=(128, 128)).astype(np.float32)  # 64 KiB; a block of rows is 128 / n of them
+# 64 KiB; a block of rows is 128 / n of them (on a larger pod its rows and columns grow, each copy shifted)
+TILES = by_devices(RNG.normal(size=(128, 128)).astype(np.float32), shift=8.0, axis=(0, 1))
 TILES_CALL = compiled_call("rows_to_columns", placed(TILES, ("data", None)))
 
 
 @check(got=TILES_CALL)
 def test_rows_to_columns_of_a_random_matrix(got, run):
     n = run.device_count
+    tiles = TILES.on(run)
     expect_close_naming_mistakes(
         got,
-        TILES,
+        tiles,
         {
-            "That is x transposed: the values stay where they are in x, only which device holds them changes": TILES.T,
+            "That is x transposed: the values stay where they are in x, only which device holds them changes": tiles.T,
         },
     )
     expect_split_across(got, n, axis=1, hint="Split the result by columns over 'data': P(None, 'data')")
@@ -188,9 +199,9 @@ def test_rows_to_columns_of_a_random_matrix(got, run):
 
 @check(got=TILES_CALL)
 def test_rows_to_columns_sends_at_most_what_one_all_to_all_sends(got, run):
-    public.expect_one_all_to_all_sent(got, run.device_count, TILES)
+    public.expect_one_all_to_all_sent(got, run.device_count, TILES.on(run))
 
 
 @check(got=TILES_CALL)
 def test_rows_to_columns_never_holds_the_whole_matrix_on_one_device(got, run):
-    public.expect_never_whole(got, run.device_count, TILES)
+    public.expect_never_whole(got, run.device_count, TILES.on(run))

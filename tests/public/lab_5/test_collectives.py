@@ -12,6 +12,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     collectives_of,
@@ -40,15 +41,18 @@ def blocks(x, n):
 
 # -- shard_map_psum -------------------------------------------------------------------------
 
-SUM_X = np.arange(1.0, 33.0, dtype=np.float32)  # every input here divides by 1 to 32 devices
+# 32 values: every vector here divides over 1 to 32 devices; on a larger pod the run gets copies of it, each
+# shifted (here 1 to 256)
+SUM_X = by_devices(np.arange(1.0, 33.0, dtype=np.float32), shift=32.0)
 
 
 @check(got=call("shard_map_psum", SUM_X))
 def test_psum_adds_up_every_element(got, run):
-    first = blocks(SUM_X, run.device_count)[0].sum()
+    x = SUM_X.on(run)
+    first = blocks(x, run.device_count)[0].sum()
     expect_close_naming_mistakes(
         got,
-        SUM_X.sum(),
+        x.sum(),
         {
             "That is the sum of device 0's block alone: add the per-device sums with jax.lax.psum(local, 'data')": first,
         },
@@ -89,15 +93,16 @@ def test_psum_sums_one_block_on_each_device_and_all_reduces_the_sums(got, run):
 
 # -- shard_map_center -----------------------------------------------------------------------
 
-CENTER_X = (np.arange(32, dtype=np.float32) ** 2) / 8
+CENTER_X = by_devices((np.arange(32, dtype=np.float32) ** 2) / 8, shift=1 / 64)  # copies stay exact
 
 
 @check(got=call("shard_map_center", CENTER_X))
 def test_center_subtracts_the_mean_of_the_whole_array(got, run):
-    local = np.concatenate([b - b.mean() for b in blocks(CENTER_X, run.device_count)])
+    x = CENTER_X.on(run)
+    local = np.concatenate([b - b.mean() for b in blocks(x, run.device_count)])
     expect_close_naming_mistakes(
         got,
-        CENTER_X - CENTER_X.mean(),
+        x - x.mean(),
         {
             "Each block had its own mean subtracted: average the block means with jax.lax.pmean(..., 'data')": local,
         },
@@ -132,21 +137,23 @@ def softmax_mistakes(x, n):
     }
 
 
-SOFT_X = np.linspace(-3.0, 4.5, 32, dtype=np.float32)
-HUGE_X = np.array([1000.0, 999.0, 998.0, 0.0] * 8, dtype=np.float32)
+SOFT_X = by_devices(np.linspace(-3.0, 4.5, 32, dtype=np.float32), shift=0.25)
+HUGE_X = by_devices(np.array([1000.0, 999.0, 998.0, 0.0] * 8, dtype=np.float32), shift=0.25)
 
 
 @check(got=call("shard_map_softmax", SOFT_X))
 def test_softmax_matches_numpy(got, run):
-    expect_close_naming_mistakes(got, softmax(SOFT_X), softmax_mistakes(SOFT_X, run.device_count), atol=1e-6)
+    x = SOFT_X.on(run)
+    expect_close_naming_mistakes(got, softmax(x), softmax_mistakes(x, run.device_count), atol=1e-6)
 
 
 @check(got=call("shard_map_softmax", HUGE_X))
 def test_softmax_stays_finite_for_large_inputs(got, run):
+    x = HUGE_X.on(run)
     expect_close_naming_mistakes(
         got,
-        softmax(HUGE_X),
-        softmax_mistakes(HUGE_X, run.device_count),
+        softmax(x),
+        softmax_mistakes(x, run.device_count),
         atol=1e-6,
         hint="exp(1000) overflows float32: subtract the maximum before exp",
     )
@@ -159,19 +166,20 @@ def test_softmax_result_is_split_across_every_device(got, run):
 
 # -- shard_map_ring_shift -------------------------------------------------------------------
 
-RING_X = np.arange(32, dtype=np.float32)
+RING_X = by_devices(np.arange(32, dtype=np.float32), shift=32.0)  # 0 to 255 on 256 devices
 
 
 @check(got=call("shard_map_ring_shift", RING_X))
 def test_ring_shift_moves_every_block_to_the_next_device(got, run):
-    step = len(RING_X) // run.device_count
+    x = RING_X.on(run)
+    step = len(x) // run.device_count
     expect_close_naming_mistakes(
         got,
-        np.roll(RING_X, step),
+        np.roll(x, step),
         {
             "The blocks moved to the left: the pairs of perm are (source, destination), so device i sends to "
-            "(i + 1) % n with (i, (i + 1) % n)": np.roll(RING_X, -step),
-            "Nothing moved: did ppermute get a perm that sends each device to itself?": RING_X,
+            "(i + 1) % n with (i, (i + 1) % n)": np.roll(x, -step),
+            "Nothing moved: did ppermute get a perm that sends each device to itself?": x,
         },
         hint="Device i's block should end up on device i + 1, and the last device's on device 0",
     )
@@ -184,7 +192,8 @@ def test_ring_shift_result_is_split_across_every_device(got, run):
 
 # -- shard_map_column_sums ------------------------------------------------------------------
 
-COLS_X = np.arange(32 * 32, dtype=np.float32).reshape(32, 32) % 7
+# 32 x 32: its rows split over every device, and so do the 32 column sums; on a larger pod both grow
+COLS_X = by_devices(np.arange(32 * 32, dtype=np.float32).reshape(32, 32) % 7, shift=7.0, axis=(0, 1))
 
 
 def column_sum_mistakes(x, n):
@@ -201,7 +210,8 @@ def column_sum_mistakes(x, n):
 
 @check(got=compiled_call("shard_map_column_sums", COLS_X))
 def test_column_sums_add_up_every_row(got, run):
-    expect_close_naming_mistakes(got, COLS_X.sum(axis=0), column_sum_mistakes(COLS_X, run.device_count))
+    x = COLS_X.on(run)
+    expect_close_naming_mistakes(got, x.sum(axis=0), column_sum_mistakes(x, run.device_count))
 
 
 @check(got=call("shard_map_column_sums", COLS_X))
@@ -220,7 +230,7 @@ def test_column_sums_send_what_one_reduce_scatter_sends(got, run):
     n = run.device_count  # the handout's budget: (n - 1)/n of the vector of column sums, a little more passes
     expect_sent_within(
         got,
-        bytes_sent("reduce-scatter", COLS_X[0].nbytes // max(n, 1), n),
+        bytes_sent("reduce-scatter", COLS_X.on(run)[0].nbytes // max(n, 1), n),
         n,
         what="one reduce-scatter of the column sums",
         hint="A psum sends every device the whole vector, twice a reduce-scatter's traffic, and "
@@ -232,7 +242,7 @@ def test_column_sums_send_what_one_reduce_scatter_sends(got, run):
 
 # -- shard_map_cumsum -----------------------------------------------------------------------
 
-CUM_X = np.array([1.0, 2.0, -1.0, 0.5] * 8, dtype=np.float32)
+CUM_X = by_devices(np.array([1.0, 2.0, -1.0, 0.5] * 8, dtype=np.float32), shift=0.25)  # sums stay exact
 
 
 def cumsum_mistakes(x, n):
@@ -249,14 +259,15 @@ def cumsum_mistakes(x, n):
 
 @check(got=call("shard_map_cumsum", CUM_X))
 def test_cumsum_carries_the_total_over_from_block_to_block(got, run):
+    x = CUM_X.on(run)
     expect_close_naming_mistakes(
-        got, np.cumsum(CUM_X.astype(np.float64)), cumsum_mistakes(CUM_X, run.device_count), atol=1e-5
+        got, np.cumsum(x.astype(np.float64)), cumsum_mistakes(x, run.device_count), atol=1e-5
     )
 
 
 @check(got=call("shard_map_cumsum", placed(CUM_X, ("data",))))
 def test_cumsum_of_an_input_that_is_already_sharded(got, run):
-    expect_close(got, np.cumsum(CUM_X.astype(np.float64)), atol=1e-5)
+    expect_close(got, np.cumsum(CUM_X.on(run).astype(np.float64)), atol=1e-5)
     expect_split_across(got, run.device_count, axis=0, hint=ONE_DEVICE)
 
 
@@ -267,12 +278,13 @@ FEW = 16  # the numbers per device the budget allows each device to send
 
 
 def expect_a_few_numbers_sent(got, n: int, x) -> None:
-    """x stays split, and each device sends at most FEW numbers for each of the n devices."""
+    """x stays split, and each device sends at most FEW numbers for each of the n devices (fewer where a block
+    is itself only a few numbers: half a block's, 8 of the 16 on 256 devices, so that gathering blocks is over)."""
     expect_input_split(got, 0, n, name="x", hint="Give x in_specs=P('data'): each device keeps its own block")
     if n == 1:
         return
     sent, block = sent_per_device(got), x.nbytes / n
-    if sent > FEW * 4 * n:
+    if sent > min(FEW, x.size // n // 2) * 4 * n:
         raise Mismatch(
             f"each device sends {sent / 1024:.1f} KiB, {sent / block:.1f} block(s) of x, where the budget is "
             f"a few numbers for each of the {n} devices: gathering the blocks themselves moves the vector. "
@@ -287,7 +299,8 @@ def test_cumsum_sends_a_few_numbers_from_each_device_never_its_block(got, run):
 
 # -- rows_to_columns ------------------------------------------------------------------------
 
-TILES_X = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)  # 32 x 32: one row per device on 32 devices
+# 32 x 32: one row per device on 32 devices; on a larger pod its rows and columns grow, each copy shifted
+TILES_X = by_devices(np.arange(32 * 32, dtype=np.float32).reshape(32, 32), shift=1024.0, axis=(0, 1))
 TRANSPOSED = (
     "That is x transposed: the values stay where they are in x, only which device holds them "
     "changes. Device j ends up with columns j * m/n onward, every row of them"
@@ -296,9 +309,10 @@ TRANSPOSED = (
 
 @check(got=call("rows_to_columns", placed(TILES_X, ("data", None))))
 def test_rows_to_columns_gives_back_the_same_matrix(got, run):
-    expect_shape(got, TILES_X.shape, hint="Each device ends with (m, m/n): all the rows of its own columns")
+    x = TILES_X.on(run)
+    expect_shape(got, x.shape, hint="Each device ends with (m, m/n): all the rows of its own columns")
     expect_dtype(got, "float32")
-    expect_close_naming_mistakes(got, TILES_X, {TRANSPOSED: TILES_X.T})
+    expect_close_naming_mistakes(got, x, {TRANSPOSED: x.T})
 
 
 @check(got=call("rows_to_columns", placed(TILES_X, ("data", None))))
@@ -314,7 +328,9 @@ def test_rows_to_columns_leaves_each_device_its_own_columns(got, run):
 
 # rows_to_columns' budget: one all-to-all's traffic, and x never whole on a device. 128 x 128 (64 KiB): a block
 # of rows is 128 / n of them, and a whole x stands out from the blocks and the tiles in flight.
-BIG_TILES_X = np.arange(128 * 128, dtype=np.float32).reshape(128, 128) / 128.0
+BIG_TILES_X = by_devices(
+    np.arange(128 * 128, dtype=np.float32).reshape(128, 128) / 128.0, shift=128.0, axis=(0, 1)
+)
 BIG_TILES_CALL = compiled_call("rows_to_columns", placed(BIG_TILES_X, ("data", None)))
 MARGIN = 1.1  # a little over what one all-to-all sends passes; a whole block more does not
 
@@ -369,9 +385,9 @@ def expect_never_whole(got, n: int, x) -> None:
 
 @check(got=BIG_TILES_CALL)
 def test_rows_to_columns_sends_no_more_than_one_all_to_all(got, run):
-    expect_one_all_to_all_sent(got, run.device_count, BIG_TILES_X)
+    expect_one_all_to_all_sent(got, run.device_count, BIG_TILES_X.on(run))
 
 
 @check(got=BIG_TILES_CALL)
 def test_rows_to_columns_keeps_x_in_pieces_on_every_device(got, run):
-    expect_never_whole(got, run.device_count, BIG_TILES_X)
+    expect_never_whole(got, run.device_count, BIG_TILES_X.on(run))
