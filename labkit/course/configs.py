@@ -67,6 +67,8 @@ class DeviceConfig:
     # (`least_for(devices)`): `run_limits` raises a run's limits to them, never lowers them.
     least_processes: int = 0
     least_memory: int = 0
+    # The least seconds one notebook on it may run (`least_for(devices)`): `run_timeout` raises a timeout to it.
+    least_timeout: float = 0.0
 
     def availability(self) -> tuple[bool, str]:
         """(True, "") when this configuration can run here, else (False, reason)."""
@@ -89,6 +91,11 @@ class DeviceConfig:
             processes=max(limits.processes, self.least_processes),
             memory=max(limits.memory, self.least_memory),
         )
+
+    def run_timeout(self, timeout: float) -> float:
+        """`timeout` (seconds for one notebook) as a run on this configuration gets it: raised to
+        `least_timeout`, never lowered, wherever `run_limits` applies."""
+        return max(float(timeout), self.least_timeout)
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a run: the caller's, less its device variables, plus this configuration's."""
@@ -142,21 +149,29 @@ def _on_cpu(devices: int) -> dict[str, str]:
 # limits given stand, smaller ones a test asks for included.
 LEAST_PROCESSES, PROCESSES_PER_DEVICE = 256, 6
 LEAST_MEMORY, MEMORY_PER_DEVICE = 2 << 30, 40 << 20
+# Such a pod compiles slowly too: XLA:CPU partitions every program 256 ways, and libtpu compiles it for a 16 x 16
+# topology. On two cores a lab's reference notebook took 30 to 110 s on v5e-256, more where the machine was
+# shared, past the two minutes a notebook gets by default; where the floors above apply, a notebook gets at least
+# two seconds a device (512 s on v5e-256).
+SECONDS_PER_DEVICE = 2.0
 
 
 class Least(TypedDict):
     least_processes: int
     least_memory: int
+    least_timeout: float
 
 
 def least_for(devices: int) -> Least:
-    """The `least_processes` and `least_memory` of a configuration of `devices` simulated CPU devices: what it
-    needs, where that is more than the default limits; else 0 (no floor)."""
+    """The `least_processes`, `least_memory` and `least_timeout` of a configuration of `devices` simulated CPU
+    devices: what it needs, where that is more than the default limits; else 0 (no floor)."""
     processes = LEAST_PROCESSES + PROCESSES_PER_DEVICE * devices
     memory = LEAST_MEMORY + MEMORY_PER_DEVICE * devices
+    large = processes > DEFAULT_LIMITS.processes
     return {
-        "least_processes": processes if processes > DEFAULT_LIMITS.processes else 0,
+        "least_processes": processes if large else 0,
         "least_memory": memory if memory > DEFAULT_LIMITS.memory else 0,
+        "least_timeout": SECONDS_PER_DEVICE * devices if large else 0.0,
     }
 
 

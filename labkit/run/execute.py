@@ -61,7 +61,9 @@ class RunRecord:
     # A multi-process run: what every process returned (process 0's is also `results` and `environment`).
     processes: list = field(default_factory=list)  # [{"process", "exit", "environment", "results"}]
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
-    limits: dict = field(default_factory=dict)  # the Limits the run had
+    limits: dict = field(
+        default_factory=dict
+    )  # the Limits the run had, and its notebook's timeout in seconds
     start: str = (
         ""  # "warm" (a kernel forked by a warm server, `labkit.run.warm`) or "cold" (a kernel of its own)
     )
@@ -258,6 +260,7 @@ def run_notebook(
     """
     workdir = Path(workdir).absolute()  # named in the kernel's connection file and the sandbox's binds
     limits = config.run_limits(limits or DEFAULT_LIMITS)  # what a run on it needs to start, at the least
+    timeout = config.run_timeout(timeout)  # and to finish, at the least
     available, reason = config.availability()
     if not available:
         return RunRecord(config.name, Run.SKIPPED, reason, workdir=str(workdir))
@@ -316,7 +319,7 @@ def _run_one(
         cell_errors=cell_errors,
         workdir=str(workdir),
         isolation=ran.isolation,
-        limits=limits.to_json(),
+        limits=limits.to_json() | {"timeout": timeout},
         start=ran.start,
         cpu_share=ran.cpu_share,
     )
@@ -510,7 +513,7 @@ class _ProcessRun:
             cell_errors=cell_errors,
             workdir=str(self.workdir),
             isolation=next((r.isolation for r in self.runs if r), ""),
-            limits=self.limits.to_json(),
+            limits=self.limits.to_json() | {"timeout": self.timeout},
             start=Start.COLD,
             cpu_share=next((r.cpu_share for r in self.runs if r), ""),
         )

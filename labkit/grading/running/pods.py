@@ -149,6 +149,7 @@ def run_unit(
     if config is None or config.processes > 1:
         raise PodError(f"unit {unit.get('index')}: {unit['config']!r} is not a one-process configuration")
     limits = config.run_limits(limits)  # what a run on it needs to start, at the least, as a local run's
+    timeout = config.run_timeout(timeout)  # and to finish
     calls = json.loads((Path(unit_folder) / CALLS).read_text())["calls"]
     ended = {"status": "ok", "isolation": modes.POD}
     available, reason = config.availability()
@@ -199,6 +200,7 @@ def record_of(
     output). The required calls are run again by the kit's verifier, with `limits` (the judge's own
     isolation), so their values and facts are the kit's, whatever the pod wrote."""
     limits = config.run_limits(limits)  # the verifier's too: what a run on the configuration needs to start
+    timeout = config.run_timeout(timeout)
     record = execute.RunRecord(
         config.name,
         "error",
