@@ -10,6 +10,7 @@ the bytes of one device.
 import numpy as np
 
 from labkit.checks import (
+    by_devices,
     call,
     check,
     compiled_call,
@@ -19,28 +20,31 @@ from labkit.checks import (
     public_tests,
 )
 
+# x and w's rows are split over every device: d = 64 on 1 to 32 devices, copies (each shifted) on a larger pod
 RNG = np.random.default_rng(7)
-X = RNG.normal(size=64).astype(np.float32) / 4
-W = RNG.normal(size=(64, 6)).astype(np.float32) / 4
-B = RNG.normal(size=6).astype(np.float32)
+X = by_devices(RNG.normal(size=64).astype(np.float32) / 4, shift=1 / 32)
+W = by_devices(RNG.normal(size=(64, 6)).astype(np.float32) / 4, shift=-1 / 32)
+B = RNG.normal(size=6).astype(np.float32)  # on every device: the same on every pod
 
 
 def sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
 
-WANT = sigmoid(X.astype(np.float64) @ W.astype(np.float64) + B)
+def want(run):
+    """The layer of the inputs `run` got."""
+    return sigmoid(X.on(run).astype(np.float64) @ W.on(run).astype(np.float64) + B)
 
 
 @check(got=call("layer_shard_map", X, W, B))
 def test_shard_map_adds_the_partial_products_of_every_device(got, run):
-    n = run.device_count
+    n, x, w = run.device_count, X.on(run), W.on(run)
     partial = [
-        xi @ wi for xi, wi in zip(np.split(X.astype(np.float64), n), np.split(W.astype(np.float64), n))
+        xi @ wi for xi, wi in zip(np.split(x.astype(np.float64), n), np.split(w.astype(np.float64), n))
     ]
     expect_close_naming_mistakes(
         got,
-        WANT,
+        want(run),
         {
             f"On {n} devices that is device 0's partial product alone: the psum is missing (with check_vma=False, "
             "shard_map does not catch it). Add the partial products with jax.lax.psum(x_block @ w_block, 'data') "
@@ -58,7 +62,7 @@ def test_shard_map_adds_the_partial_products_of_every_device(got, run):
 
 @check(got=call("layer_jit", X, W, B))
 def test_jit_runs_on_every_device_when_the_inputs_are_placed(got, run):
-    expect_close(got, WANT, atol=1e-6)
+    expect_close(got, want(run), atol=1e-6)
     expect_replicated(
         got,
         run.device_count,
@@ -70,7 +74,7 @@ def test_jit_runs_on_every_device_when_the_inputs_are_placed(got, run):
 
 @check(got=call("layer_constrained", X, W, B))
 def test_constraints_spread_the_layer_over_every_device(got, run):
-    expect_close(got, WANT, atol=1e-6)
+    expect_close(got, want(run), atol=1e-6)
     expect_replicated(
         got,
         run.device_count,
@@ -118,17 +122,28 @@ def test_shard_map_splits_x_and_w_over_the_devices_and_adds_the_partial_products
 public = public_tests(__file__)  # the public tests' inputs and helpers
 
 # A layer that narrows (d = 64 features to f = 16): x is 32 KiB, w 4 KiB, a tile of x 4 KiB on eight devices.
-XH = RNG.normal(size=(128, 64)).astype(np.float32) / 4
-WH = RNG.normal(size=(64, 16)).astype(np.float32) / 4
+# A larger pod gets copies of x's rows and columns and of w's rows, as the public tests' (256 x 256 on 256 devices).
+XH = by_devices(RNG.normal(size=(128, 64)).astype(np.float32) / 4, shift=1 / 64, axis=(0, 1))
+WH = by_devices(RNG.normal(size=(64, 16)).astype(np.float32) / 4, shift=1 / 128)
 BH = RNG.normal(size=16).astype(np.float32)
-GRID_WANT = sigmoid(XH.astype(np.float64) @ WH.astype(np.float64) + BH)
+
+
+def grid_want(run):
+    """The layer of every row of the batch `run` got."""
+    return sigmoid(XH.on(run).astype(np.float64) @ WH.on(run).astype(np.float64) + BH)
+
+
 GRID_CALL = compiled_call("layer_grid", public.tiled(XH), WH, BH)
 
 
 @check(got=call("layer_grid", public.tiled(XH), WH, BH))
 def test_layer_grid_of_a_random_batch(got, run):
     expect_close_naming_mistakes(
-        got, GRID_WANT, public.grid_mistakes(XH, WH, BH, run.device_count), rtol=1e-5, atol=1e-6
+        got,
+        grid_want(run),
+        public.grid_mistakes(XH.on(run), WH.on(run), BH, run.device_count),
+        rtol=1e-5,
+        atol=1e-6,
     )
     public.expect_rows_split_over_every_device(got, run.device_count)
 
@@ -140,12 +155,12 @@ def test_layer_grid_communicates_only_over_model(got, run):
 
 @check(got=GRID_CALL)
 def test_layer_grid_computes_only_its_share_of_the_products(got, run):
-    public.expect_a_share_of_the_products(got, run.device_count, XH, WH)
+    public.expect_a_share_of_the_products(got, run.device_count, XH.on(run), WH.on(run))
 
 
 @check(got=GRID_CALL)
 def test_layer_grid_never_holds_the_whole_of_x(got, run):
-    public.expect_x_never_whole(got, run.device_count, XH)
+    public.expect_x_never_whole(got, run.device_count, XH.on(run))
 
 
 # -- stretch (not graded: points=0): layer_grid_w_in_pieces ------------------------------------
@@ -153,7 +168,7 @@ def test_layer_grid_never_holds_the_whole_of_x(got, run):
 
 @check(points=0, got=compiled_call("layer_grid_w_in_pieces", public.tiled(XH), WH, BH))
 def test_layer_grid_w_in_pieces_keeps_w_in_pieces_and_to_the_grid_budget(got, run):
-    n = run.device_count
-    expect_close_naming_mistakes(got, GRID_WANT, public.grid_mistakes(XH, WH, BH, n), rtol=1e-5, atol=1e-6)
+    n, x, w = run.device_count, XH.on(run), WH.on(run)
+    expect_close_naming_mistakes(got, grid_want(run), public.grid_mistakes(x, w, BH, n), rtol=1e-5, atol=1e-6)
     public.expect_rows_split_over_every_device(got, n)
-    public.expect_w_in_pieces_within_the_grid_budget(got, n, XH, WH)
+    public.expect_w_in_pieces_within_the_grid_budget(got, n, x, w)

@@ -9,6 +9,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -26,9 +27,11 @@ from labkit.checks import (
     placed,
 )
 
-X = np.linspace(-1.0, 1.0, 32, dtype=np.float32)  # 32: divides by 1 to 32 devices
-W = (np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 7 - 3.0) / 4
-B = np.array([0.5, -0.25, 0.0, 1.0], dtype=np.float32)
+# d = 32 divides by 1 to 32 devices; a larger pod gets copies of x and of w's rows, each shifted a little (on
+# 256 devices: d = 256, the shifts small enough that the sigmoid does not saturate)
+X = by_devices(np.linspace(-1.0, 1.0, 32, dtype=np.float32), shift=1 / 32)
+W = by_devices((np.arange(32 * 4, dtype=np.float32).reshape(32, 4) % 7 - 3.0) / 4, shift=-1 / 64)
+B = np.array([0.5, -0.25, 0.0, 1.0], dtype=np.float32)  # on every device: the same on every pod
 
 
 def sigmoid(z):
@@ -67,8 +70,8 @@ REPLICATE = "After the psum every device holds the result: out_specs=P(), on a m
 
 
 @check(got=call("layer_jit", X, W, B))
-def test_jit_computes_the_layer(got):
-    expect_close(got, layer(X, W, B), atol=1e-6)
+def test_jit_computes_the_layer(got, run):
+    expect_close(got, layer(X.on(run), W.on(run), B), atol=1e-6)
 
 
 @check(got=call("layer_jit", X, W, B))
@@ -79,8 +82,8 @@ def test_jit_result_is_a_full_copy_on_every_device(got, run):
 
 
 @check(got=call("layer_constrained", X, W, B))
-def test_constrained_computes_the_layer(got):
-    expect_close(got, layer(X, W, B), atol=1e-6)
+def test_constrained_computes_the_layer(got, run):
+    expect_close(got, layer(X.on(run), W.on(run), B), atol=1e-6)
 
 
 @check(got=call("layer_constrained", X, W, B))
@@ -91,8 +94,9 @@ def test_constrained_result_is_a_full_copy_on_every_device(got, run):
 
 @check(got=compiled_call("layer_shard_map", X, W, B))
 def test_shard_map_computes_the_layer(got, run):
+    x, w = X.on(run), W.on(run)
     expect_close_naming_mistakes(
-        got, layer(X, W, B), shard_map_mistakes(X, W, B, run.device_count), atol=1e-6
+        got, layer(x, w, B), shard_map_mistakes(x, w, B, run.device_count), atol=1e-6
     )
 
 
@@ -141,10 +145,10 @@ def test_layer_shard_map_gives_each_device_a_slice_of_x_and_w_and_all_reduces(go
 
 # -- exercise 4: layer_grid, a batch on a ('data', 'model') grid, designed by the student ----------
 
-XG = np.linspace(-1.0, 1.0, 64 * 32, dtype=np.float32).reshape(
-    64, 32
-)  # B = 64, d = 32: multiples of n up to 32
-WG = (np.arange(32 * 8, dtype=np.float32).reshape(32, 8) % 5 - 2.0) / 8
+# B = 64, d = 32: multiples of n up to 32. A larger pod gets copies of x's rows (its result's rows are split over
+# every device) and of its columns with w's rows (a 2 x 128 grid splits d by 128): B = d = 256 on 256 devices.
+XG = by_devices(np.linspace(-1.0, 1.0, 64 * 32, dtype=np.float32).reshape(64, 32), shift=1 / 64, axis=(0, 1))
+WG = by_devices((np.arange(32 * 8, dtype=np.float32).reshape(32, 8) % 5 - 2.0) / 8, shift=1 / 128)
 BG = np.linspace(-0.5, 0.5, 8, dtype=np.float32)
 GRID = (2, -1)  # 2 x 4 on eight devices, 1 x 1 on one: the grid of the exercise
 
@@ -204,9 +208,10 @@ def expect_rows_split_over_every_device(got, n: int) -> None:
 
 @check(got=compiled_call("layer_grid", tiled(XG), WG, BG))
 def test_layer_grid_computes_the_layer_of_every_row(got, run):
-    want = sigmoid(XG.astype(np.float64) @ WG.astype(np.float64) + BG)
+    x, w = XG.on(run), WG.on(run)
+    want = sigmoid(x.astype(np.float64) @ w.astype(np.float64) + BG)
     expect_shape(got, want.shape, hint="one row of the result per row of x, f columns")
-    expect_close_naming_mistakes(got, want, grid_mistakes(XG, WG, BG, run.device_count), rtol=1e-5, atol=1e-6)
+    expect_close_naming_mistakes(got, want, grid_mistakes(x, w, BG, run.device_count), rtol=1e-5, atol=1e-6)
 
 
 @check(got=call("layer_grid", tiled(XG), WG, BG))
@@ -219,15 +224,18 @@ def test_layer_grid_leaves_its_rows_split_over_every_device(got, run):
 
 @check(points=0, got=call("layer_grid_w_in_pieces", tiled(XG), WG, BG))
 def test_layer_grid_w_in_pieces_computes_the_layer_of_every_row(got, run):
-    want = sigmoid(XG.astype(np.float64) @ WG.astype(np.float64) + BG)
-    expect_close_naming_mistakes(got, want, grid_mistakes(XG, WG, BG, run.device_count), rtol=1e-5, atol=1e-6)
+    x, w = XG.on(run), WG.on(run)
+    want = sigmoid(x.astype(np.float64) @ w.astype(np.float64) + BG)
+    expect_close_naming_mistakes(got, want, grid_mistakes(x, w, BG, run.device_count), rtol=1e-5, atol=1e-6)
     expect_rows_split_over_every_device(got, run.device_count)
 
 
 # layer_grid's budget, on a layer that narrows (d = 64 features to f = 16): x is 32 KiB, w 4 KiB, a tile of x
-# 4 KiB on eight devices, so that x whole on a device stands out.
-XH = np.linspace(-1.0, 1.0, 128 * 64, dtype=np.float32).reshape(128, 64)
-WH = (np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 9 - 4.0) / 16
+# 4 KiB on eight devices, so that x whole on a device stands out. On 256 devices, copies: x 256 x 256, w 256 x 16.
+XH = by_devices(
+    np.linspace(-1.0, 1.0, 128 * 64, dtype=np.float32).reshape(128, 64), shift=1 / 64, axis=(0, 1)
+)
+WH = by_devices((np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 9 - 4.0) / 16, shift=1 / 128)
 BH = np.linspace(-0.25, 0.25, 16, dtype=np.float32)
 WIDE_GRID_CALL = compiled_call("layer_grid", tiled(XH), WH, BH)
 
@@ -297,12 +305,12 @@ def test_layer_grid_sends_only_within_a_row_of_the_grid(got, run):
 
 @check(got=WIDE_GRID_CALL)
 def test_layer_grid_multiplies_only_its_share_of_the_products(got, run):
-    expect_a_share_of_the_products(got, run.device_count, XH, WH)
+    expect_a_share_of_the_products(got, run.device_count, XH.on(run), WH.on(run))
 
 
 @check(got=WIDE_GRID_CALL)
 def test_layer_grid_keeps_x_in_its_tiles(got, run):
-    expect_x_never_whole(got, run.device_count, XH)
+    expect_x_never_whole(got, run.device_count, XH.on(run))
 
 
 def expect_w_in_pieces_within_the_grid_budget(got, n: int, x, w) -> None:
@@ -322,4 +330,4 @@ def expect_w_in_pieces_within_the_grid_budget(got, n: int, x, w) -> None:
 
 @check(points=0, got=compiled_call("layer_grid_w_in_pieces", tiled(XH), WH, BH))
 def test_layer_grid_w_in_pieces_holds_its_share_of_w_within_the_grid_budget(got, run):
-    expect_w_in_pieces_within_the_grid_budget(got, run.device_count, XH, WH)
+    expect_w_in_pieces_within_the_grid_budget(got, run.device_count, XH.on(run), WH.on(run))
