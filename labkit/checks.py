@@ -231,19 +231,24 @@ class ByDevices:
     value: np.ndarray
     shift: float
     axis: int | tuple[int, ...] = 0
+    per_device: int = 1
 
     def on(self, run: LabRun) -> np.ndarray:
         """The input as `run` got it: what a test's expected value is computed from."""
-        return plaindata.grown(self.value, self.shift, run.device_count, self.axis)
+        return plaindata.grown(self.value, self.grow(), run.device_count)
 
     def grow(self) -> dict:
         """How the input grows, as its encoding says it (the axis only where it is not the rows, so that a
         call's id is what it was before axes were named)."""
         axis = list(self.axis) if isinstance(self.axis, tuple) else self.axis
-        return {"shift": self.shift} | ({"axis": axis} if axis else {})
+        return (
+            {"shift": self.shift}
+            | ({"axis": axis} if axis else {})
+            | ({"per_device": self.per_device} if self.per_device != 1 else {})
+        )
 
 
-def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0) -> ByDevices:
+def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0, per_device: int = 1) -> ByDevices:
     """An input sized for every pod: `X = by_devices(np.linspace(-4, 4, 32), shift=0.125)`.
 
     On 1 to 32 devices the call gets X as written; on 256 it gets eight copies of it, one after another, the
@@ -251,12 +256,17 @@ def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0) -> By
     computes what it expects from `X.on(run)`, the input its run got. The call's id, and so what the kit runs
     and records, is the same on every configuration. `axis=1` grows the columns instead, for an input a design
     splits by columns over every device (a 2 x 128 grid's 128); `axis=(0, 1)` grows both, one after the other,
-    for a matrix whose rows one result splits over every device and whose columns a grid splits."""
+    for a matrix whose rows one result splits over every device and whose columns a grid splits. `per_device=k`
+    grows a larger pod's copies until each device gets k rows (or a multiple) along the first axis named, for a
+    design that cuts each device's rows again (k micro-batches) or that one row a device would compile
+    differently."""
     value = np.asarray(value)
     axes = plaindata.axes_of(axis)
     if not axes or len(set(axes)) < len(axes) or not all(0 <= a < value.ndim for a in axes):
         raise TypeError(f"by_devices: an array with the axes {axis} to grow, not one of shape {value.shape}")
-    return ByDevices(value, float(shift), axes if len(axes) > 1 else axes[0])
+    if int(per_device) < 1:
+        raise TypeError(f"by_devices: per_device is a count of rows, 1 or more, not {per_device!r}")
+    return ByDevices(value, float(shift), axes if len(axes) > 1 else axes[0], int(per_device))
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ def _materialise(enc: dict):
 
         shape = list(enc["shape"])
         if enc.get("grow") and shape:  # the shape of an input that grows with the pod (`checks.by_devices`)
-            for axis in plaindata.axes_of(enc["grow"].get("axis", 0)):
-                shape[axis] *= plaindata.copies_for(shape[axis], jax.device_count())
+            for axis, copies in plaindata.copies_along(tuple(shape), enc["grow"], jax.device_count()).items():
+                shape[axis] *= copies
         return jax.ShapeDtypeStruct(
             tuple(shape),
             np.dtype(enc["dtype"]),
@@ -76,10 +76,7 @@ def _materialise(enc: dict):
     if kind == "array" and enc.get("grow"):
         import jax
 
-        grow = enc["grow"]
-        value = plaindata.grown(
-            value, float(grow["shift"]), jax.device_count(), plaindata.axes_of(grow.get("axis", 0))
-        )
+        value = plaindata.grown(value, enc["grow"], jax.device_count())
     if kind in ("list", "tuple"):
         items = [_materialise(v) for v in enc["items"]]
         return items if kind == "list" else tuple(items)

@@ -20,13 +20,15 @@ import numpy as np
 MAX_ELEMENTS = 2_000_000
 
 
-def copies_for(rows: int, devices: int) -> int:
+def copies_for(rows: int, devices: int, per_device: int = 1) -> int:
     """How many copies of a test's input of `rows` rows a run on `devices` devices gets (`checks.by_devices`):
-    one where the devices are no more than the rows, else the fewest whose rows divide over every device
-    (32 rows: once on 1 to 32 devices, 8 times on 256)."""
+    one where the devices are no more than the rows, else the fewest whose rows divide over every device,
+    `per_device` rows or a multiple of them to each (32 rows: once on 1 to 32 devices, 8 times on 256; with
+    per_device=2, 16 times on 256)."""
     if devices <= rows or rows < 1:
         return 1
-    return devices // math.gcd(rows, devices)
+    wanted = devices * max(1, int(per_device))
+    return wanted // math.gcd(rows, wanted)
 
 
 def axes_of(axis) -> tuple[int, ...]:
@@ -34,14 +36,24 @@ def axes_of(axis) -> tuple[int, ...]:
     return tuple(int(a) for a in axis) if isinstance(axis, (list, tuple)) else (int(axis),)
 
 
-def grown(value: np.ndarray, shift: float, devices: int, axis: int | tuple[int, ...] = 0) -> np.ndarray:
-    """A test's input as a run on `devices` devices gets it (`checks.by_devices`): the array as written, then
-    each further copy of it along `axis` (its rows unless said) shifted by `shift` more than the last, so that
-    no two devices' blocks are alike. Along several axes, each in turn, the later axes' copies shifted past
-    every earlier copy."""
+def copies_along(shape: tuple[int, ...], grow: dict, devices: int) -> dict[int, int]:
+    """How many copies along each axis a test's input of `shape` gets on `devices` devices, as its encoding's
+    `grow` says (`checks.by_devices`): `per_device` rows a device for the first axis it names, one for the rest."""
+    per_device = int(grow.get("per_device", 1))
+    copies = {}
+    for i, a in enumerate(axes_of(grow.get("axis", 0))):
+        copies[a] = copies_for(shape[a] if len(shape) > a else 0, devices, per_device if i == 0 else 1)
+    return copies
+
+
+def grown(value: np.ndarray, grow: dict, devices: int) -> np.ndarray:
+    """A test's input as a run on `devices` devices gets it (`checks.by_devices`, `grow` its encoding's): the
+    array as written, then each further copy of it along the axis (its rows unless said) shifted by `shift` more
+    than the last, so that no two devices' blocks are alike. Along several axes, each in turn, the later axes'
+    copies shifted past every earlier copy."""
     value = np.asarray(value)
-    for a in axes_of(axis):
-        copies = copies_for(value.shape[a] if value.ndim > a else 0, devices)
+    shift = float(grow["shift"])
+    for a, copies in copies_along(value.shape, grow, devices).items():
         if copies > 1:
             value = np.concatenate(
                 [value + np.asarray(k * shift, value.dtype) for k in range(copies)], axis=a

@@ -370,9 +370,9 @@ def test_an_input_sized_by_devices_is_as_written_up_to_its_rows_and_in_shifted_c
     x = by_devices(np.arange(32.0, dtype=np.float32).reshape(16, 2), shift=100)
     for n in (1, 2, 8, 16):
         assert plaindata.copies_for(16, n) == 1
-        assert np.array_equal(plaindata.grown(x.value, x.shift, n), x.value)
+        assert np.array_equal(x.on(SimpleNamespace(device_count=n)), x.value)
     assert plaindata.copies_for(16, 256) == 16 and plaindata.copies_for(96, 256) == 8
-    on_256 = plaindata.grown(x.value, x.shift, 256)
+    on_256 = x.on(SimpleNamespace(device_count=256))
     assert on_256.shape == (256, 2) and on_256.dtype == np.float32
     blocks = on_256.reshape(16, 16, 2)
     assert np.array_equal(blocks[0], x.value) and np.array_equal(blocks[3], x.value + 300)
@@ -387,8 +387,8 @@ def test_an_input_sized_by_devices_can_grow_its_columns_for_a_grid_split_by_colu
 
     grid = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)
     x = by_devices(grid, shift=1000, axis=1)
-    assert np.array_equal(plaindata.grown(x.value, x.shift, 64, x.axis), grid)
-    on_256 = plaindata.grown(x.value, x.shift, 256, x.axis)  # a 2 x 128 grid's columns: 256 of them
+    assert np.array_equal(x.on(SimpleNamespace(device_count=64)), grid)
+    on_256 = x.on(SimpleNamespace(device_count=256))  # a 2 x 128 grid's columns: 256 of them
     assert on_256.shape == (2, 256) and np.array_equal(on_256[:, 64:128], grid + 1000)
     assert call("f", x).id != call("f", by_devices(grid, shift=1000)).id  # another input, another call
     spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
@@ -410,7 +410,7 @@ def test_an_input_sized_by_devices_can_grow_rows_and_columns_with_no_two_blocks_
     matrix = np.arange(32 * 64, dtype=np.float32).reshape(32, 64)
     x = by_devices(matrix, shift=1, axis=(0, 1))
     assert np.array_equal(x.on(SimpleNamespace(device_count=32)), matrix)
-    on_256 = plaindata.grown(x.value, x.shift, 256, x.axis)  # rows one a device, columns for a 2 x 128 grid
+    on_256 = x.on(SimpleNamespace(device_count=256))  # rows one a device, columns for a 2 x 128 grid
     assert on_256.shape == (256, 256)
     blocks = {on_256[i : i + 32, j : j + 64].tobytes() for i in range(0, 256, 32) for j in range(0, 256, 64)}
     assert len(blocks) == 8 * 4  # every copy shifted past every other
@@ -457,3 +457,36 @@ def test_a_check_not_judged_for_a_topology_is_skipped_there_saying_why_and_judge
         not_judged_for(on("v5e-256", "v5e:16x16"), ("v5e:16x16",), "the compiler writes both alike")
     for run in (on("v5e-8", "v5e:2x4"), on("cpu-8", None)):
         assert not_judged_for(run, ("v5e:16x16",), "the compiler writes both alike") is None
+
+
+def test_an_input_sized_by_devices_can_give_each_device_of_a_larger_pod_several_rows(monkeypatch):
+    import jax
+
+    from labkit.checks import by_devices
+    from labkit.judge import callplan, harness
+
+    batch = np.arange(32 * 2, dtype=np.float32).reshape(32, 2)
+    x = by_devices(batch, shift=100, per_device=2)  # two micro-batches a device
+    for n in (1, 8, 32):  # up to its rows, as written
+        assert np.array_equal(x.on(SimpleNamespace(device_count=n)), batch)
+    assert x.on(SimpleNamespace(device_count=256)).shape == (512, 2)
+    assert plaindata.copies_for(96, 256, per_device=4) == 32  # 3,072 rows: 12 a device, a multiple of 4
+    assert call("f", x).id != call("f", by_devices(batch, shift=100)).id
+    assert (
+        call("f", by_devices(batch, shift=100, per_device=1)).id == call("f", by_devices(batch, shift=100)).id
+    )
+    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
+    shapes = callplan.for_the_student([spec])[0]["args"][0]
+    monkeypatch.setattr(jax, "device_count", lambda: 256)
+    assert harness._materialise(shapes).shape == (512, 2)
+    assert harness._materialise(call("f", x).encoded()["args"][0]).shape == (512, 2)
+    with pytest.raises(TypeError, match="per_device"):
+        by_devices(batch, per_device=0)
+
+
+def test_an_input_grown_on_several_axes_gives_its_first_axis_the_rows_a_device_asks_for():
+    from labkit.checks import by_devices
+
+    batch = np.zeros((32, 64), np.float32)  # a batch of 32 rows of 64 features, both split over every device
+    on_256 = by_devices(batch, shift=1, axis=(0, 1), per_device=2).on(SimpleNamespace(device_count=256))
+    assert on_256.shape == (512, 256)  # two rows a device, one feature a device
