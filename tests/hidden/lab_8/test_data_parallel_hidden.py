@@ -10,6 +10,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -28,7 +29,10 @@ NAMES, leaf, pair, loss_and_grads, train = (
 )
 
 PARAMS = public.make_params(81, d_in=6, d_hidden=24, d_out=3)
-X, Y = public.make_batch(82, batch=64, d_in=6, d_out=3)
+# split by rows over every device: 64 rows on up to 32 devices, copies each 0.25 higher on a larger pod
+X, Y = (
+    by_devices(rows, shift=0.25, per_device=2) for rows in public.make_batch(82, batch=64, d_in=6, d_out=3)
+)
 STEPS, LR = 6, 0.03
 
 
@@ -36,8 +40,8 @@ def close(a, b) -> bool:
     return np.allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def slice_of_device_0(n):
-    return X[: len(X) // n], Y[: len(Y) // n]
+def slice_of_device_0(x, y, n):
+    return x[: len(x) // n], y[: len(y) // n]
 
 
 def summed_gradient(n, layer, key):
@@ -59,10 +63,10 @@ def local_gradient(n, layer, key):
 
 @check(got=call("global_gradients", PARAMS, X, Y))
 def test_gradient_is_the_mean_over_devices_not_a_sum_or_one_device(got, run):
-    n = run.device_count
+    n, x, y = run.device_count, X.on(run), Y.on(run)
     _, grads = pair(got, "(loss, grads)")
-    want = loss_and_grads(PARAMS, X, Y)[1]
-    local = loss_and_grads(PARAMS, *slice_of_device_0(n))[1]
+    want = loss_and_grads(PARAMS, x, y)[1]
+    local = loss_and_grads(PARAMS, *slice_of_device_0(x, y, n))[1]
     for layer, key in NAMES:
         arr = np.asarray(leaf(grads, layer, key).value)
         if arr.shape == want[layer][key].shape and not close(arr, want[layer][key]) and n > 1:
@@ -81,12 +85,12 @@ def test_gradient_is_the_mean_over_devices_not_a_sum_or_one_device(got, run):
 
 @check(got=call("global_gradients", PARAMS, X, Y))
 def test_loss_is_the_mean_over_devices_not_device_0s(got, run):
-    n = run.device_count
+    n, x, y = run.device_count, X.on(run), Y.on(run)
     loss, _ = pair(got, "(loss, grads)")
-    want = loss_and_grads(PARAMS, X, Y)[0]
+    want = loss_and_grads(PARAMS, x, y)[0]
     if (
         n > 1
-        and close(loss.value, loss_and_grads(PARAMS, *slice_of_device_0(n))[0])
+        and close(loss.value, loss_and_grads(PARAMS, *slice_of_device_0(x, y, n))[0])
         and not close(loss.value, want)
     ):
         raise Mismatch(
@@ -109,15 +113,15 @@ def test_gradient_is_replicated_on_every_device(got, run):
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
 def test_training_follows_the_single_device_loss_curve_on_every_device_count(got, run):
-    n = run.device_count
+    n, x, y = run.device_count, X.on(run), Y.on(run)
     losses, _ = pair(got, "(losses, final_params)")
-    want = train(PARAMS, X, Y, STEPS, LR)[0]
+    want = train(PARAMS, x, y, STEPS, LR)[0]
     arr = np.asarray(losses.value)
     if (
         n > 1
         and arr.shape == want.shape
         and not close(arr, want)
-        and close(arr, train(PARAMS, X, Y, STEPS, LR, grad_scale=n)[0])
+        and close(arr, train(PARAMS, x, y, STEPS, LR, grad_scale=n)[0])
     ):
         raise Mismatch(
             f"the first loss is right but the curve then follows steps {n} times too large "
@@ -138,7 +142,7 @@ def test_training_follows_the_single_device_loss_curve_on_every_device_count(got
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
 def test_final_parameters_are_the_same_on_every_device(got, run):
     _, final = pair(got, "(losses, final_params)")
-    want = train(PARAMS, X, Y, STEPS, LR)[1]
+    want = train(PARAMS, X.on(run), Y.on(run), STEPS, LR)[1]
     for layer, key in NAMES:
         expect_close(leaf(final, layer, key), want[layer][key], rtol=1e-4, atol=1e-5)
         expect_replicated(
@@ -150,32 +154,33 @@ def test_final_parameters_are_the_same_on_every_device(got, run):
 
 @check(got=compiled_call("global_gradients", PARAMS, X, Y))
 def test_gradients_each_device_works_on_its_own_slice_of_the_batch(got, run):
-    public.expect_own_rows_and_a_mean(got, run.device_count, PARAMS, X)
+    public.expect_own_rows_and_a_mean(got, run.device_count, PARAMS, X.on(run))
 
 
 # The public tests' one-step call: it runs once for both, and one step compiles faster than many.
 @check(got=compiled_call("train_data_parallel", public.PARAMS, public.X, public.Y, 1, public.LR))
 def test_training_steps_each_device_works_on_its_own_slice_of_the_batch(got, run):
-    public.expect_a_step_on_own_rows(got, run.device_count, public.PARAMS, public.X)
+    public.expect_a_step_on_own_rows(got, run.device_count, public.PARAMS, public.X.on(run))
 
 
 # -- exercise 3: accumulated_gradients, held to its budget ------------------------------------
 
-X128, Y128 = public.make_batch(
-    83, batch=128, d_in=6, d_out=3
-)  # four micro-batches of a row or more on 32 devices
+# four micro-batches of a row or more on 32 devices; on a larger pod, copies until every device has four rows
+X128, Y128 = (
+    by_devices(rows, shift=0.25, per_device=4) for rows in public.make_batch(83, batch=128, d_in=6, d_out=3)
+)
 ACCUMULATED = compiled_call("accumulated_gradients", PARAMS, X128, Y128, 4)
 
 
 # One compiled call serves every test: it runs once, and its value is what the function returned.
 @check(got=ACCUMULATED)
 def test_four_micro_batches_give_the_whole_batch_gradient(got, run):
-    public.expect_whole_batch_step(got, PARAMS, X128, Y128, 4)
+    public.expect_whole_batch_step(got, PARAMS, X128.on(run), Y128.on(run), 4)
 
 
 @check(got=ACCUMULATED)
 def test_accumulation_keeps_each_device_on_its_own_slice(got, run):
-    public.expect_accumulation_on_own_rows(got, run.device_count, PARAMS, X128)
+    public.expect_accumulation_on_own_rows(got, run.device_count, PARAMS, X128.on(run))
 
 
 @check(got=ACCUMULATED)
@@ -207,13 +212,13 @@ def train_adam_averaging_parameters(params, x, y, steps, learning_rate, n, b1=0.
 
 @check(points=0, got=call("train_data_parallel_adam", PARAMS, X, Y, STEPS, LR))
 def test_adam_averages_gradients_before_the_step_not_parameters_after(got, run):
-    n = run.device_count
+    n, x, y = run.device_count, X.on(run), Y.on(run)
     losses, _ = pair(got, "(losses, final_params)")
-    want = public.train_adam(PARAMS, X, Y, STEPS, LR)[0]
+    want = public.train_adam(PARAMS, x, y, STEPS, LR)[0]
     if (
         n > 1
         and not close(losses.value, want)
-        and close(losses.value, train_adam_averaging_parameters(PARAMS, X, Y, STEPS, LR, n)[0])
+        and close(losses.value, train_adam_averaging_parameters(PARAMS, x, y, STEPS, LR, n)[0])
     ):
         raise Mismatch(
             f"the curve is what {n} devices give that each take their own Adam step and then average "

@@ -11,6 +11,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -113,8 +114,11 @@ def leaf(got, layer, key):
     return got.value[layer].value[key]
 
 
-PARAMS = make_params(1)
-X, Y = make_batch(2)
+PARAMS = make_params(1)  # the same on every device: never grown
+# x and y split by rows over every device: 32 rows divide over 1 to 32 devices; a larger pod gets copies, each
+# 0.125 higher than the last, until every device has two rows of its own (one row a device compiles its sums
+# over the batch away, and the production size would be another design)
+X, Y = (by_devices(rows, shift=0.125, per_device=2) for rows in make_batch(2))
 STEPS, LR = 5, 0.05
 REPLICATED = (
     "Every device should hold the whole gradient: pmean over 'data' and out_specs=P() with a mesh "
@@ -123,15 +127,15 @@ REPLICATED = (
 
 
 @check(got=compiled_call("global_gradients", PARAMS, X, Y))
-def test_loss_is_the_whole_batch_loss(got):
+def test_loss_is_the_whole_batch_loss(got, run):
     loss, _ = pair(got, "(loss, grads)")
-    expect_close(loss, loss_and_grads(PARAMS, X, Y)[0], rtol=1e-4, atol=1e-6)
+    expect_close(loss, loss_and_grads(PARAMS, X.on(run), Y.on(run))[0], rtol=1e-4, atol=1e-6)
 
 
 @check(got=call("global_gradients", PARAMS, X, Y))
-def test_gradient_is_the_whole_batch_gradient(got):
+def test_gradient_is_the_whole_batch_gradient(got, run):
     _, grads = pair(got, "(loss, grads)")
-    want = loss_and_grads(PARAMS, X, Y)[1]
+    want = loss_and_grads(PARAMS, X.on(run), Y.on(run))[1]
     for layer, key in NAMES:
         expect_close(
             leaf(grads, layer, key),
@@ -150,20 +154,20 @@ def test_every_device_holds_the_whole_gradient(got, run):
 
 
 @check(got=call("global_gradients", PARAMS, placed(X, ("data", None)), placed(Y, ("data", None))))
-def test_accepts_a_batch_that_is_already_split(got):
+def test_accepts_a_batch_that_is_already_split(got, run):
     _, grads = pair(got, "(loss, grads)")
-    want = loss_and_grads(PARAMS, X, Y)[1]
+    want = loss_and_grads(PARAMS, X.on(run), Y.on(run))[1]
     for layer, key in NAMES:
         expect_close(leaf(grads, layer, key), want[layer][key], rtol=1e-4, atol=1e-6)
 
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
-def test_loss_curve_equals_single_device_training(got):
+def test_loss_curve_equals_single_device_training(got, run):
     losses, _ = pair(got, "(losses, final_params)")
     expect_shape(losses, (STEPS,), hint="one loss per step, the loss before that step's update")
     expect_close(
         losses,
-        train(PARAMS, X, Y, STEPS, LR)[0],
+        train(PARAMS, X.on(run), Y.on(run), STEPS, LR)[0],
         rtol=1e-4,
         atol=1e-6,
         hint="losses[i] is the whole batch's loss before step i, with optax.sgd(learning_rate, momentum=0.9)",
@@ -171,9 +175,9 @@ def test_loss_curve_equals_single_device_training(got):
 
 
 @check(got=call("train_data_parallel", PARAMS, X, Y, STEPS, LR))
-def test_final_parameters_equal_single_device_training(got):
+def test_final_parameters_equal_single_device_training(got, run):
     _, final = pair(got, "(losses, final_params)")
-    want = train(PARAMS, X, Y, STEPS, LR)[1]
+    want = train(PARAMS, X.on(run), Y.on(run), STEPS, LR)[1]
     for layer, key in NAMES:
         expect_close(
             leaf(final, layer, key),
@@ -185,10 +189,10 @@ def test_final_parameters_equal_single_device_training(got):
 
 
 @check(got=compiled_call("train_data_parallel", PARAMS, X, Y, 1, LR))
-def test_one_step_is_one_sgd_update(got):
+def test_one_step_is_one_sgd_update(got, run):
     losses, final = pair(got, "(losses, final_params)")
     expect_shape(losses, (1,), hint="steps=1 gives one loss")
-    loss, grads = loss_and_grads(PARAMS, X, Y)
+    loss, grads = loss_and_grads(PARAMS, X.on(run), Y.on(run))
     expect_close(losses, [loss], rtol=1e-4, atol=1e-6)
     for layer, key in NAMES:
         expect_close(
@@ -245,12 +249,12 @@ def expect_a_step_on_own_rows(got, n: int, params, x) -> None:
 
 @check(got=compiled_call("global_gradients", PARAMS, X, Y))
 def test_each_device_takes_the_gradient_of_its_own_rows_and_the_devices_average(got, run):
-    expect_own_rows_and_a_mean(got, run.device_count, PARAMS, X)
+    expect_own_rows_and_a_mean(got, run.device_count, PARAMS, X.on(run))
 
 
 @check(got=compiled_call("train_data_parallel", PARAMS, X, Y, 1, LR))
 def test_each_device_takes_a_training_step_on_its_own_rows(got, run):
-    expect_a_step_on_own_rows(got, run.device_count, PARAMS, X)
+    expect_a_step_on_own_rows(got, run.device_count, PARAMS, X.on(run))
 
 
 # ---- global_gradients at a production size: the TPU compiler's program, on the compile-only TPU configurations
@@ -306,8 +310,10 @@ def test_at_a_production_size_each_chip_fits_works_on_its_rows_and_sends_one_mea
 
 # -- exercise 3: accumulated_gradients ----------------------------------------------------------
 
-X64, Y64 = make_batch(3, batch=64)  # 64 rows: two micro-batches of at least one row on up to 32 devices
 MICRO = 2
+# 64 rows: two micro-batches of at least one row on up to 32 devices; on a larger pod, copies each 0.125 higher
+# until every device has two rows
+X64, Y64 = (by_devices(rows, shift=0.125, per_device=MICRO) for rows in make_batch(3, batch=64))
 
 
 def expect_whole_batch_step(got, params, x, y, micro: int) -> None:
@@ -326,8 +332,8 @@ def expect_whole_batch_step(got, params, x, y, micro: int) -> None:
 
 
 @check(got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
-def test_accumulated_gradients_equal_the_whole_batch_gradient(got):
-    expect_whole_batch_step(got, PARAMS, X64, Y64, MICRO)
+def test_accumulated_gradients_equal_the_whole_batch_gradient(got, run):
+    expect_whole_batch_step(got, PARAMS, X64.on(run), Y64.on(run), MICRO)
 
 
 @check(got=call("accumulated_gradients", PARAMS, X64, Y64, MICRO))
@@ -367,7 +373,7 @@ ACCUMULATED = compiled_call("accumulated_gradients", PARAMS, X64, Y64, MICRO)
 
 @check(got=ACCUMULATED)
 def test_accumulated_gradients_keep_each_device_on_its_own_rows(got, run):
-    expect_accumulation_on_own_rows(got, run.device_count, PARAMS, X64)
+    expect_accumulation_on_own_rows(got, run.device_count, PARAMS, X64.on(run))
 
 
 @check(got=ACCUMULATED)
@@ -398,7 +404,7 @@ def train_adam(params, x, y, steps, learning_rate, b1=0.9, b2=0.999, eps=1e-8):
 @check(points=0, got=call("train_data_parallel_adam", PARAMS, X, Y, STEPS, LR))
 def test_adam_follows_the_single_device_loss_curve(got, run):
     losses, final = pair(got, "(losses, final_params)")
-    want_losses, want = train_adam(PARAMS, X, Y, STEPS, LR)
+    want_losses, want = train_adam(PARAMS, X.on(run), Y.on(run), STEPS, LR)
     expect_close(
         losses,
         want_losses,
