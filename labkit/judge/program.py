@@ -13,11 +13,12 @@ from typing import Any
 from labkit.judge.callplan import CallSpec, compile_only
 
 # What one call's program may return, counted by the verifier before anything is encoded, and what all the calls
-# of a run may return together: the tests' values are small (the largest input of any lab is 128 x 128).
+# of a run may return together: the tests' values are small (the largest input of any lab is 128 x 128 on up to
+# 32 devices; on 256, inputs grown with the pod are up to 512 x 256, and lab 9's calls return 1.2 million values).
 MAX_OUTPUT_ARRAYS = 64
 MAX_OUTPUT_ELEMENTS = 1 << 18
 MAX_OUTPUT_BYTES = 4 << 20
-MAX_RUN_ELEMENTS = 1 << 20
+MAX_RUN_ELEMENTS = 1 << 21
 # Custom calls an exported program may make: those of sharding itself, and jaxlib's own CPU linear algebra
 # (LAPACK kernels jax.export guarantees stable); never a callback into Python or code of the program's own.
 # Compared with the exact target names of the parsed module's custom calls (`read_module`).

@@ -24,8 +24,12 @@ from labkit.checks import (
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
 WEIGHTS, items, mlp, mse_gradients = public.WEIGHTS, public.items, public.mlp, public.mse_gradients
+got_by = public.got_by  # the inputs as a run got them: grown with the pod where by_devices says so
 
-X, Y, W = public.make_case(90, batch=64, d_in=32, d_hidden=64, d_out=32)
+# Each case is sized for pods of up to 32 devices and grows with a larger pod as the public tests' do: every axis
+# for FSDP, the hidden units alone for tensor parallelism.
+X, Y, W = public.for_every_pod(*public.make_case(90, batch=64, d_in=32, d_hidden=64, d_out=32))
+TX, TW = public.hidden_layer_for_every_pod(*public.make_case(90, batch=64, d_in=32, d_hidden=64, d_out=32))
 
 
 def close(a, b) -> bool:
@@ -33,11 +37,12 @@ def close(a, b) -> bool:
     return a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@check(got=call("tensor_parallel_mlp", X, *W))
+@check(got=call("tensor_parallel_mlp", TX, *TW))
 def test_tensor_parallel_adds_the_output_bias_once_not_once_per_device(got, run):
     n = run.device_count
-    want = mlp(X, *W)
-    if n > 1 and close(got.value, want + (n - 1) * W[3]):
+    x, *w = got_by(run, TX, *TW)
+    want = mlp(x, *w)
+    if n > 1 and close(got.value, want + (n - 1) * w[3]):
         raise Mismatch(
             f"the output is the MLP's plus {n - 1} extra copies of b2: b2 was added on each of the {n} "
             f"devices before the psum, which then summed {n} copies of it. Add b2 once, after "
@@ -46,31 +51,31 @@ def test_tensor_parallel_adds_the_output_bias_once_not_once_per_device(got, run)
     expect_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@check(got=call("tensor_parallel_mlp", X, *W))
+@check(got=call("tensor_parallel_mlp", TX, *TW))
 def test_tensor_parallel_sums_the_partial_outputs_of_every_device(got, run):
     n = run.device_count
-    w1, b1, w2, b2 = (np.asarray(w, np.float64) for w in W)
+    x, w1, b1, w2, b2 = (np.asarray(a, np.float64) for a in got_by(run, TX, *TW))
     k = w1.shape[1] // n
-    device_0 = np.tanh(X @ w1[:, :k] + b1[:k]) @ w2[:k] + b2
+    device_0 = np.tanh(x @ w1[:, :k] + b1[:k]) @ w2[:k] + b2
     if n > 1 and close(got.value, device_0):
         raise Mismatch(
             f"the output is device 0's partial output alone, from 1/{n} of the hidden units: the "
             f"partial outputs were never added up. Did you leave out jax.lax.psum over 'model'? "
             f"check_vma=False lets out_specs=P() keep device 0's value without a word"
         )
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+    expect_close(got, mlp(x, w1, b1, w2, b2), rtol=1e-4, atol=1e-5)
 
 
 @check(got=call("fsdp_mlp", X, *W))
 def test_fsdp_equals_the_unsplit_mlp_on_a_wider_layer(got, run):
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+    expect_close(got, mlp(*got_by(run, X, *W)), rtol=1e-4, atol=1e-5)
     expect_split_across(got, run.device_count, axis=0)
 
 
 @check(got=call("fsdp_gradients", X, Y, *W))
 def test_fsdp_gradient_is_the_mean_of_the_devices_gradients_not_their_sum(got, run):
     n = run.device_count
-    wants = mse_gradients(X, Y, *W)
+    wants = mse_gradients(*got_by(run, X, Y, *W))
     for name, g, want in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"), wants):
         if n > 1 and close(g.value, n * want):
             raise Mismatch(
@@ -84,8 +89,9 @@ def test_fsdp_gradient_is_the_mean_of_the_devices_gradients_not_their_sum(got, r
 @check(got=call("fsdp_gradients", X, Y, *W))
 def test_fsdp_gradient_combines_the_slices_of_the_batch_from_every_device(got, run):
     n = run.device_count
-    b = len(X) // n
-    local = [mse_gradients(X[i * b : (i + 1) * b], Y[i * b : (i + 1) * b], *W) for i in range(n)]
+    x, y, *w = got_by(run, X, Y, *W)
+    b = len(x) // n
+    local = [mse_gradients(x[i * b : (i + 1) * b], y[i * b : (i + 1) * b], *w) for i in range(n)]
     for j, (name, g) in enumerate(zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"))):
         rows = len(local[0][j]) // n
         own_piece_only = np.concatenate([local[i][j][i * rows : (i + 1) * rows] for i in range(n)])
@@ -96,11 +102,19 @@ def test_fsdp_gradient_combines_the_slices_of_the_batch_from_every_device(got, r
                 f"jax.lax.psum_scatter(g, 'data', scatter_dimension=0, tiled=True) sums and cuts in one "
                 f"step"
             )
-        expect_close(g, mse_gradients(X, Y, *W)[j], rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")
+        expect_close(g, mse_gradients(x, y, *w)[j], rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")
 
 
-PRODUCTS = public.products(X, W)  # the FLOPs of x @ w1 and h @ w2 for the whole batch
-OUTPUT_BYTES = len(X) * W[2].shape[1] * 4
+def products(run, x, w) -> float:
+    """The FLOPs of x @ w1 and h @ w2 for the whole batch, on the inputs `run` got."""
+    x, *w = got_by(run, x, *w)
+    return public.products(x, w)
+
+
+def output_bytes(run, x, w) -> int:
+    x, *w = got_by(run, x, *w)
+    return len(x) * w[2].shape[1] * 4
+
 
 # Each budget below is the public tests' own, with their helpers (and words), on other inputs.
 
@@ -114,20 +128,20 @@ def test_fsdp_mlp_stores_each_weight_in_pieces_one_per_device(got, run):
 
 @check(got=FSDP_CALL)
 def test_fsdp_mlp_splits_the_batch_and_its_work(got, run):
-    public.expect_own_rows_only(got, run.device_count, PRODUCTS, "the whole batch's forward pass")
+    public.expect_own_rows_only(got, run.device_count, products(run, X, W), "the whole batch's forward pass")
 
 
-TENSOR_CALL = compiled_call("tensor_parallel_mlp", X, *W)
+TENSOR_CALL = compiled_call("tensor_parallel_mlp", TX, *TW)
 
 
 @check(got=TENSOR_CALL)
 def test_tensor_parallel_mlp_splits_the_hidden_layer_and_its_work(got, run):
-    public.expect_hidden_layer_split(got, run.device_count, PRODUCTS)
+    public.expect_hidden_layer_split(got, run.device_count, products(run, TX, TW))
 
 
 @check(got=TENSOR_CALL)
 def test_tensor_parallel_mlp_sends_no_more_than_one_sum_of_the_output(got, run):
-    public.expect_one_sum_of_the_output(got, run.device_count, OUTPUT_BYTES)
+    public.expect_one_sum_of_the_output(got, run.device_count, output_bytes(run, TX, TW))
 
 
 GRADIENTS_CALL = compiled_call("fsdp_gradients", X, Y, *W)
@@ -137,7 +151,7 @@ GRADIENTS_CALL = compiled_call("fsdp_gradients", X, Y, *W)
 def test_fsdp_gradients_split_the_batch_and_its_work(got, run):
     # the backward pass costs two products for each of the forward pass's
     public.expect_own_rows_only(
-        got, run.device_count, 3 * PRODUCTS, "the whole batch's forward and backward passes"
+        got, run.device_count, 3 * products(run, X, W), "the whole batch's forward and backward passes"
     )
 
 
@@ -149,28 +163,29 @@ def test_fsdp_gradients_keep_weights_and_gradients_in_pieces(got, run):
 # -- exercise 4: tensor_parallel_scattered, held to its budget ---------------------------------
 
 # An output of 128 KiB, as the public tests' (the TPU compiler sums a small one with an all-reduce of its own).
-XS, _, WS = public.make_case(92, batch=256, d_in=32, d_hidden=64, d_out=128)
-SCATTERED_OUTPUT_BYTES = len(XS) * WS[2].shape[1] * 4
+# Its 256 rows divide over every pod's devices; the hidden units grow with a larger pod.
+XS, WS = public.hidden_layer_for_every_pod(*public.make_case(92, batch=256, d_in=32, d_hidden=64, d_out=128))
 SCATTERED_CALL = compiled_call("tensor_parallel_scattered", XS, *WS)
 
 
 @check(got=SCATTERED_CALL)
 def test_tensor_parallel_scattered_on_a_wider_layer(got, run):
     n = run.device_count
-    expect_close_naming_mistakes(
-        got, mlp(XS, *WS), public.scattered_mistakes(XS, WS, n), rtol=1e-4, atol=1e-5
-    )
+    x, *w = got_by(run, XS, *WS)
+    expect_close_naming_mistakes(got, mlp(x, *w), public.scattered_mistakes(x, w, n), rtol=1e-4, atol=1e-5)
     expect_split_across(got, n, axis=0, hint=public.ROWS_SPLIT)
 
 
 @check(got=SCATTERED_CALL)
 def test_tensor_parallel_scattered_splits_the_hidden_layer_and_its_work(got, run):
-    public.expect_hidden_layer_split(got, run.device_count, public.products(XS, WS))
+    x, *w = got_by(run, XS, *WS)
+    public.expect_hidden_layer_split(got, run.device_count, public.products(x, w))
 
 
 @check(got=SCATTERED_CALL)
 def test_tensor_parallel_scattered_sends_only_its_share_of_the_output(got, run):
-    public.expect_a_share_of_the_output_sent(got, run.device_count, SCATTERED_OUTPUT_BYTES)
+    x, *w = got_by(run, XS, *WS)
+    public.expect_a_share_of_the_output_sent(got, run.device_count, len(x) * w[2].shape[1] * 4)
 
 
 @check(got=SCATTERED_CALL)
@@ -180,12 +195,14 @@ def test_tensor_parallel_scattered_moves_partial_outputs_never_weights(got, run)
 
 # -- stretch (not graded: points=0): fsdp_layer_by_layer ------------------------------------------
 
-XW, _, WW = public.make_case(91, batch=64, d_in=128, d_hidden=128, d_out=128)  # weights of 64 KiB each
+# weights of 64 KiB each (on up to 32 devices)
+XW, _, WW = public.for_every_pod(*public.make_case(91, batch=64, d_in=128, d_hidden=128, d_out=128))
 
 
 @check(points=0, got=compiled_call("fsdp_layer_by_layer", XW, *WW))
 def test_fsdp_layer_by_layer_never_holds_both_layers_whole(got, run):
     n = run.device_count
-    expect_close(got, mlp(XW, *WW), rtol=1e-4, atol=1e-5)
+    x, *w = got_by(run, XW, *WW)
+    expect_close(got, mlp(x, *w), rtol=1e-4, atol=1e-5)
     expect_split_across(got, n, axis=0)
-    public.expect_one_layer_whole_at_a_time(got, n, WW)
+    public.expect_one_layer_whole_at_a_time(got, n, w)

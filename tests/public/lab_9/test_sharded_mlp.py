@@ -3,13 +3,18 @@
 The expected values are the unsplit MLP and its gradient, computed here in float64 numpy. Each design is held
 to its budget from the compiled program (the weights split, the work split, the bytes each device sends), here
 on these inputs and by the hidden tests on others, with the same helpers and words.
+
+The inputs are sized for pods of up to 32 devices; on a larger pod every axis a design splits over every device
+grows with it (`by_devices`), and each test computes what it expects from the inputs its run got (`got_by`).
 """
 
 import numpy as np
 
 from labkit.checks import (
+    ByDevices,
     FactUnavailable,
     Mismatch,
+    by_devices,
     call,
     check,
     collectives_of,
@@ -63,23 +68,62 @@ def mse_gradients(x, y, w1, b1, w2, b2):
     return x.T @ d_pre, d_pre.sum(axis=0), h.T @ d_out, d_out.sum(axis=0)
 
 
+def for_every_pod(x, y, w):
+    """The case as FSDP splits it, every axis over every device (the batch, the inputs, the hidden units, the
+    outputs): as written on 1 to 32 devices; on a larger pod, copies along each axis, each a little higher,
+    until it divides over every device, two rows of the batch a device (with one, libtpu gathers the weights
+    with an all-reduce whose additions cost as much as half the device's share of the work)."""
+    w1, b1, w2, b2 = w
+    return (
+        by_devices(x, shift=1 / 1024, axis=(0, 1), per_device=2),
+        by_devices(y, shift=1 / 1024, axis=(0, 1), per_device=2),
+        (
+            by_devices(w1, shift=1 / 4096, axis=(0, 1)),
+            by_devices(b1, shift=1 / 64),
+            by_devices(w2, shift=1 / 4096, axis=(0, 1)),
+            by_devices(b2, shift=1 / 64),
+        ),
+    )
+
+
+def hidden_layer_for_every_pod(x, _y, w, rows: bool = False):
+    """The case as tensor parallelism splits it, the hidden units over every device: (x, weights) as written
+    on 1 to 32 devices; on a larger pod, copies of the hidden units (w1's columns, b1, w2's rows), each a little
+    higher, until they divide over every device, and of x's rows too with `rows` (for an output whose rows are
+    split over every device). b2, whole on every device, stays as written."""
+    w1, b1, w2, b2 = w
+    return by_devices(x, shift=1 / 1024) if rows else x, (
+        by_devices(w1, shift=1 / 4096, axis=1),
+        by_devices(b1, shift=1 / 64),
+        by_devices(w2, shift=1 / 4096),
+        b2,
+    )
+
+
+def got_by(run, *inputs) -> tuple:
+    """The inputs as `run` got them, as numpy arrays: grown with the pod where `by_devices` says so."""
+    return tuple(i.on(run) if isinstance(i, ByDevices) else np.asarray(i) for i in inputs)
+
+
 def items(got, count, what):
     if got.kind not in ("tuple", "list") or len(got.value) != count:
         raise Mismatch(f"expected a tuple {what}, got {describe(got)}")
     return got.value
 
 
-X, Y, W = make_case(9)
+X, Y, W = for_every_pod(*make_case(9))  # for FSDP, which splits every axis
+TX, TW = hidden_layer_for_every_pod(*make_case(9))  # the same case for tensor parallelism
+RX, RW = hidden_layer_for_every_pod(*make_case(9), rows=True)  # and for its output split by rows
 ON_EVERY_DEVICE = "Build the mesh from all of jax.devices() and return with out_specs=P() after the psum"
 SPLIT = "Build the mesh from all of jax.devices() and keep out_specs=P('data')"
 
 
-@check(got=call("tensor_parallel_mlp", X, *W))
-def test_tensor_parallel_equals_the_unsplit_mlp(got):
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+@check(got=call("tensor_parallel_mlp", TX, *TW))
+def test_tensor_parallel_equals_the_unsplit_mlp(got, run):
+    expect_close(got, mlp(*got_by(run, TX, *TW)), rtol=1e-4, atol=1e-5)
 
 
-@check(got=call("tensor_parallel_mlp", X, *W))
+@check(got=call("tensor_parallel_mlp", TX, *TW))
 def test_tensor_parallel_output_is_whole_on_every_device(got, run):
     expect_replicated(got, run.device_count, hint=ON_EVERY_DEVICE)
 
@@ -87,20 +131,20 @@ def test_tensor_parallel_output_is_whole_on_every_device(got, run):
 @check(
     got=call(
         "tensor_parallel_mlp",
-        X,
-        placed(W[0], (None, "model"), axes=("model",)),
-        placed(W[1], ("model",), axes=("model",)),
-        placed(W[2], ("model", None), axes=("model",)),
-        W[3],
+        TX,
+        placed(TW[0], (None, "model"), axes=("model",)),
+        placed(TW[1], ("model",), axes=("model",)),
+        placed(TW[2], ("model", None), axes=("model",)),
+        TW[3],
     )
 )
-def test_tensor_parallel_accepts_weights_already_split(got):
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+def test_tensor_parallel_accepts_weights_already_split(got, run):
+    expect_close(got, mlp(*got_by(run, TX, *TW)), rtol=1e-4, atol=1e-5)
 
 
 @check(got=compiled_call("fsdp_mlp", X, *W))
-def test_fsdp_equals_the_unsplit_mlp(got):
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+def test_fsdp_equals_the_unsplit_mlp(got, run):
+    expect_close(got, mlp(*got_by(run, X, *W)), rtol=1e-4, atol=1e-5)
 
 
 @check(got=compiled_call("fsdp_mlp", X, *W))
@@ -123,13 +167,14 @@ def test_fsdp_output_is_split_by_rows_across_every_device(got, run):
 
 
 @check(got=call("fsdp_mlp", placed(X, ("data",)), *(placed(w, ("data",)) for w in W)))
-def test_fsdp_accepts_weights_already_in_pieces(got):
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+def test_fsdp_accepts_weights_already_in_pieces(got, run):
+    expect_close(got, mlp(*got_by(run, X, *W)), rtol=1e-4, atol=1e-5)
 
 
 @check(got=call("fsdp_gradients", X, Y, *W))
-def test_fsdp_gradients_equal_the_whole_batch_gradient(got):
-    for name, g, want in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"), mse_gradients(X, Y, *W)):
+def test_fsdp_gradients_equal_the_whole_batch_gradient(got, run):
+    wants = mse_gradients(*got_by(run, X, Y, *W))
+    for name, g, want in zip(WEIGHTS, items(got, 4, "(g_w1, g_b1, g_w2, g_b2)"), wants):
         expect_close(g, want, rtol=1e-4, atol=1e-6, hint=f"(gradient of {name})")
 
 
@@ -223,7 +268,7 @@ def expect_gradients_in_pieces(got, n: int) -> None:
         )
 
 
-TENSOR_X, _, TENSOR_W = make_case(19, batch=64, d_in=32, d_hidden=64, d_out=32)
+TENSOR_X, TENSOR_W = hidden_layer_for_every_pod(*make_case(19, batch=64, d_in=32, d_hidden=64, d_out=32))
 TENSOR_CALL = compiled_call("tensor_parallel_mlp", TENSOR_X, *TENSOR_W)
 
 
@@ -234,17 +279,20 @@ def test_fsdp_mlp_keeps_every_weight_split_over_the_devices(got, run):
 
 @check(got=compiled_call("fsdp_mlp", X, *W))
 def test_fsdp_mlp_computes_only_the_rows_of_its_own_slice(got, run):
-    expect_own_rows_only(got, run.device_count, products(X, W), "the whole batch's forward pass")
+    x, *w = got_by(run, X, *W)
+    expect_own_rows_only(got, run.device_count, products(x, w), "the whole batch's forward pass")
 
 
 @check(got=TENSOR_CALL)
 def test_tensor_parallel_mlp_gives_each_device_its_own_hidden_units_and_their_work(got, run):
-    expect_hidden_layer_split(got, run.device_count, products(TENSOR_X, TENSOR_W))
+    x, *w = got_by(run, TENSOR_X, *TENSOR_W)
+    expect_hidden_layer_split(got, run.device_count, products(x, w))
 
 
 @check(got=TENSOR_CALL)
 def test_tensor_parallel_mlp_sends_only_one_sum_of_the_partial_outputs(got, run):
-    expect_one_sum_of_the_output(got, run.device_count, len(TENSOR_X) * TENSOR_W[2].shape[1] * 4)
+    x, *w = got_by(run, TENSOR_X, *TENSOR_W)
+    expect_one_sum_of_the_output(got, run.device_count, len(x) * w[2].shape[1] * 4)
 
 
 # ---- fsdp_gradients' traffic: each gradient summed into pieces once, a reduce-scatter's worth -----------------
@@ -252,7 +300,7 @@ def test_tensor_parallel_mlp_sends_only_one_sum_of_the_partial_outputs(got, run)
 # Weights of 128 KiB: the TPU compiler sums a small gradient (a few KiB) with an all-reduce of its own choice,
 # which would say nothing about the design; at this size both compilers show what it sends. The weights' gathers
 # are left out: a compiler may gather a weight again for the backward pass rather than keep it (libtpu does).
-XG, YG, WG = make_case(93, batch=64, d_in=128, d_hidden=256, d_out=128)
+XG, YG, WG = for_every_pod(*make_case(93, batch=64, d_in=128, d_hidden=256, d_out=128))
 
 
 @check(got=compiled_call("fsdp_gradients", XG, YG, *WG))
@@ -260,7 +308,7 @@ def test_fsdp_gradients_are_summed_into_pieces_with_a_reduce_scatters_traffic(go
     n = run.device_count
     if n <= 1:
         return
-    budget = sum(bytes_sent("reduce-scatter", w.nbytes // n, n) for w in WG)
+    budget = sum(bytes_sent("reduce-scatter", w.nbytes // n, n) for w in got_by(run, *WG))
     # every collective but the weights' gathers, each charged as the kit charges it (an all-reduce a TPU compiler
     # writes for a reduce-scatter the program asks for is counted as that reduce-scatter)
     summing = [(sent, what) for sent, what, kind in sent_parts(got) if kind != "all-gather"]
@@ -282,8 +330,9 @@ GRADIENTS_CALL = compiled_call("fsdp_gradients", XG, YG, *WG)
 @check(got=GRADIENTS_CALL)
 def test_fsdp_gradients_compute_only_the_rows_of_their_own_slice(got, run):
     # the backward pass costs two products for each of the forward pass's
+    x, *w = got_by(run, XG, *WG)
     expect_own_rows_only(
-        got, run.device_count, 3 * products(XG, WG), "the whole batch's forward and backward passes"
+        got, run.device_count, 3 * products(x, w), "the whole batch's forward and backward passes"
     )
 
 
@@ -349,14 +398,15 @@ def scattered_mistakes(x, w, n):
     }
 
 
-@check(got=call("tensor_parallel_scattered", X, *W))
+@check(got=call("tensor_parallel_scattered", RX, *RW))
 def test_tensor_parallel_scattered_equals_the_unsplit_mlp(got, run):
+    x, *w = got_by(run, RX, *RW)
     expect_close_naming_mistakes(
-        got, mlp(X, *W), scattered_mistakes(X, W, run.device_count), rtol=1e-4, atol=1e-5
+        got, mlp(x, *w), scattered_mistakes(x, w, run.device_count), rtol=1e-4, atol=1e-5
     )
 
 
-@check(got=call("tensor_parallel_scattered", X, *W))
+@check(got=call("tensor_parallel_scattered", RX, *RW))
 def test_tensor_parallel_scattered_splits_the_rows_of_the_output_across_every_device(got, run):
     expect_split_across(got, run.device_count, axis=0, hint=ROWS_SPLIT)
 
@@ -364,7 +414,10 @@ def test_tensor_parallel_scattered_splits_the_rows_of_the_output_across_every_de
 # tensor_parallel_scattered's budget. An output of 128 KiB: the TPU compiler sums a small one (8 KiB) with an
 # all-reduce and a slice, its own cheaper choice at that size (measured on v5e:2x4: 32 KiB all-reduce, 128 KiB
 # reduce-scatter), which would say nothing about the design. At this size both compilers show what it sends.
-SCATTERED_X, _, SCATTERED_W = make_case(29, batch=256, d_in=32, d_hidden=64, d_out=128)
+# Its 256 rows divide over every pod's devices as they are.
+SCATTERED_X, SCATTERED_W = hidden_layer_for_every_pod(
+    *make_case(29, batch=256, d_in=32, d_hidden=64, d_out=128)
+)
 SCATTERED_CALL = compiled_call("tensor_parallel_scattered", SCATTERED_X, *SCATTERED_W)
 
 
@@ -408,12 +461,14 @@ def expect_no_weight_gathered(got, n: int) -> None:
 
 @check(got=SCATTERED_CALL)
 def test_tensor_parallel_scattered_gives_each_device_its_own_hidden_units_and_their_work(got, run):
-    expect_hidden_layer_split(got, run.device_count, products(SCATTERED_X, SCATTERED_W))
+    x, *w = got_by(run, SCATTERED_X, *SCATTERED_W)
+    expect_hidden_layer_split(got, run.device_count, products(x, w))
 
 
 @check(got=SCATTERED_CALL)
 def test_tensor_parallel_scattered_sends_a_share_of_the_output_not_all_of_it(got, run):
-    output_bytes = len(SCATTERED_X) * SCATTERED_W[2].shape[1] * 4
+    x, *w = got_by(run, SCATTERED_X, *SCATTERED_W)
+    output_bytes = len(x) * w[2].shape[1] * 4
     expect_a_share_of_the_output_sent(got, run.device_count, output_bytes)
 
 
@@ -427,12 +482,12 @@ def test_tensor_parallel_scattered_never_gathers_the_weights(got, run):
 
 @check(points=0, got=call("fsdp_layer_by_layer", X, *W))
 def test_fsdp_layer_by_layer_equals_the_unsplit_mlp_split_by_rows(got, run):
-    expect_close(got, mlp(X, *W), rtol=1e-4, atol=1e-5)
+    expect_close(got, mlp(*got_by(run, X, *W)), rtol=1e-4, atol=1e-5)
     expect_split_across(got, run.device_count, axis=0, hint=SPLIT)
 
 
 # Weights of 64 KiB each, so that both layers whole at once stand out in a device's temporaries.
-LAYERS_X, _, LAYERS_W = make_case(39, batch=64, d_in=128, d_hidden=128, d_out=128)
+LAYERS_X, _, LAYERS_W = for_every_pod(*make_case(39, batch=64, d_in=128, d_hidden=128, d_out=128))
 
 
 def _old_compiler() -> bool:
@@ -472,4 +527,4 @@ def expect_one_layer_whole_at_a_time(got, n: int, w) -> None:
 
 @check(points=0, got=compiled_call("fsdp_layer_by_layer", LAYERS_X, *LAYERS_W))
 def test_fsdp_layer_by_layer_gathers_one_layer_at_a_time(got, run):
-    expect_one_layer_whole_at_a_time(got, run.device_count, LAYERS_W)
+    expect_one_layer_whole_at_a_time(got, run.device_count, got_by(run, *LAYERS_W))
