@@ -13,6 +13,7 @@ import numpy as np
 
 from labkit.checks import (
     Mismatch,
+    by_devices,
     call,
     check,
     compiled_call,
@@ -23,10 +24,11 @@ from labkit.checks import (
 )
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
-sequential, rolled = public.sequential, public.rolled
+sequential, rolled, on = public.sequential, public.rolled, public.on
 
 RNG = np.random.default_rng(100)
-LONG = RNG.normal(size=(64, 2)).astype(np.float32)
+LONG = by_devices(RNG.normal(size=(64, 2)).astype(np.float32), shift=8.0)
+# the layers grow with the pod (public.make_stack): a test replays the stack its run got, `on(DEEP, run)`
 DEEP = public.make_stack(101, layers=32, d=6, microbatches=4, rows=8)  # fewer microbatches than 8 stages
 MANY = public.make_stack(102, layers=32, d=4, microbatches=12, rows=1)
 
@@ -83,39 +85,41 @@ def diagnose(got, stack, n):
 
 @check(got=call("pass_to_next_stage", LONG))
 def test_blocks_move_to_the_next_stage_not_the_previous_one(got, run):
-    n = run.device_count
+    n, long = run.device_count, LONG.on(run)
     # on two devices the previous device is the next one: both directions give the same blocks
-    if n > 2 and close(got.value, rolled(LONG, n, step=-1)):
+    if n > 2 and close(got.value, rolled(long, n, step=-1)):
         raise Mismatch(
             f"every block moved to the previous device, not the next: ppermute's pairs are "
             f"(source, destination), so forward is (i, (i + 1) % {n}), not ((i + 1) % {n}, i)"
         )
-    if n > 1 and close(got.value, LONG):
+    if n > 1 and close(got.value, long):
         raise Mismatch(
             "every block stayed where it was: nothing was sent. Is the mesh over all of "
             "jax.devices(), and does perm pair each device with the next one?"
         )
-    expect_close(got, rolled(LONG, n))
+    expect_close(got, rolled(long, n))
 
 
 @check(got=call("pipeline_forward", *DEEP))
 def test_pipeline_with_fewer_microbatches_than_stages_equals_the_sequence(got, run):
-    diagnose(got, DEEP, run.device_count)
+    deep = on(DEEP, run)
+    diagnose(got, deep, run.device_count)
     expect_close(
         got,
-        sequential(*DEEP),
+        sequential(*deep),
         rtol=1e-4,
         atol=1e-5,
-        hint="32 layers, 4 microbatches: each stage runs L / S consecutive layers",
+        hint=f"{len(deep[0])} layers, 4 microbatches: each stage runs L / S consecutive layers",
     )
 
 
 @check(got=call("pipeline_forward", *MANY))
 def test_pipeline_sends_activations_forward_through_every_stage(got, run):
-    diagnose(got, MANY, run.device_count)
+    many = on(MANY, run)
+    diagnose(got, many, run.device_count)
     expect_close(
         got,
-        sequential(*MANY),
+        sequential(*many),
         rtol=1e-4,
         atol=1e-5,
         hint="stage s must work on what stage s - 1 sent it, microbatch m leaving the last stage at "
@@ -130,7 +134,7 @@ def test_pipeline_keeps_every_stage_busy_at_once(got, run):
 
 @check(got=compiled_call("pipeline_forward", *DEEP))
 def test_pipeline_keeps_the_layers_of_each_stage_on_its_own_device(got, run):
-    public.expect_layers_on_their_stages(got, run.device_count, len(DEEP[0]))
+    public.expect_layers_on_their_stages(got, run.device_count, len(DEEP[0].on(run)))
 
 
 # -- exercise 3: ring_sum, held to its budget ---------------------------------------------------

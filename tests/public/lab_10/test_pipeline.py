@@ -13,6 +13,7 @@ import numpy as np
 from labkit.checks import (
     FactUnavailable,
     Mismatch,
+    by_devices,
     call,
     check,
     collectives_of,
@@ -35,11 +36,19 @@ from labkit.cost import format_bytes, shape_bytes
 
 
 def make_stack(seed, layers=32, d=4, microbatches=8, rows=2):  # 32 layers: L / S layers a stage, S = 1 to 32
+    """The weights and biases grow with the pod (`by_devices`: 256 layers on 256 stages, each copy of the 32
+    shifted a little); the microbatches, which every stage reads whole, do not."""
     rng = np.random.default_rng(seed)
     weights = (rng.normal(size=(layers, d, d)) * 1.2 / np.sqrt(d)).astype(np.float32)
     biases = (0.3 * rng.normal(size=(layers, d))).astype(np.float32)
     inputs = rng.normal(size=(microbatches, rows, d)).astype(np.float32)
-    return weights, biases, inputs
+    return by_devices(weights, shift=1 / 64), by_devices(biases, shift=1 / 32), inputs
+
+
+def on(stack, run):
+    """The stack as `run` got it: its layers as many as the pod's stages need."""
+    weights, biases, microbatches = stack
+    return weights.on(run), biases.on(run), microbatches
 
 
 def run_layers(weights, biases, h):
@@ -57,14 +66,14 @@ def rolled(x, devices, step=1):
     return np.roll(x, step * (len(x) // devices), axis=0)
 
 
-X = np.arange(96, dtype=np.float32).reshape(32, 3)
+X = by_devices(np.arange(96, dtype=np.float32).reshape(32, 3), shift=96)  # on 256 devices: 0 .. 767
 WEIGHTS, BIASES, MICROBATCHES = make_stack(10)
 NEXT = "Send with perm pairs (i, (i + 1) % n): (source, destination)"
 
 
 @check(got=call("pass_to_next_stage", X))
 def test_each_block_moves_to_the_next_device(got, run):
-    expect_close(got, rolled(X, run.device_count), hint=NEXT)
+    expect_close(got, rolled(X.on(run), run.device_count), hint=NEXT)
 
 
 @check(got=call("pass_to_next_stage", X))
@@ -79,12 +88,12 @@ def test_the_result_stays_split_across_every_device(got, run):
 
 @check(got=call("pass_to_next_stage", placed(X, ("stage",), axes=("stage",))))
 def test_accepts_an_input_already_split_over_stages(got, run):
-    expect_close(got, rolled(X, run.device_count), hint=NEXT)
+    expect_close(got, rolled(X.on(run), run.device_count), hint=NEXT)
 
 
 @check(got=compiled_call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
-def test_pipeline_equals_running_the_layers_in_sequence(got):
-    expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
+def test_pipeline_equals_running_the_layers_in_sequence(got, run):
+    expect_close(got, sequential(WEIGHTS.on(run), BIASES.on(run), MICROBATCHES), rtol=1e-4, atol=1e-5)
 
 
 @check(got=call("pipeline_forward", WEIGHTS, BIASES, MICROBATCHES))
@@ -104,8 +113,8 @@ def test_every_device_holds_the_whole_output(got, run):
         MICROBATCHES,
     )
 )
-def test_accepts_layers_already_placed_on_their_stages(got):
-    expect_close(got, sequential(WEIGHTS, BIASES, MICROBATCHES), rtol=1e-4, atol=1e-5)
+def test_accepts_layers_already_placed_on_their_stages(got, run):
+    expect_close(got, sequential(WEIGHTS.on(run), BIASES.on(run), MICROBATCHES), rtol=1e-4, atol=1e-5)
 
 
 # ---- the schedule: how much each stage computes, read from the compiled program ----------------------
@@ -142,7 +151,7 @@ SCHEDULE_CALL = compiled_call("pipeline_forward", *SCHEDULE)
 
 @check(got=SCHEDULE_CALL)
 def test_each_stage_computes_its_layers_once_per_step_of_the_schedule(got, run):
-    expect_each_stage_works_once_per_step(got, run.device_count, SCHEDULE)
+    expect_each_stage_works_once_per_step(got, run.device_count, on(SCHEDULE, run))
 
 
 def expect_stages_busy_at_once(got, n: int, m: int) -> None:
@@ -179,7 +188,7 @@ def expect_layers_on_their_stages(got, n: int, layers: int) -> None:
 
 @check(got=SCHEDULE_CALL)
 def test_each_stage_holds_only_the_layers_of_its_own_stage(got, run):
-    expect_layers_on_their_stages(got, run.device_count, len(SCHEDULE[0]))
+    expect_layers_on_their_stages(got, run.device_count, len(SCHEDULE[0].on(run)))
 
 
 # ---- at a production size: the TPU compiler's program, on the compile-only TPU configurations alone
