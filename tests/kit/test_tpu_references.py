@@ -104,7 +104,7 @@ def test_a_capstone_design_that_repeats_the_batch_is_refused_by_its_work_and_by_
 # The labs whose inputs grow with the pod (`checks.by_devices`: as written on up to 32 devices, shifted copies
 # beyond), as do their notebooks' try-it cells: each reference passes every test on v5e-256, hidden ones too.
 # `make test` grades lab 3 there (about 10 s a run); `make test SWEEP=full` grades every one of them.
-GROWN_WITH_THE_POD = [1, 2, 3, 4, 5, 6, 11, 12]
+GROWN_WITH_THE_POD = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12]
 
 
 @pytest.mark.parametrize("lab", GROWN_WITH_THE_POD if sweep.FULL else [3])
@@ -132,11 +132,11 @@ def test_the_reference_passes_every_test_on_v5e_256_under_the_limits_that_config
         "limits"
     ]  # 256 devices compile slowly: past the default 120 s
     outcomes = lab_outcomes(lab)["v5e-256"]
-    # passed, or skipped where the test says its topology's compiler writes the designs it tells apart alike
+    # passed, or skipped saying why (lab 12's traffic budget, which libtpu's 256-device program cannot tell apart;
+    # lab 9's peak memory, judged on the CPU configurations), as every pod size's run is judged
     failed = {
-        t: why
-        for t, why in notebook_variants.not_passed(outcomes).items()
-        if not why.startswith("skipped: not judged on v5e-256: ")
+        t: why for t, why in notebook_variants.not_passed(outcomes).items() if not why.startswith("skipped:")
     }
-    assert outcomes and not failed and any(o["hidden"] for o in outcomes.values()), failed
+    passed = [o for o in outcomes.values() if o["status"] == "passed"]
+    assert passed and not failed and any(o["hidden"] for o in passed), failed
     assert done.returncode == 0 and "raised" not in done.stdout, done.stdout[-3000:]  # no try-it cell failed
