@@ -379,11 +379,24 @@ def test_an_input_sized_by_devices_is_as_written_up_to_its_rows_and_in_shifted_c
     assert len({b.tobytes() for b in on_256}) == 256  # no two devices get the same row
 
 
-def test_an_input_sized_by_devices_can_grow_its_columns_for_a_grid_split_by_columns(monkeypatch):
+def on_a_pod_of_256(x, monkeypatch) -> tuple[tuple, np.ndarray]:
+    """What a process of 256 devices makes of the input `x`: the shape it traces at from the call's shapes alone
+    (`callplan.for_the_student`), and the value it gets."""
     import jax
 
-    from labkit.checks import by_devices
     from labkit.judge import callplan, harness
+
+    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
+    shapes = callplan.for_the_student([spec])[0]["args"][0]
+    monkeypatch.setattr(jax, "device_count", lambda: 256)
+    return harness._materialise(shapes).shape, np.asarray(
+        harness._materialise(call("f", x).encoded()["args"][0])
+    )
+
+
+def test_an_input_sized_by_devices_can_grow_its_columns_for_a_grid_split_by_columns(monkeypatch):
+
+    from labkit.checks import by_devices
 
     grid = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)
     x = by_devices(grid, shift=1000, axis=1)
@@ -391,21 +404,16 @@ def test_an_input_sized_by_devices_can_grow_its_columns_for_a_grid_split_by_colu
     on_256 = x.on(SimpleNamespace(device_count=256))  # a 2 x 128 grid's columns: 256 of them
     assert on_256.shape == (2, 256) and np.array_equal(on_256[:, 64:128], grid + 1000)
     assert call("f", x).id != call("f", by_devices(grid, shift=1000)).id  # another input, another call
-    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
-    shapes = callplan.for_the_student([spec])[0]["args"][0]
-    monkeypatch.setattr(jax, "device_count", lambda: 256)
-    assert harness._materialise(shapes).shape == (2, 256)
-    assert np.array_equal(np.asarray(harness._materialise(call("f", x).encoded()["args"][0])), on_256)
+    shape, value = on_a_pod_of_256(x, monkeypatch)
+    assert shape == (2, 256) and np.array_equal(value, on_256)
     with pytest.raises(TypeError, match="axes 2"):
         by_devices(grid, axis=2)
     assert call("f", by_devices(grid, shift=1000, axis=(1,))).id == call("f", x).id  # one axis, one spelling
 
 
 def test_an_input_sized_by_devices_can_grow_rows_and_columns_with_no_two_blocks_alike(monkeypatch):
-    import jax
 
     from labkit.checks import by_devices
-    from labkit.judge import callplan, harness
 
     matrix = np.arange(32 * 64, dtype=np.float32).reshape(32, 64)
     x = by_devices(matrix, shift=1, axis=(0, 1))
@@ -414,11 +422,8 @@ def test_an_input_sized_by_devices_can_grow_rows_and_columns_with_no_two_blocks_
     assert on_256.shape == (256, 256)
     blocks = {on_256[i : i + 32, j : j + 64].tobytes() for i in range(0, 256, 32) for j in range(0, 256, 64)}
     assert len(blocks) == 8 * 4  # every copy shifted past every other
-    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
-    shapes = callplan.for_the_student([spec])[0]["args"][0]
-    monkeypatch.setattr(jax, "device_count", lambda: 256)
-    assert harness._materialise(shapes).shape == (256, 256)
-    assert np.array_equal(np.asarray(harness._materialise(call("f", x).encoded()["args"][0])), on_256)
+    shape, value = on_a_pod_of_256(x, monkeypatch)
+    assert shape == (256, 256) and np.array_equal(value, on_256)
     with pytest.raises(TypeError, match="axes"):
         by_devices(matrix, axis=(0, 0))
 
@@ -460,10 +465,8 @@ def test_a_check_not_judged_for_a_topology_is_skipped_there_saying_why_and_judge
 
 
 def test_an_input_sized_by_devices_can_give_each_device_of_a_larger_pod_several_rows(monkeypatch):
-    import jax
 
     from labkit.checks import by_devices
-    from labkit.judge import callplan, harness
 
     batch = np.arange(32 * 2, dtype=np.float32).reshape(32, 2)
     x = by_devices(batch, shift=100, per_device=2)  # two micro-batches a device
@@ -475,11 +478,8 @@ def test_an_input_sized_by_devices_can_give_each_device_of_a_larger_pod_several_
     assert (
         call("f", by_devices(batch, shift=100, per_device=1)).id == call("f", by_devices(batch, shift=100)).id
     )
-    spec = {"id": "c", **compiled_call("f", x).encoded(), "verify": True}
-    shapes = callplan.for_the_student([spec])[0]["args"][0]
-    monkeypatch.setattr(jax, "device_count", lambda: 256)
-    assert harness._materialise(shapes).shape == (512, 2)
-    assert harness._materialise(call("f", x).encoded()["args"][0]).shape == (512, 2)
+    shape, value = on_a_pod_of_256(x, monkeypatch)
+    assert shape == value.shape == (512, 2)
     with pytest.raises(TypeError, match="per_device"):
         by_devices(batch, per_device=0)
 
