@@ -27,8 +27,9 @@ from labkit.judge import plaindata
 # A run's results file, or the verifier's: more than this is not read (the largest lab's reference
 # writes well under a tenth of it; a program sent for the kit to run is at most facts.PROGRAM_MAX_BYTES).
 MAX_BYTES = 16 << 20
-# The verifier's verified.json: what its caps on returned values let through (labkit.judge.program), and room.
-VERIFIED_MAX_BYTES = 32 << 20
+# The verifier's verified.json: what its caps on returned values let through (labkit.judge.program: 2 million
+# values, about 22 bytes each as JSON), and room.
+VERIFIED_MAX_BYTES = 64 << 20
 MOST_CALLS = 2_000  # results in one file: the labs' tests make at most a few dozen calls
 MOST_COLLECTIVES = 20_000  # as labkit.judge.hlo.MOST
 MOST_DEVICES = 1 << 16
