@@ -61,9 +61,7 @@ class RunRecord:
     # A multi-process run: what every process returned (process 0's is also `results` and `environment`).
     processes: list = field(default_factory=list)  # [{"process", "exit", "environment", "results"}]
     isolation: str = ""  # "bubblewrap" (a sandbox) or "limits-only" (resource limits and a scratch folder)
-    limits: dict = field(
-        default_factory=dict
-    )  # the Limits the run had, and its notebook's timeout in seconds
+    limits: dict = field(default_factory=dict)  # the Limits the run had, and its timeout in seconds
     start: str = (
         ""  # "warm" (a kernel forked by a warm server, `labkit.run.warm`) or "cold" (a kernel of its own)
     )

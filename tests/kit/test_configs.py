@@ -127,7 +127,7 @@ def test_a_configuration_of_many_devices_raises_the_limits_it_cannot_start_under
 
 
 def test_a_configuration_of_many_devices_gives_a_notebook_the_time_it_needs_to_compile_and_no_other():
-    # on two cores a lab's reference took 30 to 110 s on v5e-256 (more on a shared machine): past the default
+    # on two shared cores a lab's notebook took up to 110 s on v5e-256, the verifier up to 300 s: past the default
     assert configs.by_name("v5e-256").run_timeout(execute.DEFAULT_TIMEOUT) >= 500
     assert configs.by_name("v5e-256").run_timeout(3600) == 3600  # never lowered
     for name in ("cpu-1", "cpu-8", "cpu-32", "cpu-4x2", "v5e-8", "v6e-8", "v5p-8", "tpu", "gpu"):
