@@ -242,11 +242,12 @@ def test_a_malformed_payload_of_one_process_of_a_multi_process_run_is_not_taken(
 def test_a_verified_json_larger_than_the_cap_is_not_loaded(tmp_path, monkeypatch):
     from labkit.run import sandbox
 
-    n = records.MAX_BYTES // 4  # floats of five bytes each in JSON: 25% over the cap
-    big = {"results": {"c1": {"value": VALUE | {"shape": [n], "data": [0.5] * n}}}}
+    n = records.VERIFIED_MAX_BYTES // 4  # floats of five bytes each in JSON: 25% over the verifier's cap
+    head = json.dumps({"results": {"c1": {"value": VALUE | {"shape": [n], "data": []}}}})
+    big = head.replace('"data": []', '"data": [' + "0.5, " * (n - 1) + "0.5]")
 
     def launch(argv, run):  # an output of six arrays of 2M floats was 256 MB of JSON
-        Path(argv[-1]).write_text(json.dumps(big))
+        Path(argv[-1]).write_text(big)
         return _Done()
 
     monkeypatch.setattr(sandbox, "launch", launch)
