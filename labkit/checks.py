@@ -72,6 +72,7 @@ __all__ = [
     "Call",
     "CallFailed",
     "FactUnavailable",
+    "GrownSize",
     "LabRun",
     "Mismatch",
     "NotDone",
@@ -102,6 +103,7 @@ __all__ = [
     "expect_steps_within",
     "expect_work_share",
     "expect_work_split",
+    "facts_of",
     "judged_on_tpu_only",
     "not_judged_for",
     "placed",
@@ -110,6 +112,7 @@ __all__ = [
     "sent_per_device",
     "shaped",
     "single_process",
+    "sizes_of",
 ]
 
 
@@ -126,6 +129,8 @@ class Call:
     facts: bool = field(
         default=False, compare=False
     )  # also examine the compiled program (not part of the id)
+    # read its value back (`facts_of`: its compiled program's facts alone; not part of the id)
+    values: bool = field(default=True, compare=False)
 
     def encoded(self) -> dict:
         what = {
@@ -133,6 +138,7 @@ class Call:
             "args": [_encode_input(a) for a in self.args],
             "kwargs": {k: _encode_input(v) for k, v in self.kwargs.items()},
         }
+        what = what if self.values else {**what, "values": False}
         return {**what, "facts": True} if self.facts else what
 
     @property
@@ -144,7 +150,8 @@ class Call:
     @functools.cached_property
     def id(self) -> str:
         """Equal calls share one id, so a call used by several tests runs once (examined if any asks)."""
-        text = json.dumps({k: v for k, v in self.encoded().items() if k != "facts"}, sort_keys=True)
+        what = {k: v for k, v in self.encoded().items() if k not in ("facts", "values")}
+        text = json.dumps(what, sort_keys=True)
         return f"{self.function}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -213,7 +220,7 @@ def _skip_off_tpu(what: str, config: DeviceConfig) -> None:
 
 
 def _has_shapes_only(value) -> bool:
-    if isinstance(value, Shaped):
+    if isinstance(value, Shaped) or (isinstance(value, ByDevices) and isinstance(value.value, Shaped)):
         return True
     if isinstance(value, (list, tuple)):
         return any(_has_shapes_only(v) for v in value)
@@ -232,9 +239,18 @@ class ByDevices:
     shift: float
     axis: int | tuple[int, ...] = 0
     per_device: int = 1
+    grid_rows: int = 1
+    pieces: int = 0
+    widen: bool = False
 
     def on(self, run: LabRun) -> np.ndarray:
-        """The input as `run` got it: what a test's expected value is computed from."""
+        """The input as `run` got it: what a test's expected value is computed from (an input given by its
+        shape alone, `shaped`, as the shape it grew to)."""
+        if isinstance(self.value, Shaped):
+            shape = list(self.value.shape)
+            for a, copies in plaindata.copies_along(self.value.shape, self.grow(), run.device_count).items():
+                shape[a] *= copies
+            return Shaped(tuple(shape), self.value.dtype)
         return plaindata.grown(self.value, self.grow(), run.device_count)
 
     def grow(self) -> dict:
@@ -245,10 +261,21 @@ class ByDevices:
             {"shift": self.shift}
             | ({"axis": axis} if axis else {})
             | ({"per_device": self.per_device} if self.per_device != 1 else {})
+            | ({"grid_rows": self.grid_rows} if self.grid_rows != 1 else {})
+            | ({"pieces": self.pieces} if self.pieces else {})
+            | ({"widen": True} if self.widen else {})
         )
 
 
-def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0, per_device: int = 1) -> ByDevices:
+def by_devices(
+    value,
+    shift: float = 0.0,
+    axis: int | tuple[int, ...] = 0,
+    per_device: int = 1,
+    grid_rows: int = 1,
+    pieces: int | None = None,
+    widen: bool = False,
+) -> ByDevices:
     """An input sized for every pod: `X = by_devices(np.linspace(-4, 4, 32), shift=0.125)`.
 
     On 1 to 32 devices the call gets X as written; on 256 it gets eight copies of it, one after another, the
@@ -259,14 +286,69 @@ def by_devices(value, shift: float = 0.0, axis: int | tuple[int, ...] = 0, per_d
     for a matrix whose rows one result splits over every device and whose columns a grid splits. `per_device=k`
     grows a larger pod's copies until each device gets k rows (or a multiple) along the first axis named, for a
     design that cuts each device's rows again (k micro-batches) or that one row a device would compile
-    differently."""
-    value = np.asarray(value)
+    differently. `grid_rows=k` grows it until it divides over one row of a k x n/k grid (the 128 of a 2 x 128
+    grid on 256 devices) rather than over every device: for a dimension a design splits over the grid's other
+    axis alone (lab 14's model dimension, which only the 'model' axis cuts). `pieces=k`, for a design that cuts
+    each device's block again into k pieces for every device (a ring all-reduce's n pieces: k = 1), keeps it as
+    written on pods of up to sqrt(rows / k) devices (1024 rows: 1 to 32) and grows it on a larger one until
+    each device's rows are a multiple of k x devices (65,536 rows on 256). A `shaped` input grows its shape the
+    same way (`by_devices(shaped((8, d, d)))`: a production size with a layer for each of up to 256 stages).
+    `widen=True` gives each device `per_device` rows of the first axis named on every pod of more than 32 devices,
+    even one with no more devices than the axis has rows: for a problem that must stay wide enough per device
+    (lab 14's work budget: its 256 hidden units become 8 for each device of a 2 x 128 grid's row, 1,024)."""
+    value = value if isinstance(value, Shaped) else np.asarray(value)
     axes = plaindata.axes_of(axis)
-    if not axes or len(set(axes)) < len(axes) or not all(0 <= a < value.ndim for a in axes):
+    if not axes or len(set(axes)) < len(axes) or not all(0 <= a < len(value.shape) for a in axes):
         raise TypeError(f"by_devices: an array with the axes {axis} to grow, not one of shape {value.shape}")
     if int(per_device) < 1:
         raise TypeError(f"by_devices: per_device is a count of rows, 1 or more, not {per_device!r}")
-    return ByDevices(value, float(shift), axes if len(axes) > 1 else axes[0], int(per_device))
+    if int(grid_rows) < 1:
+        raise TypeError(f"by_devices: grid_rows is a count of the grid's rows, 1 or more, not {grid_rows!r}")
+    if pieces is not None and int(pieces) < 1:
+        raise TypeError(f"by_devices: pieces is a count of pieces a device, 1 or more, not {pieces!r}")
+    return ByDevices(
+        value,
+        float(shift),
+        axes if len(axes) > 1 else axes[0],
+        int(per_device),
+        int(grid_rows),
+        int(pieces or 0),
+        bool(widen),
+    )
+
+
+# How an axis of a `by_devices` input grows, of what its `grow` says, that only the first axis named takes.
+_FIRST_AXIS_ONLY = ("per_device", "pieces", "widen")
+
+
+@dataclass(frozen=True, eq=False)
+class GrownSize:
+    """A size a call takes (a count of rows or columns, for a function that takes sizes, not arrays): as written
+    on pods up to its length, grown on a larger one as the axis of a `by_devices` input it measures (`sizes_of`)."""
+
+    value: int
+    grow: dict
+
+    def on(self, run: LabRun) -> int:
+        """The size as `run`'s call got it: the length that axis of the input reached on its pod."""
+        return self.value * plaindata.copies_along((self.value,), self.grow, run.device_count)[0]
+
+
+def sizes_of(x: ByDevices) -> tuple:
+    """The shape of `x`, as the sizes a call takes that grow with the pod as `x` does: `call("predict_sent",
+    "psum", sizes_of(X))` with `X = by_devices(..., axis=(0, 1))` gives the student's function X's shape as
+    written on 1 to 32 devices and the shape `X.on(run)` has on a larger pod (each size a `GrownSize`, each
+    axis that does not grow a plain int). For a function that takes sizes and an examined program that takes
+    `x`: both are asked at the size the run's pod gave `x`."""
+    if not isinstance(x, ByDevices) or isinstance(x.value, Shaped):
+        raise TypeError(f"sizes_of: an input made by by_devices of an array, not {type(x).__name__}")
+    grow, axes = x.grow(), plaindata.axes_of(x.axis)
+    sizes: list = [int(n) for n in x.value.shape]
+    for i, a in enumerate(axes):
+        taken = ("shift", "axis") if i == 0 else ("shift", "axis", *_FIRST_AXIS_ONLY)
+        kept = {k: v for k, v in grow.items() if k not in taken}
+        sizes[a] = GrownSize(sizes[a], {"axis": 0} | kept)
+    return tuple(sizes)
 
 
 @dataclass(frozen=True)
@@ -313,8 +395,13 @@ def placed(value, spec, axes=("data",), mesh_shape=None) -> Placed:
 def _encode_input(value) -> dict:
     if isinstance(value, Shaped):
         return {"kind": "abstract", "shape": list(value.shape), "dtype": value.dtype}
+    if isinstance(value, GrownSize):  # an int that grows with the pod in the student's process (`sizes_of`)
+        return {"kind": "int", "value": int(value.value), "grow": dict(value.grow)}
     if isinstance(value, ByDevices):
-        return plaindata.encode(value.value) | {"grow": value.grow()}
+        inner = (
+            _encode_input(value.value) if isinstance(value.value, Shaped) else plaindata.encode(value.value)
+        )
+        return inner | {"grow": value.grow()}
     if isinstance(value, Placed):
         enc = _encode_input(value.value)
         enc["place"] = {
@@ -533,3 +620,13 @@ def check(*, points: float = 1, **calls: Call):
 def compiled_call(function: str, *args, **kwargs) -> Call:
     """Like `call`, and the harness also examines the compiled program; the value's `.compiled` holds its facts."""
     return Call(function, tuple(args), dict(kwargs), facts=True)
+
+
+def facts_of(function: str, *args, **kwargs) -> Call:
+    """Like `compiled_call`, for a test that reads only the compiled program's facts (`.compiled`), never the value:
+    the kit runs the program as for any examined call and does not read its outputs back, so neither the caps on
+    what a call returns nor the run's total count them (`labkit.judge.program`). The value a test gets has kind
+    "none" unless another test asks the same call with `compiled_call`. For a given program whose output grows
+    with the pod past anything a test looks at (lab 13's all-gather of an input grown to 256 x 256 returns 16.8
+    million values on 256 devices)."""
+    return Call(function, tuple(args), dict(kwargs), facts=True, values=False)

@@ -261,11 +261,14 @@ class Checker:
         for test in tests:
             for c in test.__labkit_calls__.values():
                 # a call several tests make runs once; its program is examined if any of them asks (as `judge` does)
+                valued = c.values or (c.id in calls and calls[c.id].get("values") is not False)
                 calls[c.id] = (
                     calls.get(c.id, {})
                     | {"id": c.id, **c.encoded()}
                     | ({"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
                 )
+                if valued:  # read back if any of them reads it (`checks.facts_of` reads none)
+                    calls[c.id].pop("values", None)
         columns, results_by, measured = {}, {}, []
         if configs is None:
             env = harness.environment()

@@ -24,6 +24,7 @@ class CallSpec(TypedDict):
     args: list[Any]
     kwargs: dict[str, Any]
     facts: NotRequired[bool]  # a test reads its compiled program
+    values: NotRequired[bool]  # False: no test reads its value, never read back (`checks.facts_of`)
     verify: NotRequired[bool]  # the kit runs its program itself (`mark`)
     # in the verifier's job: why the student's trace at a production size failed
     tpu_refused: NotRequired[str]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -157,9 +157,20 @@ class _Plugin:
             for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values()
             if c.facts
         }
-        # a call made by several tests runs once; its compiled program is examined if any of them asks
+        valued = {
+            c.id
+            for item in session.items
+            for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values()
+            if c.values
+        }
+        # a call made by several tests runs once; its compiled program is examined if any of them asks, and its
+        # value is read back if any of them reads it (`checks.facts_of` reads none)
         encoded = [
-            {"id": cid, **c.encoded(), **({"facts": True} if cid in examined else {})}
+            {
+                "id": cid,
+                **replace(c, values=cid in valued).encoded(),
+                **({"facts": True} if cid in examined else {}),
+            }
             for cid, c in calls.items()
         ]
         self.calls = callplan.mark(encoded)

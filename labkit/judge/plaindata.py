@@ -20,14 +20,18 @@ import numpy as np
 MAX_ELEMENTS = 2_000_000
 
 
-def copies_for(rows: int, devices: int, per_device: int = 1) -> int:
+def copies_for(rows: int, devices: int, per_device: int = 1, pieces: int = 0) -> int:
     """How many copies of a test's input of `rows` rows a run on `devices` devices gets (`checks.by_devices`):
     one where the devices are no more than the rows, else the fewest whose rows divide over every device,
     `per_device` rows or a multiple of them to each (32 rows: once on 1 to 32 devices, 8 times on 256; with
-    per_device=2, 16 times on 256)."""
-    if devices <= rows or rows < 1:
+    per_device=2, 16 times on 256). With `pieces` k, each device's rows are cut again into k pieces a device: one
+    where k x devices x devices are no more than the rows, else the fewest whose rows give each device a multiple
+    of k x devices (and of `per_device`) (1024 rows, k = 1: once on 1 to 32 devices, 64 times on 256)."""
+    least = devices * devices * int(pieces) if pieces else devices
+    if least <= rows or rows < 1:
         return 1
-    wanted = devices * max(1, int(per_device))
+    each = max(1, int(per_device))
+    wanted = devices * (math.lcm(each, int(pieces) * devices) if pieces else each)
     return wanted // math.gcd(rows, wanted)
 
 
@@ -38,12 +42,27 @@ def axes_of(axis) -> tuple[int, ...]:
 
 def copies_along(shape: tuple[int, ...], grow: dict, devices: int) -> dict[int, int]:
     """How many copies along each axis a test's input of `shape` gets on `devices` devices, as its encoding's
-    `grow` says (`checks.by_devices`): `per_device` rows a device for the first axis it names, one for the rest."""
-    per_device = int(grow.get("per_device", 1))
+    `grow` says (`checks.by_devices`): `per_device` rows a device for the first axis it names, one for the rest;
+    with `grid_rows` k, over the n / k devices of one row of a k x n/k grid (as `placed`'s `mesh_shape=(k, -1)`
+    fits it: 1 x n where k does not divide n) rather than over every device; with `pieces`, the first axis named
+    is cut again on each device into that many pieces a device (`copies_for`)."""
+    per_device, pieces = int(grow.get("per_device", 1)), int(grow.get("pieces", 0))
+    over = devices // math.gcd(int(grow.get("grid_rows", 1)), devices) if devices > 0 else devices
     copies = {}
     for i, a in enumerate(axes_of(grow.get("axis", 0))):
-        copies[a] = copies_for(shape[a] if len(shape) > a else 0, devices, per_device if i == 0 else 1)
+        first = i == 0
+        copies[a] = copies_for(
+            shape[a] if len(shape) > a else 0, over, per_device if first else 1, pieces if first else 0
+        )
+        if first and grow.get("widen") and devices > WRITTEN_FOR_DEVICES and len(shape) > a and shape[a] >= 1:
+            # `widen`: per_device rows a device on any pod past 32 devices, even one no wider than the axis
+            wanted = over * per_device
+            copies[a] = max(copies[a], wanted // math.gcd(shape[a], wanted))
     return copies
+
+
+# The largest pod the tests' arrays are written for (`checks.by_devices`): as written on 1 to 32 devices.
+WRITTEN_FOR_DEVICES = 32
 
 
 def grown(value: np.ndarray, grow: dict, devices: int) -> np.ndarray:

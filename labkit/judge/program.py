@@ -19,6 +19,20 @@ MAX_OUTPUT_ARRAYS = 64
 MAX_OUTPUT_ELEMENTS = 1 << 18
 MAX_OUTPUT_BYTES = 4 << 20
 MAX_RUN_ELEMENTS = 1 << 21
+# On a pod of more than 32 devices an input grown with it (`checks.by_devices`) is up to devices / 32 times the
+# size written, and so is what a call on it returns: one call's caps grow in that proportion past 32 devices
+# (8 times on 256: lab 14's step on a model dimension of 128 returns 262,145 values, 655,361 with its work
+# problem's 1,024 hidden units), never below; the run's total (MAX_RUN_ELEMENTS) stays what it is.
+CAPS_HOLD_UP_TO_DEVICES = 32
+
+
+def output_caps(devices: int) -> tuple[int, int]:
+    """The values and bytes one call's outputs may have on a pod of `devices` devices (`bounded`):
+    MAX_OUTPUT_ELEMENTS and MAX_OUTPUT_BYTES on 1 to 32 devices, times devices / 32 (rounded up) beyond."""
+    scale = max(1, -(-int(devices) // CAPS_HOLD_UP_TO_DEVICES))
+    return MAX_OUTPUT_ELEMENTS * scale, MAX_OUTPUT_BYTES * scale
+
+
 # Custom calls an exported program may make: those of sharding itself, and jaxlib's own CPU linear algebra
 # (LAPACK kernels jax.export guarantees stable); never a callback into Python or code of the program's own.
 # Compared with the exact target names of the parsed module's custom calls (`read_module`).
@@ -261,20 +275,22 @@ class TooLarge(Exception):
     """A program's outputs are more than the kit reads back (`MAX_OUTPUT_*`); the message says how much."""
 
 
-def bounded(value: Any, budget: list[int]) -> None:
-    """Raise TooLarge when `value`'s outputs pass the caps of one call, or `budget` (the run's elements left)."""
+def bounded(value: Any, budget: list[int], devices: int | None = None) -> None:
+    """Raise TooLarge when `value`'s outputs pass the caps of one call on `devices` devices (`output_caps`; the
+    process's own count unless said), or `budget` (the run's elements left)."""
     import jax
     import numpy as np
 
+    max_elements, max_bytes = output_caps(jax.device_count() if devices is None else devices)
     leaves = jax.tree_util.tree_leaves(value)
     sizes = [int(np.prod(getattr(x, "shape", ()), dtype=np.int64)) for x in leaves]
     nbytes = sum(n * np.dtype(getattr(x, "dtype", np.float64)).itemsize for n, x in zip(sizes, leaves))
     if len(leaves) > MAX_OUTPUT_ARRAYS:
         raise TooLarge(f"it returns {len(leaves)} arrays; the kit reads at most {MAX_OUTPUT_ARRAYS}")
-    if sum(sizes) > MAX_OUTPUT_ELEMENTS or nbytes > MAX_OUTPUT_BYTES:
+    if sum(sizes) > max_elements or nbytes > max_bytes:
         raise TooLarge(
-            f"it returns {sum(sizes)} values ({nbytes} bytes); the kit reads at most {MAX_OUTPUT_ELEMENTS} "
-            f"values and {MAX_OUTPUT_BYTES} bytes from one call"
+            f"it returns {sum(sizes)} values ({nbytes} bytes); the kit reads at most {max_elements} "
+            f"values and {max_bytes} bytes from one call"
         )
     if sum(sizes) > budget[0]:
         raise TooLarge(

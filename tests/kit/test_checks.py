@@ -490,3 +490,126 @@ def test_an_input_grown_on_several_axes_gives_its_first_axis_the_rows_a_device_a
     batch = np.zeros((32, 64), np.float32)  # a batch of 32 rows of 64 features, both split over every device
     on_256 = by_devices(batch, shift=1, axis=(0, 1), per_device=2).on(SimpleNamespace(device_count=256))
     assert on_256.shape == (512, 256)  # two rows a device, one feature a device
+
+
+def test_an_input_sized_by_devices_can_grow_only_as_far_as_one_row_of_a_grid(monkeypatch):
+    from labkit.checks import by_devices
+
+    # lab 14's model dimension: split over the 'model' axis of a 2 x n/2 grid alone, never over its 'data' rows
+    weight = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    x = by_devices(weight, shift=0.5, axis=(0, 1), grid_rows=2)
+    for n in (1, 8, 32, 128):  # up to 64 columns of a 2 x 64 grid, as written
+        assert np.array_equal(x.on(SimpleNamespace(device_count=n)), weight)
+    on_256 = x.on(SimpleNamespace(device_count=256))  # the 128 of a 2 x 128 grid, not every device's 256
+    assert on_256.shape == (128, 128)
+    assert by_devices(weight, axis=(0, 1)).on(SimpleNamespace(device_count=256)).shape == (256, 256)
+    assert np.array_equal(on_256[64:, :64], weight + 0.5)
+    assert np.array_equal(on_256[:, 64:], on_256[:, :64] + 1.0)  # every copy shifted past every other
+    odd = plaindata.copies_along((64,), {"shift": 0, "grid_rows": 2}, 65)
+    assert odd == {0: plaindata.copies_for(64, 65)}  # 1 x 65, as placed's mesh_shape=(2, -1) fits it
+    assert call("f", x).id != call("f", by_devices(weight, shift=0.5, axis=(0, 1))).id
+    assert call("f", by_devices(weight, grid_rows=1)).id == call("f", by_devices(weight)).id  # one spelling
+    shape, value = on_a_pod_of_256(x, monkeypatch)
+    assert shape == value.shape == (128, 128) and np.array_equal(value, on_256)
+    with pytest.raises(TypeError, match="grid_rows"):
+        by_devices(weight, grid_rows=0)
+
+
+def test_an_input_sized_by_devices_can_give_each_device_a_piece_for_every_device(monkeypatch):
+    from labkit.checks import by_devices
+
+    # a ring all-reduce cuts each device's block into a piece for every device: 1024 rows, n x n up to 32
+    ring = np.arange(1024 * 2, dtype=np.float32).reshape(1024, 2)
+    x = by_devices(ring, shift=0.25, pieces=1)
+    for n in (1, 2, 8, 16, 32):  # n x n no more than its rows: as written
+        assert np.array_equal(x.on(SimpleNamespace(device_count=n)), ring)
+    on_256 = x.on(SimpleNamespace(device_count=256))  # 64 copies: 256 rows a device, one for each device
+    assert on_256.shape == (65536, 2) and np.array_equal(on_256[1024:2048], ring + 0.25)
+    assert by_devices(ring, shift=0.25).on(SimpleNamespace(device_count=256)).shape == (
+        1024,
+        2,
+    )  # rows enough
+    both_ways = by_devices(np.zeros((2048, 3), np.float32), pieces=2)  # two pieces a device: half each way
+    assert both_ways.on(SimpleNamespace(device_count=32)).shape == (2048, 3)
+    assert both_ways.on(SimpleNamespace(device_count=256)).shape == (131072, 3)
+    shape, value = on_a_pod_of_256(x, monkeypatch)
+    assert shape == value.shape == (65536, 2) and np.array_equal(value, on_256)
+    # the encoding, and so every call's id, is what it was where `pieces` is not given
+    assert by_devices(ring, shift=0.25).grow() == {"shift": 0.25} and x.grow() == {"shift": 0.25, "pieces": 1}
+    assert call("f", x).id != call("f", by_devices(ring, shift=0.25)).id
+    for wrong in (0, -1):
+        with pytest.raises(TypeError, match="pieces"):
+            by_devices(ring, pieces=wrong)
+
+
+def test_an_input_given_by_its_shape_alone_can_grow_with_the_pod(monkeypatch):
+    import jax
+
+    from labkit.checks import by_devices, shaped
+    from labkit.judge import callplan, harness
+
+    # a production stack of 8 layers: one a stage on up to 8 chips, and on 256 a model of 256 such layers
+    stack = by_devices(shaped((8, 1024, 1024)))
+    assert stack.on(SimpleNamespace(device_count=8)) == shaped((8, 1024, 1024))
+    on_256 = stack.on(SimpleNamespace(device_count=256))
+    assert on_256 == shaped((256, 1024, 1024)) and on_256.nbytes == 32 * stack.value.nbytes
+    made = compiled_call("f", stack, shaped((4, 1024)))
+    assert made.compile_only  # judged on the compile-only TPU configurations alone, as any shaped input
+    with pytest.raises(TypeError, match="shape only"):
+        call("f", stack)
+    encoded = made.encoded()["args"][0]
+    assert encoded == {
+        "kind": "abstract",
+        "shape": [8, 1024, 1024],
+        "dtype": "float32",
+        "grow": {"shift": 0.0},
+    }
+    spec = {"id": "c", **made.encoded(), "verify": True}
+    assert callplan.compile_only(spec) and callplan.for_the_student([spec])[0]["args"][0] == encoded
+    monkeypatch.setattr(jax, "device_count", lambda: 256)
+    assert harness._materialise(encoded).shape == (256, 1024, 1024)
+    with pytest.raises(TypeError, match="axes"):
+        by_devices(shaped((8, 1024)), axis=2)
+
+
+def test_sizes_of_an_input_grown_with_the_pod_reach_the_call_as_the_shape_the_input_reached(monkeypatch):
+    import jax
+
+    from labkit.checks import GrownSize, by_devices, sizes_of
+    from labkit.judge import callplan, harness
+
+    # lab 13's predict_sent(kind, shape) takes sizes; the program it predicts takes the array itself
+    x = by_devices(np.zeros((64, 32), np.float32), shift=1, axis=(0, 1), per_device=2)
+    rows, columns = sizes_of(x)
+    assert isinstance(rows, GrownSize) and isinstance(columns, GrownSize)
+    assert sizes_of(by_devices(np.zeros((64, 3), np.float32)))[1] == 3  # an axis that never grows: an int
+    spec = {"id": "c", **call("predict_sent", "psum", sizes_of(x)).encoded()}
+    shape = callplan.for_the_student([spec])[0]["args"][1]
+    for n in (1, 8, 32, 64, 256):
+        run = SimpleNamespace(device_count=n)
+        assert (rows.on(run), columns.on(run)) == x.on(run).shape
+        monkeypatch.setattr(jax, "device_count", lambda n=n: n)
+        assert harness._materialise(shape) == x.on(run).shape  # what the student's process is asked at
+    assert x.on(SimpleNamespace(device_count=256)).shape == (512, 256)  # two rows a device, rows only
+    assert harness._materialise(shape) == (512, 256) and type(harness._materialise(shape)[0]) is int
+    # the call is one call on every configuration, and not the call at the sizes as written
+    assert call("f", sizes_of(x)).id == call("f", sizes_of(x)).id != call("f", (64, 32)).id
+    with pytest.raises(TypeError, match="by_devices"):
+        sizes_of(np.zeros((4, 4)))
+
+
+def test_an_input_sized_by_devices_can_stay_wide_enough_for_each_device_of_a_larger_pod(monkeypatch):
+    from labkit.checks import by_devices
+
+    # lab 14's work problem: 256 hidden units, 8 for each device of a 2 x n/2 grid's row on a pod past 32 devices
+    w1 = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
+    x = by_devices(w1, shift=0.5, axis=(1, 0), per_device=8, grid_rows=2, widen=True)
+    for n in (1, 2, 8, 16, 32):  # as written: the tests' own sizes
+        assert np.array_equal(x.on(SimpleNamespace(device_count=n)), w1)
+    narrow = by_devices(w1, axis=(1, 0), per_device=8, grid_rows=2)  # 256 units already divide over 128
+    assert narrow.on(SimpleNamespace(device_count=256)).shape == (128, 256)
+    on_256 = x.on(SimpleNamespace(device_count=256))
+    assert on_256.shape == (128, 1024) and np.array_equal(on_256[:64, 256:512], w1 + 0.5)
+    assert call("f", x).id != call("f", by_devices(w1, shift=0.5, axis=(1, 0), per_device=8, grid_rows=2)).id
+    shape, value = on_a_pod_of_256(x, monkeypatch)
+    assert shape == value.shape == (128, 1024) and np.array_equal(value, on_256)

@@ -80,3 +80,32 @@ print("no backend")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "no backend" in done.stdout, done.stderr[-2000:]
+
+
+def test_an_input_cut_into_a_piece_for_every_device_grows_its_values_and_its_shape_by_one_rule():
+    # `checks.by_devices(x, pieces=k)`: each device's rows a multiple of k x devices, as written where they are
+    for rows, pieces, per_device in ((1024, 1, 1), (2048, 2, 1), (1024, 1, 2), (96, 1, 1), (2048, 3, 4)):
+        grow = {"shift": 1.0, "pieces": pieces} | ({"per_device": per_device} if per_device != 1 else {})
+        for devices in (1, 2, 3, 8, 32, 64, 256):
+            copies = plaindata.copies_along((rows, 2), grow, devices)
+            value = plaindata.grown(np.zeros((rows, 2), np.float32), grow, devices)
+            assert value.shape == (rows * copies[0], 2)  # the value is the shape the rule gives
+            if devices * devices * pieces <= rows:
+                assert copies == {0: 1}
+            else:
+                each = value.shape[0] // devices
+                assert (
+                    value.shape[0] % devices == 0
+                    and each % (pieces * devices) == 0
+                    and each % per_device == 0
+                )
+                assert copies[0] == min(  # the fewest copies that do
+                    c
+                    for c in range(1, copies[0] + 1)
+                    if (rows * c) % devices == 0
+                    and (rows * c // devices) % (pieces * devices) == 0
+                    and (rows * c // devices) % per_device == 0
+                )
+    assert plaindata.copies_for(1024, 256, pieces=1) == 64 and plaindata.copies_for(2048, 256, pieces=2) == 64
+    # without pieces, the rule is what it was: rows enough for one a device
+    assert plaindata.copies_for(1024, 256) == 1 and plaindata.copies_along((32,), {"shift": 0}, 256) == {0: 8}
