@@ -14,29 +14,31 @@ from labkit.checks import check, compiled_call, public_tests
 
 public = public_tests(__file__)  # the public tests' inputs and helpers
 
-PROBLEM = public.make_problem(41, batch=32, seq=4)
+# its model dimension grows with the pod, as the public tests' problems do
+PROBLEM = public.by_the_pod(public.make_problem(41, batch=32, seq=4))
 STEP = compiled_call("train_step", *PROBLEM)
 
 
 @check(got=STEP)
-def test_train_step_equals_the_one_device_step_on_a_longer_batch(got):
-    public.expect_the_one_device_step(got, PROBLEM)
+def test_train_step_equals_the_one_device_step_on_a_longer_batch(got, run):
+    public.expect_the_one_device_step(got, public.on(PROBLEM, run))
 
 
 @check(got=STEP)
 def test_each_device_keeps_within_the_memory_budget(got, run):
-    public.expect_within_the_memory_budget(got, run.device_count, PROBLEM)
+    public.expect_within_the_memory_budget(got, run.device_count, public.on(PROBLEM, run))
 
 
 @check(got=STEP)
 def test_each_device_sends_within_the_communication_budget(got, run):
-    public.expect_within_the_communication_budget(got, run.device_count, PROBLEM)
+    public.expect_within_the_communication_budget(got, run.device_count, public.on(PROBLEM, run))
 
 
 @check(got=STEP)
 def test_each_device_does_its_share_of_the_work(got, run):
     # the public work budget's words; up to three times a share here, where this small batch's work around the
     # products is a larger part of the step (the public test holds 1.3 times on its wider batch)
+    problem = public.on(PROBLEM, run)
     public.expect_a_share_of_the_work(
-        got, run.device_count, PROBLEM, public.one_device_step(*PROBLEM, flops=True), slack=3.0
+        got, run.device_count, problem, public.one_device_step(*problem, flops=True), slack=3.0
     )
