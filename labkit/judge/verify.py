@@ -63,9 +63,8 @@ from labkit.statuses import JudgedBy, Start
 
 VERIFIED_FILE = "verified.json"
 FOLDER = "verify"  # in the run's kit folder: the verifier's only writable folder
-MAX_BYTES = (
-    records.VERIFIED_MAX_BYTES
-)  # the verifier's findings, as the kit reads them: what the caps let through
+# the verifier's findings, as the kit reads them: what the caps let through
+MAX_BYTES = records.VERIFIED_MAX_BYTES
 
 
 # ----------------------------------------------------------------------------------------
