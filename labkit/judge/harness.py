@@ -63,12 +63,11 @@ def _materialise(enc: dict):
         import jax
         import numpy as np
 
-        shape = list(enc["shape"])
+        shape = tuple(enc["shape"])
         if enc.get("grow") and shape:  # the shape of an input that grows with the pod (`checks.by_devices`)
-            for axis, copies in plaindata.copies_along(tuple(shape), enc["grow"], jax.device_count()).items():
-                shape[axis] *= copies
+            shape = plaindata.grown_shape(shape, enc["grow"], jax.device_count())
         return jax.ShapeDtypeStruct(
-            tuple(shape),
+            shape,
             np.dtype(enc["dtype"]),
             sharding=_sharding(enc["place"]) if enc.get("place") else None,
         )
@@ -76,7 +75,7 @@ def _materialise(enc: dict):
     if kind == "int" and enc.get("grow"):  # a size that grows as an axis of its length (`checks.sizes_of`)
         import jax
 
-        return int(value) * plaindata.copies_along((int(value),), enc["grow"], jax.device_count())[0]
+        return plaindata.grown_shape((int(value),), enc["grow"], jax.device_count())[0]
     if kind == "array" and enc.get("grow"):
         import jax
 

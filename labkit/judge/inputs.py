@@ -79,10 +79,9 @@ class ByDevices:
         """The input as `run` got it: what a test's expected value is computed from (an input given by its
         shape alone, `shaped`, as the shape it grew to)."""
         if isinstance(self.value, Shaped):
-            shape = list(self.value.shape)
-            for a, copies in plaindata.copies_along(self.value.shape, self.grow(), run.device_count).items():
-                shape[a] *= copies
-            return Shaped(tuple(shape), self.value.dtype)
+            return Shaped(
+                plaindata.grown_shape(self.value.shape, self.grow(), run.device_count), self.value.dtype
+            )
         return plaindata.grown(self.value, self.grow(), run.device_count)
 
     def grow(self) -> dict:
@@ -163,7 +162,7 @@ class GrownSize:
 
     def on(self, run: LabRun) -> int:
         """The size as `run`'s call got it: the length that axis of the input reached on its pod."""
-        return self.value * plaindata.copies_along((self.value,), self.grow, run.device_count)[0]
+        return plaindata.grown_shape((self.value,), self.grow, run.device_count)[0]
 
 
 def sizes_of(x: ByDevices) -> tuple:

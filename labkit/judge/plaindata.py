@@ -18,6 +18,8 @@ import numpy as np
 
 # An array larger than this is not carried across; the judge sees it as too large.
 MAX_ELEMENTS = 2_000_000
+# The largest pod the tests' arrays are written for (`checks.by_devices`): as written on 1 to 32 devices.
+WRITTEN_FOR_DEVICES = 32
 
 
 def copies_for(rows: int, devices: int, per_device: int = 1, pieces: int = 0) -> int:
@@ -61,8 +63,14 @@ def copies_along(shape: tuple[int, ...], grow: dict, devices: int) -> dict[int, 
     return copies
 
 
-# The largest pod the tests' arrays are written for (`checks.by_devices`): as written on 1 to 32 devices.
-WRITTEN_FOR_DEVICES = 32
+def grown_shape(shape: tuple[int, ...], grow: dict, devices: int) -> tuple[int, ...]:
+    """The shape a test's input of `shape` has on `devices` devices (`grown`'s, for an input given by its shape
+    alone or a size that grows as an axis of its length: `checks.shaped`, `checks.sizes_of`)."""
+    grew = list(shape)
+    for a, copies in copies_along(tuple(shape), grow, devices).items():
+        if a < len(grew):
+            grew[a] *= copies
+    return tuple(grew)
 
 
 def grown(value: np.ndarray, grow: dict, devices: int) -> np.ndarray:

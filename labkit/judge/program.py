@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from labkit.judge import plaindata
 from labkit.judge.callplan import CallSpec, compile_only
 
 # What one call's program may return, counted by the verifier before anything is encoded, and what all the calls
@@ -23,13 +24,12 @@ MAX_RUN_ELEMENTS = 1 << 21
 # size written, and so is what a call on it returns: one call's caps grow in that proportion past 32 devices
 # (8 times on 256: lab 14's step on a model dimension of 128 returns 262,145 values, 655,361 with its work
 # problem's 1,024 hidden units), never below; the run's total (MAX_RUN_ELEMENTS) stays what it is.
-CAPS_HOLD_UP_TO_DEVICES = 32
 
 
 def output_caps(devices: int) -> tuple[int, int]:
     """The values and bytes one call's outputs may have on a pod of `devices` devices (`bounded`):
     MAX_OUTPUT_ELEMENTS and MAX_OUTPUT_BYTES on 1 to 32 devices, times devices / 32 (rounded up) beyond."""
-    scale = max(1, -(-int(devices) // CAPS_HOLD_UP_TO_DEVICES))
+    scale = max(1, -(-int(devices) // plaindata.WRITTEN_FOR_DEVICES))
     return MAX_OUTPUT_ELEMENTS * scale, MAX_OUTPUT_BYTES * scale
 
 
