@@ -413,6 +413,20 @@ def compiled_call(function: str, *args, **kwargs) -> Call:
     return Call(function, tuple(args), dict(kwargs), facts=True)
 
 
+def planned(calls) -> dict[str, dict]:
+    """The calls some tests make, each once (by its id) and encoded for a run: its compiled program examined if any
+    of them asks (`compiled_call`), its value read back if any of them reads it (`facts_of` reads none)."""
+    once: dict[str, Call] = {}
+    for c in calls:
+        seen = once.get(c.id)
+        once[c.id] = (
+            c
+            if seen is None
+            else dataclasses.replace(c, facts=c.facts or seen.facts, values=c.values or seen.values)
+        )
+    return {cid: {"id": cid, **c.encoded()} for cid, c in once.items()}
+
+
 def facts_of(function: str, *args, **kwargs) -> Call:
     """Like `compiled_call`, for a test that reads only the compiled program's facts (`.compiled`), never the value:
     the kit runs the program as for any examined call and does not read its outputs back, so neither the caps on

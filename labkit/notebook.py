@@ -257,18 +257,10 @@ class Checker:
         if not tests:
             print(f"no public tests of {exercise!r} in {self.lab.public_tests}")
             return None
-        calls = {}
-        for test in tests:
-            for c in test.__labkit_calls__.values():
-                # a call several tests make runs once; its program is examined if any of them asks (as `judge` does)
-                valued = c.values or (c.id in calls and calls[c.id].get("values") is not False)
-                calls[c.id] = (
-                    calls.get(c.id, {})
-                    | {"id": c.id, **c.encoded()}
-                    | ({"facts": True} if c.facts or calls.get(c.id, {}).get("facts") else {})
-                )
-                if valued:  # read back if any of them reads it (`checks.facts_of` reads none)
-                    calls[c.id].pop("values", None)
+        from labkit.checks import planned
+
+        # a call several tests make runs once, as `judge` runs it
+        calls = planned(c for test in tests for c in test.__labkit_calls__.values())
         columns, results_by, measured = {}, {}, []
         if configs is None:
             env = harness.environment()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
 
-from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, NotDone, RunProblem
+from labkit.checks import SINGLE_PROCESS_MARK, CallFailed, LabRun, Mismatch, NotDone, RunProblem, planned
 from labkit.course.configs import DeviceConfig
 from labkit.judge import callplan
 from labkit.judge.callplan import CallSpec
@@ -147,33 +147,12 @@ class _Plugin:
             self.collect_errors.append(f"{report.nodeid}: {str(report.longrepr).strip().splitlines()[-1]}")
 
     def pytest_collection_finish(self, session):
-        calls = {}
-        for item in session.items:
-            for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values():
-                calls[c.id] = c
-        examined = {
-            c.id
+        made = (
+            c
             for item in session.items
             for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values()
-            if c.facts
-        }
-        valued = {
-            c.id
-            for item in session.items
-            for c in getattr(getattr(item, "function", None), "__labkit_calls__", {}).values()
-            if c.values
-        }
-        # a call made by several tests runs once; its compiled program is examined if any of them asks, and its
-        # value is read back if any of them reads it (`checks.facts_of` reads none)
-        encoded = [
-            {
-                "id": cid,
-                **replace(c, values=cid in valued).encoded(),
-                **({"facts": True} if cid in examined else {}),
-            }
-            for cid, c in calls.items()
-        ]
-        self.calls = callplan.mark(encoded)
+        )
+        self.calls = callplan.mark(list(planned(made).values()))  # a call several tests make runs once
         self.single_process = single_process_reason(session.items)
 
         def run(spec: RunSpec) -> execute.RunRecord:
