@@ -314,3 +314,49 @@ def pytest_xdist_make_scheduler(config, log):
             return MACHINE_WIDE if _machine_wide(path) else path
 
     return ModulesAndMachineWide(config, log)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds this process and its reaped children (the kit's runs, their kernels and verifiers) have used."""
+    import resource
+
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds (setup, call and teardown, a module fixture's in its first test) as the property
+    `cpu_seconds` of build/test-kit.xml: with more workers than cores, a test's wall time is mostly its wait for a
+    core, and the CPU it used is what a shorter suite must cut. A service's own processes (dockerd, slurmd) and a
+    child still running when the test ends are not counted."""
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu_seconds", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.1f}"))
+    return (yield)
+
+
+_CPU_AT_START = pytest.StashKey[float]()
+_CPU_BY_MODULE: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        for name, value in report.user_properties:
+            if name == "cpu_seconds":
+                module = report.nodeid.split("::", 1)[0]
+                _CPU_BY_MODULE[module] = _CPU_BY_MODULE.get(module, 0.0) + float(value)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The modules that used the most CPU, what the suite's length on a machine of few cores follows."""
+    if not _CPU_BY_MODULE:
+        return
+    total = sum(_CPU_BY_MODULE.values())
+    terminalreporter.section(f"CPU seconds by test module (all: {total:.0f} s)")
+    for module, seconds in sorted(_CPU_BY_MODULE.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.0f} s  {100 * seconds / max(total, 1e-9):4.1f}%  {module}")
