@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import conftest
 
@@ -32,3 +36,39 @@ def test_make_test_fast_selects_the_fast_marker_and_make_test_selects_none():
     full = re.search(r"^test:.*\n\t(.*)$", makefile, re.M).group(1)
     assert "-m fast" in fast
     assert "-m " not in full.replace("-m pytest", "")
+
+
+def test_each_test_records_the_cpu_its_kit_runs_used_and_the_run_ranks_the_modules_by_it(tmp_path):
+    # A test whose child process spins for half a second of CPU: the child's time is the test's, as a kit run's is.
+    (tmp_path / "test_spin.py").write_text(
+        "import subprocess, sys\n"
+        "def test_spins():\n"
+        "    spin = 'import time\\nend = time.process_time() + 0.5\\nwhile time.process_time() < end: pass'\n"
+        "    subprocess.run([sys.executable, '-c', spin], check=True)\n"
+    )
+    junit = tmp_path / "junit.xml"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_spin.py"),
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=f"{KIT_TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    properties = ElementTree.parse(junit).getroot().iter("property")
+    cpu = [float(p.get("value")) for p in properties if p.get("name") == "cpu_seconds"]
+    assert len(cpu) == 1 and 0.5 <= cpu[0] < 30, cpu
+    assert "CPU seconds by test module" in done.stdout and "test_spin.py" in done.stdout, done.stdout[-1000:]
