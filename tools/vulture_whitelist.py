@@ -32,6 +32,10 @@ one_compile_cache  # an autouse pytest fixture (tests/kit/conftest.py)
 compiles_shared_between_workers  # an autouse pytest fixture (tests/kit/conftest.py)
 pytest_collection_modifyitems
 pytest_xdist_make_scheduler
+pytest_runtest_setup  # tests/kit/conftest.py: each test's CPU seconds
+pytest_runtest_logreport
+pytest_terminal_summary
+pytest_unconfigure
 _._split_scope  # xdist's LoadFileScheduling
 pytestmark  # pytest reads a test module's marks
 _.do_GET  # http.server.BaseHTTPRequestHandler (tests/kit/test_canvas.py)
