@@ -103,7 +103,14 @@ def scripts(request: Request, kit: Path = catalog.ROOT) -> dict[str, str]:
     shard = [
         *head,
         'i="$SLURM_ARRAY_TASK_ID"',
-        f'{grade} --out {shlex.quote(str(out))}/shards/"$i" --shard "$i"/{request.shards}',
+        # In the background, so that a scancel's SIGTERM (sent to every process of the step, this shell too) runs
+        # the trap and the shard's status is still written: the shell waits for the grade to end, however it ends.
+        f'{grade} --out {shlex.quote(str(out))}/shards/"$i" --shard "$i"/{request.shards} &',
+        "child=$!",
+        "trap 'kill -TERM \"$child\" 2>/dev/null' TERM",
+        'wait "$child"',
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
+        'wait "$child"',  # its own status (a wait the trap ended returns 143), which the shell keeps once it ended
         "status=$?",
         f'echo "$status" > {shlex.quote(str(logs))}/shard-"$i".exit',
         'exit "$status"',

@@ -7,7 +7,9 @@ reason elsewhere). Each shard grades in the kit's sandbox exactly as `grade --sh
 from __future__ import annotations
 
 import csv
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -431,3 +433,31 @@ def _term_step(cluster, words: list[str]) -> subprocess.CompletedProcess:
     )
     assert done.returncode == 0, " ".join(words) + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
     return done
+
+
+def test_a_shard_ended_by_scancel_still_writes_its_exit_status(tmp_path, monkeypatch):
+    # scancel sends SIGTERM to every process of the step, the batch shell too: the shell ended with its grade and
+    # wrote no status, and the class's progress never said the shard had failed. A stand-in for the grade that
+    # ends as the kit's does on SIGTERM (with a status of its own) shows what the shard's script records.
+    ready = tmp_path / "ready"
+    stand_in = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(3)); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    )
+    monkeypatch.setattr(slurm, "_grade_command", lambda request, python: [sys.executable, "-c", stand_in])
+    out = tmp_path / "out"
+    (out / "slurm").mkdir(parents=True)
+    script = tmp_path / "shard.sh"
+    script.write_text(slurm.scripts(slurm.Request(submissions=None, out=out, shards=2))["shard.sh"])
+    step = subprocess.Popen(
+        ["bash", str(script)],
+        env={"PATH": "/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": "2"},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ready.exists():  # the stand-in's handler in place
+        time.sleep(0.1)
+    os.killpg(step.pid, signal.SIGTERM)  # as slurmstepd signals the step
+    # 3, or 143 where the trap's own SIGTERM reached the grade again as it ended: a failure, recorded
+    assert step.wait(timeout=30) in (3, 143)
+    assert slurm.shard_exits(out, 2) == {1: None, 2: step.returncode}
