@@ -59,7 +59,8 @@ def make_batch(seed, batch=32, d_in=4, d_out=2):
     # sin and cos in float64, then rounded: numpy's float32 sin and cos differ in their last bit between processors,
     # and a call's id is its inputs' bytes
     wide = x.astype(np.float64)
-    y = np.stack([np.sin(wide.sum(axis=1)), np.cos(wide[:, 0])] + [wide[:, 1]] * (d_out - 2), axis=1)[:, :d_out]
+    columns = [np.sin(wide.sum(axis=1)), np.cos(wide[:, 0])] + [wide[:, 1]] * (d_out - 2)
+    y = np.stack(columns, axis=1)[:, :d_out]
     return x, y.astype(np.float32)
 
 
