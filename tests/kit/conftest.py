@@ -13,7 +13,7 @@ import pytest
 
 from labkit import checks
 from labkit.course import configs
-from labkit.run import jaxcache
+from labkit.run import jaxcache, proccgroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,6 +281,7 @@ def pytest_configure(config):
         "one after another in one worker",
     )
     config.addinivalue_line("markers", f"{FAST}: a unit or contract test of the fast tier (make test-fast)")
+    config.stash[_CPU_GROUP] = _own_cpuacct_group()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -317,32 +318,30 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+_CPU_GROUP = pytest.StashKey[Path | None]()  # the worker's own cpuacct group, or None
+_CPU_AT_START = pytest.StashKey[float]()  # a test's `_cpu_seconds` at its setup
 
 
 def _own_cpuacct_group() -> Path | None:
-    """A cgroup v1 cpuacct group of this worker's own, made and joined once (as root, where that hierarchy is
-    mounted), so that every process it starts counts, however it is reaped: the kit's runs detach their warm
-    server, and bubblewrap's init reaps the notebook's kernel. The kit makes its cgroups in pids, memory and cpu
-    alone, so its runs stay in this one. None where it cannot be made: then rusage's reaped children count."""
-    if os.geteuid() != 0 or not (CPUACCT / "cgroup.procs").exists():
+    """A cgroup v1 cpuacct group of this worker's own, made and joined (as root, where that hierarchy is mounted),
+    so that every process it starts counts, however it is reaped: the kit's runs detach their warm server, and
+    bubblewrap's init reaps the notebook's kernel. The kit makes its cgroups in pids, memory and cpu alone, so its
+    runs stay in this one. None where it cannot be made: then rusage's reaped children count."""
+    own = proccgroup.v1_path("cpuacct")
+    if os.geteuid() != 0 or own is None or not (CPUACCT / "cgroup.procs").exists():
         return None
+    group = CPUACCT / own.lstrip("/") / f"labkit-tests-{os.getpid()}"
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-        own = next(line.split(":", 2)[2] for line in lines if "cpuacct" in line.split(":", 2)[1].split(","))
-        group = CPUACCT / own.lstrip("/") / f"labkit-tests-{os.getpid()}"
         group.mkdir(exist_ok=True)
         (group / "cgroup.procs").write_text(str(os.getpid()))
-        return group
-    except (OSError, StopIteration, IndexError):
+    except OSError:
         return None
-
-
-_CPU_GROUP: list[Path | None] = []
+    return group
 
 
 def pytest_unconfigure(config):
     """This worker back in the cpuacct group it came from, and its own removed once nothing is left in it."""
-    group = _CPU_GROUP[0] if _CPU_GROUP else None
+    group = config.stash.get(_CPU_GROUP, None)
     if group is not None:
         try:
             (group.parent / "cgroup.procs").write_text(str(os.getpid()))
@@ -351,14 +350,13 @@ def pytest_unconfigure(config):
             pass  # a process it started still runs there: the group goes with the machine
 
 
-def _cpu_seconds() -> float:
+def _cpu_seconds(config) -> float:
     """CPU seconds used so far by this worker and what it started: its cpuacct group's, where it has one; else its
     own and its reaped children's (the kit's runs, their kernels and verifiers, where they were waited for)."""
-    if not _CPU_GROUP:
-        _CPU_GROUP.append(_own_cpuacct_group())
-    if _CPU_GROUP[0] is not None:
+    group = config.stash.get(_CPU_GROUP, None)
+    if group is not None:
         try:
-            return int((_CPU_GROUP[0] / "cpuacct.usage").read_text()) / 1e9
+            return int((group / "cpuacct.usage").read_text()) / 1e9
         except (OSError, ValueError):
             pass
     import resource
@@ -369,7 +367,7 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    item.stash[_CPU_AT_START] = _cpu_seconds()
+    item.stash[_CPU_AT_START] = _cpu_seconds(item.config)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -379,11 +377,12 @@ def pytest_runtest_makereport(item, call):
     core, and the CPU it used is what a shorter suite must cut. A service's own processes (dockerd, slurmd) and a
     child still running when the test ends are not counted."""
     if call.when == "teardown" and _CPU_AT_START in item.stash:
-        item.user_properties.append(("cpu_seconds", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.1f}"))
+        item.user_properties.append(
+            ("cpu_seconds", f"{_cpu_seconds(item.config) - item.stash[_CPU_AT_START]:.1f}")
+        )
     return (yield)
 
 
-_CPU_AT_START = pytest.StashKey[float]()
 _CPU_BY_MODULE: dict[str, float] = {}
 
 
