@@ -108,7 +108,6 @@ def scripts(request: Request, kit: Path = catalog.ROOT) -> dict[str, str]:
         f'{grade} --out {shlex.quote(str(out))}/shards/"$i" --shard "$i"/{request.shards} &',
         "child=$!",
         "trap 'kill -TERM \"$child\" 2>/dev/null' TERM",
-        'wait "$child"',
         'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
         'wait "$child"',  # its own status (a wait the trap ended returns 143), which the shell keeps once it ended
         "status=$?",
