@@ -610,8 +610,9 @@ def test_docker_grade_runs_every_notebook_in_the_sandbox(graded):
 
 def test_in_the_container_the_honest_notebook_passes_and_no_hostile_one_scores(graded):
     _, _, rows, _ = graded
-    assert rows["honest"]["status"] == "ok" and rows["honest"]["passed"] == rows["honest"]["total"] != "0", (
-        rows["honest"]
+    honest = rows["honest"]
+    assert honest["status"] == "ok" and honest["passed"] == honest["total"] != "0", (
+        f"{honest['status']}, {honest['passed']}/{honest['total']}: {honest.get('message', '')[:1500]}"
     )
     assert rows["unmodified"]["passed"] == "0"
     scored = {
