@@ -13,7 +13,7 @@ import pytest
 
 from labkit import checks
 from labkit.course import configs
-from labkit.run import cgroup, jaxcache, proccgroup
+from labkit.run import jaxcache, proccgroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,8 +281,7 @@ def pytest_configure(config):
         "one after another in one worker",
     )
     config.addinivalue_line("markers", f"{FAST}: a unit or contract test of the fast tier (make test-fast)")
-    config.stash[_CPU_GROUP] = _own_group("cpuacct")
-    config.stash[_SHARE_GROUP] = _own_group("cpu", {"cpu.shares": str(cgroup.CPU_SHARES)})
+    config.stash[_CPU_GROUP] = _own_cpuacct_group()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -318,32 +317,22 @@ def pytest_xdist_make_scheduler(config, log):
     return ModulesAndMachineWide(config, log)
 
 
-V1 = Path("/sys/fs/cgroup")
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 _CPU_GROUP = pytest.StashKey[Path | None]()  # the worker's own cpuacct group, or None
-_SHARE_GROUP = pytest.StashKey[Path | None]()  # the worker's own cpu group, or None
 _CPU_AT_START = pytest.StashKey[float]()  # a test's `_cpu_seconds` at its setup
 
 
-def _own_group(controller: str, settings: dict[str, str] | None = None) -> Path | None:
-    """A cgroup v1 group of this worker's own in `controller`'s hierarchy, made and joined (as root, where that
-    hierarchy is mounted); None where it cannot be made.
-
-    - cpuacct: every process the worker starts counts, however it is reaped (the kit's runs detach their warm
-      server, and bubblewrap's init reaps the notebook's kernel); without it, rusage's reaped children count.
-    - cpu (cpu.shares 1024): the worker and all it starts weigh as one beside the other workers. v1 weighs each
-      task in the root group as much as a whole group, so a worker's in-process TPU compile (two threads at
-      every core) and the other JAX's workers beside the suite took the processors from the kit's runs, each one
-      group: on CI a lab's verifier, 50 s alone, ran past a 600 s limit. The kit makes its runs' cgroups below
-      its own (`labkit.run.cgroup`), so they share their worker's weight."""
-    own = proccgroup.v1_path(controller)
-    base = V1 / controller
-    if os.geteuid() != 0 or own is None or not (base / "cgroup.procs").exists():
+def _own_cpuacct_group() -> Path | None:
+    """A cgroup v1 cpuacct group of this worker's own, made and joined (as root, where that hierarchy is mounted),
+    so that every process it starts counts, however it is reaped: the kit's runs detach their warm server, and
+    bubblewrap's init reaps the notebook's kernel. The kit makes its cgroups in pids, memory and cpu alone, so its
+    runs stay in this one. None where it cannot be made: then rusage's reaped children count."""
+    own = proccgroup.v1_path("cpuacct")
+    if os.geteuid() != 0 or own is None or not (CPUACCT / "cgroup.procs").exists():
         return None
-    group = base / own.lstrip("/") / f"labkit-tests-{os.getpid()}"
+    group = CPUACCT / own.lstrip("/") / f"labkit-tests-{os.getpid()}"
     try:
         group.mkdir(exist_ok=True)
-        for key, value in (settings or {}).items():
-            (group / key).write_text(value)
         (group / "cgroup.procs").write_text(str(os.getpid()))
     except OSError:
         return None
@@ -351,15 +340,14 @@ def _own_group(controller: str, settings: dict[str, str] | None = None) -> Path 
 
 
 def pytest_unconfigure(config):
-    """This worker back in the groups it came from, and its own removed once nothing is left in them."""
-    for key in (_CPU_GROUP, _SHARE_GROUP):
-        group = config.stash.get(key, None)
-        if group is not None:
-            try:
-                (group.parent / "cgroup.procs").write_text(str(os.getpid()))
-                group.rmdir()
-            except OSError:
-                pass  # a process it started still runs there: the group goes with the machine
+    """This worker back in the cpuacct group it came from, and its own removed once nothing is left in it."""
+    group = config.stash.get(_CPU_GROUP, None)
+    if group is not None:
+        try:
+            (group.parent / "cgroup.procs").write_text(str(os.getpid()))
+            group.rmdir()
+        except OSError:
+            pass  # a process it started still runs there: the group goes with the machine
 
 
 def _cpu_seconds(config) -> float:

@@ -10,7 +10,6 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import conftest
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT_TESTS = ROOT / "tests" / "kit"
@@ -73,54 +72,3 @@ def test_each_test_records_the_cpu_its_kit_runs_used_and_the_run_ranks_the_modul
     cpu = [float(p.get("value")) for p in properties if p.get("name") == "cpu_seconds"]
     assert len(cpu) == 1 and 0.5 <= cpu[0] < 30, cpu
     assert "CPU seconds by test module" in done.stdout and "test_spin.py" in done.stdout, done.stdout[-1000:]
-
-
-CPU_GROUPS = os.geteuid() == 0 and Path("/sys/fs/cgroup/cpu/cgroup.procs").exists()
-
-
-@pytest.mark.skipif(
-    not CPU_GROUPS, reason="a worker's cpu group is made as root, where a v1 cpu controller is mounted"
-)
-def test_each_worker_weighs_as_one_cpu_group_and_the_kits_runs_are_made_inside_it(tmp_path):
-    # v1 weighs each task of the root group as much as a whole group: a worker's own busy threads beside it would
-    # take the processors from the kit's runs, each one group (a verifier ran past its limit on CI so).
-    (tmp_path / "test_group.py").write_text(
-        "import os\n"
-        "from pathlib import Path\n"
-        "from labkit.run import cgroup, proccgroup\n"
-        "from labkit.run.allowance import DEFAULT_LIMITS\n"
-        "def test_group():\n"
-        "    own = Path('/sys/fs/cgroup/cpu') / proccgroup.v1_path('cpu').lstrip('/')\n"
-        "    made = cgroup.make_cgroups(DEFAULT_LIMITS)\n"
-        "    try:\n"
-        "        runs = [str(g) for g in made if '/cpu/' in str(g)]\n"
-        "        print('GROUP', own, (own / 'cpu.shares').read_text().strip(), runs)\n"
-        "    finally:\n"
-        "        for g in made:\n"
-        "            cgroup.remove_cgroup(g)\n"
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-s",
-            "-p",
-            "conftest",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path / "test_group.py"),
-        ],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=f"{KIT_TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    own, shares, runs = re.search(r"GROUP (\S+) (\d+) \['([^']*)'\]", done.stdout).groups()
-    assert Path(own).name.startswith("labkit-tests-") and shares == "1024", done.stdout
-    assert Path(runs).parent == Path(own), (own, runs)
-    assert not Path(own).exists(), f"{own} was left behind"
