@@ -350,15 +350,31 @@ def single_process(reason: str):
 # ----------------------------------------------------------------------------------------
 
 
-def check(*, points: float = 1, **calls: Call):
+def _topologies_and_why(given) -> bool:
+    """Whether `given` is `check`'s `not_judged_on`: a tuple of TPU topology names, and a reason that says something."""
+    return (
+        isinstance(given, tuple)
+        and len(given) == 2
+        and isinstance(given[0], tuple)
+        and all(isinstance(t, str) for t in given[0])
+        and isinstance(given[1], str)
+        and bool(given[1].strip())
+    )
+
+
+def check(*, points: float = 1, not_judged_on: tuple[tuple[str, ...], str] | None = None, **calls: Call):
     """Declare the student calls a test needs; the test receives their values by the same names.
 
     `points` is what the test is worth in a grade (default 1; see labkit/grading/state/policy.py for how
-    configurations combine).
+    configurations combine). `not_judged_on`: (TPU topologies, why): the test is skipped on the compile-only
+    configurations for those topologies, saying why, before its calls' values are read (`not_judged_for` skips
+    from inside a test, whose calls must then have run): for a test whose calls cannot be made there at all.
     """
 
     if isinstance(points, bool) or not isinstance(points, (int, float)) or not points >= 0:
         raise TypeError(f"check(points=...) takes a number of points >= 0, not {points!r}")
+    if not_judged_on is not None and not _topologies_and_why(not_judged_on):
+        raise TypeError(f"check(not_judged_on=...) takes (topologies, why), not {not_judged_on!r}")
     for name, c in calls.items():
         if not isinstance(c, Call):
             raise TypeError(f"check({name}=...) takes call(...), not {type(c).__name__}")
@@ -374,6 +390,8 @@ def check(*, points: float = 1, **calls: Call):
         def test(lab_run: LabRun):
             if compile_only and not lab_run.config.compile_for:
                 _skip_off_tpu(PRODUCTION_SIZE_SKIP, lab_run.config)
+            if not_judged_on is not None:
+                not_judged_for(lab_run, *not_judged_on)
             values = {name: lab_run.value(c) for name, c in calls.items()}
             if "run" in wants:
                 values["run"] = lab_run

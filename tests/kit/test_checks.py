@@ -464,6 +464,48 @@ def test_a_check_not_judged_for_a_topology_is_skipped_there_saying_why_and_judge
         assert not_judged_for(run, ("v5e:16x16",), "the compiler writes both alike") is None
 
 
+def test_a_check_not_judged_on_a_topology_is_skipped_there_before_its_call_is_read_and_judged_elsewhere():
+    # lab 10's ring over 256 devices cannot even be called with the lab's inputs there: the skip comes first
+    from labkit.checks import LabRun
+    from labkit.course import configs
+    from labkit.judge.outcomes import CallFailed
+    from labkit.run.execute import RunRecord
+
+    x = np.arange(8, dtype=np.float32)
+    raised = call("ring_sum", x)
+    seen = []
+
+    @check(not_judged_on=(("v5e:16x16",), "the ring outgrows one machine"), got=raised)
+    def test_ring(got):
+        seen.append(got)
+
+    def run_on(name: str) -> LabRun:
+        record = RunRecord(
+            name,
+            "ok",
+            environment={"device_count": 8},
+            results={
+                raised.id: {
+                    "error": {
+                        "type": "ValueError",
+                        "message": "array split does not result in an equal division",
+                    }
+                }
+            },
+        )
+        return LabRun(name, configs.by_name(name), record)
+
+    with pytest.raises(pytest.skip.Exception, match="not judged on v5e-256: the ring outgrows one machine"):
+        test_ring(run_on("v5e-256"))
+    for name in ("v5e-8", "cpu-8"):  # judged there: the call's own failure is the test's
+        with pytest.raises(CallFailed, match="`ring_sum` raised ValueError"):
+            test_ring(run_on(name))
+    assert seen == []
+    for bad in ((("v5e:16x16",), ""), ("v5e:16x16", "why"), (("v5e:16x16",),)):
+        with pytest.raises(TypeError, match="not_judged_on"):
+            check(not_judged_on=bad, got=raised)
+
+
 def test_an_input_sized_by_devices_can_give_each_device_of_a_larger_pod_several_rows(monkeypatch):
 
     from labkit.checks import by_devices

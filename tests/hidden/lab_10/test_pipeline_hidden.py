@@ -143,7 +143,7 @@ WIDE_RING = RNG.normal(size=(1024, 3)).astype(np.float32)
 RING_CALL = compiled_call("ring_sum", WIDE_RING)
 
 
-@check(got=RING_CALL)
+@check(not_judged_on=public.RING_PAST_ONE_MACHINE, got=RING_CALL)
 def test_ring_sum_of_random_blocks(got, run):
     n = run.device_count
     expect_close_naming_mistakes(
@@ -152,12 +152,12 @@ def test_ring_sum_of_random_blocks(got, run):
     expect_split_across(got, n, axis=0)
 
 
-@check(got=RING_CALL)
+@check(not_judged_on=public.RING_PAST_ONE_MACHINE, got=RING_CALL)
 def test_ring_sum_is_made_of_collective_permutes_not_an_all_reduce(got, run):
     public.expect_only_permutes(got, run.device_count, "ring_sum")
 
 
-@check(got=RING_CALL)
+@check(not_judged_on=public.RING_PAST_ONE_MACHINE, got=RING_CALL)
 def test_ring_sum_sends_about_two_blocks_per_device(got, run):
     public.expect_about_two_blocks(got, run.device_count, WIDE_RING)
 
@@ -167,7 +167,9 @@ def test_ring_sum_sends_about_two_blocks_per_device(got, run):
 BOTH_WAYS = RNG.normal(size=(2048, 3)).astype(np.float32)
 
 
-@check(points=0, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
+@check(
+    points=0, not_judged_on=public.RING_PAST_ONE_MACHINE, got=compiled_call("ring_sum_both_ways", BOTH_WAYS)
+)
 def test_ring_sum_both_ways_sends_to_neighbours_and_loads_no_link_with_more_than_a_block(got, run):
     n = run.device_count
     expect_close(got, public.ring_total(BOTH_WAYS, n), rtol=1e-5, atol=1e-5)

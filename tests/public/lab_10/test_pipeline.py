@@ -204,6 +204,13 @@ def production_stack(layers, d, microbatches, rows):
 
 
 AT_PRODUCTION_SIZE = production_stack(**PRODUCTION)
+# On v5e-256 the 8 layers cannot be cut 256 ways, and grown to 256 layers (2 TiB of weights) libtpu compiled the
+# stack alone in 110 s but ran out of memory in its code generation after the lab's other calls (std::bad_alloc).
+STACK_PAST_ONE_MACHINE = (
+    ("v5e:16x16",),
+    "its 8 layers cannot be cut 256 ways, and a stack grown to 256 layers outgrows the TPU compiler's memory on one "
+    "machine after the lab's other calls; it is judged on v5e-8, v6e-8 and v5p-8",
+)
 
 
 def expect_each_chip_holds_its_stage(got, n: int, stack) -> None:
@@ -232,7 +239,7 @@ def expect_each_chip_holds_its_stage(got, n: int, stack) -> None:
         )
 
 
-@check(got=compiled_call("pipeline_forward", *AT_PRODUCTION_SIZE))
+@check(not_judged_on=STACK_PAST_ONE_MACHINE, got=compiled_call("pipeline_forward", *AT_PRODUCTION_SIZE))
 def test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_the_layers_of_its_stage(got, run):
     n = run.device_count
     layers, d = PRODUCTION["layers"], PRODUCTION["d"]
@@ -253,6 +260,16 @@ def test_at_a_production_size_the_pipeline_fits_each_chip_holding_only_the_layer
 # 1024 rows: a block on each of 1 to 32 devices, and each block cuts into as many pieces as there are devices
 RING = np.linspace(-2.0, 2.0, 1024 * 2, dtype=np.float32).reshape(1024, 2)
 
+# On v5e-256 a ring cuts each device's block 256 ways, so its input needs 65,536 rows, and the kit's own run of
+# its 510 collective-permutes on 256 simulated CPU devices outgrows one machine: measured so grown, the
+# verifier ran out of its 12 GiB of address space, and with 32 GiB took 1,024 s on two cores. The ring's tests
+# are judged on every other configuration (v5e-8, v6e-8 and v5p-8 among them), and skipped there saying so.
+RING_PAST_ONE_MACHINE = (
+    ("v5e:16x16",),
+    "a ring over 256 devices cuts each block 256 ways (65,536 rows), and running its 510 collective-permutes "
+    "on 256 simulated devices outgrows one machine; it is judged on v5e-8 and on every CPU configuration",
+)
+
 
 def ring_total(x, n: int, extra_step: bool = False):
     """Every device's block replaced by the sum of all n blocks (plus its own once more after an extra step)."""
@@ -271,13 +288,13 @@ def ring_mistakes(x, n: int) -> dict:
 RING_CALL = compiled_call("ring_sum", RING)  # compiled: its budget, and the cost card's bytes sent
 
 
-@check(got=RING_CALL)
+@check(not_judged_on=RING_PAST_ONE_MACHINE, got=RING_CALL)
 def test_ring_sum_gives_every_device_the_sum_of_all_blocks(got, run):
     n = run.device_count
     expect_close_naming_mistakes(got, ring_total(RING, n), ring_mistakes(RING, n), rtol=1e-5, atol=1e-5)
 
 
-@check(got=call("ring_sum", RING))
+@check(not_judged_on=RING_PAST_ONE_MACHINE, got=call("ring_sum", RING))
 def test_ring_sum_keeps_one_block_on_each_device(got, run):
     expect_split_across(
         got,
@@ -343,12 +360,12 @@ def expect_about_two_blocks(got, n: int, x) -> None:
         )
 
 
-@check(got=RING_CALL)
+@check(not_judged_on=RING_PAST_ONE_MACHINE, got=RING_CALL)
 def test_ring_sum_builds_the_sum_from_ppermutes_alone(got, run):
     expect_only_permutes(got, run.device_count, "ring_sum")
 
 
-@check(got=RING_CALL)
+@check(not_judged_on=RING_PAST_ONE_MACHINE, got=RING_CALL)
 def test_ring_sum_sends_at_most_about_two_blocks_from_each_device(got, run):
     expect_about_two_blocks(got, run.device_count, RING)
 
@@ -360,7 +377,7 @@ BOTH_WAYS = np.linspace(-1.0, 3.0, 2048 * 2, dtype=np.float32).reshape(
 )  # 2 n pieces a block, n up to 32
 
 
-@check(points=0, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
+@check(points=0, not_judged_on=RING_PAST_ONE_MACHINE, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
 def test_ring_sum_both_ways_gives_every_device_the_sum_of_all_blocks(got, run):
     expect_close(got, ring_total(BOTH_WAYS, run.device_count), rtol=1e-5, atol=1e-5)
     expect_split_across(
@@ -395,6 +412,6 @@ def expect_neighbours_and_a_block_a_link(got, n: int, x) -> None:
         )
 
 
-@check(points=0, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
+@check(points=0, not_judged_on=RING_PAST_ONE_MACHINE, got=compiled_call("ring_sum_both_ways", BOTH_WAYS))
 def test_ring_sum_both_ways_sends_to_neighbours_and_about_a_block_on_each_link(got, run):
     expect_neighbours_and_a_block_a_link(got, run.device_count, BOTH_WAYS)
