@@ -24,14 +24,20 @@ WRITTEN_FOR_DEVICES = 32
 
 def copies_for(rows: int, devices: int, per_device: int = 1, pieces: int = 0) -> int:
     """How many copies of a test's input of `rows` rows a run on `devices` devices gets (`checks.by_devices`):
-    one where the devices are no more than the rows, else the fewest whose rows divide over every device,
-    `per_device` rows or a multiple of them to each (32 rows: once on 1 to 32 devices, 8 times on 256; with
-    per_device=2, 16 times on 256). With `pieces` k, each device's rows are cut again into k pieces a device: one
-    where k x devices x devices are no more than the rows, else the fewest whose rows give each device a multiple
-    of k x devices (and of `per_device`) (1024 rows, k = 1: once on 1 to 32 devices, 64 times on 256)."""
+    one where the devices are no more than the rows and the rows divide over them, else the fewest whose rows
+    divide over every device, `per_device` rows or a multiple of them to each where the devices outnumber the rows
+    (32 rows: once on 1 to 32 devices, 8 times on 256; with per_device=2, 16 times on 256; 384 rows: once on 1 to
+    128 devices, twice on 256, where 384 would not split). With `pieces` k, each device's rows are cut again into k
+    pieces a device: one where k x devices x devices are no more than the rows, else the fewest whose rows give
+    each device a multiple of k x devices (and of `per_device`) (1024 rows, k = 1: once on 1 to 32 devices, 64
+    times on 256)."""
     least = devices * devices * int(pieces) if pieces else devices
-    if least <= rows or rows < 1:
+    if rows < 1 or devices < 1:
         return 1
+    if least <= rows:
+        # enough rows: as written where they divide over the devices (every test's input on 1 to 32), else the
+        # fewest copies whose rows do, so that a design that splits them over every device can run at all
+        return 1 if pieces or rows % devices == 0 else devices // math.gcd(rows, devices)
     each = max(1, int(per_device))
     wanted = devices * (math.lcm(each, int(pieces) * devices) if pieces else each)
     return wanted // math.gcd(rows, wanted)

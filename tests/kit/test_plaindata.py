@@ -109,3 +109,22 @@ def test_an_input_cut_into_a_piece_for_every_device_grows_its_values_and_its_sha
     assert plaindata.copies_for(1024, 256, pieces=1) == 64 and plaindata.copies_for(2048, 256, pieces=2) == 64
     # without pieces, the rule is what it was: rows enough for one a device
     assert plaindata.copies_for(1024, 256) == 1 and plaindata.copies_along((32,), {"shift": 0}, 256) == {0: 8}
+
+
+def test_an_input_with_rows_enough_but_not_dividing_over_the_devices_grows_until_they_divide():
+    # as written wherever its rows split evenly (every test's input on 1 to 32 devices), else the fewest copies
+    # that split: lab 14's 384 sequences at a production size on 256 devices, lab 13's 96 rows on 64
+    for devices in (1, 2, 4, 8, 16, 32, 64, 128):
+        assert plaindata.copies_for(384, devices) == 1
+    assert plaindata.copies_for(384, 256) == 2 and plaindata.copies_for(96, 64) == 2
+    assert (
+        plaindata.copies_for(96, 3) == 1
+        and plaindata.copies_for(100, 8) == 2
+        and plaindata.copies_for(7, 5) == 5
+    )
+    for rows in range(1, 70):
+        for devices in (1, 2, 3, 8, 32, 64, 256):
+            copies = plaindata.copies_for(rows, devices)
+            assert (rows * copies) % devices == 0  # every device gets its own rows
+            assert copies == min(c for c in range(1, copies + 1) if (rows * c) % devices == 0)
+    assert plaindata.grown(np.zeros((384, 2), np.float32), {"shift": 1.0}, 256).shape == (768, 2)

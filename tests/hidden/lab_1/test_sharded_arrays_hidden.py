@@ -22,7 +22,7 @@ VECTOR = RNG.normal(size=(40,)).astype(np.float32)  # replicated, never cut: the
 # Inputs cut over every device: as drawn on 1 to 32 devices; on a larger pod, copies (each shifted) of TALL's
 # rows, and of SQUARE's columns, which the grid cuts n / 2 ways (128 of a 2 x 128 grid on 256 devices)
 TALL_ROWS = by_devices(TALL, shift=0.5)
-SQUARE_TILES = by_devices(SQUARE, shift=1.0, axis=1)
+SQUARE_TILES = by_devices(SQUARE, shift=1.0, axis=1, grid_rows=2)
 
 
 @check(got=call("shard_rows", TALL_ROWS))
