@@ -22,8 +22,9 @@ MAX_OUTPUT_BYTES = 4 << 20
 MAX_RUN_ELEMENTS = 1 << 21
 # On a pod of more than 32 devices an input grown with it (`checks.by_devices`) is up to devices / 32 times the
 # size written, and so is what a call on it returns: one call's caps grow in that proportion past 32 devices
-# (8 times on 256: lab 14's step on a model dimension of 128 returns 262,145 values, 655,361 with its work
-# problem's 1,024 hidden units), never below; the run's total (MAX_RUN_ELEMENTS) stays what it is.
+# (8 times on 256: lab 14's step on a model dimension of 256 returns 1,048,577 values, its hidden test's 786,433,
+# 1.83 million of the run's 2^21 together; its work problem's, 1,572,865, is never read back), never below; the
+# run's total (MAX_RUN_ELEMENTS) stays what it is.
 
 
 def output_caps(devices: int) -> tuple[int, int]:

@@ -5,7 +5,8 @@ Any design may pass: the tests hold it to what the notebook states, never to a p
 budget: between steps each device keeps at most 2/n of the training state (parameters and
 momentum, as they arrive and as they leave), read from the shardings the compiled program gives its
 inputs and outputs. The communication budget: each device sends at most 4 (n-1)/n of the
-parameters' bytes, twice the one all-reduce of the gradient that plain data parallelism sends,
+bytes of the parameters and the loss, twice the one all-reduce of the gradient and the loss that plain data
+parallelism sends,
 counted as rings as the cost card counts them. Both are computed from the problem's sizes; on one
 device every design keeps the whole state and sends nothing, and both hold.
 """

@@ -18,6 +18,7 @@ from labkit.checks import (
     expect_close,
     expect_fits_each_chip,
     expect_work_share,
+    facts_of,
     sent_per_device,
     shaped,
 )
@@ -25,6 +26,7 @@ from labkit.cost import bytes_sent, format_bytes
 
 WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2")
 HEADS, LEARNING_RATE, MOMENTUM = 16, 0.1, 0.9
+LOSS_BYTES = 4  # the loss, one float32 every device learns
 
 
 # ---- the one-device step the tests compare with ------------------------------------------------
@@ -51,34 +53,33 @@ def make_problem(seed, batch=16, seq=8, dim=64, hidden=256):
     return params, momentum, x, y
 
 
-# How each array grows on a pod larger than the problem (`by_devices`): only the model dimension, until it
-# divides over the 'model' axis of the notebook's 2 x n/2 grid (64 on up to 128 devices, 128 on a pod of 256);
-# the batch, the sequence and (unless said) the hidden units (256) stay as written. Each copy is shifted a little
-# past the last, so that no two devices hold the same columns.
+# How each array grows on a pod larger than the problem (`by_devices`): the model dimension and the batch, until
+# each divides over every device (64 and 16 on up to 32 devices, as written; 256 and 256 on a pod of 256), so that
+# a design may split either over the whole grid; the sequence and (unless said) the hidden units (256) stay as
+# written. Each copy is shifted a little past the last, so that no two devices hold the same columns.
 MODEL_AXES = {"wq": (0, 1), "wk": (0, 1), "wv": (0, 1), "wo": (0, 1), "w1": 0, "w2": 1}
 HIDDEN_AXES = {"w1": (1, 0), "w2": (0, 1)}  # the hidden units first, then the model dimension
 
 
 def by_the_pod(problem, hidden_per_device: int | None = None):
-    """The problem as a run gets it (`on`): as written on 1 to 32 devices, its model dimension grown on a pod of
-    more than 128; with `hidden_per_device` k, on a pod of more than 32 devices its hidden units too, to k for each
-    device of the grid's 'model' axis (8: 1,024 on a pod of 256)."""
+    """The problem as a run gets it (`on`): as written on 1 to 32 devices, its model dimension and batch grown on
+    a larger pod; with `hidden_per_device` k, on a pod of more than 32 devices its hidden units too, to k for each
+    device (1,024 on a pod of 256 with k = 4)."""
     params, momentum, x, y = problem
 
     def one(k, w, shift):
         if hidden_per_device and k in HIDDEN_AXES:
-            return by_devices(
-                w, shift=shift, axis=HIDDEN_AXES[k], grid_rows=2, per_device=hidden_per_device, widen=True
-            )
-        return by_devices(w, shift=shift, axis=MODEL_AXES[k], grid_rows=2)
+            return by_devices(w, shift=shift, axis=HIDDEN_AXES[k], per_device=hidden_per_device, widen=True)
+        return by_devices(w, shift=shift, axis=MODEL_AXES[k])
 
     def grown(tree, shift):
         return {k: one(k, w, shift) for k, w in tree.items()}
 
     def batch(a, shift):
-        return by_devices(a, shift=shift, axis=2, grid_rows=2)
+        return by_devices(a, shift=shift, axis=(0, 2))
 
-    return grown(params, 0.01), grown(momentum, 0.01), batch(x, 0.1), batch(y, 0.1)
+    # x's 64 copies on 256 devices (16 along the batch, 4 along the model dimension) shifted by up to 0.63 in all
+    return grown(params, 0.01), grown(momentum, 0.01), batch(x, 0.01), batch(y, 0.01)
 
 
 def on(problem, run):
@@ -149,13 +150,26 @@ def expect_the_one_device_step(got, problem) -> None:
             momentum[name],
             want_m[name],
             rtol=1e-3,
-            atol=1e-5,
+            atol=float_rounding(want_m[name]),
             hint=f"(the new momentum of {name}: MOMENTUM * m + the whole batch's gradient)",
         )
-        expect_close(params[name], want_p[name], rtol=1e-4, atol=1e-5, hint=f"(the new {name})")
+        expect_close(
+            params[name], want_p[name], rtol=1e-4, atol=float_rounding(want_p[name]), hint=f"(the new {name})"
+        )
 
 
-PROBLEM = by_the_pod(make_problem(14))
+def float_rounding(want) -> float:
+    """What float32 sums in another order may differ by beside an array's largest values: 1e-4 of its largest
+    magnitude (1e-5 at least). A gradient is a sum over every token (2,048 on a pod of 256, where wq's momentum
+    reaches 20 and a small entry beside it differed from the one-device step's by 2.4e-4); a design that drops or
+    repeats a part of the batch is off by far more."""
+    return max(1e-5, 1e-4 * float(np.max(np.abs(want)))) if np.size(want) else 1e-5
+
+
+# On a pod of 256, 256 sequences of 8 tokens on a model dimension of 256: its hidden units grow to 512 there, so that
+# the reference's all-reduces of the activations (which grow with the batch, as the budget does not) stay within
+# the communication budget, which grows with the parameters (0.76 of it, v5e:16x16's compiler).
+PROBLEM = by_the_pod(make_problem(14), hidden_per_device=2)
 
 
 @check(got=call("train_step", *PROBLEM))
@@ -230,9 +244,11 @@ def expect_within_the_memory_budget(got, n: int, problem) -> None:
 
 
 def expect_within_the_communication_budget(got, n: int, problem) -> None:
-    """Each device sends at most 4 (n-1)/n of the parameters' bytes: twice data parallelism's all-reduce."""
+    """Each device sends at most 4 (n-1)/n of the parameters' bytes and the loss's: twice data parallelism's
+    all-reduce of the gradient and the loss. (On 256 devices libtpu writes FSDP's gathers of these small weights as
+    an all-reduce, and so sends exactly that: twice data parallelism's all-reduce.)"""
     parameter_bytes = sum(w.nbytes for w in problem[0].values())
-    budget = 2 * bytes_sent("all-reduce", parameter_bytes, n)
+    budget = 2 * bytes_sent("all-reduce", parameter_bytes + LOSS_BYTES, n)
     sent = sent_per_device(got)
     if sent > budget:
         by_op = {}
@@ -242,8 +258,8 @@ def expect_within_the_communication_budget(got, n: int, problem) -> None:
         raise Mismatch(
             f"over the communication budget: each device sends {format_bytes(sent)} in one step, where "
             f"the budget is {format_bytes(budget)}, 4 ({n}-1)/{n} of the {format_bytes(parameter_bytes)} "
-            f"of the parameters (twice the all-reduce of the gradient that plain data parallelism "
-            f"sends); the program runs {ran}. Run cost_of on your program: which collective runs more "
+            f"of the parameters and the loss's {LOSS_BYTES} bytes (twice the all-reduce of the gradient and "
+            f"the loss that plain data parallelism sends); the program runs {ran}. Run cost_of on your program: which collective runs more "
             f"often, or moves more, than the step needs?"
         )
 
@@ -264,12 +280,12 @@ def test_train_step_sends_within_the_communication_budget(got, run):
 # ---- the work budget: each device computes its share of the step, a little more at most ------------------
 
 # Wide enough that the block's products are nearly all of the step's work (the softmax, the norms and the
-# update around them are a few percent at this size): 64 sequences of 16 tokens. On a pod of 256 the 'model' axis
-# of the 2 x 128 grid cuts the model dimension (128) and the hidden units 128 ways, so that every device repeats
-# the work on the residual stream (the sums, the loss) beside its 1/128 of each product: with 256 hidden units,
-# 2 a device, that work alone takes the reference to 1.30 times its share (v5e:16x16's compiler); its hidden units
-# grow there to 8 a device (1,024), where it computes 1.11 times its share, as it does 1.1 times on 8 devices.
-WORK_PROBLEM = by_the_pod(make_problem(43, batch=64, seq=16), hidden_per_device=8)
+# update around them are a few percent at this size): 128 sequences of 8 tokens. On a pod of 256 (256 sequences, a
+# model dimension of 256) the 'model' axis of the reference's 2 x 128 grid cuts the products 128 ways, and every
+# device repeats the work on the residual stream (the sums, the loss) beside its 1/128 of each: its hidden units grow
+# there to 4 a device (1,024), where the reference computes 1.13 times its share and FSDP 1.02 (v5e:16x16's
+# compiler), as the reference does 1.1 times on 8 devices. The test reads the program's FLOPs, never its value.
+WORK_PROBLEM = by_the_pod(make_problem(43, batch=128, seq=8), hidden_per_device=4)
 WORK_SLACK = 1.3  # the reference's grid computes 1.1 times its share here: the work around the products
 
 
@@ -290,7 +306,7 @@ def expect_a_share_of_the_work(got, n: int, problem, whole: float, slack: float 
     )
 
 
-@check(got=compiled_call("train_step", *WORK_PROBLEM))
+@check(got=facts_of("train_step", *WORK_PROBLEM))
 def test_each_device_computes_its_share_of_the_step(got, run):
     problem = on(WORK_PROBLEM, run)
     expect_a_share_of_the_work(got, run.device_count, problem, one_device_step(*problem, flops=True))
@@ -303,9 +319,12 @@ PRODUCTION = {"batch": 384, "seq": 512, "dim": 4096, "hidden": 16384}  # a block
 
 
 def production_problem(batch, seq, dim, hidden):
-    """The step's inputs by their shapes alone, never made: 768 MiB of parameters, 3 GiB in each of x and y."""
+    """The step's inputs by their shapes alone, never made: 768 MiB of parameters, 3 GiB in each of x and y. The
+    batch grows where it does not divide over the devices (twice, to 768 sequences, on a pod of 256), so that a
+    design may split it over the whole grid; the reference then holds 12.5 GiB of v5e's 15.75 on each chip."""
     params = {k: shaped(s) for k, s in weight_shapes(dim, hidden).items()}
-    return params, dict(params), shaped((batch, seq, dim)), shaped((batch, seq, dim))
+    batch_of = by_devices(shaped((batch, seq, dim)))
+    return params, dict(params), batch_of, batch_of
 
 
 AT_PRODUCTION_SIZE = production_problem(**PRODUCTION)
@@ -313,11 +332,11 @@ AT_PRODUCTION_SIZE = production_problem(**PRODUCTION)
 
 @check(got=compiled_call("train_step", *AT_PRODUCTION_SIZE))
 def test_at_a_production_size_the_step_fits_each_chip_and_keeps_the_memory_budget(got, run):
-    n = run.device_count
+    n, sequences = run.device_count, AT_PRODUCTION_SIZE[2].on(run).shape[0]
     expect_fits_each_chip(
         got,
         where=f"at a production size (d_model {PRODUCTION['dim']}, hidden {PRODUCTION['hidden']}, a batch of "
-        f"{PRODUCTION['batch']} sequences of {PRODUCTION['seq']} tokens, on {n} chips)",
+        f"{sequences} sequences of {PRODUCTION['seq']} tokens, on {n} chips)",
         what="step",
         hint="A design that works on the small problem can still ask each chip for more than it has: split "
         "the batch and the weights so that no chip computes or keeps the whole",
