@@ -18,9 +18,7 @@ def test_a_run_never_inherits_the_callers_device_variables():
 def test_simulated_cpu_devices_compile_without_llvm_optimisations_and_real_accelerators_with_xlas_defaults():
     # A lab's programs are small: on CPU, compiling them is most of a run (configs.CPU_COMPILE_FLAGS says why)
     for name in ("cpu-1", "cpu-8", "cpu-2x4", "cpu-4x2", "cpu-32", "cpu-3", "cpu-3x2", "v5e-8", "v5e-256"):
-        flags = configs.parse(name)[0].env["XLA_FLAGS"].split()
-        assert flags[0] == "--xla_backend_optimization_level=0", name
-        assert flags[1:] == ([f"{configs.COLLECTIVE_WAIT_FLAG}=512"] if name == "v5e-256" else []), name
+        assert configs.parse(name)[0].env["XLA_FLAGS"] == "--xla_backend_optimization_level=0", name
     for name in ("tpu", "gpu"):
         assert "XLA_FLAGS" not in configs.CONFIGS[name].environment({"XLA_FLAGS": "--x"}), name
 
@@ -115,8 +113,8 @@ def test_a_configuration_of_many_devices_raises_the_limits_it_cannot_start_under
     # 256 simulated devices: about 1,040 threads and 10 GiB of address space in the notebook's process and the
     # verifier's; under the default 1,024 processes and 4 GiB every run died starting a thread.
     v5e_256 = configs.by_name("v5e-256").run_limits(allowance.DEFAULT_LIMITS)
-    # lab 14's verifier there peaked at 12.1 GiB of address space, where 12 GiB left it waiting on a device forever
-    assert v5e_256.processes >= 1536 and v5e_256.memory >= 13 << 30
+    # lab 14's verifier there peaked at 12.1 GiB of address space, a wasteful design's notebook at 14.3 GiB
+    assert v5e_256.processes >= 1536 and v5e_256.memory >= 15 << 30
     assert (
         v5e_256.disk == allowance.DEFAULT_LIMITS.disk
         and v5e_256.isolation == allowance.DEFAULT_LIMITS.isolation
@@ -135,18 +133,6 @@ def test_a_configuration_of_many_devices_gives_a_notebook_the_time_it_needs_to_c
     assert configs.by_name("v5e-256").run_timeout(3600) == 3600  # never lowered
     for name in ("cpu-1", "cpu-8", "cpu-32", "cpu-4x2", "v5e-8", "v6e-8", "v5p-8", "tpu", "gpu"):
         assert configs.by_name(name).run_timeout(5) == 5, name
-
-
-def test_a_configuration_of_many_devices_lets_a_collective_wait_as_long_as_the_run_and_no_other():
-    # XLA:CPU ends a process whose devices do not all reach a collective within 40 s: 256 devices' threads on two
-    # cores arrived further apart than that in lab 14's step
-    flag = configs.COLLECTIVE_WAIT_FLAG
-    for name in ("v5e-256", "cpu-256"):
-        config = configs.by_name(name)
-        assert f"{flag}={int(config.least_timeout)}" in config.environment({})["XLA_FLAGS"].split(), name
-        assert config.least_timeout >= 500
-    for name in ("cpu-1", "cpu-8", "cpu-32", "cpu-4x2", "v5e-8", "v6e-8", "v5p-8"):
-        assert flag not in configs.by_name(name).environment({})["XLA_FLAGS"], name
 
 
 def test_cpu_runs_leave_matmul_precision_at_jax_default():

@@ -255,9 +255,12 @@ def expect_within_the_communication_budget(got, n: int, problem) -> None:
         for c in collectives_of(got):
             by_op[c.op] = by_op.get(c.op, 0) + 1
         ran = ", ".join(f"{count} {op}" for op, count in sorted(by_op.items()))
+        shown = [format_bytes(sent), format_bytes(budget)]
+        if shown[0] == shown[1]:  # over by less than the rounding shows: the bytes themselves
+            shown = [f"{sent:,.0f} bytes", f"{budget:,.0f} bytes"]
         raise Mismatch(
-            f"over the communication budget: each device sends {format_bytes(sent)} in one step, where "
-            f"the budget is {format_bytes(budget)}, 4 ({n}-1)/{n} of the {format_bytes(parameter_bytes)} "
+            f"over the communication budget: each device sends {shown[0]} in one step, where "
+            f"the budget is {shown[1]}, 4 ({n}-1)/{n} of the {format_bytes(parameter_bytes)} "
             f"of the parameters and the loss's {LOSS_BYTES} bytes (twice the all-reduce of the gradient and "
             f"the loss that plain data parallelism sends); the program runs {ran}. Run cost_of on your program: which collective runs more "
             f"often, or moves more, than the step needs?"
