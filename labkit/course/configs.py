@@ -146,9 +146,9 @@ def _on_cpu(devices: int) -> dict[str, str]:
 # processes, 4 GiB) such a run dies starting a thread ("Thread tf_XLACompile creation ... failed", signal 6). The
 # need below holds that with room for the kernel's own threads and libtpu's compiler. Only where it is more than
 # the default limits is it a floor (v5e-256; cpu-N past 32 devices for memory, past about 128 for the rest): at the
-# pod sizes every lab runs at, the limits given stand, smaller ones a test asks for included. The kit's verifier of lab 14's capstone on 256 devices
-# (its step on 256 sequences of a model dimension of 256, then libtpu's compile of its production size) peaked at
-# 12.1 GiB of address space: past 12 GiB, a device failed to allocate and the others waited for it at their first
+# pod sizes every lab runs at, the limits given stand, smaller ones a test asks for included. The kit's verifier
+# of lab 14's capstone on 256 devices (its step on 256 sequences of a model dimension of 256, then libtpu's compile
+# of its production size) peaked at 12.1 GiB of address space: past 12 GiB, a device failed to allocate and the others waited for it at their first
 # all-reduce until XLA:CPU ended the process (40 s, signal 6). A design that computes the whole batch on each row
 # of the grid (the heads split, the batch not) peaked at 14.3 GiB in its notebook (5.8 GiB resident), where 14 GiB
 # killed the kernel before any test could name its cost. 64 MiB a device gives 18 GiB on 256.

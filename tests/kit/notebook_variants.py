@@ -15,6 +15,17 @@ from labkit.course import catalog
 LAB_3_TESTS = 10
 LAB_3_PUBLIC_TESTS = 7  # of which public: what `make lab-3` runs, 4 and 3
 
+# Lab 14's reference design (the batch over 'data', the heads and hidden units over 'model'), and FSDP in its place:
+# every weight, its momentum and the batch split over the whole grid. (old, new) for `with_code` and `variant`.
+CAPSTONE_SPECS = (
+    '    state = {"wq": cols, "wk": cols, "wv": cols, "wo": rows, "w1": cols, "w2": rows}\n'
+    '    batch = P("data")\n'
+)
+CAPSTONE_FSDP = (
+    CAPSTONE_SPECS,
+    '    state = {name: P(("data", "model")) for name in WEIGHTS}\n    batch = P(("data", "model"))\n',
+)
+
 
 def with_cell(source: str, path: Path) -> Path:
     """Lab 3's reference with `source` as a new code cell after the exercise's cell."""

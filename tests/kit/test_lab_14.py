@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from notebook_variants import reference_code, with_code
+from notebook_variants import CAPSTONE_FSDP, CAPSTONE_SPECS, reference_code, with_code
 
 from labkit import checks, cost
 from labkit.course import catalog
@@ -24,20 +24,12 @@ ROOT = catalog.ROOT
 LAB = catalog.lab(14)
 
 # The reference's design: the batch over 'data', the heads and hidden units over 'model'.
-SPECS = (
-    '    state = {"wq": cols, "wk": cols, "wv": cols, "wo": rows, "w1": cols, "w2": rows}\n'
-    '    batch = P("data")\n'
-)
+SPECS = CAPSTONE_SPECS
 PLACES = "place((state, state, batch, batch)),\n                   out_shardings=place((state, state, P())))"
 JIT = "return jax.jit(sgd_step, "
 
 # FSDP: every weight and its momentum in n pieces over the whole grid, the batch too.
-FSDP = [
-    (
-        SPECS,
-        '    state = {name: P(("data", "model")) for name in WEIGHTS}\n    batch = P(("data", "model"))\n',
-    )
-]
+FSDP = [CAPSTONE_FSDP]
 # The weights as the reference splits them, the momentum split further, over every device (optimizer-state
 # sharding), left to the compiler: XLA:CPU follows the momentum's placement back into the backward pass and
 # computes the step on both rows of the grid, twice a device's share of the work.

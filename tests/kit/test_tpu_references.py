@@ -162,15 +162,10 @@ def test_the_reference_passes_every_test_on_v5e_256_under_the_limits_that_config
     assert done.returncode == 0 and "raised" not in done.stdout, done.stdout[-3000:]  # no try-it cell failed
 
 
-# FSDP: every weight, its momentum and the batch split over all 256 devices of the 2 x 128 grid. Lab 14's model
-# dimension and batch grow over every device on a pod (256 each there), so this valid design runs: libtpu writes its
-# gathers of these small weights as an all-reduce there, and it sends twice data parallelism's all-reduce of the
-# gradient and the loss, the communication budget exactly.
-FSDP_OVER_THE_POD = (
-    '    state = {"wq": cols, "wk": cols, "wv": cols, "wo": rows, "w1": cols, "w2": rows}\n'
-    '    batch = P("data")\n',
-    '    state = {name: P(("data", "model")) for name in WEIGHTS}\n    batch = P(("data", "model"))\n',
-)
+# FSDP (`notebook_variants.CAPSTONE_FSDP`): every weight, its momentum and the batch split over all 256 devices of
+# the 2 x 128 grid. Lab 14's model dimension and batch grow over every device on a pod (256 each there), so this
+# valid design runs: libtpu writes its gathers of these small weights as an all-reduce there, and it sends twice
+# data parallelism's all-reduce of the gradient and the loss, the communication budget exactly.
 
 
 @pytest.mark.skipif(
@@ -179,7 +174,7 @@ FSDP_OVER_THE_POD = (
 def test_a_capstone_design_that_splits_the_batch_and_the_weights_over_the_whole_pod_passes_on_v5e_256(
     kit, lab_outcomes, variant
 ):
-    fsdp = variant(14, FSDP_OVER_THE_POD, name="fsdp")
+    fsdp = variant(14, notebook_variants.CAPSTONE_FSDP, name="fsdp")
     done = kit("lab", "14", "--notebook", str(fsdp), "--configs", "v5e-256", "--hidden", timeout=1800)
     outcomes = lab_outcomes(14)["v5e-256"]
     assert set(outcomes) and notebook_variants.not_passed(outcomes) == {}, notebook_variants.not_passed(
