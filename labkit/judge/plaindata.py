@@ -1,14 +1,17 @@
 """Values that cross the boundary between a student's process and the judge, as plain JSON.
 
 The student's process encodes what its functions returned: numbers, strings, arrays as
-nested lists with their dtype and shape, and, for JAX arrays, which devices hold which
-shard. The judge decodes that into `Value` objects. A call can also carry the facts of its compiled
+their little-endian bytes in base64 with their dtype and shape (read back with a fixed dtype from
+`_WIRE`, never as an object), and, for JAX arrays, which devices hold which shard. The kit's own
+inputs cross the other way in the same form. A list of numbers (`"data"`), the form before, is still
+read. The judge decodes that into `Value` objects. A call can also carry the facts of its compiled
 program (see `facts`), decoded here into `Compiled`. Nothing is pickled, so no object from
 the student's process can run code in the judge or claim to equal anything.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import sys
 from dataclasses import dataclass, field
@@ -20,6 +23,14 @@ import numpy as np
 MAX_ELEMENTS = 2_000_000
 # The largest pod the tests' arrays are written for (`checks.by_devices`): as written on 1 to 32 devices.
 WRITTEN_FOR_DEVICES = 32
+# The dtypes an array crosses in, each as the little-endian bytes of its wire dtype (bfloat16 as float32, as
+# the judge reads it). Bytes, not a list of numbers: writing, hashing (`checks.Call.id`) and reading a
+# million floats as JSON numbers took a second or more each, for every run of labs 12-14.
+_WIRE = {
+    **{t: t for t in ("float16", "float32", "float64", "complex64", "complex128", "bool")},
+    **{f"{s}int{b}": f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)},
+    "bfloat16": "float32",
+}
 
 
 def copies_for(rows: int, devices: int, per_device: int = 1, pieces: int = 0) -> int:
@@ -109,16 +120,17 @@ def _number(v):
 def _array_payload(arr: np.ndarray) -> dict:
     if arr.size > MAX_ELEMENTS:
         return {"kind": "too-large", "shape": list(arr.shape), "dtype": str(arr.dtype)}
-    dtype = str(arr.dtype)
-    if arr.dtype.kind == "c":
-        flat = [[_number(float(z.real)), _number(float(z.imag))] for z in arr.ravel()]
-    elif arr.dtype.kind == "f" or dtype == "bfloat16":
-        flat = [_number(float(v)) for v in arr.astype(np.float64).ravel()]
-    elif arr.dtype.kind in "iub":
-        flat = arr.ravel().tolist()
-    else:
+    dtype = arr.dtype.name
+    wire = _WIRE.get(dtype)
+    if wire is None:
         return {"kind": "object", "type": f"array of {dtype}", "repr": repr(arr)[:300]}
-    return {"kind": "array", "dtype": dtype, "shape": list(arr.shape), "data": flat}
+    raw = np.ascontiguousarray(arr, dtype=np.dtype(wire).newbyteorder("<")).tobytes()
+    return {
+        "kind": "array",
+        "dtype": dtype,
+        "shape": list(arr.shape),
+        "bytes": base64.b64encode(raw).decode(),
+    }
 
 
 def _spec_entry(e):
@@ -351,6 +363,12 @@ def _unnumber(v):
 def _decode_array(data: dict) -> np.ndarray:
     dtype = data["dtype"]
     shape = tuple(int(s) for s in data["shape"])
+    if min(shape, default=0) < 0 or math.prod(shape) > MAX_ELEMENTS:
+        raise ValueError(f"not a shape an array may carry: {shape}")
+    if "bytes" in data:
+        wire = np.dtype(_WIRE[dtype]).newbyteorder("<")
+        arr = np.frombuffer(base64.b64decode(data["bytes"], validate=True), dtype=wire)
+        return arr.astype(wire.newbyteorder("="), copy=True).reshape(shape)
     flat = data["data"]
     if dtype.startswith("complex"):
         arr = np.array([complex(_unnumber(a), _unnumber(b)) for a, b in flat], dtype=dtype)
@@ -389,9 +407,13 @@ def decode(data: dict) -> Value:
                 shards=tuple(sh.get("shards", [])),
                 processes=tuple(int(p) for p in sh.get("processes", [0])),
             )
+        try:
+            array = _decode_array(data)
+        except (KeyError, ValueError, TypeError):  # binascii.Error is a ValueError
+            return Value("object", description="a malformed array")
         return Value(
             "array",
-            _decode_array(data),
+            array,
             dtype=data["dtype"],
             shape=tuple(int(s) for s in data["shape"]),
             sharding=sharding,

@@ -28,7 +28,7 @@ from labkit.judge import plaindata
 # writes well under a tenth of it; a program sent for the kit to run is at most facts.PROGRAM_MAX_BYTES).
 MAX_BYTES = 16 << 20
 # The verifier's verified.json: what its caps on returned values let through (labkit.judge.program: 2 million
-# values, about 22 bytes each as JSON), and room.
+# values, at most 16 bytes each, base64 makes 22), and room.
 VERIFIED_MAX_BYTES = 64 << 20
 MOST_CALLS = 2_000  # results in one file: the labs' tests make at most a few dozen calls
 MOST_COLLECTIVES = 20_000  # as labkit.judge.hlo.MOST
@@ -161,6 +161,8 @@ class Value(_Record):
     dtype: Name | UnsetType = UNSET
     shape: Shape | UnsetType = UNSET
     data: Annotated[list[Any], Meta(max_length=plaindata.MAX_ELEMENTS)] | UnsetType = UNSET
+    # the elements' little-endian bytes in base64 (`plaindata`): at most MAX_ELEMENTS of 16 bytes (complex128)
+    bytes: Annotated[str, Meta(max_length=(plaindata.MAX_ELEMENTS * 16 + 2) // 3 * 4)] | UnsetType = UNSET
     jax: bool | UnsetType = UNSET
     sharding: Annotated[dict[Name, Any], Meta(max_length=32)] | UnsetType | None = UNSET
     type: Line | UnsetType = UNSET

@@ -1,3 +1,4 @@
+import json
 import math
 
 import numpy as np
@@ -50,6 +51,53 @@ def test_jax_arrays_carry_their_sharding():
     got = roundtrip(jnp.arange(4.0))
     assert got.is_jax and got.sharding is not None and got.sharding.num_devices >= 1
     assert got.sharding.shards[0]["index"][0][0] == 0
+
+
+def test_every_dtype_crosses_as_its_bytes_and_comes_back_exactly():
+    import ml_dtypes
+
+    for x in (
+        np.array([0.1, -0.0, 1e-40, np.finfo(np.float32).max], dtype=np.float32),
+        np.array([[1 + 2j, np.nan - 1j]], dtype=np.complex128),
+        np.array([True, False]),
+        np.arange(-3, 3, dtype=np.int16),
+        np.array(np.iinfo(np.uint64).max, dtype=np.uint64),
+        np.arange(6, dtype=">f8").reshape(2, 3),  # big-endian: the same values, native order
+        np.zeros((0, 3), dtype=np.float16),
+    ):
+        encoded = json.loads(json.dumps(plaindata.encode(x)))
+        assert "data" not in encoded and isinstance(encoded["bytes"], str)
+        got = plaindata.decode(encoded)
+        assert got.shape == x.shape and got.value.dtype == x.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(got.value, x)
+    # bfloat16 reads back as the float32 it holds exactly, as the judge reads it
+    half = np.array([1.5, -2.0, 3.0e38], dtype=ml_dtypes.bfloat16)
+    got = roundtrip(half)
+    assert got.dtype == "bfloat16" and got.value.dtype == np.float32
+    np.testing.assert_array_equal(got.value, half.astype(np.float32))
+
+
+def test_an_array_of_bytes_that_do_not_fit_its_dtype_and_shape_is_a_malformed_value_not_an_error():
+    ok = plaindata.encode(np.arange(4, dtype=np.float32))
+    for bad in (
+        ok | {"shape": [5]},  # 16 bytes for 5 float32 values
+        ok | {"shape": [-1]},  # a shape numpy would fill in
+        ok | {"shape": [plaindata.MAX_ELEMENTS + 1]},
+        ok | {"dtype": "object"},  # no dtype outside the wire's list is ever read
+        ok | {"dtype": ["float32"]},
+        ok | {"bytes": "not base64!"},
+    ):
+        got = plaindata.decode(bad)
+        assert got.kind == "object" and got.description == "a malformed array", bad
+    # the list of numbers written before is still read
+    old = {"kind": "array", "dtype": "float32", "shape": [2], "data": [1.0, {"float": "nan"}]}
+    assert plaindata.decode(old).value.tolist()[0] == 1.0
+
+
+def test_a_million_values_cross_in_a_few_bytes_each():
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    text = json.dumps(plaindata.encode(x))
+    assert len(text) < 6 * x.size  # as JSON numbers it was about 20 bytes a value
 
 
 def test_huge_arrays_are_not_carried():

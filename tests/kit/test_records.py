@@ -66,6 +66,7 @@ MALFORMED = {
     },
     "a-value-that-is-a-list": {"environment": {}, "results": [result(value=[1, 2])]},
     "a-shape-of-strings": {"environment": {}, "results": [result(value=VALUE | {"shape": ["2"]})]},
+    "bytes-that-are-a-list": {"environment": {}, "results": [result(value=VALUE | {"bytes": [0, 0]})]},
     "an-error-without-type": {"environment": {}, "results": [result(error={"message": "x"})]},
     "stdout-of-a-megabyte": {"environment": {}, "results": [result(stdout="x" * (1 << 20))]},
     "flops-infinite": {"environment": {}, "results": [result(facts=FACTS | {"flops": 1e400})]},

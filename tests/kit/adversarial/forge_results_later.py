@@ -1,6 +1,11 @@
 # Leaves a detached process behind (double fork, a new session where one may be had) that waits for the harness's results and replaces them with forged ones, and keeps a heartbeat file to show whether it outlived the run.
 # ruff: noqa
 import json, os, time
+from labkit.judge.plaindata import decode as _decode
+
+values = lambda arg: (
+    _decode(arg).value.ravel().tolist() if "bytes" in arg else [0.0] * arg["shape"][0]
+)  # the inputs' values, or zeros
 
 here = os.getcwd()
 if os.fork() == 0:
@@ -19,7 +24,7 @@ if os.fork() == 0:
                         "kind": "array",
                         "dtype": "float32",
                         "shape": c["args"][0]["shape"],
-                        "data": [2 * v for v in c["args"][0].get("data") or [0.0] * c["args"][0]["shape"][0]],
+                        "data": [2 * v for v in values(c["args"][0])],
                         "jax": True,
                         "sharding": None,
                     },

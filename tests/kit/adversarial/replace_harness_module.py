@@ -1,6 +1,11 @@
 # Puts a fake module in place of labkit.judge.harness, whose run() writes forged results in the harness's own format.
 # ruff: noqa
 import json, sys, types
+from labkit.judge.plaindata import decode as _decode
+
+values = lambda arg: (
+    _decode(arg).value.ravel().tolist() if "bytes" in arg else [0.0] * arg["shape"][0]
+)  # the inputs' values, or zeros
 
 fake = types.ModuleType("labkit.judge.harness")
 
@@ -14,7 +19,7 @@ def run(namespace, calls_path, results_path):
                 "kind": "array",
                 "dtype": "float32",
                 "shape": c["args"][0]["shape"],
-                "data": [2 * v for v in c["args"][0].get("data") or [0.0] * c["args"][0]["shape"][0]],
+                "data": [2 * v for v in values(c["args"][0])],
                 "jax": True,
                 "sharding": None,
             },
