@@ -230,7 +230,7 @@ test-other-jax-logged:
 # The lock's other world: where .venv has Python 3.12 or newer (JAX 0.12), a Python 3.11 (JAX 0.10.2),
 # and the other way round. There, in $(OTHER_VENV), every lab's reference and the student loop run
 # again (tests/kit/test_student_loop.py, but the untouched handouts, which make test runs on the first JAX),
-# on cpu-1 and cpu-8 (no pod size: LABKIT_TEST_SWEEP=none).
+# the references on cpu-8 alone, the loop's other tests on cpu-1 and cpu-8 (no pod size: LABKIT_TEST_SWEEP=none).
 # Skipped, with a line saying so, where no such Python is here.
 OTHER_VENV ?= .venv-other
 test-other-jax: ## every reference and the student loop on the lock's other JAX (Python 3.11 against 3.12+)

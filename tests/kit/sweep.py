@@ -3,7 +3,8 @@
 A sweep repeats one check over every lab (every reference with its products in bfloat16, rewritten
 with explicit meshes, on every pod size). `make test` runs every other lab of each, the sweeps offset
 so that most labs are in one of them; the whole sweeps run before a release (docs/development.md).
-`none` (what `make test-other-jax` sets): the student loop runs the references on cpu-1 and cpu-8 only.
+`none` (what `make test-other-jax` sets): the student loop runs the references on cpu-8 only (its other tests
+keep their cpu-1 runs).
 """
 
 from __future__ import annotations
