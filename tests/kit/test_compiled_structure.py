@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from labkit import cost
-from labkit.judge import hlo
+from labkit.judge import hlo, plaindata
 
 # ---- attacks on the reader, written as the text XLA prints -------------------------------------------------
 
@@ -398,7 +398,7 @@ def test_a_cond_on_a_traced_value_counts_at_least_the_branch_that_computes(gathe
 
 def test_a_custom_partitioning_is_verified_and_examined_as_the_program_it_exports(gathered):
     found = gathered["partitioned_by_hand"]
-    assert found["value"]["data"][:3] == [2.0, 2.0, 2.0]
+    assert plaindata.decode(found["value"]).value.ravel()[:3].tolist() == [2.0, 2.0, 2.0]
     assert found["facts"]["flops"] == 16 * 64 and found["facts"]["collectives"] == []
 
 

@@ -21,6 +21,7 @@ from notebook_variants import LAB_3_PUBLIC_TESTS
 
 from labkit.checks import AsNumpy, by_devices, call
 from labkit.course import configs
+from labkit.judge import plaindata
 from labkit.run import execute, modes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,9 +150,7 @@ def test_every_process_runs_the_notebook_and_the_record_says_which_process_holds
     data = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)
     loaded = call("load_global_batch", AsNumpy(by_devices(data, shift=96.0)))
     value = processes[0]["results"][loaded.id]["value"]
-    assert np.array_equal(
-        np.array(value["data"], np.float32).reshape(value["shape"]), data
-    )  # gathered from both
+    assert np.array_equal(plaindata.decode(value).value, data)  # gathered from both
     shards = value["sharding"]["shards"]
     assert value["sharding"]["processes"] == [0, 1] and not value["sharding"]["fully_addressable"]
     rows_of = {
