@@ -248,18 +248,31 @@ def queued(job_ids: list[str]) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
+def parts_with_exits(out: Path, shards: int, *, ended: bool = False) -> list[progress.Part]:
+    """Each shard's progress with the exit status its task recorded. `ended`: its jobs have left the queue, so a
+    shard that recorded no exit status (cancelled, or killed before it could say), whether or not it began, has
+    failed (-1), as the merge counts it."""
+    found = progress.parts(out)
+    exits = shard_exits(out, shards)
+    for part in found:
+        part.exit = exits.get(int(part.name)) if part.name.isdigit() else None
+    if ended:
+        found += [
+            progress.Part(str(i)) for i in range(1, shards + 1) if str(i) not in {p.name for p in found}
+        ]
+        for part in found:
+            if part.name.isdigit() and part.exit is None:
+                part.exit = -1
+    return found
+
+
 def follow(out: Path, array: str, merge_id: str, shards: int, stream=None, every: float = 5.0) -> int:
     """Show progress until the merge job has ended; 0 when every shard finished, 1 otherwise."""
     stream = stream or sys.stderr
-    while True:
-        found = progress.parts(out)
-        exits = shard_exits(out, shards)
-        for part in found:
-            part.exit = exits.get(int(part.name)) if part.name.isdigit() else None
-        print(progress.summary(found), file=stream, flush=True)
-        if not queued([array, merge_id]):
-            break
+    while queued([array, merge_id]):
+        print(progress.summary(parts_with_exits(out, shards)), file=stream, flush=True)
         time.sleep(every)
+    print(progress.summary(parts_with_exits(out, shards, ended=True)), file=stream, flush=True)
     if not (Path(out) / "scoreboard.json").is_file():
         print(
             f"error: the merge job wrote no scoreboard: see {Path(out) / 'slurm' / 'merge.log'}", file=stream

@@ -568,6 +568,21 @@ def test_progress_of_a_new_slurm_submission_takes_no_earlier_shard_for_finished(
     assert line.startswith("shards finished 0/1"), line
 
 
+def test_once_the_jobs_have_left_the_queue_a_shard_cancelled_while_it_ran_is_said_failed(tmp_path):
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "jobs.json").write_text(
+        json.dumps({"array": "1", "merge": "2", "shards": 2, "submitted": 90.0})
+    )
+    progress.record(tmp_path / "shards" / "1", phase="grading 2 students", total=2, done=2, started=100.0)
+    (tmp_path / "shards" / "1" / "scoreboard.json").write_text("{}")
+    (tmp_path / "slurm" / "shard-1.exit").write_text("0\n")
+    progress.record(tmp_path / "shards" / "2", phase="reference solutions", total=1, done=0, started=100.0)
+    while_queued = progress.summary(slurm.parts_with_exits(tmp_path, 2), now=200.0)
+    assert "failed" not in while_queued, while_queued  # it may still be running
+    ended = progress.summary(slurm.parts_with_exits(tmp_path, 2, ended=True), now=200.0)
+    assert ended.endswith("; failed: shard 2"), ended
+
+
 def test_the_makefile_takes_its_input_flags_from_the_registry():
     names = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "python"), "-m", "labkit.grading.state.course", "names"],

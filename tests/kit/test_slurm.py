@@ -164,7 +164,7 @@ def test_a_shard_that_did_not_finish_is_named_by_the_merge(cluster, klass, tmp_p
     assert "shard 2 of 2 did not finish" in notes
     students = {r[0] for r in _rows(out)}
     assert students == {s for s in _students_in_both_shards() if collect.shard_of(s, 2) == 1}
-    assert "failed: shard 2" in progress.summary(_parts_with_exits(out))
+    assert "failed: shard 2" in progress.summary(slurm.parts_with_exits(out, 2, ended=True))
 
 
 def _job_ids(printed: str) -> tuple[str, str]:
@@ -175,16 +175,6 @@ def grade_notes(out: Path) -> list[str]:
     import json
 
     return json.loads((out / "scoreboard.json").read_text()).get("notes", [])
-
-
-def _parts_with_exits(out: Path) -> list[progress.Part]:
-    found = progress.parts(out)
-    exits = slurm.shard_exits(out, 2)
-    for part in found:
-        part.exit = exits.get(int(part.name))
-    if not any(p.name == "2" for p in found):  # cancelled before it wrote anything: its status file says so
-        found.append(progress.Part("2", exit=exits.get(2) if exits.get(2) is not None else -1))
-    return found
 
 
 def test_cancelling_the_jobs_leaves_nothing_of_the_run_running(cluster, klass, tmp_path):
