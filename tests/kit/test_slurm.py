@@ -448,6 +448,7 @@ def test_a_shard_ended_by_scancel_still_writes_its_exit_status(tmp_path, monkeyp
     while time.monotonic() < deadline and not ready.exists():  # the stand-in's handler in place
         time.sleep(0.1)
     os.killpg(step.pid, signal.SIGTERM)  # as slurmstepd signals the step
-    # 3, or 143 where the trap's own SIGTERM reached the grade again as it ended: a failure, recorded
-    assert step.wait(timeout=30) in (3, 143)
+    # a failure, recorded: 3, or what the trap's own SIGTERM makes of the grade's end when it reaches it again as it
+    # ends (143; once, on a busy machine, 255): the status depends on that timing, its record must not
+    assert step.wait(timeout=30) != 0
     assert slurm.shard_exits(out, 2) == {1: None, 2: step.returncode}
