@@ -20,7 +20,6 @@ import nbformat
 import pytest
 from notebook_variants import LAB_3_TESTS
 
-from labkit import envnames
 from labkit.course import catalog, configs
 from labkit.judge import judge
 from labkit.run import cgroup, execute, modes, sandbox, warm
@@ -335,27 +334,11 @@ def test_grading_with_cold_starts_asked_for_starts_every_kernel_cold(tmp_path):
     assert {(r["status"], r["passed"], r["start"]) for r in rows.values()} == {("ok", LAB_3_TESTS, "cold")}
 
 
-def test_the_student_loop_on_one_configuration_forks_its_kernel_and_its_verifier_from_a_warm_server(tmp_path):
+def test_the_student_loop_on_one_configuration_forks_its_kernel_and_its_verifier_from_a_warm_server(
+    kit, lab_report
+):
     # one configuration is worth a server: the kernel and the kit's own run of the programs share its import of JAX
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "labkit",
-            "lab",
-            "3",
-            "--notebook",
-            str(catalog.lab(3).reference),
-            "--configs",
-            "cpu-8",
-        ],
-        cwd=catalog.ROOT,
-        env=dict(os.environ, **{envnames.BUILD: str(tmp_path)}),
-        text=True,
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
+    done = kit("lab", "3", "--notebook", str(catalog.lab(3).reference), "--configs", "cpu-8")
     assert done.returncode == 0, done.stdout + done.stderr
-    run = json.loads((tmp_path / "lab-3" / "report.json").read_text())["runs"]["cpu-8"]
+    run = lab_report(3)["runs"]["cpu-8"]
     assert (run["start"], run["verify_start"]) == ("warm", "warm"), run
