@@ -46,6 +46,16 @@ from labkit.run.warmserver import FOR_SOME_LABS, MODULES, READY, UNAVAILABLE
 START_TIMEOUT = 120.0  # seconds the server may take to import and probe
 
 
+def environment_for(configs) -> dict[str, str] | None:
+    """The environment a warm server starts with for runs on `configs`, or None where none of them is one it forks
+    (a one-process CPU configuration that can run here: a compile-only TPU one needs libtpu). Each run's device
+    count is its own, set in the forked child."""
+    forked = [c for c in configs if c.platform == "cpu" and c.processes == 1 and c.availability()[0]]
+    if not forked:
+        return None
+    return {k: v for k, v in forked[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+
+
 # ----------------------------------------------------------------------------------------
 # The kit's side.
 # ----------------------------------------------------------------------------------------

@@ -20,12 +20,11 @@ def _warm_server(lab, out: Path, chosen: list, limits, cache):
     """A warm server begun for the one-process CPU configurations of this run of the loop, or None."""
     from labkit.run import allowance, warm
 
-    wanted = [c for c in chosen if c.platform == "cpu" and c.processes == 1]
-    # One such configuration is worth a server too: it forks the verifier as well as the kernel, so the run
-    # imports JAX once where two processes would each import it (about 1.5 CPU-s of a 5 s run of lab 3).
-    if not wanted or os.environ.get(envnames.WARM, "on") == "off":
+    # One configuration is worth a server too: it forks the verifier as well as the kernel, so the run imports JAX
+    # once where two processes would each import it (about 2 of 7 CPU-s of lab 3's reference on cpu-8 here).
+    base = warm.environment_for(chosen)
+    if base is None or os.environ.get(envnames.WARM, "on") == "off":
         return None
-    base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
     server = warm.Server([out], base, out / ".warm", shared=[cache.folder] if cache else [], labs=[lab])
     return server if server.begin(limits or allowance.DEFAULT_LIMITS) else None
 

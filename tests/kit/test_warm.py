@@ -342,3 +342,17 @@ def test_the_student_loop_on_one_configuration_forks_its_kernel_and_its_verifier
     assert done.returncode == 0, done.stdout + done.stderr
     run = lab_report(3)["runs"]["cpu-8"]
     assert (run["start"], run["verify_start"]) == ("warm", "warm"), run
+
+
+def test_a_server_is_wanted_only_for_a_one_process_cpu_configuration_that_can_run_here(monkeypatch):
+    from labkit.machine import accelerators
+
+    named = configs.parse
+    base = warm.environment_for(named("cpu-8"))
+    assert base is not None and "JAX_NUM_CPU_DEVICES" not in base and base["JAX_PLATFORMS"] == "cpu"
+    assert warm.environment_for(named("cpu-2x4,tpu,gpu")) is None  # several processes, or no CPU run
+    monkeypatch.setattr(accelerators, "libtpu_available", lambda: (False, "not installed"))
+    assert warm.environment_for(named("v5e-8")) is None  # skipped here: nothing to fork
+    assert warm.environment_for(named("v5e-8,cpu-1")) == warm.environment_for(named("cpu-1"))
+    monkeypatch.setattr(accelerators, "libtpu_available", lambda: (True, ""))
+    assert warm.environment_for(named("v5e-8")) is not None

@@ -102,9 +102,8 @@ class Grader:
         """The warm server of this grading run (started once, at the first need), or None: runs start cold."""
         if self._warm is None:
             self._warm = False
-            wanted = [c for c in self.configs.values() if c.platform == "cpu" and c.processes == 1]
-            if self.warm_wanted and wanted:
-                base = {k: v for k, v in wanted[0].environment().items() if k != "JAX_NUM_CPU_DEVICES"}
+            base = warm.environment_for(self.configs.values())
+            if self.warm_wanted and base is not None:
                 server = warm.Server(
                     [self.out / "work", self.out / "reference" / "work"],
                     base,
