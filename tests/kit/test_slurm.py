@@ -448,7 +448,7 @@ def test_a_shard_ended_by_scancel_still_writes_its_exit_status(tmp_path, monkeyp
     while time.monotonic() < deadline and not ready.exists():  # the stand-in's handler in place
         time.sleep(0.1)
     os.killpg(step.pid, signal.SIGTERM)  # as slurmstepd signals the step
-    # a failure, recorded: 3, or what the trap's own SIGTERM makes of the grade's end when it reaches it again as it
-    # ends (143; once, on a busy machine, 255): the status depends on that timing, its record must not
-    assert step.wait(timeout=30) != 0
+    # the stand-in's failure, recorded: 3, or what the trap's own SIGTERM makes of its end when it reaches it again
+    # as it ends (143; once, on a busy machine, 255). Not any failure: 1 or 127 would be the script's own.
+    assert step.wait(timeout=30) in (3, 143, 255)
     assert slurm.shard_exits(out, 2) == {1: None, 2: step.returncode}
