@@ -58,8 +58,10 @@ def test_the_reference_passes_every_test_on_v5e_8(kit, lab_outcomes, lab):
 
 # Found by running every TPU-reading reference on the other topologies (BENCHMARKS.md): on v6e-8 libtpu sums three
 # of lab 9's four FSDP gradients with all-reduces beside a kept reduce-scatter (matched by size since), and on
-# v5p-8 its buffers for lab 5's all-to-all are 2.5 times x (that test reads what a device receives there).
-@pytest.mark.parametrize(("lab", "config"), [(9, "v6e-8"), (5, "v5p-8")])
+# v5p-8 its buffers for lab 5's all-to-all are 2.5 times x (that test reads what a device receives there). A sweep
+# (`sweep.share`): `make test` runs v5p-8's, the other topology's code path; lab 9 on v6e-8, about 80 s of CPU on
+# two cores, under `SWEEP=full`.
+@pytest.mark.parametrize(("lab", "config"), sweep.share([(9, "v6e-8"), (5, "v5p-8")], 1))
 def test_the_reference_passes_every_test_on_another_tpu_topology(kit, lab_outcomes, lab, config):
     done = kit(
         "lab",
