@@ -282,6 +282,7 @@ def pytest_configure(config):
     )
     config.addinivalue_line("markers", f"{FAST}: a unit or contract test of the fast tier (make test-fast)")
     config.stash[_CPU_GROUP] = _own_cpuacct_group()
+    config.stash[_MACHINE_AT_START] = _machine_cpu()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -384,6 +385,18 @@ def pytest_runtest_makereport(item, call):
 
 
 _CPU_BY_MODULE: dict[str, float] = {}
+_MACHINE_AT_START = pytest.StashKey[tuple[float, float] | None]()  # the machine's (busy, idle) at the start
+
+
+def _machine_cpu() -> tuple[float, float] | None:
+    """The whole machine's CPU seconds so far, every core's, (busy, idle): Linux's /proc/stat; None elsewhere."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        user, nice, system, idle, iowait, irq, softirq, steal = fields
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / tick, (idle + iowait) / tick
 
 
 def pytest_runtest_logreport(report):
@@ -402,3 +415,13 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section(f"CPU seconds by test module (all: {total:.0f} s)")
     for module, seconds in sorted(_CPU_BY_MODULE.items(), key=lambda kv: -kv[1])[:15]:
         terminalreporter.write_line(f"{seconds:8.0f} s  {100 * seconds / max(total, 1e-9):4.1f}%  {module}")
+    # Whether the run was bound by the processors: where they were busy all along, it lasts its CPU over its cores,
+    # however the tests are spread, and only less work makes it shorter.
+    start, now = terminalreporter.config.stash.get(_MACHINE_AT_START, None), _machine_cpu()
+    if start is not None and now is not None and now[0] + now[1] > start[0] + start[1]:
+        busy, idle = now[0] - start[0], now[1] - start[1]
+        terminalreporter.write_line(
+            f"the machine's {os.cpu_count()} CPUs were busy {100 * busy / (busy + idle):.1f}% of the run: "
+            f"{busy:.0f} CPU-s, {total:.0f} of them counted by its tests (the rest: what ran beside it, services, "
+            "pytest itself)"
+        )

@@ -72,3 +72,11 @@ def test_each_test_records_the_cpu_its_kit_runs_used_and_the_run_ranks_the_modul
     cpu = [float(p.get("value")) for p in properties if p.get("name") == "cpu_seconds"]
     assert len(cpu) == 1 and 0.5 <= cpu[0] < 30, cpu
     assert "CPU seconds by test module" in done.stdout and "test_spin.py" in done.stdout, done.stdout[-1000:]
+    # and how busy the whole machine was, which says whether fewer tests or a better spread would shorten a run
+    busy = re.search(
+        r"the machine's (\d+) CPUs were busy ([\d.]+)% of the run: (\d+) CPU-s, (\d+) of them", done.stdout
+    )
+    assert busy is not None, done.stdout[-1000:]
+    assert (
+        int(busy[1]) == os.cpu_count() and 0 < float(busy[2]) <= 100 and int(busy[3]) + 1 >= int(busy[4])
+    ), busy[0]
